@@ -1,0 +1,96 @@
+"""Rényi differential privacy (RDP): the Gaussian mechanism's curve and the conversion to (eps, delta).
+
+A Gaussian mechanism with sensitivity ``s`` and noise standard deviation ``std`` is
+``(alpha, alpha * s^2 / (2 std^2))``-RDP for every order ``alpha > 1`` (Mironov 2017,
+arXiv 1702.07476 v3, Proposition 7; papers/004 Section 2, the Gaussian example after Fact 2.4).
+
+``(alpha, r)``-RDP implies ``(eps, delta)``-DP with
+
+    eps = r + log1p(-1/alpha) - log(delta * alpha) / (alpha - 1)
+
+(Canonne, Kamath and Steinke 2020, arXiv 2004.00010 v4, Proposition 12; Balle et al. 2020,
+arXiv 1905.09982, Theorem 21). This is the conversion of Google's ``dp_accounting``; the tests
+check agreement with its ``RdpAccountant``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+
+from client.privacy.rounding import div_up, down, mul_up, square_up, up
+
+# Orders used when none are given: those of dp_accounting's RdpAccountant above 1.01, where the
+# conversion is numerically stable.
+DEFAULT_ORDERS: tuple[float, ...] = tuple(
+    [1 + x / 10.0 for x in range(1, 100)] + list(range(11, 64)) + [128, 256, 512, 1024]
+)
+
+
+# Orders a Rényi *filter* uses by default. The filter over several orders pays a union bound
+# (delta / number of orders, see filters.py), so a short grid spaced by factors of about 1.5-2
+# admits more rounds than a fine one: at z=170, delta=1e-5 this grid admits 144 full rounds at
+# eps=0.3 against 106 for the 155 orders above (benchmarks/filter_rounds.py).
+FILTER_ORDERS: tuple[float, ...] = (1.5, 2, 3, 4, 6, 8, 12, 16, 32, 64, 128, 256)
+
+
+def check_orders(orders: Sequence[float]) -> np.ndarray:
+    """Orders as a float array; each must be finite and > 1.01 (the conversion's stable range)."""
+    arr = np.asarray(orders, dtype=np.float64)
+    if arr.ndim != 1 or arr.size == 0:
+        raise ValueError(f"orders must be a non-empty sequence. Found {orders!r}.")
+    bad = arr[~np.isfinite(arr) | (arr <= 1.01)]
+    if bad.size:
+        raise ValueError(f"every order must be finite and > 1.01. Found {bad.tolist()}.")
+    return arr
+
+
+def gaussian_rdp(orders: np.ndarray, sensitivity, noise_std) -> np.ndarray:
+    """``alpha * (s/std)^2 / 2`` per order, rounded up; broadcasts over leading client axes."""
+    mu = div_up(np.asarray(sensitivity, dtype=np.float64), np.asarray(noise_std, dtype=np.float64))
+    half_mu2 = up(square_up(mu) / 2)
+    return mul_up(np.expand_dims(half_mu2, -1), orders)
+
+
+def _conversion_offset(orders: np.ndarray, delta: float) -> np.ndarray:
+    """``log1p(-1/alpha) - log(delta*alpha)/(alpha-1)`` per order (CKS 2020, Proposition 12)."""
+    return np.array(
+        [math.log1p(-1 / a) - math.log(delta * a) / (a - 1) for a in orders], dtype=np.float64
+    )
+
+
+def epsilon_from_rdp(orders: Sequence[float], rdp: Sequence[float], delta: float) -> float:
+    """The best epsilon over the orders for RDP values ``rdp`` at ``delta`` (rounded up).
+
+    Mirrors ``dp_accounting.rdp.compute_epsilon``, including its KL shortcut: when
+    ``delta^2 + expm1(-r) > 0`` the bound ``delta <= sqrt(1 - exp(-KL))`` already gives eps = 0
+    (RDP is non-decreasing in the order, so ``r`` bounds the KL divergence).
+    """
+    if not 0 < delta < 1:
+        raise ValueError(f"delta must be in (0, 1). Found {delta!r}.")
+    orders_arr = check_orders(orders)
+    rdp_arr = np.asarray(rdp, dtype=np.float64)
+    if rdp_arr.shape != orders_arr.shape:
+        raise ValueError(f"rdp must have one value per order ({orders_arr.size}). Found {rdp_arr.size}.")
+    best = math.inf
+    for a, r, offset in zip(orders_arr, rdp_arr, _conversion_offset(orders_arr, delta)):
+        if r < 0 or not math.isfinite(r):
+            raise ValueError(f"RDP values must be finite and >= 0. Found {r!r} at order {a}.")
+        if delta**2 + math.expm1(-r) > 0:
+            return 0.0
+        best = min(best, r + offset)
+    # Each term has a few roundings; one relative step of 8 ulps covers them.
+    return float(max(0.0, up(best + 8 * math.ulp(best))))
+
+
+def rdp_budgets(orders: Sequence[float], epsilon: float, delta: float) -> np.ndarray:
+    """Per order, the largest RDP value that converts to at most (epsilon, delta) (rounded down).
+
+    Orders whose budget would be <= 0 get 0: they admit nothing and never certify the budget.
+    """
+    orders_arr = check_orders(orders)
+    budgets = epsilon - _conversion_offset(orders_arr, delta)
+    budgets = down(budgets - 8 * np.spacing(np.abs(budgets)))
+    return np.maximum(budgets, 0.0)

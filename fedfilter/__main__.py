@@ -1,0 +1,5 @@
+import sys
+
+from fedfilter.cli import main
+
+sys.exit(main())
