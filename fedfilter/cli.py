@@ -1,0 +1,41 @@
+"""The ``fedfilter`` command: one sub-command per module in ``COMMAND_MODULES``.
+
+Each module defines ``register(subparsers)``, which adds its sub-command(s) and sets
+``func`` (called with the parsed arguments, returning an exit code) as a default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+COMMAND_MODULES = [
+    "fedfilter.cmd_planner",  # rounds, epsilon
+    "fedfilter.cmd_ledger",  # ledger show / enrol
+    "fedfilter.cmd_reports",  # reports serve / watch
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fedfilter",
+        description="Individual privacy filters for Flower federations.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except ValueError as err:  # bad input: one clear line, no traceback
+        print(f"fedfilter: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
