@@ -90,8 +90,11 @@ class GaussianFilter:
         return mul_up(np.expand_dims(mu2, -1), self.weights)
 
     def spend(self, state: np.ndarray, charge: np.ndarray) -> np.ndarray:
-        """The state after a release (rounded up). Does not check the budget: see ``admits``."""
-        return add_up(state, charge)
+        """The state after a release (rounded up). Does not check the budget: see ``admits``.
+
+        Adding an exact zero is exact, so a release without data (charge 0) leaves the state as is.
+        """
+        return np.where(charge > 0, add_up(state, charge), state)
 
     def within_budget(self, state: np.ndarray) -> np.ndarray:
         """True where some coordinate is within its budget (the filter says CONT)."""

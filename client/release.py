@@ -1,0 +1,153 @@
+"""One round on the client: validate the request, filter, clip, record durably, add noise.
+
+This is papers/004 Algorithm 7 in the local form of Remark 4.6: the client clips its update to
+``min(C, allowance)`` where the allowance is the largest norm its own filter still admits at the
+noise it will add, pays ``(norm / (z C))^2`` (in the filter's units), and once nothing is left
+answers with pure noise (``noise-only``) or an explicit marker (``leave``). The coordinator is not
+trusted: its request is validated against the device owner's policy before anything is spent.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from client.ledger import BudgetLedger
+from client.mechanism import add_gaussian_noise, as_float_arrays, check_finite, clip_to_norm, make_rng
+
+PLACEMENTS = ("local", "distributed")
+AFTER_EXHAUSTION = ("noise-only", "leave")
+
+
+class RoundSpecError(ValueError):
+    """The coordinator's round request breaks the client's policy; nothing was spent."""
+
+
+@dataclass(frozen=True)
+class RoundSpec:
+    """What the coordinator asks for in one round (public)."""
+
+    run_id: str
+    round_id: int
+    noise_multiplier: float
+    clip: float
+    placement: str = "local"
+    min_reports: int = 1  # distributed mode: the sum of at least this many reports is released
+
+
+@dataclass(frozen=True)
+class ClientPolicy:
+    """The device owner's rules; they come from the node's own config, never the coordinator."""
+
+    min_noise_multiplier: float = 0.5
+    after_exhaustion: str = "noise-only"
+    # Distributed noise is private only against observers of a sum of >= m reports (secure
+    # aggregation); a device accepts it only when its owner says so.
+    allow_distributed: bool = False
+    # Below this share of the clip the remaining allowance is treated as spent.
+    exhausted_below: float = 1e-6
+
+    def __post_init__(self):
+        problems = []
+        if not (math.isfinite(self.min_noise_multiplier) and self.min_noise_multiplier > 0):
+            problems.append(f"min_noise_multiplier must be a finite number > 0. Found {self.min_noise_multiplier!r}.")
+        if self.after_exhaustion not in AFTER_EXHAUSTION:
+            problems.append(f"after_exhaustion must be one of {AFTER_EXHAUSTION}. Found {self.after_exhaustion!r}.")
+        if not (0 <= self.exhausted_below < 1):
+            problems.append(f"exhausted_below must be in [0, 1). Found {self.exhausted_below!r}.")
+        if problems:
+            raise ValueError(" ".join(problems))
+
+
+def _is_number(x) -> bool:
+    return isinstance(x, (int, float, np.floating, np.integer)) and not isinstance(x, bool)
+
+
+def validate_request(spec: RoundSpec, policy: ClientPolicy) -> None:
+    """Raise ``RoundSpecError`` listing every problem with the request at once."""
+    problems = []
+    if not (isinstance(spec.run_id, str) and spec.run_id):
+        problems.append(f"run_id must be a non-empty string. Found {spec.run_id!r}.")
+    if not (isinstance(spec.round_id, (int, np.integer)) and not isinstance(spec.round_id, bool) and spec.round_id >= 0):
+        problems.append(f"round_id must be an integer >= 0. Found {spec.round_id!r}.")
+    z = spec.noise_multiplier
+    if not (_is_number(z) and math.isfinite(z) and z > 0):
+        problems.append(f"noise_multiplier must be a finite number > 0. Found {z!r}.")
+    elif z < policy.min_noise_multiplier:
+        problems.append(f"noise_multiplier={z!r} is below this device's minimum {policy.min_noise_multiplier!r}.")
+    c = spec.clip
+    if not (_is_number(c) and math.isfinite(c) and c > 0):
+        problems.append(f"clip must be a finite number > 0. Found {c!r}.")
+    if spec.placement not in PLACEMENTS:
+        problems.append(f"placement must be one of {PLACEMENTS}. Found {spec.placement!r}.")
+    elif spec.placement == "distributed" and not policy.allow_distributed:
+        problems.append("placement='distributed' needs secure aggregation, which this device's policy does not allow.")
+    m = spec.min_reports
+    if not (isinstance(m, (int, np.integer)) and not isinstance(m, bool) and m >= 1):
+        problems.append(f"min_reports must be an integer >= 1. Found {m!r}.")
+    if problems:
+        raise RoundSpecError("round request refused: " + " ".join(problems))
+
+
+@dataclass(frozen=True)
+class Release:
+    """What leaves the device this round, and the (private, local) bookkeeping behind it."""
+
+    status: str  # "contributed", "noise-only" or "left"
+    arrays: list[np.ndarray] | None = field(repr=False)  # None only for "left"
+    sensitivity: float  # certified norm of the clipped update (0 when no data contributed)
+    noise_std: float  # standard deviation actually added by this client
+    spent_epsilon: float  # lifetime, after this round
+    remaining_fraction: float  # lifetime budget left, in [0, 1]
+
+
+class FilteredClient:
+    """Applies a device's individual filter to the updates it releases."""
+
+    def __init__(self, ledger: BudgetLedger, policy: ClientPolicy | None = None,
+                 rng: np.random.Generator | None = None):
+        self.ledger = ledger
+        self.policy = policy or ClientPolicy()
+        self.rng = rng if rng is not None else make_rng()
+
+    def release(self, spec: RoundSpec, update: Sequence[np.ndarray]) -> Release:
+        """Filter, clip, record and noise one round's update. Raises before spending on bad input."""
+        validate_request(spec, self.policy)
+        arrays = as_float_arrays(update)
+        check_finite(arrays)
+        z, clip = float(spec.noise_multiplier), float(spec.clip)
+        accounted_std = z * clip  # the noise the observer's view carries (the sum's, if distributed)
+        added_std = accounted_std / math.sqrt(spec.min_reports) if spec.placement == "distributed" else accounted_std
+        filt, run_filt = self.ledger.filter, self.ledger.run_filter
+
+        with self.ledger.reserve(spec.run_id, int(spec.round_id)) as tx:
+            allowance = min(
+                clip,
+                float(filt.allowance(tx.state, noise_std=accounted_std)),
+                float(run_filt.allowance(tx.run_state, noise_std=accounted_std)),
+            )
+            if allowance <= self.policy.exhausted_below * clip:
+                status, clipped, norm = self.policy.after_exhaustion, None, 0.0
+                charge = filt.charge(sensitivity=0.0, noise_std=accounted_std)
+            else:
+                status = "contributed"
+                clipped, norm = clip_to_norm(arrays, allowance)
+                charge = filt.charge(sensitivity=norm, noise_std=accounted_std)
+                # Defence in depth: the allowance is admitted by construction.
+                if not (filt.admits(tx.state, charge) and run_filt.admits(tx.run_state, charge)):
+                    raise RuntimeError("internal error: clipped update exceeds the allowance; nothing spent")
+            state_after = filt.spend(tx.state, charge)
+            tx.record(status=status, charge=charge, state_after=state_after,
+                      run_state_after=run_filt.spend(tx.run_state, charge), sensitivity=norm,
+                      noise_std=added_std, noise_multiplier=z, clip=clip, placement=spec.placement)
+        # Committed: the spend is on disk. Only now is anything computed that leaves the device.
+        if status == "left":
+            out = None
+        else:
+            base = clipped if clipped is not None else [np.zeros_like(a) for a in arrays]
+            out = add_gaussian_noise(base, added_std, self.rng)
+        return Release(status, out, norm, added_std, filt.epsilon_spent(state_after),
+                       float(filt.remaining_fraction(state_after)))
