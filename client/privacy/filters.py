@@ -86,8 +86,9 @@ class GaussianFilter:
             raise ValueError(f"sensitivity must be finite and >= 0. Found {s!r}.")
         if np.any(~np.isfinite(std) | (std <= 0)):
             raise ValueError(f"noise_std must be finite and > 0. Found {std!r}.")
-        mu2 = square_up(div_up(s, std))
-        return mul_up(np.expand_dims(mu2, -1), self.weights)
+        # Zero stays exactly zero (0 / std and 0 * w are exact): a release without data costs nothing.
+        mu2 = np.where(s > 0, square_up(div_up(s, std)), 0.0)
+        return np.where(np.expand_dims(mu2, -1) > 0, mul_up(np.expand_dims(mu2, -1), self.weights), 0.0)
 
     def spend(self, state: np.ndarray, charge: np.ndarray) -> np.ndarray:
         """The state after a release (rounded up). Does not check the budget: see ``admits``.

@@ -2,7 +2,8 @@
 
 A Gaussian mechanism with sensitivity ``s`` and noise standard deviation ``std`` is
 ``(alpha, alpha * s^2 / (2 std^2))``-RDP for every order ``alpha > 1`` (Mironov 2017,
-arXiv 1702.07476 v3, Proposition 7; papers/004 Section 2, the Gaussian example after Fact 2.4).
+arXiv 1702.07476 v3, Proposition 7; papers/004 Proposition 5.2's proof); the filter's ``charge``
+(filters.py) computes it with the weights ``alpha / 2``.
 
 ``(alpha, r)``-RDP implies ``(eps, delta)``-DP with
 
@@ -20,7 +21,7 @@ from typing import Sequence
 
 import numpy as np
 
-from client.privacy.rounding import div_up, down, mul_up, square_up, up
+from client.privacy.rounding import down, up
 
 # Orders used when none are given: those of dp_accounting's RdpAccountant above 1.01, where the
 # conversion is numerically stable.
@@ -45,13 +46,6 @@ def check_orders(orders: Sequence[float]) -> np.ndarray:
     if bad.size:
         raise ValueError(f"every order must be finite and > 1.01. Found {bad.tolist()}.")
     return arr
-
-
-def gaussian_rdp(orders: np.ndarray, sensitivity, noise_std) -> np.ndarray:
-    """``alpha * (s/std)^2 / 2`` per order, rounded up; broadcasts over leading client axes."""
-    mu = div_up(np.asarray(sensitivity, dtype=np.float64), np.asarray(noise_std, dtype=np.float64))
-    half_mu2 = up(square_up(mu) / 2)
-    return mul_up(np.expand_dims(half_mu2, -1), orders)
 
 
 def _conversion_offset(orders: np.ndarray, delta: float) -> np.ndarray:

@@ -37,7 +37,7 @@ def tracker_step(state: TrackerState, rho, delta_step: float) -> TrackerState:
         raise ValueError(
             f"every loss must be in [0, delta_step={delta_step}] (Corollary 4.11). Found {rho!r}."
         )
-    total = add_up(state.running, rho)
+    total = np.where(state.running > 0, add_up(state.running, rho), rho)  # 0 + rho is exact
     halt = total > delta_step  # F_{alpha, Delta}(rho_restart..rho_t) = HALT
     level = np.where(halt, add_up(state.level, delta_step), state.level)
     running = np.where(halt, rho, total)

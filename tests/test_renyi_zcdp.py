@@ -1,0 +1,74 @@
+"""Rényi and zCDP conversions against Google's dp_accounting and the numbers printed in papers/004."""
+
+import math
+
+import numpy as np
+import pytest
+from dp_accounting import dp_event
+from dp_accounting.rdp import rdp_privacy_accountant as rdp_acc
+
+from client.privacy import renyi, zcdp
+from client.privacy.filters import rdp_filter
+from client.privacy.planner import plan_epsilon, plan_rounds
+
+SEQUENCES = [[1.0], [2.0, 3.0, 3.0], [0.7, 5.0, 1.5, 10.0], [170.0] * 112, [4.0] * 50 + [1.2] * 3]
+
+
+def google_epsilon(orders, noise, delta):
+    acc = rdp_acc.RdpAccountant(orders=list(orders))
+    for z in noise:
+        acc.compose(dp_event.GaussianDpEvent(z))
+    return acc.get_epsilon(delta)
+
+
+@pytest.mark.parametrize("noise", SEQUENCES)
+@pytest.mark.parametrize("orders", [renyi.DEFAULT_ORDERS, renyi.FILTER_ORDERS, (2.0,), (32.0, 64.0)])
+def test_rdp_epsilon_equals_dp_accounting(noise, orders):
+    delta = 1e-5
+    filt = rdp_filter(1.0, delta, orders)
+    state = filt.initial_state()
+    for z in noise:
+        state = filt.spend(state, filt.charge(sensitivity=1.0, noise_std=z))
+    ours = renyi.epsilon_from_rdp(filt.orders, state, delta)
+    assert ours == pytest.approx(google_epsilon(orders, noise, delta), rel=1e-9)
+    # The filter's own readout pays the union bound over its orders: delta / len(orders).
+    assert filt.epsilon_spent(state) == pytest.approx(
+        google_epsilon(orders, noise, delta / len(orders)), rel=1e-9)
+
+
+def test_rdp_budget_converts_back_to_the_budget():
+    for eps in (0.3, 1.0, 8.0):
+        budgets = renyi.rdp_budgets(renyi.FILTER_ORDERS, eps, 1e-5)
+        for a, b in zip(renyi.FILTER_ORDERS, budgets):
+            if b > 0:
+                assert renyi.epsilon_from_rdp([a], [b], 1e-5) <= eps + 1e-12
+
+
+def test_theorem_4_9_budget_matches_the_paper_form():
+    """papers/004 Theorem 4.9: B* = (-sqrt(log 1/delta) + sqrt(log 1/delta + eps))^2."""
+    for eps in (0.3, 0.5, 1.0, 8.0):
+        for delta in (1e-5, 1e-8):
+            L = math.log(1 / delta)
+            paper = (-math.sqrt(L) + math.sqrt(L + eps)) ** 2
+            ours = zcdp.zcdp_budget(eps, delta)
+            assert ours <= paper * (1 + 1e-15) and ours == pytest.approx(paper, rel=1e-12)
+            assert zcdp.epsilon_from_zcdp(ours, delta) == pytest.approx(eps, rel=1e-12)
+
+
+def test_seed_run_is_0_3007_under_theorem_4_9():
+    """papers/004 Appendix A calls noise 170, 112 full-batch steps, delta 1e-5 'epsilon = 0.3'."""
+    res = plan_epsilon("zcdp", noise_multiplier=170, rounds=112, delta=1e-5)
+    assert round(res["epsilon"], 4) == 0.3007
+    # Proposition 5.1: k / (2 sigma^2)-zCDP, converted with Fact 2.4.
+    rho = 112 / (2 * 170**2)
+    assert res["epsilon"] == pytest.approx(rho + 2 * math.sqrt(rho * math.log(1e5)), rel=1e-12)
+    # So at a budget of exactly 0.3 the Theorem 4.9 filter stops one round earlier.
+    assert plan_rounds("zcdp", epsilon=0.3, delta=1e-5, noise_multiplier=170).rounds == 111
+
+
+def test_theorem_4_9_fixed_eps_rate():
+    """papers/004 after Theorem 4.9: k eps-DP steps give (k eps^2/2 + sqrt(2 k log(1/delta)) eps, delta)."""
+    eps_t, k, delta = 0.01, 400, 1e-6
+    rho = k * eps_t**2 / 2
+    assert zcdp.epsilon_from_zcdp(rho, delta) == pytest.approx(
+        k * eps_t**2 / 2 + math.sqrt(2 * k * math.log(1 / delta)) * eps_t, rel=1e-12)
