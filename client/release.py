@@ -16,6 +16,7 @@ from typing import Sequence
 import numpy as np
 
 from client.ledger import BudgetLedger
+from client.privacy.filters import exhausted, round_allowance
 from client.mechanism import add_gaussian_noise, as_float_arrays, check_finite, clip_to_norm, make_rng
 
 PLACEMENTS = ("local", "distributed")
@@ -124,12 +125,9 @@ class FilteredClient:
         filt, run_filt = self.ledger.filter, self.ledger.run_filter
 
         with self.ledger.reserve(spec.run_id, int(spec.round_id)) as tx:
-            allowance = min(
-                clip,
-                float(filt.allowance(tx.state, noise_std=accounted_std)),
-                float(run_filt.allowance(tx.run_state, noise_std=accounted_std)),
-            )
-            if allowance <= self.policy.exhausted_below * clip:
+            allowance = float(round_allowance(filt, tx.state, noise_std=accounted_std, clip=clip,
+                                              run_filter=run_filt, run_state=tx.run_state))
+            if exhausted(allowance, clip, self.policy.exhausted_below):
                 status, clipped, norm = self.policy.after_exhaustion, None, 0.0
                 charge = filt.charge(sensitivity=0.0, noise_std=accounted_std)
             else:

@@ -183,3 +183,21 @@ def make_filter(kind: str, epsilon: float, delta: float, orders: Sequence[float]
     if kind == "rdp":
         return rdp_filter(epsilon, delta, orders)
     raise ValueError(f"filter must be one of {', '.join(FILTER_KINDS)}. Found {kind!r}.")
+
+
+def round_allowance(filt: GaussianFilter, state: np.ndarray, *, noise_std, clip,
+                    run_filter: GaussianFilter | None = None, run_state: np.ndarray | None = None) -> np.ndarray:
+    """papers/004 Algorithm 7's per-round clip ``min(C, what the filter(s) still admit)``.
+
+    The Flower client (one row) and the vectorised engine (one row per client) both call this,
+    so they clip and charge identically.
+    """
+    allow = np.minimum(np.asarray(clip, dtype=np.float64), filt.allowance(state, noise_std=noise_std))
+    if run_filter is not None:
+        allow = np.minimum(allow, run_filter.allowance(run_state, noise_std=noise_std))
+    return allow
+
+
+def exhausted(allowance, clip, exhausted_below: float) -> np.ndarray:
+    """True where what is left is below ``exhausted_below * C``: the client has nothing to give."""
+    return np.asarray(allowance) <= exhausted_below * np.asarray(clip)
