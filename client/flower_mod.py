@@ -1,0 +1,410 @@
+"""A Flower mod that puts a device's individual, lifelong privacy filter around any ClientApp.
+
+Usage::
+
+    from flwr.clientapp import ClientApp
+    from client.flower_mod import individual_filter_mod
+
+    app = ClientApp(mods=[individual_filter_mod])
+
+What the mod does with each message (DESIGN.md sections 1 and 2):
+
+* **train** (``"train"`` and ``"train.<action>"``): reads the coordinator's round request from the
+  ``ConfigRecord`` ``"fedfilter.request"`` (``run-id``, ``round-id``, ``noise-multiplier``,
+  ``clip``, ``placement``, ``min-reports``) and the device's own settings from
+  ``context.node_config`` only (``NODE_CONFIG_KEYS``; the coordinator cannot set them). A request
+  that breaks the device's policy, or repeats a round already released, is answered with an error
+  ``Message`` that names the field and value; nothing is trained, spent or released. Otherwise the
+  inner handler always runs (so a client with no budget left is not faster than one with budget),
+  the update ``returned - received`` goes through ``FilteredClient.release`` (clip to the
+  allowance, durable spend, then noise), and the reply carries exactly:
+
+  - ``"arrays"``: an ``ArrayRecord`` with the noisy *update* (same keys, shapes and dtypes as the
+    model received), and ``"fedfilter.status"``: ``ConfigRecord({"status": "report"})``, for a
+    client that contributed and for one that sends pure noise alike; or
+  - only ``"fedfilter.status"``: ``ConfigRecord({"status": "left"})`` for a client in ``leave``
+    mode whose budget is spent (no ``ArrayRecord`` at all).
+
+  Every metric and config the inner handler returned is dropped: example counts and training
+  metrics depend on private data and carry no noise. Local bookkeeping (status, spend) stays in
+  the device's ledger.
+
+  Anything that goes wrong *after* an accepted request (the inner handler raises or answers with
+  an error, returns arrays of the wrong shape, or an update holding NaN or inf) would otherwise
+  show up as an un-noised, data-dependent signal. Instead the update is taken to be zero: the
+  reply is pure noise (which costs nothing), and the cause is logged on the device only.
+* **evaluate**: refused with an error ``Message``. Loss and accuracy on a client's private data
+  are data-dependent releases that carry no noise and are not accounted by the filter, with or
+  without ``num-examples``; the coordinator evaluates on held-out data instead.
+* anything else (``query``, system messages) passes through untouched: a ClientApp that answers
+  queries with private data is outside what this mod protects.
+
+Device settings (``context.node_config``; in the Deployment Engine from
+``flower-supernode --node-config "ledger-dir='/var/lib/fedfilter' budget-epsilon=8.0 ..."``):
+
+=======================  ========  ==========================================================
+key                      default   meaning
+=======================  ========  ==========================================================
+``ledger-dir``           required  directory of the device's durable budget ledger
+``budget-epsilon``       (ledger)  personal lifetime epsilon; may be left out once enrolled
+``budget-delta``         1e-5      personal delta
+``filter``               gdp       ``gdp``, ``zcdp`` or ``rdp``
+``run-quota``            1.0       share of the lifetime budget one run may spend
+``client-id``            dir name  name stored in the ledger at enrolment
+``min-noise-multiplier`` 0.5       smallest noise multiplier this device accepts
+``after-exhaustion``     noise-only  ``noise-only`` or ``leave``
+``allow-distributed``    false     accept ``placement = "distributed"`` (needs SecAgg)
+``noise-seed``           (none)    reproducible noise for tests ONLY: whoever knows it can
+                                   subtract the noise. Default: OS cryptographic randomness.
+=======================  ========  ==========================================================
+
+In the Simulation Engine every node's ``node_config`` holds only ``partition-id`` and
+``num-partitions``; ``simulated_device_config_mod`` stands in for ``--node-config`` there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Error, Message, RecordDict
+from flwr.common.constant import ErrorCode
+
+from client.ledger import BudgetLedger, ReplayError
+from client.mechanism import NonFiniteUpdateError, make_rng
+from client.release import AFTER_EXHAUSTION, ClientPolicy, FilteredClient, RoundSpec, RoundSpecError, validate_request
+
+__all__ = [
+    "individual_filter_mod", "simulated_device_config_mod", "DeviceConfig", "device_config",
+    "request_record", "round_spec_from_record", "REQUEST_RECORD", "STATUS_RECORD", "ARRAYS_RECORD",
+    "STATUS_REPORT", "STATUS_LEFT", "NODE_CONFIG_KEYS",
+]
+
+log = logging.getLogger("fedfilter.client")
+
+# --- wire format (shared with coordinator/strategy.py) ---------------------------------------
+REQUEST_RECORD = "fedfilter.request"
+STATUS_RECORD = "fedfilter.status"
+ARRAYS_RECORD = "arrays"
+STATUS_REPORT = "report"  # contributed and noise-only alike: the coordinator cannot tell them apart
+STATUS_LEFT = "left"
+RUN_BINDING = "fedfilter.run"  # context.state: the request run-id this Flower run is bound to
+
+# Errors the mod answers with. Both are Flower's MOD_FAILED_PRECONDITION (6); the reason says more.
+ERROR_CODE = ErrorCode.MOD_FAILED_PRECONDITION
+
+NODE_CONFIG_KEYS = (
+    "ledger-dir", "budget-epsilon", "budget-delta", "filter", "run-quota", "client-id",
+    "min-noise-multiplier", "after-exhaustion", "allow-distributed", "noise-seed",
+)
+_REQUEST_KEYS = ("run-id", "round-id", "noise-multiplier", "clip", "placement", "min-reports")
+
+
+# --- the device's own settings ---------------------------------------------------------------
+@dataclass(frozen=True)
+class DeviceConfig:
+    """The device owner's settings, read from ``context.node_config`` only."""
+
+    ledger_dir: Path
+    budget_epsilon: float | None
+    budget_delta: float
+    filter_kind: str
+    run_quota: float
+    client_id: str
+    policy: ClientPolicy
+    noise_seed: int | None
+
+    def open_ledger(self) -> BudgetLedger:
+        """Enrol with the configured budget (idempotent) or open an enrolled ledger."""
+        if self.budget_epsilon is None:
+            return BudgetLedger.open(self.ledger_dir)
+        return BudgetLedger.enrol(self.ledger_dir, client_id=self.client_id, epsilon=self.budget_epsilon,
+                                  delta=self.budget_delta, filter_kind=self.filter_kind,
+                                  run_quota=self.run_quota)
+
+
+def _as_float(value: Any) -> float:
+    if isinstance(value, bool):
+        raise TypeError
+    return float(value)  # int, float, or a numeric string from --node-config
+
+
+def _as_bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "false", "1", "0", "yes", "no"):
+        return value.strip().lower() in ("true", "1", "yes")
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    raise TypeError
+
+
+def _as_int(value: Any) -> int:
+    if isinstance(value, bool):
+        raise TypeError
+    if isinstance(value, float) and not value.is_integer():
+        raise TypeError
+    return int(value)
+
+
+def device_config(node_config: Mapping[str, Any]) -> DeviceConfig:
+    """Parse the device's settings; ``ValueError`` lists every problem at once."""
+    problems: list[str] = []
+
+    def get(key, convert, default):
+        if key not in node_config:
+            return default
+        value = node_config[key]
+        try:
+            return convert(value)
+        except (TypeError, ValueError):
+            problems.append(f"node-config {key!r} has an invalid value {value!r}.")
+            return default
+
+    ledger_dir = node_config.get("ledger-dir")
+    if not (isinstance(ledger_dir, str) and ledger_dir.strip()):
+        problems.append(f"node-config 'ledger-dir' must name the device's ledger directory. Found {ledger_dir!r}.")
+        ledger_dir = "."
+    epsilon = get("budget-epsilon", _as_float, None)
+    delta = get("budget-delta", _as_float, 1e-5)
+    filter_kind = str(node_config.get("filter", "gdp"))
+    run_quota = get("run-quota", _as_float, 1.0)
+    client_id = str(node_config.get("client-id", "") or Path(ledger_dir).resolve().name)
+    min_z = get("min-noise-multiplier", _as_float, ClientPolicy.min_noise_multiplier)
+    after = str(node_config.get("after-exhaustion", ClientPolicy.after_exhaustion))
+    if after not in AFTER_EXHAUSTION:
+        problems.append(f"node-config 'after-exhaustion' must be one of {AFTER_EXHAUSTION}. Found {after!r}.")
+        after = ClientPolicy.after_exhaustion
+    allow_distributed = get("allow-distributed", _as_bool, False)
+    seed = get("noise-seed", _as_int, None)
+    if epsilon is None and not (Path(ledger_dir) / "budget_ledger.sqlite").exists():
+        problems.append("node-config 'budget-epsilon' is required until the device is enrolled.")
+    policy = None
+    try:
+        policy = ClientPolicy(min_noise_multiplier=min_z, after_exhaustion=after,
+                              allow_distributed=allow_distributed)
+    except ValueError as err:
+        problems.append(str(err))
+    if problems:
+        raise ValueError("invalid fedfilter device config: " + " ".join(problems))
+    return DeviceConfig(Path(ledger_dir), epsilon, delta, filter_kind, run_quota, client_id, policy, seed)
+
+
+# --- the coordinator's request ---------------------------------------------------------------
+def request_record(spec: RoundSpec) -> ConfigRecord:
+    """The ``ConfigRecord`` a coordinator sends as ``"fedfilter.request"``."""
+    return ConfigRecord({
+        "run-id": spec.run_id, "round-id": int(spec.round_id),
+        "noise-multiplier": float(spec.noise_multiplier), "clip": float(spec.clip),
+        "placement": spec.placement, "min-reports": int(spec.min_reports),
+    })
+
+
+def round_spec_from_record(record: ConfigRecord | None) -> RoundSpec:
+    """Read a ``RoundSpec`` from the request record; ``RoundSpecError`` names every bad key."""
+    if record is None:
+        raise RoundSpecError(f"round request refused: the message has no ConfigRecord {REQUEST_RECORD!r}.")
+    problems = [f"{REQUEST_RECORD}[{k!r}] is missing." for k in _REQUEST_KEYS if k not in record]
+    types = {"run-id": str, "round-id": int, "noise-multiplier": (int, float), "clip": (int, float),
+             "placement": str, "min-reports": int}
+    for key, kind in types.items():
+        if key in record and (isinstance(record[key], bool) or not isinstance(record[key], kind)):
+            problems.append(f"{REQUEST_RECORD}[{key!r}] has the wrong type. Found {record[key]!r}.")
+    if problems:
+        raise RoundSpecError("round request refused: " + " ".join(problems))
+    return RoundSpec(run_id=record["run-id"], round_id=record["round-id"],
+                     noise_multiplier=float(record["noise-multiplier"]), clip=float(record["clip"]),
+                     placement=record["placement"], min_reports=record["min-reports"])
+
+
+# --- helpers ---------------------------------------------------------------------------------
+def _category(msg: Message) -> str:
+    return msg.metadata.message_type.split(".", 1)[0]
+
+
+def _error(msg: Message, reason: str) -> Message:
+    log.warning("fedfilter mod: %s", reason)
+    return Message(Error(code=ERROR_CODE, reason=reason), reply_to=msg)
+
+
+def _noise_rng(seed: int | None, spec: RoundSpec) -> np.random.Generator:
+    """OS-seeded noise; with a device ``noise-seed``, a stream per (seed, run, round).
+
+    Each Deployment-Engine message runs in a fresh process, so a plain seed would repeat the same
+    noise every round (and let differences of reports cancel it): the round enters the seed.
+    """
+    if seed is None:
+        return make_rng()
+    digest = hashlib.sha256(f"{seed}\x00{spec.run_id}\x00{spec.round_id}".encode()).digest()
+    return make_rng(int.from_bytes(digest[:16], "little"))
+
+
+def _bind_run(context: Context, spec: RoundSpec) -> str | None:
+    """Keep one request run-id per Flower run, so a coordinator cannot dodge the run quota.
+
+    ``context.state`` lives exactly as long as the Flower run on this node (both engines).
+    """
+    bound = context.state.config_records.get(RUN_BINDING)
+    if bound is None:
+        context.state[RUN_BINDING] = ConfigRecord({"run-id": spec.run_id})
+        return None
+    if bound["run-id"] != spec.run_id:
+        return (f"round request refused: {REQUEST_RECORD}['run-id']={spec.run_id!r} differs from "
+                f"{bound['run-id']!r}, the run-id this Flower run started with; the per-run quota is "
+                "kept per run-id.")
+    return None
+
+
+def _already_released(ledger: BudgetLedger, spec: RoundSpec) -> bool:
+    return any(r.round_id == spec.round_id for r in ledger.records(spec.run_id))
+
+
+def _inner_update(call_next, msg: Message, context: Context, keys: list[str],
+                  received: list[np.ndarray]) -> list[np.ndarray] | None:
+    """Run the inner handler and return ``returned - received`` in the model's dtypes.
+
+    ``None`` when the handler failed or answered with something that is not the model: the cause
+    is logged here, on the device, and never sent.
+    """
+    try:
+        out = call_next(msg, context)
+    except Exception:  # noqa: BLE001 - any failure becomes a zero update (see module docstring)
+        log.exception("fedfilter mod: the inner train handler raised; releasing a zero update")
+        return None
+    if out.has_error():
+        log.error("fedfilter mod: the inner train handler answered with an error (code %s: %s); "
+                  "releasing a zero update", out.error.code, out.error.reason)
+        return None
+    records = list(out.content.array_records.items())
+    if len(records) != 1 or list(records[0][1].keys()) != keys:
+        log.error("fedfilter mod: the inner reply must hold exactly one ArrayRecord with the keys "
+                  "received; releasing a zero update")
+        return None
+    update = []
+    for key, old in zip(keys, received):
+        try:
+            new = records[0][1][key].numpy()
+        except Exception:  # noqa: BLE001
+            log.exception("fedfilter mod: array %r of the inner reply cannot be read", key)
+            return None
+        if new.shape != old.shape:
+            log.error("fedfilter mod: array %r came back with shape %s, expected %s; releasing a zero "
+                      "update", key, new.shape, old.shape)
+            return None
+        if np.issubdtype(old.dtype, np.floating):
+            update.append((new.astype(np.float64) - old.astype(np.float64)).astype(old.dtype))
+        else:
+            # Integer buffers (e.g. BatchNorm's num_batches_tracked, which counts batches and so
+            # reveals the data size) are never released: their update is always zero.
+            update.append(np.zeros_like(old))
+    return update
+
+
+def _reply(msg: Message, status: str, keys: list[str], arrays: list[np.ndarray] | None) -> Message:
+    content = RecordDict()
+    if arrays is not None:
+        content[ARRAYS_RECORD] = ArrayRecord({k: Array(np.ascontiguousarray(a)) for k, a in zip(keys, arrays)})
+    content[STATUS_RECORD] = ConfigRecord({"status": status})
+    return Message(content, reply_to=msg)
+
+
+# --- the mods --------------------------------------------------------------------------------
+def individual_filter_mod(msg: Message, context: Context, call_next: Callable[[Message, Context], Message]) -> Message:
+    """Wrap a ClientApp's training with the device's individual privacy filter (see module doc)."""
+    category = _category(msg)
+    if category == "evaluate":
+        return _error(msg, "fedfilter: evaluation on a client's private data is refused: loss and "
+                           "accuracy on it are un-noised releases outside the privacy filter. Evaluate "
+                           "the global model on held-out data at the coordinator.")
+    if category != "train":
+        return call_next(msg, context)
+
+    # 1. The device's own settings. Their details stay on the device: the reason sent is generic.
+    try:
+        device = device_config(context.node_config)
+    except ValueError as err:
+        log.error("fedfilter mod: %s", err)
+        return _error(msg, "fedfilter: this device's privacy settings are missing or invalid (details in "
+                           "the device's log); nothing was trained, spent or released.")
+
+    # 2. The coordinator's request: refused before any training or spending.
+    try:
+        spec = round_spec_from_record(msg.content.config_records.get(REQUEST_RECORD))
+        validate_request(spec, device.policy)
+    except RoundSpecError as err:
+        return _error(msg, f"fedfilter: {err}")
+    array_records = list(msg.content.array_records.items())
+    if len(array_records) != 1:
+        return _error(msg, f"fedfilter: a train message must hold exactly one ArrayRecord (the model). "
+                           f"Found {len(array_records)}.")
+    model = array_records[0][1]
+    keys = list(model.keys())
+    try:
+        received = [model[k].numpy() for k in keys]
+    except Exception as err:  # noqa: BLE001
+        return _error(msg, f"fedfilter: the model in the train message cannot be read: {err}")
+    if (reason := _bind_run(context, spec)) is not None:
+        return _error(msg, f"fedfilter: {reason}")
+
+    try:
+        ledger = device.open_ledger()
+    except (OSError, ValueError) as err:
+        log.error("fedfilter mod: cannot open the budget ledger: %s", err)
+        return _error(msg, "fedfilter: this device's budget ledger cannot be opened (details in the "
+                           "device's log); nothing was trained, spent or released.")
+    try:
+        if _already_released(ledger, spec):
+            return _error(msg, f"fedfilter: round request refused: round-id={spec.round_id} of run-id="
+                               f"{spec.run_id!r} was already answered; a repeated round gets no second release.")
+
+        # 3. Always train, whatever the budget: a noise-only reply must take as long as a real one.
+        update = _inner_update(call_next, msg, context, keys, received)
+        if update is None:
+            update = [np.zeros_like(a) for a in received]
+        floating = [i for i, a in enumerate(received) if np.issubdtype(a.dtype, np.floating)]
+
+        # 4. Filter, clip, spend durably, then noise.
+        filtered = FilteredClient(ledger, device.policy, _noise_rng(device.noise_seed, spec))
+        try:
+            release = filtered.release(spec, [update[i] for i in floating])
+        except NonFiniteUpdateError:
+            log.error("fedfilter mod: the update holds NaN or inf; releasing a zero update instead")
+            release = filtered.release(spec, [np.zeros_like(update[i]) for i in floating])
+    except ReplayError as err:  # a concurrent duplicate of this round got there first
+        return _error(msg, f"fedfilter: round request refused: {err}")
+    finally:
+        ledger.close()
+
+    if release.status == "left":
+        return _reply(msg, STATUS_LEFT, keys, None)
+    out = list(update)
+    for i, noisy in zip(floating, release.arrays):
+        out[i] = noisy
+    for i in set(range(len(out))) - set(floating):
+        out[i] = np.zeros_like(received[i])
+    return _reply(msg, STATUS_REPORT, keys, out)
+
+
+def simulated_device_config_mod(devices: Mapping[int, Mapping[str, Any]]):
+    """A mod that gives each simulated node its device settings, keyed by ``partition-id``.
+
+    The Simulation Engine has no ``--node-config``: this stands in for it. It runs inside the
+    ClientApp (on the "device"), before ``individual_filter_mod``; the coordinator never sees it.
+    Keys already in ``context.node_config`` win.
+    """
+    table = {int(k): dict(v) for k, v in devices.items()}
+
+    def mod(msg: Message, context: Context, call_next):
+        extra = table.get(int(context.node_config.get("partition-id", -1)), {})
+        merged = Context(run_id=context.run_id, node_id=context.node_id,
+                         node_config={**extra, **context.node_config}, state=context.state,
+                         run_config=context.run_config, series_id=getattr(context, "series_id", 0))
+        return call_next(msg, merged)
+
+    return mod
