@@ -8,6 +8,7 @@ n terms has relative error at most (n-1)u/(1-(n-1)u); squaring and the square ro
 
 from __future__ import annotations
 
+import math
 import secrets
 from typing import Sequence
 
@@ -40,13 +41,24 @@ def check_finite(arrays: Sequence[np.ndarray]) -> None:
 
 
 def certified_norm(arrays: Sequence[np.ndarray]) -> float:
-    """An upper bound on the exact L2 norm of all arrays together, as stored."""
+    """An upper bound on the exact L2 norm of all arrays together, as stored.
+
+    Entries are first scaled by an exact power of two so that the largest lies in [0.5, 1):
+    squares then neither overflow nor lose the total to underflow, and the relative error bound
+    holds (an entry whose square underflows contributes less than 2**-1074 to a total >= 0.25).
+    """
     n = sum(a.size for a in arrays)
+    peak = max((float(np.max(np.abs(a))) for a in arrays if a.size), default=0.0)
+    if peak == 0.0:
+        return 0.0
+    exponent = math.frexp(peak)[1]
+    # 2**-exponent in two exact halves: a single factor overflows for subnormal peaks.
+    half_a, half_b = math.ldexp(1.0, -(exponent // 2)), math.ldexp(1.0, -(exponent - exponent // 2))
     total = 0.0
     for a in arrays:
-        flat = a.astype(np.float64, copy=False).ravel()
+        flat = a.astype(np.float64, copy=False).ravel() * half_a * half_b  # exact: powers of two
         total += float(np.dot(flat, flat))
-    norm = float(np.sqrt(total))
+    norm = math.ldexp(math.sqrt(total), exponent)
     return float(np.nextafter(norm * (1.0 + (n + 8) * 2 * _U), np.inf))
 
 

@@ -128,7 +128,8 @@ class FilteredClient:
             allowance = float(round_allowance(filt, tx.state, noise_std=accounted_std, clip=clip,
                                               run_filter=run_filt, run_state=tx.run_state))
             if exhausted(allowance, clip, self.policy.exhausted_below):
-                status, clipped, norm = self.policy.after_exhaustion, None, 0.0
+                status = "left" if self.policy.after_exhaustion == "leave" else "noise-only"
+                clipped, norm = None, 0.0
                 charge = filt.charge(sensitivity=0.0, noise_std=accounted_std)
             else:
                 status = "contributed"
