@@ -309,7 +309,7 @@ def _inner_update(call_next, msg: Message, context: Context, keys: list[str],
 def _reply(msg: Message, status: str, keys: list[str], arrays: list[np.ndarray] | None) -> Message:
     content = RecordDict()
     if arrays is not None:
-        content[ARRAYS_RECORD] = ArrayRecord({k: Array(np.ascontiguousarray(a)) for k, a in zip(keys, arrays)})
+        content[ARRAYS_RECORD] = ArrayRecord({k: Array(np.array(a, order="C")) for k, a in zip(keys, arrays)})
     content[STATUS_RECORD] = ConfigRecord({"status": status})
     return Message(content, reply_to=msg)
 
