@@ -1,0 +1,279 @@
+"""Continual counting with sparse users: worst-case accounting vs the individual filter.
+
+The setting of papers/004 (Feldman and Zrnic, NeurIPS 2021), Section 4.2 and Theorem 1.2. Each of
+``n`` users has a binary indicator ``x[i, t]`` per day ``t`` and is active (``x = 1``) on few days.
+Every day the analyst asks the counting query ``q_t(X_i) = x[i, t]`` and gets the Gaussian
+mechanism's answer ``a_t = sum_{i in S_t} x[i, t] + N(0, sigma^2)``.
+
+* **Worst-case accounting**: every user is charged a full-sensitivity release (``||q_t|| <= C = 1``)
+  every day, active or not. All users' filters halt together after ``k0`` days (Section 4.2:
+  ``k0 = floor(2 B sigma^2 / (C^2 alpha))`` for an (alpha, B)-RDP budget), and the analyst can
+  answer nothing more.
+* **Individual filter** (papers/004 Algorithm 3, Theorem 4.5): user ``i`` is charged the loss of
+  its *own* contribution, ``sensitivity = x[i, t]``, so inactive days cost nothing. A user whose
+  filter would not admit today's release is left out of ``S_t`` (and pays nothing); every query is
+  answered.
+
+Both use the real filter from ``client.privacy.filters`` (its ``charge``/``admits``/``spend``), not a
+re-derivation. The noise follows Corollary 4.7: ``sigma^2 = B_norm / (2 kappa)`` with
+``B_norm = s C^2 = s`` for binary queries, so each user can pay for ``s`` active days, and by the
+remark after Corollary 4.7 worst-case accounting answers ``k0 = s`` days.
+
+The accuracy claim checked (Theorem 1.2, part 2): for every day ``t`` and ``beta`` in (0, 1),
+
+    P( |a_t - sum_{X_i in S_t} q_t(X_i)| > sqrt(s log(1/beta) / kappa) ) <= beta,        (T1.2)
+
+where ``S_t`` are the users still admitted on day ``t``. With ``sigma^2 = s / (2 kappa)`` the bound
+equals ``sigma sqrt(2 log(1/beta))``, and the exact two-sided Gaussian tail there is
+``2 Phi(-sqrt(2 log(1/beta)))``, which is at most ``beta`` for every ``beta <= exp(-1/pi) = 0.727``
+(Mills ratio).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from client.privacy.filters import FILTER_KINDS, GaussianFilter, make_filter
+
+# The Gaussian tail at x = sqrt(2 log(1/beta)) is 2 Phi(-x) <= 2 phi(x) / x = beta * 2 / (x sqrt(2 pi))
+# (Mills ratio), which is <= beta once x >= 2 / sqrt(2 pi), i.e. beta <= exp(-1/pi) = 0.727.
+# Accept failure probabilities up to 0.5, well inside that range.
+MAX_FAILURE_PROB = 0.5
+
+
+@dataclass(frozen=True)
+class SparseQueryConfig:
+    """One continual-monitoring scenario.
+
+    Users are of two kinds: a ``1 - heavy_share`` majority active on each day with probability
+    ``light_rate`` and a ``heavy_share`` minority active with probability ``heavy_rate``.
+    """
+
+    n_users: int = 10_000
+    days: int = 365
+    sparsity: int = 10  # s: active days the budget pays for (Theorem 1.2)
+    light_rate: float = 0.01
+    heavy_rate: float = 0.10
+    heavy_share: float = 0.10
+    epsilon: float = 1.0  # every user's budget (epsilon, delta)
+    delta: float = 1e-6
+    filter: str = "zcdp"
+    failure_prob: float = 0.05  # beta in (T1.2)
+    seed: int = 0
+
+    def problems(self) -> list[str]:
+        """Every invalid field, each naming the field and its value."""
+        out = []
+
+        def need(ok: bool, name: str, what: str) -> None:
+            if not ok:
+                out.append(f"{name} must be {what}. Found {getattr(self, name)!r}.")
+
+        def is_int(v) -> bool:
+            return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+
+        def is_num(v) -> bool:
+            return isinstance(v, (int, float, np.floating, np.integer)) and not isinstance(v, bool) \
+                and math.isfinite(v)
+
+        need(is_int(self.n_users) and self.n_users >= 1, "n_users", "an integer >= 1")
+        need(is_int(self.days) and self.days >= 1, "days", "an integer >= 1")
+        need(is_int(self.sparsity) and self.sparsity >= 1, "sparsity", "an integer >= 1")
+        for name in ("light_rate", "heavy_rate", "heavy_share"):
+            need(is_num(getattr(self, name)) and 0 <= getattr(self, name) <= 1, name, "a number in [0, 1]")
+        need(is_num(self.epsilon) and self.epsilon > 0, "epsilon", "a finite number > 0")
+        need(is_num(self.delta) and 0 < self.delta < 1, "delta", "a number in (0, 1)")
+        need(self.filter in FILTER_KINDS, "filter", f"one of {', '.join(FILTER_KINDS)}")
+        need(is_num(self.failure_prob) and 0 < self.failure_prob <= MAX_FAILURE_PROB,
+             "failure_prob", f"a number in (0, {MAX_FAILURE_PROB}]")
+        need(is_int(self.seed) and self.seed >= 0, "seed", "an integer >= 0")
+        return out
+
+    def validate(self) -> "SparseQueryConfig":
+        problems = self.problems()
+        if problems:
+            raise ValueError("invalid sparse-query config: " + " ".join(problems))
+        return self
+
+
+def kappa_of(filt: GaussianFilter) -> float:
+    """The zCDP level ``kappa`` the filter enforces on a sequence of Gaussian releases.
+
+    A filter continues while ``w_j sum (s_t / std_t)^2 <= B_j`` for some coordinate ``j``, i.e. while
+    ``sum s_t^2 / (2 std_t^2) <= B_j / (2 w_j)``: that is ``kappa``-zCDP with ``kappa = B / (2 w)``
+    (Bun and Steinke 2016, Proposition 1.6). For ``gdp`` and ``zcdp`` this is the filter's whole
+    guarantee (papers/004 Theorem 1.2 part 1); for ``rdp`` it holds at the best order only.
+    """
+    return float(np.max(filt.budget / (2.0 * filt.weights)))
+
+
+def noise_for_sparsity(filt: GaussianFilter, sparsity: int) -> float:
+    """Corollary 4.7's noise ``sigma = sqrt(B_norm / (2 kappa))`` with ``B_norm = sparsity``.
+
+    The filter rounds every charge up, so exactly ``sparsity`` unit releases may overshoot its budget
+    by a few ulps; ``sigma`` is raised in relative steps of 2^-40 until the filter itself admits
+    them (a change far below anything the error bound can see, and reported in the result).
+    """
+    sigma = math.sqrt(sparsity / (2.0 * kappa_of(filt)))
+    for _ in range(10_000):
+        charge = filt.charge(sensitivity=1.0, noise_std=sigma)
+        state = filt.initial_state()
+        ok = True
+        for _ in range(sparsity):
+            ok = ok and bool(filt.admits(state, charge))
+            state = filt.spend(state, charge)
+        if ok:
+            return sigma
+        sigma *= 1 + 2.0**-40
+    raise RuntimeError(f"could not fit {sparsity} unit releases in the {filt.kind} filter")
+
+
+def theorem_bound(*, sparsity: int, kappa: float, failure_prob: float) -> float:
+    """papers/004 Theorem 1.2 part (2): ``sqrt(s log(1/beta) / kappa)``."""
+    return math.sqrt(sparsity * math.log(1.0 / failure_prob) / kappa)
+
+
+def gaussian_bound(*, sigma: float, failure_prob: float) -> float:
+    """The same bound in terms of the noise actually added: ``sigma sqrt(2 log(1/beta))``."""
+    return sigma * math.sqrt(2.0 * math.log(1.0 / failure_prob))
+
+
+def exact_exceed_probability(failure_prob: float) -> float:
+    """``P(|N(0, sigma^2)| > sigma sqrt(2 log(1/beta)))`` = ``erfc(sqrt(log(1/beta)))``."""
+    return math.erfc(math.sqrt(math.log(1.0 / failure_prob)))
+
+
+def activity(config: SparseQueryConfig, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """``(x, heavy)``: the ``(n_users, days)`` 0/1 indicators and which users are heavy."""
+    heavy = rng.random(config.n_users) < config.heavy_share
+    rate = np.where(heavy, config.heavy_rate, config.light_rate)
+    x = (rng.random((config.n_users, config.days)) < rate[:, None]).astype(np.float64)
+    return x, heavy
+
+
+@dataclass
+class MethodRun:
+    """What one accounting method answered, day by day (NaN where it answered nothing)."""
+
+    name: str
+    answers: np.ndarray  # a_t
+    truth_active: np.ndarray  # sum over S_t (the quantity Theorem 1.2 bounds the error against)
+    truth_all: np.ndarray  # sum over every user
+    users_admitted: np.ndarray  # |S_t|-eligible users: whose filter still admits a unit release
+    state: np.ndarray = field(repr=False)  # final filter state per user
+
+    @property
+    def answered(self) -> int:
+        return int(np.sum(~np.isnan(self.answers)))
+
+
+@dataclass
+class SparseQueryResult:
+    config: SparseQueryConfig
+    sigma: float
+    kappa: float
+    bound: float  # (T1.2) evaluated at the sigma actually used
+    theorem_bound: float  # (T1.2) as printed, sigma^2 = s / (2 kappa) exactly
+    worst_case: MethodRun
+    individual: MethodRun
+    heavy: np.ndarray = field(repr=False)
+    active_days: np.ndarray = field(repr=False)  # per user
+    paid_days: np.ndarray = field(repr=False)  # per user: active days counted under the filter
+    max_spent_fraction: float = 0.0  # max over users of state / budget (the coordinate with most room)
+    max_epsilon_spent: float = 0.0
+
+    def summary(self) -> dict:
+        """Plain numbers for tables and JSON."""
+        b = self.bound
+        out = {"config": asdict(self.config), "sigma": self.sigma, "kappa": self.kappa,
+               "bound": b, "theorem_bound": self.theorem_bound,
+               "expected_exceed_rate": exact_exceed_probability(self.config.failure_prob)}
+        for run in (self.worst_case, self.individual):
+            ans = ~np.isnan(run.answers)
+            err_active = np.abs(run.answers[ans] - run.truth_active[ans])
+            err_all = np.abs(run.answers[ans] - run.truth_all[ans])
+            out[run.name] = {
+                "answered": run.answered,
+                "exceed_rate": float(np.mean(err_active > b)) if ans.any() else 0.0,
+                "within_bound_vs_all_users": int(np.sum(err_all <= b)),
+                "mean_abs_error_vs_all_users": float(np.mean(err_all)) if ans.any() else float("nan"),
+                "users_admitted_at_end": int(run.users_admitted[-1]),
+                # days answered before any active user was left out of S_t (answers exact in law)
+                "days_with_everyone": int(np.argmin(np.append(run.truth_active == run.truth_all, False)))
+                if ans.all() else run.answered,
+            }
+        out["users"] = {
+            "heavy": int(self.heavy.sum()),
+            "over_sparsity": int(np.sum(self.active_days > self.config.sparsity)),
+            "max_paid_days": int(self.paid_days.max(initial=0)),
+            "max_spent_fraction": self.max_spent_fraction,
+            "max_epsilon_spent": self.max_epsilon_spent,
+        }
+        return out
+
+
+def _run_worst_case(x: np.ndarray, filt: GaussianFilter, sigma: float, rng: np.random.Generator) -> MethodRun:
+    """Every user pays a full-sensitivity release every day; stop when the filters refuse it."""
+    n, days = x.shape
+    state = filt.initial_state(n)
+    unit = filt.charge(sensitivity=np.ones(n), noise_std=sigma)
+    answers = np.full(days, np.nan)
+    admitted = np.zeros(days, dtype=np.int64)
+    truth_all = x.sum(axis=0)
+    stopped = False
+    for t in range(days):
+        ok = filt.admits(state, unit)
+        admitted[t] = int(ok.sum()) if not stopped else 0
+        if stopped or not ok.all():  # every user has the same state: they stop together
+            stopped = True
+            continue
+        state = filt.spend(state, unit)
+        answers[t] = truth_all[t] + rng.normal(0.0, sigma)
+    return MethodRun("worst_case", answers, truth_all.copy(), truth_all, admitted, state)
+
+
+def _run_individual(x: np.ndarray, filt: GaussianFilter, sigma: float, rng: np.random.Generator) -> MethodRun:
+    """papers/004 Algorithm 3: each user is charged ``(x[i, t] / sigma)^2``; refused users drop out of S_t."""
+    n, days = x.shape
+    state = filt.initial_state(n)
+    answers = np.empty(days)
+    truth_active = np.empty(days)
+    admitted = np.empty(days, dtype=np.int64)
+    unit = filt.charge(sensitivity=np.ones(n), noise_std=sigma)
+    for t in range(days):
+        charge = filt.charge(sensitivity=x[:, t], noise_std=sigma)
+        in_s = filt.admits(state, charge)  # S_t: the filter continues with today's loss
+        charge = np.where(in_s[:, None], charge, 0.0)  # rho_t^(i) <- rho_t^(i) 1{X_i in S_t}
+        state = filt.spend(state, charge)
+        truth_active[t] = float(np.sum(x[:, t] * in_s))
+        answers[t] = truth_active[t] + rng.normal(0.0, sigma)
+        admitted[t] = int(filt.admits(state, unit).sum())
+    return MethodRun("individual", answers, truth_active, x.sum(axis=0), admitted, state)
+
+
+def simulate(config: SparseQueryConfig) -> SparseQueryResult:
+    """Run both accounting methods on the same users (separate, seeded noise streams)."""
+    config.validate()
+    data_rng, wc_rng, ind_rng = (np.random.default_rng(s) for s in np.random.SeedSequence(config.seed).spawn(3))
+    filt = make_filter(config.filter, config.epsilon, config.delta)
+    x, heavy = activity(config, data_rng)
+    kappa = kappa_of(filt)
+    sigma = noise_for_sparsity(filt, config.sparsity)
+    worst = _run_worst_case(x, filt, sigma, wc_rng)
+    indiv = _run_individual(x, filt, sigma, ind_rng)
+    paid = np.rint(indiv.state[:, 0] / filt.charge(sensitivity=1.0, noise_std=sigma)[0]).astype(np.int64)
+    # The filter holds while *some* coordinate is within its budget: a user's share spent is read
+    # on the coordinate with the most room (the only one for gdp and zcdp).
+    spent = 1.0 - filt.remaining_fraction(indiv.state)
+    worst_user = int(np.argmax(spent))
+    return SparseQueryResult(
+        config=config, sigma=sigma, kappa=kappa,
+        bound=gaussian_bound(sigma=sigma, failure_prob=config.failure_prob),
+        theorem_bound=theorem_bound(sparsity=config.sparsity, kappa=kappa, failure_prob=config.failure_prob),
+        worst_case=worst, individual=indiv, heavy=heavy, active_days=x.sum(axis=1).astype(np.int64),
+        paid_days=paid, max_spent_fraction=float(spent[worst_user]),
+        max_epsilon_spent=float(filt.epsilon_spent(indiv.state[worst_user])),
+    )
