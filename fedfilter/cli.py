@@ -14,6 +14,7 @@ COMMAND_MODULES = [
     "fedfilter.cmd_planner",  # rounds, epsilon
     "fedfilter.cmd_ledger",  # ledger show / enrol
     "fedfilter.cmd_reports",  # reports serve / watch
+    "fedfilter.cmd_demo",  # demo (Flower simulation)
     "fedfilter.cmd_deploy",  # deploy-local
 ]
 
