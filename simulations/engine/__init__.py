@@ -1,0 +1,69 @@
+"""The vectorised engine: the Flower path's privacy code, applied to many clients in one process.
+
+DESIGN.md section 4: for studies that would take days as separate Flower clients (for example
+60,000 single-example clients). Every privacy decision is made by the code a Flower device runs
+(``client.privacy.filters.round_allowance`` / ``exhausted`` / ``charge`` / ``admits`` / ``spend``
+and ``client.mechanism.certified_norm`` / ``clip_to_norm`` / ``add_gaussian_noise``), broadcast
+over a leading client axis, so the same seeds give bitwise the same per-client spending
+(``tests/test_engine_conformance.py``).
+
+Public API
+==========
+
+``EngineConfig`` (frozen dataclass; every field documented on the class)
+    task / num_clients / partition / alpha / partition_seed, client_mode (``auto``,
+    ``single-example``, ``multi-example``), epsilon (one value or one per client), delta,
+    filter_kind (``gdp``, ``zcdp``, ``rdp``), run_quota, noise_multiplier, clip, placement
+    (``local``, ``distributed``), min_reports, after_exhaustion (``noise-only``, ``leave``; one
+    value or one per client), exhausted_below, noise_draw (``per-client``, ``aggregate``),
+    rounds, fraction, local_epochs, lr, batch_size, server_lr, seed, run_id, model_fn,
+    eval_every, group_by (``label``, ``client``, ``none``), chunk_size, torch_threads.
+
+``run_engine(config, progress=None, *, task=None) -> EngineResult``
+    Runs ``config.rounds`` rounds; calls ``progress(record)`` with each ``RoundRecord``.
+    ``task``: a prebuilt ``simulations.tasks.registry.Task`` (e.g. a subset) instead of loading
+    ``config.task``.
+
+``Engine(config, task=None)``
+    The same, one round at a time: ``step() -> RoundRecord``, ``evaluate()``,
+    ``train_accuracy()``, ``allowance(clients)``, ``result() -> EngineResult``; attributes
+    ``weights`` (state_dict order), ``state`` / ``run_state`` (``(n_clients, dim)`` float64),
+    ``exhausted_round``, ``round_id``.
+
+``RoundRecord`` (one per round)
+    ``round_id``; ground truth: ``contributing`` (clients whose data entered the round),
+    ``noise_only``, ``exhausted_total``; what the coordinator saw: ``reports_seen`` (noise-only
+    reports count as reports, ``left`` markers do not), ``left``, ``released``,
+    ``aggregate_norm``; evaluation (when evaluated): ``accuracy``, ``loss``,
+    ``group_accuracy`` (label class -> test accuracy, or client id -> accuracy on its own
+    data); ``sampled``, ``seconds``.
+
+``EngineResult``
+    ``rounds`` (list of ``RoundRecord``; shortcuts ``accuracy``, ``contributing``,
+    ``reports_seen``), per client: ``exhausted_round`` (first round the client had nothing
+    left, -1 if never), ``spent_epsilon``, ``spent_fraction``, ``state``, ``run_state``; and
+    ``client_ids``, ``weights``, ``group_accuracy`` (last evaluation), ``config``.
+
+``client_noise_seed(seed, k)``
+    The ``noise-seed`` to give Flower device ``k`` so that it draws the same noise as client
+    ``k`` of an engine run seeded ``seed`` (``noise_draw="per-client"``).
+
+Agreement with the Flower path, precisely
+=========================================
+* multi-example clients: the local update is ``client.client_app.train``'s (same
+  ``local_update``, same shuffling seed ``1_000_003 * round + partition_id``, same float32
+  difference); with the same torch thread count (the ClientApp uses 1) the updates, the
+  certified norms, the charges and the filter states are bitwise equal, and with
+  ``noise_draw="per-client"`` every report is too; the aggregate agrees to float64 summation
+  order (the coordinator sums replies in arrival order).
+* single-example clients report ``-lr * grad`` computed by torch.func in batches: the same
+  privacy code, but not bitwise the Flower client's ``(w - lr g) - w`` in float32.
+* ``fraction < 1`` samples with the engine's own generator, not the ServerApp's.
+"""
+
+from simulations.engine.config import EngineConfig, EngineResult, RoundRecord
+from simulations.engine.core import Engine, run_engine, spent_epsilon
+from simulations.engine.seeds import client_noise_seed
+
+__all__ = ["EngineConfig", "EngineResult", "RoundRecord", "Engine", "run_engine", "spent_epsilon",
+           "client_noise_seed"]

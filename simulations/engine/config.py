@@ -1,0 +1,210 @@
+"""What a study asks the vectorised engine for, and what it gets back.
+
+Only data: the engine itself lives in ``simulations.engine.core``. Names follow the Flower path
+(``client.release.RoundSpec`` and ``ClientPolicy``, ``coordinator.strategy``) so a study can move
+between the two without translating settings.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+
+from client.privacy.filters import FILTER_KINDS
+from client.release import AFTER_EXHAUSTION, PLACEMENTS
+
+CLIENT_MODES = ("auto", "single-example", "multi-example")
+NOISE_DRAWS = ("per-client", "aggregate")
+GROUP_BY = ("label", "client", "none")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """One simulated federation: data split, per-client budgets, round requests and training.
+
+    Privacy (the same meaning as on a Flower device and in the coordinator's request)
+    -----------------------------------------------------------------------------------
+    epsilon
+        Personal lifetime budget: one number for every client, or one per client.
+    delta, filter_kind, run_quota
+        As in ``client.ledger.BudgetLedger.enrol``. ``filter_kind`` is ``gdp`` (exact Gaussian-DP
+        filter), ``zcdp`` (papers/004 Theorem 4.9) or ``rdp``.
+    noise_multiplier, clip, placement, min_reports
+        The coordinator's request (``client.release.RoundSpec``): accounted noise std is
+        ``noise_multiplier * clip``; in ``distributed`` placement each client adds
+        ``noise_multiplier * clip / sqrt(min_reports)`` and a round with fewer reports is dropped.
+    after_exhaustion
+        ``noise-only`` (keeps sending pure-noise reports) or ``leave`` (sends a marker); one value
+        or one per client.
+    exhausted_below
+        ``client.release.ClientPolicy.exhausted_below``.
+    noise_draw
+        ``per-client``: every report gets its own noise from the client's generator, seeded
+        exactly as ``client.flower_mod`` seeds a device with ``noise-seed =
+        client_noise_seed(seed, k)`` (bitwise the Flower path's reports). ``aggregate``: one draw
+        for the sum of the round's reports, with the summed variance (same distribution of the
+        aggregate; much faster; the individual reports are never materialised).
+
+    Clients and training
+    --------------------
+    task, num_clients, partition, alpha, partition_seed
+        ``simulations.tasks.registry.load_task`` arguments (ignored when ``run_engine`` is given
+        a ``task``).
+    client_mode
+        ``single-example``: every client holds exactly one example and reports ``-lr * gradient``
+        (per-example gradients with torch.func, ``chunk_size`` clients at a time).
+        ``multi-example``: ``local_epochs`` epochs of SGD per client, exactly as
+        ``client.client_app.train`` (same seeds). ``auto``: single-example iff every client has
+        one example.
+    rounds, fraction
+        Rounds to run (``round_id`` 1..rounds, as the ServerApp numbers them) and the share of
+        clients asked each round (``fraction < 1`` draws from the engine's own generator, which
+        is not the ServerApp's node sampling).
+    server_lr
+        The coordinator's step: ``w <- w + server_lr * mean(reports)`` (``FilteredMeanStrategy.step``).
+    seed
+        Initial model (``torch.manual_seed(seed)`` then ``task.model_fn()``, as the ServerApp)
+        and every noise stream (``client_noise_seed``, ``aggregate_noise_rng``).
+    model_fn
+        Optional replacement for ``task.model_fn`` (e.g. ``lambda: MnistCNN("relu")``).
+    eval_every, group_by
+        Evaluate on the task's test data every ``eval_every`` rounds (and after the last);
+        ``group_by="label"``: test accuracy per label class; ``"client"``: each client's
+        accuracy on its own training data (writer, for FEMNIST), an oracle statistic the
+        coordinator never sees; ``"none"``.
+    """
+
+    task: str = "digits"
+    num_clients: int = 10
+    partition: str = "iid"
+    alpha: float = 0.5
+    partition_seed: int = 0
+    client_mode: str = "auto"
+
+    epsilon: float | Sequence[float] = 1.0
+    delta: float = 1e-5
+    filter_kind: str = "gdp"
+    run_quota: float = 1.0
+    noise_multiplier: float = 1.0
+    clip: float = 1.0
+    placement: str = "local"
+    min_reports: int = 1
+    after_exhaustion: str | Sequence[str] = "noise-only"
+    exhausted_below: float = 1e-6
+    noise_draw: str = "per-client"
+
+    rounds: int = 5
+    fraction: float = 1.0
+    local_epochs: int = 2
+    lr: float = 0.1
+    batch_size: int = 32
+    server_lr: float = 1.0
+    seed: int = 0
+    run_id: str = "engine"
+    model_fn: Callable | None = field(default=None, compare=False, repr=False)
+
+    eval_every: int = 1
+    group_by: str = "label"
+    chunk_size: int = 1024
+    torch_threads: int | None = None  # None: leave torch's setting alone
+
+    def __post_init__(self):
+        problems = []
+
+        def positive(name, integer=False):
+            v = getattr(self, name)
+            ok = (isinstance(v, (int, np.integer)) and not isinstance(v, bool)) if integer else (
+                isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v))
+            if not ok or v <= 0:
+                problems.append(f"{name} must be a {'positive integer' if integer else 'finite number > 0'}. Found {v!r}.")
+
+        for name in ("num_clients", "rounds", "min_reports", "local_epochs", "batch_size", "eval_every", "chunk_size"):
+            positive(name, integer=True)
+        for name in ("noise_multiplier", "clip", "lr", "server_lr"):
+            positive(name)
+        if self.client_mode not in CLIENT_MODES:
+            problems.append(f"client_mode must be one of {CLIENT_MODES}. Found {self.client_mode!r}.")
+        if self.filter_kind not in FILTER_KINDS:
+            problems.append(f"filter_kind must be one of {FILTER_KINDS}. Found {self.filter_kind!r}.")
+        if self.placement not in PLACEMENTS:
+            problems.append(f"placement must be one of {PLACEMENTS}. Found {self.placement!r}.")
+        if self.noise_draw not in NOISE_DRAWS:
+            problems.append(f"noise_draw must be one of {NOISE_DRAWS}. Found {self.noise_draw!r}.")
+        if self.group_by not in GROUP_BY:
+            problems.append(f"group_by must be one of {GROUP_BY}. Found {self.group_by!r}.")
+        after = [self.after_exhaustion] if isinstance(self.after_exhaustion, str) else list(self.after_exhaustion)
+        bad = sorted({a for a in after if a not in AFTER_EXHAUSTION})
+        if bad:
+            problems.append(f"after_exhaustion must be among {AFTER_EXHAUSTION}. Found {bad!r}.")
+        eps = np.atleast_1d(np.asarray(self.epsilon, dtype=np.float64))
+        if not np.all(np.isfinite(eps) & (eps > 0)):
+            problems.append(f"epsilon must be finite and > 0 for every client. Found {self.epsilon!r}.")
+        if not (0 < self.fraction <= 1):
+            problems.append(f"fraction must be in (0, 1]. Found {self.fraction!r}.")
+        if not (0 <= self.exhausted_below < 1):
+            problems.append(f"exhausted_below must be in [0, 1). Found {self.exhausted_below!r}.")
+        if not (isinstance(self.run_id, str) and self.run_id):
+            problems.append(f"run_id must be a non-empty string. Found {self.run_id!r}.")
+        if problems:
+            raise ValueError("invalid EngineConfig: " + " ".join(problems))
+
+    @property
+    def accounted_std(self) -> float:
+        """The noise std the filter charges against (what an observer of the aggregate faces)."""
+        return float(self.noise_multiplier) * float(self.clip)
+
+    @property
+    def added_std(self) -> float:
+        """The noise std each client adds (``client.release.FilteredClient.release``)."""
+        std = self.accounted_std
+        return std / math.sqrt(self.min_reports) if self.placement == "distributed" else std
+
+
+@dataclass
+class RoundRecord:
+    """One round, as the engine saw it (ground truth) and as the coordinator saw it (public)."""
+
+    round_id: int
+    sampled: int  # clients asked this round
+    contributing: int  # ground truth: clients whose data entered this round's report
+    noise_only: int  # ground truth: pure-noise reports from exhausted clients
+    left: int  # "left" markers (public)
+    reports_seen: int  # public: reports the coordinator received (contributing + noise-only)
+    released: bool  # public: whether the aggregate was applied (distributed: >= min_reports)
+    exhausted_total: int  # ground truth: clients exhausted so far (at this round's start or earlier)
+    aggregate_norm: float  # public: norm of the noisy mean (0 if not released)
+    accuracy: float | None = None  # test accuracy after this round's step (None if not evaluated)
+    loss: float | None = None
+    group_accuracy: dict[str, float] | None = None
+    seconds: float = 0.0
+
+
+@dataclass
+class EngineResult:
+    """Everything a study needs after a run; per-client arrays are indexed by client position."""
+
+    config: EngineConfig
+    rounds: list[RoundRecord]
+    client_ids: list[str]
+    exhausted_round: np.ndarray  # int64: first round a client found its budget spent; -1 if never
+    spent_epsilon: np.ndarray  # float64: lifetime epsilon used (filter.epsilon_spent, rounded up)
+    spent_fraction: np.ndarray  # float64: share of the lifetime budget used, in [0, 1]
+    state: np.ndarray  # (n_clients, dim) lifetime filter states, bitwise what the ledgers would hold
+    run_state: np.ndarray  # (n_clients, dim) this run's states (the run quota's filter)
+    weights: list[np.ndarray] = field(repr=False)  # final model, state_dict order
+    group_accuracy: dict[str, float] | None = None  # at the last evaluation
+
+    @property
+    def accuracy(self) -> list[float | None]:
+        return [r.accuracy for r in self.rounds]
+
+    @property
+    def contributing(self) -> list[int]:
+        return [r.contributing for r in self.rounds]
+
+    @property
+    def reports_seen(self) -> list[int]:
+        return [r.reports_seen for r in self.rounds]

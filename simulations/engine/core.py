@@ -1,0 +1,292 @@
+"""The vectorised engine: the Flower path's privacy code applied to every client at once.
+
+Per round, for the clients asked (``FilteredClient.release`` for each, in vectorised form):
+
+1. allowance ``client.privacy.filters.round_allowance`` on the ``(n_clients, dim)`` states
+   (lifetime filter and run-quota filter, as the ledger holds them); ``exhausted`` decides who
+   has nothing left (noise-only report, or a ``left`` marker);
+2. update (per-example gradient, or local SGD), certified norm and clip with
+   ``client.mechanism.certified_norm`` / ``clip_to_norm`` on each client's arrays (the very
+   functions the device runs, so sensitivities, hence charges and states, are bitwise equal);
+3. ``filt.charge`` / ``filt.admits`` / ``filt.spend`` on all rows at once;
+4. noise: per client with the device's generator, or one aggregate draw (``noise_draw``);
+5. the coordinator: plain mean of the reports, dropped in ``distributed`` placement below
+   ``min_reports`` reports, then ``w + server_lr * mean`` (``coordinator.strategy``).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Callable
+
+import numpy as np
+import torch
+
+from client.mechanism import add_gaussian_noise, certified_norm, clip_to_norm
+from client.privacy.filters import GaussianFilter, exhausted, make_filter, round_allowance
+from simulations.engine.config import EngineConfig, EngineResult, RoundRecord
+from simulations.engine.seeds import aggregate_noise_rng, client_noise_rng, sampling_rng
+from simulations.engine.updates import Layout, PerExampleGradients, local_seed, local_sgd_update
+from simulations.tasks.training import evaluate, get_weights, set_weights
+
+# Above this many distinct 1-d states, spent epsilon is read off a grid of actual states (see
+# ``spent_epsilon``); each epsilon costs an mpmath solve (~30 ms) for the Gaussian-DP filter.
+_EXACT_SPENT_LIMIT = 256
+
+
+def spent_epsilon(filt: GaussianFilter, states: np.ndarray, exact_limit: int = _EXACT_SPENT_LIMIT) -> np.ndarray:
+    """``filt.epsilon_spent`` for every row, never below the exact value.
+
+    Distinct rows are solved once. With more than ``exact_limit`` distinct one-coordinate states,
+    each state gets the epsilon of the smallest *actual* state at or above it among
+    ``exact_limit`` quantiles (epsilon grows with the state): an upper bound, rounded up.
+    """
+    states = np.asarray(states, dtype=np.float64).reshape(len(states), -1)
+    if len(states) == 0:
+        return np.zeros(0)
+    uniq, inverse = np.unique(states, axis=0, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    if len(uniq) <= exact_limit or uniq.shape[1] != 1:
+        values = np.array([filt.epsilon_spent(u) for u in uniq])
+        return values[inverse]
+    grid = np.unique(np.quantile(uniq[:, 0], np.linspace(0, 1, exact_limit), method="higher"))
+    values = np.array([filt.epsilon_spent(np.array([g])) for g in grid])
+    return values[np.searchsorted(grid, states[:, 0], side="left")]
+
+
+class Engine:
+    """A federation of ``task.num_clients`` clients, stepped one round at a time."""
+
+    def __init__(self, config: EngineConfig, task=None):
+        from simulations.tasks.registry import load_task
+
+        self.config = cfg = config
+        if cfg.torch_threads is not None:
+            torch.set_num_threads(int(cfg.torch_threads))
+        self.task = task if task is not None else load_task(
+            cfg.task, num_clients=cfg.num_clients, partition=cfg.partition, alpha=cfg.alpha,
+            seed=cfg.partition_seed)
+        n = self.n = self.task.num_clients
+        sizes = np.array([len(y) for _, y in self.task.train_data])
+        mode = cfg.client_mode
+        if mode == "auto":
+            mode = "single-example" if np.all(sizes == 1) else "multi-example"
+        if mode == "single-example" and not np.all(sizes == 1):
+            raise ValueError(f"client_mode='single-example' needs one example per client. Found sizes "
+                             f"from {sizes.min()} to {sizes.max()}.")
+        if np.any(sizes == 0):
+            raise ValueError(f"every client needs data. Found {int((sizes == 0).sum())} empty client(s).")
+        self.mode = mode
+
+        torch.manual_seed(cfg.seed)  # the ServerApp's initial model
+        self.model = (cfg.model_fn or self.task.model_fn)()
+        self.weights = get_weights(self.model)
+        self.layout = Layout(self.weights)
+
+        eps = np.broadcast_to(np.asarray(cfg.epsilon, dtype=np.float64), (n,))
+        values, self.group = np.unique(eps, return_inverse=True)
+        self.filters = [make_filter(cfg.filter_kind, float(e), cfg.delta) for e in values]
+        self.run_filters = [f.scaled(cfg.run_quota) for f in self.filters]
+        self.state = self.filters[0].initial_state(n)
+        self.run_state = self.filters[0].initial_state(n)
+        after = np.broadcast_to(np.asarray(cfg.after_exhaustion, dtype=object), (n,))
+        self.leave = np.array([a == "leave" for a in after], dtype=bool)
+        self.exhausted_round = np.full(n, -1, dtype=np.int64)
+        self.round_id = 0
+        self.records: list[RoundRecord] = []
+        self.last_groups: dict[str, float] | None = None
+        self._sampler = sampling_rng(cfg.seed, cfg.run_id) if cfg.fraction < 1 else None
+
+        if mode == "single-example":
+            self.x = torch.from_numpy(np.ascontiguousarray(np.concatenate([x for x, _ in self.task.train_data])))
+            self.y = torch.from_numpy(np.concatenate([y for _, y in self.task.train_data]).astype(np.int64))
+            self._grads = PerExampleGradients(self.model, self.task.loss)
+
+    # --- privacy: the filters, vectorised over clients ------------------------------------------
+    def allowance(self, clients: np.ndarray) -> np.ndarray:
+        """``round_allowance`` for each client in ``clients`` (one call per distinct budget)."""
+        cfg, out = self.config, np.zeros(len(clients))
+        groups = self.group[clients]
+        for g, (filt, run_filt) in enumerate(zip(self.filters, self.run_filters)):
+            at = groups == g
+            if at.any():
+                rows = clients[at]
+                out[at] = round_allowance(filt, self.state[rows], noise_std=cfg.accounted_std, clip=cfg.clip,
+                                          run_filter=run_filt, run_state=self.run_state[rows])
+        return out
+
+    def _spend(self, clients: np.ndarray, norms: np.ndarray) -> None:
+        """Charge, check and spend for ``clients`` (``FilteredClient.release``, all rows at once)."""
+        cfg = self.config
+        groups = self.group[clients]
+        for g, (filt, run_filt) in enumerate(zip(self.filters, self.run_filters)):
+            at = groups == g
+            if not at.any():
+                continue
+            rows = clients[at]
+            charge = filt.charge(sensitivity=norms[at], noise_std=cfg.accounted_std)
+            if not (np.all(filt.admits(self.state[rows], charge)) and np.all(run_filt.admits(self.run_state[rows], charge))):
+                raise RuntimeError("internal error: a clipped update exceeds its allowance; nothing spent")
+            self.state[rows] = filt.spend(self.state[rows], charge)
+            self.run_state[rows] = run_filt.spend(self.run_state[rows], charge)
+
+    # --- one round ------------------------------------------------------------------------------
+    def _sample(self) -> np.ndarray:
+        if self._sampler is None:
+            return np.arange(self.n)
+        k = max(1, math.ceil(self.config.fraction * self.n))
+        return np.sort(self._sampler.choice(self.n, size=k, replace=False))
+
+    def _updates(self, clients: np.ndarray) -> np.ndarray:
+        """Flat float32 updates ``(len(clients), dim)`` before clipping."""
+        cfg = self.config
+        if self.mode == "single-example":
+            idx = torch.from_numpy(clients)
+            return self._grads(self.weights, self.x[idx], self.y[idx], lr=cfg.lr)
+        out = np.empty((len(clients), self.layout.dim), dtype=np.float32)
+        for j, c in enumerate(clients):
+            x, y = self.task.train_data[c]
+            upd = local_sgd_update(self.model, self.weights, x, y, epochs=cfg.local_epochs, lr=cfg.lr,
+                                   batch_size=cfg.batch_size, seed=local_seed(self.round_id, c),
+                                   loss_fn=self.task.loss)
+            out[j] = self.layout.flatten(upd)
+        return out
+
+    def _clip_rows(self, updates: np.ndarray, allowance: np.ndarray) -> np.ndarray:
+        """Clip each row to its allowance in place with the device's own functions; certified norms."""
+        norms = np.zeros(len(updates))
+        for j in range(len(updates)):
+            views = self.layout.views(updates[j])
+            if not np.all(np.isfinite(updates[j])):  # client.flower_mod: a non-finite update becomes zero
+                updates[j] = 0.0
+                views = self.layout.views(updates[j])
+            norm = certified_norm(views)
+            if norm > allowance[j]:
+                clipped, norm = clip_to_norm(views, float(allowance[j]))
+                updates[j] = self.layout.flatten(clipped)
+            norms[j] = norm
+        return norms
+
+    def step(self) -> RoundRecord:
+        """Run one round and return its record (the model is updated in place)."""
+        cfg, started = self.config, time.perf_counter()
+        self.round_id += 1
+        clients = self._sample()
+        allow = self.allowance(clients)
+        out = exhausted(allow, cfg.clip, cfg.exhausted_below)
+        newly = clients[out & (self.exhausted_round[clients] < 0)]
+        self.exhausted_round[newly] = self.round_id
+        active, reporting = clients[~out], clients[out & ~self.leave[clients]]
+
+        total = np.zeros(self.layout.dim, dtype=np.float64)
+        norms = np.zeros(len(active))
+        allow_active = allow[~out]
+        per_client = cfg.noise_draw == "per-client"
+        for a in range(0, len(active), cfg.chunk_size):
+            chunk = active[a:a + cfg.chunk_size]
+            updates = self._updates(chunk)
+            norms[a:a + len(chunk)] = self._clip_rows(updates, allow_active[a:a + len(chunk)])
+            if per_client:
+                for j, c in enumerate(chunk):
+                    total += self._noisy_report(c, updates[j])
+            else:
+                total += updates.sum(axis=0, dtype=np.float64)
+        if per_client:
+            zero = np.zeros(self.layout.dim, dtype=np.float32)
+            for c in reporting:
+                total += self._noisy_report(c, zero)
+        self._spend(active, norms)
+        self._spend(reporting, np.zeros(len(reporting)))  # a pure-noise report costs nothing
+
+        reports = len(active) + len(reporting)
+        if not per_client and reports:
+            # One draw for the sum: the sum of `reports` independent N(0, s^2 I) reports is exactly
+            # N(0, reports * s^2 I), in local and distributed placement alike (in distributed
+            # placement s = z C / sqrt(m), so m reports carry the full N(0, (z C)^2 I)). Only the
+            # aggregate is formed, never the individual reports.
+            rng = aggregate_noise_rng(cfg.seed, cfg.run_id, self.round_id)
+            total += rng.normal(0.0, cfg.added_std * math.sqrt(reports), size=self.layout.dim)
+        released = reports >= (cfg.min_reports if cfg.placement == "distributed" else 1)
+        agg_norm = 0.0
+        if released:
+            mean = (total / reports).astype(np.float32)  # coordinator.strategy.plain_mean
+            agg_norm = float(np.sqrt(np.sum(np.square(mean, dtype=np.float64))))
+            flat = np.concatenate([w.ravel() for w in self.weights]).astype(np.float64)
+            new = (flat + cfg.server_lr * mean.astype(np.float64)).astype(np.float32)
+            self.weights = [v.reshape(s).copy() for v, s in zip(self.layout.views(new), self.layout.shapes)]
+
+        record = RoundRecord(
+            round_id=self.round_id, sampled=len(clients), contributing=len(active),
+            noise_only=len(reporting), left=len(clients) - reports, reports_seen=reports, released=released,
+            exhausted_total=int((self.exhausted_round >= 0).sum()), aggregate_norm=agg_norm)
+        if self.round_id % cfg.eval_every == 0 or self.round_id == cfg.rounds:
+            record.loss, record.accuracy, record.group_accuracy = self.evaluate()
+        record.seconds = time.perf_counter() - started
+        self.records.append(record)
+        return record
+
+    def _noisy_report(self, client: int, update: np.ndarray) -> np.ndarray:
+        """The client's report exactly as its device sends it (float32), as float64."""
+        cfg = self.config
+        rng = client_noise_rng(cfg.seed, int(client), cfg.run_id, self.round_id)
+        noisy = add_gaussian_noise(self.layout.views(update), cfg.added_std, rng)
+        return np.concatenate([a.ravel() for a in noisy]).astype(np.float64)
+
+    # --- evaluation -----------------------------------------------------------------------------
+    def evaluate(self) -> tuple[float, float, dict[str, float] | None]:
+        """Test loss and accuracy of the current model, and accuracy per group (``group_by``)."""
+        set_weights(self.model, self.weights)
+        x, y = self.task.test_data
+        loss, acc = evaluate(self.model, x, y, loss_fn=self.task.loss)
+        groups = None
+        if self.config.group_by == "label":
+            pred = self._predict(x)
+            groups = {str(int(c)): float(np.mean(pred[y == c] == c)) for c in np.unique(y)}
+        elif self.config.group_by == "client":
+            groups = {}
+            for cid, (cx, cy) in zip(self.task.client_ids, self.task.train_data):
+                groups[cid] = float(np.mean(self._predict(cx) == cy))
+        self.last_groups = groups
+        return float(loss), float(acc), groups
+
+    @torch.no_grad()
+    def _predict(self, x: np.ndarray, batch: int = 4096) -> np.ndarray:
+        set_weights(self.model, self.weights)
+        self.model.eval()
+        out = [self.model(torch.from_numpy(np.array(x[a:a + batch]))).argmax(1).numpy()
+               for a in range(0, len(x), batch)]
+        return np.concatenate(out)
+
+    def train_accuracy(self) -> float:
+        """Accuracy of the current model on every client's training data (a linear query)."""
+        correct = total = 0
+        for x, y in ([(self.x.numpy(), self.y.numpy())] if self.mode == "single-example" else self.task.train_data):
+            correct += int((self._predict(x) == np.asarray(y)).sum())
+            total += len(y)
+        return correct / total
+
+    # --- results --------------------------------------------------------------------------------
+    def result(self) -> EngineResult:
+        spent = np.zeros(self.n)
+        frac = np.zeros(self.n)
+        for g, filt in enumerate(self.filters):
+            at = self.group == g
+            spent[at] = spent_epsilon(filt, self.state[at])
+            frac[at] = 1.0 - filt.remaining_fraction(self.state[at])
+        return EngineResult(
+            config=self.config, rounds=list(self.records), client_ids=list(self.task.client_ids),
+            exhausted_round=self.exhausted_round.copy(), spent_epsilon=spent, spent_fraction=frac,
+            state=self.state.copy(), run_state=self.run_state.copy(), weights=[w.copy() for w in self.weights],
+            group_accuracy=self.last_groups)
+
+
+def run_engine(config: EngineConfig, progress: Callable[[RoundRecord], object] | None = None, *,
+               task=None) -> EngineResult:
+    """Run ``config.rounds`` rounds; ``progress(record)`` after each. ``task``: a prebuilt Task."""
+    engine = Engine(config, task=task)
+    for _ in range(config.rounds):
+        record = engine.step()
+        if progress is not None:
+            progress(record)
+    return engine.result()
