@@ -13,8 +13,10 @@ also Balle and Wang 2018, Theorem 8). Adaptive composition of Gaussian mechanism
 composition of Gaussians with those ``mu_t`` is exactly ``sqrt(sum mu_t^2)``-GDP, no valid
 accountant can admit more rounds.
 
-The curve is evaluated with mpmath at 60 significant digits and the solutions are converted to
-float in the conservative direction: ``mu_for_budget`` rounds down, ``epsilon_for_mu`` rounds up.
+The curve is evaluated with mpmath at 60 significant digits; roots are found by Newton's method
+(with the curve's closed-form derivatives) safeguarded by bisection, converted to float in the
+conservative direction (``mu_for_budget`` rounds down, ``epsilon_for_mu`` rounds up) and the
+float is verified against the curve before it is returned.
 """
 
 from __future__ import annotations
@@ -26,8 +28,9 @@ import mpmath
 from client.privacy.rounding import down, up
 
 _DPS = 60
-# Bisection stops at this relative width, far below float64's resolution (2**-52 ~ 2.2e-16).
-_REL_TOL = mpmath.mpf("1e-40")
+# Root finding stops at this relative width, far below float64's resolution (2**-52 ~ 2.2e-16);
+# the float result is then rounded outward and verified at 60 digits.
+_REL_TOL = mpmath.mpf("1e-30")
 
 
 def _check_delta(delta: float) -> None:
@@ -55,15 +58,27 @@ def delta_for_epsilon(epsilon: float, mu: float) -> float:
         return float(up(float(value)))
 
 
-def _bisect(f, lo: mpmath.mpf, hi: mpmath.mpf) -> tuple[mpmath.mpf, mpmath.mpf]:
-    """Shrink [lo, hi] with f(lo) false and f(hi) true to a relative width of ``_REL_TOL``."""
-    while hi - lo > _REL_TOL * hi:
-        mid = (lo + hi) / 2
-        if f(mid):
-            hi = mid
+def _newton(g, dg, lo: mpmath.mpf, hi: mpmath.mpf) -> mpmath.mpf:
+    """A root of ``g`` in [lo, hi] (g changes sign there): Newton steps, bisection as safeguard."""
+    g_lo = g(lo)
+    x = (lo + hi) / 2
+    for _ in range(400):
+        gx = g(x)
+        if gx == 0:
+            return x
+        if (gx < 0) == (g_lo < 0):
+            lo, g_lo = x, gx
         else:
-            lo = mid
-    return lo, hi
+            hi = x
+        d = dg(x)
+        step = gx / d if d != 0 else None
+        nxt = x - step if step is not None else (lo + hi) / 2
+        if not lo < nxt < hi:
+            nxt = (lo + hi) / 2
+        if abs(nxt - x) <= _REL_TOL * abs(x) or hi - lo <= _REL_TOL * abs(hi):
+            return nxt
+        x = nxt
+    raise ArithmeticError("the Gaussian-DP curve did not converge")  # pragma: no cover
 
 
 def mu_for_budget(epsilon: float, delta: float) -> float:
@@ -78,9 +93,13 @@ def mu_for_budget(epsilon: float, delta: float) -> float:
         lo = hi / 2
         while _delta_mp(eps, lo) > target:
             lo /= 2
-        lo, _ = _bisect(lambda m: _delta_mp(eps, m) > target, lo, hi)
-        # float() rounds to nearest; one step down makes the float no larger than lo.
-        return float(down(float(lo)))
+        # d delta / d mu = phi(-eps/mu + mu/2) (Dong-Roth-Su's curve; the e^eps terms cancel).
+        root = _newton(lambda m: _delta_mp(eps, m) - target, lambda m: mpmath.npdf(-eps / m + m / 2), lo, hi)
+        # Round down, then verify at 60 digits: the returned mu is never above the true one.
+        mu = float(down(float(root)))
+        while _delta_mp(eps, mpmath.mpf(mu)) > target:
+            mu = float(down(mu))
+        return mu
 
 
 def epsilon_for_mu(mu: float, delta: float) -> float:
@@ -96,5 +115,10 @@ def epsilon_for_mu(mu: float, delta: float) -> float:
         hi = mpmath.mpf(1)
         while _delta_mp(hi, m) > target:  # delta(eps; mu) decreases with eps
             hi *= 2
-        _, hi = _bisect(lambda e: _delta_mp(e, m) <= target, mpmath.mpf(0), hi)
-        return float(up(float(hi)))
+        # d delta / d eps = -e^eps Phi(-eps/mu - mu/2).
+        root = _newton(lambda e: _delta_mp(e, m) - target,
+                       lambda e: -mpmath.exp(e) * mpmath.ncdf(-e / m - m / 2), mpmath.mpf(0), hi)
+        eps = float(up(float(root)))
+        while _delta_mp(mpmath.mpf(eps), m) > target:  # verify: the epsilon we print holds
+            eps = float(up(eps))
+        return eps
