@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Sequence
 
 import numpy as np
 
 from client.ledger import BudgetLedger
-from client.privacy.filters import exhausted, round_allowance
+from client.privacy.filters import GaussianFilter, exhausted, round_allowance
 from client.mechanism import add_gaussian_noise, as_float_arrays, check_finite, clip_to_norm, make_rng
 
 PLACEMENTS = ("local", "distributed")
@@ -101,8 +102,18 @@ class Release:
     arrays: list[np.ndarray] | None = field(repr=False)  # None only for "left"
     sensitivity: float  # certified norm of the clipped update (0 when no data contributed)
     noise_std: float  # standard deviation actually added by this client
-    spent_epsilon: float  # lifetime, after this round
-    remaining_fraction: float  # lifetime budget left, in [0, 1]
+    state_after: np.ndarray = field(repr=False)  # lifetime filter state after this round
+    filter: GaussianFilter = field(repr=False)
+
+    @cached_property
+    def spent_epsilon(self) -> float:
+        """Lifetime epsilon spent after this round (computed on demand: it costs a root solve)."""
+        return self.filter.epsilon_spent(self.state_after)
+
+    @property
+    def remaining_fraction(self) -> float:
+        """Share of the lifetime budget left, in [0, 1]."""
+        return float(self.filter.remaining_fraction(self.state_after))
 
 
 class FilteredClient:
@@ -148,5 +159,4 @@ class FilteredClient:
         else:
             base = clipped if clipped is not None else [np.zeros_like(a) for a in arrays]
             out = add_gaussian_noise(base, added_std, self.rng)
-        return Release(status, out, norm, added_std, filt.epsilon_spent(state_after),
-                       float(filt.remaining_fraction(state_after)))
+        return Release(status, out, norm, added_std, state_after, filt)
