@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except ValueError as err:  # bad input: one clear line, no traceback
+    except (ValueError, FileNotFoundError) as err:  # bad input: one clear line, no traceback
         print(f"fedfilter: error: {err}", file=sys.stderr)
         return 2
 

@@ -39,7 +39,7 @@ def _rounds(args: argparse.Namespace) -> int:
     rows = [("filter", "rounds   then a partial round of")]
     for p in plans:
         tail = f"{p.last_round_fraction:.3f} C" if p.filter in FILTER_KINDS else "-"
-        rows.append((p.filter, f"{p.rounds:<8} {tail}    {FILTER_HELP[p.filter]}"))
+        rows.append((p.filter, f"{p.rounds:<8} {tail:<9}  {FILTER_HELP[p.filter]}"))
     print(_table(rows))
     return 0
 
