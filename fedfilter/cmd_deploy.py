@@ -3,7 +3,8 @@
     fedfilter deploy-local --clients N [--rounds R] [--out DIR] [--app-dir .]
                            [--budgets 1,2,4] [--delta 1e-5] [--filter gdp]
                            [--after-exhaustion noise-only|leave] [--min-noise-multiplier S]
-                           [--run-config "k=v ..."] [--timeout S] [--verbose]
+                           [--data-dir DIR] [--run-config "k=v ..."]
+                           [--timeout S] [--verbose]
 
 Starts a SuperLink (TLS, SuperNode authentication), registers one key per device, starts one
 SuperNode per device with its own budget ledger under OUT/devices/<i>, runs the app with
@@ -60,6 +61,9 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--min-noise-multiplier", type=float, default=None,
                         help="the smallest noise multiplier a device accepts (default: the "
                              "client's own default)")
+    parser.add_argument("--data-dir", type=Path, default=None,
+                        help="root of the offline data sets, passed to every device as "
+                             "node-config data-dir (default: the task's own default)")
     parser.add_argument("--run-config", type=_run_config, default={}, metavar='"k=v ..."',
                         help="further overrides of the app's [tool.flwr.app.config]")
     parser.add_argument("--timeout", type=float, default=600.0, metavar="S",
@@ -76,7 +80,8 @@ def _deploy(args: argparse.Namespace) -> int:
         clients=args.clients, rounds=args.rounds, out=args.out, app_dir=args.app_dir,
         budgets=args.budgets, delta=args.delta, filter_kind=args.filter_kind,
         after_exhaustion=args.after_exhaustion, min_noise_multiplier=args.min_noise_multiplier,
-        run_config=args.run_config, timeout_s=args.timeout, verbose=args.verbose)
+        data_dir=args.data_dir, run_config=args.run_config, timeout_s=args.timeout,
+        verbose=args.verbose)
 
     # SIGTERM ends the command like Ctrl-C does: through the cluster's teardown.
     def _interrupt(signum: int, frame: Any) -> None:

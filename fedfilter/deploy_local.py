@@ -690,6 +690,7 @@ class DeployOptions:
     filter_kind: str = "gdp"
     after_exhaustion: str = "noise-only"
     min_noise_multiplier: float | None = None
+    data_dir: Path | None = None  # root of the offline data sets on every device
     run_config: dict[str, Any] = field(default_factory=dict)  # extra --run-config overrides
     timeout_s: float = 600.0
     connect_timeout_s: float = 60.0
@@ -740,12 +741,15 @@ def device_node_config(index: int, options: DeployOptions, ledger_dir: Path) -> 
     }
     if options.min_noise_multiplier is not None:
         config["min-noise-multiplier"] = float(options.min_noise_multiplier)
+    if options.data_dir is not None:
+        config["data-dir"] = str(Path(options.data_dir).resolve())
     return config
 
 
 # Run-config keys this command fills in, when the app declares them ([tool.flwr.app.config]).
-ROUNDS_KEYS = ("num-server-rounds", "rounds", "num-rounds")
-PUBLIC_LEDGER_KEYS = ("public-ledger", "ledger-path", "public-ledger-path")
+ROUNDS_KEYS = ("num-rounds", "num-server-rounds")
+PUBLIC_LEDGER_KEYS = ("public-ledger",)
+MIN_NODES_KEY = "min-available-nodes"
 PUBLIC_LEDGER_FILE = "public_ledger.sqlite"
 
 
@@ -764,6 +768,8 @@ def build_run_config(app_config: Mapping[str, Any], options: DeployOptions,
     ledger_key = next((k for k in PUBLIC_LEDGER_KEYS if k in app_config), None)
     if ledger_key is not None:
         overrides[ledger_key] = str(public_ledger)
+    if MIN_NODES_KEY in app_config:  # the coordinator waits for every device before round 1
+        overrides[MIN_NODES_KEY] = options.clients
     unknown = sorted(set(options.run_config) - set(app_config))
     if unknown:
         raise ValueError(f"--run-config keys {', '.join(unknown)} are not declared in the app's "
@@ -798,52 +804,21 @@ class LedgerProgress:
 
 
 def public_summary(path: Path) -> dict[str, Any]:
-    """Rounds and final accuracy of the newest run in the coordinator's public ledger."""
+    """Run id, rounds and final accuracy of the newest run in the coordinator's public ledger."""
+    empty = {"run_id": None, "rounds_completed": 0, "final_accuracy": None}
     if not path.is_file():
-        return {"run_id": None, "rounds_completed": 0, "final_accuracy": None}
+        return empty
     from coordinator.public_ledger import PublicLedger
 
     with PublicLedger(path, read_only=True) as ledger:
         runs = ledger.runs()
         if not runs:
-            return {"run_id": None, "rounds_completed": 0, "final_accuracy": None}
+            return empty
         run_id = runs[-1].run_id
         records = ledger.records(run_id)
-    released = [r for r in records if r.released]
-    accuracy = None
-    for record in reversed(records):
-        if "accuracy" in record.metrics:
-            accuracy = float(record.metrics["accuracy"])
-            break
-    return {"run_id": run_id, "rounds_completed": len(released), "final_accuracy": accuracy}
-
-
-def device_summary(ledger_dir: Path) -> dict[str, Any]:
-    """What the device's own ledger says: budget, lifetime spend and the round it ran out."""
-    from client.ledger import BudgetLedger
-
-    ledger = BudgetLedger.open(ledger_dir)
-    try:
-        summary = ledger.summary()
-        exhausted_run, exhausted_round = None, None
-        for record in ledger.records():
-            if float(ledger.filter.remaining_fraction(record.state_after)) <= 0.0:
-                exhausted_run, exhausted_round = record.run_id, int(record.round_id)
-                break
-    finally:
-        ledger.close()
-    return {
-        "client_id": summary["client_id"],
-        "budget_epsilon": summary["budget_epsilon"],
-        "budget_delta": summary["budget_delta"],
-        "filter": summary["filter"],
-        "spent_epsilon": summary["spent_epsilon"],
-        "remaining_fraction": summary["remaining_fraction"],
-        "exhausted_round": exhausted_round,
-        "exhausted_run": exhausted_run,
-        "rounds_answered": sum(run["rounds"] for run in summary["runs"]),
-        "ledger_dir": str(ledger_dir),
-    }
+    accuracy = [float(r.metrics["accuracy"]) for r in records if "accuracy" in r.metrics]
+    return {"run_id": run_id, "rounds_completed": len(records),
+            "final_accuracy": accuracy[-1] if accuracy else None}
 
 
 def deploy_local(options: DeployOptions, echo: Callable[[str], None] = print) -> int:
@@ -852,6 +827,7 @@ def deploy_local(options: DeployOptions, echo: Callable[[str], None] = print) ->
     Every process is stopped before this returns, whatever happened (Ctrl-C included).
     """
     from client.ledger import LEDGER_FILE
+    from fedfilter.cmd_demo import device_report
 
     options.check()
     app_dir = Path(options.app_dir).resolve()
@@ -904,15 +880,28 @@ def deploy_local(options: DeployOptions, echo: Callable[[str], None] = print) ->
         show(f"deployment failed: {err}")
     # Leaving the cluster's context stopped every process, on every path above.
 
+    # What the device owners read from their own ledgers (the same report as `fedfilter demo`).
+    public = public_summary(public_ledger)
+    clients = [device_report(devices_dir / str(i), public["run_id"])
+               for i in range(options.clients)
+               if (devices_dir / str(i) / LEDGER_FILE).is_file()]
     summary = {
         "engine": "deployment",
-        "run_id": result.run_id if result else None,
+        "run_id": public["run_id"],
+        "flower_run_id": result.run_id if result else None,
         "status": result.status if result else (error or "failed"),
-        "duration_s": round(time.monotonic() - started, 3),
+        "rounds_completed": public["rounds_completed"],
         "public_ledger": str(public_ledger),
-        **{k: v for k, v in public_summary(public_ledger).items() if k != "run_id"},
-        "clients": [device_summary(devices_dir / str(i)) for i in range(options.clients)
-                    if (devices_dir / str(i) / LEDGER_FILE).is_file()],
+        "clients": clients,
+        "final_accuracy": public["final_accuracy"],
+        "settings": {
+            "clients": options.clients, "rounds": options.rounds, "app_dir": str(app_dir),
+            "budgets": list(options.budgets), "delta": options.delta,
+            "filter": options.filter_kind, "after_exhaustion": options.after_exhaustion,
+            "min_noise_multiplier": options.min_noise_multiplier, "run_config": run_config,
+            "tls": True, "supernode_auth": True,
+        },
+        "wall_time_s": round(time.monotonic() - started, 1),
         "logs": str(out / "logs"),
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2, allow_nan=False) + "\n",
