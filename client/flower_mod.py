@@ -66,7 +66,8 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import math
+import threading
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,7 +77,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Error, Message, RecordDict
 from flwr.common.constant import ErrorCode
 
-from client.ledger import BudgetLedger, ReplayError
+from client.ledger import LEDGER_FILE, BudgetLedger, ReplayError
 from client.mechanism import NonFiniteUpdateError, make_rng
 from client.release import AFTER_EXHAUSTION, ClientPolicy, FilteredClient, RoundSpec, RoundSpecError, validate_request
 
@@ -183,7 +184,7 @@ def device_config(node_config: Mapping[str, Any]) -> DeviceConfig:
         after = ClientPolicy.after_exhaustion
     allow_distributed = get("allow-distributed", _as_bool, False)
     seed = get("noise-seed", _as_int, None)
-    if epsilon is None and not (Path(ledger_dir) / "budget_ledger.sqlite").exists():
+    if epsilon is None and not (Path(ledger_dir) / LEDGER_FILE).exists():
         problems.append("node-config 'budget-epsilon' is required until the device is enrolled.")
     policy = None
     try:
@@ -261,6 +262,67 @@ def _bind_run(context: Context, spec: RoundSpec) -> str | None:
     return None
 
 
+# Open ledgers, per process. In the Simulation Engine one Ray actor serves many nodes and many
+# rounds: building a filter (an exact mpmath solve) and opening SQLite for every message cost
+# about 40 ms, more than the round's own durable commit. A cached ledger is only a connection: its
+# state is re-read inside every write transaction, so other processes' spends are always seen.
+# The entry is dropped if the ledger file was replaced (a new inode) or the settings changed.
+_LEDGER_CACHE_SIZE = 256
+_ledgers: OrderedDict[tuple, "_OpenLedger"] = OrderedDict()
+_ledgers_lock = threading.Lock()
+
+
+def _file_identity(path: Path) -> tuple[int, int] | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+@dataclass
+class _OpenLedger:
+    ledger: BudgetLedger
+    identity: tuple[int, int] | None
+    lock: threading.Lock
+    closed: bool = False
+
+    def close(self) -> None:
+        with self.lock:
+            self.closed = True
+            self.ledger.close()
+
+
+def _cached_ledger(device: DeviceConfig) -> tuple[tuple, _OpenLedger]:
+    """The device's ledger, opened once per process; raises ``OSError``/``ValueError`` on failure."""
+    key = (str(device.ledger_dir.resolve()), device.client_id, device.budget_epsilon, device.budget_delta,
+           device.filter_kind, device.run_quota)
+    path = device.ledger_dir / LEDGER_FILE
+    stale = []
+    with _ledgers_lock:
+        entry = _ledgers.pop(key, None)
+        if entry is not None and _file_identity(path) != entry.identity:
+            stale.append(entry)
+            entry = None
+        if entry is None:
+            ledger = device.open_ledger()
+            entry = _OpenLedger(ledger, _file_identity(path), threading.Lock())
+        _ledgers[key] = entry
+        while len(_ledgers) > _LEDGER_CACHE_SIZE:
+            stale.append(_ledgers.popitem(last=False)[1])
+    for old in stale:  # outside the global lock: closing waits for a message still using it
+        old.close()
+    return key, entry
+
+
+def _forget_ledger(key: tuple, entry: _OpenLedger) -> None:
+    """Drop a connection after an unexpected (e.g. SQLite) failure; the next message reopens."""
+    with _ledgers_lock:
+        if _ledgers.get(key) is entry:
+            del _ledgers[key]
+    entry.close()
+
+
 def _already_released(ledger: BudgetLedger, spec: RoundSpec) -> bool:
     return any(r.round_id == spec.round_id for r in ledger.records(spec.run_id))
 
@@ -314,6 +376,32 @@ def _reply(msg: Message, status: str, keys: list[str], arrays: list[np.ndarray] 
     return Message(content, reply_to=msg)
 
 
+@dataclass(frozen=True)
+class _Outcome:
+    release: Any  # client.release.Release
+    update: list[np.ndarray]
+    floating: list[int]  # indices of the floating-point arrays (the only ones released)
+
+
+def _filtered_release(ledger: BudgetLedger, device: DeviceConfig, spec: RoundSpec, msg: Message,
+                      context: Context, call_next, keys: list[str], received: list[np.ndarray]) -> _Outcome | None:
+    """Train, filter, spend durably and noise one round; ``None`` if the round was answered before."""
+    if _already_released(ledger, spec):
+        return None
+    # Always train, whatever the budget: a noise-only reply must take as long as a real one.
+    update = _inner_update(call_next, msg, context, keys, received)
+    if update is None:
+        update = [np.zeros_like(a) for a in received]
+    floating = [i for i, a in enumerate(received) if np.issubdtype(a.dtype, np.floating)]
+    filtered = FilteredClient(ledger, device.policy, _noise_rng(device.noise_seed, spec))
+    try:
+        release = filtered.release(spec, [update[i] for i in floating])
+    except NonFiniteUpdateError:
+        log.error("fedfilter mod: the update holds NaN or inf; releasing a zero update instead")
+        release = filtered.release(spec, [np.zeros_like(update[i]) for i in floating])
+    return _Outcome(release, update, floating)
+
+
 # --- the mods --------------------------------------------------------------------------------
 def individual_filter_mod(msg: Message, context: Context, call_next: Callable[[Message, Context], Message]) -> Message:
     """Wrap a ClientApp's training with the device's individual privacy filter (see module doc)."""
@@ -352,39 +440,34 @@ def individual_filter_mod(msg: Message, context: Context, call_next: Callable[[M
     if (reason := _bind_run(context, spec)) is not None:
         return _error(msg, f"fedfilter: {reason}")
 
-    try:
-        ledger = device.open_ledger()
-    except (OSError, ValueError) as err:
-        log.error("fedfilter mod: cannot open the budget ledger: %s", err)
-        return _error(msg, "fedfilter: this device's budget ledger cannot be opened (details in the "
-                           "device's log); nothing was trained, spent or released.")
-    try:
-        if _already_released(ledger, spec):
-            return _error(msg, f"fedfilter: round request refused: round-id={spec.round_id} of run-id="
-                               f"{spec.run_id!r} was already answered; a repeated round gets no second release.")
-
-        # 3. Always train, whatever the budget: a noise-only reply must take as long as a real one.
-        update = _inner_update(call_next, msg, context, keys, received)
-        if update is None:
-            update = [np.zeros_like(a) for a in received]
-        floating = [i for i, a in enumerate(received) if np.issubdtype(a.dtype, np.floating)]
-
-        # 4. Filter, clip, spend durably, then noise.
-        filtered = FilteredClient(ledger, device.policy, _noise_rng(device.noise_seed, spec))
+    outcome = None
+    for _ in range(3):  # a ledger closed by another thread between lookup and use is reopened
         try:
-            release = filtered.release(spec, [update[i] for i in floating])
-        except NonFiniteUpdateError:
-            log.error("fedfilter mod: the update holds NaN or inf; releasing a zero update instead")
-            release = filtered.release(spec, [np.zeros_like(update[i]) for i in floating])
-    except ReplayError as err:  # a concurrent duplicate of this round got there first
-        return _error(msg, f"fedfilter: round request refused: {err}")
-    finally:
-        ledger.close()
+            key, entry = _cached_ledger(device)
+        except (OSError, ValueError) as err:
+            log.error("fedfilter mod: cannot open the budget ledger: %s", err)
+            return _error(msg, "fedfilter: this device's budget ledger cannot be opened (details in the "
+                               "device's log); nothing was trained, spent or released.")
+        try:
+            with entry.lock:  # one message at a time per device ledger in this process
+                if entry.closed:
+                    continue
+                outcome = _filtered_release(entry.ledger, device, spec, msg, context, call_next, keys, received)
+        except ReplayError as err:  # a concurrent duplicate of this round got there first
+            return _error(msg, f"fedfilter: round request refused: {err}")
+        except BaseException:
+            _forget_ledger(key, entry)
+            raise
+        break
+    if outcome is None:
+        return _error(msg, f"fedfilter: round request refused: round-id={spec.round_id} of run-id="
+                           f"{spec.run_id!r} was already answered; a repeated round gets no second release.")
 
-    if release.status == "left":
+    if outcome.release.status == "left":
         return _reply(msg, STATUS_LEFT, keys, None)
-    out = list(update)
-    for i, noisy in zip(floating, release.arrays):
+    out = list(outcome.update)
+    floating = outcome.floating
+    for i, noisy in zip(floating, outcome.release.arrays):
         out[i] = noisy
     for i in set(range(len(out))) - set(floating):
         out[i] = np.zeros_like(received[i])

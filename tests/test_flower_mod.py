@@ -390,3 +390,17 @@ def test_builtin_client_app_trains_its_partition_behind_the_filter(tmp_path):
     assert len(reply.content.metric_records) == 0
     rec = BudgetLedger.open(tmp_path / "dev2").records()
     assert [r.status for r in rec] == ["contributed"] and 0 < rec[0].sensitivity <= 0.4
+
+
+def test_a_replaced_ledger_file_is_reopened_not_written_through_a_stale_connection(tmp_path):
+    import shutil
+
+    ctx = context(tmp_path, **{"budget-epsilon": 3.0})
+    individual_filter_mod(train_message(spec(1, run_id="r1")), ctx, Handler())
+    assert len(records(tmp_path)[0]) == 1
+    shutil.rmtree(tmp_path / "ledger")  # the owner wipes the device; a new enrolment follows
+    ctx = context(tmp_path, **{"budget-epsilon": 3.0})
+    reply = individual_filter_mod(train_message(spec(1, run_id="r2")), ctx, Handler())
+    assert not reply.has_error()
+    recs = records(tmp_path)[0]
+    assert [r.run_id for r in recs] == ["r2"]  # written to the new file, not the unlinked one

@@ -1,0 +1,152 @@
+"""Rounds per second of a Flower simulation with ``individual_filter_mod`` and without it.
+
+    python benchmarks/flower_overhead.py [--clients 100] [--rounds 5] [--local-epochs 1]
+
+Both variants run in ONE simulation (one Ray start, the same actors, the same 100 simulated
+nodes), so start-up costs and machine load hit both alike. The ClientApp registers the built-in
+train handler (digits MLP, local SGD) twice:
+
+* ``train``           a plain Flower client: returns the new weights and ``num-examples``;
+* ``train.filtered``  the same handler behind the device-config and filter mods (ledger per
+                      device, request validation, certified clipping, durable spend, noise).
+
+The coordinator alternates plain and filtered rounds (after ``--warmup`` untimed rounds of each:
+actors import torch, load the data and, for the filtered variant, open each device's ledger once
+per actor process there; a cold open costs about 40 ms, mostly the exact mpmath solve for the
+filter's budget) and times each round from sending the messages to
+having aggregated the replies: for plain rounds the mean of the returned weights, for filtered
+rounds the reply checks and plain mean of ``coordinator.strategy``. It prints both rates and
+their ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # Ray on 127.0.0.1 only, before Ray starts
+
+
+def build_apps(args, devices: dict, timings: dict):
+    import numpy as np
+    from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
+    from flwr.clientapp import ClientApp
+    from flwr.serverapp import ServerApp
+
+    from client.client_app import train
+    from client.flower_mod import ARRAYS_RECORD, REQUEST_RECORD, individual_filter_mod, simulated_device_config_mod
+    from coordinator.strategy import FilteredMeanStrategy
+
+    client_app = ClientApp()
+    client_app.train()(train)
+    client_app.train("filtered", mods=[simulated_device_config_mod(devices), individual_filter_mod])(train)
+
+    server_app = ServerApp()
+    strategy = FilteredMeanStrategy(noise_multiplier=1.0, clip=0.5, ttl_s=3600.0)
+    config = {"task": "digits", "num-clients": args.clients, "local-epochs": args.local_epochs, "lr": 0.1}
+
+    @server_app.main()
+    def main(grid, context):
+        import torch
+
+        from simulations.tasks.models import DigitsMLP
+        from simulations.tasks.training import get_weights
+
+        deadline = time.monotonic() + 120
+        while len(list(grid.get_node_ids())) < args.clients and time.monotonic() < deadline:
+            time.sleep(0.2)
+        nodes = sorted(grid.get_node_ids())
+        torch.manual_seed(0)
+        model = DigitsMLP()
+        keys, weights = list(model.state_dict().keys()), get_weights(model)
+
+        def one_round(kind: str, round_id: int):
+            nonlocal weights
+            spec = strategy.spec("bench", round_id)
+            model_record = ArrayRecord({k: Array(np.array(w, order="C")) for k, w in zip(keys, weights)})
+            messages = []
+            for node in nodes:
+                content = RecordDict({ARRAYS_RECORD: model_record,
+                                      "config": ConfigRecord({**config, "server-round": round_id})})
+                if kind == "filtered":
+                    from client.flower_mod import request_record
+
+                    content[REQUEST_RECORD] = request_record(spec)
+                messages.append(Message(content, dst_node_id=node,
+                                        message_type="train" if kind == "plain" else "train.filtered",
+                                        group_id=str(round_id), ttl=3600.0))
+            started = time.perf_counter()
+            replies = list(grid.send_and_receive(messages, timeout=600))
+            if kind == "plain":
+                ok = [m for m in replies if not m.has_error()]
+                new = [next(iter(m.content.array_records.values())).to_numpy_ndarrays() for m in ok]
+                weights = [np.mean([n[i] for n in new], axis=0).astype(w.dtype) for i, w in enumerate(weights)]
+                good = len(ok)
+            else:
+                tally = strategy.tally(replies, nodes, keys, weights)
+                weights, _ = strategy.step(weights, tally)
+                good = len(tally.reports)
+            elapsed = time.perf_counter() - started
+            if good != len(nodes):
+                raise RuntimeError(f"{kind} round {round_id}: {good} of {len(nodes)} valid replies")
+            return elapsed
+
+        round_id = 0
+        for _ in range(args.warmup):  # untimed: actors import torch, load data, open ledgers
+            for kind in ("plain", "filtered"):
+                round_id += 1
+                one_round(kind, round_id)
+        for _ in range(args.rounds):
+            for kind in ("plain", "filtered"):
+                round_id += 1
+                timings.setdefault(kind, []).append(one_round(kind, round_id))
+
+    return server_app, client_app
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--clients", type=int, default=100)
+    parser.add_argument("--rounds", type=int, default=8, help="timed rounds of each kind (default 8)")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed rounds of each kind first (default 2)")
+    parser.add_argument("--local-epochs", type=int, default=1)
+    args = parser.parse_args()
+
+    import flwr
+    import torch
+    from flwr.simulation import run_simulation
+
+    with tempfile.TemporaryDirectory(prefix="fedfilter-bench-") as tmp:
+        devices = {i: {"ledger-dir": str(Path(tmp) / "devices" / str(i)), "client-id": f"client-{i}",
+                       "budget-epsilon": 1000.0} for i in range(args.clients)}
+        timings: dict[str, list[float]] = {}
+        server_app, client_app = build_apps(args, devices, timings)
+        started = time.perf_counter()
+        run_simulation(server_app=server_app, client_app=client_app, num_supernodes=args.clients,
+                       backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}})
+        total = time.perf_counter() - started
+
+    rate = {k: len(v) / sum(v) for k, v in timings.items()}
+    print()
+    print(f"Flower {flwr.__version__}, torch {torch.__version__}, Python {platform.python_version()}, "
+          f"{os.cpu_count()} CPUs; {args.clients} clients, digits MLP, {args.local_epochs} local epoch(s), "
+          f"{args.warmup} warm-up + {args.rounds} timed rounds of each kind, interleaved, in one simulation "
+          f"({total:.0f} s in all)")
+    print(f"{'variant':>10}  {'rounds/s':>8}  {'median s/round':>14}  {'min':>6}  {'max':>6}")
+    for kind in ("plain", "filtered"):
+        t = timings[kind]
+        print(f"{kind:>10}  {rate[kind]:>8.3f}  {statistics.median(t):>14.3f}  {min(t):>6.3f}  {max(t):>6.3f}")
+    ratio = rate["filtered"] / rate["plain"]
+    print(f"ratio filtered/plain rounds per second: {ratio:.3f} (overhead {100 * (1 / ratio - 1):.1f}% per round)")
+    print(json.dumps({"clients": args.clients, "rounds": args.rounds, "warmup": args.warmup, "rounds_per_s": rate, "ratio": ratio,
+                      "seconds_per_round": timings}))
+
+
+if __name__ == "__main__":
+    main()
