@@ -75,7 +75,8 @@ class ManagedProcess:
         self.name, self.argv, self.log_path = name, list(argv), Path(log_path)
         self.env, self.cwd = dict(env) if env is not None else None, cwd
         self._popen: subprocess.Popen | None = None
-        self._stopped = False
+        self._family: _Descendants | None = None
+        self._log_offset = 0
 
     # lifecycle ---------------------------------------------------------------------------------
     def start(self) -> "ManagedProcess":
@@ -83,6 +84,7 @@ class ManagedProcess:
             raise RuntimeError(f"{self.name} was started already")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
+            self._log_offset = log.tell()  # an earlier process's lines stay, but are not ours
             self._popen = subprocess.Popen(
                 self.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 env=self.env, cwd=self.cwd, start_new_session=True)
@@ -137,38 +139,53 @@ class ManagedProcess:
         except (ProcessLookupError, PermissionError):
             pass
 
-    def stop(self, grace_s: float = 10.0) -> int | None:
-        """SIGTERM the process and everything it started, SIGKILL what is left after ``grace_s``.
+    def terminate(self) -> None:
+        """SIGTERM the process and everything it started (first half of ``stop``).
 
         "Everything it started" is its process group plus its descendants in other sessions
         (``flower-superlink`` starts ``flower-superexec`` with ``start_new_session=True``, and
-        that one starts ``flwr-serverapp``). Safe to call more than once and on a process that
-        has already exited.
+        that one starts ``flwr-serverapp``), followed through /proc.
         """
-        if self._popen is None or self._stopped:
-            return self.returncode
-        self._stopped = True
-        if self._popen.returncode is None:  # not reaped: the group id is still ours
-            family = _Descendants(self.pid)
-            self._signal_group(signal.SIGTERM)
-            family.signal(signal.SIGTERM)
-            deadline = time.monotonic() + grace_s
-            try:
-                while time.monotonic() < deadline:
-                    family.refresh()
-                    if self._exit_status() is not None and not family.alive():
-                        break
-                    time.sleep(0.1)
-            finally:  # also when a second Ctrl-C cuts the grace period short
-                self._signal_group(signal.SIGKILL)  # stragglers, or a leader ignoring SIGTERM
-                family.refresh()
-                family.signal(signal.SIGKILL)
+        if self._popen is None or self._family is not None or self._popen.returncode is not None:
+            return  # not started, already terminated, or reaped (the group id may be reused)
+        self._family = _Descendants(self.pid)
+        self._signal_group(signal.SIGTERM)
+        self._family.signal(signal.SIGTERM)
+
+    def _gone(self) -> bool:
+        if self._family is None:
+            return self._exit_status() is not None
+        self._family.refresh()
+        return self._exit_status() is not None and not self._family.alive()
+
+    def stop(self, grace_s: float = 10.0, *, deadline: float | None = None) -> int | None:
+        """SIGTERM the process and everything it started, SIGKILL what is left after ``grace_s``
+        seconds (or at the monotonic ``deadline``), and reap it. Safe to call more than once and
+        on a process that has already exited.
+        """
+        if self._popen is None:
+            return None
+        if self._popen.returncode is not None:
+            return self._popen.returncode
+        self.terminate()
+        deadline = time.monotonic() + grace_s if deadline is None else deadline
+        try:
+            while time.monotonic() < deadline and not self._gone():
+                time.sleep(0.1)
+        finally:  # also when a second Ctrl-C cuts the grace period short
+            self._signal_group(signal.SIGKILL)  # stragglers, or a leader ignoring SIGTERM
+            if self._family is not None:
+                self._family.refresh()
+                self._family.signal(signal.SIGKILL)
         return self._popen.wait()
 
     # logs --------------------------------------------------------------------------------------
     def log_text(self) -> str:
+        """What this process has written to its log (ANSI colours removed)."""
         try:
-            return strip_ansi(self.log_path.read_text(encoding="utf-8", errors="replace"))
+            with open(self.log_path, "rb") as log:
+                log.seek(self._log_offset)
+                return strip_ansi(log.read().decode("utf-8", errors="replace"))
         except FileNotFoundError:
             return ""
 
@@ -310,7 +327,8 @@ def make_tls(directory: Path, *, days: int = 7) -> TlsFiles:
             digital_signature=True, key_cert_sign=True, crl_sign=True, content_commitment=False,
             key_encipherment=False, data_encipherment=False, key_agreement=False,
             encipher_only=False, decipher_only=False), critical=True)
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()),
+                       critical=False)
         .sign(ca_key, hashes.SHA384())
     )
 
@@ -529,22 +547,33 @@ class FlowerCluster:
     def close(self) -> None:
         """Stop every process this cluster started, newest first (SIGTERM, then SIGKILL)."""
         interrupted: BaseException | None = None
-        for process in reversed(self._processes):
-            try:
-                process.stop(self.grace_s)
-            except KeyboardInterrupt as err:  # a second Ctrl-C: keep stopping the others
-                interrupted = interrupted or err
-            except Exception as err:
-                print(f"fedfilter: warning: stopping {process.name}: {err}", file=sys.stderr)
+
+        def each(action: Callable[[ManagedProcess], Any]) -> None:
+            nonlocal interrupted
+            for process in reversed(self._processes):
+                try:
+                    action(process)
+                except KeyboardInterrupt as err:  # a second Ctrl-C: keep stopping the others
+                    interrupted = interrupted or err
+                except Exception as err:
+                    print(f"fedfilter: warning: stopping {process.name}: {err}", file=sys.stderr)
+
+        each(ManagedProcess.terminate)  # SIGTERM to all first: one grace period in total
+        deadline = time.monotonic() + self.grace_s
+        each(lambda process: process.stop(deadline=deadline))
         if interrupted is not None:
             raise interrupted
 
     # the CLI -----------------------------------------------------------------------------------
     def flwr(self, *args: str, timeout: float = 60.0) -> subprocess.CompletedProcess:
         """One ``flwr`` CLI command against this cluster's connection (bounded by ``timeout``)."""
-        return subprocess.run(
-            [_tool("flwr"), *args], env=self._env(self.home), cwd=self.home,
-            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout)
+        try:
+            return subprocess.run(
+                [_tool("flwr"), *args], env=self._env(self.home), cwd=self.home,
+                stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise DeploymentError(f"`flwr {' '.join(args)}` did not finish within "
+                                  f"{timeout:.0f} s") from None
 
     def _flwr_json(self, *args: str, timeout: float = 60.0) -> dict:
         done = self.flwr(*args, "--format", "json", timeout=timeout)
@@ -628,7 +657,8 @@ class FlowerCluster:
         """
         argv = [_tool("flwr"), "run", str(Path(app_dir).resolve()), self.connection, "--stream"]
         if run_config:
-            argv += ["--run-config", str(write_flat_toml(self.root / "run-config.toml", run_config))]
+            config_file = write_flat_toml(self.root / "run-config.toml", run_config)
+            argv += ["--run-config", str(config_file)]
         log_path = self.logs_dir / "flwr-run.log"
         process = self._track(ManagedProcess(
             "flwr run", argv, log_path=log_path, env=self._env(self.home), cwd=self.home))
@@ -638,7 +668,10 @@ class FlowerCluster:
         timed_out = False
         while True:
             code = process.wait(1.0)
-            lines = process.log_text().splitlines()
+            text = process.log_text()
+            lines = text.splitlines()
+            if code is None and not text.endswith("\n"):
+                lines = lines[:-1]  # a line still being written: read it whole next time
             for line in lines[lines_seen:]:
                 if run_id is None and (match := _STARTED_RUN.search(line)):
                     run_id = int(match.group(1))
@@ -655,15 +688,16 @@ class FlowerCluster:
         if timed_out and run_id is not None:
             try:
                 self.flwr("stop", str(run_id), self.connection, timeout=30)
-            except subprocess.TimeoutExpired:
-                pass
+            except DeploymentError:
+                pass  # the SuperLink is stopped with the cluster anyway
         process.stop(self.grace_s)
         duration = time.monotonic() - started
         output = process.log_text()
         if run_id is None:
             return RunResult(None, "not-started", tail(output), duration, output)
         if timed_out:
-            return RunResult(run_id, "timeout", f"no result after {timeout:.0f} s", duration, output)
+            return RunResult(run_id, "timeout", f"no result after {timeout:.0f} s", duration,
+                             output)
         status, details = self.run_status(run_id)
         return RunResult(run_id, status, details, duration, output)
 
@@ -778,11 +812,22 @@ def build_run_config(app_config: Mapping[str, Any], options: DeployOptions,
     return overrides
 
 
-class LedgerProgress:
-    """Prints each new round of the coordinator's public ledger (read-only, polled)."""
+def public_run_ids(path: Path) -> list[str]:
+    """The run ids in a public ledger, oldest first (none if the file does not exist)."""
+    if not path.is_file():
+        return []
+    from coordinator.public_ledger import PublicLedger
 
-    def __init__(self, path: Path, echo: Callable[[str], None]):
-        self.path, self.echo = path, echo
+    with PublicLedger(path, read_only=True) as ledger:
+        return [run.run_id for run in ledger.runs()]
+
+
+class LedgerProgress:
+    """Prints each new round of the coordinator's public ledger (read-only, polled), skipping
+    the runs of earlier invocations (``old_runs``)."""
+
+    def __init__(self, path: Path, echo: Callable[[str], None], old_runs: Sequence[str] = ()):
+        self.path, self.echo, self.old_runs = path, echo, set(old_runs)
         self.shown: set[tuple[str, int]] = set()
 
     def tick(self) -> None:
@@ -794,6 +839,8 @@ class LedgerProgress:
         try:
             with PublicLedger(self.path, read_only=True) as ledger:
                 for run in ledger.runs():
+                    if run.run_id in self.old_runs:
+                        continue
                     for record in ledger.records(run.run_id):
                         key = (record.run_id, int(record.round_id))
                         if key not in self.shown:
@@ -803,18 +850,16 @@ class LedgerProgress:
             pass
 
 
-def public_summary(path: Path) -> dict[str, Any]:
-    """Run id, rounds and final accuracy of the newest run in the coordinator's public ledger."""
-    empty = {"run_id": None, "rounds_completed": 0, "final_accuracy": None}
-    if not path.is_file():
-        return empty
+def public_summary(path: Path, old_runs: Sequence[str] = ()) -> dict[str, Any]:
+    """Run id, rounds and final accuracy of the newest run in the coordinator's public ledger
+    that is not one of ``old_runs`` (the runs of earlier invocations)."""
+    new_runs = [run for run in public_run_ids(path) if run not in set(old_runs)]
+    if not new_runs:
+        return {"run_id": None, "rounds_completed": 0, "final_accuracy": None}
     from coordinator.public_ledger import PublicLedger
 
+    run_id = new_runs[-1]
     with PublicLedger(path, read_only=True) as ledger:
-        runs = ledger.runs()
-        if not runs:
-            return empty
-        run_id = runs[-1].run_id
         records = ledger.records(run_id)
     accuracy = [float(r.metrics["accuracy"]) for r in records if "accuracy" in r.metrics]
     return {"run_id": run_id, "rounds_completed": len(records),
@@ -844,7 +889,8 @@ def deploy_local(options: DeployOptions, echo: Callable[[str], None] = print) ->
     def show(line: str) -> None:
         echo(f"[{time.monotonic() - started:6.1f} s] {line}")
 
-    progress = LedgerProgress(public_ledger, show)
+    old_runs = public_run_ids(public_ledger)  # a reused OUT keeps earlier runs
+    progress = LedgerProgress(public_ledger, show, old_runs)
     try:
         with FlowerCluster(out, grace_s=options.grace_s, echo=show) as cluster:
             handles = []
@@ -881,7 +927,7 @@ def deploy_local(options: DeployOptions, echo: Callable[[str], None] = print) ->
     # Leaving the cluster's context stopped every process, on every path above.
 
     # What the device owners read from their own ledgers (the same report as `fedfilter demo`).
-    public = public_summary(public_ledger)
+    public = public_summary(public_ledger, old_runs)
     clients = [device_report(devices_dir / str(i), public["run_id"])
                for i in range(options.clients)
                if (devices_dir / str(i) / LEDGER_FILE).is_file()]
@@ -889,7 +935,9 @@ def deploy_local(options: DeployOptions, echo: Callable[[str], None] = print) ->
         "engine": "deployment",
         "run_id": public["run_id"],
         "flower_run_id": result.run_id if result else None,
-        "status": result.status if result else (error or "failed"),
+        "status": result.status if result else ("interrupted" if error == "interrupted"
+                                                 else "failed"),
+        "error": error if error != "interrupted" else None,
         "rounds_completed": public["rounds_completed"],
         "public_ledger": str(public_ledger),
         "clients": clients,
