@@ -55,6 +55,7 @@ def test_allowance_lands_on_the_budget(filt):
     assert float(filt.allowance(s, noise_std=1.0)) < 1e-6
     assert certified_epsilon(filt, s) <= filt.epsilon * (1 + 1e-12)
     assert filt.epsilon_spent(s) == pytest.approx(filt.epsilon, rel=1e-6)
+    assert filt.epsilon_spent(s) <= filt.epsilon  # spent to the budget never reads above it
 
 
 def test_monotone(filt):

@@ -56,7 +56,7 @@ def test_delta_matches_scipy_and_dp_accounting_exact_gaussian():
             assert ours >= float(exact_delta(eps, mu))
 
 
-@pytest.mark.parametrize("noise", [[2.0, 3.0, 3.0], [0.8, 5.0, 1.5, 10.0], [1.0] * 20, [50.0] * 7 + [3.0]])
+@pytest.mark.parametrize("noise", [[2.0, 3.0, 3.0], [0.8, 5.0, 1.5, 10.0], [1.5] * 8, [50.0] * 7 + [3.0]])
 def test_composed_gaussians_agree_with_the_pld_accountant(noise):
     """A fixed sequence of Gaussians with different noise is exactly sqrt(sum mu_t^2)-GDP."""
     delta = 1e-5

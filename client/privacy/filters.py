@@ -145,10 +145,14 @@ class GaussianFilter:
         """
         state = np.asarray(state, dtype=np.float64)
         if self.kind == "gdp":
-            return gaussian_dp.epsilon_for_mu(float(np.sqrt(state[0]) * (1 + 2.0**-51)), self.delta)
-        if self.kind == "zcdp":
-            return zcdp.epsilon_from_zcdp(float(state[0]), self.delta)
-        return renyi.epsilon_from_rdp(self.orders, state, self.delta / self.dim)
+            eps = gaussian_dp.epsilon_for_mu(float(np.sqrt(state[0]) * (1 + 2.0**-51)), self.delta)
+        elif self.kind == "zcdp":
+            eps = zcdp.epsilon_from_zcdp(float(state[0]), self.delta)
+        else:
+            eps = renyi.epsilon_from_rdp(self.orders, state, self.delta / self.dim)
+        # A state this filter admits is certified by its own budget, so the exact answer is at
+        # most ``self.epsilon``; the upward-rounded conversion may overshoot that by a few ulps.
+        return min(eps, float(self.epsilon)) if self.within_budget(state) else eps
 
 
 def gdp_filter(epsilon: float, delta: float) -> GaussianFilter:
