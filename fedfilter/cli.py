@@ -16,6 +16,7 @@ COMMAND_MODULES = [
     "fedfilter.cmd_reports",  # reports serve / watch
     "fedfilter.cmd_demo",  # demo (Flower simulation)
     "fedfilter.cmd_deploy",  # deploy-local
+    "fedfilter.cmd_study",  # study dropout
 ]
 
 

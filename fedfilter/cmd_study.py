@@ -1,0 +1,43 @@
+"""``fedfilter study dropout``: how clients drop out under different budgets (vectorised engine)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _dropout(args: argparse.Namespace) -> int:
+    from simulations.study.config import load_study
+
+    study = load_study(args.config)  # StudyConfigError (a ValueError) lists every problem
+    runs = study.runs()
+    if args.dry_run:
+        print(f"{args.config}: valid; {len(runs)} runs x {study.rounds} rounds")
+        for i, r in enumerate(runs, 1):
+            print(f"{i:4d}  {r.label}    [{r.heterogeneity.describe(r.budget_level)}]")
+        return 0
+    if not args.out:
+        raise ValueError("--out is required to run a study (a folder for results.json, report.md and plots).")
+    from simulations.study.runner import run_study
+
+    results = run_study(study, args.out, progress=not args.no_progress)
+    n = len(results["runs"])
+    print(f"{n} runs in {results['seconds']:.0f} s; wrote {args.out}/results.json, {args.out}/report.md and plots",
+          file=sys.stderr)
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("study", help="studies of how clients drop out (vectorised engine)")
+    studies = p.add_subparsers(dest="study", required=True)
+    d = studies.add_parser(
+        "dropout",
+        help="sweep budgets, heterogeneity, modes and data; write results.json, report.md and plots",
+        description="Run every point of a TOML study (see simulations/configs/smoke.toml) and write "
+                    "OUT/results.json, OUT/report.md and PNG plots.",
+    )
+    d.add_argument("--config", required=True, help="study TOML file")
+    d.add_argument("--out", help="output folder (created if missing)")
+    d.add_argument("--dry-run", action="store_true", help="check the config and list the runs, run nothing")
+    d.add_argument("--no-progress", action="store_true", help="no progress bar")
+    d.set_defaults(func=_dropout)

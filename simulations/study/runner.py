@@ -1,0 +1,240 @@
+"""Run a dropout study: every run of the sweep through the vectorised engine, then the outputs.
+
+Each run drives ``simulations.engine.Engine`` one round at a time (its public API) and records,
+per round: clients asked, clients whose data entered the round (ground truth), reports the
+coordinator saw, pure-noise reports, ``left`` markers, whether the round was released, test accuracy,
+how many clients still have budget for a contribution (ground truth: the filter's own allowance,
+read with ``Engine.allowance`` for every client, so a client that was not asked still counts), and
+the same per group (``simulations.study.groups``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from client.privacy.filters import exhausted
+from simulations.study.config import DataSpec, RunSpec, StudyConfig
+from simulations.study.groups import Grouping, make_grouping
+
+RESULTS_SCHEMA = "fedfilter.study.dropout.v1"
+
+
+def _load_task(spec: DataSpec):
+    from simulations.tasks.registry import load_task
+
+    return load_task(spec.task, num_clients=spec.num_clients,
+                     partition="iid" if spec.partition == "natural" else spec.partition,
+                     alpha=spec.alpha, seed=spec.partition_seed)
+
+
+def _quantiles(x: np.ndarray) -> dict:
+    x = np.asarray(x, dtype=np.float64)
+    if x.size == 0:
+        return {}
+    q = np.quantile(x, [0.0, 0.1, 0.5, 0.9, 1.0])
+    return {"min": float(q[0]), "p10": float(q[1]), "median": float(q[2]), "p90": float(q[3]), "max": float(q[4]),
+            "mean": float(x.mean())}
+
+
+def _finite_or_none(x):
+    return None if x is None or not math.isfinite(x) else float(x)
+
+
+def _within_budget(study: StudyConfig, eps: np.ndarray, state: np.ndarray) -> bool:
+    """Every client's lifetime state is admitted by a freshly built filter of its own budget."""
+    from client.privacy.filters import make_filter
+
+    ok = True
+    for e in np.unique(eps):
+        rows = eps == e
+        ok &= bool(np.all(make_filter(study.filter, float(e), study.delta).within_budget(state[rows])))
+    return ok
+
+
+def run_one(study: StudyConfig, run: RunSpec, task, grouping: Grouping,
+            on_round: Callable[[dict], object] | None = None) -> dict:
+    """One run of the sweep; returns its JSON-ready record (see ``docs/results_study.md``)."""
+    from simulations.engine import Engine, EngineConfig
+
+    started = time.perf_counter()
+    eps = study.budgets(run, task.num_clients)
+    fed = study.federation
+    ec = EngineConfig(
+        task=run.data.task, num_clients=task.num_clients, epsilon=eps, delta=study.delta,
+        filter_kind=study.filter, placement=run.noise, after_exhaustion=run.after_exhaustion,
+        rounds=study.rounds, seed=run.seed, run_id=study.name, eval_every=study.eval_every,
+        group_by=grouping.engine_group_by, torch_threads=1,
+        **{k: v for k, v in fed.items()},
+    )
+    engine = Engine(ec, task=task)
+    everyone = np.arange(task.num_clients)
+
+    def budget_left(clients: np.ndarray) -> np.ndarray:
+        return ~exhausted(engine.allowance(clients), ec.clip, ec.exhausted_below)
+
+    # A client's filter state changes only when it contributes, so after the first full check only
+    # the rows that changed this round are read again (the allowance is one call per distinct budget).
+    _, acc0, groups0 = engine.evaluate()
+    alive = budget_left(everyone)
+    seen_state = engine.state.copy()
+    per_round: dict[str, list] = {k: [] for k in (
+        "sampled", "contributing", "reports_seen", "noise_only", "left", "released", "exhausted_total",
+        "with_budget", "accuracy", "accuracy_evaluated", "aggregate_norm")}
+    group_share = {g: [] for g in grouping.names}
+    group_acc = {g: [] for g in grouping.names}
+    share0 = grouping.share(alive)
+    gacc_last = grouping.accuracy(groups0, task.client_ids) or {}
+    gacc0 = dict(gacc_last)
+    acc_last = acc0
+    for _ in range(study.rounds):
+        rec = engine.step()
+        changed = np.flatnonzero(np.any(engine.state != seen_state, axis=1) & alive)
+        if changed.size:
+            alive[changed] = budget_left(changed)
+            seen_state[changed] = engine.state[changed]
+        if rec.accuracy is not None:
+            acc_last = rec.accuracy
+            gacc_last = grouping.accuracy(rec.group_accuracy, task.client_ids) or gacc_last
+        per_round["sampled"].append(rec.sampled)
+        per_round["contributing"].append(rec.contributing)
+        per_round["reports_seen"].append(rec.reports_seen)
+        per_round["noise_only"].append(rec.noise_only)
+        per_round["left"].append(rec.left)
+        per_round["released"].append(bool(rec.released))
+        per_round["exhausted_total"].append(rec.exhausted_total)
+        per_round["with_budget"].append(int(alive.sum()))
+        per_round["accuracy"].append(float(acc_last))
+        per_round["accuracy_evaluated"].append(rec.accuracy is not None)
+        per_round["aggregate_norm"].append(float(rec.aggregate_norm))
+        for g, s in zip(grouping.names, grouping.share(alive)):
+            group_share[g].append(float(s))
+        for g in grouping.names:
+            group_acc[g].append(_finite_or_none(gacc_last.get(g)))
+        if on_round is not None:
+            on_round({"round": rec.round_id, "accuracy": acc_last, "contributing": rec.contributing})
+    res = engine.result()
+
+    ex = res.exhausted_round
+    ex_rounds = ex[ex > 0]
+    half = next((r + 1 for r, w in enumerate(per_round["with_budget"]) if w <= task.num_clients / 2), None)
+    summary = grouping.exhaustion_summary(ex, study.rounds)
+    group_records = {}
+    for j, g in enumerate(grouping.names):
+        accs = [a for a in group_acc[g] if a is not None]
+        group_records[g] = {
+            **summary[g],
+            "initial_share_with_budget": float(share0[j]),
+            "share_with_budget_per_round": group_share[g],
+            "accuracy_per_round": group_acc[g],
+            "initial_accuracy": _finite_or_none(gacc0.get(g)),
+            "final_accuracy": accs[-1] if accs else None,
+            "peak_accuracy": max(accs) if accs else None,
+        }
+    finals = {g: r["final_accuracy"] for g, r in group_records.items() if r["final_accuracy"] is not None}
+    return {
+        "label": run.label,
+        "settings": run.settings(),
+        "data": asdict(run.data),
+        "budget": {
+            "distribution": run.heterogeneity.describe(run.budget_level),
+            "shape": {"distribution": run.heterogeneity.distribution, **run.heterogeneity.params},
+            "epsilon_quantiles": _quantiles(eps),
+            "epsilon_per_client": [float(e) for e in eps],
+        },
+        "num_clients": int(task.num_clients),
+        "rounds": study.rounds,
+        "initial_accuracy": float(acc0),
+        "contributing_per_round": per_round["contributing"],
+        "accuracy_per_round": per_round["accuracy"],
+        "reports_seen_per_round": per_round["reports_seen"],
+        "sampled_per_round": per_round["sampled"],
+        "noise_only_per_round": per_round["noise_only"],
+        "left_per_round": per_round["left"],
+        "released_per_round": per_round["released"],
+        "with_budget_per_round": per_round["with_budget"],
+        "exhausted_total_per_round": per_round["exhausted_total"],
+        "accuracy_evaluated_per_round": per_round["accuracy_evaluated"],
+        "aggregate_norm_per_round": per_round["aggregate_norm"],
+        "exhaustion": {
+            "clients_exhausted": int(ex_rounds.size),
+            "first_round": int(ex_rounds.min()) if ex_rounds.size else None,
+            "median_round_of_exhausted": float(np.median(ex_rounds)) if ex_rounds.size else None,
+            "round_half_without_budget": half,
+            "exhausted_round_per_client": [int(r) for r in ex],
+            "spent_epsilon_quantiles": _quantiles(res.spent_epsilon),
+            "spent_fraction_quantiles": _quantiles(res.spent_fraction),
+            # spent_epsilon is rounded up (an upper bound), so it may exceed the budget by an ulp
+            # for a client that spent exactly all of it; the filter check below is the exact one.
+            "max_spent_epsilon_over_budget": float(np.max(res.spent_epsilon / eps)),
+            "max_spent_fraction": float(np.max(res.spent_fraction)),
+            "all_within_budget": _within_budget(study, eps, res.state),
+        },
+        "groups": {
+            "kind": grouping.kind,
+            "names": grouping.names,
+            "per_group": group_records,
+            "final_accuracy_gap": (max(finals.values()) - min(finals.values())) if finals else None,
+            "worst_group": min(finals, key=finals.get) if finals else None,
+        },
+        "final_accuracy": per_round["accuracy"][-1],
+        "peak_accuracy": max([acc0] + per_round["accuracy"]),
+        "seconds": time.perf_counter() - started,
+    }
+
+
+def run_study(study: StudyConfig, out_dir: str | Path, *, progress: bool = True) -> dict:
+    """Run every run of ``study``; write ``results.json``, the PNG plots and ``report.md`` to ``out_dir``."""
+    from tqdm.auto import tqdm
+
+    from simulations.study.report import write_outputs
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    runs = study.runs()
+    tasks: dict[str, tuple] = {}
+    records = []
+    started = time.perf_counter()
+    bar = tqdm(total=len(runs) * study.rounds, unit="round", desc=f"study {study.name}", disable=not progress,
+               dynamic_ncols=True)
+    try:
+        for i, run in enumerate(runs):
+            if run.data.name not in tasks:
+                bar.set_postfix_str(f"loading {run.data.name}")
+                task = _load_task(run.data)
+                tasks[run.data.name] = (task, make_grouping(run.data.groups, task.train_data, task.num_classes))
+            task, grouping = tasks[run.data.name]
+            bar.set_description(f"run {i + 1}/{len(runs)}")
+
+            def tick(info, _label=run.label):
+                bar.update(1)
+                bar.set_postfix_str(f"{_label} | acc {info['accuracy']:.3f} | contrib {info['contributing']}")
+
+            records.append(run_one(study, run, task, grouping, on_round=tick))
+    finally:
+        bar.close()
+    results = {
+        "schema": RESULTS_SCHEMA,
+        "study": study.name,
+        "description": study.description,
+        "config_toml": study.source_text,
+        "filter": study.filter,
+        "delta": study.delta,
+        "budget_grid": study.budget_grid,
+        "federation": study.federation,
+        "sweep": study.sweep,
+        "heterogeneity": {k: {"distribution": d.distribution, **d.params, "describe": d.describe()}
+                          for k, d in study.heterogeneity.items()},
+        "data_sets": {k: {**asdict(d), "describe": d.describe()} for k, d in study.data.items()},
+        "seconds": time.perf_counter() - started,
+        "runs": records,
+    }
+    (out / "results.json").write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
+    write_outputs(results, out)
+    return results
