@@ -323,10 +323,6 @@ def _forget_ledger(key: tuple, entry: _OpenLedger) -> None:
     entry.close()
 
 
-def _already_released(ledger: BudgetLedger, spec: RoundSpec) -> bool:
-    return any(r.round_id == spec.round_id for r in ledger.records(spec.run_id))
-
-
 def _inner_update(call_next, msg: Message, context: Context, keys: list[str],
                   received: list[np.ndarray]) -> list[np.ndarray] | None:
     """Run the inner handler and return ``returned - received`` in the model's dtypes.
@@ -386,7 +382,7 @@ class _Outcome:
 def _filtered_release(ledger: BudgetLedger, device: DeviceConfig, spec: RoundSpec, msg: Message,
                       context: Context, call_next, keys: list[str], received: list[np.ndarray]) -> _Outcome | None:
     """Train, filter, spend durably and noise one round; ``None`` if the round was answered before."""
-    if _already_released(ledger, spec):
+    if ledger.has_release(spec.run_id, spec.round_id):
         return None
     # Always train, whatever the budget: a noise-only reply must take as long as a real one.
     update = _inner_update(call_next, msg, context, keys, received)

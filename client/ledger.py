@@ -250,6 +250,11 @@ class BudgetLedger:
                                   (run_id,) if run_id else ()).fetchall()
         return [SpendRecord(*r[:9], _floats(r[9]), _floats(r[10]), _floats(r[11]), r[12]) for r in rows]
 
+    def has_release(self, run_id: str, round_id: int) -> bool:
+        """Whether this (run, round) was already answered (one indexed lookup)."""
+        return self._conn.execute(
+            "SELECT 1 FROM spends WHERE run_id=? AND round_id=?", (run_id, int(round_id))).fetchone() is not None
+
     def recomputed_state(self) -> np.ndarray:
         """Every charge re-added from scratch with the filter's rounding (an audit of ``state``)."""
         state = self.filter.initial_state()
