@@ -26,6 +26,7 @@ import torch
 from client.mechanism import add_gaussian_noise, certified_norm, clip_to_norm
 from client.privacy.filters import GaussianFilter, exhausted, make_filter, round_allowance
 from simulations.engine.config import EngineConfig, EngineResult, RoundRecord
+from simulations.engine.norms import clip_rows
 from simulations.engine.seeds import aggregate_noise_rng, client_noise_rng, sampling_rng
 from simulations.engine.updates import Layout, PerExampleGradients, local_seed, local_sgd_update
 from simulations.tasks.training import evaluate, get_weights, set_weights
@@ -156,14 +157,20 @@ class Engine:
     def _clip_rows(self, updates: np.ndarray, allowance: np.ndarray) -> np.ndarray:
         """Clip each row to its allowance in place with the device's own functions; certified norms."""
         norms = np.zeros(len(updates))
+        bad = ~np.all(np.isfinite(updates), axis=1)
+        updates[bad] = 0.0  # client.flower_mod: a non-finite update is released as a zero update
+        if self.config.norms == "vectorised":
+            return clip_rows(updates, allowance)
+        # certified_norm casts each array to float64 first; handing it float64 views of a reused
+        # buffer holding the very same values gives the same result without a large allocation
+        # (and page faults) per client.
+        row64 = np.empty(self.layout.dim, dtype=np.float64)
+        views64 = self.layout.views(row64)
         for j in range(len(updates)):
-            views = self.layout.views(updates[j])
-            if not np.all(np.isfinite(updates[j])):  # client.flower_mod: a non-finite update becomes zero
-                updates[j] = 0.0
-                views = self.layout.views(updates[j])
-            norm = certified_norm(views)
+            np.copyto(row64, updates[j])
+            norm = certified_norm(views64)
             if norm > allowance[j]:
-                clipped, norm = clip_to_norm(views, float(allowance[j]))
+                clipped, norm = clip_to_norm(self.layout.views(updates[j]), float(allowance[j]))
                 updates[j] = self.layout.flatten(clipped)
             norms[j] = norm
         return norms

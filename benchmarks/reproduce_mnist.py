@@ -1,0 +1,150 @@
+"""Reproduce papers/004 Section 5.1 (MNIST, private GD with and without filtering) on the engine.
+
+Each (eps, regime, variant, trial) cell is one run of Algorithm 7 whose first k steps are
+Algorithm 6 (``simulations.reproduce.private_gd``). Results are appended, one JSON line per cell
+and trial, to ``--out``; cells already there are skipped, so a killed run resumes where it was.
+
+    nice -n 10 python benchmarks/reproduce_mnist.py --cells 0.3:tuned:paper --trials 1 \
+        > reproduce_mnist.log 2>&1 &
+    python benchmarks/reproduce_mnist.py --table
+
+``--cells`` takes ``eps:regime:variant`` items (``all`` for every cell, in priority order);
+``--n-train`` runs on the first N training images (smoke tests).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from simulations.reproduce.mnist_gd import EPSILONS, PAPER_TABLES, REGIMES, VARIANTS  # noqa: E402
+
+# Priority (the machine is small): eps = 0.3 first -- the paper's three regimes, then the two
+# Gaussian-DP columns of the tuned regime -- then eps = 0.5 and 1.0 the same way, then the rest.
+ALL_CELLS = [(0.3, r, "paper") for r in REGIMES] + [(0.3, "tuned", "gdp-steps"), (0.3, "tuned", "gdp-noise")]
+for _e in (0.5, 1.0):
+    ALL_CELLS += [(_e, r, "paper") for r in REGIMES] + [(_e, "tuned", "gdp-steps"), (_e, "tuned", "gdp-noise")]
+ALL_CELLS += [(e, r, v) for e in EPSILONS for r in ("subopt-clip", "subopt-noise") for v in ("gdp-steps", "gdp-noise")]
+
+
+def parse_cells(items: list[str]) -> list[tuple[float, str, str]]:
+    if items == ["all"]:
+        return ALL_CELLS
+    cells, problems = [], []
+    for item in items:
+        parts = item.split(":")
+        try:
+            eps, regime, variant = float(parts[0]), parts[1], parts[2]
+        except (ValueError, IndexError):
+            problems.append(f"{item!r} is not eps:regime:variant")
+            continue
+        if eps not in EPSILONS or regime not in REGIMES or variant not in VARIANTS:
+            problems.append(f"{item!r}: eps in {EPSILONS}, regime in {REGIMES}, variant in {VARIANTS}")
+            continue
+        cells.append((eps, regime, variant))
+    if problems:
+        raise SystemExit("bad --cells: " + "; ".join(problems))
+    return cells
+
+
+def done_keys(path: Path) -> set[tuple]:
+    keys = set()
+    if path.exists():
+        for line in path.read_text().splitlines():
+            if line.strip():
+                r = json.loads(line)
+                s = r["setting"]
+                keys.add((s["epsilon"], s["regime"], s["variant"], r["trial"], r["n_train"]))
+    return keys
+
+
+def machine() -> str:
+    import torch
+
+    return (f"{platform.node()} {platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__} "
+            f"({torch.get_num_threads()} threads), python {platform.python_version()}")
+
+
+def run(args) -> None:
+    import torch
+
+    from simulations.reproduce.mnist_gd import mnist_task, setting
+    from simulations.reproduce.private_gd import run_cell
+
+    torch.set_num_threads(args.threads)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    task = mnist_task(args.n_train, args.activation)
+    n = task.num_clients
+    done = done_keys(out)
+    print(f"machine: {machine()}", flush=True)
+    for eps, regime, variant in parse_cells(args.cells):
+        for trial in range(args.trials):
+            if (eps, regime, variant, trial, n) in done:
+                print(f"skip {eps} {regime} {variant} trial {trial}: already in {out}", flush=True)
+                continue
+            s = setting(eps, regime, variant)
+            print(f"=== eps={eps} {regime} {variant} trial {trial}: sigma={s.sigma:.6g} C={s.clip:g} "
+                  f"eta={s.eta:g} k={s.k} B_norm={s.b_norm:g} filter={s.filter_kind}@eps={s.filter_epsilon!r} "
+                  f"steps={s.k + s.extra_steps} n={n}", flush=True)
+            t0 = time.time()
+            result = run_cell(s, task, trial=trial, seed=args.seed + trial, chunk_size=args.chunk_size,
+                              log=lambda m, t0=t0: print(f"  [{time.time() - t0:7.0f}s] {m}", flush=True))
+            row = {**result.__dict__, "activation": args.activation, "machine": machine(),
+                   "finished_at": time.strftime("%Y-%m-%d %H:%M:%S")}
+            with out.open("a") as f:
+                f.write(json.dumps(row) + "\n")
+            print(f"=== done: GD {result.gd_test_accuracy:.4f}, filtered {result.filtered_test_accuracy:.4f} "
+                  f"(step {result.chosen_step}), {result.seconds:.0f} s", flush=True)
+
+
+def table(args) -> str:
+    """Markdown tables of the JSONL results beside papers/004 Section 5.1's."""
+    import numpy as np
+
+    rows = [json.loads(l) for l in Path(args.out).read_text().splitlines() if l.strip()]
+    lines = []
+    fmt = lambda v: "-" if not v else (f"{100 * np.mean(v):.2f}" + (f" ± {100 * np.std(v):.2f}" if len(v) > 1 else "") + f" (n={len(v)})")
+    for regime in REGIMES:
+        lines += [f"\n**{regime}** (papers/004 Section 5.1 table '{regime}'; test accuracy %, mean ± std over trials)\n",
+                  "| eps | paper: GD | paper: GD + filter | ours: GD | ours: GD + filter | GDP filter, paper's sigma (a): GD / + filter | GDP filter, paper's k (b): GD / + filter |",
+                  "|---|---|---|---|---|---|---|"]
+        for eps in EPSILONS:
+            (g, gs), (f, fs) = PAPER_TABLES[regime][eps]
+            pick = lambda v, key: [r[key] for r in rows if r["setting"]["epsilon"] == eps and r["setting"]["regime"] == regime
+                                   and r["setting"]["variant"] == v and r["n_train"] == args.n_table]
+            cols = [fmt(pick("paper", "gd_test_accuracy")), fmt(pick("paper", "filtered_test_accuracy"))]
+            for v in ("gdp-noise", "gdp-steps"):
+                cols.append(f"{fmt(pick(v, 'gd_test_accuracy'))} / {fmt(pick(v, 'filtered_test_accuracy'))}")
+            lines.append(f"| {eps} | {g:.2f} ± {gs:.2f} | {f:.2f} ± {fs:.2f} | " + " | ".join(cols) + " |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--cells", nargs="+", default=["0.3:tuned:paper"])
+    p.add_argument("--trials", type=int, default=1)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--n-train", type=int, default=None)
+    p.add_argument("--activation", default="relu", choices=("relu", "tanh"))
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--chunk-size", type=int, default=2048)
+    p.add_argument("--out", default="simulations/reproduce/results/mnist.jsonl")
+    p.add_argument("--table", action="store_true", help="print the tables from --out and exit")
+    p.add_argument("--n-table", type=int, default=60000, help="training-set size of the rows to tabulate")
+    args = p.parse_args(argv)
+    if args.table:
+        print(table(args))
+    else:
+        run(args)
+
+
+if __name__ == "__main__":
+    main()
