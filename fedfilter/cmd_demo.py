@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-# Demo defaults, chosen (docs/results_flower.md) so that with 10 clients x 5 rounds on digits some
+# Demo defaults, chosen (docs/results.md) so that with 10 clients x 5 rounds on digits some
 # clients run out of budget while the accuracy of the global model visibly rises.
 DEFAULTS = {
     "noise_multiplier": 0.5,  # sigma; also the devices' minimum (ClientPolicy default)
