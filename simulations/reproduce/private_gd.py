@@ -161,7 +161,10 @@ def engine_config(setting: GDSetting, *, n: int, seed: int, chunk_size: int = 20
         client_mode="single-example", epsilon=setting.filter_epsilon, delta=setting.delta,
         filter_kind=setting.filter_kind, noise_multiplier=setting.sigma, clip=setting.clip,
         placement="distributed", min_reports=n, after_exhaustion="noise-only", noise_draw="aggregate",
-        rounds=steps, lr=1.0, server_lr=setting.eta, seed=seed, run_id=f"gd-{setting.epsilon}-{setting.regime}-{setting.variant}",
+        rounds=steps, lr=1.0, server_lr=setting.eta, seed=seed,
+        # One run id for every setting: a seed gives every variant the same standard normal draws
+        # (common random numbers), and Algorithm 6 the very noise of Algorithm 7's first k steps.
+        run_id="private-gd",
         eval_every=10 ** 9, group_by="none", chunk_size=chunk_size, norms=norms)
 
 
