@@ -27,6 +27,23 @@ def _dropout(args: argparse.Namespace) -> int:
     return 0
 
 
+def _report(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    from simulations.study.report import write_outputs
+
+    path = Path(args.out) / "results.json"
+    if not path.is_file():
+        raise ValueError(f"--out {args.out!r} holds no results.json (run 'fedfilter study dropout' first).")
+    results = json.loads(path.read_text(encoding="utf-8"))
+    if not results.get("runs"):
+        raise ValueError(f"{str(path)!r} has no finished runs yet.")
+    write_outputs(results, args.out)
+    print(f"wrote {args.out}/report.md and plots from {len(results['runs'])} runs", file=sys.stderr)
+    return 0
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("study", help="studies of how clients drop out (vectorised engine)")
     studies = p.add_subparsers(dest="study", required=True)
@@ -41,3 +58,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     d.add_argument("--dry-run", action="store_true", help="check the config and list the runs, run nothing")
     d.add_argument("--no-progress", action="store_true", help="no progress bar")
     d.set_defaults(func=_dropout)
+
+    r = studies.add_parser(
+        "report", help="redraw report.md and the plots from OUT/results.json (e.g. of a study stopped early)")
+    r.add_argument("--out", required=True, help="folder holding results.json")
+    r.set_defaults(func=_report)

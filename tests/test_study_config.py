@@ -140,8 +140,12 @@ def test_invalid_toml_and_missing_tables():
 
 def test_min_reports_must_be_reachable():
     text = GOOD.replace("min_reports = 4", "min_reports = 30")  # 0.5 x 20 femnist clients = 10 asked
-    with pytest.raises(StudyConfigError, match=r"min_reports = 30 exceeds .*\[data.fem\]"):
+    with pytest.raises(StudyConfigError, match=r"min_reports = 30 exceeds the 10 clients .*\[data.fem\]"):
         parse_study(text)
+    # a data set may ask a larger share of its clients than [federation].fraction
+    text = text.replace('task = "femnist"', 'task = "femnist"\nfraction = 1.0').replace(
+        "num_clients = 20", "num_clients = 40").replace("num_clients = 50", "num_clients = 60")
+    assert parse_study(text).data["fem"].fraction == 1.0
 
 
 def test_budgets_follow_the_stated_distributions():

@@ -120,3 +120,12 @@ def test_report_and_plots_are_written(study):
     assert 'name = "tiny"' in report  # the config echoed verbatim
     assert "Disparate Impact" in report
     assert report.count("<details>") == len(results["runs"])
+
+
+def test_report_can_be_redrawn_from_results_json(study):
+    from fedfilter.cli import main
+
+    out, _, _ = study
+    (out / "report.md").unlink()
+    assert main(["study", "report", "--out", str(out)]) == 0
+    assert "## Runs" in (out / "report.md").read_text()

@@ -47,7 +47,8 @@ GROUPINGS = ("label", "size")  # label: class of a client's majority label; size
 
 STUDY_KEYS = {"name", "description", "rounds", "seeds", "filter", "delta", "eval_every", "budget_grid"}
 SWEEP_KEYS = ("budget_level", "heterogeneity", "after_exhaustion", "noise", "data")
-DATA_KEYS = {"task", "partition", "alpha", "num_clients", "partition_seed", "groups"}
+DATA_KEYS = {"task", "partition", "alpha", "num_clients", "partition_seed", "groups",
+             "max_examples_per_client", "max_test_examples", "fraction"}
 # [federation] keys and their checks; passed to simulations.engine.EngineConfig under the same names.
 FEDERATION_KEYS: dict[str, tuple[type, str]] = {
     "noise_multiplier": (float, "positive"),
@@ -120,11 +121,22 @@ class DataSpec:
     alpha: float = 0.5
     partition_seed: int = 0
     groups: str = "label"  # see GROUPINGS
+    max_examples_per_client: int | None = None  # random subset of each client's training data
+    max_test_examples: int | None = None  # random subset of the test set
+    fraction: float | None = None  # share of clients asked per round; None: [federation].fraction
 
     def describe(self) -> str:
         split = {"iid": "IID", "dirichlet": f"label-Dirichlet alpha={_g(self.alpha)}",
                  "natural": "natural per-user split"}[self.partition]
-        return f"{self.task}, {split}, {self.num_clients} clients (groups by {self.groups})"
+        caps = []
+        if self.max_examples_per_client:
+            caps.append(f"at most {self.max_examples_per_client} training examples per client")
+        if self.max_test_examples:
+            caps.append(f"{self.max_test_examples} test examples")
+        if self.fraction is not None:
+            caps.insert(0, f"{self.fraction:g} of them asked per round")
+        extra = f"; {', '.join(caps)} (random subsets)" if caps else ""
+        return f"{self.task}, {split}, {self.num_clients} clients (groups by {self.groups}){extra}"
 
 
 @dataclass(frozen=True)
@@ -352,13 +364,25 @@ def _check_data(c: _Checker, name: str, t) -> DataSpec | None:
     c.number(f"{key}.alpha", alpha, kind="positive")
     c.number(f"{key}.partition_seed", t.get("partition_seed", 0), kind="nonneg", integer=True)
     ok &= len(c.problems) == before
+    caps = {}
+    for k in ("max_examples_per_client", "max_test_examples"):
+        if k in t:
+            before = len(c.problems)
+            c.number(f"{key}.{k}", t[k], kind="positive", integer=True)
+            ok &= len(c.problems) == before
+            caps[k] = t[k]
+    if "fraction" in t:
+        before = len(c.problems)
+        c.number(f"{key}.fraction", t["fraction"], kind="fraction")
+        ok &= len(c.problems) == before
+        caps["fraction"] = float(t["fraction"]) if _is_num(t["fraction"]) else t["fraction"]
     groups = t.get("groups", "label" if task in LABEL_TASKS else "size")
     if groups not in GROUPINGS:
         c.bad(f"{key}.groups", groups, f"one of {', '.join(GROUPINGS)}")
         ok = False
     if not ok:
         return None
-    return DataSpec(name, task, part, int(n), float(alpha), int(t.get("partition_seed", 0)), groups)
+    return DataSpec(name, task, part, int(n), float(alpha), int(t.get("partition_seed", 0)), groups, **caps)
 
 
 def _check_sweep(c: _Checker, t: dict, hets: dict, datas: dict) -> dict:
@@ -414,17 +438,21 @@ def parse_study(text: str, source: str = "<config>") -> StudyConfig:
 
     # Cross-checks: distributed noise needs min_reports >= 2 to mean anything, and a round with fewer
     # than min_reports reports is dropped: it must be reachable with the clients asked per round.
-    m, frac = federation.get("min_reports"), federation.get("fraction")
+    m = federation.get("min_reports")
     if "distributed" in sweep.get("noise", []) and _is_int(m) and m < 2:
         c.problems.append(f"federation.min_reports must be >= 2 when sweep.noise includes 'distributed' "
                           f"(each client adds 1/sqrt(min_reports) of the noise). Found {m!r}.")
-    if _is_int(m) and _is_num(frac) and 0 < frac <= 1:
+    if _is_int(m) and "distributed" in sweep.get("noise", []):
         for name in sweep.get("data", []):
             d = datas.get(name) if isinstance(name, str) else None
-            if d is not None and m > math.floor(frac * d.num_clients):
+            frac = federation.get("fraction") if d is None or d.fraction is None else d.fraction
+            if d is None or not (_is_num(frac) and 0 < frac <= 1):
+                continue
+            asked = max(1, math.ceil(frac * d.num_clients))  # the engine asks ceil(fraction * n)
+            if m > asked:
                 c.problems.append(
-                    f"federation.min_reports = {m} exceeds the clients asked per round for [data.{name}] "
-                    f"(fraction {frac:g} of {d.num_clients} = {frac * d.num_clients:g}): every round would "
+                    f"federation.min_reports = {m} exceeds the {asked} clients asked per round for "
+                    f"[data.{name}] (fraction {frac:g} of {d.num_clients}): every distributed round would "
                     f"be dropped. Found min_reports = {m!r}.")
     if c.problems:
         raise StudyConfigError(source, c.problems)

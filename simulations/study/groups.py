@@ -76,9 +76,16 @@ class Grouping:
         return out
 
 
-def make_grouping(kind: str, train_data: list[tuple[np.ndarray, np.ndarray]], num_classes: int) -> Grouping:
-    """The grouping ``kind`` (``label`` or ``size``) of a task's clients."""
+def make_grouping(kind: str, train_data: list[tuple[np.ndarray, np.ndarray]], num_classes: int,
+                  full_sizes=None) -> Grouping:
+    """The grouping ``kind`` (``label`` or ``size``) of a task's clients.
+
+    ``full_sizes``: each client's number of training examples before any cap on what the study
+    trains on (``max_examples_per_client``); the ``size`` quartiles are of these, since a writer's
+    volume of data is what characterises it.
+    """
     sizes = np.array([len(y) for _, y in train_data], dtype=np.float64)
+    volume = sizes if full_sizes is None else np.asarray(full_sizes, dtype=np.float64)
     if kind == "label":
         w = np.zeros((len(train_data), num_classes))
         for i, (_, y) in enumerate(train_data):
@@ -88,14 +95,14 @@ def make_grouping(kind: str, train_data: list[tuple[np.ndarray, np.ndarray]], nu
         return Grouping("label", names, w[:, keep], sizes)
     if kind != "size":
         raise ValueError(f"grouping must be 'label' or 'size'. Found {kind!r}.")
-    n_groups = int(min(4, len(np.unique(sizes))))
-    edges = np.quantile(sizes, np.linspace(0, 1, n_groups + 1)[1:-1]) if n_groups > 1 else np.array([])
-    which = np.searchsorted(edges, sizes, side="right")
+    n_groups = int(min(4, len(np.unique(volume))))
+    edges = np.quantile(volume, np.linspace(0, 1, n_groups + 1)[1:-1]) if n_groups > 1 else np.array([])
+    which = np.searchsorted(edges, volume, side="right")
     names, cols = [], []
     for g in range(n_groups):
         sel = which == g
         if not sel.any():
             continue
-        names.append(f"Q{g + 1} ({int(sizes[sel].min())}-{int(sizes[sel].max())} examples)")
+        names.append(f"Q{g + 1} ({int(volume[sel].min())}-{int(volume[sel].max())} examples)")
         cols.append(sel.astype(np.float64))
     return Grouping("size", names, np.stack(cols, axis=1), sizes)

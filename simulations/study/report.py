@@ -105,6 +105,11 @@ def write_report(results: dict, out: Path, figures: list[Path]) -> Path:
         f"filter `{results['filter']}` at delta = {results['delta']:g}; "
         f"{results['seconds']:.0f} s in total. Raw numbers: `results.json`.",
         "",
+    ]
+    planned = results.get("runs_planned", len(runs))
+    if planned > len(runs):
+        lines += [f"**Partial: {len(runs)} of the {planned} planned runs finished.**", ""]
+    lines += [
         "## What was swept",
         "",
         "| setting | values |",

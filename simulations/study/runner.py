@@ -27,11 +27,34 @@ RESULTS_SCHEMA = "fedfilter.study.dropout.v1"
 
 
 def _load_task(spec: DataSpec):
+    """The task of a ``[data.X]`` table, with its optional random caps on client and test data.
+
+    Also returns every client's number of training examples before the cap.
+    """
+    from dataclasses import replace
+
     from simulations.tasks.registry import load_task
 
-    return load_task(spec.task, num_clients=spec.num_clients,
+    task = load_task(spec.task, num_clients=spec.num_clients,
                      partition="iid" if spec.partition == "natural" else spec.partition,
                      alpha=spec.alpha, seed=spec.partition_seed)
+    rng = np.random.default_rng([spec.partition_seed, 0x5EED])
+    train, test = task.train_data, task.test_data
+    full_sizes = [len(y) for _, y in train]
+    if spec.max_examples_per_client:
+        cap = spec.max_examples_per_client
+        train = []
+        for x, y in task.train_data:
+            if len(y) > cap:
+                idx = np.sort(rng.choice(len(y), size=cap, replace=False))
+                x, y = np.ascontiguousarray(x[idx]), np.ascontiguousarray(y[idx])
+            train.append((x, y))
+    if spec.max_test_examples and len(test[1]) > spec.max_test_examples:
+        idx = np.sort(rng.choice(len(test[1]), size=spec.max_test_examples, replace=False))
+        test = (np.ascontiguousarray(test[0][idx]), np.ascontiguousarray(test[1][idx]))
+    if train is not task.train_data or test is not task.test_data:
+        task = replace(task, train_data=train, test_data=test)
+    return task, full_sizes
 
 
 def _quantiles(x: np.ndarray) -> dict:
@@ -71,7 +94,8 @@ def run_one(study: StudyConfig, run: RunSpec, task, grouping: Grouping,
         filter_kind=study.filter, placement=run.noise, after_exhaustion=run.after_exhaustion,
         rounds=study.rounds, seed=run.seed, run_id=study.name, eval_every=study.eval_every,
         group_by=grouping.engine_group_by, torch_threads=1,
-        **{k: v for k, v in fed.items()},
+        **{k: v for k, v in fed.items() if not (k == "fraction" and run.data.fraction is not None)},
+        **({"fraction": run.data.fraction} if run.data.fraction is not None else {}),
     )
     engine = Engine(ec, task=task)
     everyone = np.arange(task.num_clients)
@@ -207,8 +231,9 @@ def run_study(study: StudyConfig, out_dir: str | Path, *, progress: bool = True)
         for i, run in enumerate(runs):
             if run.data.name not in tasks:
                 bar.set_postfix_str(f"loading {run.data.name}")
-                task = _load_task(run.data)
-                tasks[run.data.name] = (task, make_grouping(run.data.groups, task.train_data, task.num_classes))
+                task, full_sizes = _load_task(run.data)
+                tasks[run.data.name] = (task, make_grouping(run.data.groups, task.train_data, task.num_classes,
+                                                            full_sizes))
             task, grouping = tasks[run.data.name]
             bar.set_description(f"run {i + 1}/{len(runs)}")
 
@@ -217,9 +242,24 @@ def run_study(study: StudyConfig, out_dir: str | Path, *, progress: bool = True)
                 bar.set_postfix_str(f"{_label} | acc {info['accuracy']:.3f} | contrib {info['contributing']}")
 
             records.append(run_one(study, run, task, grouping, on_round=tick))
+            # Kept up to date after every run, so a long study that stops early keeps what it did.
+            _write_json(out / "results.json", _results(study, records, time.perf_counter() - started))
     finally:
         bar.close()
-    results = {
+    results = _results(study, records, time.perf_counter() - started)
+    _write_json(out / "results.json", results)
+    write_outputs(results, out)
+    return results
+
+
+def _write_json(path: Path, obj: dict) -> None:
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(obj, indent=1) + "\n", encoding="utf-8")
+    tmp.replace(path)
+
+
+def _results(study: StudyConfig, records: list[dict], seconds: float) -> dict:
+    return {
         "schema": RESULTS_SCHEMA,
         "study": study.name,
         "description": study.description,
@@ -232,9 +272,7 @@ def run_study(study: StudyConfig, out_dir: str | Path, *, progress: bool = True)
         "heterogeneity": {k: {"distribution": d.distribution, **d.params, "describe": d.describe()}
                           for k, d in study.heterogeneity.items()},
         "data_sets": {k: {**asdict(d), "describe": d.describe()} for k, d in study.data.items()},
-        "seconds": time.perf_counter() - started,
+        "seconds": seconds,
+        "runs_planned": len(study.runs()),
         "runs": records,
     }
-    (out / "results.json").write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
-    write_outputs(results, out)
-    return results
