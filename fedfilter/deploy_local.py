@@ -498,6 +498,10 @@ class FlowerCluster:
 
     def _env(self, home: Path) -> dict[str, str]:
         env = dict(os.environ)
+        # Flower's processes start their helpers (flower-superexec, flwr-serverapp, flwr-clientapp)
+        # by name: put this interpreter's scripts first on PATH, so a venv works unactivated
+        # (as under `make test`, which calls .venv/bin/python directly).
+        env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
         env["FLWR_HOME"] = str(home)
         env.setdefault("FLWR_TELEMETRY_ENABLED", "0")
         env.setdefault("PYTHONUNBUFFERED", "1")
