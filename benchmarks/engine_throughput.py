@@ -32,7 +32,7 @@ def main(argv=None) -> None:
     p.add_argument("--clients", type=int, default=60000)
     p.add_argument("--steps", type=int, default=2, help="repetitions per mode")
     p.add_argument("--modes", nargs="+", default=["vectorised", "device"], choices=("vectorised", "device"))
-    p.add_argument("--chunk-size", type=int, default=2048)
+    p.add_argument("--chunk-size", type=int, default=512)
     p.add_argument("--threads", type=int, default=2)
     args = p.parse_args(argv)
 

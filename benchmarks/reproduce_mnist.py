@@ -135,7 +135,7 @@ def main(argv=None) -> None:
     p.add_argument("--n-train", type=int, default=None)
     p.add_argument("--activation", default="relu", choices=("relu", "tanh"))
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--chunk-size", type=int, default=2048)
+    p.add_argument("--chunk-size", type=int, default=512)
     p.add_argument("--out", default="simulations/reproduce/results/mnist.jsonl")
     p.add_argument("--table", action="store_true", help="print the tables from --out and exit")
     p.add_argument("--n-table", type=int, default=60000, help="training-set size of the rows to tabulate")

@@ -63,7 +63,7 @@ class PerExampleGradients:
         params = {n: torch.from_numpy(w) for n, w in zip(self.names, weights)}
         grads, _ = self._grads(params, x, y)
         flat = torch.cat([grads[n].reshape(len(x), -1) for n in self.names], dim=1)
-        return (flat * (-lr)).numpy() if lr != 1.0 else (-flat).numpy()
+        return (flat.mul_(-lr) if lr != 1.0 else flat.neg_()).numpy()  # in place: no second copy
 
     @torch.no_grad()
     def correct(self, weights: list[np.ndarray], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
