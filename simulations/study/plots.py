@@ -64,8 +64,8 @@ def plot_rounds(results: dict, out: Path) -> list[Path]:
     fig, ax = plt.subplots(1, cols, figsize=(5.2 * cols + 1, 4.2), squeeze=False)
     for j, (name, runs) in enumerate(groups.items()):
         for run, color in zip(runs, _colors(len(runs))):
-            acc = [run["initial_accuracy"]] + run["accuracy_per_round"]
-            ax[0, j].plot(np.arange(len(acc)), acc, color=color, label=_short(run))
+            r, acc = _evaluated(run, [run["initial_accuracy"]] + run["accuracy_per_round"])
+            ax[0, j].plot(r, acc, color=color, marker=".", label=_short(run))
         ax[0, j].set_title(f"{name}: test accuracy")
         ax[0, j].set_xlabel("round (0 = initial model)")
         ax[0, j].set_ylabel("accuracy")
@@ -76,6 +76,14 @@ def plot_rounds(results: dict, out: Path) -> list[Path]:
     fig.savefig(paths[-1], dpi=100)
     plt.close(fig)
     return paths
+
+
+def _evaluated(run: dict, values: list) -> tuple[np.ndarray, np.ndarray]:
+    """Rounds (0 = initial model) at which the model was evaluated, and ``values`` there."""
+    flags = [True] + list(run.get("accuracy_evaluated_per_round", [True] * (len(values) - 1)))
+    rounds = np.array([r for r, f in enumerate(flags) if f])
+    vals = np.array([np.nan if values[r] is None else values[r] for r in rounds], dtype=np.float64)
+    return rounds, vals
 
 
 def plot_groups(results: dict, out: Path) -> list[Path]:
@@ -93,9 +101,8 @@ def plot_groups(results: dict, out: Path) -> list[Path]:
                 rec = run["groups"]["per_group"][g]
                 share = [rec["initial_share_with_budget"]] + rec["share_with_budget_per_round"]
                 a_share.plot(np.arange(len(share)), share, color=color, label=g)
-                acc = [rec["initial_accuracy"]] + rec["accuracy_per_round"]
-                acc = [np.nan if a is None else a for a in acc]
-                a_acc.plot(np.arange(len(acc)), acc, color=color, label=g)
+                r, acc = _evaluated(run, [rec["initial_accuracy"]] + rec["accuracy_per_round"])
+                a_acc.plot(r, acc, color=color, marker="." if len(r) < 15 else None, label=g)
             a_share.set_title(_short(run), fontsize=8)
             a_share.set_ylim(-0.02, 1.02)
             a_acc.set_ylim(-0.02, 1.02)
@@ -110,7 +117,7 @@ def plot_groups(results: dict, out: Path) -> list[Path]:
         kind = runs[0]["groups"]["kind"]
         what = "class (share of its training examples)" if kind == "label" else "data-size quartile of clients"
         fig.suptitle(f"{name}: drop-out and accuracy per {what}", fontsize=10)
-        fig.tight_layout()
+        fig.tight_layout(rect=(0, 0, 1, 1 - 0.3 / (2 * rows * 3.1)))
         paths.append(out / f"groups_{slug(name)}.png")
         fig.savefig(paths[-1], dpi=90)
         plt.close(fig)
