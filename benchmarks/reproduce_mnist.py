@@ -87,6 +87,7 @@ def run(args) -> None:
     print(f"machine: {machine()}", flush=True)
     for eps, regime, variant in parse_cells(args.cells):
         for trial in range(args.trials):
+            done |= done_keys(out)  # another worker may have finished it meanwhile
             if (eps, regime, variant, trial, n) in done:
                 print(f"skip {eps} {regime} {variant} trial {trial}: already in {out}", flush=True)
                 continue
