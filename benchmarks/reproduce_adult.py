@@ -7,8 +7,13 @@
     # 3. the table
     python benchmarks/reproduce_adult.py --table
 
-Every run appends one JSON line (``simulations/reproduce/results/adult_tune.jsonl`` and
-``adult.jsonl``); what is already there is skipped, so a killed run resumes.
+Every run appends one JSON line to ``--results`` (default ``simulations/reproduce/results``:
+``adult_tune.jsonl`` and ``adult.jsonl``); what is already there is skipped, so a killed run resumes.
+``--n-train N`` keeps the first N training rows (of the tune split for ``--tune``, of the training
+set for ``--run``; the validation / test rows stay whole), for smoke runs; give those their own
+``--results`` folder, since ``--table`` tabulates every row it finds:
+
+    python benchmarks/reproduce_adult.py --run --trials 1 --n-train 1000 --results adult_small
 """
 
 from __future__ import annotations
@@ -25,36 +30,46 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from simulations.reproduce.adult_gd import EPSILONS, GRID, PAPER_TABLE, VARIANTS  # noqa: E402
 
-RESULTS = Path("simulations/reproduce/results")
+RESULTS = Path("simulations/reproduce/results")  # the default of --results
 
 
 def _rows(path: Path) -> list[dict]:
     return [json.loads(l) for l in path.read_text().splitlines() if l.strip()] if path.exists() else []
 
 
+def _first(task, n_train: int | None):
+    """The task with only its first ``n_train`` training clients (one row each); all of them if None."""
+    if n_train is None or n_train >= task.num_clients:
+        return task
+    return replace(task, train_data=task.train_data[:n_train], client_ids=task.client_ids[:n_train])
+
+
 def tune(args) -> None:
     from simulations.reproduce.adult_gd import adult_task, setting
     from simulations.reproduce.private_gd import run_cell
 
-    out = RESULTS / "adult_tune.jsonl"
-    done = {(r["epsilon"], r["clip"], r["eta"], r["k"], r["seed"]) for r in _rows(out)}
-    task = adult_task("tune")
+    out = Path(args.results) / "adult_tune.jsonl"
+    full = adult_task("tune")
+    task = _first(full, args.n_train)
+    # Rows written before --n-train existed carry no n_train: they used the whole tune split.
+    done = {(r["epsilon"], r["clip"], r["eta"], r["k"], r["seed"], r.get("n_train", full.num_clients))
+            for r in _rows(out)}
     for eps, clip, eta, k in itertools.product(EPSILONS, GRID["clip"], GRID["eta"], GRID["k"]):
         for seed in range(args.tune_seeds):
-            if (eps, clip, eta, k, seed) in done:
+            if (eps, clip, eta, k, seed, task.num_clients) in done:
                 continue
             s = replace(setting(eps, "paper", clip=clip, eta=eta, k=k), extra_steps=0)
             r = run_cell(s, task, trial=seed, seed=10_000 + seed, chunk_size=args.chunk_size)
             row = {"epsilon": eps, "clip": clip, "eta": eta, "k": k, "sigma": s.sigma, "seed": seed,
-                   "val_accuracy": r.gd_test_accuracy, "seconds": r.seconds}
+                   "val_accuracy": r.gd_test_accuracy, "seconds": r.seconds, "n_train": task.num_clients}
             with out.open("a") as f:
                 f.write(json.dumps(row) + "\n")
             print(json.dumps(row), flush=True)
 
 
-def chosen() -> dict[float, dict]:
-    """Per eps, the grid point with the best mean validation accuracy of private GD."""
-    rows = _rows(RESULTS / "adult_tune.jsonl")
+def chosen(results: Path = RESULTS) -> dict[float, dict]:
+    """Per eps, the grid point with the best mean validation accuracy of private GD in ``results``."""
+    rows = _rows(Path(results) / "adult_tune.jsonl")
     best = {}
     for eps in EPSILONS:
         scores = {}
@@ -71,10 +86,10 @@ def run(args) -> None:
     from simulations.reproduce.adult_gd import adult_task, setting
     from simulations.reproduce.private_gd import run_cell
 
-    out = RESULTS / "adult.jsonl"
-    done = {(r["setting"]["epsilon"], r["setting"]["variant"], r["trial"]) for r in _rows(out)}
-    task = adult_task("full")
-    picks = chosen()
+    out = Path(args.results) / "adult.jsonl"
+    done = {(r["setting"]["epsilon"], r["setting"]["variant"], r["trial"], r["n_train"]) for r in _rows(out)}
+    task = _first(adult_task("full"), args.n_train)
+    picks = chosen(args.results)
     for eps in EPSILONS:
         if eps not in picks:
             print(f"eps={eps}: not tuned yet; run --tune first", flush=True)
@@ -83,7 +98,7 @@ def run(args) -> None:
         for variant in VARIANTS:
             s = setting(eps, variant, **hp)
             for trial in range(args.trials):
-                if (eps, variant, trial) in done:
+                if (eps, variant, trial, task.num_clients) in done:
                     continue
                 r = run_cell(s, task, trial=trial, seed=trial, chunk_size=args.chunk_size)
                 row = {**r.__dict__, "finished_at": time.strftime("%Y-%m-%d %H:%M:%S")}
@@ -96,8 +111,8 @@ def run(args) -> None:
 def table(args) -> str:
     import numpy as np
 
-    rows = _rows(RESULTS / "adult.jsonl")
-    picks = chosen()
+    rows = _rows(Path(args.results) / "adult.jsonl")
+    picks = chosen(args.results)
     fmt = lambda v: "-" if not v else f"{100 * np.mean(v):.2f} ± {100 * np.std(v):.2f} (n={len(v)})"
     lines = ["| eps | C, eta, k (sigma) | paper: GD | paper: GD + filter | ours: GD | ours: GD + filter | "
              "GDP filter, same sigma (a): k / GD / + filter | GDP filter, same k (b): sigma / GD / + filter |",
@@ -127,11 +142,17 @@ def main(argv=None) -> None:
     p.add_argument("--tune-seeds", type=int, default=1)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--chunk-size", type=int, default=32768)
+    p.add_argument("--results", default=str(RESULTS),
+                   help="folder of adult_tune.jsonl and adult.jsonl (default: %(default)s)")
+    p.add_argument("--n-train", type=int, default=None,
+                   help="first N training rows (of the tune split for --tune); default all")
     args = p.parse_args(argv)
+    if args.n_train is not None and args.n_train < 1:
+        p.error("--n-train must be at least 1")
     import torch
 
     torch.set_num_threads(args.threads)
-    RESULTS.mkdir(parents=True, exist_ok=True)
+    Path(args.results).mkdir(parents=True, exist_ok=True)
     if args.tune:
         tune(args)
     if args.run:

@@ -51,7 +51,8 @@ training data: an oracle statistic that no coordinator sees.
 """
 
 
-def _runs_table(runs: list[dict]) -> list[str]:
+def runs_table(runs: list[dict]) -> list[str]:
+    """The markdown lines of report.md's "Runs" table: one row per run record of ``results.json``."""
     lines = [
         "| # | run | clients | epsilon median [min, max] | with budget at end | contributing (last) "
         "| reports seen (last) | first / half exhausted | released | accuracy initial / peak / final "
@@ -144,7 +145,7 @@ def write_report(results: dict, out: Path, figures: list[Path]) -> Path:
               "| key | value |", "|---|---|"]
     for k, v in fed.items():
         lines.append(f"| {k} | {v} |")
-    lines += ["", MODE_NOTES, "## Runs", "", *_runs_table(runs), "", COLUMN_NOTES, "## Figures", ""]
+    lines += ["", MODE_NOTES, "## Runs", "", *runs_table(runs), "", COLUMN_NOTES, "## Figures", ""]
     for p in figures:
         lines += [f"![{p.stem}]({p.name})", ""]
     lines += ["## Per group: who drops first, and that group's accuracy", "", DISPARITY_NOTE]

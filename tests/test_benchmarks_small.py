@@ -1,0 +1,177 @@
+"""Every benchmark script, run as a subprocess at a tiny size: it finishes and its table says sane things.
+
+The sparse-query benchmark has its own (tests/test_sparse_queries.py::test_benchmark_prints_table).
+Sizes are chosen so that the four together take well under a minute on two loaded cores.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "benchmarks"
+
+TINY_STUDY = """
+[study]
+name = "bench-tiny"
+rounds = 4
+seeds = [0]
+delta = 1e-5
+budget_grid = 0
+
+[federation]
+noise_multiplier = 1.0
+clip = 1.0
+fraction = 1.0
+min_reports = 2
+local_epochs = 1
+lr = 0.5
+noise_draw = "aggregate"
+
+[sweep]
+budget_level = [0.5]
+heterogeneity = ["two"]
+after_exhaustion = ["noise-only", "leave"]
+noise = ["distributed"]
+data = ["d"]
+
+[heterogeneity.two]
+distribution = "two-level"
+low = 1.0
+high = 40.0
+share_high = 0.25
+
+[data.d]
+task = "digits"
+partition = "dirichlet"
+alpha = 0.5
+num_clients = 12
+"""
+
+
+def _run(script: str, *args, timeout: float = 120) -> str:
+    proc = subprocess.run([sys.executable, str(BENCH / script), *map(str, args)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"{script} {args} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+    return proc.stdout
+
+
+def _rows(text: str) -> list[list[str]]:
+    """The body rows of every markdown table in ``text`` (header and |---| lines dropped), as cells."""
+    lines = [l for l in text.splitlines() if l.startswith("|")]
+    body = [l for i, l in enumerate(lines)
+            if not set(l) <= set("|-") and not (i + 1 < len(lines) and set(lines[i + 1]) <= set("|-"))]
+    return [[c.strip() for c in l.strip().strip("|").split("|")] for l in body]
+
+
+def _mean_n(cell: str) -> tuple[float, int]:
+    """``'76.52 ± 0.00 (n=1)'`` or ``'18.86 (n=1)'`` -> (76.52, 1)."""
+    m = re.fullmatch(r"(-?\d+\.\d+)(?: ± \d+\.\d+)? \(n=(\d+)\)", cell)
+    assert m, f"not 'mean [± std] (n=N)': {cell!r}"
+    return float(m.group(1)), int(m.group(2))
+
+
+def test_study_dropout_prints_the_runs_table_and_reprints_it_from_results(tmp_path):
+    cfg = tmp_path / "tiny.toml"
+    cfg.write_text(TINY_STUDY)
+    out = tmp_path / "study"
+    text = _run("study_dropout.py", "--config", cfg, "--out", out, "--no-progress")
+    assert text.startswith("machine: ")
+    wall = re.search(r"^wall time: (\d+\.\d) s \(of which (\d+\.\d) s the runs", text, re.M)
+    assert wall and 0 < float(wall.group(2)) <= float(wall.group(1)) + 0.1
+    for name in ("results.json", "report.md"):
+        assert (out / name).is_file()
+
+    rows = _rows(text)
+    assert len(rows) == 2  # one per run: noise-only and leave
+    assert [r[0] for r in rows] == ["1", "2"]
+    results = json.loads((out / "results.json").read_text())
+    assert [r[1] for r in rows] == [run["label"] for run in results["runs"]]
+    for r in rows:
+        assert len(r) == 12 and int(r[2]) == 12  # clients
+        with_budget, contributing, seen = int(r[4]), int(r[5]), int(r[6])
+        assert 0 <= contributing <= seen <= 12 and with_budget <= 12
+        released, rounds = map(int, r[8].split("/"))
+        assert rounds == 4 and 0 <= released <= rounds
+        accs = [float(a) for a in r[9].split(" / ")]
+        assert len(accs) == 3 and all(0.0 <= a <= 1.0 for a in accs)
+        assert accs[1] >= max(accs[0], accs[2])  # peak
+    # Budgets: two-level draws at level 0.5 are 0.5 and 20; nobody spends more than their own.
+    assert [r[3] for r in rows] == ["0.5 [0.5, 20]"] * 2
+    m = re.search(r"^budgets: max share of a budget spent (\d+\.\d+) \(<= 1\); "
+                  r"every client within its budget in (\d+)/(\d+) runs$", text, re.M)
+    assert m and 0 < float(m.group(1)) <= 1.0 + 1e-9 and m.group(2) == m.group(3) == "2"
+
+    again = _run("study_dropout.py", "--from", out)
+    assert again.splitlines()[0] == text.splitlines()[0]  # the machine, recorded beside results.json
+    table = lambda t: t[t.index("study bench-tiny"):]
+    assert table(again) == table(text)  # --from prints the same table, from results.json alone
+
+
+def test_reproduce_mnist_small_cell_and_table(tmp_path):
+    out = tmp_path / "mnist.jsonl"
+    log = _run("reproduce_mnist.py", "--n-train", 300, "--cells", "0.3:subopt-clip:paper", "--out", out,
+               "--threads", 1)
+    assert log.startswith("machine: ") and "=== done: GD" in log
+    (row,) = [json.loads(l) for l in out.read_text().splitlines()]
+    assert row["n_train"] == 300 and row["setting"]["regime"] == "subopt-clip"
+    assert row["max_spent_epsilon"] <= row["setting"]["filter_epsilon"]
+    assert all(0.0 <= a <= 1.0 for a in (row["gd_test_accuracy"], row["filtered_test_accuracy"]))
+
+    text = _run("reproduce_mnist.py", "--table", "--n-table", 300, "--out", out)
+    rows = _rows(text)
+    assert len(rows) == 9  # 3 regimes x 3 eps
+    filled = [r for r in rows if r[3] != "-"]
+    assert len(filled) == 1 and filled[0][0] == "0.3"
+    assert text.index("**subopt-clip**") < text.index(filled[0][3]) < text.index("**subopt-noise**")
+    gd, n = _mean_n(filled[0][3])
+    assert n == 1 and 0.0 <= gd <= 100.0 and abs(gd - 100 * row["gd_test_accuracy"]) < 0.006
+    assert abs(_mean_n(filled[0][4])[0] - 100 * row["filtered_test_accuracy"]) < 0.006
+    for r in rows:  # the paper's columns are always there
+        assert all(0 < _paper <= 100 for _paper in (float(r[1].split(" ± ")[0]), float(r[2].split(" ± ")[0])))
+
+
+def test_reproduce_adult_small_run_and_table(tmp_path):
+    # Stand-in tuning results: one grid point per eps (k = 3 steps), so --run needs no --tune.
+    tune = [{"epsilon": eps, "clip": 1.0, "eta": 2.0, "k": 3, "sigma": 0.0, "seed": 0, "val_accuracy": 0.8,
+             "seconds": 0.0} for eps in (0.3, 0.5, 1.2)]
+    (tmp_path / "adult_tune.jsonl").write_text("".join(json.dumps(r) + "\n" for r in tune))
+    log = _run("reproduce_adult.py", "--run", "--trials", 1, "--n-train", 1000, "--results", tmp_path)
+    assert log.count(" trial 0: GD ") == 9  # 3 eps x 3 variants
+    runs = [json.loads(l) for l in (tmp_path / "adult.jsonl").read_text().splitlines()]
+    assert len(runs) == 9
+    for r in runs:
+        assert r["n_train"] == 1000 and r["setting"]["k"] >= 3
+        assert r["max_spent_epsilon"] <= r["setting"]["filter_epsilon"]
+        assert 0.0 <= r["gd_test_accuracy"] <= 1.0 and 0.0 <= r["filtered_test_accuracy"] <= 1.0
+
+    text = _run("reproduce_adult.py", "--table", "--results", tmp_path)
+    rows = _rows(text)
+    assert [r[0] for r in rows] == ["0.3", "0.5", "1.2"]
+    for r in rows:
+        m = re.fullmatch(r"1, 2, 3 \((\d+\.\d)\)", r[1])
+        assert m and float(m.group(1)) > 0  # the chosen (C, eta, k) and its sigma
+        for cell in (r[4], r[5]):
+            acc, n = _mean_n(cell)
+            assert n == 1 and 0.0 <= acc <= 100.0
+        k_a, gd_a, f_a = r[6].split(" / ")
+        assert int(k_a) >= 3 and all(0.0 <= _mean_n(c)[0] <= 100.0 for c in (gd_a, f_a))
+        sigma_b, gd_b, f_b = r[7].split(" / ")
+        assert float(sigma_b) > 0 and all(0.0 <= _mean_n(c)[0] <= 100.0 for c in (gd_b, f_b))
+
+
+def test_engine_throughput_small():
+    text = _run("engine_throughput.py", "--clients", 300, "--steps", 1, "--threads", 1, "--chunk-size", 128)
+    assert re.search(r"^machine: .*; 300 clients, chunk 128, 1 reps$", text, re.M)
+    rows = _rows(text)
+    assert [r[0] for r in rows] == ["plain torch.func per-example gradients", "engine step, norms=vectorised",
+                                    "engine step, norms=device"]
+    for r in rows:
+        seconds, per_s, ratio = float(r[1]), float(r[2].replace(",", "")), float(r[3])
+        assert seconds >= 0 and per_s > 0 and ratio > 0
+    assert rows[0][3] == "1.00"
+    assert "(300 contributing)" in text
