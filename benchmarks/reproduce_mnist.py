@@ -111,20 +111,32 @@ def table(args) -> str:
     import numpy as np
 
     rows = [json.loads(l) for l in Path(args.out).read_text().splitlines() if l.strip()]
+    fmt = lambda v: "-" if not v else (f"{100 * np.mean(v):.2f}" + (f" ± {100 * np.std(v):.2f}" if len(v) > 1 else "")
+                                       + f" (n={len(v)})")
+
+    def inside(v, mean, std):  # our mean within the paper's mean ± std
+        return "-" if not v else ("yes" if abs(100 * np.mean(v) - mean) <= std else "no")
+
     lines = []
-    fmt = lambda v: "-" if not v else (f"{100 * np.mean(v):.2f}" + (f" ± {100 * np.std(v):.2f}" if len(v) > 1 else "") + f" (n={len(v)})")
     for regime in REGIMES:
         lines += [f"\n**{regime}** (papers/004 Section 5.1 table '{regime}'; test accuracy %, mean ± std over trials)\n",
-                  "| eps | paper: GD | paper: GD + filter | ours: GD | ours: GD + filter | GDP filter, paper's sigma (a): GD / + filter | GDP filter, paper's k (b): GD / + filter |",
-                  "|---|---|---|---|---|---|---|"]
+                  "| eps | paper: GD | paper: GD + filter | ours: GD | ours: GD + filter | inside paper's mean ± std "
+                  "(GD / + filter) | GDP filter, paper's sigma (a): k / GD / + filter | GDP filter, paper's k (b): "
+                  "sigma / GD / + filter |",
+                  "|---|---|---|---|---|---|---|---|"]
         for eps in EPSILONS:
             (g, gs), (f, fs) = PAPER_TABLES[regime][eps]
-            pick = lambda v, key: [r[key] for r in rows if r["setting"]["epsilon"] == eps and r["setting"]["regime"] == regime
-                                   and r["setting"]["variant"] == v and r["n_train"] == args.n_table]
-            cols = [fmt(pick("paper", "gd_test_accuracy")), fmt(pick("paper", "filtered_test_accuracy"))]
-            for v in ("gdp-noise", "gdp-steps"):
-                cols.append(f"{fmt(pick(v, 'gd_test_accuracy'))} / {fmt(pick(v, 'filtered_test_accuracy'))}")
-            lines.append(f"| {eps} | {g:.2f} ± {gs:.2f} | {f:.2f} ± {fs:.2f} | " + " | ".join(cols) + " |")
+            sel = lambda v: [r for r in rows if r["setting"]["epsilon"] == eps and r["setting"]["regime"] == regime
+                             and r["setting"]["variant"] == v and r["n_train"] == args.n_table]
+            acc = lambda rs, key: [r[key] for r in rs]
+            p, a, b = sel("paper"), sel("gdp-noise"), sel("gdp-steps")
+            gd, fl = acc(p, "gd_test_accuracy"), acc(p, "filtered_test_accuracy")
+            col_a = (f"{a[0]['setting']['k']} / {fmt(acc(a, 'gd_test_accuracy'))} / "
+                     f"{fmt(acc(a, 'filtered_test_accuracy'))}") if a else "-"
+            col_b = (f"{b[0]['setting']['sigma']:.1f} / {fmt(acc(b, 'gd_test_accuracy'))} / "
+                     f"{fmt(acc(b, 'filtered_test_accuracy'))}") if b else "-"
+            lines.append(f"| {eps} | {g:.2f} ± {gs:.2f} | {f:.2f} ± {fs:.2f} | {fmt(gd)} | {fmt(fl)} | "
+                         f"{inside(gd, g, gs)} / {inside(fl, f, fs)} | {col_a} | {col_b} |")
     return "\n".join(lines)
 
 

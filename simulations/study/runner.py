@@ -83,7 +83,7 @@ def _within_budget(study: StudyConfig, eps: np.ndarray, state: np.ndarray) -> bo
 
 def run_one(study: StudyConfig, run: RunSpec, task, grouping: Grouping,
             on_round: Callable[[dict], object] | None = None) -> dict:
-    """One run of the sweep; returns its JSON-ready record (see ``docs/results_study.md``)."""
+    """One run of the sweep; returns its JSON-ready record (see ``docs/results.md``)."""
     from simulations.engine import Engine, EngineConfig
 
     started = time.perf_counter()
