@@ -12,45 +12,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tiny_study import TINY_STUDY
+
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks"
-
-TINY_STUDY = """
-[study]
-name = "bench-tiny"
-rounds = 4
-seeds = [0]
-delta = 1e-5
-budget_grid = 0
-
-[federation]
-noise_multiplier = 1.0
-clip = 1.0
-fraction = 1.0
-min_reports = 2
-local_epochs = 1
-lr = 0.5
-noise_draw = "aggregate"
-
-[sweep]
-budget_level = [0.5]
-heterogeneity = ["two"]
-after_exhaustion = ["noise-only", "leave"]
-noise = ["distributed"]
-data = ["d"]
-
-[heterogeneity.two]
-distribution = "two-level"
-low = 1.0
-high = 40.0
-share_high = 0.25
-
-[data.d]
-task = "digits"
-partition = "dirichlet"
-alpha = 0.5
-num_clients = 12
-"""
 
 
 def _run(script: str, *args, timeout: float = 120) -> str:

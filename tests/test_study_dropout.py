@@ -7,50 +7,14 @@ import sys
 import pytest
 
 from client.privacy.filters import make_filter
-
-TINY = """
-[study]
-name = "tiny"
-rounds = 4
-seeds = [0]
-delta = 1e-5
-budget_grid = 0     # budgets exactly as drawn
-
-[federation]
-noise_multiplier = 1.0
-clip = 1.0
-fraction = 1.0
-min_reports = 2
-local_epochs = 1
-lr = 0.5
-noise_draw = "aggregate"
-
-[sweep]
-budget_level = [0.5]
-heterogeneity = ["two"]
-after_exhaustion = ["noise-only", "leave"]
-noise = ["distributed"]
-data = ["d"]
-
-[heterogeneity.two]
-distribution = "two-level"   # most clients run out after a round or two, a few (x 40) keep going
-low = 1.0
-high = 40.0
-share_high = 0.25
-
-[data.d]
-task = "digits"
-partition = "dirichlet"
-alpha = 0.5
-num_clients = 12
-"""
+from tiny_study import TINY_STUDY
 
 
 @pytest.fixture(scope="module")
 def study(tmp_path_factory):
     out = tmp_path_factory.mktemp("study")
     cfg = out / "tiny.toml"
-    cfg.write_text(TINY)
+    cfg.write_text(TINY_STUDY)
     proc = subprocess.run([sys.executable, "-m", "fedfilter", "study", "dropout", "--config", str(cfg),
                            "--out", str(out)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
