@@ -73,7 +73,7 @@ def test_study_dropout_prints_the_runs_table_and_reprints_it_from_results(tmp_pa
 
     again = _run("study_dropout.py", "--from", out)
     assert again.splitlines()[0] == text.splitlines()[0]  # the machine, recorded beside results.json
-    table = lambda t: t[t.index("study bench-tiny"):]
+    table = lambda t: t[t.index(f"study {results['study']}"):]
     assert table(again) == table(text)  # --from prints the same table, from results.json alone
 
 
