@@ -7,6 +7,7 @@ and trial, to ``--out``; cells already there are skipped, so a killed run resume
     nice -n 10 python benchmarks/reproduce_mnist.py --cells 0.3:tuned:paper --trials 1 \
         > reproduce_mnist.log 2>&1 &
     python benchmarks/reproduce_mnist.py --table
+    python benchmarks/reproduce_mnist.py --plot docs/reproduce_mnist.png
 
 ``--cells`` takes ``eps:regime:variant`` items (``all`` for every cell, in priority order);
 ``--n-train`` runs on the first N training images (smoke tests).
@@ -140,6 +141,53 @@ def table(args) -> str:
     return "\n".join(lines)
 
 
+def plot(args) -> Path:
+    """One PNG: ours against papers/004's mean ± std per cell, and each run's test accuracy at the
+    stopping rule's queries (step k onwards) with the clients still contributing."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    rows = [json.loads(l) for l in Path(args.out).read_text().splitlines() if l.strip()]
+    rows = [r for r in rows if r["n_train"] == args.n_table]
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(13, 4.8))
+    cells = [(e, g) for g in REGIMES for e in EPSILONS]
+    xs = np.arange(len(cells))
+    for off, key, (pi, label, color) in ((-0.2, "gd_test_accuracy", (0, "GD", "tab:blue")),
+                                         (0.2, "filtered_test_accuracy", (1, "GD + filter", "tab:orange"))):
+        mean = [PAPER_TABLES[g][e][pi][0] for e, g in cells]
+        std = [PAPER_TABLES[g][e][pi][1] for e, g in cells]
+        ax.errorbar(xs + off, mean, yerr=std, fmt="_", color=color, capsize=4, alpha=0.6,
+                    label=f"paper: {label} (mean ± std)")
+        for i, (e, g) in enumerate(cells):
+            ours = [100 * r[key] for r in rows if r["setting"]["epsilon"] == e and r["setting"]["regime"] == g
+                    and r["setting"]["variant"] == "paper"]
+            labelled = f"ours: {label}" in ax.get_legend_handles_labels()[1]
+            ax.plot([i + off] * len(ours), ours, "o", color=color, ms=6,
+                    label=None if labelled or not ours else f"ours: {label}")
+    ax.set_xticks(xs, [f"{g}\neps {e}" for e, g in cells], fontsize=6.5)
+    ax.set_ylabel("test accuracy (%)")
+    ax.set_title("papers/004 Section 5.1: MNIST, 60,000 single-example clients")
+    ax.legend(fontsize=7, loc="lower right")
+    for r in rows:
+        s = r["setting"]
+        name = f"eps {s['epsilon']} {s['regime']} {s['variant']}" + (f" #{r['trial']}" if r["trial"] else "")
+        line, = ax2.plot(r["query_steps"], [100 * a for a in r["query_test_accuracy"]], "-o", ms=3, label=name)
+        ax2.plot([r["chosen_step"]], [100 * r["filtered_test_accuracy"]], "*", ms=12, color=line.get_color())
+    ax2.set_xlabel("step (the first query is step k, where private GD stops)")
+    ax2.set_ylabel("test accuracy (%) at each query; star = stopping rule's pick")
+    ax2.set_title("GD with filtering after step k")
+    ax2.legend(fontsize=7)
+    fig.tight_layout()
+    out = Path(args.plot)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--cells", nargs="+", default=["0.3:tuned:paper"])
@@ -152,8 +200,11 @@ def main(argv=None) -> None:
     p.add_argument("--out", default="simulations/reproduce/results/mnist.jsonl")
     p.add_argument("--table", action="store_true", help="print the tables from --out and exit")
     p.add_argument("--n-table", type=int, default=60000, help="training-set size of the rows to tabulate")
+    p.add_argument("--plot", metavar="PNG", help="draw the results of --out into PNG and exit")
     args = p.parse_args(argv)
-    if args.table:
+    if args.plot:
+        print(f"wrote {plot(args)}")
+    elif args.table:
         print(table(args))
     else:
         run(args)

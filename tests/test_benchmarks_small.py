@@ -99,6 +99,10 @@ def test_reproduce_mnist_small_cell_and_table(tmp_path):
     for r in rows:  # the paper's columns are always there
         assert all(0 < _paper <= 100 for _paper in (float(r[1].split(" ± ")[0]), float(r[2].split(" ± ")[0])))
 
+    png = tmp_path / "mnist.png"
+    assert _run("reproduce_mnist.py", "--plot", png, "--n-table", 300, "--out", out).startswith("wrote ")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
 
 def test_reproduce_adult_small_run_and_table(tmp_path):
     # Stand-in tuning results: one grid point per eps (k = 3 steps), so --run needs no --tune.
