@@ -9,6 +9,9 @@ and trial, to ``--out``; cells already there are skipped, so a killed run resume
     python benchmarks/reproduce_mnist.py --table
     python benchmarks/reproduce_mnist.py --plot docs/reproduce_mnist.png
 
+A running cell is checkpointed every ``--checkpoint-every`` steps beside ``--out``
+(``checkpoints/``), so even a cell stopped halfway resumes from its last checkpoint.
+
 ``--cells`` takes ``eps:regime:variant`` items (``all`` for every cell, in priority order);
 ``--n-train`` runs on the first N training images (smoke tests).
 """
@@ -66,6 +69,11 @@ def done_keys(path: Path) -> set[tuple]:
     return keys
 
 
+def checkpoint_path(out: Path, eps: float, regime: str, variant: str, trial: int, n: int, activation: str) -> Path:
+    """Where a cell's checkpoint lives while it runs (beside ``--out``; not tracked by git)."""
+    return out.parent / "checkpoints" / f"{out.stem}_{eps}_{regime}_{variant}_t{trial}_n{n}_{activation}.npz"
+
+
 def machine() -> str:
     import torch
 
@@ -97,12 +105,17 @@ def run(args) -> None:
                   f"eta={s.eta:g} k={s.k} B_norm={s.b_norm:g} filter={s.filter_kind}@eps={s.filter_epsilon!r} "
                   f"steps={s.k + s.extra_steps} n={n}", flush=True)
             t0 = time.time()
+            ckpt = checkpoint_path(out, eps, regime, variant, trial, n, args.activation)
             result = run_cell(s, task, trial=trial, seed=args.seed + trial, chunk_size=args.chunk_size,
+                              checkpoint=ckpt, checkpoint_every=args.checkpoint_every,
                               log=lambda m, t0=t0: print(f"  [{time.time() - t0:7.0f}s] {m}", flush=True))
             row = {**result.__dict__, "activation": args.activation, "machine": machine(),
                    "finished_at": time.strftime("%Y-%m-%d %H:%M:%S")}
             with out.open("a") as f:
                 f.write(json.dumps(row) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+            ckpt.unlink(missing_ok=True)  # the row is on disk: the checkpoint has served
             print(f"=== done: GD {result.gd_test_accuracy:.4f}, filtered {result.filtered_test_accuracy:.4f} "
                   f"(step {result.chosen_step}), {result.seconds:.0f} s", flush=True)
 
@@ -197,6 +210,8 @@ def main(argv=None) -> None:
     p.add_argument("--activation", default="relu", choices=("relu", "tanh"))
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--chunk-size", type=int, default=512)
+    p.add_argument("--checkpoint-every", type=int, default=5,
+                   help="save a running cell every N steps (results/checkpoints/); a restarted run resumes there")
     p.add_argument("--out", default="simulations/reproduce/results/mnist.jsonl")
     p.add_argument("--table", action="store_true", help="print the tables from --out and exit")
     p.add_argument("--n-table", type=int, default=60000, help="training-set size of the rows to tabulate")

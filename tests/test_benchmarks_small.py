@@ -87,6 +87,8 @@ def test_reproduce_mnist_small_cell_and_table(tmp_path):
     assert row["max_spent_epsilon"] <= row["setting"]["filter_epsilon"]
     assert all(0.0 <= a <= 1.0 for a in (row["gd_test_accuracy"], row["filtered_test_accuracy"]))
 
+    assert not list((out.parent / "checkpoints").glob("*.npz"))  # deleted once the row is stored
+
     text = _run("reproduce_mnist.py", "--table", "--n-table", 300, "--out", out)
     rows = _rows(text)
     assert len(rows) == 9  # 3 regimes x 3 eps

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import asdict
 from typing import Callable
 
 import numpy as np
@@ -273,6 +274,34 @@ class Engine:
             correct += int((self._predict(x) == np.asarray(y)).sum())
             total += len(y)
         return correct / total
+
+    # --- checkpoints ----------------------------------------------------------------------------
+    def snapshot(self) -> dict:
+        """Everything a round changes, as arrays and JSON-ready values (``restore`` undoes nothing
+        else: noise generators are derived from (seed, run_id, round_id), the model from weights)."""
+        return {
+            "round_id": self.round_id, "weights": [w.copy() for w in self.weights],
+            "state": self.state.copy(), "run_state": self.run_state.copy(),
+            "exhausted_round": self.exhausted_round.copy(),
+            "records": [asdict(r) for r in self.records], "last_groups": self.last_groups,
+            "sampler": None if self._sampler is None else self._sampler.bit_generator.state,
+        }
+
+    def restore(self, snap: dict) -> None:
+        """Continue from ``snapshot()`` of an engine with the same config and task."""
+        shapes = [tuple(np.shape(w)) for w in snap["weights"]]
+        if shapes != self.layout.shapes or np.shape(snap["state"]) != self.state.shape:
+            raise ValueError(f"snapshot does not fit this engine: weights {shapes} and state "
+                             f"{np.shape(snap['state'])}, expected {self.layout.shapes} and {self.state.shape}.")
+        self.round_id = int(snap["round_id"])
+        self.weights = [np.array(w, dtype=np.float32) for w in snap["weights"]]
+        self.state = np.array(snap["state"], dtype=self.state.dtype)
+        self.run_state = np.array(snap["run_state"], dtype=self.run_state.dtype)
+        self.exhausted_round = np.array(snap["exhausted_round"], dtype=np.int64)
+        self.records = [RoundRecord(**r) for r in snap["records"]]
+        self.last_groups = snap["last_groups"]
+        if snap["sampler"] is not None:
+            self._sampler.bit_generator.state = snap["sampler"]
 
     # --- results --------------------------------------------------------------------------------
     def result(self) -> EngineResult:

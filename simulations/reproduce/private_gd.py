@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -31,6 +32,7 @@ import numpy as np
 from client.privacy import gaussian_dp, zcdp
 from client.privacy.filters import GaussianFilter, make_filter, round_allowance
 from simulations.engine import Engine, EngineConfig
+from simulations.engine.checkpoint import load_checkpoint, save_checkpoint
 from simulations.tasks.registry import Task
 
 QUERIES, QUERY_EVERY = 8, 5  # papers/004 Appendix A
@@ -170,8 +172,15 @@ def engine_config(setting: GDSetting, *, n: int, seed: int, chunk_size: int = 20
 
 def run_cell(setting: GDSetting, task: Task, *, trial: int, seed: int, model_fn=None,
              log: Callable[[str], None] | None = None, chunk_size: int = 2048,
-             norms: str = "vectorised") -> CellResult:
-    """Run Algorithm 7 for ``k + extra_steps`` steps; Algorithm 6's result is its step-``k`` iterate."""
+             norms: str = "vectorised", checkpoint: str | Path | None = None,
+             checkpoint_every: int = 5) -> CellResult:
+    """Run Algorithm 7 for ``k + extra_steps`` steps; Algorithm 6's result is its step-``k`` iterate.
+
+    With ``checkpoint`` (a file path), the run's state is saved there every ``checkpoint_every``
+    steps and a run started with an existing checkpoint of the same cell continues from it, with
+    the same result as an uninterrupted run (the noise of a step depends only on seed and step).
+    The caller deletes the file once the result is stored.
+    """
     started = time.perf_counter()
     n = task.num_clients
     cfg = engine_config(setting, n=n, seed=seed, chunk_size=chunk_size, norms=norms)
@@ -184,7 +193,21 @@ def run_cell(setting: GDSetting, task: Task, *, trial: int, seed: int, model_fn=
     queries: list[tuple[int, float, float, int]] = []
     deficit = 0.0
     last_contributing = n
-    for step in range(1, cfg.rounds + 1):
+    identity = {"setting": asdict(setting), "trial": trial, "seed": seed, "n_train": n,
+                "chunk_size": chunk_size, "norms": norms}
+    first, earlier_seconds = 1, 0.0
+    if checkpoint is not None and Path(checkpoint).exists():
+        snapshot, meta = load_checkpoint(checkpoint)
+        if meta["identity"] != identity:
+            raise ValueError(f"checkpoint {checkpoint} belongs to another run: {meta['identity']}, not {identity}. "
+                             f"Delete it or pass another path.")
+        engine.restore(snapshot)
+        first = engine.round_id + 1
+        queries = [tuple(q) for q in meta["queries"]]
+        deficit, last_contributing, earlier_seconds = meta["deficit"], meta["last_contributing"], meta["seconds"]
+        if log is not None:
+            log(f"resumed from {checkpoint} after step {engine.round_id}")
+    for step in range(first, cfg.rounds + 1):
         if step <= setting.k:
             # Algorithm 6 clips every gradient at exactly C: check the filter agrees before the step.
             allow = engine.allowance(np.arange(n))
@@ -200,10 +223,15 @@ def run_cell(setting: GDSetting, task: Task, *, trial: int, seed: int, model_fn=
             queries.append((step, train_acc, test_acc, last_contributing))
             if log is not None:
                 log(f"query at step {step}: train {train_acc:.4f} test {test_acc:.4f}")
+        if checkpoint is not None and (step % checkpoint_every == 0) and step < cfg.rounds:
+            save_checkpoint(checkpoint, engine.snapshot(), {
+                "identity": identity, "queries": queries, "deficit": deficit,
+                "last_contributing": last_contributing,
+                "seconds": earlier_seconds + time.perf_counter() - started})
     gd = next(q for q in queries if q[0] == setting.k)
     best = max(queries, key=lambda q: (q[1], -q[0]))  # highest train accuracy, earliest on ties
     result = engine.result()
-    seconds = time.perf_counter() - started
+    seconds = earlier_seconds + time.perf_counter() - started
     return CellResult(
         setting=asdict(setting), trial=trial, seed=seed, n_train=n, gd_test_accuracy=gd[2],
         gd_train_accuracy=gd[1], filtered_test_accuracy=best[2], chosen_step=best[0],
