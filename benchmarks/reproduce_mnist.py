@@ -19,6 +19,7 @@ A running cell is checkpointed every ``--checkpoint-every`` steps beside ``--out
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -84,8 +85,7 @@ def machine() -> str:
 def run(args) -> None:
     import torch
 
-    from simulations.reproduce.mnist_gd import mnist_task, setting
-    from simulations.reproduce.private_gd import run_cell
+    from simulations.reproduce.mnist_gd import mnist_task
 
     torch.set_num_threads(args.threads)
     out = Path(args.out)
@@ -96,28 +96,54 @@ def run(args) -> None:
     print(f"machine: {machine()}", flush=True)
     for eps, regime, variant in parse_cells(args.cells):
         for trial in range(args.trials):
-            done |= done_keys(out)  # another worker may have finished it meanwhile
-            if (eps, regime, variant, trial, n) in done:
-                print(f"skip {eps} {regime} {variant} trial {trial}: already in {out}", flush=True)
-                continue
-            s = setting(eps, regime, variant)
-            print(f"=== eps={eps} {regime} {variant} trial {trial}: sigma={s.sigma:.6g} C={s.clip:g} "
-                  f"eta={s.eta:g} k={s.k} B_norm={s.b_norm:g} filter={s.filter_kind}@eps={s.filter_epsilon!r} "
-                  f"steps={s.k + s.extra_steps} n={n}", flush=True)
-            t0 = time.time()
             ckpt = checkpoint_path(out, eps, regime, variant, trial, n, args.activation)
-            result = run_cell(s, task, trial=trial, seed=args.seed + trial, chunk_size=args.chunk_size,
-                              checkpoint=ckpt, checkpoint_every=args.checkpoint_every,
-                              log=lambda m, t0=t0: print(f"  [{time.time() - t0:7.0f}s] {m}", flush=True))
-            row = {**result.__dict__, "activation": args.activation, "machine": machine(),
-                   "finished_at": time.strftime("%Y-%m-%d %H:%M:%S")}
-            with out.open("a") as f:
-                f.write(json.dumps(row) + "\n")
-                f.flush()
-                os.fsync(f.fileno())
-            ckpt.unlink(missing_ok=True)  # the row is on disk: the checkpoint has served
-            print(f"=== done: GD {result.gd_test_accuracy:.4f}, filtered {result.filtered_test_accuracy:.4f} "
-                  f"(step {result.chosen_step}), {result.seconds:.0f} s", flush=True)
+            with cell_lock(ckpt) as mine:
+                done |= done_keys(out)  # another worker may have finished it meanwhile
+                if not mine:
+                    print(f"skip {eps} {regime} {variant} trial {trial}: running in another process", flush=True)
+                elif (eps, regime, variant, trial, n) in done:
+                    print(f"skip {eps} {regime} {variant} trial {trial}: already in {out}", flush=True)
+                else:
+                    run_one(args, task, out, ckpt, eps, regime, variant, trial)
+
+
+@contextlib.contextmanager
+def cell_lock(ckpt: Path):
+    """Yield whether this process holds the cell (an exclusive flock beside its checkpoint), so two
+    workers given overlapping cell lists never run, checkpoint or append the same cell twice."""
+    import fcntl
+
+    ckpt.parent.mkdir(parents=True, exist_ok=True)
+    with open(ckpt.with_suffix(".lock"), "w") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        yield True  # released when the file closes
+
+
+def run_one(args, task, out: Path, ckpt: Path, eps: float, regime: str, variant: str, trial: int) -> None:
+    from simulations.reproduce.mnist_gd import setting
+    from simulations.reproduce.private_gd import run_cell
+
+    s = setting(eps, regime, variant)
+    print(f"=== eps={eps} {regime} {variant} trial {trial}: sigma={s.sigma:.6g} C={s.clip:g} "
+          f"eta={s.eta:g} k={s.k} B_norm={s.b_norm:g} filter={s.filter_kind}@eps={s.filter_epsilon!r} "
+          f"steps={s.k + s.extra_steps} n={task.num_clients}", flush=True)
+    t0 = time.time()
+    result = run_cell(s, task, trial=trial, seed=args.seed + trial, chunk_size=args.chunk_size,
+                      checkpoint=ckpt, checkpoint_every=args.checkpoint_every,
+                      log=lambda m: print(f"  [{time.time() - t0:7.0f}s] {m}", flush=True))
+    row = {**result.__dict__, "activation": args.activation, "machine": machine(),
+           "finished_at": time.strftime("%Y-%m-%d %H:%M:%S")}
+    with out.open("a") as f:
+        f.write(json.dumps(row) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    ckpt.unlink(missing_ok=True)  # the row is on disk: the checkpoint has served
+    print(f"=== done: GD {result.gd_test_accuracy:.4f}, filtered {result.filtered_test_accuracy:.4f} "
+          f"(step {result.chosen_step}), {result.seconds:.0f} s", flush=True)
 
 
 def table(args) -> str:

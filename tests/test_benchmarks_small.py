@@ -146,3 +146,17 @@ def test_engine_throughput_small():
         assert seconds >= 0 and per_s > 0 and ratio > 0
     assert rows[0][3] == "1.00"
     assert "(300 contributing)" in text
+
+
+def test_reproduce_mnist_skips_a_cell_another_worker_holds(tmp_path):
+    import fcntl
+
+    out = tmp_path / "mnist.jsonl"
+    lock = tmp_path / "checkpoints" / "mnist_0.3_subopt-clip_paper_t0_n300_relu.lock"
+    lock.parent.mkdir()
+    with open(lock, "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        log = _run("reproduce_mnist.py", "--n-train", 300, "--cells", "0.3:subopt-clip:paper", "--out", out,
+                   "--threads", 1)
+    assert "skip 0.3 subopt-clip paper trial 0: running in another process" in log
+    assert "=== done" not in log and not out.exists()
