@@ -59,15 +59,15 @@ def parse_cells(items: list[str]) -> list[tuple[float, str, str]]:
     return cells
 
 
+def read_rows(path: Path) -> list[dict]:
+    """The JSONL results, one dict per finished trial ([] before the first)."""
+    path = Path(path)
+    return [json.loads(l) for l in path.read_text().splitlines() if l.strip()] if path.exists() else []
+
+
 def done_keys(path: Path) -> set[tuple]:
-    keys = set()
-    if path.exists():
-        for line in path.read_text().splitlines():
-            if line.strip():
-                r = json.loads(line)
-                s = r["setting"]
-                keys.add((s["epsilon"], s["regime"], s["variant"], r["trial"], r["n_train"]))
-    return keys
+    return {(r["setting"]["epsilon"], r["setting"]["regime"], r["setting"]["variant"], r["trial"], r["n_train"])
+            for r in read_rows(path)}
 
 
 def checkpoint_path(out: Path, eps: float, regime: str, variant: str, trial: int, n: int, activation: str) -> Path:
@@ -150,7 +150,7 @@ def table(args) -> str:
     """Markdown tables of the JSONL results beside papers/004 Section 5.1's."""
     import numpy as np
 
-    rows = [json.loads(l) for l in Path(args.out).read_text().splitlines() if l.strip()]
+    rows = read_rows(args.out)
     fmt = lambda v: "-" if not v else (f"{100 * np.mean(v):.2f}" + (f" ± {100 * np.std(v):.2f}" if len(v) > 1 else "")
                                        + f" (n={len(v)})")
 
@@ -189,7 +189,7 @@ def plot(args) -> Path:
     import matplotlib.pyplot as plt
     import numpy as np
 
-    rows = [json.loads(l) for l in Path(args.out).read_text().splitlines() if l.strip()]
+    rows = read_rows(args.out)
     rows = [r for r in rows if r["n_train"] == args.n_table]
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(13, 4.8))
     cells = [(e, g) for g in REGIMES for e in EPSILONS]
