@@ -8,6 +8,8 @@ and trial, to ``--out``; cells already there are skipped, so a killed run resume
         > reproduce_mnist.log 2>&1 &
     python benchmarks/reproduce_mnist.py --table
     python benchmarks/reproduce_mnist.py --plot docs/reproduce_mnist.png
+    python benchmarks/reproduce_mnist.py --write-table docs/results.md   # refresh its marked table
+    python benchmarks/reproduce_mnist.py --todo                          # what is left, in hours
 
 A running cell is checkpointed every ``--checkpoint-every`` steps beside ``--out``
 (``checkpoints/``), so even a cell stopped halfway resumes from its last checkpoint.
@@ -73,6 +75,55 @@ def done_keys(path: Path) -> set[tuple]:
 def checkpoint_path(out: Path, eps: float, regime: str, variant: str, trial: int, n: int, activation: str) -> Path:
     """Where a cell's checkpoint lives while it runs (beside ``--out``; not tracked by git)."""
     return out.parent / "checkpoints" / f"{out.stem}_{eps}_{regime}_{variant}_t{trial}_n{n}_{activation}.npz"
+
+
+def required_trials(eps: float, variant: str) -> int:
+    """Trials each column needs (the issue: at least 1 per cell, 3 for eps = 0.3). The paper's
+    columns at eps = 0.3 get 3; the Gaussian-DP columns, which the paper has no numbers for, 1."""
+    return 3 if (eps == 0.3 and variant == "paper") else 1
+
+
+def todo(args) -> str:
+    """The (cell, trial)s still missing from ``--out``, in ALL_CELLS order, with their steps left
+    (a cell's checkpoint counts as done up to its last saved step) and the hours they need."""
+    from simulations.engine.checkpoint import checkpoint_round
+    from simulations.reproduce.mnist_gd import setting
+
+    done = done_keys(args.out)
+    lines = ["| eps | regime | column | trial | steps | left | checkpoint |", "|---|---|---|---|---|---|---|"]
+    total = 0
+    for eps, regime, variant in ALL_CELLS:
+        s = setting(eps, regime, variant)
+        steps = s.k + s.extra_steps
+        for trial in range(required_trials(eps, variant)):
+            if (eps, regime, variant, trial, args.n_table) in done:
+                continue
+            ckpt = checkpoint_path(Path(args.out), eps, regime, variant, trial, args.n_table, args.activation)
+            saved, where = 0, "-"
+            if ckpt.exists():  # read, never locked: a report must not make a worker skip a cell
+                saved = checkpoint_round(ckpt)
+                where = f"step {saved}, saved {(time.time() - ckpt.stat().st_mtime) / 60:.0f} min ago"
+            total += steps - saved
+            lines.append(f"| {eps} | {regime} | {variant} | {trial} | {steps} | {steps - saved} | {where} |")
+    hours = total * args.step_seconds / args.workers / 3600
+    lines.append(f"\n{len(lines) - 2} runs, {total} steps left: about {hours:.1f} h at {args.step_seconds:g} s "
+                 f"a step with {args.workers} workers (--step-seconds, --workers).")
+    return "\n".join(lines)
+
+
+TABLE_START = "<!-- mnist-table: python benchmarks/reproduce_mnist.py --table -->"
+TABLE_END = "<!-- /mnist-table -->"
+
+
+def write_table(args) -> Path:
+    """Replace the block between the table markers of a Markdown file with ``table(args)``."""
+    doc = Path(args.write_table)
+    text = doc.read_text()
+    start, end = text.find(TABLE_START), text.find(TABLE_END)
+    if start < 0 or end < start:
+        raise SystemExit(f"--write-table {doc}: no {TABLE_START!r} ... {TABLE_END!r} block to replace")
+    doc.write_text(text[:start] + TABLE_START + "\n" + table(args).strip() + "\n" + text[end:])
+    return doc
 
 
 def machine() -> str:
@@ -181,44 +232,62 @@ def table(args) -> str:
 
 
 def plot(args) -> Path:
-    """One PNG: ours against papers/004's mean ± std per cell, and each run's test accuracy at the
-    stopping rule's queries (step k onwards) with the clients still contributing."""
+    """One PNG. Top: ours against papers/004's mean ± std per cell, with the two Gaussian-DP
+    columns beside them. Bottom, one panel per eps: each run's test accuracy at the stopping rule's
+    queries (step k onwards), the star marking the query the rule picks by training accuracy."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
 
-    rows = read_rows(args.out)
-    rows = [r for r in rows if r["n_train"] == args.n_table]
-    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(13, 4.8))
+    rows = [r for r in read_rows(args.out) if r["n_train"] == args.n_table]
+    fig = plt.figure(figsize=(14, 9))
+    grid = fig.add_gridspec(2, 3, height_ratios=(1.1, 1))
+    ax = fig.add_subplot(grid[0, :])
     cells = [(e, g) for g in REGIMES for e in EPSILONS]
     xs = np.arange(len(cells))
-    for off, key, (pi, label, color) in ((-0.2, "gd_test_accuracy", (0, "GD", "tab:blue")),
-                                         (0.2, "filtered_test_accuracy", (1, "GD + filter", "tab:orange"))):
+    of = lambda e, g, v: [r for r in rows if r["setting"]["epsilon"] == e and r["setting"]["regime"] == g
+                          and r["setting"]["variant"] == v]
+    for off, key, (pi, label, color) in ((-0.3, "gd_test_accuracy", (0, "GD", "tab:blue")),
+                                         (-0.1, "filtered_test_accuracy", (1, "GD + filter", "tab:orange"))):
         mean = [PAPER_TABLES[g][e][pi][0] for e, g in cells]
         std = [PAPER_TABLES[g][e][pi][1] for e, g in cells]
         ax.errorbar(xs + off, mean, yerr=std, fmt="_", color=color, capsize=4, alpha=0.6,
                     label=f"paper: {label} (mean ± std)")
-        for i, (e, g) in enumerate(cells):
-            ours = [100 * r[key] for r in rows if r["setting"]["epsilon"] == e and r["setting"]["regime"] == g
-                    and r["setting"]["variant"] == "paper"]
-            labelled = f"ours: {label}" in ax.get_legend_handles_labels()[1]
-            ax.plot([i + off] * len(ours), ours, "o", color=color, ms=6,
-                    label=None if labelled or not ours else f"ours: {label}")
-    ax.set_xticks(xs, [f"{g}\neps {e}" for e, g in cells], fontsize=6.5)
+        ours = [(i + off, 100 * r[key]) for i, (e, g) in enumerate(cells) for r in of(e, g, "paper")]
+        if ours:
+            ax.plot(*zip(*ours), "o", color=color, ms=6, label=f"ours: {label}")
+    for off, variant, marker, name in ((0.1, "gdp-noise", "^", "GDP filter, paper's sigma (a)"),
+                                       (0.3, "gdp-steps", "v", "GDP filter, paper's k (b)")):
+        for key, color, which in (("gd_test_accuracy", "tab:blue", "GD"),
+                                  ("filtered_test_accuracy", "tab:orange", "+ filter")):
+            pts = [(i + off, 100 * r[key]) for i, (e, g) in enumerate(cells) for r in of(e, g, variant)]
+            if pts:
+                ax.plot(*zip(*pts), marker, color=color, ms=7, mfc="none", label=f"{name}: {which}")
+    ax.set_xticks(xs, [f"{g}\neps {e}" for e, g in cells], fontsize=8)
     ax.set_ylabel("test accuracy (%)")
-    ax.set_title("papers/004 Section 5.1: MNIST, 60,000 single-example clients")
-    ax.legend(fontsize=7, loc="lower right")
-    for r in rows:
-        s = r["setting"]
-        name = f"eps {s['epsilon']} {s['regime']} {s['variant']}" + (f" #{r['trial']}" if r["trial"] else "")
-        line, = ax2.plot(r["query_steps"], [100 * a for a in r["query_test_accuracy"]], "-o", ms=3, label=name)
-        ax2.plot([r["chosen_step"]], [100 * r["filtered_test_accuracy"]], "*", ms=12, color=line.get_color())
-    ax2.set_xlabel("step (the first query is step k, where private GD stops)")
-    ax2.set_ylabel("test accuracy (%) at each query; star = stopping rule's pick")
-    ax2.set_title("GD with filtering after step k")
-    ax2.legend(fontsize=7)
+    ax.set_title("papers/004 Section 5.1: MNIST, 60,000 single-example clients (paper's columns left of "
+                 "each tick, Gaussian-DP columns right)")
+    ax.legend(fontsize=7, loc="lower right", ncol=2)
+    colors = {(g, v): plt.cm.tab10(i) for i, (g, v) in enumerate((g, v) for g in REGIMES for v in VARIANTS)}
+    for j, eps in enumerate(EPSILONS):
+        ax2 = fig.add_subplot(grid[1, j])
+        labelled = set()
+        for r in (r for r in rows if r["setting"]["epsilon"] == eps):
+            s = r["setting"]
+            c = colors[(s["regime"], s["variant"])]
+            name = f"{s['regime']} {s['variant']} (k {s['k']})"
+            ax2.plot(r["query_steps"], [100 * a for a in r["query_test_accuracy"]], "-o", ms=3, color=c,
+                     alpha=0.8, label=None if name in labelled else name)
+            ax2.plot([r["chosen_step"]], [100 * r["filtered_test_accuracy"]], "*", ms=11, color=c)
+            labelled.add(name)
+        ax2.set_title(f"eps {eps}: test accuracy at each query", fontsize=9)
+        ax2.set_xlabel("step (the first query is step k)")
+        if j == 0:
+            ax2.set_ylabel("test accuracy (%); star = stopping rule's pick")
+        if labelled:
+            ax2.legend(fontsize=6.5)
     fig.tight_layout()
     out = Path(args.plot)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -242,9 +311,17 @@ def main(argv=None) -> None:
     p.add_argument("--table", action="store_true", help="print the tables from --out and exit")
     p.add_argument("--n-table", type=int, default=60000, help="training-set size of the rows to tabulate")
     p.add_argument("--plot", metavar="PNG", help="draw the results of --out into PNG and exit")
+    p.add_argument("--write-table", metavar="MD", help="replace the marked MNIST table block of MD and exit")
+    p.add_argument("--todo", action="store_true", help="list the runs still missing from --out and exit")
+    p.add_argument("--step-seconds", type=float, default=15.0, help="--todo: seconds per 60,000-client step")
+    p.add_argument("--workers", type=int, default=2, help="--todo: workers running side by side")
     args = p.parse_args(argv)
     if args.plot:
         print(f"wrote {plot(args)}")
+    elif args.write_table:
+        print(f"wrote {write_table(args)}")
+    elif args.todo:
+        print(todo(args))
     elif args.table:
         print(table(args))
     else:

@@ -105,6 +105,34 @@ def test_reproduce_mnist_small_cell_and_table(tmp_path):
     assert _run("reproduce_mnist.py", "--plot", png, "--n-table", 300, "--out", out).startswith("wrote ")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
 
+    # --write-table replaces exactly the marked block of a document, and nothing around it.
+    doc = tmp_path / "results.md"
+    start, end = "<!-- mnist-table: python benchmarks/reproduce_mnist.py --table -->", "<!-- /mnist-table -->"
+    doc.write_text(f"before\n{start}\nstale table\n{end}\nafter\n")
+    _run("reproduce_mnist.py", "--write-table", doc, "--n-table", 300, "--out", out)
+    written = doc.read_text()
+    assert written.startswith(f"before\n{start}\n") and written.endswith(f"\n{end}\nafter\n")
+    assert "stale table" not in written and text.strip() in written
+
+    # --todo lists every run the issue asks for (3 trials of the paper's columns at eps 0.3, 1 of
+    # every other column: 9 + 6 + 18 = 33) except the one stored, and sums the steps left.
+    todo = _run("reproduce_mnist.py", "--todo", "--n-table", 300, "--out", out, "--step-seconds", 10,
+                "--workers", 1)
+    runs = _rows(todo)
+    assert len(runs) == 32 and ["0.3", "subopt-clip", "paper", "0"] not in [r[:4] for r in runs]
+    assert ["0.3", "subopt-clip", "paper", "1"] in [r[:4] for r in runs]
+    left = sum(int(r[5]) for r in runs)
+    assert f"32 runs, {left} steps left: about {left * 10 / 3600:.1f} h" in todo
+
+
+def test_reproduce_mnist_write_table_refuses_a_document_without_markers(tmp_path):
+    doc = tmp_path / "results.md"
+    doc.write_text("no markers here\n")
+    proc = subprocess.run([sys.executable, str(BENCH / "reproduce_mnist.py"), "--write-table", str(doc),
+                           "--out", str(tmp_path / "none.jsonl")], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode != 0 and "no '<!-- mnist-table" in proc.stderr
+    assert doc.read_text() == "no markers here\n"  # untouched
+
 
 def test_reproduce_adult_small_run_and_table(tmp_path):
     # Stand-in tuning results: one grid point per eps (k = 3 steps), so --run needs no --tune.

@@ -7,7 +7,7 @@ import pytest
 
 from client.privacy.filters import make_filter
 from simulations.engine import Engine
-from simulations.engine.checkpoint import load_checkpoint, save_checkpoint
+from simulations.engine.checkpoint import checkpoint_round, load_checkpoint, save_checkpoint
 from simulations.reproduce.private_gd import (
     GDSetting, QUERIES, QUERY_EVERY, engine_config, full_steps, paper_setting, run_cell,
 )
@@ -108,7 +108,7 @@ def test_engine_snapshot_restores_every_round_state(tmp_path):
         a.step()
     save_checkpoint(tmp_path / "e.npz", a.snapshot(), {"note": "x"})
     snap, meta = load_checkpoint(tmp_path / "e.npz")
-    assert meta == {"note": "x"}
+    assert meta == {"note": "x"} and checkpoint_round(tmp_path / "e.npz") == 3 == snap["round_id"]
     b = Engine(engine_config(s, n=task.num_clients, seed=2, chunk_size=128), task=task)
     b.restore(snap)
     ra, rb = a.step(), b.step()

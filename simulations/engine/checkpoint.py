@@ -41,3 +41,10 @@ def load_checkpoint(path: str | Path) -> tuple[dict, dict]:
             snapshot[k] = z[k].copy()
         snapshot["weights"] = [z[f"weights_{i}"].copy() for i in range(doc["weights"])]
     return snapshot, doc["meta"]
+
+
+def checkpoint_round(path: str | Path) -> int:
+    """The last finished round stored in a checkpoint, reading only its JSON member (progress
+    reports over many large checkpoints stay cheap)."""
+    with np.load(Path(path), allow_pickle=False) as z:
+        return int(json.loads(str(z["json"]))["snapshot"]["round_id"])

@@ -1,5 +1,5 @@
 # Environment for long engine runs on a small shared machine (source it before the commands in
-# docs/results_reproduce.md). Without it, every chunk's large arrays are fresh mmap()ed pages and
+# docs/results.md section 7). Without it, every chunk's large arrays are fresh mmap()ed pages and
 # ~40% of a step goes to page faults in the kernel; torch's and OpenBLAS's extra threads only
 # spin against other processes on 2 cores.
 export MALLOC_MMAP_THRESHOLD_=33554432   # keep chunk-sized arrays on the heap (reused, no faults)
