@@ -228,7 +228,24 @@ def table(args) -> str:
                      f"{fmt(acc(b, 'filtered_test_accuracy'))}") if b else "-"
             lines.append(f"| {eps} | {g:.2f} ± {gs:.2f} | {f:.2f} ± {fs:.2f} | {fmt(gd)} | {fmt(fl)} | "
                          f"{inside(gd, g, gs)} / {inside(fl, f, fs)} | {col_a} | {col_b} |")
-    return "\n".join(lines)
+    return "\n".join(lines + ["", privacy_check([r for r in rows if r["n_train"] == args.n_table])])
+
+
+def privacy_check(rows: list[dict]) -> str:
+    """One line on the guarantee behind the table: in every run, each client's spent epsilon (read
+    from the filter that ran it) is at most the filter's budget, and the first k steps clipped at
+    exactly C (so the GD column is Algorithm 6 itself). Runs that break either are named."""
+    if not rows:
+        return "Privacy check: no runs yet."
+    name = lambda r: f"eps {r['setting']['epsilon']} {r['setting']['regime']} {r['setting']['variant']} #{r['trial']}"
+    over = [name(r) for r in rows if r["max_spent_epsilon"] > r["setting"]["filter_epsilon"]]
+    short = [name(r) for r in rows if r["prefix_max_clip_deficit"] > 0]
+    if over or short:
+        return (f"**Privacy check FAILED**: spent epsilon above budget in {over or 'none'}; "
+                f"first k steps clipped below C in {short or 'none'}.")
+    margin = min(r["setting"]["filter_epsilon"] - r["max_spent_epsilon"] for r in rows)
+    return (f"Privacy check: in all {len(rows)} runs every client's spent epsilon is at most its filter's "
+            f"budget (smallest margin {margin:.3g}), and every run's first k steps clipped at exactly C.")
 
 
 def plot(args) -> Path:

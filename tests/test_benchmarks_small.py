@@ -98,6 +98,7 @@ def test_reproduce_mnist_small_cell_and_table(tmp_path):
     gd, n = _mean_n(filled[0][3])
     assert n == 1 and 0.0 <= gd <= 100.0 and abs(gd - 100 * row["gd_test_accuracy"]) < 0.006
     assert abs(_mean_n(filled[0][4])[0] - 100 * row["filtered_test_accuracy"]) < 0.006
+    assert "Privacy check: in all 1 runs every client's spent epsilon is at most its filter's budget" in text
     for r in rows:  # the paper's columns are always there
         assert all(0 < _paper <= 100 for _paper in (float(r[1].split(" ± ")[0]), float(r[2].split(" ± ")[0])))
 
@@ -188,3 +189,19 @@ def test_reproduce_mnist_skips_a_cell_another_worker_holds(tmp_path):
                    "--threads", 1)
     assert "skip 0.3 subopt-clip paper trial 0: running in another process" in log
     assert "=== done" not in log and not out.exists()
+
+
+def test_reproduce_mnist_privacy_check_names_a_run_over_budget():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("reproduce_mnist", BENCH / "reproduce_mnist.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    row = lambda spent, deficit, trial: {"setting": {"epsilon": 0.3, "regime": "tuned", "variant": "paper",
+                                                     "filter_epsilon": 0.3}, "trial": trial,
+                                         "max_spent_epsilon": spent, "prefix_max_clip_deficit": deficit}
+    assert mod.privacy_check([row(0.3, 0.0, 0)]).startswith("Privacy check: in all 1 runs")
+    failed = mod.privacy_check([row(0.3, 0.0, 0), row(0.30000000000000004, 0.0, 1), row(0.2, 1e-9, 2)])
+    assert failed.startswith("**Privacy check FAILED**")
+    assert "['eps 0.3 tuned paper #1']" in failed and "['eps 0.3 tuned paper #2']" in failed
+    assert "#0" not in failed
