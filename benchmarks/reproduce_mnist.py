@@ -12,7 +12,14 @@ and trial, to ``--out``; cells already there are skipped, so a killed run resume
     python benchmarks/reproduce_mnist.py --todo                          # what is left, in hours
 
 A running cell is checkpointed every ``--checkpoint-every`` steps beside ``--out``
-(``checkpoints/``), so even a cell stopped halfway resumes from its last checkpoint.
+(``checkpoints/``, not tracked), so even a cell stopped halfway resumes from its last checkpoint.
+A cell can take longer than a working session (eps 1.0 with the Gaussian-DP filter is 718 steps,
+over 3 h here), and a new session gets a fresh work tree; so before a session ends,
+
+    python benchmarks/reproduce_mnist.py --park      # copy each unfinished cell's checkpoint to parked/
+
+and commit ``parked/`` (1.5 MB a cell). A run resumes from a parked checkpoint when it is further
+along than the working one, and removes it once the cell's row is stored.
 
 ``--cells`` takes ``eps:regime:variant`` items (``all`` for every cell, in priority order);
 ``--n-train`` runs on the first N training images (smoke tests).
@@ -77,6 +84,61 @@ def checkpoint_path(out: Path, eps: float, regime: str, variant: str, trial: int
     return out.parent / "checkpoints" / f"{out.stem}_{eps}_{regime}_{variant}_t{trial}_n{n}_{activation}.npz"
 
 
+def parked_path(ckpt: Path) -> Path:
+    """Where ``--park`` keeps a cell's checkpoint in git (``results/parked/``, beside ``checkpoints/``)."""
+    return ckpt.parent.parent / "parked" / ckpt.name
+
+
+def _copy_atomic(src: Path, dst: Path) -> None:
+    """Copy so that a reader (or a kill) sees the old file or the new one, never half of one. The
+    source is itself only ever replaced by rename, so the copy is of one whole checkpoint."""
+    import shutil
+
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dst.with_name(dst.name + ".tmp")
+    shutil.copyfile(src, tmp)
+    with open(tmp, "rb") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, dst)
+
+
+def saved_round(ckpt: Path) -> int:
+    """The last step saved for a cell, in its working or its parked checkpoint (0: none)."""
+    from simulations.engine.checkpoint import checkpoint_round
+
+    return max([checkpoint_round(p) for p in (ckpt, parked_path(ckpt)) if p.exists()], default=0)
+
+
+def unpark(ckpt: Path) -> int:
+    """Put a cell's parked checkpoint in the working place if it is further along; return its step."""
+    from simulations.engine.checkpoint import checkpoint_round
+
+    parked = parked_path(ckpt)
+    if not parked.exists():
+        return 0
+    step = checkpoint_round(parked)
+    if not ckpt.exists() or checkpoint_round(ckpt) < step:
+        _copy_atomic(parked, ckpt)
+        return step
+    return 0
+
+
+def park(args) -> list[str]:
+    """Copy every unfinished cell's working checkpoint of ``--out`` to ``parked/`` (to be committed)."""
+    from simulations.engine.checkpoint import checkpoint_round
+
+    out = Path(args.out)
+    done = []
+    for ckpt in sorted((out.parent / "checkpoints").glob(f"{out.stem}_*.npz")):
+        dst = parked_path(ckpt)
+        if dst.exists() and checkpoint_round(dst) >= checkpoint_round(ckpt):
+            done.append(f"{dst} already at step {checkpoint_round(dst)}")
+            continue
+        _copy_atomic(ckpt, dst)
+        done.append(f"parked {dst} at step {checkpoint_round(dst)}")
+    return done or [f"nothing to park: no checkpoint of {out.stem} in {out.parent / 'checkpoints'}"]
+
+
 def required_trials(eps: float, variant: str) -> int:
     """Trials each column needs (the issue: at least 1 per cell, 3 for eps = 0.3). The paper's
     columns at eps = 0.3 get 3; the Gaussian-DP columns, which the paper has no numbers for, 1."""
@@ -86,7 +148,6 @@ def required_trials(eps: float, variant: str) -> int:
 def todo(args) -> str:
     """The (cell, trial)s still missing from ``--out``, in ALL_CELLS order, with their steps left
     (a cell's checkpoint counts as done up to its last saved step) and the hours they need."""
-    from simulations.engine.checkpoint import checkpoint_round
     from simulations.reproduce.mnist_gd import setting
 
     done = done_keys(args.out)
@@ -99,10 +160,10 @@ def todo(args) -> str:
             if (eps, regime, variant, trial, args.n_table) in done:
                 continue
             ckpt = checkpoint_path(Path(args.out), eps, regime, variant, trial, args.n_table, args.activation)
-            saved, where = 0, "-"
-            if ckpt.exists():  # read, never locked: a report must not make a worker skip a cell
-                saved = checkpoint_round(ckpt)
-                where = f"step {saved}, saved {(time.time() - ckpt.stat().st_mtime) / 60:.0f} min ago"
+            saved, where = saved_round(ckpt), "-"  # read, never locked: a report must not make a worker skip a cell
+            if saved:
+                newest = max((p for p in (ckpt, parked_path(ckpt)) if p.exists()), key=lambda p: p.stat().st_mtime)
+                where = f"step {saved}, saved {(time.time() - newest.stat().st_mtime) / 60:.0f} min ago"
             total += steps - saved
             lines.append(f"| {eps} | {regime} | {variant} | {trial} | {steps} | {steps - saved} | {where} |")
     hours = total * args.step_seconds / args.workers / 3600
@@ -155,6 +216,9 @@ def run(args) -> None:
                 elif (eps, regime, variant, trial, n) in done:
                     print(f"skip {eps} {regime} {variant} trial {trial}: already in {out}", flush=True)
                 else:
+                    if step := unpark(ckpt):
+                        print(f"resume {eps} {regime} {variant} trial {trial} from {parked_path(ckpt)} "
+                              f"(step {step})", flush=True)
                     run_one(args, task, out, ckpt, eps, regime, variant, trial)
 
 
@@ -193,6 +257,7 @@ def run_one(args, task, out: Path, ckpt: Path, eps: float, regime: str, variant:
         f.flush()
         os.fsync(f.fileno())
     ckpt.unlink(missing_ok=True)  # the row is on disk: the checkpoint has served
+    parked_path(ckpt).unlink(missing_ok=True)  # (commit its removal with the row)
     print(f"=== done: GD {result.gd_test_accuracy:.4f}, filtered {result.filtered_test_accuracy:.4f} "
           f"(step {result.chosen_step}), {result.seconds:.0f} s", flush=True)
 
@@ -330,6 +395,8 @@ def main(argv=None) -> None:
     p.add_argument("--plot", metavar="PNG", help="draw the results of --out into PNG and exit")
     p.add_argument("--write-table", metavar="MD", help="replace the marked MNIST table block of MD and exit")
     p.add_argument("--todo", action="store_true", help="list the runs still missing from --out and exit")
+    p.add_argument("--park", action="store_true",
+                   help="copy unfinished cells' checkpoints to parked/ beside --out (commit it) and exit")
     p.add_argument("--step-seconds", type=float, default=15.0, help="--todo: seconds per 60,000-client step")
     p.add_argument("--workers", type=int, default=2, help="--todo: workers running side by side")
     args = p.parse_args(argv)
@@ -339,6 +406,8 @@ def main(argv=None) -> None:
         print(f"wrote {write_table(args)}")
     elif args.todo:
         print(todo(args))
+    elif args.park:
+        print("\n".join(park(args)))
     elif args.table:
         print(table(args))
     else:

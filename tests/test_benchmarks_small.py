@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from tiny_study import TINY_STUDY
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -124,6 +126,63 @@ def test_reproduce_mnist_small_cell_and_table(tmp_path):
     assert ["0.3", "subopt-clip", "paper", "1"] in [r[:4] for r in runs]
     left = sum(int(r[5]) for r in runs)
     assert f"32 runs, {left} steps left: about {left * 10 / 3600:.1f} h" in todo
+
+
+class _Stop(Exception):
+    pass
+
+
+def _driver():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("reproduce_mnist_driver", BENCH / "reproduce_mnist.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_a_parked_cell_resumes_in_a_fresh_work_tree_with_the_same_row(tmp_path, monkeypatch, capsys):
+    """A cell stopped halfway and parked (--park), then run again after its working checkpoints are
+    gone (a new session's fresh work tree): it resumes from the parked step and stores the same row
+    as a run that was never stopped; the parked file goes once the row is stored."""
+    import simulations.reproduce.private_gd as private_gd
+
+    driver = _driver()
+    cell = ["--n-train", "300", "--cells", "0.3:subopt-clip:paper", "--threads", "1", "--checkpoint-every", "2"]
+    straight, parked = tmp_path / "a" / "mnist.jsonl", tmp_path / "b" / "mnist.jsonl"
+    driver.main([*cell, "--out", str(straight)])
+
+    real = private_gd.run_cell
+
+    def stopped_at_step_7(*a, log=None, **kw):
+        def stop(message):
+            if message.startswith("step 7/"):
+                raise _Stop
+        return real(*a, log=stop, **kw)
+
+    monkeypatch.setattr(private_gd, "run_cell", stopped_at_step_7)
+    with pytest.raises(_Stop):
+        driver.main([*cell, "--out", str(parked)])
+    monkeypatch.setattr(private_gd, "run_cell", real)
+    assert not parked.exists()
+    capsys.readouterr()
+    driver.main(["--park", "--out", str(parked)])
+    (name,) = [p.name for p in (parked.parent / "parked").glob("*.npz")]
+    assert f"parked {parked.parent / 'parked' / name} at step 6" in capsys.readouterr().out
+    driver.main(["--park", "--out", str(parked)])  # parking again copies nothing
+    assert "already at step 6" in capsys.readouterr().out
+
+    shutil.rmtree(parked.parent / "checkpoints")  # what a fresh work tree lacks
+    driver.main(["--todo", "--n-table", "300", "--out", str(parked)])  # counts the parked steps as done
+    assert "| 0.3 | subopt-clip | paper | 0 | 84 | 78 | step 6," in capsys.readouterr().out
+    driver.main([*cell, "--out", str(parked)])
+    log = capsys.readouterr().out
+    assert "resume 0.3 subopt-clip paper trial 0 from " in log and "(step 6)" in log
+    assert "resumed from " in log and "after step 6" in log
+    assert not list((parked.parent / "parked").glob("*.npz"))  # served: removed with the row stored
+    (a,), (b,) = ([json.loads(l) for l in p.read_text().splitlines()] for p in (straight, parked))
+    varies = ("seconds", "seconds_per_step", "machine", "finished_at")
+    assert {k: v for k, v in a.items() if k not in varies} == {k: v for k, v in b.items() if k not in varies}
 
 
 def test_reproduce_mnist_write_table_refuses_a_document_without_markers(tmp_path):
