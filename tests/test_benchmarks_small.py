@@ -79,10 +79,19 @@ def test_study_dropout_prints_the_runs_table_and_reprints_it_from_results(tmp_pa
     assert table(again) == table(text)  # --from prints the same table, from results.json alone
 
 
-def test_reproduce_mnist_small_cell_and_table(tmp_path):
-    out = tmp_path / "mnist.jsonl"
-    log = _run("reproduce_mnist.py", "--n-train", 300, "--cells", "0.3:subopt-clip:paper", "--out", out,
-               "--threads", 1)
+SMALL_CELL = ["--n-train", "300", "--cells", "0.3:subopt-clip:paper", "--threads", "1"]
+
+
+@pytest.fixture(scope="module")
+def small_mnist_cell(tmp_path_factory):
+    """One straight run of a 300-client cell through the driver: ``(results JSONL, driver log)``.
+    Read-only for the tests that share it (the cell is 84 steps; running it once saves ~10 s)."""
+    out = tmp_path_factory.mktemp("mnist_small") / "mnist.jsonl"
+    return out, _run("reproduce_mnist.py", *SMALL_CELL, "--out", out)
+
+
+def test_reproduce_mnist_small_cell_and_table(small_mnist_cell, tmp_path):
+    out, log = small_mnist_cell
     assert log.startswith("machine: ") and "=== done: GD" in log
     (row,) = [json.loads(l) for l in out.read_text().splitlines()]
     assert row["n_train"] == 300 and row["setting"]["regime"] == "subopt-clip"
@@ -141,16 +150,16 @@ def _driver():
     return mod
 
 
-def test_a_parked_cell_resumes_in_a_fresh_work_tree_with_the_same_row(tmp_path, monkeypatch, capsys):
+def test_a_parked_cell_resumes_in_a_fresh_work_tree_with_the_same_row(small_mnist_cell, tmp_path, monkeypatch,
+                                                                       capsys):
     """A cell stopped halfway and parked (--park), then run again after its working checkpoints are
     gone (a new session's fresh work tree): it resumes from the parked step and stores the same row
     as a run that was never stopped; the parked file goes once the row is stored."""
     import simulations.reproduce.private_gd as private_gd
 
     driver = _driver()
-    cell = ["--n-train", "300", "--cells", "0.3:subopt-clip:paper", "--threads", "1", "--checkpoint-every", "2"]
-    straight, parked = tmp_path / "a" / "mnist.jsonl", tmp_path / "b" / "mnist.jsonl"
-    driver.main([*cell, "--out", str(straight)])
+    cell = [*SMALL_CELL, "--checkpoint-every", "2"]
+    straight, parked = small_mnist_cell[0], tmp_path / "mnist.jsonl"
 
     real = private_gd.run_cell
 
