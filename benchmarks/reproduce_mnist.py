@@ -275,7 +275,8 @@ def table(args) -> str:
 
     lines = []
     for regime in REGIMES:
-        lines += [f"\n**{regime}** (papers/004 Section 5.1 table '{regime}'; test accuracy %, mean ± std over trials)\n",
+        lines += [f"\n**{regime}** (papers/004 Section 5.1 table '{regime}'; test accuracy %, mean ± std over "
+                  "trials; ours: population std, as for Adult)\n",
                   "| eps | paper: GD | paper: GD + filter | ours: GD | ours: GD + filter | inside paper's mean ± std "
                   "(GD / + filter) | GDP filter, paper's sigma (a): k / GD / + filter | GDP filter, paper's k (b): "
                   "sigma / GD / + filter |",
