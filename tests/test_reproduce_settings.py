@@ -72,3 +72,25 @@ def test_the_eps_0_3_tuned_gdp_columns_against_googles_pld_accountant():
     assert pld_epsilon(a.sigma, a.k) <= 0.3 < pld_epsilon(a.sigma, a.k + 1)
     assert pld_epsilon(b.sigma, b.k) == pytest.approx(0.3, abs=2e-3)  # within PLD discretisation
     assert pld_epsilon(b.sigma * 0.99, b.k) > 0.3
+
+
+def test_every_stored_mnist_row_ran_the_setting_checked_above():
+    """The table in docs/results.md is read from mnist.jsonl: each row must carry today's checked
+    setting bit for bit (a row from an older calibration would quote a budget nobody checked), and
+    its run must have stayed within the filter and clipped at exactly C for its first k steps."""
+    import json
+    from dataclasses import asdict
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "simulations/reproduce/results/mnist.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    assert rows, f"no rows in {path}"
+    cache = {}
+    for r in rows:
+        s = r["setting"]
+        key = (s["epsilon"], s["regime"], s["variant"])
+        if key not in cache:
+            cache[key] = asdict(setting(*key))
+        assert s == cache[key], f"{key} trial {r['trial']}: stored {s} != checked {cache[key]}"
+        assert r["max_spent_epsilon"] <= s["filter_epsilon"], (key, r["trial"], r["max_spent_epsilon"])
+        assert r["prefix_max_clip_deficit"] == 0.0, (key, r["trial"], r["prefix_max_clip_deficit"])
