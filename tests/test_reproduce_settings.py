@@ -10,7 +10,10 @@ uses -- so a wrong calibration (too generous, or needlessly loose) fails.
 
 from __future__ import annotations
 
+import json
 import math
+from dataclasses import asdict
+from pathlib import Path
 
 import mpmath
 import pytest
@@ -78,10 +81,6 @@ def test_every_stored_mnist_row_ran_the_setting_checked_above():
     """The table in docs/results.md is read from mnist.jsonl: each row must carry today's checked
     setting bit for bit (a row from an older calibration would quote a budget nobody checked), and
     its run must have stayed within the filter and clipped at exactly C for its first k steps."""
-    import json
-    from dataclasses import asdict
-    from pathlib import Path
-
     path = Path(__file__).resolve().parents[1] / "simulations/reproduce/results/mnist.jsonl"
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     assert rows, f"no rows in {path}"
