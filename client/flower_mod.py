@@ -64,7 +64,6 @@ In the Simulation Engine every node's ``node_config`` holds only ``partition-id`
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import threading
 from collections import OrderedDict
@@ -78,7 +77,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Error, Message, 
 from flwr.common.constant import ErrorCode
 
 from client.ledger import LEDGER_FILE, BudgetLedger, ReplayError
-from client.mechanism import NonFiniteUpdateError, make_rng
+from client.mechanism import REPLY_DTYPE, NonFiniteUpdateError
 from client.release import AFTER_EXHAUSTION, ClientPolicy, FilteredClient, RoundSpec, RoundSpecError, validate_request
 
 __all__ = [
@@ -234,18 +233,6 @@ def _error(msg: Message, reason: str) -> Message:
     return Message(Error(code=ERROR_CODE, reason=reason), reply_to=msg)
 
 
-def _noise_rng(seed: int | None, spec: RoundSpec) -> np.random.Generator:
-    """OS-seeded noise; with a device ``noise-seed``, a stream per (seed, run, round).
-
-    Each Deployment-Engine message runs in a fresh process, so a plain seed would repeat the same
-    noise every round (and let differences of reports cancel it): the round enters the seed.
-    """
-    if seed is None:
-        return make_rng()
-    digest = hashlib.sha256(f"{seed}\x00{spec.run_id}\x00{spec.round_id}".encode()).digest()
-    return make_rng(int.from_bytes(digest[:16], "little"))
-
-
 def _bind_run(context: Context, spec: RoundSpec) -> str | None:
     """Keep one request run-id per Flower run, so a coordinator cannot dodge the run quota.
 
@@ -389,7 +376,7 @@ def _filtered_release(ledger: BudgetLedger, device: DeviceConfig, spec: RoundSpe
     if update is None:
         update = [np.zeros_like(a) for a in received]
     floating = [i for i, a in enumerate(received) if np.issubdtype(a.dtype, np.floating)]
-    filtered = FilteredClient(ledger, device.policy, _noise_rng(device.noise_seed, spec))
+    filtered = FilteredClient(ledger, device.policy, noise_seed=device.noise_seed)
     try:
         release = filtered.release(spec, [update[i] for i in floating])
     except NonFiniteUpdateError:

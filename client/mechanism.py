@@ -1,4 +1,4 @@
-"""The per-round Gaussian mechanism on the client: certified norms, clipping, and noise.
+"""The per-round Gaussian mechanism on the client: certified norms, clipping, snapping, noise.
 
 Norms are computed in float64 and then inflated by a bound on their rounding error, so the
 sensitivity the filter is charged for is never below the true norm of the array actually
@@ -9,10 +9,11 @@ n terms has relative error at most (n-1)u/(1-(n-1)u); squaring and the square ro
 from __future__ import annotations
 
 import math
-import secrets
 from typing import Sequence
 
 import numpy as np
+
+from client.noise import NoiseStream, rounded_gaussian
 
 _U = 2.0**-53  # unit roundoff of float64
 
@@ -74,25 +75,67 @@ def clip_to_norm(arrays: Sequence[np.ndarray], max_norm: float) -> tuple[list[np
     if norm <= max_norm:
         return [a.copy() for a in arrays], norm
     scale = max_norm / norm
+    # Casts move norms by about one ulp of the dtype (2**-24 for float32, 2**-11 for float16):
+    # each retry shrinks by more than that.
+    shrink = 1 - max(2.0**-20, 4 * max(float(np.finfo(a.dtype).eps) for a in arrays))
     for _ in range(8):
         clipped = [(a.astype(np.float64) * scale).astype(a.dtype) for a in arrays]
         norm = certified_norm(clipped)
         if norm <= max_norm:
             return clipped, norm
-        scale *= 1 - 2.0**-20  # float32 casts move norms by ~2**-24; shrink a little more
+        scale *= shrink
     zeros = [np.zeros_like(a) for a in arrays]
     return zeros, 0.0
 
 
-def make_rng(seed: int | None = None) -> np.random.Generator:
-    """A noise generator: seeded from the OS's cryptographic source unless a seed is given."""
-    if seed is None:
-        seed = secrets.randbits(128)
-    return np.random.Generator(np.random.PCG64(seed))
+# Every floating-point report leaves the device in this dtype, whatever the model's dtype: the
+# coordinator does not choose it (its values are integers times a power of two; see noise_grid).
+REPLY_DTYPE = np.dtype(np.float32)
+GRID_BITS = 16
 
 
-def add_gaussian_noise(arrays: Sequence[np.ndarray], std: float, rng: np.random.Generator) -> list[np.ndarray]:
-    """``a + N(0, std^2 I)`` per array, drawn in float64 and returned in each array's dtype."""
-    if not (np.isfinite(std) and std > 0):
-        raise ValueError(f"noise std must be finite and > 0. Found {std!r}.")
-    return [(a.astype(np.float64) + rng.normal(0.0, std, size=a.shape)).astype(a.dtype) for a in arrays]
+def reply_dtype(model_dtype) -> np.dtype:
+    """The dtype a report's array travels in: ``REPLY_DTYPE`` for floating-point model arrays; other
+    arrays (e.g. integer counters, which are never released) keep the model's dtype, as zeros."""
+    dtype = np.dtype(model_dtype)
+    return REPLY_DTYPE if np.issubdtype(dtype, np.floating) else dtype  # the noise std is 2**16 to 2**17 grid steps
+
+
+def noise_grid(std: float) -> tuple[float, float]:
+    """``(gamma, sigma_g)``: the grid step, a power of two, and the noise std in grid steps.
+
+    ``gamma = 2**(floor(log2 std) - 16)`` so ``sigma_g = std / gamma`` lies in ``[2**16, 2**17)``,
+    exactly (scaling by a power of two). Snapping then moves each coordinate by less than
+    ``2**-16`` of the noise std, and ``|k + R|`` stays far below ``2**24``, so float32 holds every
+    report exactly.
+    """
+    # The bounds keep every report (at most 2**24 steps) inside float32's normal range.
+    if not (math.isfinite(std) and 2.0**-100 <= std <= 2.0**100):
+        raise ValueError(f"noise std must be a finite number in [2**-100, 2**100]. Found {std!r}.")
+    frac, exp = math.frexp(std)  # std = frac * 2**exp, frac in [0.5, 1)
+    return math.ldexp(1.0, exp - 1 - GRID_BITS), math.ldexp(frac, GRID_BITS + 1)
+
+
+def snap_toward_zero(arrays: Sequence[np.ndarray], gamma: float) -> list[np.ndarray]:
+    """Each array as int64 multiples of ``gamma``, rounded toward zero.
+
+    Exact: dividing by a power of two and truncating introduce no rounding, and ``|k gamma| <= |a|``
+    per coordinate, so the snapped update's norm never exceeds the clipped one (the charge).
+    """
+    out = []
+    for i, a in enumerate(arrays):
+        k = np.trunc(np.asarray(a, dtype=np.float64) / gamma)
+        if k.size and float(np.max(np.abs(k))) >= 2.0**52:
+            raise ValueError(f"update[{i}] is too large for the noise grid (step {gamma!r}); nothing was spent.")
+        out.append(k.astype(np.int64))
+    return out
+
+
+def add_grid_noise(snapped: Sequence[np.ndarray], std: float, stream: NoiseStream) -> list[np.ndarray]:
+    """``(k + round(sigma_g G)) * gamma`` per array, in ``REPLY_DTYPE`` (see ``client.noise``)."""
+    gamma, sigma_g = noise_grid(std)
+    out = []
+    for k in snapped:
+        n = k + rounded_gaussian(sigma_g, k.size, stream).reshape(k.shape)
+        out.append((n.astype(np.float64) * gamma).astype(REPLY_DTYPE))  # a function of n alone
+    return out

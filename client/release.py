@@ -18,7 +18,8 @@ import numpy as np
 
 from client.ledger import BudgetLedger
 from client.privacy.filters import GaussianFilter, exhausted, round_allowance
-from client.mechanism import add_gaussian_noise, as_float_arrays, check_finite, clip_to_norm, make_rng
+from client.mechanism import add_grid_noise, as_float_arrays, check_finite, clip_to_norm, noise_grid, snap_toward_zero
+from client.noise import NoiseStream, round_noise_stream
 
 PLACEMENTS = ("local", "distributed")
 AFTER_EXHAUSTION = ("noise-only", "leave")
@@ -122,11 +123,15 @@ class Release:
 class FilteredClient:
     """Applies a device's individual filter to the updates it releases."""
 
-    def __init__(self, ledger: BudgetLedger, policy: ClientPolicy | None = None,
-                 rng: np.random.Generator | None = None):
+    def __init__(self, ledger: BudgetLedger, policy: ClientPolicy | None = None, noise_seed: int | None = None):
         self.ledger = ledger
         self.policy = policy or ClientPolicy()
-        self.rng = rng if rng is not None else make_rng()
+        # None (the default): every release draws from a fresh OS-keyed stream. A seed makes the
+        # noise reproducible for tests ONLY: whoever knows it can subtract the noise.
+        self.noise_seed = noise_seed
+
+    def _stream(self, spec: RoundSpec) -> NoiseStream:
+        return NoiseStream() if self.noise_seed is None else round_noise_stream(self.noise_seed, spec.run_id, spec.round_id)
 
     def release(self, spec: RoundSpec, update: Sequence[np.ndarray]) -> Release:
         """Filter, clip, record and noise one round's update. Raises before spending on bad input."""
@@ -136,6 +141,7 @@ class FilteredClient:
         z, clip = float(spec.noise_multiplier), float(spec.clip)
         accounted_std = z * clip  # the noise the observer's view carries (the sum's, if distributed)
         added_std = accounted_std / math.sqrt(spec.min_reports) if spec.placement == "distributed" else accounted_std
+        gamma, _ = noise_grid(added_std)  # before anything is spent: an impossible std is refused here
         filt, run_filt = self.ledger.filter, self.ledger.run_filter
 
         with self.ledger.reserve(spec.run_id, int(spec.round_id)) as tx:
@@ -143,11 +149,12 @@ class FilteredClient:
                                               run_filter=run_filt, run_state=tx.run_state))
             if exhausted(allowance, clip, self.policy.exhausted_below):
                 status = "left" if self.policy.after_exhaustion == "leave" else "noise-only"
-                clipped, norm = None, 0.0
+                snapped, norm = [np.zeros(a.shape, dtype=np.int64) for a in arrays], 0.0
                 charge = filt.charge(sensitivity=0.0, noise_std=accounted_std)
             else:
                 status = "contributed"
                 clipped, norm = clip_to_norm(arrays, allowance)
+                snapped = snap_toward_zero(clipped, gamma)  # its norm is at most `norm`
                 charge = filt.charge(sensitivity=norm, noise_std=accounted_std)
                 # Defence in depth: the allowance is admitted by construction.
                 if not (filt.admits(tx.state, charge) and run_filt.admits(tx.run_state, charge)):
@@ -157,9 +164,5 @@ class FilteredClient:
                       run_state_after=run_filt.spend(tx.run_state, charge), sensitivity=norm,
                       noise_std=added_std, noise_multiplier=z, clip=clip, placement=spec.placement)
         # Committed: the spend is on disk. Only now is anything computed that leaves the device.
-        if status == "left":
-            out = None
-        else:
-            base = clipped if clipped is not None else [np.zeros_like(a) for a in arrays]
-            out = add_gaussian_noise(base, added_std, self.rng)
+        out = None if status == "left" else add_grid_noise(snapped, added_std, self._stream(spec))
         return Release(status, out, norm, added_std, state_after, filt)

@@ -29,6 +29,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 
 from client.flower_mod import ARRAYS_RECORD, REQUEST_RECORD, STATUS_LEFT, STATUS_RECORD, STATUS_REPORT, request_record
+from client.mechanism import reply_dtype
 from client.release import RoundSpec
 
 __all__ = ["FilteredMeanStrategy", "RoundTally", "classify_reply", "plain_mean", "report_norm_bound"]
@@ -77,14 +78,14 @@ def classify_reply(msg: Message, keys: Sequence[str], template: Sequence[np.ndar
         return "dropped", None, "the report's array keys differ from the model's"
     arrays = []
     for key, like in zip(keys, template):
-        item = record[key]
-        if item.dtype != str(like.dtype) or tuple(item.shape) != like.shape:
+        item, dtype = record[key], reply_dtype(like.dtype)
+        if item.dtype != str(dtype) or tuple(item.shape) != like.shape:
             return "dropped", None, f"array {key!r} has dtype {item.dtype} and shape {tuple(item.shape)}"
         try:
             a = item.numpy()
         except Exception as err:  # noqa: BLE001 - malformed bytes: drop, do not fail the round
             return "dropped", None, f"array {key!r} cannot be decoded ({type(err).__name__})"
-        if a.dtype != like.dtype or a.shape != like.shape:
+        if a.dtype != dtype or a.shape != like.shape:
             return "dropped", None, f"array {key!r} decodes to dtype {a.dtype}, shape {a.shape}"
         if not np.all(np.isfinite(a)):
             return "dropped", None, f"array {key!r} holds NaN or inf"

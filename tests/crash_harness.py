@@ -29,7 +29,7 @@ def spender(directory: str) -> None:
     from client.release import FilteredClient, RoundSpec
 
     ledger = BudgetLedger.enrol(directory, client_id="crash", epsilon=EPSILON, delta=DELTA)
-    client = FilteredClient(ledger, rng=np.random.default_rng())
+    client = FilteredClient(ledger)
     log = open(Path(directory) / "released.log", "a")
     start = len(ledger.records())
     print("ready", flush=True)

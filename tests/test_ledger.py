@@ -85,7 +85,7 @@ def test_run_quota_caps_one_run(tmp_path):
 
 def _spend_worker(directory, worker, rounds, queue):
     ledger = BudgetLedger.open(directory)
-    client = FilteredClient(ledger, rng=np.random.default_rng(worker))
+    client = FilteredClient(ledger, noise_seed=worker)
     released = 0.0
     for r in range(rounds):
         rel = client.release(RoundSpec(f"run-{worker}", r, 1.0, 1.0), [np.full(5, 0.2)])

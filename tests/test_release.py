@@ -17,7 +17,7 @@ UPDATE = [np.full((3, 4), 0.5, dtype=np.float32), np.full(5, -0.25, dtype=np.flo
 @pytest.fixture
 def client(tmp_path):
     ledger = BudgetLedger.enrol(tmp_path, client_id="dev", epsilon=1.0, delta=1e-5)
-    return FilteredClient(ledger, ClientPolicy(min_noise_multiplier=0.5), rng=np.random.default_rng(7))
+    return FilteredClient(ledger, ClientPolicy(min_noise_multiplier=0.5), noise_seed=7)
 
 
 @pytest.mark.parametrize("spec,field", [
@@ -93,7 +93,7 @@ def _noise_sample(client, spec, n_rounds=1):
 def test_measured_noise_std(tmp_path, placement, m):
     """The noise added is N(0, (zC)^2) locally and N(0, (zC)^2 / m) per share when distributed."""
     ledger = BudgetLedger.enrol(tmp_path, client_id="dev", epsilon=1.0, delta=1e-5)
-    client = FilteredClient(ledger, ClientPolicy(allow_distributed=True), rng=np.random.default_rng(11))
+    client = FilteredClient(ledger, ClientPolicy(allow_distributed=True), noise_seed=11)
     z, c = 2.0, 0.75
     sample = _noise_sample(client, lambda t: RoundSpec("r", t, z, c, placement=placement, min_reports=m), 5)
     expected = z * c / math.sqrt(m)
@@ -108,8 +108,8 @@ def test_measured_noise_std(tmp_path, placement, m):
 def test_explicit_seed_reproduces_and_default_does_not(tmp_path):
     a = BudgetLedger.enrol(tmp_path / "a", client_id="a", epsilon=5.0, delta=1e-5)
     b = BudgetLedger.enrol(tmp_path / "b", client_id="b", epsilon=5.0, delta=1e-5)
-    ra = FilteredClient(a, rng=np.random.default_rng(3)).release(RoundSpec("r", 0, 1.0, 1.0), UPDATE)
-    rb = FilteredClient(b, rng=np.random.default_rng(3)).release(RoundSpec("r", 0, 1.0, 1.0), UPDATE)
+    ra = FilteredClient(a, noise_seed=3).release(RoundSpec("r", 0, 1.0, 1.0), UPDATE)
+    rb = FilteredClient(b, noise_seed=3).release(RoundSpec("r", 0, 1.0, 1.0), UPDATE)
     assert all(np.array_equal(x, y) for x, y in zip(ra.arrays, rb.arrays))
     c = BudgetLedger.enrol(tmp_path / "c", client_id="c", epsilon=5.0, delta=1e-5)
     d = BudgetLedger.enrol(tmp_path / "d", client_id="d", epsilon=5.0, delta=1e-5)

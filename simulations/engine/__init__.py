@@ -3,7 +3,7 @@
 DESIGN.md section 4: for studies that would take days as separate Flower clients (for example
 60,000 single-example clients). Every privacy decision is made by the code a Flower device runs
 (``client.privacy.filters.round_allowance`` / ``exhausted`` / ``charge`` / ``admits`` / ``spend``
-and ``client.mechanism.certified_norm`` / ``clip_to_norm`` / ``add_gaussian_noise``), broadcast
+and ``client.mechanism.certified_norm`` / ``clip_to_norm`` / ``add_grid_noise``), broadcast
 over a leading client axis, so the same seeds give bitwise the same per-client spending
 (``tests/test_engine_conformance.py``).
 

@@ -24,11 +24,11 @@ from typing import Callable
 import numpy as np
 import torch
 
-from client.mechanism import add_gaussian_noise, certified_norm, clip_to_norm
+from client.mechanism import add_grid_noise, certified_norm, clip_to_norm, noise_grid, snap_toward_zero
 from client.privacy.filters import GaussianFilter, exhausted, make_filter, round_allowance
 from simulations.engine.config import EngineConfig, EngineResult, RoundRecord
 from simulations.engine.norms import clip_rows
-from simulations.engine.seeds import aggregate_noise_rng, client_noise_rng, sampling_rng
+from simulations.engine.seeds import aggregate_noise_rng, client_noise_stream, sampling_rng
 from simulations.engine.updates import Layout, PerExampleGradients, local_seed, local_sgd_update
 from simulations.tasks.training import evaluate, get_weights, set_weights
 
@@ -238,8 +238,9 @@ class Engine:
     def _noisy_report(self, client: int, update: np.ndarray) -> np.ndarray:
         """The client's report exactly as its device sends it (float32), as float64."""
         cfg = self.config
-        rng = client_noise_rng(cfg.seed, int(client), cfg.run_id, self.round_id)
-        noisy = add_gaussian_noise(self.layout.views(update), cfg.added_std, rng)
+        stream = client_noise_stream(cfg.seed, int(client), cfg.run_id, self.round_id)
+        snapped = snap_toward_zero(self.layout.views(update), noise_grid(cfg.added_std)[0])
+        noisy = add_grid_noise(snapped, cfg.added_std, stream)
         return np.concatenate([a.ravel() for a in noisy]).astype(np.float64)
 
     # --- evaluation -----------------------------------------------------------------------------
