@@ -10,6 +10,9 @@
   exhaustion).
 * ``BEGIN IMMEDIATE`` takes the write lock before reading the state, so concurrent rounds (threads
   or processes) see each other's spends: no two releases can both fit into the same remainder.
+* Safe to share between threads without any outside lock: one connection per ledger object, and
+  every transaction and read holds the object's own lock (a second ``BEGIN`` on a connection
+  already in a transaction would fail, and its ``ROLLBACK`` would undo the other thread's round).
 
 Each row stores the filter state after it (lifetime and per run), so the current state is one
 read; ``recomputed_state`` re-adds every charge with upward rounding, for audits and tests.
@@ -20,6 +23,7 @@ from __future__ import annotations
 import json
 import math
 import sqlite3
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -148,6 +152,8 @@ class BudgetLedger:
 
     def __init__(self, directory: Path, conn: sqlite3.Connection, enrolment: Enrolment):
         self.directory, self._conn, self.enrolment = directory, conn, enrolment
+        # Reentrant: reads inside a reservation (same thread) go through the same lock.
+        self._lock = threading.RLock()
         self.filter: GaussianFilter = make_filter(
             enrolment.filter_kind, enrolment.epsilon, enrolment.delta, enrolment.orders or None)
         self.run_filter: GaussianFilter = self.filter.scaled(enrolment.run_quota)
@@ -221,10 +227,15 @@ class BudgetLedger:
         return Enrolment(row[0], row[1], row[2], row[3], tuple(json.loads(row[4])), row[5], row[6])
 
     def close(self) -> None:
-        self._conn.close()
+        with self._lock:
+            self._conn.close()
 
     # --- reading ------------------------------------------------------------------------------
     def _last_state(self, run_id: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+        with self._lock:
+            return self._last_state_locked(run_id)
+
+    def _last_state_locked(self, run_id: str | None) -> tuple[np.ndarray, np.ndarray]:
         life = self._conn.execute("SELECT state_after FROM spends ORDER BY seq DESC LIMIT 1").fetchone()
         state = _floats(life[0]) if life else self.filter.initial_state()
         run_state = self.filter.initial_state()
@@ -246,14 +257,16 @@ class BudgetLedger:
     def records(self, run_id: str | None = None) -> list[SpendRecord]:
         sql = ("SELECT seq, run_id, round_id, status, sensitivity, noise_std, noise_multiplier, clip,"
                " placement, charge, state_after, run_state_after, created_at FROM spends")
-        rows = self._conn.execute(sql + (" WHERE run_id=? ORDER BY seq" if run_id else " ORDER BY seq"),
-                                  (run_id,) if run_id else ()).fetchall()
+        with self._lock:
+            rows = self._conn.execute(sql + (" WHERE run_id=? ORDER BY seq" if run_id else " ORDER BY seq"),
+                                      (run_id,) if run_id else ()).fetchall()
         return [SpendRecord(*r[:9], _floats(r[9]), _floats(r[10]), _floats(r[11]), r[12]) for r in rows]
 
     def has_release(self, run_id: str, round_id: int) -> bool:
         """Whether this (run, round) was already answered (one indexed lookup)."""
-        return self._conn.execute(
-            "SELECT 1 FROM spends WHERE run_id=? AND round_id=?", (run_id, int(round_id))).fetchone() is not None
+        with self._lock:
+            return self._conn.execute(
+                "SELECT 1 FROM spends WHERE run_id=? AND round_id=?", (run_id, int(round_id))).fetchone() is not None
 
     def recomputed_state(self) -> np.ndarray:
         """Every charge re-added from scratch with the filter's rounding (an audit of ``state``)."""
@@ -298,17 +311,18 @@ class BudgetLedger:
             raise ValueError(f"run_id must be a non-empty string. Found {run_id!r}.")
         if isinstance(round_id, bool) or not isinstance(round_id, int) or round_id < 0:
             raise ValueError(f"round_id must be an integer >= 0. Found {round_id!r}.")
-        self._conn.execute("BEGIN IMMEDIATE")
-        try:
-            seen = self._conn.execute(
-                "SELECT status FROM spends WHERE run_id=? AND round_id=?", (run_id, round_id)).fetchone()
-            if seen is not None:
-                raise ReplayError(f"round {round_id} of run {run_id!r} was already released; "
-                                  "a repeated request gets no second release.")
-            state, run_state = self._last_state(run_id)
-            reservation = Reservation(self._conn, run_id, round_id, state, run_state)
-            yield reservation
-            self._conn.execute("COMMIT")  # synchronous=FULL: durable before the release
-        except BaseException:
-            self._conn.execute("ROLLBACK")
-            raise
+        with self._lock:  # held for the whole transaction: threads take turns, processes too (below)
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                seen = self._conn.execute(
+                    "SELECT status FROM spends WHERE run_id=? AND round_id=?", (run_id, round_id)).fetchone()
+                if seen is not None:
+                    raise ReplayError(f"round {round_id} of run {run_id!r} was already released; "
+                                      "a repeated request gets no second release.")
+                state, run_state = self._last_state_locked(run_id)
+                reservation = Reservation(self._conn, run_id, round_id, state, run_state)
+                yield reservation
+                self._conn.execute("COMMIT")  # synchronous=FULL: durable before the release
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
