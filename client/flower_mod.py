@@ -54,6 +54,8 @@ key                      default   meaning
 ``min-noise-multiplier`` 0.5       smallest noise multiplier this device accepts
 ``after-exhaustion``     noise-only  ``noise-only`` or ``leave``
 ``allow-distributed``    false     accept ``placement = "distributed"`` (needs SecAgg)
+``max-min-reports``      100       largest ``min-reports`` accepted (each distributed report
+                                   carries 1/sqrt(m) of the accounted noise)
 ``noise-seed``           (none)    reproducible noise for tests ONLY: whoever knows it can
                                    subtract the noise. Default: OS cryptographic randomness.
 =======================  ========  ==========================================================
@@ -79,7 +81,9 @@ from flwr.common.constant import ErrorCode
 
 from client.ledger import LEDGER_FILE, BudgetLedger, ReplayError
 from client.mechanism import NonFiniteUpdateError, make_rng
-from client.release import AFTER_EXHAUSTION, ClientPolicy, FilteredClient, RoundSpec, RoundSpecError, validate_request
+from client.release import (
+    AFTER_EXHAUSTION, ClientPolicy, FilteredClient, RoundSpec, RoundSpecError, short_repr, validate_request,
+)
 
 __all__ = [
     "individual_filter_mod", "simulated_device_config_mod", "DeviceConfig", "device_config",
@@ -102,7 +106,7 @@ ERROR_CODE = ErrorCode.MOD_FAILED_PRECONDITION
 
 NODE_CONFIG_KEYS = (
     "ledger-dir", "budget-epsilon", "budget-delta", "filter", "run-quota", "client-id",
-    "min-noise-multiplier", "after-exhaustion", "allow-distributed", "noise-seed",
+    "min-noise-multiplier", "after-exhaustion", "allow-distributed", "max-min-reports", "noise-seed",
 )
 _REQUEST_KEYS = ("run-id", "round-id", "noise-multiplier", "clip", "placement", "min-reports")
 
@@ -183,13 +187,14 @@ def device_config(node_config: Mapping[str, Any]) -> DeviceConfig:
         problems.append(f"node-config 'after-exhaustion' must be one of {AFTER_EXHAUSTION}. Found {after!r}.")
         after = ClientPolicy.after_exhaustion
     allow_distributed = get("allow-distributed", _as_bool, False)
+    max_m = get("max-min-reports", _as_int, ClientPolicy.max_min_reports)
     seed = get("noise-seed", _as_int, None)
     if epsilon is None and not (Path(ledger_dir) / LEDGER_FILE).exists():
         problems.append("node-config 'budget-epsilon' is required until the device is enrolled.")
     policy = None
     try:
         policy = ClientPolicy(min_noise_multiplier=min_z, after_exhaustion=after,
-                              allow_distributed=allow_distributed)
+                              allow_distributed=allow_distributed, max_min_reports=max_m)
     except ValueError as err:
         problems.append(str(err))
     if problems:
@@ -216,11 +221,12 @@ def round_spec_from_record(record: ConfigRecord | None) -> RoundSpec:
              "placement": str, "min-reports": int}
     for key, kind in types.items():
         if key in record and (isinstance(record[key], bool) or not isinstance(record[key], kind)):
-            problems.append(f"{REQUEST_RECORD}[{key!r}] has the wrong type. Found {record[key]!r}.")
+            problems.append(f"{REQUEST_RECORD}[{key!r}] has the wrong type. Found {short_repr(record[key])}.")
     if problems:
         raise RoundSpecError("round request refused: " + " ".join(problems))
+    # Numbers go through as sent (no float(): a huge int would overflow); validate_request bounds them.
     return RoundSpec(run_id=record["run-id"], round_id=record["round-id"],
-                     noise_multiplier=float(record["noise-multiplier"]), clip=float(record["clip"]),
+                     noise_multiplier=record["noise-multiplier"], clip=record["clip"],
                      placement=record["placement"], min_reports=record["min-reports"])
 
 

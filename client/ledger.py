@@ -37,6 +37,7 @@ from client.privacy.filters import FILTER_KINDS, GaussianFilter, make_filter
 LEDGER_FILE = "budget_ledger.sqlite"
 SCHEMA_VERSION = 1
 STATUSES = ("contributed", "noise-only", "left")
+INT64_MAX = 2**63 - 1  # SQLite's integers are int64: a larger round id would raise OverflowError
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -309,8 +310,8 @@ class BudgetLedger:
         """
         if not (isinstance(run_id, str) and run_id):
             raise ValueError(f"run_id must be a non-empty string. Found {run_id!r}.")
-        if isinstance(round_id, bool) or not isinstance(round_id, int) or round_id < 0:
-            raise ValueError(f"round_id must be an integer >= 0. Found {round_id!r}.")
+        if isinstance(round_id, bool) or not isinstance(round_id, int) or not 0 <= round_id <= INT64_MAX:
+            raise ValueError(f"round_id must be an integer in [0, 2**63-1]. Found {round_id!r}.")
         with self._lock:  # held for the whole transaction: threads take turns, processes too (below)
             self._conn.execute("BEGIN IMMEDIATE")
             try:
