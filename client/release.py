@@ -18,7 +18,7 @@ from typing import Sequence
 import numpy as np
 
 from client.ledger import INT64_MAX, BudgetLedger
-from client.privacy.filters import GaussianFilter, exhausted, round_allowance
+from client.privacy.filters import GaussianFilter, exhausted
 from client.mechanism import add_gaussian_noise, as_float_arrays, check_finite, clip_to_norm, make_rng
 
 PLACEMENTS = ("local", "distributed")
@@ -195,8 +195,7 @@ class FilteredClient:
         filt, run_filt = self.ledger.filter, self.ledger.run_filter
 
         with self.ledger.reserve(spec.run_id, int(spec.round_id)) as tx:
-            allowance = float(round_allowance(filt, tx.state, noise_std=accounted_std, clip=clip,
-                                              run_filter=run_filt, run_state=tx.run_state))
+            allowance = tx.allowance(noise_std=accounted_std, clip=clip)  # every budget and quota
             if exhausted(allowance, clip, self.policy.exhausted_below):
                 status = "left" if self.policy.after_exhaustion == "leave" else "noise-only"
                 clipped, norm = None, 0.0
@@ -206,7 +205,7 @@ class FilteredClient:
                 clipped, norm = clip_to_norm(arrays, allowance)
                 charge = filt.charge(sensitivity=norm, noise_std=accounted_std)
                 # Defence in depth: the allowance is admitted by construction.
-                if not (filt.admits(tx.state, charge) and run_filt.admits(tx.run_state, charge)):
+                if not tx.admits(charge):
                     raise RuntimeError("internal error: clipped update exceeds the allowance; nothing spent")
             state_after = filt.spend(tx.state, charge)
             tx.record(status=status, charge=charge, state_after=state_after,
