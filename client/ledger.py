@@ -247,10 +247,11 @@ class Reservation:
         allow = round_allowance(led.filter, self.state, noise_std=noise_std, clip=clip,
                                 run_filter=led.run_filter, run_state=self.run_state)
         for filt, state in self._caps:
-            # A cap already passed (the owner lowered a quota) admits nothing; filter.allowance
-            # assumes a state within its budget.
-            cap = filt.allowance(state, noise_std=noise_std) if filt.within_budget(state) else 0.0
-            allow = np.minimum(allow, cap)
+            # A cap already passed (the owner lowered a quota) admits nothing. filter.allowance
+            # assumes a state within its budget: it gets the state clamped to the budget (the
+            # same work either way), and its answer is then overruled.
+            cap = filt.allowance(np.minimum(state, filt.budget), noise_std=noise_std)
+            allow = np.minimum(allow, np.where(filt.within_budget(state), cap, 0.0))
         return float(allow)
 
     def admits(self, charge: np.ndarray) -> bool:
@@ -367,11 +368,13 @@ class BudgetLedger:
             if recover != "reseal":
                 raise _owner_must_act(directory, f"has a damaged seal ({err}).") from err
             seal = None
-        had_db = path.exists() and path.stat().st_size > 0
-        if seal is not None and not had_db and recover is None:
-            raise _owner_must_act(directory, f"is missing or empty, but this device was enrolled before "
-                                             f"(its seal {SEAL_FILE} names spend #{seal.seq}).")
-        if recover == "reseal" and not had_db:
+        if seal is not None and recover is None:
+            # Enrolled before: open it exactly as the device does (fail closed), writing nothing.
+            ledger = cls.open(directory, quotas=quotas)
+            ledger._check_same_budget(client_id, filter_kind, epsilon, delta, filt.orders, run_quota)
+            return ledger
+        # From here on there is no seal: a new device, a schema 1 ledger, or the owner's recovery.
+        if recover == "reseal" and not (path.exists() and path.stat().st_size > 0):
             raise _owner_must_act(directory, "has no database to reseal.")
         try:
             conn = cls._connect(path)
@@ -398,32 +401,31 @@ class BudgetLedger:
         except BaseException:
             conn.close()
             raise
-        requested = (client_id, filter_kind, float(epsilon), float(delta), filt.orders, float(run_quota))
-        e = ledger.enrolment
-        stored = (e.client_id, e.filter_kind, e.epsilon, e.delta, e.orders, e.run_quota)
-        if stored != requested:
-            names = ("client_id", "filter", "epsilon", "delta", "orders", "run_quota")
-            diffs = [f"{n}: enrolled {s!r}, requested {r!r}" for n, s, r in zip(names, stored, requested) if s != r]
-            conn.close()
-            raise ValueError(
-                f"the ledger at {directory} is enrolled with a different budget, which can never "
-                f"change ({'; '.join(diffs)})."
-            )
         try:
+            ledger._check_same_budget(client_id, filter_kind, epsilon, delta, filt.orders, run_quota)
             if recover == "reseal":
-                move_aside(directory, [SEAL_FILE])
-                ledger._seal_latest()
-            elif seal is None:
-                if not (created or migrated):
-                    raise _owner_must_act(directory, f"has no seal ({SEAL_FILE}): it may be a copy or a "
-                                                     "restore that lacks spends.")
-                ledger._seal_latest()
-            else:
-                ledger._check_seal(seal)
+                move_aside(directory, [SEAL_FILE])  # kept for the record
+            elif not (created or migrated):
+                raise _owner_must_act(directory, f"has no seal ({SEAL_FILE}): it may be a copy or a "
+                                                 "restore that lacks spends.")
+            ledger._seal_latest()
         except BaseException:
             ledger.close()
             raise
         return ledger
+
+    def _check_same_budget(self, client_id, filter_kind, epsilon, delta, orders, run_quota) -> None:
+        requested = (client_id, filter_kind, float(epsilon), float(delta), tuple(orders), float(run_quota))
+        e = self.enrolment
+        stored = (e.client_id, e.filter_kind, e.epsilon, e.delta, e.orders, e.run_quota)
+        if stored != requested:
+            names = ("client_id", "filter", "epsilon", "delta", "orders", "run_quota")
+            diffs = [f"{n}: enrolled {s!r}, requested {r!r}" for n, s, r in zip(names, stored, requested) if s != r]
+            self.close()
+            raise ValueError(
+                f"the ledger at {self.directory} is enrolled with a different budget, which can never "
+                f"change ({'; '.join(diffs)})."
+            )
 
     @classmethod
     def open(cls, directory, *, quotas: Quotas | None = None) -> "BudgetLedger":
@@ -453,6 +455,9 @@ class BudgetLedger:
                     f", but this device was enrolled (its seal names spend #{seal.seq})." if seal else "."))
             migrated = False
             if version[0] == "1":  # schema 1 had no seal: migrate, then seal what is there
+                if seal is not None:  # a schema 2 ledger rolled back to before its migration
+                    raise _owner_must_act(directory, f"is an older copy (schema 1) of a sealed ledger "
+                                                     f"(its seal names spend #{seal.seq}).")
                 conn.execute("BEGIN IMMEDIATE")
                 try:
                     migrated = cls._prepare(conn)

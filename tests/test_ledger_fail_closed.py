@@ -4,6 +4,7 @@ Driven through the real mod (``individual_filter_mod``) as a device would be: th
 once, rounds are served, then the ledger's files are lost in the ways a disk loses them.
 """
 
+import json
 import logging
 import shutil
 import sqlite3
@@ -17,6 +18,7 @@ from client.ledger import (
     LEDGER_FILE, BudgetLedger, LedgerUnavailableError, LedgerWriteError,
 )
 from client.ledger_seal import SEAL_FILE
+from client.privacy.filters import make_filter
 from client.release import FilteredClient, RoundSpec
 from fedfilter.cli import main as cli_main
 from test_flower_mod import Handler, context, spec, train_message
@@ -205,3 +207,49 @@ def test_a_failed_seal_write_releases_nothing(tmp_path):
         client.release(RoundSpec("r", 0, 1.0, 1.0), [np.ones(3)])
     assert len(ledger.records()) == 1  # the spend is committed (wasted, never lost)
     ledger.close()
+
+
+def _schema_1_ledger(directory):
+    """A ledger as fedfilter wrote it before seals and coordinators (schema 1), with one spend."""
+    directory.mkdir()
+    state = json.dumps([float(make_filter("gdp", 4.0, 1e-5).spend(np.zeros(1), np.array([0.25]))[0])])
+    conn = sqlite3.connect(directory / LEDGER_FILE)
+    conn.executescript("""
+        PRAGMA journal_mode=WAL;
+        CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+        CREATE TABLE enrolment (id INTEGER PRIMARY KEY CHECK (id = 1), client_id TEXT NOT NULL,
+            filter_kind TEXT NOT NULL, epsilon REAL NOT NULL, delta REAL NOT NULL, orders TEXT NOT NULL,
+            run_quota REAL NOT NULL, enrolled_at REAL NOT NULL);
+        CREATE TABLE spends (seq INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT NOT NULL,
+            round_id INTEGER NOT NULL, status TEXT NOT NULL, sensitivity REAL NOT NULL,
+            noise_std REAL NOT NULL, noise_multiplier REAL NOT NULL, clip REAL NOT NULL,
+            placement TEXT NOT NULL, charge TEXT NOT NULL, state_after TEXT NOT NULL,
+            run_state_after TEXT NOT NULL, created_at REAL NOT NULL, UNIQUE (run_id, round_id));
+        INSERT INTO meta VALUES ('schema_version', '1');
+        INSERT INTO enrolment VALUES (1, 'old', 'gdp', 4.0, 1e-5, '[]', 1.0, 0.0);
+        INSERT INTO spends (run_id, round_id, status, sensitivity, noise_std, noise_multiplier, clip,
+            placement, charge, state_after, run_state_after, created_at)
+            VALUES ('r', 0, 'contributed', 0.5, 1.0, 1.0, 1.0, 'local', '[0.25]', 'STATE', 'STATE', 1.0);
+    """.replace("'STATE'", repr(state)))
+    conn.close()
+
+
+def test_a_schema_1_ledger_is_migrated_and_sealed_keeping_its_spends(tmp_path):
+    _schema_1_ledger(tmp_path / "old")
+    ledger = BudgetLedger.open(tmp_path / "old")
+    assert ledger.state()[0] >= 0.25 and (tmp_path / "old" / SEAL_FILE).exists()
+    FilteredClient(ledger, rng=np.random.default_rng(0)).release(RoundSpec("r2", 0, 1.0, 1.0), [np.ones(3)])
+    assert ledger.state()[0] > 0.25 and np.array_equal(ledger.state(), ledger.recomputed_state())
+    ledger.close()
+    BudgetLedger.open(tmp_path / "old").close()  # sealed from now on
+
+
+def test_a_schema_1_copy_of_a_sealed_ledger_is_refused(tmp_path):
+    _schema_1_ledger(tmp_path / "old")
+    BudgetLedger.open(tmp_path / "old").close()
+    seal = (tmp_path / "old" / SEAL_FILE).read_bytes()
+    shutil.rmtree(tmp_path / "old")
+    _schema_1_ledger(tmp_path / "old")  # the migration (and what followed) was lost
+    (tmp_path / "old" / SEAL_FILE).write_bytes(seal)
+    with pytest.raises(LedgerUnavailableError, match="older copy"):
+        BudgetLedger.open(tmp_path / "old")
