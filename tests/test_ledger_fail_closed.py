@@ -43,7 +43,7 @@ def assert_refused(ctx, caplog, *log_words):
     with caplog.at_level(logging.ERROR, logger="fedfilter.client"):
         reply = individual_filter_mod(train_message(spec(99), message_id="late"), ctx, handler)
     assert reply.has_error() and "ledger" in reply.error.reason
-    assert len(reply.content.array_records) == 0 if reply.has_content() else True
+    assert not reply.has_content()  # an error, no arrays
     assert handler.calls == 0  # refused before training: nothing trained, spent or released
     for w in log_words:
         assert w in caplog.text, (w, caplog.text)
@@ -253,3 +253,21 @@ def test_a_schema_1_copy_of_a_sealed_ledger_is_refused(tmp_path):
     (tmp_path / "old" / SEAL_FILE).write_bytes(seal)
     with pytest.raises(LedgerUnavailableError, match="older copy"):
         BudgetLedger.open(tmp_path / "old")
+
+
+def test_a_full_disk_through_the_mod_is_logged_as_such_and_releases_nothing(served, caplog):
+    ledger_dir, ctx = served
+    (entry,) = flower_mod._ledgers.values()  # the device's open ledger
+    conn = entry.ledger._conn
+    conn.execute(f"PRAGMA max_page_count={conn.execute('PRAGMA page_count').fetchone()[0]}")
+    with caplog.at_level(logging.ERROR, logger="fedfilter.client"):
+        for r in range(4, 10_000):
+            reply = individual_filter_mod(train_message(spec(r), message_id=f"f{r}"), ctx, Handler())
+            if reply.has_error():
+                break
+    assert reply.has_error() and not reply.has_content() and "ledger" in reply.error.reason
+    assert "full" in caplog.text and str(ledger_dir) in caplog.text and "cannot rollback" not in caplog.text
+    restart_device()
+    ledger = BudgetLedger.open(ledger_dir)  # intact, and it holds every round that was answered
+    assert len(ledger.records()) == r - 1
+    ledger.close()
