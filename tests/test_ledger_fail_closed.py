@@ -169,7 +169,7 @@ def test_reseal_accepts_the_database_as_it_is(served):
 def test_a_crash_between_commit_and_seal_is_not_a_loss(tmp_path):
     # The seal may lag the database by a commit (nothing was released after it): still opens.
     ledger = BudgetLedger.enrol(tmp_path, client_id="d", epsilon=4.0, delta=1e-5)
-    client = FilteredClient(ledger, rng=np.random.default_rng(0))
+    client = FilteredClient(ledger)
     client.release(RoundSpec("r", 0, 1.0, 1.0), [np.ones(3)])
     seal_before = (tmp_path / SEAL_FILE).read_bytes()
     client.release(RoundSpec("r", 1, 1.0, 1.0), [np.ones(3)])
@@ -182,7 +182,7 @@ def test_a_crash_between_commit_and_seal_is_not_a_loss(tmp_path):
 
 def test_a_full_disk_is_reported_as_a_full_disk_and_nothing_is_released(tmp_path):
     ledger = BudgetLedger.enrol(tmp_path, client_id="d", epsilon=1e3, delta=1e-5)
-    client = FilteredClient(ledger, rng=np.random.default_rng(0))
+    client = FilteredClient(ledger)
     pages = ledger._conn.execute("PRAGMA page_count").fetchone()[0]
     ledger._conn.execute(f"PRAGMA max_page_count={pages}")  # SQLite's own "disk full" (SQLITE_FULL)
     released = 0
@@ -201,7 +201,7 @@ def test_a_full_disk_is_reported_as_a_full_disk_and_nothing_is_released(tmp_path
 
 def test_a_failed_seal_write_releases_nothing(tmp_path):
     ledger = BudgetLedger.enrol(tmp_path, client_id="d", epsilon=4.0, delta=1e-5)
-    client = FilteredClient(ledger, rng=np.random.default_rng(0))
+    client = FilteredClient(ledger)
     (tmp_path / (SEAL_FILE + ".tmp")).mkdir()  # the seal cannot be written
     with pytest.raises(LedgerWriteError, match="budget ledger"):
         client.release(RoundSpec("r", 0, 1.0, 1.0), [np.ones(3)])
@@ -238,7 +238,7 @@ def test_a_schema_1_ledger_is_migrated_and_sealed_keeping_its_spends(tmp_path):
     _schema_1_ledger(tmp_path / "old")
     ledger = BudgetLedger.open(tmp_path / "old")
     assert ledger.state()[0] >= 0.25 and (tmp_path / "old" / SEAL_FILE).exists()
-    FilteredClient(ledger, rng=np.random.default_rng(0)).release(RoundSpec("r2", 0, 1.0, 1.0), [np.ones(3)])
+    FilteredClient(ledger).release(RoundSpec("r2", 0, 1.0, 1.0), [np.ones(3)])
     assert ledger.state()[0] > 0.25 and np.array_equal(ledger.state(), ledger.recomputed_state())
     ledger.close()
     BudgetLedger.open(tmp_path / "old").close()  # sealed from now on

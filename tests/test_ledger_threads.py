@@ -28,7 +28,7 @@ def _race(client: FilteredClient, run_id: str, barrier: threading.Barrier, out: 
 
 def _trial(directory, shared_run: bool) -> tuple[float, np.ndarray, np.ndarray, int, int, float]:
     ledger = BudgetLedger.enrol(directory, client_id="t", epsilon=1.0, delta=1e-5)
-    client = FilteredClient(ledger, rng=np.random.default_rng(0))
+    client = FilteredClient(ledger)
     barrier, out, errors = threading.Barrier(2), [], []
     runs = ("run", "run") if shared_run else ("run-a", "run-b")
     threads = [threading.Thread(target=_race, args=(client, run, barrier, out, errors)) for run in runs]
@@ -58,7 +58,7 @@ def test_two_threads_on_one_ledger_never_overspend_or_break_the_chain(tmp_path):
 
 def test_reads_during_concurrent_spends_never_fail(tmp_path):
     ledger = BudgetLedger.enrol(tmp_path, client_id="t", epsilon=50.0, delta=1e-5)
-    client = FilteredClient(ledger, rng=np.random.default_rng(0))
+    client = FilteredClient(ledger)
     stop, errors = threading.Event(), []
 
     def reader():

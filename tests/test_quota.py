@@ -51,7 +51,7 @@ def test_each_federation_has_its_own_cap_and_the_lifetime_budget_covers_them_all
     for fed in ("acme", "globex"):
         ledger = BudgetLedger.open(tmp_path, quotas=Quotas(fed, coordinator=0.3)) if spent else \
             BudgetLedger.enrol(tmp_path, client_id="d", epsilon=4.0, delta=1e-5, quotas=Quotas(fed, coordinator=0.3))
-        client = FilteredClient(ledger, rng=np.random.default_rng(0))
+        client = FilteredClient(ledger)
         for k in range(10):
             client.release(RoundSpec(f"{fed}-{k}", 0, 1.0, 1.0), [np.ones(100)])
         spent[fed] = ledger.coordinator_state(fed)[0]
@@ -70,7 +70,7 @@ def test_each_federation_has_its_own_cap_and_the_lifetime_budget_covers_them_all
 
 def test_the_daily_quota_is_a_rolling_24_hours_of_the_device_clock(tmp_path):
     ledger = BudgetLedger.enrol(tmp_path, client_id="d", epsilon=4.0, delta=1e-5, quotas=Quotas(daily=0.2))
-    client = FilteredClient(ledger, rng=np.random.default_rng(0))
+    client = FilteredClient(ledger)
     budget, now = float(ledger.filter.budget[0]), [1e9]
     ledger.clock = lambda: now[0]
 
