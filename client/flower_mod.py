@@ -84,11 +84,11 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Error, Message, RecordDict
 from flwr.common.constant import ErrorCode
 
-from client.ledger import LEDGER_FILE, BudgetLedger, LedgerError, Quotas, ReplayError
+from client.ledger import LEDGER_FILE, BudgetLedger, ReplayError
 from client.mechanism import NonFiniteUpdateError, make_rng
-from client.release import (
-    AFTER_EXHAUSTION, ClientPolicy, FilteredClient, RoundSpec, RoundSpecError, short_repr, validate_request,
-)
+from client.release import AFTER_EXHAUSTION, ClientPolicy, FilteredClient, RoundSpec, RoundSpecError, validate_request
+from client.ledger import LedgerError, Quotas  # noqa: I001 (apart from the lines above: keeps merges clean)
+from client.release import short_repr
 
 __all__ = [
     "individual_filter_mod", "simulated_device_config_mod", "DeviceConfig", "device_config",
