@@ -18,7 +18,7 @@ from typing import Sequence
 import numpy as np
 
 from client.ledger import INT64_MAX, BudgetLedger
-from client.privacy.filters import GaussianFilter, exhausted, round_allowance  # noqa: F401 (kept: merge)
+from client.privacy.filters import GaussianFilter, exhausted, round_allowance
 from client.mechanism import add_gaussian_noise, as_float_arrays, check_finite, clip_to_norm, make_rng
 
 PLACEMENTS = ("local", "distributed")
