@@ -271,3 +271,14 @@ def test_a_full_disk_through_the_mod_is_logged_as_such_and_releases_nothing(serv
     ledger = BudgetLedger.open(ledger_dir)  # intact, and it holds every round that was answered
     assert len(ledger.records()) == r - 1
     ledger.close()
+
+
+def test_a_read_only_ledger_is_reported_as_read_only_and_nothing_is_released(tmp_path):
+    ledger = BudgetLedger.enrol(tmp_path, client_id="d", epsilon=4.0, delta=1e-5)
+    ledger._conn.execute("PRAGMA query_only=1")  # SQLite's own SQLITE_READONLY, as on a read-only mount
+    with pytest.raises(LedgerWriteError, match="read-only") as err:
+        FilteredClient(ledger).release(RoundSpec("r", 0, 1.0, 1.0), [np.ones(3)])
+    assert str(tmp_path) in str(err.value)
+    ledger._conn.execute("PRAGMA query_only=0")
+    assert ledger.records() == []
+    ledger.close()
