@@ -34,6 +34,7 @@ state is one read; ``recomputed_state`` re-adds every charge with upward roundin
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import shutil
@@ -204,19 +205,20 @@ def _raise_storage_error(directory: Path, err: BaseException):
 
 def _storage_error(directory: Path, err: BaseException) -> BaseException:
     """Name what the disk said; a full or read-only disk must not look like a logic error."""
-    text = str(err).lower()
-    if isinstance(err, sqlite3.DatabaseError) and ("malformed" in text or "not a database" in text):
+    code = getattr(err, "sqlite_errorcode", None)  # SQLite's result code (Python >= 3.11)
+    primary = code & 0xFF if isinstance(code, int) else None
+    text, errno_ = str(err).lower(), getattr(err, "errno", None)
+    if primary in (11, 26) or "malformed" in text or "not a database" in text:  # CORRUPT, NOTADB
         return _owner_must_act(directory, f"is damaged ({err}).")
-    kind = None
-    if "full" in text or getattr(err, "errno", None) == 28:  # SQLITE_FULL, ENOSPC
+    if primary == 13 or errno_ in (errno.ENOSPC, errno.EDQUOT) or "disk is full" in text:  # SQLITE_FULL
         kind = "the disk holding it is full"
-    elif "readonly" in text or "read-only" in text or getattr(err, "errno", None) in (13, 30):
-        kind = "it is on a read-only disk or lacks write permission"
-    elif "disk i/o" in text:
+    elif primary == 8 or errno_ in (errno.EROFS, errno.EACCES, errno.EPERM) or "readonly" in text:
+        kind = "it is on a read-only disk or lacks write permission"  # SQLITE_READONLY
+    elif primary == 10 or "disk i/o" in text:  # SQLITE_IOERR
         kind = "the disk reported an I/O error"
     elif isinstance(err, OSError):
         kind = "the disk refused the write"
-    if kind is None:
+    else:
         return err
     try:
         free = f"; {shutil.disk_usage(directory).free} bytes free there"
