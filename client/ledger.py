@@ -124,7 +124,8 @@ class Quotas:
     def __post_init__(self):
         problems = []
         if not (isinstance(self.federation, str) and 0 < len(self.federation.strip()) <= 256):
-            problems.append(f"federation must be a non-empty name of at most 256 characters. Found {self.federation!r}.")
+            problems.append("federation must be a non-empty name of at most 256 characters. "
+                            f"Found {self.federation!r}.")
         for name in ("coordinator", "daily"):
             q = getattr(self, name)
             if not (isinstance(q, (int, float)) and not isinstance(q, bool) and math.isfinite(q) and 0 < q <= 1):

@@ -63,9 +63,11 @@ class ClientPolicy:
     def __post_init__(self):
         problems = []
         if _finite(self.min_noise_multiplier) is None or self.min_noise_multiplier <= 0:
-            problems.append(f"min_noise_multiplier must be a finite number > 0. Found {short_repr(self.min_noise_multiplier)}.")
-        if not (_is_int(self.max_min_reports) and 1 <= self.max_min_reports <= INT64_MAX):
-            problems.append(f"max_min_reports must be an integer in [1, 2**63-1]. Found {short_repr(self.max_min_reports)}.")
+            problems.append("min_noise_multiplier must be a finite number > 0. "
+                            f"Found {short_repr(self.min_noise_multiplier)}.")
+        if not _int_in(self.max_min_reports, 1, INT64_MAX):
+            problems.append("max_min_reports must be an integer in [1, 2**63-1]. "
+                            f"Found {short_repr(self.max_min_reports)}.")
         if self.after_exhaustion not in AFTER_EXHAUSTION:
             problems.append(f"after_exhaustion must be one of {AFTER_EXHAUSTION}. Found {self.after_exhaustion!r}.")
         if not (0 <= self.exhausted_below < 1):
