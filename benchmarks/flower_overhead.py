@@ -125,6 +125,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="fedfilter-bench-") as tmp:
         devices = {i: {"ledger-dir": str(Path(tmp) / "devices" / str(i)), "client-id": f"client-{i}",
                        "budget-epsilon": 1000.0} for i in range(args.clients)}
+        from client.flower_mod import enrol_device
+
+        for device in devices.values():
+            enrol_device(device)  # the owner's act, up front: the mod never enrols
         timings: dict[str, list[float]] = {}
         server_app, client_app = build_apps(args, devices, timings)
         started = time.perf_counter()

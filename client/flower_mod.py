@@ -45,15 +45,22 @@ Device settings (``context.node_config``; in the Deployment Engine from
 =======================  ========  ==========================================================
 key                      default   meaning
 =======================  ========  ==========================================================
-``ledger-dir``           required  directory of the device's durable budget ledger
-``budget-epsilon``       (ledger)  personal lifetime epsilon; may be left out once enrolled
+``ledger-dir``           required  directory of the device's budget ledger, enrolled by its owner
+                                   beforehand (``fedfilter ledger enrol``; ``enrol_device``)
+``budget-epsilon``       (none)    if given, the enrolment must match it (with ``budget-delta``,
+                                   ``filter``, ``run-quota``, ``client-id``); never enrols
 ``budget-delta``         1e-5      personal delta
 ``filter``               gdp       ``gdp``, ``zcdp`` or ``rdp``
 ``run-quota``            1.0       share of the lifetime budget one run may spend
 ``client-id``            dir name  name stored in the ledger at enrolment
+``federation``           default   the coordinator this device serves; every run is charged to it
+``coordinator-quota``    1.0       share of the lifetime budget that federation may ever spend
+``daily-quota``          1.0       share of the lifetime budget spent in any 24 hours
 ``min-noise-multiplier`` 0.5       smallest noise multiplier this device accepts
 ``after-exhaustion``     noise-only  ``noise-only`` or ``leave``
 ``allow-distributed``    false     accept ``placement = "distributed"`` (needs SecAgg)
+``max-min-reports``      100       largest ``min-reports`` accepted (each distributed report
+                                   carries 1/sqrt(m) of the accounted noise)
 ``noise-seed``           (none)    reproducible noise for tests ONLY: whoever knows it can
                                    subtract the noise. Default: OS cryptographic randomness.
 =======================  ========  ==========================================================
@@ -79,10 +86,12 @@ from flwr.common.constant import ErrorCode
 from client.ledger import LEDGER_FILE, BudgetLedger, ReplayError
 from client.mechanism import REPLY_DTYPE, NonFiniteUpdateError
 from client.release import AFTER_EXHAUSTION, ClientPolicy, FilteredClient, RoundSpec, RoundSpecError, validate_request
+from client.ledger import LedgerError, Quotas  # noqa: I001 (apart from the lines above: keeps merges clean)
+from client.release import short_repr
 
 __all__ = [
     "individual_filter_mod", "simulated_device_config_mod", "DeviceConfig", "device_config",
-    "request_record", "round_spec_from_record", "REQUEST_RECORD", "STATUS_RECORD", "ARRAYS_RECORD",
+    "request_record", "round_spec_from_record", "enrol_device", "REQUEST_RECORD", "STATUS_RECORD", "ARRAYS_RECORD",
     "STATUS_REPORT", "STATUS_LEFT", "NODE_CONFIG_KEYS",
 ]
 
@@ -101,7 +110,8 @@ ERROR_CODE = ErrorCode.MOD_FAILED_PRECONDITION
 
 NODE_CONFIG_KEYS = (
     "ledger-dir", "budget-epsilon", "budget-delta", "filter", "run-quota", "client-id",
-    "min-noise-multiplier", "after-exhaustion", "allow-distributed", "noise-seed",
+    "federation", "coordinator-quota", "daily-quota",
+    "min-noise-multiplier", "after-exhaustion", "allow-distributed", "max-min-reports", "noise-seed",
 )
 _REQUEST_KEYS = ("run-id", "round-id", "noise-multiplier", "clip", "placement", "min-reports")
 
@@ -119,14 +129,33 @@ class DeviceConfig:
     client_id: str
     policy: ClientPolicy
     noise_seed: int | None
+    quotas: Quotas
 
     def open_ledger(self) -> BudgetLedger:
-        """Enrol with the configured budget (idempotent) or open an enrolled ledger."""
+        """Open the enrolled ledger; never enrol (fail closed: a lost ledger is no fresh budget).
+
+        With ``budget-epsilon`` set, the enrolment must be the one the settings describe.
+        """
+        ledger = BudgetLedger.open(self.ledger_dir, quotas=self.quotas)
+        if self.budget_epsilon is not None:
+            e = ledger.enrolment
+            stored = (e.client_id, e.filter_kind, e.epsilon, e.delta, e.run_quota)
+            wanted = (self.client_id, self.filter_kind, self.budget_epsilon, self.budget_delta, self.run_quota)
+            if stored != wanted:
+                ledger.close()
+                names = ("client-id", "filter", "budget-epsilon", "budget-delta", "run-quota")
+                diffs = [f"{n}: enrolled {a!r}, node-config {b!r}" for n, a, b in zip(names, stored, wanted) if a != b]
+                raise ValueError(f"the ledger at {self.ledger_dir} is enrolled with a different budget "
+                                 f"({'; '.join(diffs)}).")
+        return ledger
+
+    def enrol(self) -> BudgetLedger:
+        """The owner's act, once, before the device serves rounds (see ``enrol_device``)."""
         if self.budget_epsilon is None:
-            return BudgetLedger.open(self.ledger_dir)
+            raise ValueError("node-config 'budget-epsilon' is required to enrol the device.")
         return BudgetLedger.enrol(self.ledger_dir, client_id=self.client_id, epsilon=self.budget_epsilon,
                                   delta=self.budget_delta, filter_kind=self.filter_kind,
-                                  run_quota=self.run_quota)
+                                  run_quota=self.run_quota, quotas=self.quotas)
 
 
 def _as_float(value: Any) -> float:
@@ -182,18 +211,31 @@ def device_config(node_config: Mapping[str, Any]) -> DeviceConfig:
         problems.append(f"node-config 'after-exhaustion' must be one of {AFTER_EXHAUSTION}. Found {after!r}.")
         after = ClientPolicy.after_exhaustion
     allow_distributed = get("allow-distributed", _as_bool, False)
+    federation = str(node_config.get("federation", Quotas.federation))
+    coordinator_quota = get("coordinator-quota", _as_float, Quotas.coordinator)
+    daily_quota = get("daily-quota", _as_float, Quotas.daily)
+    max_m = get("max-min-reports", _as_int, ClientPolicy.max_min_reports)
     seed = get("noise-seed", _as_int, None)
-    if epsilon is None and not (Path(ledger_dir) / LEDGER_FILE).exists():
-        problems.append("node-config 'budget-epsilon' is required until the device is enrolled.")
-    policy = None
+    policy = quotas = None
     try:
         policy = ClientPolicy(min_noise_multiplier=min_z, after_exhaustion=after,
-                              allow_distributed=allow_distributed)
+                              allow_distributed=allow_distributed, max_min_reports=max_m)
     except ValueError as err:
         problems.append(str(err))
+    try:
+        quotas = Quotas(federation=federation, coordinator=coordinator_quota, daily=daily_quota)
+    except ValueError as err:
+        problems.append(f"node-config 'federation', 'coordinator-quota' or 'daily-quota': {err}")
     if problems:
         raise ValueError("invalid fedfilter device config: " + " ".join(problems))
-    return DeviceConfig(Path(ledger_dir), epsilon, delta, filter_kind, run_quota, client_id, policy, seed)
+    return DeviceConfig(Path(ledger_dir), epsilon, delta, filter_kind, run_quota, client_id, policy, seed, quotas)
+
+
+def enrol_device(node_config: Mapping[str, Any]) -> None:
+    """Enrol a device from its settings (``budget-epsilon`` etc.): the owner's act, done once
+    before its SuperNode starts (simulations and tests do it up front). Idempotent for the same
+    budget; refuses a device whose ledger was lost (see ``BudgetLedger.enrol``)."""
+    device_config(node_config).enrol().close()
 
 
 # --- the coordinator's request ---------------------------------------------------------------
@@ -215,11 +257,12 @@ def round_spec_from_record(record: ConfigRecord | None) -> RoundSpec:
              "placement": str, "min-reports": int}
     for key, kind in types.items():
         if key in record and (isinstance(record[key], bool) or not isinstance(record[key], kind)):
-            problems.append(f"{REQUEST_RECORD}[{key!r}] has the wrong type. Found {record[key]!r}.")
+            problems.append(f"{REQUEST_RECORD}[{key!r}] has the wrong type. Found {short_repr(record[key])}.")
     if problems:
         raise RoundSpecError("round request refused: " + " ".join(problems))
+    # Numbers go through as sent (no float(): a huge int would overflow); validate_request bounds them.
     return RoundSpec(run_id=record["run-id"], round_id=record["round-id"],
-                     noise_multiplier=float(record["noise-multiplier"]), clip=float(record["clip"]),
+                     noise_multiplier=record["noise-multiplier"], clip=record["clip"],
                      placement=record["placement"], min_reports=record["min-reports"])
 
 
@@ -281,9 +324,9 @@ class _OpenLedger:
 
 
 def _cached_ledger(device: DeviceConfig) -> tuple[tuple, _OpenLedger]:
-    """The device's ledger, opened once per process; raises ``OSError``/``ValueError`` on failure."""
+    """The device's ledger, opened once per process; raises ``LedgerError``/``ValueError`` on failure."""
     key = (str(device.ledger_dir.resolve()), device.client_id, device.budget_epsilon, device.budget_delta,
-           device.filter_kind, device.run_quota)
+           device.filter_kind, device.run_quota, device.quotas)
     path = device.ledger_dir / LEDGER_FILE
     stale = []
     with _ledgers_lock:
@@ -427,7 +470,7 @@ def individual_filter_mod(msg: Message, context: Context, call_next: Callable[[M
     for _ in range(3):  # a ledger closed by another thread between lookup and use is reopened
         try:
             key, entry = _cached_ledger(device)
-        except (OSError, ValueError) as err:
+        except (LedgerError, OSError, ValueError) as err:  # fail closed until the owner acts
             log.error("fedfilter mod: cannot open the budget ledger: %s", err)
             return _error(msg, "fedfilter: this device's budget ledger cannot be opened (details in the "
                                "device's log); nothing was trained, spent or released.")
@@ -438,6 +481,11 @@ def individual_filter_mod(msg: Message, context: Context, call_next: Callable[[M
                 outcome = _filtered_release(entry.ledger, device, spec, msg, context, call_next, keys, received)
         except ReplayError as err:  # a concurrent duplicate of this round got there first
             return _error(msg, f"fedfilter: round request refused: {err}")
+        except LedgerError as err:  # lost spends, a full or read-only disk: nothing was released
+            log.error("fedfilter mod: the budget ledger failed: %s", err)
+            _forget_ledger(key, entry)
+            return _error(msg, "fedfilter: this device's budget ledger cannot be used (details in the device's "
+                               "log); nothing was released.")
         except BaseException:
             _forget_ledger(key, entry)
             raise

@@ -2,25 +2,46 @@
 
 * The personal budget is written once, at enrolment, and can never change: the enrolment row and
   every spend row are append-only (SQLite triggers abort any UPDATE or DELETE).
-* Write-ahead: a spend is committed (WAL, ``synchronous=FULL``: on disk before COMMIT returns)
-  before the caller adds noise and releases anything. A crash between the two wastes a spend,
-  never loses one.
+* Write-ahead: a spend is committed (WAL, ``synchronous=FULL``: on disk before COMMIT returns),
+  then sealed (``client.ledger_seal``), before the caller adds noise and releases anything. A
+  crash in between wastes a spend, never loses one.
 * One release per (run, round): a replayed or repeated request finds the row and is refused, so
   it never gets a second release (for a noise-only client as well, so that refusals do not reveal
   exhaustion).
 * ``BEGIN IMMEDIATE`` takes the write lock before reading the state, so concurrent rounds (threads
   or processes) see each other's spends: no two releases can both fit into the same remainder.
+* Safe to share between threads without any outside lock: one connection per ledger object, and
+  every transaction and read holds the object's own lock (a second ``BEGIN`` on a connection
+  already in a transaction would fail, and its ``ROLLBACK`` would undo the other thread's round).
+* Fails closed. Only ``enrol`` (the owner: ``fedfilter ledger enrol``) creates a budget; ``open``
+  (what a device does every round) refuses a missing, empty, damaged or rolled-back ledger (one
+  that no longer holds the spend its seal names: a lost ``-wal``, a truncation, an older copy)
+  with ``LedgerUnavailableError`` until the owner acts. A full or read-only disk is reported as
+  ``LedgerWriteError`` naming the disk; nothing is released.
 
-Each row stores the filter state after it (lifetime and per run), so the current state is one
-read; ``recomputed_state`` re-adds every charge with upward rounding, for audits and tests.
+Threat model of the quotas. The coordinator chooses run ids and can open a new Flower run whenever
+it likes, so a per-run quota (``run_quota``, fixed at enrolment) bounds one run only. What a
+coordinator cannot renew is set by the owner (``Quotas``, from the device's own settings): every
+spend is charged to the device's ``federation`` (the name of the coordinator this device serves,
+never taken from a request), which may spend at most ``coordinator`` of the lifetime budget in
+total, and the device spends at most ``daily`` of it in any 24 hours (by the device's clock) across
+all coordinators, which also bounds a coordinator that could pose as several. Big Bird (arXiv
+2506.05290) keys budgets per querier in the same way.
+
+Each row stores the filter states after it (lifetime, per run, per coordinator), so the current
+state is one read; ``recomputed_state`` re-adds every charge with upward rounding, for audits.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import math
+import shutil
 import sqlite3
+import threading
 import time
+import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,13 +49,18 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from client.privacy.filters import FILTER_KINDS, GaussianFilter, make_filter
+from client.ledger_seal import SEAL_FILE, Seal, SealError, move_aside, read_seal, write_seal
+from client.privacy.filters import FILTER_KINDS, GaussianFilter, make_filter, round_allowance
 
 LEDGER_FILE = "budget_ledger.sqlite"
-SCHEMA_VERSION = 1
+LEDGER_FILES = (LEDGER_FILE, LEDGER_FILE + "-wal", LEDGER_FILE + "-shm", SEAL_FILE)
+SCHEMA_VERSION = 2  # 2: coordinator columns, ledger id and seal
 STATUSES = ("contributed", "noise-only", "left")
+INT64_MAX = 2**63 - 1  # SQLite's integers are int64: a larger round id would raise OverflowError
+DAY_S = 86400.0
+RECOVER = ("reseal", "replace")
 
-_SCHEMA = """
+_SCHEMA_TABLES = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS enrolment (
     id INTEGER PRIMARY KEY CHECK (id = 1),
@@ -48,6 +74,7 @@ CREATE TABLE IF NOT EXISTS spends (
     clip REAL NOT NULL, placement TEXT NOT NULL,
     charge TEXT NOT NULL, state_after TEXT NOT NULL, run_state_after TEXT NOT NULL,
     created_at REAL NOT NULL,
+    coordinator TEXT NOT NULL DEFAULT '', coordinator_state_after TEXT NOT NULL DEFAULT '[]',
     UNIQUE (run_id, round_id));
 CREATE TRIGGER IF NOT EXISTS enrolment_no_update BEFORE UPDATE ON enrolment
     BEGIN SELECT RAISE(ABORT, 'the enrolment (personal budget) is immutable'); END;
@@ -58,10 +85,53 @@ CREATE TRIGGER IF NOT EXISTS spends_no_update BEFORE UPDATE ON spends
 CREATE TRIGGER IF NOT EXISTS spends_no_delete BEFORE DELETE ON spends
     BEGIN SELECT RAISE(ABORT, 'spends are append-only'); END;
 """
+# Schema 1 ledgers gain the coordinator columns (their old spends count for no coordinator, and
+# in full for the lifetime budget).
+_MIGRATE_1_TO_2 = (
+    "ALTER TABLE spends ADD COLUMN coordinator TEXT NOT NULL DEFAULT ''",
+    "ALTER TABLE spends ADD COLUMN coordinator_state_after TEXT NOT NULL DEFAULT '[]'",
+)
+_SCHEMA_INDEXES = """
+CREATE INDEX IF NOT EXISTS spends_by_coordinator ON spends (coordinator);
+CREATE INDEX IF NOT EXISTS spends_by_time ON spends (created_at);
+"""
 
 
 class ReplayError(RuntimeError):
     """This (run, round) was already released once; a second release is refused."""
+
+
+class LedgerError(RuntimeError):
+    """The budget ledger cannot be used; nothing was spent or released."""
+
+
+class LedgerUnavailableError(LedgerError):
+    """Missing, never enrolled, damaged or rolled back: the device refuses rounds until its owner acts."""
+
+
+class LedgerWriteError(LedgerError):
+    """The disk refused a write (full, read-only, I/O error); the round was not released."""
+
+
+@dataclass(frozen=True)
+class Quotas:
+    """The owner's caps on what one coordinator, and one day, may spend (see the module doc)."""
+
+    federation: str = "default"  # who this device serves; all its runs are charged to it
+    coordinator: float = 1.0  # share of the lifetime budget that federation may ever spend
+    daily: float = 1.0  # share of the lifetime budget the device spends in any 24 hours
+
+    def __post_init__(self):
+        problems = []
+        if not (isinstance(self.federation, str) and 0 < len(self.federation.strip()) <= 256):
+            problems.append("federation must be a non-empty name of at most 256 characters. "
+                            f"Found {self.federation!r}.")
+        for name in ("coordinator", "daily"):
+            q = getattr(self, name)
+            if not (isinstance(q, (int, float)) and not isinstance(q, bool) and math.isfinite(q) and 0 < q <= 1):
+                problems.append(f"{name} quota must be a fraction in (0, 1]. Found {q!r}.")
+        if problems:
+            raise ValueError(" ".join(problems))
 
 
 @dataclass(frozen=True)
@@ -90,6 +160,7 @@ class SpendRecord:
     state_after: np.ndarray
     run_state_after: np.ndarray
     created_at: float
+    coordinator: str = ""  # the federation charged ("" for spends written before schema 2)
 
 
 def _floats_json(values) -> str:
@@ -117,28 +188,103 @@ def _check_enrolment_args(client_id, epsilon, delta, filter_kind, run_quota) -> 
         raise ValueError(" ".join(problems))
 
 
-class Reservation:
-    """A round in progress inside the ledger's write transaction (see ``BudgetLedger.reserve``)."""
+def _owner_must_act(directory: Path, what: str) -> LedgerUnavailableError:
+    return LedgerUnavailableError(
+        f"the budget ledger at {directory} {what} Every round is refused until the device's owner acts: "
+        f"restore the ledger's files, or run `fedfilter ledger enrol --dir {directory} ... --recover reseal` "
+        "(accept the database as it is now) or `--recover replace` (start a new ledger, a fresh budget; "
+        "the old files are kept in a lost-* folder).")
 
-    def __init__(self, conn: sqlite3.Connection, run_id: str, round_id: int, state, run_state):
-        self._conn, self.run_id, self.round_id = conn, run_id, round_id
-        self.state, self.run_state = state, run_state
+
+def _raise_storage_error(directory: Path, err: BaseException):
+    """Re-raise ``err`` as what the disk said, if it is about the disk; else as it is."""
+    translated = _storage_error(directory, err)
+    if translated is err:
+        raise err
+    raise translated from err
+
+
+def _storage_error(directory: Path, err: BaseException) -> BaseException:
+    """Name what the disk said; a full or read-only disk must not look like a logic error."""
+    code = getattr(err, "sqlite_errorcode", None)  # SQLite's result code (Python >= 3.11)
+    primary = code & 0xFF if isinstance(code, int) else None
+    text, errno_ = str(err).lower(), getattr(err, "errno", None)
+    if primary in (11, 26) or "malformed" in text or "not a database" in text:  # CORRUPT, NOTADB
+        return _owner_must_act(directory, f"is damaged ({err}).")
+    if primary == 13 or errno_ in (errno.ENOSPC, errno.EDQUOT) or "disk is full" in text:  # SQLITE_FULL
+        kind = "the disk holding it is full"
+    elif primary == 8 or errno_ in (errno.EROFS, errno.EACCES, errno.EPERM) or "readonly" in text:
+        kind = "it is on a read-only disk or lacks write permission"  # SQLITE_READONLY
+    elif primary == 10 or "disk i/o" in text:  # SQLITE_IOERR
+        kind = "the disk reported an I/O error"
+    elif isinstance(err, OSError):
+        kind = "the disk refused the write"
+    else:
+        return err
+    try:
+        free = f"; {shutil.disk_usage(directory).free} bytes free there"
+    except OSError:
+        free = ""
+    return LedgerWriteError(f"cannot write the budget ledger at {directory}: {kind} ({err}{free}). "
+                            "Nothing was released this round.")
+
+
+class Reservation:
+    """A round in progress inside the ledger's write transaction (see ``BudgetLedger.reserve``).
+
+    ``allowance`` and ``admits`` apply every cap at once: the lifetime budget, the run quota,
+    and the owner's coordinator and daily quotas (``Quotas``).
+    """
+
+    def __init__(self, ledger: "BudgetLedger", run_id: str, round_id: int, state, run_state,
+                 coordinator_state, caps: list[tuple[GaussianFilter, np.ndarray]]):
+        self._ledger, self.run_id, self.round_id = ledger, run_id, round_id
+        self.state, self.run_state, self.coordinator_state = state, run_state, coordinator_state
+        self._caps = caps  # (filter, state) pairs beyond the lifetime and run filters
         self.recorded = False
+        self.open = True
+
+    def allowance(self, *, noise_std: float, clip: float) -> float:
+        """The largest sensitivity every cap still admits at this noise, at most ``clip``."""
+        led = self._ledger
+        allow = round_allowance(led.filter, self.state, noise_std=noise_std, clip=clip,
+                                run_filter=led.run_filter, run_state=self.run_state)
+        for filt, state in self._caps:
+            # A cap already passed (the owner lowered a quota) admits nothing. filter.allowance
+            # assumes a state within its budget: it gets the state clamped to the budget (the
+            # same work either way), and its answer is then overruled.
+            cap = filt.allowance(np.minimum(state, filt.budget), noise_std=noise_std)
+            allow = np.minimum(allow, np.where(filt.within_budget(state), cap, 0.0))
+        return float(allow)
+
+    def admits(self, charge: np.ndarray) -> bool:
+        led = self._ledger
+        pairs = [(led.filter, self.state), (led.run_filter, self.run_state), *self._caps]
+        return all(bool(f.admits(s, charge)) for f, s in pairs)
 
     def record(self, *, status: str, charge: np.ndarray, state_after: np.ndarray,
                run_state_after: np.ndarray, sensitivity: float, noise_std: float,
                noise_multiplier: float, clip: float, placement: str) -> None:
         if status not in STATUSES:
             raise ValueError(f"status must be one of {STATUSES}. Found {status!r}.")
-        if self.recorded:
-            raise RuntimeError("a reservation records exactly one release")
-        self._conn.execute(
+        if self.recorded or not self.open:
+            raise RuntimeError("a reservation records exactly one release, inside its transaction")
+        led = self._ledger
+        charge = np.asarray(charge, dtype=np.float64)
+        # Defence in depth: the states are the ledger's own, and a charge must fit every cap.
+        if not (np.array_equal(state_after, led.filter.spend(self.state, charge))
+                and np.array_equal(run_state_after, led.filter.spend(self.run_state, charge))):
+            raise RuntimeError("internal error: the states after this round do not add up; nothing spent")
+        if np.any(charge > 0) and not self.admits(charge):
+            raise RuntimeError("internal error: the charge exceeds a budget or quota; nothing spent")
+        led._conn.execute(
             "INSERT INTO spends (run_id, round_id, status, sensitivity, noise_std, noise_multiplier,"
-            " clip, placement, charge, state_after, run_state_after, created_at)"
-            " VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+            " clip, placement, charge, state_after, run_state_after, created_at, coordinator,"
+            " coordinator_state_after) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             (self.run_id, self.round_id, status, float(sensitivity), float(noise_std),
              float(noise_multiplier), float(clip), placement, _floats_json(charge),
-             _floats_json(state_after), _floats_json(run_state_after), time.time()),
+             _floats_json(state_after), _floats_json(run_state_after), led.clock(),
+             led.quotas.federation, _floats_json(led.filter.spend(self.coordinator_state, charge))),
         )
         self.recorded = True
 
@@ -146,85 +292,266 @@ class Reservation:
 class BudgetLedger:
     """A device's lifetime budget and every spend against it."""
 
-    def __init__(self, directory: Path, conn: sqlite3.Connection, enrolment: Enrolment):
+    def __init__(self, directory: Path, conn: sqlite3.Connection, enrolment: Enrolment,
+                 quotas: Quotas | None = None):
         self.directory, self._conn, self.enrolment = directory, conn, enrolment
+        self.quotas = quotas or Quotas()
+        self.clock = time.time  # the device's clock (created_at, the daily window); tests may set it
+        # Reentrant: reads inside a reservation (same thread) go through the same lock.
+        self._lock = threading.RLock()
         self.filter: GaussianFilter = make_filter(
             enrolment.filter_kind, enrolment.epsilon, enrolment.delta, enrolment.orders or None)
         self.run_filter: GaussianFilter = self.filter.scaled(enrolment.run_quota)
+        self.coordinator_filter: GaussianFilter = self.filter.scaled(self.quotas.coordinator)
+        self.daily_filter: GaussianFilter = self.filter.scaled(self.quotas.daily)
+        self._ledger_id = conn.execute("SELECT value FROM meta WHERE key='ledger_id'").fetchone()[0]
 
     # --- opening ------------------------------------------------------------------------------
     @staticmethod
     def _connect(path: Path) -> sqlite3.Connection:
         conn = sqlite3.connect(path, isolation_level=None, timeout=60.0, check_same_thread=False)
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA synchronous=FULL")
-        conn.execute("PRAGMA busy_timeout=60000")
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=FULL")
+            conn.execute("PRAGMA busy_timeout=60000")
+        except BaseException:
+            conn.close()
+            raise
         return conn
+
+    @staticmethod
+    def _prepare(conn: sqlite3.Connection) -> bool:
+        """Create or migrate the schema (inside the caller's transaction); True if migrated from 1."""
+        for stmt in _SCHEMA_TABLES.split(";\n"):
+            if stmt.strip():
+                conn.execute(stmt)
+        row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+        migrated = row is not None and row[0] == "1"
+        if migrated:
+            for stmt in _MIGRATE_1_TO_2:
+                conn.execute(stmt)
+            conn.execute("UPDATE meta SET value=? WHERE key='schema_version'", (str(SCHEMA_VERSION),))
+        elif row is not None and row[0] != str(SCHEMA_VERSION):
+            raise LedgerUnavailableError(f"the budget ledger has schema version {row[0]!r}, which this "
+                                         f"fedfilter (schema {SCHEMA_VERSION}) does not know.")
+        for stmt in _SCHEMA_INDEXES.split(";\n"):
+            if stmt.strip():
+                conn.execute(stmt)
+        conn.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+        conn.execute("INSERT OR IGNORE INTO meta VALUES ('ledger_id', ?)", (uuid.uuid4().hex,))
+        return migrated
 
     @classmethod
     def enrol(cls, directory, *, client_id: str, epsilon: float, delta: float,
               filter_kind: str = "gdp", orders: Sequence[float] | None = None,
-              run_quota: float = 1.0) -> "BudgetLedger":
-        """Create the ledger with its personal budget, or open it if enrolled with the same one.
+              run_quota: float = 1.0, quotas: Quotas | None = None,
+              recover: str | None = None) -> "BudgetLedger":
+        """The owner's act: create the ledger with its personal budget, or open it if enrolled
+        with the same one. A different budget for an existing ledger is refused.
 
-        A different budget for an existing ledger is refused: no request can raise or reset it.
+        A device enrolled before (its seal is there) whose ledger is missing, damaged or rolled
+        back is refused as in ``open``, unless ``recover`` says what the owner chose: ``"reseal"``
+        accepts the database as it is now, ``"replace"`` moves every ledger file into a
+        ``lost-*`` folder and enrols afresh (a new budget).
         """
         _check_enrolment_args(client_id, epsilon, delta, filter_kind, run_quota)
+        if recover not in (None, *RECOVER):
+            raise ValueError(f"recover must be one of {RECOVER} or None. Found {recover!r}.")
+        quotas = quotas or Quotas()
         # Build the filter first: an impossible budget fails before anything is written.
         filt = make_filter(filter_kind, float(epsilon), float(delta), orders)
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        conn = cls._connect(directory / LEDGER_FILE)
-        conn.executescript(_SCHEMA)
-        conn.execute("BEGIN IMMEDIATE")
+        path = directory / LEDGER_FILE
+        if recover == "replace":
+            move_aside(directory, list(LEDGER_FILES))
         try:
-            conn.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
-            conn.execute(
-                "INSERT OR IGNORE INTO enrolment VALUES (1,?,?,?,?,?,?,?)",
-                (client_id, filter_kind, float(epsilon), float(delta),
-                 json.dumps(list(filt.orders)), float(run_quota), time.time()),
-            )
-            conn.execute("COMMIT")
+            seal = read_seal(directory)
+        except SealError as err:
+            if recover != "reseal":
+                raise _owner_must_act(directory, f"has a damaged seal ({err}).") from err
+            seal = None
+        if seal is not None and recover is None:
+            # Enrolled before: open it exactly as the device does (fail closed), writing nothing.
+            ledger = cls.open(directory, quotas=quotas)
+            ledger._check_same_budget(client_id, filter_kind, epsilon, delta, filt.orders, run_quota)
+            return ledger
+        # From here on there is no seal: a new device, a schema 1 ledger, or the owner's recovery.
+        if recover == "reseal" and not (path.exists() and path.stat().st_size > 0):
+            raise _owner_must_act(directory, "has no database to reseal.")
+        try:
+            conn = cls._connect(path)
+        except sqlite3.Error as err:
+            _raise_storage_error(directory, err)
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                migrated = cls._prepare(conn)
+                created = conn.execute(
+                    "INSERT OR IGNORE INTO enrolment VALUES (1,?,?,?,?,?,?,?)",
+                    (client_id, filter_kind, float(epsilon), float(delta),
+                     json.dumps(list(filt.orders)), float(run_quota), time.time()),
+                ).rowcount == 1
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+            ledger = cls(directory, conn, cls._read_enrolment(conn), quotas)
+        except sqlite3.Error as err:
+            conn.close()
+            _raise_storage_error(directory, err)
         except BaseException:
-            conn.execute("ROLLBACK")
+            conn.close()
             raise
-        ledger = cls(directory, conn, cls._read_enrolment(conn))
-        requested = (client_id, filter_kind, float(epsilon), float(delta), filt.orders, float(run_quota))
-        e = ledger.enrolment
+        try:
+            ledger._check_same_budget(client_id, filter_kind, epsilon, delta, filt.orders, run_quota)
+            if recover == "reseal":
+                move_aside(directory, [SEAL_FILE])  # kept for the record
+            elif not (created or migrated):
+                raise _owner_must_act(directory, f"has no seal ({SEAL_FILE}): it may be a copy or a "
+                                                 "restore that lacks spends.")
+            ledger._seal_latest()
+        except BaseException:
+            ledger.close()
+            raise
+        return ledger
+
+    def _check_same_budget(self, client_id, filter_kind, epsilon, delta, orders, run_quota) -> None:
+        requested = (client_id, filter_kind, float(epsilon), float(delta), tuple(orders), float(run_quota))
+        e = self.enrolment
         stored = (e.client_id, e.filter_kind, e.epsilon, e.delta, e.orders, e.run_quota)
         if stored != requested:
             names = ("client_id", "filter", "epsilon", "delta", "orders", "run_quota")
             diffs = [f"{n}: enrolled {s!r}, requested {r!r}" for n, s, r in zip(names, stored, requested) if s != r]
-            conn.close()
+            self.close()
             raise ValueError(
-                f"the ledger at {directory} is enrolled with a different budget, which can never "
+                f"the ledger at {self.directory} is enrolled with a different budget, which can never "
                 f"change ({'; '.join(diffs)})."
             )
-        return ledger
 
     @classmethod
-    def open(cls, directory) -> "BudgetLedger":
+    def open(cls, directory, *, quotas: Quotas | None = None) -> "BudgetLedger":
+        """Open an enrolled ledger; ``LedgerUnavailableError`` (fail closed) if it is missing,
+        never enrolled, damaged, or no longer holds the spend its seal names."""
         directory = Path(directory)
         path = directory / LEDGER_FILE
-        if not path.exists():
-            raise FileNotFoundError(f"no budget ledger at {directory} (enrol the device first).")
-        conn = cls._connect(path)
-        return cls(directory, conn, cls._read_enrolment(conn))
+        try:
+            seal = read_seal(directory)
+        except SealError as err:
+            raise _owner_must_act(directory, f"has a damaged seal ({err}).") from err
+        if not (path.exists() and path.stat().st_size > 0):
+            if seal is not None:
+                raise _owner_must_act(directory, f"is missing or empty, but this device was enrolled "
+                                                 f"(its seal {SEAL_FILE} names spend #{seal.seq}).")
+            raise LedgerUnavailableError(f"no budget ledger at {directory}: the device is not enrolled. "
+                                         f"Its owner enrols it once: `fedfilter ledger enrol --dir {directory} ...`.")
+        try:
+            conn = cls._connect(path)
+        except sqlite3.Error as err:
+            _raise_storage_error(directory, err)
+        try:
+            version = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() \
+                if conn.execute("SELECT 1 FROM sqlite_master WHERE name='meta'").fetchone() else None
+            if version is None or conn.execute("SELECT 1 FROM sqlite_master WHERE name='enrolment'").fetchone() is None:
+                raise _owner_must_act(directory, "holds no enrolment" + (
+                    f", but this device was enrolled (its seal names spend #{seal.seq})." if seal else "."))
+            migrated = False
+            if version[0] == "1":  # schema 1 had no seal: migrate, then seal what is there
+                if seal is not None:  # a schema 2 ledger rolled back to before its migration
+                    raise _owner_must_act(directory, f"is an older copy (schema 1) of a sealed ledger "
+                                                     f"(its seal names spend #{seal.seq}).")
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    migrated = cls._prepare(conn)
+                    conn.execute("COMMIT")
+                except BaseException:
+                    if conn.in_transaction:
+                        conn.execute("ROLLBACK")
+                    raise
+            enrolment = cls._read_enrolment(conn, directory, seal)
+            ledger = cls(directory, conn, enrolment, quotas)
+        except sqlite3.Error as err:
+            conn.close()
+            _raise_storage_error(directory, err)
+        except BaseException:
+            conn.close()
+            raise
+        try:
+            if seal is None and not migrated:
+                raise _owner_must_act(directory, f"has no seal ({SEAL_FILE}): it may be a copy or a restore "
+                                                 "that lacks spends.")
+            if migrated:
+                ledger._seal_latest()
+            else:
+                ledger._check_seal(seal)
+        except BaseException:
+            ledger.close()
+            raise
+        return ledger
 
     @staticmethod
-    def _read_enrolment(conn: sqlite3.Connection) -> Enrolment:
+    def _read_enrolment(conn: sqlite3.Connection, directory: Path | None = None, seal: Seal | None = None) -> Enrolment:
         row = conn.execute(
             "SELECT client_id, filter_kind, epsilon, delta, orders, run_quota, enrolled_at FROM enrolment"
         ).fetchone()
         if row is None:
-            raise ValueError("the budget ledger has no enrolment.")
+            raise _owner_must_act(directory or Path("."), "holds no enrolment" + (
+                f", but this device was enrolled (its seal names spend #{seal.seq})." if seal else "."))
         return Enrolment(row[0], row[1], row[2], row[3], tuple(json.loads(row[4])), row[5], row[6])
 
     def close(self) -> None:
-        self._conn.close()
+        with self._lock:
+            self._conn.close()
+
+    # --- the seal -----------------------------------------------------------------------------
+    def _check_seal(self, seal: Seal | None = None) -> None:
+        """Refuse a database that no longer holds the spend its seal names (caller holds the lock)."""
+        if seal is None:
+            try:
+                seal = read_seal(self.directory)
+            except SealError as err:
+                raise _owner_must_act(self.directory, f"has a damaged seal ({err}).") from err
+            if seal is None:
+                raise _owner_must_act(self.directory, f"has lost its seal ({SEAL_FILE}).")
+        if seal.ledger_id != self._ledger_id:
+            raise _owner_must_act(self.directory, "is not the database its seal was written for (it was "
+                                                  "replaced or re-created).")
+        if seal.seq == 0:
+            return
+        row = self._conn.execute(
+            "SELECT run_id, round_id, created_at, state_after FROM spends WHERE seq=?", (seal.seq,)).fetchone()
+        if row is None or tuple(row) != (seal.run_id, seal.round_id, seal.created_at, seal.state_after):
+            last = self._conn.execute("SELECT MAX(seq) FROM spends").fetchone()[0] or 0
+            raise _owner_must_act(self.directory, (
+                f"has lost spends it had committed: its seal names spend #{seal.seq} (run {seal.run_id!r}, "
+                f"round {seal.round_id}), which the database {'does not hold' if row is None else 'holds differently'} "
+                f"(it ends at #{last}). A lost -wal file, a truncated database or an older copy."))
+
+    def _seal_latest(self) -> None:
+        """Seal the latest committed spend, under the write lock so that seals only move forward."""
+        with self._lock:
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                row = self._conn.execute("SELECT seq, run_id, round_id, created_at, state_after FROM spends"
+                                         " ORDER BY seq DESC LIMIT 1").fetchone()
+                seal = Seal(self._ledger_id, *row) if row else Seal(self._ledger_id, 0, "", 0, 0.0, "[]")
+                try:
+                    current = read_seal(self.directory)
+                except SealError:
+                    current = None
+                if current is None or current.ledger_id != seal.ledger_id or seal.seq > current.seq:
+                    write_seal(self.directory, seal)
+            finally:
+                if self._conn.in_transaction:
+                    self._conn.execute("ROLLBACK")
 
     # --- reading ------------------------------------------------------------------------------
     def _last_state(self, run_id: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+        with self._lock:
+            return self._last_state_locked(run_id)
+
+    def _last_state_locked(self, run_id: str | None) -> tuple[np.ndarray, np.ndarray]:
         life = self._conn.execute("SELECT state_after FROM spends ORDER BY seq DESC LIMIT 1").fetchone()
         state = _floats(life[0]) if life else self.filter.initial_state()
         run_state = self.filter.initial_state()
@@ -236,6 +563,18 @@ class BudgetLedger:
                 run_state = _floats(run[0])
         return state, run_state
 
+    def _coordinator_state_locked(self, federation: str) -> np.ndarray:
+        row = self._conn.execute("SELECT coordinator_state_after FROM spends WHERE coordinator=?"
+                                 " ORDER BY seq DESC LIMIT 1", (federation,)).fetchone()
+        return _floats(row[0]) if row else self.filter.initial_state()
+
+    def _window_state_locked(self, since: float) -> np.ndarray:
+        """Every charge recorded at or after ``since``, re-added with upward rounding."""
+        state = self.filter.initial_state()
+        for (charge,) in self._conn.execute("SELECT charge FROM spends WHERE created_at >= ? ORDER BY seq", (since,)):
+            state = self.filter.spend(state, _floats(charge))
+        return state
+
     def state(self) -> np.ndarray:
         """The lifetime filter state (sum of every charge, rounded up)."""
         return self._last_state()[0]
@@ -243,17 +582,29 @@ class BudgetLedger:
     def run_state(self, run_id: str) -> np.ndarray:
         return self._last_state(run_id)[1]
 
+    def coordinator_state(self, federation: str | None = None) -> np.ndarray:
+        """What one federation (default: this ledger's) has spent, for its quota."""
+        with self._lock:
+            return self._coordinator_state_locked(federation or self.quotas.federation)
+
+    def daily_state(self, now: float | None = None) -> np.ndarray:
+        """What the device spent in the 24 hours before ``now``, for the daily quota."""
+        with self._lock:
+            return self._window_state_locked((self.clock() if now is None else now) - DAY_S)
+
     def records(self, run_id: str | None = None) -> list[SpendRecord]:
         sql = ("SELECT seq, run_id, round_id, status, sensitivity, noise_std, noise_multiplier, clip,"
-               " placement, charge, state_after, run_state_after, created_at FROM spends")
-        rows = self._conn.execute(sql + (" WHERE run_id=? ORDER BY seq" if run_id else " ORDER BY seq"),
-                                  (run_id,) if run_id else ()).fetchall()
-        return [SpendRecord(*r[:9], _floats(r[9]), _floats(r[10]), _floats(r[11]), r[12]) for r in rows]
+               " placement, charge, state_after, run_state_after, created_at, coordinator FROM spends")
+        with self._lock:
+            rows = self._conn.execute(sql + (" WHERE run_id=? ORDER BY seq" if run_id else " ORDER BY seq"),
+                                      (run_id,) if run_id else ()).fetchall()
+        return [SpendRecord(*r[:9], _floats(r[9]), _floats(r[10]), _floats(r[11]), r[12], r[13]) for r in rows]
 
     def has_release(self, run_id: str, round_id: int) -> bool:
         """Whether this (run, round) was already answered (one indexed lookup)."""
-        return self._conn.execute(
-            "SELECT 1 FROM spends WHERE run_id=? AND round_id=?", (run_id, int(round_id))).fetchone() is not None
+        with self._lock:
+            return self._conn.execute(
+                "SELECT 1 FROM spends WHERE run_id=? AND round_id=?", (run_id, int(round_id))).fetchone() is not None
 
     def recomputed_state(self) -> np.ndarray:
         """Every charge re-added from scratch with the filter's rounding (an audit of ``state``)."""
@@ -266,49 +617,79 @@ class BudgetLedger:
         return self.filter.epsilon_spent(self.state())
 
     def summary(self) -> dict:
-        """The owner's view: budget, spent, remaining, and spending per run (never sent anywhere)."""
+        """The owner's view: budget, spent, remaining, and spending per run and per coordinator
+        (never sent anywhere)."""
         e = self.enrolment
         runs: dict[str, dict] = {}
+        coordinators: dict[str, dict] = {}
         for rec in self.records():
             run = runs.setdefault(rec.run_id, {"run_id": rec.run_id, "rounds": 0, "contributed": 0,
                                                "noise_only": 0, "left": 0})
             run["rounds"] += 1
             run[rec.status.replace("-", "_")] += 1
             run["state"] = rec.run_state_after
+            coordinators.setdefault(rec.coordinator, {"federation": rec.coordinator, "rounds": 0})["rounds"] += 1
         for run in runs.values():
             run["spent_epsilon"] = self.filter.epsilon_spent(run.pop("state"))
+        for name, c in coordinators.items():
+            c["spent_epsilon"] = self.filter.epsilon_spent(self.coordinator_state(name)) if name else None
         state = self.state()
         return {
             "client_id": e.client_id, "filter": e.filter_kind, "budget_epsilon": e.epsilon,
             "budget_delta": e.delta, "run_quota": e.run_quota,
             "spent_epsilon": self.filter.epsilon_spent(state),
             "remaining_fraction": float(self.filter.remaining_fraction(state)),
-            "runs": list(runs.values()),
+            "runs": list(runs.values()), "coordinators": list(coordinators.values()),
         }
 
     # --- spending -----------------------------------------------------------------------------
     @contextmanager
     def reserve(self, run_id: str, round_id: int) -> Iterator[Reservation]:
-        """Hold the write lock for one round; what is recorded is durable when the block exits.
+        """Hold the write lock for one round; what is recorded is durable and sealed when the
+        block exits, before the caller releases anything.
 
-        Raises ``ReplayError`` (nothing written) when this (run, round) was released before.
-        An exception inside the block rolls back: nothing is spent.
+        Raises ``ReplayError`` (nothing written) when this (run, round) was released before,
+        ``LedgerUnavailableError`` when the ledger lost spends it had committed, and
+        ``LedgerWriteError`` when the disk refuses the write. An exception inside the block rolls
+        back: nothing is spent.
         """
         if not (isinstance(run_id, str) and run_id):
             raise ValueError(f"run_id must be a non-empty string. Found {run_id!r}.")
-        if isinstance(round_id, bool) or not isinstance(round_id, int) or round_id < 0:
-            raise ValueError(f"round_id must be an integer >= 0. Found {round_id!r}.")
-        self._conn.execute("BEGIN IMMEDIATE")
-        try:
-            seen = self._conn.execute(
-                "SELECT status FROM spends WHERE run_id=? AND round_id=?", (run_id, round_id)).fetchone()
-            if seen is not None:
-                raise ReplayError(f"round {round_id} of run {run_id!r} was already released; "
-                                  "a repeated request gets no second release.")
-            state, run_state = self._last_state(run_id)
-            reservation = Reservation(self._conn, run_id, round_id, state, run_state)
-            yield reservation
-            self._conn.execute("COMMIT")  # synchronous=FULL: durable before the release
-        except BaseException:
-            self._conn.execute("ROLLBACK")
-            raise
+        if isinstance(round_id, bool) or not isinstance(round_id, int) or not 0 <= round_id <= INT64_MAX:
+            raise ValueError(f"round_id must be an integer in [0, 2**63-1]. Found {round_id!r}.")
+        with self._lock:  # held for the whole transaction: threads take turns, processes too (below)
+            try:
+                self._conn.execute("BEGIN IMMEDIATE")
+                self._check_seal()
+                seen = self._conn.execute(
+                    "SELECT status FROM spends WHERE run_id=? AND round_id=?", (run_id, round_id)).fetchone()
+                if seen is not None:
+                    raise ReplayError(f"round {round_id} of run {run_id!r} was already released; "
+                                      "a repeated request gets no second release.")
+                state, run_state = self._last_state_locked(run_id)
+                coordinator_state = self._coordinator_state_locked(self.quotas.federation)
+                caps = []
+                if self.quotas.coordinator < 1:
+                    caps.append((self.coordinator_filter, coordinator_state))
+                if self.quotas.daily < 1:
+                    caps.append((self.daily_filter, self._window_state_locked(self.clock() - DAY_S)))
+                reservation = Reservation(self, run_id, round_id, state, run_state, coordinator_state, caps)
+                try:
+                    yield reservation
+                finally:
+                    reservation.open = False
+                self._conn.execute("COMMIT")  # synchronous=FULL: durable before the release
+            except BaseException as err:
+                if self._conn.in_transaction:  # SQLite may have rolled back already (e.g. disk full)
+                    try:
+                        self._conn.execute("ROLLBACK")
+                    except sqlite3.Error:
+                        pass  # the original error says more
+                if isinstance(err, sqlite3.Error):
+                    _raise_storage_error(self.directory, err)
+                raise
+            if reservation.recorded:
+                try:
+                    self._seal_latest()
+                except (OSError, sqlite3.Error) as err:
+                    _raise_storage_error(self.directory, err)

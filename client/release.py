@@ -10,19 +10,21 @@ trusted: its request is validated against the device owner's policy before anyth
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Sequence
 
 import numpy as np
 
-from client.ledger import BudgetLedger
+from client.ledger import INT64_MAX, BudgetLedger
 from client.privacy.filters import GaussianFilter, exhausted, round_allowance
 from client.mechanism import add_grid_noise, as_float_arrays, check_finite, clip_to_norm, noise_grid, snap_toward_zero
 from client.noise import NoiseStream, round_noise_stream
 
 PLACEMENTS = ("local", "distributed")
 AFTER_EXHAUSTION = ("noise-only", "leave")
+MAX_RUN_ID_CHARS = 256  # a run-id is stored with every spend: a huge one would fill the device's disk
 
 
 class RoundSpecError(ValueError):
@@ -55,11 +57,18 @@ class ClientPolicy:
     # float32 slack of the last clipped round (about 1e-9 of the budget) from buying a further
     # round of pure rounding noise.
     exhausted_below: float = 1e-3
+    # Distributed mode trusts secure aggregation to release only sums of >= m reports, and each
+    # report carries only 1/sqrt(m) of the accounted noise: the owner caps the m it will believe.
+    max_min_reports: int = 100
 
     def __post_init__(self):
         problems = []
-        if not (math.isfinite(self.min_noise_multiplier) and self.min_noise_multiplier > 0):
-            problems.append(f"min_noise_multiplier must be a finite number > 0. Found {self.min_noise_multiplier!r}.")
+        if _finite(self.min_noise_multiplier) is None or self.min_noise_multiplier <= 0:
+            problems.append("min_noise_multiplier must be a finite number > 0. "
+                            f"Found {short_repr(self.min_noise_multiplier)}.")
+        if not _int_in(self.max_min_reports, 1, INT64_MAX):
+            problems.append("max_min_reports must be an integer in [1, 2**63-1]. "
+                            f"Found {short_repr(self.max_min_reports)}.")
         if self.after_exhaustion not in AFTER_EXHAUSTION:
             problems.append(f"after_exhaustion must be one of {AFTER_EXHAUSTION}. Found {self.after_exhaustion!r}.")
         if not (0 <= self.exhausted_below < 1):
@@ -72,28 +81,77 @@ def _is_number(x) -> bool:
     return isinstance(x, (int, float, np.floating, np.integer)) and not isinstance(x, bool)
 
 
+def _is_int(x) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
+
+
+def _finite(x) -> float | None:
+    """``float(x)`` if x is a finite number, else None (a huge int overflows float: None too)."""
+    if not _is_number(x):
+        return None
+    try:
+        value = float(x)
+    except (OverflowError, ValueError):
+        return None
+    return value if math.isfinite(value) else None
+
+
+def short_repr(value) -> str:
+    """A short repr for error messages (a hostile value may be a huge int or a long string)."""
+    if _is_int(value) and int(value).bit_length() > 64:
+        return f"an integer of {int(value).bit_length()} bits"
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _int_in(x, low: int, high: int) -> bool:
+    return _is_int(x) and low <= int(x) <= high
+
+
 def validate_request(spec: RoundSpec, policy: ClientPolicy) -> None:
-    """Raise ``RoundSpecError`` listing every problem with the request at once."""
+    """Raise ``RoundSpecError`` listing every problem with the request at once.
+
+    Everything the round will compute from the request is bounded here, before any training:
+    integers fit SQLite's int64, the noise std ``z * C`` (and the distributed share
+    ``z * C / sqrt(m)``) is a finite, normal float, and ``m`` is at most the owner's cap.
+    """
     problems = []
-    if not (isinstance(spec.run_id, str) and spec.run_id):
-        problems.append(f"run_id must be a non-empty string. Found {spec.run_id!r}.")
-    if not (isinstance(spec.round_id, (int, np.integer)) and not isinstance(spec.round_id, bool) and spec.round_id >= 0):
-        problems.append(f"round_id must be an integer >= 0. Found {spec.round_id!r}.")
-    z = spec.noise_multiplier
-    if not (_is_number(z) and math.isfinite(z) and z > 0):
-        problems.append(f"noise_multiplier must be a finite number > 0. Found {z!r}.")
+    if not (isinstance(spec.run_id, str) and 0 < len(spec.run_id) <= MAX_RUN_ID_CHARS):
+        problems.append(f"run_id must be a non-empty string of at most {MAX_RUN_ID_CHARS} characters. "
+                        f"Found {short_repr(spec.run_id)}.")
+    if not _int_in(spec.round_id, 0, INT64_MAX):
+        problems.append(f"round_id must be an integer in [0, 2**63-1]. Found {short_repr(spec.round_id)}.")
+    z = _finite(spec.noise_multiplier)
+    if z is None or z <= 0:
+        problems.append(f"noise_multiplier must be a finite number > 0. Found {short_repr(spec.noise_multiplier)}.")
+        z = None
     elif z < policy.min_noise_multiplier:
         problems.append(f"noise_multiplier={z!r} is below this device's minimum {policy.min_noise_multiplier!r}.")
-    c = spec.clip
-    if not (_is_number(c) and math.isfinite(c) and c > 0):
-        problems.append(f"clip must be a finite number > 0. Found {c!r}.")
+    c = _finite(spec.clip)
+    if c is None or c <= 0:
+        problems.append(f"clip must be a finite number > 0. Found {short_repr(spec.clip)}.")
+        c = None
+    m = spec.min_reports
+    if not _int_in(m, 1, policy.max_min_reports):
+        problems.append(f"min_reports must be an integer in [1, {policy.max_min_reports}] (this device's "
+                        f"max-min-reports). Found {short_repr(m)}.")
+        m = None
     if spec.placement not in PLACEMENTS:
-        problems.append(f"placement must be one of {PLACEMENTS}. Found {spec.placement!r}.")
+        problems.append(f"placement must be one of {PLACEMENTS}. Found {short_repr(spec.placement)}.")
     elif spec.placement == "distributed" and not policy.allow_distributed:
         problems.append("placement='distributed' needs secure aggregation, which this device's policy does not allow.")
-    m = spec.min_reports
-    if not (isinstance(m, (int, np.integer)) and not isinstance(m, bool) and m >= 1):
-        problems.append(f"min_reports must be an integer >= 1. Found {m!r}.")
+    if z is not None and c is not None:
+        # The accounted std and the share actually added must be usable floats: an overflow to inf
+        # would fail after training, a subnormal std would lose the precision the charge relies on.
+        std = z * c
+        if not (math.isfinite(std) and std >= sys.float_info.min):
+            problems.append(f"noise_multiplier * clip (the noise std) must be a finite, normal float > 0. "
+                            f"Found {z!r} * {c!r} = {std!r}.")
+        elif spec.placement == "distributed" and m is not None:
+            share = std / math.sqrt(int(m))
+            if not share >= sys.float_info.min:
+                problems.append(f"noise_multiplier * clip / sqrt(min_reports) (each report's noise std) must be "
+                                f"a normal float > 0. Found {share!r}.")
     if problems:
         raise RoundSpecError("round request refused: " + " ".join(problems))
 
@@ -145,8 +203,7 @@ class FilteredClient:
         filt, run_filt = self.ledger.filter, self.ledger.run_filter
 
         with self.ledger.reserve(spec.run_id, int(spec.round_id)) as tx:
-            allowance = float(round_allowance(filt, tx.state, noise_std=accounted_std, clip=clip,
-                                              run_filter=run_filt, run_state=tx.run_state))
+            allowance = tx.allowance(noise_std=accounted_std, clip=clip)  # every budget and quota
             if exhausted(allowance, clip, self.policy.exhausted_below):
                 status = "left" if self.policy.after_exhaustion == "leave" else "noise-only"
                 snapped, norm = [np.zeros(a.shape, dtype=np.int64) for a in arrays], 0.0
@@ -157,7 +214,7 @@ class FilteredClient:
                 snapped = snap_toward_zero(clipped, gamma)  # its norm is at most `norm`
                 charge = filt.charge(sensitivity=norm, noise_std=accounted_std)
                 # Defence in depth: the allowance is admitted by construction.
-                if not (filt.admits(tx.state, charge) and run_filt.admits(tx.run_state, charge)):
+                if not tx.admits(charge):
                     raise RuntimeError("internal error: clipped update exceeds the allowance; nothing spent")
             state_after = filt.spend(tx.state, charge)
             tx.record(status=status, charge=charge, state_after=state_after,

@@ -103,6 +103,7 @@ def device_configs(out: Path, budgets: list[float], *, after_exhaustion: str,
 
     A device already enrolled under ``out/devices/<id>`` keeps the budget it was enrolled with.
     """
+    from client.flower_mod import enrol_device
     from client.ledger import LEDGER_FILE, BudgetLedger
 
     table = {}
@@ -116,6 +117,7 @@ def device_configs(out: Path, budgets: list[float], *, after_exhaustion: str,
         table[i] = {"ledger-dir": str(ledger_dir), "client-id": f"client-{i}", "budget-epsilon": float(eps),
                     "budget-delta": float(delta), "after-exhaustion": after_exhaustion,
                     "min-noise-multiplier": float(min_noise_multiplier)}
+        enrol_device(table[i])  # each device's owner enrols it once, up front: the mod never does
     return table
 
 

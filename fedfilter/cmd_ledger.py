@@ -1,14 +1,32 @@
-"""``fedfilter ledger show|enrol``: the device owner's view of its lifelong budget."""
+"""``fedfilter ledger show|enrol``: the device owner's view of its lifelong budget.
+
+Enrolment is the owner's act and the only way a device gets a budget: the Flower mod never
+enrols, so a lost ledger is refused until the owner runs ``enrol`` again and says, with
+``--recover``, what to do about what was lost.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 
-from client.ledger import BudgetLedger
+from client.ledger import RECOVER, BudgetLedger, LedgerError, Quotas
 from client.privacy.filters import FILTER_KINDS
 
 
+def _owner_errors(func):
+    """A ledger the device refuses to use: one clear line for the owner, no traceback."""
+    def wrapped(args: argparse.Namespace) -> int:
+        try:
+            return func(args)
+        except LedgerError as err:
+            print(f"fedfilter: error: {err}", file=sys.stderr)
+            return 2  # as the CLI's other input errors
+    return wrapped
+
+
+@_owner_errors
 def _show(args: argparse.Namespace) -> int:
     ledger = BudgetLedger.open(args.dir)
     try:
@@ -30,14 +48,21 @@ def _show(args: argparse.Namespace) -> int:
     for r in s["runs"]:
         print(f"  {r['run_id']:<24} {r['rounds']:>6} {r['contributed']:>7} {r['noise_only']:>6} {r['left']:>5} "
               f"{r['spent_epsilon']:>10.4f}")
+    print(f"\n  {'federation':<24} {'rounds':>6} {'spent eps':>10}")
+    for c in s["coordinators"]:
+        spent = "(before quotas)" if c["spent_epsilon"] is None else f"{c['spent_epsilon']:.4f}"
+        print(f"  {c['federation'] or '-':<24} {c['rounds']:>6} {spent:>10}")
     return 0
 
 
+@_owner_errors
 def _enrol(args: argparse.Namespace) -> int:
     ledger = BudgetLedger.enrol(args.dir, client_id=args.client_id, epsilon=args.epsilon, delta=args.delta,
-                                filter_kind=args.filter, run_quota=args.run_quota)
+                                filter_kind=args.filter, run_quota=args.run_quota, quotas=Quotas(),
+                                recover=args.recover)
+    note = f" (recovered: {args.recover})" if args.recover else ""
     print(f"enrolled {ledger.enrolment.client_id}: epsilon={args.epsilon:g} delta={args.delta:g} "
-          f"filter={args.filter} in {args.dir}")
+          f"filter={args.filter} in {args.dir}{note}")
     ledger.close()
     return 0
 
@@ -56,4 +81,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     enrol.add_argument("--delta", type=float, required=True)
     enrol.add_argument("--filter", choices=list(FILTER_KINDS), default="gdp")
     enrol.add_argument("--run-quota", type=float, default=1.0, help="share of the budget one run may spend")
+    enrol.add_argument("--recover", choices=list(RECOVER), default=None,
+                       help="only for a device whose ledger was lost or damaged: 'reseal' accepts the "
+                            "database as it is now (spends it lost are forgotten), 'replace' moves the old "
+                            "files to a lost-* folder and starts a new ledger (a fresh budget)")
     enrol.set_defaults(func=_enrol)

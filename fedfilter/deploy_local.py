@@ -875,6 +875,7 @@ def deploy_local(options: DeployOptions, echo: Callable[[str], None] = print) ->
 
     Every process is stopped before this returns, whatever happened (Ctrl-C included).
     """
+    from client.flower_mod import enrol_device
     from client.ledger import LEDGER_FILE
     from fedfilter.cmd_demo import device_report
 
@@ -886,6 +887,10 @@ def deploy_local(options: DeployOptions, echo: Callable[[str], None] = print) ->
     run_config = build_run_config(app_config, options, public_ledger)
     out.mkdir(parents=True, exist_ok=True)
     devices_dir = out / "devices"
+    # Each device's owner enrols it once, before its SuperNode starts: the mod never enrols, so a
+    # lost ledger fails closed instead of starting over.
+    for index in range(options.clients):
+        enrol_device(device_node_config(index, options, devices_dir / str(index)))
     started = time.monotonic()
     result: RunResult | None = None
     error: str | None = None

@@ -18,7 +18,7 @@ from flwr.app import Context, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
 from client.client_app import train as client_train
-from client.flower_mod import individual_filter_mod
+from client.flower_mod import enrol_device, individual_filter_mod
 from client.ledger import BudgetLedger
 from coordinator.strategy import FilteredMeanStrategy
 from simulations.engine import EngineConfig, run_engine
@@ -49,6 +49,8 @@ def flower_reference(tmp_path, *, placement: str, min_reports: int, clip: float,
             "after-exhaustion": AFTER[k], "allow-distributed": True,
             "noise-seed": client_noise_seed(SEED, k)})
         for k in range(N)}
+    for ctx in contexts.values():
+        enrol_device(ctx.node_config)  # the owner's act, up front: the mod never enrols
     counts = []
     for round_id in range(1, ROUNDS + 1):
         spec = strategy.spec(RUN, round_id)

@@ -13,10 +13,10 @@ import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, Metadata, MetricRecord, RecordDict
 
 from client.flower_mod import (
-    ARRAYS_RECORD, REQUEST_RECORD, STATUS_RECORD, individual_filter_mod, request_record,
+    ARRAYS_RECORD, REQUEST_RECORD, STATUS_RECORD, enrol_device, individual_filter_mod, request_record,
     simulated_device_config_mod,
 )
-from client.ledger import BudgetLedger
+from client.ledger import LEDGER_FILE, BudgetLedger
 from client.release import RoundSpec
 from coordinator.strategy import FilteredMeanStrategy, classify_reply, plain_mean, report_norm_bound
 
@@ -46,9 +46,15 @@ def spec(round_id=1, *, run_id="run-a", z=1.0, clip=1.0, placement="local", m=1)
                      min_reports=m)
 
 
-def context(tmp_path, **node) -> Context:
+def context(tmp_path, *, enrol: bool = True, **node) -> Context:
+    """A node's Context; its owner enrols the device first (the mod itself never enrols)."""
     config = {"ledger-dir": str(tmp_path / "ledger"), "client-id": "alice", "budget-epsilon": 4.0,
               "budget-delta": 1e-5, **node}
+    if enrol and not (tmp_path / "ledger" / LEDGER_FILE).exists():
+        try:
+            enrol_device(config)
+        except ValueError:
+            pass  # invalid settings: the test is about the mod refusing them
     return Context(run_id=7, node_id=42, node_config=config, state=RecordDict(), run_config={})
 
 
@@ -381,7 +387,9 @@ def test_builtin_client_app_trains_its_partition_behind_the_filter(tmp_path):
     })
     meta = Metadata(run_id=7, message_id="m", src_node_id=1, dst_node_id=2, reply_to_message_id="",
                     group_id="1", created_at=time.time(), ttl=3600.0, message_type="train")
-    app = make_client_app({2: {"ledger-dir": str(tmp_path / "dev2"), "budget-epsilon": 10.0}})
+    device = {"ledger-dir": str(tmp_path / "dev2"), "budget-epsilon": 10.0}
+    enrol_device(device)
+    app = make_client_app({2: device})
     ctx = Context(run_id=7, node_id=2, node_config={"partition-id": 2, "num-partitions": 4},
                   state=RecordDict(), run_config={})
     reply = app(Message(content=content, metadata=meta), ctx)

@@ -30,12 +30,15 @@ BACKEND = {"client_resources": {"num_cpus": 1, "num_gpus": 0.0}}
 
 
 def _devices(root):
+    from client.flower_mod import enrol_device
+
     table = {}
     for i in range(N):
         small = i in NOISE_ONLY_SMALL or i in LEAVE_SMALL
         table[i] = {"ledger-dir": str(root / "devices" / str(i)), "client-id": f"client-{i}",
                     "budget-epsilon": 0.3 if small else 50.0, "budget-delta": 1e-5,
                     "after-exhaustion": "leave" if i in LEAVE_SMALL else "noise-only"}
+        enrol_device(table[i])  # the owner's act, up front: the mod never enrols
     return table
 
 
