@@ -23,18 +23,11 @@ import numpy as np
 
 from client.privacy.rounding import down, up
 
-# Orders used when none are given: those of dp_accounting's RdpAccountant above 1.01, where the
-# conversion is numerically stable.
+# dp_accounting's RdpAccountant orders (``DEFAULT_RDP_ORDERS``, 156 orders from 1.1 to 1024), the
+# default of the ``rdp`` filter: its single threshold (filters.py) pays nothing for a fine grid.
 DEFAULT_ORDERS: tuple[float, ...] = tuple(
     [1 + x / 10.0 for x in range(1, 100)] + list(range(11, 64)) + [128, 256, 512, 1024]
 )
-
-
-# Orders a Rényi *filter* uses by default. The filter over several orders pays a union bound
-# (delta / number of orders, see filters.py), so a short grid spaced by factors of about 1.5-2
-# admits more rounds than a fine one: at z=170, delta=1e-5 this grid admits 144 full rounds at
-# eps=0.3 against 106 for the 155 orders above (benchmarks/filter_rounds.py).
-FILTER_ORDERS: tuple[float, ...] = (1.5, 2, 3, 4, 6, 8, 12, 16, 32, 64, 128, 256)
 
 
 def check_orders(orders: Sequence[float]) -> np.ndarray:
@@ -88,3 +81,19 @@ def rdp_budgets(orders: Sequence[float], epsilon: float, delta: float) -> np.nda
     budgets = epsilon - _conversion_offset(orders_arr, delta)
     budgets = down(budgets - 8 * np.spacing(np.abs(budgets)))
     return np.maximum(budgets, 0.0)
+
+
+def gaussian_rho_budget(orders: Sequence[float], epsilon: float, delta: float) -> float:
+    """The largest ``rho`` such that ``(alpha, alpha * rho)``-RDP at some order of the grid implies
+    (epsilon, delta)-DP by ``epsilon_from_rdp``'s conversion (rounded down; 0 if none).
+
+    ``max_alpha B_alpha / alpha`` over the per-order budgets of ``rdp_budgets``, and, as in
+    ``epsilon_from_rdp``, the KL shortcut at the smallest order: ``alpha_min * rho <=
+    -log(1 - delta^2)`` bounds KL <= D_alpha_min (RDP is non-decreasing in the order), and then
+    TV <= sqrt(1 - exp(-KL)) <= delta (Bretagnolle-Huber) is (0, delta)-DP.
+    """
+    orders_arr = check_orders(orders)
+    per_order = down(rdp_budgets(orders_arr, epsilon, delta) / orders_arr)
+    kl = -math.log1p(-delta * delta)  # delta^2 and log1p: a few ulps; 16 cover them
+    kl_rho = down(down(kl * (1 - 16 * 2.0**-52)) / float(np.min(orders_arr)))
+    return float(max(float(np.max(per_order)), float(kl_rho), 0.0))
