@@ -67,8 +67,8 @@ def plan_epsilon(kind: str, *, noise_multiplier: float, rounds: int, delta: floa
     """The smallest budget epsilon whose filter admits ``rounds`` full-norm rounds.
 
     Also reports ``fixed_composition_epsilon``: the epsilon of the same rounds fixed in advance
-    (no filter) under the kind's own conversion. It equals ``epsilon``: none of the three filters
-    pays anything for adaptivity (for rdp: one threshold, the full delta; see filters.py).
+    (no filter) under the kind's own conversion. It equals ``epsilon`` up to rounding: none of the
+    filters pays anything for adaptivity (for rdp: one threshold, the full delta; see filters.py).
     """
     _check_z(noise_multiplier)
     if not (isinstance(rounds, int) and rounds >= 1):
@@ -81,8 +81,8 @@ def plan_epsilon(kind: str, *, noise_multiplier: float, rounds: int, delta: floa
         state = filt.spend(state, charge)
     eps = filt.epsilon_spent(state)
     if kind == "rdp":  # dp_accounting's fixed composition: k rounds at order alpha cost k alpha / (2 z^2)
-        orders_arr = np.asarray(filt.orders)
-        fixed = epsilon_from_rdp(filt.orders, up(orders_arr * rounds / (2.0 * noise_multiplier**2) * (1 + 2.0**-50)), delta)
+        per_order = np.asarray(filt.orders) * rounds / (2.0 * noise_multiplier**2)
+        fixed = epsilon_from_rdp(filt.orders, up(per_order * (1 + 2.0**-50)), delta)  # 4 roundings
     else:
         fixed = eps
     return {"filter": kind, "noise_multiplier": noise_multiplier, "rounds": rounds, "delta": delta,
