@@ -1,8 +1,11 @@
 """The allowance does the same work on every state (no timing channel on exhaustion), is admitted,
 and lands within 1e-12 of the budget."""
 
+import importlib.util
+import subprocess
 import sys
 from fractions import Fraction
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -97,3 +100,18 @@ def test_allowance_is_admitted_and_lands_within_1e_12_of_the_budget(kind, eps, l
         assert a == float(old_closed_form(filt, state, std))
         exact = std * float((Fraction(b) - Fraction(float(state[0]))) / Fraction(w)) ** 0.5
         assert a == pytest.approx(exact, rel=1e-12)
+
+
+def test_timing_benchmark_runs_and_its_classifier_is_right():
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("allowance_timing", root / "benchmarks/allowance_timing.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.best_threshold_accuracy(np.array([1.0, 2, 3]), np.array([4.0, 5, 6])) == 1.0
+    assert bench.best_threshold_accuracy(np.array([4.0, 5, 6]), np.array([1.0, 2, 3])) == 1.0  # mirror rule
+    assert bench.best_threshold_accuracy(np.array([1.0, 4]), np.array([2.0, 3])) == 0.75
+    out = subprocess.run([sys.executable, str(root / "benchmarks/allowance_timing.py"), "--samples", "5", "--release"],
+                         cwd=root, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert [line.split()[0] for line in out.stdout.splitlines()[1:4]] == list(FILTER_KINDS)
+    assert "FilteredClient.release, 5 each" in out.stdout
