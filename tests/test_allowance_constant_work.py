@@ -1,6 +1,7 @@
 """The allowance does the same work on every state (no timing channel on exhaustion), is admitted,
 and lands within 1e-12 of the budget."""
 
+import gc
 import importlib.util
 import subprocess
 import sys
@@ -28,7 +29,11 @@ def states_of(filt):
 
 
 def trace_of(fn):
-    """Every Python and builtin call ``fn`` makes, in order (sys.setprofile)."""
+    """Every Python and builtin call ``fn`` makes, in order (sys.setprofile).
+
+    The garbage collector is paused: its callbacks (hypothesis installs one) run whenever a
+    collection happens to fall, which is the process's business, not the state's.
+    """
     events = []
 
     def prof(frame, event, arg):
@@ -37,11 +42,14 @@ def trace_of(fn):
         elif event == "c_call":
             events.append(("c_call", getattr(arg, "__name__", repr(type(arg)))))
 
+    gc.collect()
+    gc.disable()
     sys.setprofile(prof)
     try:
         fn()
     finally:
         sys.setprofile(None)
+        gc.enable()
     return events
 
 

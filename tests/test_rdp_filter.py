@@ -7,6 +7,8 @@ import sqlite3
 import numpy as np
 import pytest
 from dp_accounting import dp_event
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from dp_accounting.rdp import rdp_privacy_accountant as google_rdp
 
 from client.ledger import LEDGER_FILE, BudgetLedger
@@ -89,3 +91,14 @@ def test_old_per_order_rdp_ledger_fails_closed(tmp_path):
     assert len(client.ledger.records()) == 1  # nothing spent
     with pytest.raises(ValueError, match="rdp ledger"):
         client.ledger.spent_epsilon()
+
+
+@settings(max_examples=200, deadline=None)
+@given(log_rho=st.floats(-9, 1), log_delta=st.floats(-12, -2))
+def test_spent_epsilon_builds_a_filter_that_admits_the_state(log_rho, log_delta):
+    """epsilon_spent is the smallest budget whose filter admits the state: rounded so that it does."""
+    delta, state = 10**log_delta, np.array([10.0**log_rho])
+    eps = rdp_filter(1e3, delta).epsilon_spent(state)
+    if eps > 0:
+        assert rdp_filter(eps, delta).within_budget(state)
+        assert not rdp_filter(eps * (1 - 1e-9), delta).within_budget(state * (1 + 1e-6))

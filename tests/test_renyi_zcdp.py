@@ -2,6 +2,7 @@
 
 import math
 
+import mpmath
 import numpy as np
 import pytest
 from dp_accounting import dp_event
@@ -82,3 +83,31 @@ def test_theorem_4_9_fixed_eps_rate():
     rho = k * eps_t**2 / 2
     assert zcdp.epsilon_from_zcdp(rho, delta) == pytest.approx(
         k * eps_t**2 / 2 + math.sqrt(2 * k * math.log(1 / delta)) * eps_t, rel=1e-12)
+
+
+def _exact_conversion(a, r, delta):
+    a, r, d = mpmath.mpf(a), mpmath.mpf(r), mpmath.mpf(delta)
+    return r + mpmath.log1p(-1 / a) - mpmath.log(d * a) / (a - 1)
+
+
+@pytest.mark.parametrize("delta", [1e-5, 1e-9, 0.3])
+def test_rdp_conversion_rounds_the_safe_way_against_60_digits(delta):
+    """Budgets convert (exactly, at 60 digits) to at most epsilon and readouts are never below the
+    exact value, also where epsilon nearly cancels the conversion's offset (ulps of the result do
+    not cover the terms' rounding there)."""
+    mpmath.mp.dps = 60
+    orders = list(renyi.DEFAULT_ORDERS[::5]) + [1.011, 1.05, 1024.0, 1e5]
+    offsets = [float(_exact_conversion(a, 0, delta)) for a in orders]
+    for a, off in zip(orders, offsets):
+        for f in (1 + 1e-15, 1 + 1e-12, 1.001, 3.0):
+            eps = off * f if off > 0 else 1e-3 * f
+            b = renyi.rdp_budgets([a], eps, delta)[0]
+            if b > 0:
+                assert _exact_conversion(a, b, delta) <= eps
+            for r in (b, eps):
+                got = renyi.epsilon_from_rdp([a], [r], delta)
+                assert got == 0.0 or got >= _exact_conversion(a, r, delta)
+    # The KL shortcut's threshold, where it is all that admits: alpha_min * rho <= -log(1 - delta^2).
+    if renyi.rdp_budgets([2.0], 1e-300, delta)[0] == 0:
+        rho = renyi.gaussian_rho_budget([2.0], 1e-300, delta)
+        assert 0 < rho and 2 * mpmath.mpf(rho) <= -mpmath.log1p(-mpmath.mpf(delta) ** 2)
