@@ -26,7 +26,7 @@ and the grid, so it is fixed before any release. ``rho <= rho*`` is exactly pape
 transcript is (alpha*, B_alpha*)-RDP and converts (Canonne, Kamath and Steinke 2020, Proposition
 12, the conversion of ``renyi.epsilon_from_rdp``) to (epsilon, delta) at the FULL delta. By Remark
 4.4's argument the same rule is Theorem 4.3's rule at every order at once, so the transcript is in
-fact (alpha, alpha rho*)-RDP for every alpha >= 1; the guarantee needs alpha* only, and no union
+fact (alpha, alpha rho*)-RDP for every alpha > 1; the guarantee needs alpha* only, and no union
 bound over orders is paid. (A union bound, delta / number of orders, is only needed when the orders'
 losses are not proportional, e.g. subsampled mechanisms; this filter only ever charges Gaussians.)
 This admits exactly what dp_accounting's ``RdpAccountant`` certifies for the same rounds fixed in
@@ -146,10 +146,11 @@ class GaussianFilter:
         ``_ALLOWANCE_SLACK`` low: ``first`` with ``room = B - S`` (the allowance of earlier versions,
         bit for bit); ``second`` with ``room = down(B) - S``, which is admitted by the error bounds
         alone (its charge is at most ``room``, so the up-rounded sum stays <= B) and lands within
-        about 200 ulps of B; ``first`` misses only when B - S is a small share of B. The result is
-        the larger admitted one, else 0: admitted by construction (``admits`` itself decides), and
-        the same work whatever the state (both candidates are always checked), so the time it takes
-        does not reveal whether the budget is spent.
+        about 200 ulps of B; ``first`` (never below ``second``) misses only when B - S is under
+        about 1% of B. The result is ``first`` if admitted, else ``second`` if admitted, else 0:
+        admitted by construction (``admits`` itself decides), and the same work whatever the state
+        (both candidates are always charged and checked, no early exit), so the time it takes does
+        not reveal whether the budget is spent.
         """
         state = self._checked("state", state)
         std = np.asarray(noise_std, dtype=np.float64)
