@@ -1,6 +1,6 @@
 """Full-norm rounds each filter admits, and the budget ledger's spend latency.
 
-    python benchmarks/filter_rounds.py
+    python benchmarks/filter_rounds.py [--rounds-only]
 
 Rounds: a fresh client, every clipped update of norm exactly C, noise std z*C, delta = 1e-5, for
 z = 170 (papers/004 Appendix A's eps = 0.3 setting) and z = 5 (a typical federated setting).
@@ -72,7 +72,8 @@ def latency(n: int = 400) -> str:
 def main() -> None:
     for z in (170.0, 5.0):
         print(rounds_table(z), "\n")
-    print(latency())
+    if "--rounds-only" not in sys.argv[1:]:
+        print(latency())
 
 
 if __name__ == "__main__":

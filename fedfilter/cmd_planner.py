@@ -10,7 +10,7 @@ from client.privacy.planner import BASELINE_KINDS, plan_epsilon, plan_rounds
 
 FILTER_HELP = {
     "gdp": "exact Gaussian-DP filter (default; the most rounds any valid accountant admits)",
-    "rdp": "Rényi filter over a grid of orders (papers/004 Thm 4.3, Remark 4.4)",
+    "rdp": "Rényi filter at dp_accounting's best order, full delta (papers/004 Thm 4.3, Remark 4.4)",
     "zcdp": "papers/004 Theorem 4.9 (zCDP to (eps, delta))",
     "basic": "papers/003 Theorem 3.4 via Lemma 3.3 (baseline)",
     "advanced": "papers/003 Theorem 5.1 via Lemma 3.3 (baseline)",

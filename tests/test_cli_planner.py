@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 
@@ -45,3 +46,14 @@ def test_ledger_show(tmp_path):
     assert data["runs"][0]["contributed"] == 4
     missing = run("ledger", "show", "--dir", str(tmp_path / "nope"))
     assert missing.returncode == 2 and "no budget ledger" in missing.stderr and "Traceback" not in missing.stderr
+
+
+def test_readme_rounds_table_is_the_commands_output():
+    """The README's `fedfilter rounds` block is what the command prints today."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    cmd = "$ fedfilter rounds --epsilon 1 --delta 1e-5 --noise-multiplier 10 --filter all\n"
+    assert cmd in readme
+    shown = readme.split(cmd, 1)[1].split("```", 1)[0]
+    out = run(*cmd.split()[2:])
+    assert out.returncode == 0, out.stderr
+    assert shown.strip() == out.stdout.strip()

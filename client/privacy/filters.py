@@ -1,31 +1,43 @@
-"""Individual privacy filters: pure functions over a small float64 state, one row per client.
+"""Individual privacy filters: pure functions over a one-number state, one row per client.
 
-A Gaussian release with sensitivity ``s`` (the norm of the clipped update) and noise standard
-deviation ``std`` has privacy loss ``(s/std)^2`` times a fixed weight per coordinate of the state:
+Every release is a Gaussian mechanism with sensitivity ``s`` (the norm of the clipped update) and
+noise standard deviation ``std``, ``mu_t = s / std``. Each filter keeps one running sum, ``weight *
+sum mu_t^2``, and continues while it is at most the budget:
 
-=======  ======================  ==========================  ======================================
-kind     state coordinates       weight                      continue while
-=======  ======================  ==========================  ======================================
-gdp      sum mu_t^2              1                           sum mu_t^2 <= mu_B^2 (exact curve)
-zcdp     sum rho_t               1/2                         sum rho_t <= B* (papers/004 Thm 4.9)
-rdp      sum rho_t(alpha), each  alpha/2 per order alpha     some order within its budget
-=======  ======================  ==========================  ======================================
+=======  =====================  ======  ==================================================
+kind     state                  weight  budget (continue while state <= budget)
+=======  =====================  ======  ==================================================
+gdp      sum mu_t^2             1       mu_B^2, mu_B from the exact Gaussian-DP curve
+zcdp     rho = sum mu_t^2 / 2   1/2     B* of papers/004 Theorem 4.9
+rdp      rho = sum mu_t^2 / 2   1/2     rho* = max_alpha B_alpha / alpha over the orders
+=======  =====================  ======  ==================================================
 
 Validity. gdp: Smith and Thakurta 2022 (arXiv 2210.17520) Theorem 1.1 / Koskela, Tobaben and
 Honkela ICLR 2023 Theorem 6 (fully adaptive composition of Gaussian mechanisms). zcdp: papers/004
-Theorem 4.9 with Remark 4.4. rdp: papers/004 Theorem 4.3 for each order, and a union bound over
-orders: halting when *every* order exceeds its budget B_alpha is valid at delta = sum_alpha
-delta_alpha, because at the halting time T some order has S_alpha(T) <= B_alpha, and for each order
-(1 - e^(eps - L))_+ 1{S_alpha(T) <= B_alpha} <= c_alpha e^((alpha-1)(L - S_alpha(T)) + (alpha-1)(B_alpha - eps))
-whose expectation is at most delta_alpha by optional stopping of the supermartingale in the proof of
-Theorem 4.3 (CKS 2020 Proposition 12 gives c_alpha and the conversion). So each order's budget is
-set for delta / (number of orders) (as in Lécuyer 2021, arXiv 2103.01379, Section 3). With a single
-order this is exactly papers/004 Theorem 4.3.
+Theorem 4.9 with Remark 4.4.
+
+rdp: a Gaussian release is ``(alpha, alpha mu_t^2 / 2)``-RDP at every order alpha (Mironov 2017,
+Proposition 7), so every order's Rényi loss is ``alpha * rho`` with the same ``rho``, and "some
+order within its budget B_alpha" (B_alpha: the largest RDP value that converts to (epsilon, delta)
+at order alpha, ``renyi.rdp_budgets``) is the single threshold ``rho <= rho* = max_alpha B_alpha /
+alpha``, whatever the data. Let alpha* be the maximising order: it depends only on (epsilon, delta)
+and the grid, so it is fixed before any release. ``rho <= rho*`` is exactly papers/004 Theorem
+4.3's filter F_{alpha*, B_alpha*} (``sum_t alpha* mu_t^2 / 2 <= alpha* rho* = B_alpha*``), so the
+transcript is (alpha*, B_alpha*)-RDP and converts (Canonne, Kamath and Steinke 2020, Proposition
+12, the conversion of ``renyi.epsilon_from_rdp``) to (epsilon, delta) at the FULL delta. By Remark
+4.4's argument the same rule is Theorem 4.3's rule at every order at once, so the transcript is in
+fact (alpha, alpha rho*)-RDP for every alpha > 1; the guarantee needs alpha* only, and no union
+bound over orders is paid. (A union bound, delta / number of orders, is only needed when the orders'
+losses are not proportional, e.g. subsampled mechanisms; this filter only ever charges Gaussians.)
+This admits exactly what dp_accounting's ``RdpAccountant`` certifies for the same rounds fixed in
+advance, up to rounding.
 
 The filters never hold mutable state: ``spend`` returns the new state. Losses round up and
 allowances round down (``client.privacy.rounding``), so no sequence of floating-point operations
 lets a client spend beyond its budget. Every function broadcasts over a leading client axis, which
-is how the vectorised engine applies the very same code to thousands of clients at once.
+is how the vectorised engine applies the very same code to thousands of clients at once. The
+allowance does the same work whatever the state (no early exit, no data-dependent branch), so its
+running time does not reveal how much budget is left.
 """
 
 from __future__ import annotations
@@ -54,13 +66,19 @@ def _check_eps_delta(epsilon: float, delta: float) -> None:
         raise ValueError(" ".join(problems))
 
 
+def _closed_form(room, weight: float, std) -> np.ndarray:
+    """``std * sqrt(room / weight)``, ``_ALLOWANCE_SLACK`` low and rounded down, never negative."""
+    per = np.sqrt(np.maximum(down(np.maximum(room, 0.0) / weight), 0.0))
+    return np.maximum(down(std * per * (1 - _ALLOWANCE_SLACK)), 0.0)
+
+
 @dataclass(frozen=True)
 class GaussianFilter:
-    """A budget over adaptively chosen Gaussian releases.
+    """A budget over adaptively chosen Gaussian releases: continue while ``state <= budget``.
 
-    ``budget`` and ``weights`` have one entry per state coordinate. A release of sensitivity ``s``
-    and noise std ``std`` adds ``weights * (s/std)^2``; a state is within budget when *some*
-    coordinate is (for one coordinate, the plain filter).
+    ``weights`` and ``budget`` have one entry, as every state has one coordinate: a release of
+    sensitivity ``s`` and noise std ``std`` adds ``weights * (s/std)^2``. ``orders`` are the Rényi
+    orders the rdp filter converts with (empty for the others).
     """
 
     kind: str
@@ -70,16 +88,30 @@ class GaussianFilter:
     budget: np.ndarray = field(repr=False)
     orders: tuple[float, ...] = ()
 
+    def __post_init__(self) -> None:
+        if np.shape(self.weights) != (1,) or np.shape(self.budget) != (1,):
+            raise ValueError(f"a filter has one weight and one budget. Found shapes "
+                             f"{np.shape(self.weights)} and {np.shape(self.budget)}.")
+
     @property
     def dim(self) -> int:
-        return int(self.budget.shape[-1])
+        return 1
 
     def initial_state(self, n_clients: int | None = None) -> np.ndarray:
         shape = (self.dim,) if n_clients is None else (n_clients, self.dim)
         return np.zeros(shape, dtype=np.float64)
 
+    def _checked(self, name: str, value) -> np.ndarray:
+        arr = np.asarray(value, dtype=np.float64)
+        if arr.ndim == 0 or arr.shape[-1] != self.dim:
+            hint = (" An rdp ledger written before the single-threshold rdp filter keeps one Rényi sum"
+                    " per order; this version cannot read it (nothing was spent)." if self.kind == "rdp" else "")
+            raise ValueError(f"{name} must have {self.dim} coordinate per client for the {self.kind} "
+                             f"filter. Found shape {arr.shape}.{hint}")
+        return arr
+
     def charge(self, *, sensitivity, noise_std) -> np.ndarray:
-        """The loss of one release, rounded up; shape ``(..., dim)``."""
+        """The loss of one release, rounded up; shape ``(..., 1)``."""
         s = np.asarray(sensitivity, dtype=np.float64)
         std = np.asarray(noise_std, dtype=np.float64)
         if np.any(~np.isfinite(s) | (s < 0)):
@@ -95,11 +127,12 @@ class GaussianFilter:
 
         Adding an exact zero is exact, so a release without data (charge 0) leaves the state as is.
         """
+        state, charge = self._checked("state", state), self._checked("charge", charge)
         return np.where(charge > 0, add_up(state, charge), state)
 
     def within_budget(self, state: np.ndarray) -> np.ndarray:
-        """True where some coordinate is within its budget (the filter says CONT)."""
-        return np.any(state <= self.budget, axis=-1)
+        """True where the state is within the budget (the filter says CONT)."""
+        return self._checked("state", state)[..., 0] <= self.budget[0]
 
     def admits(self, state: np.ndarray, charge: np.ndarray) -> np.ndarray:
         """True where the release keeps the client within its budget."""
@@ -108,30 +141,34 @@ class GaussianFilter:
     def allowance(self, state: np.ndarray, *, noise_std) -> np.ndarray:
         """The largest sensitivity still admitted at this noise (rounded down; 0 if none).
 
-        Closed form ``std * max_j sqrt((B_j - S_j) / w_j)``, started a few ulps low and then
-        checked with ``admits`` itself, so the allowance is admitted by construction and lands
-        within about 1e-14 (relative) of the exact budget: papers/004 Algorithm 7's
-        ``min(C, sqrt(B_norm - sum ||g_j||^2))`` with the minimum over C taken by the caller.
+        papers/004 Algorithm 7's ``min(C, sqrt(B_norm - sum ||g_j||^2))``, the minimum over C taken
+        by the caller. Two closed-form candidates ``std * sqrt(room / w)``, each
+        ``_ALLOWANCE_SLACK`` low: ``first`` with ``room = B - S`` (the allowance of earlier versions,
+        bit for bit); ``second`` with ``room = down(B) - S``, which is admitted by the error bounds
+        alone (its charge is at most ``room``, so the up-rounded sum stays <= B) and lands within
+        about 200 ulps of B; ``first`` (never below ``second``) misses only when B - S is under
+        about 1% of B. The result is ``first`` if admitted, else ``second`` if admitted, else 0:
+        admitted by construction (``admits`` itself decides), and the same work whatever the state
+        (both candidates are always charged and checked, no early exit), so the time it takes does
+        not reveal whether the budget is spent.
         """
+        state = self._checked("state", state)
         std = np.asarray(noise_std, dtype=np.float64)
-        room = np.maximum(sub_down(self.budget, state), 0.0)
-        per_coord = np.sqrt(np.maximum(down(room / self.weights), 0.0))
-        s = down(std * np.max(per_coord, axis=-1) * (1 - _ALLOWANCE_SLACK))
-        s = np.maximum(s, 0.0)
-        for _ in range(64):  # never taken in practice; guarantees admits() by construction
-            bad = ~self.admits(state, self.charge(sensitivity=s, noise_std=std))
-            if not np.any(bad):
-                return s
-            s = np.where(bad, down(s * (1 - 2.0**-30)), s)
-        return np.where(self.admits(state, self.charge(sensitivity=s, noise_std=std)), s, 0.0)
+        w, b, spent = float(self.weights[0]), float(self.budget[0]), state[..., 0]
+        first = _closed_form(sub_down(b, spent), w, std)
+        second = _closed_form(sub_down(down(b), spent), w, std)
+        ok_first = self.admits(state, self.charge(sensitivity=first, noise_std=std))
+        ok_second = self.admits(state, self.charge(sensitivity=second, noise_std=std))
+        return np.where(ok_first, first, np.where(ok_second, second, 0.0))
 
     def remaining_fraction(self, state: np.ndarray) -> np.ndarray:
-        """Share of the budget left, in (0, 1]; by the coordinate with the most room."""
-        room = np.maximum(self.budget - state, 0.0) / np.where(self.budget > 0, self.budget, 1.0)
-        return np.max(np.where(self.budget > 0, room, 0.0), axis=-1)
+        """Share of the budget left, in [0, 1]."""
+        b = float(self.budget[0])
+        room = np.maximum(b - self._checked("state", state)[..., 0], 0.0)
+        return room / b if b > 0 else np.zeros_like(room)
 
     def scaled(self, fraction: float) -> "GaussianFilter":
-        """The same filter with every budget coordinate times ``fraction`` (a per-run quota)."""
+        """The same filter with its budget times ``fraction`` (a per-run quota)."""
         if not (math.isfinite(fraction) and 0 < fraction <= 1):
             raise ValueError(f"run quota must be a fraction in (0, 1]. Found {fraction!r}.")
         budget = self.budget if fraction == 1 else down(self.budget * fraction)
@@ -143,13 +180,16 @@ class GaussianFilter:
         This is how much of the budget the releases so far used up, in epsilon units; the
         guarantee the client holds is its budget (a filter, not an odometer).
         """
-        state = np.asarray(state, dtype=np.float64)
+        state = self._checked("state", state).reshape(-1)
+        if state.size != 1:
+            raise ValueError(f"epsilon_spent reads one client's state. Found {state.size} values.")
         if self.kind == "gdp":
             eps = gaussian_dp.epsilon_for_mu(float(np.sqrt(state[0]) * (1 + 2.0**-51)), self.delta)
         elif self.kind == "zcdp":
             eps = zcdp.epsilon_from_zcdp(float(state[0]), self.delta)
-        else:
-            eps = renyi.epsilon_from_rdp(self.orders, state, self.delta / self.dim)
+        else:  # order alpha's Rényi loss is alpha * rho (rounded up), converted at the full delta
+            rdp = mul_up(np.asarray(self.orders), state[0])
+            eps = renyi.epsilon_from_rdp(self.orders, rdp, self.delta)
         # A state this filter admits is certified by its own budget, so the exact answer is at
         # most ``self.epsilon``; the upward-rounded conversion may overshoot that by a few ulps.
         return min(eps, float(self.epsilon)) if self.within_budget(state) else eps
@@ -169,13 +209,13 @@ def zcdp_filter(epsilon: float, delta: float) -> GaussianFilter:
 
 
 def rdp_filter(epsilon: float, delta: float, orders: Sequence[float] | None = None) -> GaussianFilter:
-    """papers/004 Theorem 4.3 per order and Remark 4.4 over a grid, at delta / len(orders) each."""
+    """papers/004 Theorem 4.3 at the best order of the grid (dp_accounting's by default), at the
+    full delta: continue while ``sum mu_t^2 / 2 <= rho*`` (see the module docstring)."""
     _check_eps_delta(epsilon, delta)
-    orders_arr = renyi.check_orders(renyi.FILTER_ORDERS if orders is None else orders)
-    budgets = renyi.rdp_budgets(orders_arr, epsilon, delta / orders_arr.size)
-    return GaussianFilter(
-        "rdp", epsilon, delta, orders_arr / 2, budgets, tuple(float(a) for a in orders_arr)
-    )
+    orders_arr = renyi.check_orders(renyi.DEFAULT_ORDERS if orders is None else orders)
+    rho = renyi.gaussian_rho_budget(orders_arr, epsilon, delta)
+    return GaussianFilter("rdp", epsilon, delta, np.array([0.5]), np.array([rho]),
+                          tuple(float(a) for a in orders_arr))
 
 
 def make_filter(kind: str, epsilon: float, delta: float, orders: Sequence[float] | None = None) -> GaussianFilter:
@@ -194,10 +234,10 @@ def round_allowance(filt: GaussianFilter, state: np.ndarray, *, noise_std, clip,
     """papers/004 Algorithm 7's per-round clip ``min(C, what the filter(s) still admit)``.
 
     The Flower client (one row) and the vectorised engine (one row per client) both call this,
-    so they clip and charge identically.
+    so they clip and charge identically. Constant work: no branch depends on the states.
     """
     allow = np.minimum(np.asarray(clip, dtype=np.float64), filt.allowance(state, noise_std=noise_std))
-    if run_filter is not None:
+    if run_filter is not None:  # configuration, not data: a device either has a run quota or not
         allow = np.minimum(allow, run_filter.allowance(run_state, noise_std=noise_std))
     return allow
 

@@ -15,6 +15,7 @@ import numpy as np
 from client.privacy import pure_dp
 from client.privacy.filters import GaussianFilter, make_filter
 from client.privacy.renyi import epsilon_from_rdp
+from client.privacy.rounding import up
 
 MAX_PLANNED_ROUNDS = 10_000_000
 BASELINE_KINDS = ("basic", "advanced")
@@ -36,21 +37,16 @@ class RoundsPlan:
 
 
 def _run_full_rounds(filt: GaussianFilter, noise_multiplier: float, limit: int) -> tuple[np.ndarray, int]:
-    charge = filt.charge(sensitivity=1.0, noise_std=noise_multiplier)
-    state = filt.initial_state()
-    if filt.dim == 1:  # scalar fast path; the same rounding as GaussianFilter.spend
-        s, c, b = 0.0, float(charge[0]), float(filt.budget[0])
-        k = 0
-        while k < limit:
-            nxt = math.nextafter(s + c, math.inf)
-            if nxt > b:
-                break
-            s, k = nxt, k + 1
-        return np.array([s]), k
-    k = 0
-    while k < limit and filt.admits(state, charge):
-        state, k = filt.spend(state, charge), k + 1
-    return state, k
+    """Spend full-norm charges while the filter admits them: a scalar loop with the same rounding
+    as ``GaussianFilter.spend`` (``add_up``) and ``within_budget`` (``<=``)."""
+    charge = float(filt.charge(sensitivity=1.0, noise_std=noise_multiplier)[0])
+    s, b, k = 0.0, float(filt.budget[0]), 0
+    while k < limit:
+        nxt = math.nextafter(s + charge, math.inf)
+        if nxt > b:
+            break
+        s, k = nxt, k + 1
+    return np.array([s]), k
 
 
 def plan_rounds(kind: str, *, epsilon: float, delta: float, noise_multiplier: float, orders=None) -> RoundsPlan:
@@ -71,7 +67,8 @@ def plan_epsilon(kind: str, *, noise_multiplier: float, rounds: int, delta: floa
     """The smallest budget epsilon whose filter admits ``rounds`` full-norm rounds.
 
     Also reports ``fixed_composition_epsilon``: the epsilon of the same rounds fixed in advance
-    (no filter), which for rdp uses the whole delta rather than delta / (number of orders).
+    (no filter) under the kind's own conversion. It equals ``epsilon`` up to rounding: none of the
+    filters pays anything for adaptivity (for rdp: one threshold, the full delta; see filters.py).
     """
     _check_z(noise_multiplier)
     if not (isinstance(rounds, int) and rounds >= 1):
@@ -83,7 +80,11 @@ def plan_epsilon(kind: str, *, noise_multiplier: float, rounds: int, delta: floa
     for _ in range(rounds):
         state = filt.spend(state, charge)
     eps = filt.epsilon_spent(state)
-    fixed = epsilon_from_rdp(filt.orders, state, delta) if kind == "rdp" else eps
+    if kind == "rdp":  # dp_accounting's fixed composition: k rounds at order alpha cost k alpha / (2 z^2)
+        per_order = np.asarray(filt.orders) * rounds / (2.0 * noise_multiplier**2)
+        fixed = epsilon_from_rdp(filt.orders, up(per_order * (1 + 2.0**-50)), delta)  # 4 roundings
+    else:
+        fixed = eps
     return {"filter": kind, "noise_multiplier": noise_multiplier, "rounds": rounds, "delta": delta,
             "epsilon": eps, "fixed_composition_epsilon": fixed}
 

@@ -23,18 +23,11 @@ import numpy as np
 
 from client.privacy.rounding import down, up
 
-# Orders used when none are given: those of dp_accounting's RdpAccountant above 1.01, where the
-# conversion is numerically stable.
+# dp_accounting's RdpAccountant orders (``DEFAULT_RDP_ORDERS``, 156 orders from 1.1 to 1024), the
+# default of the ``rdp`` filter: its single threshold (filters.py) pays nothing for a fine grid.
 DEFAULT_ORDERS: tuple[float, ...] = tuple(
     [1 + x / 10.0 for x in range(1, 100)] + list(range(11, 64)) + [128, 256, 512, 1024]
 )
-
-
-# Orders a Rényi *filter* uses by default. The filter over several orders pays a union bound
-# (delta / number of orders, see filters.py), so a short grid spaced by factors of about 1.5-2
-# admits more rounds than a fine one: at z=170, delta=1e-5 this grid admits 144 full rounds at
-# eps=0.3 against 106 for the 155 orders above (benchmarks/filter_rounds.py).
-FILTER_ORDERS: tuple[float, ...] = (1.5, 2, 3, 4, 6, 8, 12, 16, 32, 64, 128, 256)
 
 
 def check_orders(orders: Sequence[float]) -> np.ndarray:
@@ -48,11 +41,23 @@ def check_orders(orders: Sequence[float]) -> np.ndarray:
     return arr
 
 
-def _conversion_offset(orders: np.ndarray, delta: float) -> np.ndarray:
-    """``log1p(-1/alpha) - log(delta*alpha)/(alpha-1)`` per order (CKS 2020, Proposition 12)."""
-    return np.array(
-        [math.log1p(-1 / a) - math.log(delta * a) / (a - 1) for a in orders], dtype=np.float64
-    )
+_EPS = 2.0**-52
+
+
+def _conversion_offset(orders: np.ndarray, delta: float) -> tuple[np.ndarray, np.ndarray]:
+    """``log1p(-1/alpha) - log(delta*alpha)/(alpha-1)`` per order (CKS 2020, Proposition 12), and a
+    bound on its absolute floating-point error.
+
+    Each operation is correctly rounded (libm log and log1p within an ulp), so each term is off by a
+    few ulps of its own size, plus ``1/alpha``'s rounding, which log1p amplifies to at most
+    ``eps_mach / (2 (alpha - 1))``; ``alpha - 1`` is exact. The bound is taken generously, as the
+    difference of the two terms can be far smaller than either (then ulps of the result do not
+    cover them).
+    """
+    t1 = np.array([math.log1p(-1 / a) for a in orders], dtype=np.float64)
+    t2 = np.array([math.log(delta * a) / (a - 1) for a in orders], dtype=np.float64)
+    err = 16 * _EPS * (np.abs(t1) + np.abs(t2)) + _EPS / (orders - 1)
+    return t1 - t2, err
 
 
 def epsilon_from_rdp(orders: Sequence[float], rdp: Sequence[float], delta: float) -> float:
@@ -60,7 +65,8 @@ def epsilon_from_rdp(orders: Sequence[float], rdp: Sequence[float], delta: float
 
     Mirrors ``dp_accounting.rdp.compute_epsilon``, including its KL shortcut: when
     ``delta^2 + expm1(-r) > 0`` the bound ``delta <= sqrt(1 - exp(-KL))`` already gives eps = 0
-    (RDP is non-decreasing in the order, so ``r`` bounds the KL divergence).
+    (RDP is non-decreasing in the order, so ``r`` bounds the KL divergence); here with a few ulps
+    of margin on each side, so it is never taken where the exact inequality fails.
     """
     if not 0 < delta < 1:
         raise ValueError(f"delta must be in (0, 1). Found {delta!r}.")
@@ -69,14 +75,15 @@ def epsilon_from_rdp(orders: Sequence[float], rdp: Sequence[float], delta: float
     if rdp_arr.shape != orders_arr.shape:
         raise ValueError(f"rdp must have one value per order ({orders_arr.size}). Found {rdp_arr.size}.")
     best = math.inf
-    for a, r, offset in zip(orders_arr, rdp_arr, _conversion_offset(orders_arr, delta)):
+    offsets, errors = _conversion_offset(orders_arr, delta)
+    for a, r, offset, err in zip(orders_arr, rdp_arr, offsets, errors):
         if r < 0 or not math.isfinite(r):
             raise ValueError(f"RDP values must be finite and >= 0. Found {r!r} at order {a}.")
-        if delta**2 + math.expm1(-r) > 0:
+        if delta * delta * (1 - 4 * _EPS) + math.expm1(-r) * (1 + 4 * _EPS) > 0:
             return 0.0
-        best = min(best, r + offset)
-    # Each term has a few roundings; one relative step of 8 ulps covers them.
-    return float(max(0.0, up(best + 8 * math.ulp(best))))
+        # Twice rdp_budgets' margin: epsilon_spent's readout must build a filter that admits it.
+        best = min(best, r + offset + err + 32 * _EPS * (r + abs(offset)))
+    return float(max(0.0, up(best)))
 
 
 def rdp_budgets(orders: Sequence[float], epsilon: float, delta: float) -> np.ndarray:
@@ -85,6 +92,22 @@ def rdp_budgets(orders: Sequence[float], epsilon: float, delta: float) -> np.nda
     Orders whose budget would be <= 0 get 0: they admit nothing and never certify the budget.
     """
     orders_arr = check_orders(orders)
-    budgets = epsilon - _conversion_offset(orders_arr, delta)
-    budgets = down(budgets - 8 * np.spacing(np.abs(budgets)))
+    offsets, errors = _conversion_offset(orders_arr, delta)
+    budgets = down(epsilon - offsets - errors - 16 * _EPS * abs(epsilon))
     return np.maximum(budgets, 0.0)
+
+
+def gaussian_rho_budget(orders: Sequence[float], epsilon: float, delta: float) -> float:
+    """The largest ``rho`` such that ``(alpha, alpha * rho)``-RDP at some order of the grid implies
+    (epsilon, delta)-DP by ``epsilon_from_rdp``'s conversion (rounded down; 0 if none).
+
+    ``max_alpha B_alpha / alpha`` over the per-order budgets of ``rdp_budgets``, and, as in
+    ``epsilon_from_rdp``, the KL shortcut at the smallest order: ``alpha_min * rho <=
+    -log(1 - delta^2)`` bounds KL <= D_alpha_min (RDP is non-decreasing in the order), and then
+    TV <= sqrt(1 - exp(-KL)) <= delta (Bretagnolle-Huber) is (0, delta)-DP.
+    """
+    orders_arr = check_orders(orders)
+    per_order = down(rdp_budgets(orders_arr, epsilon, delta) / orders_arr)
+    kl = -math.log1p(-delta * delta)  # delta^2 and log1p: a few ulps; 16 cover them
+    kl_rho = down(down(kl * (1 - 16 * 2.0**-52)) / float(np.min(orders_arr)))
+    return float(max(float(np.max(per_order)), float(kl_rho), 0.0))
