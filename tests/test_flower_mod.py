@@ -47,8 +47,10 @@ def spec(round_id=1, *, run_id="run-a", z=1.0, clip=1.0, placement="local", m=1)
 
 
 def context(tmp_path, **node) -> Context:
+    # Timing protection off (reply-hold-s = 0) so these tests stay fast: tests/test_reply_timing.py
+    # covers the hold.
     config = {"ledger-dir": str(tmp_path / "ledger"), "client-id": "alice", "budget-epsilon": 4.0,
-              "budget-delta": 1e-5, **node}
+              "budget-delta": 1e-5, "reply-hold-s": 0, **node}
     return Context(run_id=7, node_id=42, node_config=config, state=RecordDict(), run_config={})
 
 
@@ -381,7 +383,8 @@ def test_builtin_client_app_trains_its_partition_behind_the_filter(tmp_path):
     })
     meta = Metadata(run_id=7, message_id="m", src_node_id=1, dst_node_id=2, reply_to_message_id="",
                     group_id="1", created_at=time.time(), ttl=3600.0, message_type="train")
-    app = make_client_app({2: {"ledger-dir": str(tmp_path / "dev2"), "budget-epsilon": 10.0}})
+    app = make_client_app({2: {"ledger-dir": str(tmp_path / "dev2"), "budget-epsilon": 10.0,
+                               "reply-hold-s": 0}})  # timing protection off: a fast test
     ctx = Context(run_id=7, node_id=2, node_config={"partition-id": 2, "num-partitions": 4},
                   state=RecordDict(), run_config={})
     reply = app(Message(content=content, metadata=meta), ctx)
