@@ -6,7 +6,7 @@ when the reply arrives, and the reply's ``metadata.created_at`` and ``metadata.t
 Flower sets from the clock when the reply ``Message`` is constructed (flwr 1.41,
 ``flwr/app/message/message.py``: ``created_at=now()``, ``ttl = request.created_at + request.ttl -
 now``). Every other reply metadata field is copied from the request (run id, node and task ids,
-group id, message type, reply-to id) or assigned later from the content's hash (message id).
+group id, message type, reply-to id) or assigned later as the whole message's hash (message id).
 
 So once a round has reached the device's budget ledger, its reply (a report, a marker, an error,
 or an exception) is held until
@@ -20,9 +20,9 @@ learns only how many whole periods the work took (``k > 1`` reveals a slow round
 the device's data or its hardware), not the time itself. The device logs a warning when it
 happens: its owner should raise ``reply-hold-s``.
 
-Not covered (README, "timing"): what happens before the message reaches the mod (process start-up,
-loading the app: independent of the data, but it shows the device's speed), the scheduler's
-jitter after the hold, and a device that misses its deadline.
+Not covered (README, "Timing"): what happens before the message reaches the mod (process start-up,
+loading the app, mods listed before this one: independent of the data, but it shows the device's
+speed), the scheduler's jitter after the hold, and a device that misses its deadline.
 """
 
 from __future__ import annotations
