@@ -130,6 +130,14 @@ def test_a_round_that_overruns_the_hold_replies_at_the_next_multiple_and_warns(t
     assert "longer than reply-hold-s=0.1" in caplog.text
 
 
+def test_a_left_marker_is_held_like_a_report(tmp_path):
+    ctx = context(tmp_path, **{"reply-hold-s": HOLD, "after-exhaustion": "leave", "budget-epsilon": 0.5})
+    individual_filter_mod(train_message(spec(1, z=0.5)), ctx, Handler())  # a full round spends it all
+    reply, elapsed, sent = _timed(train_message(spec(2, z=0.5)), ctx, Handler())
+    assert dict(reply.content["fedfilter.status"]) == {"status": "left"}
+    assert elapsed >= HOLD and reply.metadata.created_at >= sent + HOLD
+
+
 def test_a_replay_refusal_is_held_like_a_report(tmp_path):
     # Whether a round was answered before is read from the ledger: its refusal waits too.
     ctx = context(tmp_path, **{"reply-hold-s": HOLD})
