@@ -233,6 +233,9 @@ def test_demo_summary_every_client_within_its_budget(demo):
         assert c["exhausted_round"] is None or 1 <= c["exhausted_round"] <= 3
     assert (out / "rounds.png").stat().st_size > 1000
     assert wall < 120
+    # The demo runs without the reply hold (fast), and says so where a reader looks.
+    assert summary["timing_protection"].startswith("off") and summary["settings"]["reply_hold_s"] == 0
+    assert "timing is not covered" in summary["guarantee"]
 
 
 def test_public_ledger_has_no_per_client_budget_or_example_count(demo):
