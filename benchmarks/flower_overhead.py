@@ -124,7 +124,8 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="fedfilter-bench-") as tmp:
         devices = {i: {"ledger-dir": str(Path(tmp) / "devices" / str(i)), "client-id": f"client-{i}",
-                       "budget-epsilon": 1000.0} for i in range(args.clients)}
+                       "budget-epsilon": 1000.0, "reply-hold-s": 0}  # no timing hold: measures the filter
+                   for i in range(args.clients)}
         from client.flower_mod import enrol_device
 
         for device in devices.values():

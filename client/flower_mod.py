@@ -33,6 +33,12 @@ What the mod does with each message (DESIGN.md sections 1 and 2):
   an error, returns arrays of the wrong shape, or an update holding NaN or inf) would otherwise
   show up as an un-noised, data-dependent signal. Instead the update is taken to be zero: the
   reply is pure noise (which costs nothing), and the cause is logged on the device only.
+
+  Timing: once a round reaches the ledger, every reply (report, marker, replay refusal, error) is
+  held until arrival + a whole multiple of the owner's ``reply-hold-s`` and only then built, so its
+  arrival, ``created_at`` and ``ttl`` do not depend on the data or the budget
+  (``client/reply_timing.py``). Refusals before that depend only on the request and the settings,
+  and are answered at once.
 * **evaluate**: refused with an error ``Message``. Loss and accuracy on a client's private data
   are data-dependent releases that carry no noise and are not accounted by the filter, with or
   without ``num-examples``; the coordinator evaluates on held-out data instead.
@@ -63,6 +69,9 @@ key                      default   meaning
                                    carries 1/sqrt(m) of the accounted noise)
 ``noise-seed``           (none)    reproducible noise for tests ONLY: whoever knows it can
                                    subtract the noise. Default: OS cryptographic randomness.
+``reply-hold-s``         60        every reply after the ledger is touched leaves at arrival
+                                   + a whole multiple of this (``client/reply_timing.py``);
+                                   0 turns timing protection off (simulations only)
 =======================  ========  ==========================================================
 
 In the Simulation Engine every node's ``node_config`` holds only ``partition-id`` and
@@ -86,8 +95,9 @@ from flwr.common.constant import ErrorCode
 from client.ledger import LEDGER_FILE, BudgetLedger, ReplayError
 from client.mechanism import REPLY_DTYPE, NonFiniteUpdateError
 from client.release import AFTER_EXHAUSTION, ClientPolicy, FilteredClient, RoundSpec, RoundSpecError, validate_request
-from client.ledger import LedgerError, Quotas  # noqa: I001 (apart from the lines above: keeps merges clean)
+from client.ledger import LedgerError, Quotas
 from client.release import short_repr
+from client.reply_timing import ReplyHold, reply_hold_s
 
 __all__ = [
     "individual_filter_mod", "simulated_device_config_mod", "DeviceConfig", "device_config",
@@ -112,6 +122,7 @@ NODE_CONFIG_KEYS = (
     "ledger-dir", "budget-epsilon", "budget-delta", "filter", "run-quota", "client-id",
     "federation", "coordinator-quota", "daily-quota",
     "min-noise-multiplier", "after-exhaustion", "allow-distributed", "max-min-reports", "noise-seed",
+    "reply-hold-s",
 )
 _REQUEST_KEYS = ("run-id", "round-id", "noise-multiplier", "clip", "placement", "min-reports")
 
@@ -431,6 +442,16 @@ def _filtered_release(ledger: BudgetLedger, device: DeviceConfig, spec: RoundSpe
 # --- the mods --------------------------------------------------------------------------------
 def individual_filter_mod(msg: Message, context: Context, call_next: Callable[[Message, Context], Message]) -> Message:
     """Wrap a ClientApp's training with the device's individual privacy filter (see module doc)."""
+    hold = ReplyHold()  # the clock starts when the message reaches the device's mod
+    try:
+        reply = _filter_round(msg, context, call_next, hold)
+    except Exception:
+        hold.wait()  # Flower answers with the exception: not before the hold either
+        raise
+    return hold.reply(reply, msg)
+
+
+def _filter_round(msg: Message, context: Context, call_next, hold: ReplyHold) -> Message:
     category = _category(msg)
     if category == "evaluate":
         return _error(msg, "fedfilter: evaluation on a client's private data is refused: loss and "
@@ -442,6 +463,7 @@ def individual_filter_mod(msg: Message, context: Context, call_next: Callable[[M
     # 1. The device's own settings. Their details stay on the device: the reason sent is generic.
     try:
         device = device_config(context.node_config)
+        hold_s = reply_hold_s(context.node_config)
     except ValueError as err:
         log.error("fedfilter mod: %s", err)
         return _error(msg, "fedfilter: this device's privacy settings are missing or invalid (details in "
@@ -466,6 +488,9 @@ def individual_filter_mod(msg: Message, context: Context, call_next: Callable[[M
     if (reason := _bind_run(context, spec)) is not None:
         return _error(msg, f"fedfilter: {reason}")
 
+    # From here the reply depends on the ledger (budget state, replays) and on training: every
+    # reply, refusals included, waits for the owner's hold (client/reply_timing.py).
+    hold.arm(hold_s)
     outcome = None
     for _ in range(3):  # a ledger closed by another thread between lookup and use is reopened
         try:

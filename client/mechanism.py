@@ -72,9 +72,9 @@ def clip_to_norm(arrays: Sequence[np.ndarray], max_norm: float) -> tuple[list[np
     if not (np.isfinite(max_norm) and max_norm >= 0):
         raise ValueError(f"max_norm must be finite and >= 0. Found {max_norm!r}.")
     norm = certified_norm(arrays)
-    if norm <= max_norm:
-        return [a.copy() for a in arrays], norm
-    scale = max_norm / norm
+    # The same passes whether or not the update needs clipping, so that their time does not tell
+    # (a scale of exactly 1 leaves every value as it is).
+    scale = 1.0 if norm <= max_norm else max_norm / norm
     # Casts move norms by about one ulp of the dtype (2**-24 for float32, 2**-11 for float16):
     # each retry shrinks by more than that.
     shrink = 1 - max(2.0**-20, 4 * max(float(np.finfo(a.dtype).eps) for a in arrays))
@@ -101,6 +101,9 @@ def reply_dtype(model_dtype) -> np.dtype:
     return REPLY_DTYPE if np.issubdtype(dtype, np.floating) else dtype  # the noise std is 2**16 to 2**17 grid steps
 
 
+NOISE_STD_RANGE = (2.0**-100, 2.0**100)  # every report (at most 2**24 steps) stays a normal float32
+
+
 def noise_grid(std: float) -> tuple[float, float]:
     """``(gamma, sigma_g)``: the grid step, a power of two, and the noise std in grid steps.
 
@@ -109,8 +112,7 @@ def noise_grid(std: float) -> tuple[float, float]:
     ``2**-16`` of the noise std, and ``|k + R|`` stays far below ``2**24``, so float32 holds every
     report exactly.
     """
-    # The bounds keep every report (at most 2**24 steps) inside float32's normal range.
-    if not (math.isfinite(std) and 2.0**-100 <= std <= 2.0**100):
+    if not (math.isfinite(std) and NOISE_STD_RANGE[0] <= std <= NOISE_STD_RANGE[1]):
         raise ValueError(f"noise std must be a finite number in [2**-100, 2**100]. Found {std!r}.")
     frac, exp = math.frexp(std)  # std = frac * 2**exp, frac in [0.5, 1)
     return math.ldexp(1.0, exp - 1 - GRID_BITS), math.ldexp(frac, GRID_BITS + 1)

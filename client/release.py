@@ -10,7 +10,6 @@ trusted: its request is validated against the device owner's policy before anyth
 from __future__ import annotations
 
 import math
-import sys
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Sequence
@@ -18,8 +17,8 @@ from typing import Sequence
 import numpy as np
 
 from client.ledger import INT64_MAX, BudgetLedger
-from client.privacy.filters import GaussianFilter, exhausted, round_allowance
-from client.mechanism import add_grid_noise, as_float_arrays, check_finite, clip_to_norm, noise_grid, snap_toward_zero
+from client.privacy.filters import GaussianFilter, exhausted
+from client.mechanism import NOISE_STD_RANGE, add_grid_noise, as_float_arrays, check_finite, clip_to_norm, noise_grid, snap_toward_zero
 from client.noise import NoiseStream, round_noise_stream
 
 PLACEMENTS = ("local", "distributed")
@@ -141,17 +140,19 @@ def validate_request(spec: RoundSpec, policy: ClientPolicy) -> None:
     elif spec.placement == "distributed" and not policy.allow_distributed:
         problems.append("placement='distributed' needs secure aggregation, which this device's policy does not allow.")
     if z is not None and c is not None:
-        # The accounted std and the share actually added must be usable floats: an overflow to inf
-        # would fail after training, a subnormal std would lose the precision the charge relies on.
+        # The accounted std and the share actually added must lie in the noise grid's range
+        # (client.mechanism.noise_grid): an overflow to inf, or a std too small for float32 reports,
+        # would otherwise fail after training.
+        low, high = NOISE_STD_RANGE
         std = z * c
-        if not (math.isfinite(std) and std >= sys.float_info.min):
-            problems.append(f"noise_multiplier * clip (the noise std) must be a finite, normal float > 0. "
+        if not (math.isfinite(std) and low <= std <= high):
+            problems.append(f"noise_multiplier * clip (the noise std) must be a finite number in [2**-100, 2**100]. "
                             f"Found {z!r} * {c!r} = {std!r}.")
         elif spec.placement == "distributed" and m is not None:
             share = std / math.sqrt(int(m))
-            if not share >= sys.float_info.min:
+            if not low <= share <= high:
                 problems.append(f"noise_multiplier * clip / sqrt(min_reports) (each report's noise std) must be "
-                                f"a normal float > 0. Found {share!r}.")
+                                f"in [2**-100, 2**100]. Found {share!r}.")
     if problems:
         raise RoundSpecError("round request refused: " + " ".join(problems))
 
@@ -204,18 +205,18 @@ class FilteredClient:
 
         with self.ledger.reserve(spec.run_id, int(spec.round_id)) as tx:
             allowance = tx.allowance(noise_std=accounted_std, clip=clip)  # every budget and quota
-            if exhausted(allowance, clip, self.policy.exhausted_below):
-                status = "left" if self.policy.after_exhaustion == "leave" else "noise-only"
-                snapped, norm = [np.zeros(a.shape, dtype=np.int64) for a in arrays], 0.0
-                charge = filt.charge(sensitivity=0.0, noise_std=accounted_std)
-            else:
-                status = "contributed"
-                clipped, norm = clip_to_norm(arrays, allowance)
-                snapped = snap_toward_zero(clipped, gamma)  # its norm is at most `norm`
-                charge = filt.charge(sensitivity=norm, noise_std=accounted_std)
-                # Defence in depth: the allowance is admitted by construction.
-                if not tx.admits(charge):
-                    raise RuntimeError("internal error: clipped update exceeds the allowance; nothing spent")
+            spent = bool(exhausted(allowance, clip, self.policy.exhausted_below))
+            # The same steps whether or not the budget is spent (their time must not tell): an
+            # exhausted client clips to 0, so its snapped update is zero and its charge 0.
+            clipped, norm = clip_to_norm(arrays, 0.0 if spent else allowance)
+            snapped = snap_toward_zero(clipped, gamma)  # its norm is at most `norm`
+            charge = filt.charge(sensitivity=norm, noise_std=accounted_std)
+            # Defence in depth: the allowance is admitted by construction. (A spent client's charge
+            # is 0; its state may already be past a cap the owner lowered.)
+            admitted = bool(tx.admits(charge))
+            if not (admitted or spent):
+                raise RuntimeError("internal error: clipped update exceeds the allowance; nothing spent")
+            status = ("left" if self.policy.after_exhaustion == "leave" else "noise-only") if spent else "contributed"
             state_after = filt.spend(tx.state, charge)
             tx.record(status=status, charge=charge, state_after=state_after,
                       run_state_after=run_filt.spend(tx.run_state, charge), sensitivity=norm,

@@ -11,6 +11,8 @@ never sees it. During the run a progress bar follows the coordinator's *public* 
 opens each device's ledger to count, per round, the clients that still had budget and contributed
 their data. Those counts are printed and plotted here, next to the public accuracy; they were
 never sent to the coordinator (exhausted clients keep sending pure noise, which looks the same).
+Timing protection is off by default here (``--reply-hold-s 0``: a held reply would block a Ray
+actor that serves many nodes in turn); the demo prints so, and its guarantee then excludes timing.
 
 Outputs: ``OUT/summary.json``, ``OUT/rounds.png``, ``OUT/public_ledger.sqlite``,
 ``OUT/devices/<id>/budget_ledger.sqlite``. Device ledgers are lifelong: running the demo again
@@ -73,6 +75,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--local-epochs", type=int, default=DEFAULTS["local_epochs"])
     p.add_argument("--lr", type=float, default=DEFAULTS["lr"])
     p.add_argument("--server-lr", type=float, default=DEFAULTS["server_lr"])
+    p.add_argument("--reply-hold-s", type=float, default=0.0, metavar="S",
+                   help="every device's reply-hold-s (default 0: timing protection off, so the "
+                        "simulation stays fast; deployed devices default to 60)")
     p.add_argument("--verbose", action="store_true", help="show Flower's INFO logs")
     p.set_defaults(func=_run)
 
@@ -85,6 +90,10 @@ def _check(args: argparse.Namespace) -> None:
         problems.append(f"--rounds must be >= 1. Found {args.rounds}.")
     if not (0 < args.eps_min <= args.eps_max and math.isfinite(args.eps_max)):
         problems.append(f"need 0 < --eps-min <= --eps-max. Found {args.eps_min} and {args.eps_max}.")
+    from client.reply_timing import MAX_REPLY_HOLD_S
+
+    if not (math.isfinite(args.reply_hold_s) and 0 <= args.reply_hold_s <= MAX_REPLY_HOLD_S):
+        problems.append(f"--reply-hold-s must be in [0, {MAX_REPLY_HOLD_S:g}] seconds. Found {args.reply_hold_s}.")
     if problems:
         raise ValueError(" ".join(problems))
 
@@ -98,10 +107,12 @@ def draw_budgets(n: int, eps_min: float, eps_max: float, seed: int) -> list[floa
 
 
 def device_configs(out: Path, budgets: list[float], *, after_exhaustion: str,
-                   min_noise_multiplier: float = 0.5) -> dict[int, dict]:
+                   min_noise_multiplier: float = 0.5, reply_hold_s: float = 0.0) -> dict[int, dict]:
     """Each simulated node's own node-config (what ``--node-config`` would hold on a real device).
 
     A device already enrolled under ``out/devices/<id>`` keeps the budget it was enrolled with.
+    ``reply_hold_s`` is set explicitly: 0 (timing protection off) keeps the simulation fast, where
+    a held reply would block a Ray actor that serves many nodes in turn.
     """
     from client.flower_mod import enrol_device
     from client.ledger import LEDGER_FILE, BudgetLedger
@@ -116,7 +127,7 @@ def device_configs(out: Path, budgets: list[float], *, after_exhaustion: str,
             ledger.close()
         table[i] = {"ledger-dir": str(ledger_dir), "client-id": f"client-{i}", "budget-epsilon": float(eps),
                     "budget-delta": float(delta), "after-exhaustion": after_exhaustion,
-                    "min-noise-multiplier": float(min_noise_multiplier)}
+                    "min-noise-multiplier": float(min_noise_multiplier), "reply-hold-s": float(reply_hold_s)}
         enrol_device(table[i])  # each device's owner enrols it once, up front: the mod never does
     return table
 
@@ -215,12 +226,13 @@ def _run(args: argparse.Namespace) -> int:
         logging.getLogger("flwr").setLevel(logging.WARNING)
 
     from client.client_app import make_client_app
+    from client.reply_timing import timing_protection
     from coordinator.public_ledger import PublicLedger
     from coordinator.server_app import make_server_app
 
     budgets = draw_budgets(args.clients, args.eps_min, args.eps_max, args.seed)
     devices = device_configs(out, budgets, after_exhaustion=args.after_exhaustion,
-                             min_noise_multiplier=min(0.5, args.noise_multiplier))
+                             min_noise_multiplier=min(0.5, args.noise_multiplier), reply_hold_s=args.reply_hold_s)
     run_id = f"demo-{time.strftime('%Y%m%dT%H%M%S')}-{secrets.token_hex(2)}"
     ledger_path = out / "public_ledger.sqlite"
     server = make_server_app({
@@ -234,6 +246,8 @@ def _run(args: argparse.Namespace) -> int:
     print(f"  personal budgets: epsilon log-uniform on [{args.eps_min:g}, {args.eps_max:g}], delta "
           f"{DEFAULTS['delta']:g}; noise multiplier {args.noise_multiplier:g}, clip {args.clip:g}, "
           f"local noise, after exhaustion: {args.after_exhaustion}")
+    timing = timing_protection(args.reply_hold_s)
+    print(f"  timing protection: {timing}")
 
     stop = threading.Event()
     follower = threading.Thread(target=_follow, args=(ledger_path, run_id, args.rounds, stop), daemon=True)
@@ -272,6 +286,8 @@ def _run(args: argparse.Namespace) -> int:
                  if args.after_exhaustion == "noise-only" else
                  "each client: (budget_epsilon, {d:g})-DP for its reports; in leave mode the round in "
                  "which it leaves is visible and depends on its data (not covered)").format(d=DEFAULTS["delta"])
+    if args.reply_hold_s == 0:
+        guarantee += "; reply timing is not covered: timing protection is off in this simulation"
     print(f"\nguarantee: {guarantee}")
 
     for c in clients:
@@ -290,7 +306,9 @@ def _run(args: argparse.Namespace) -> int:
                      "noise_multiplier": args.noise_multiplier, "clip": args.clip, "placement": "local",
                      "local_epochs": args.local_epochs, "lr": args.lr, "server_lr": args.server_lr,
                      "epsilon_distribution": f"log-uniform[{args.eps_min:g}, {args.eps_max:g}]",
-                     "delta": DEFAULTS["delta"], "after_exhaustion": args.after_exhaustion},
+                     "delta": DEFAULTS["delta"], "after_exhaustion": args.after_exhaustion,
+                     "reply_hold_s": args.reply_hold_s},
+        "timing_protection": timing,
         "guarantee": guarantee,
         "wall_time_s": round(elapsed, 1),
     }

@@ -3,7 +3,7 @@
     fedfilter deploy-local --clients N [--rounds R] [--out DIR] [--app-dir .]
                            [--budgets 1,2,4] [--delta 1e-5] [--filter gdp]
                            [--after-exhaustion noise-only|leave] [--min-noise-multiplier S]
-                           [--data-dir DIR] [--run-config "k=v ..."]
+                           [--data-dir DIR] [--run-config "k=v ..."] [--reply-hold-s S]
                            [--timeout S] [--verbose]
 
 Starts a SuperLink (TLS, SuperNode authentication), registers one key per device, starts one
@@ -66,6 +66,9 @@ def register(subparsers: Any) -> None:
                              "node-config data-dir (default: the task's own default)")
     parser.add_argument("--run-config", type=_run_config, default={}, metavar='"k=v ..."',
                         help="further overrides of the app's [tool.flwr.app.config]")
+    parser.add_argument("--reply-hold-s", type=float, default=0.0, metavar="S",
+                        help="every device's reply-hold-s (default 0: timing protection off for a "
+                             "fast local trial; real devices default to 60)")
     parser.add_argument("--timeout", type=float, default=600.0, metavar="S",
                         help="seconds the run may take before it is stopped (default 600)")
     parser.add_argument("--verbose", action="store_true",
@@ -80,7 +83,8 @@ def _deploy(args: argparse.Namespace) -> int:
         clients=args.clients, rounds=args.rounds, out=args.out, app_dir=args.app_dir,
         budgets=args.budgets, delta=args.delta, filter_kind=args.filter_kind,
         after_exhaustion=args.after_exhaustion, min_noise_multiplier=args.min_noise_multiplier,
-        data_dir=args.data_dir, run_config=args.run_config, timeout_s=args.timeout,
+        data_dir=args.data_dir, run_config=args.run_config, reply_hold_s=args.reply_hold_s,
+        timeout_s=args.timeout,
         verbose=args.verbose)
 
     # SIGTERM ends the command like Ctrl-C does: through the cluster's teardown.

@@ -730,6 +730,9 @@ class DeployOptions:
     min_noise_multiplier: float | None = None
     data_dir: Path | None = None  # root of the offline data sets on every device
     run_config: dict[str, Any] = field(default_factory=dict)  # extra --run-config overrides
+    # Every device's reply-hold-s, set explicitly: 0 (timing protection off) keeps a local trial
+    # fast; real devices default to client.reply_timing.DEFAULT_REPLY_HOLD_S. The output says which.
+    reply_hold_s: float = 0.0
     timeout_s: float = 600.0
     connect_timeout_s: float = 60.0
     grace_s: float = 10.0
@@ -757,6 +760,11 @@ class DeployOptions:
                 math.isfinite(self.min_noise_multiplier) and self.min_noise_multiplier > 0):
             problems.append("--min-noise-multiplier must be a finite number > 0. "
                             f"Found {self.min_noise_multiplier!r}.")
+        from client.reply_timing import MAX_REPLY_HOLD_S
+
+        if not (math.isfinite(self.reply_hold_s) and 0 <= self.reply_hold_s <= MAX_REPLY_HOLD_S):
+            problems.append(f"--reply-hold-s must be in [0, {MAX_REPLY_HOLD_S:g}] seconds. "
+                            f"Found {self.reply_hold_s!r}.")
         for name in ("timeout_s", "connect_timeout_s", "grace_s"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
@@ -776,6 +784,7 @@ def device_node_config(index: int, options: DeployOptions, ledger_dir: Path) -> 
         "after-exhaustion": options.after_exhaustion,
         "partition-id": index,
         "num-partitions": options.clients,
+        "reply-hold-s": float(options.reply_hold_s),
     }
     if options.min_noise_multiplier is not None:
         config["min-noise-multiplier"] = float(options.min_noise_multiplier)
@@ -877,6 +886,7 @@ def deploy_local(options: DeployOptions, echo: Callable[[str], None] = print) ->
     """
     from client.flower_mod import enrol_device
     from client.ledger import LEDGER_FILE
+    from client.reply_timing import timing_protection
     from fedfilter.cmd_demo import device_report
 
     options.check()
@@ -900,6 +910,8 @@ def deploy_local(options: DeployOptions, echo: Callable[[str], None] = print) ->
 
     old_runs = public_run_ids(public_ledger)  # a reused OUT keeps earlier runs
     progress = LedgerProgress(public_ledger, show, old_runs)
+    timing = timing_protection(options.reply_hold_s)
+    show(f"timing protection: {timing}")
     try:
         with FlowerCluster(out, grace_s=options.grace_s, echo=show) as cluster:
             handles = []
@@ -956,8 +968,9 @@ def deploy_local(options: DeployOptions, echo: Callable[[str], None] = print) ->
             "budgets": list(options.budgets), "delta": options.delta,
             "filter": options.filter_kind, "after_exhaustion": options.after_exhaustion,
             "min_noise_multiplier": options.min_noise_multiplier, "run_config": run_config,
-            "tls": True, "supernode_auth": True,
+            "tls": True, "supernode_auth": True, "reply_hold_s": options.reply_hold_s,
         },
+        "timing_protection": timing,
         "wall_time_s": round(time.monotonic() - started, 1),
         "logs": str(out / "logs"),
     }

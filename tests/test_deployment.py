@@ -115,8 +115,9 @@ def test_run_config_sets_rounds_and_ledger_and_refuses_unknown_keys(tmp_path):
 
 def test_options_report_every_problem_at_once():
     with pytest.raises(ValueError) as err:
-        DeployOptions(clients=0, rounds=0, delta=2.0, after_exhaustion="x", filter_kind="y").check()
-    for name in ("--clients", "--rounds", "--delta", "--after-exhaustion", "--filter"):
+        DeployOptions(clients=0, rounds=0, delta=2.0, after_exhaustion="x", filter_kind="y",
+                      reply_hold_s=-1.0).check()
+    for name in ("--clients", "--rounds", "--delta", "--after-exhaustion", "--filter", "--reply-hold-s"):
         assert name in str(err.value)
 
 
@@ -191,6 +192,7 @@ def test_deployment_run_under_tls_and_node_auth_keeps_every_device_within_budget
     lines: list[str] = []
     code = deploy_local(
         DeployOptions(clients=2, rounds=2, out=out, app_dir=REPO, budgets=(0.5, 4.0),
+                      reply_hold_s=0.0,  # timing protection off: a fast test (test_reply_timing.py)
                       timeout_s=180.0, connect_timeout_s=60.0, grace_s=5.0),
         echo=lines.append)
     log = "\n".join(lines)

@@ -47,7 +47,7 @@ def flower_reference(tmp_path, *, placement: str, min_reports: int, clip: float,
             "partition-id": k, "num-partitions": N, "ledger-dir": str(tmp_path / f"dev{k}"),
             "client-id": f"dev{k}", "budget-epsilon": EPSILONS[k], "budget-delta": 1e-5, "filter": "gdp",
             "after-exhaustion": AFTER[k], "allow-distributed": True,
-            "noise-seed": client_noise_seed(SEED, k)})
+            "noise-seed": client_noise_seed(SEED, k), "reply-hold-s": 0})  # no timing hold: fast
         for k in range(N)}
     for ctx in contexts.values():
         enrol_device(ctx.node_config)  # the owner's act, up front: the mod never enrols

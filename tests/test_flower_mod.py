@@ -47,9 +47,13 @@ def spec(round_id=1, *, run_id="run-a", z=1.0, clip=1.0, placement="local", m=1)
 
 
 def context(tmp_path, *, enrol: bool = True, **node) -> Context:
-    """A node's Context; its owner enrols the device first (the mod itself never enrols)."""
+    """A node's Context; its owner enrols the device first (the mod itself never enrols).
+
+    Timing protection off (reply-hold-s = 0) so these tests stay fast: tests/test_reply_timing.py
+    covers the hold.
+    """
     config = {"ledger-dir": str(tmp_path / "ledger"), "client-id": "alice", "budget-epsilon": 4.0,
-              "budget-delta": 1e-5, **node}
+              "budget-delta": 1e-5, "reply-hold-s": 0, **node}
     if enrol and not (tmp_path / "ledger" / LEDGER_FILE).exists():
         try:
             enrol_device(config)
@@ -387,7 +391,7 @@ def test_builtin_client_app_trains_its_partition_behind_the_filter(tmp_path):
     })
     meta = Metadata(run_id=7, message_id="m", src_node_id=1, dst_node_id=2, reply_to_message_id="",
                     group_id="1", created_at=time.time(), ttl=3600.0, message_type="train")
-    device = {"ledger-dir": str(tmp_path / "dev2"), "budget-epsilon": 10.0}
+    device = {"ledger-dir": str(tmp_path / "dev2"), "budget-epsilon": 10.0, "reply-hold-s": 0}  # a fast test
     enrol_device(device)
     app = make_client_app({2: device})
     ctx = Context(run_id=7, node_id=2, node_config={"partition-id": 2, "num-partitions": 4},

@@ -236,11 +236,13 @@ def test_mod_replies_float32_on_the_grid_for_any_model_dtype(tmp_path, model_dty
         new = {k: Array((record[k].numpy() + 0.01).astype(model_dtype)) for k in record.keys()}
         return Message(RecordDict({"arrays": ArrayRecord(new)}), reply_to=msg)
 
-    from client.flower_mod import individual_filter_mod
+    from client.flower_mod import enrol_device, individual_filter_mod
 
     # A budget that the first round(s) at z = 1, clip 1 exhaust: later rounds are noise-only.
     ctx = Context(run_id=7, node_id=42, state=RecordDict(), run_config={}, node_config={
-        "ledger-dir": str(tmp_path / "ledger"), "client-id": "a", "budget-epsilon": 0.5, "budget-delta": 1e-5})
+        "ledger-dir": str(tmp_path / "ledger"), "client-id": "a", "budget-epsilon": 0.5, "budget-delta": 1e-5,
+        "reply-hold-s": 0})
+    enrol_device(ctx.node_config)  # the owner's act, up front: the mod never enrols
     model = [np.full(s, 0.5, dtype=model_dtype) for s in SHAPES]
     replies = [individual_filter_mod(train_message(spec(r), arrays=model, message_id=f"m{r}"), ctx, handler)
                for r in (1, 2, 3, 4)]

@@ -2,7 +2,6 @@
 names the field and the value and spends nothing (core API and the real mod)."""
 
 import math
-import sys
 
 import numpy as np
 import pytest
@@ -25,8 +24,8 @@ DISTRIBUTED = ClientPolicy(allow_distributed=True, max_min_reports=50)
     (RoundSpec("r", 10**5000, 1.0, 1.0), ["round_id", "bits"]),  # repr() of it would raise
     (RoundSpec("r", 0, 10**400, 1.0), ["noise_multiplier", "bits"]),  # float() of it would raise
     (RoundSpec("r", 0, 1e200, 1e200), ["noise_multiplier * clip", "inf"]),
-    (RoundSpec("r", 0, 1.0, 1e-320), ["noise_multiplier * clip", "normal"]),
-    (RoundSpec("r", 0, 1.0, 1e-307, placement="distributed", min_reports=50), ["sqrt(min_reports)"]),
+    (RoundSpec("r", 0, 1.0, 1e-320), ["noise_multiplier * clip", "2**-100"]),
+    (RoundSpec("r", 0, 1.0, 2.0**-98, placement="distributed", min_reports=50), ["sqrt(min_reports)"]),
     (RoundSpec("x" * 10_000, 0, 1.0, 1.0), ["run_id", "256", "..."]),
 ])
 def test_out_of_range_requests_are_refused_by_the_core_api(tmp_path, request_spec, words):
@@ -45,7 +44,11 @@ def test_the_bounds_themselves_are_accepted(tmp_path):
     assert client.release(RoundSpec("r", INT64_MAX, 1.0, 1.0), [np.ones(3)]).status == "contributed"
     rel = client.release(RoundSpec("r" * 256, 0, 1.0, 1.0, placement="distributed", min_reports=50), [np.ones(3)])
     assert rel.noise_std == pytest.approx(1 / math.sqrt(50))
-    validate_request(RoundSpec("r", 0, 1.0, sys.float_info.min), ClientPolicy())  # std exactly the smallest normal
+    # The noise grid's range (client.mechanism.noise_grid), both ends included.
+    validate_request(RoundSpec("r", 0, 1.0, 2.0**-100), ClientPolicy())
+    validate_request(RoundSpec("r", 0, 2.0, 2.0**99), ClientPolicy())
+    with pytest.raises(RoundSpecError, match="2\\*\\*100"):
+        validate_request(RoundSpec("r", 0, 1.0, 2.0**100 * (1 + 2**-52)), ClientPolicy())
 
 
 def test_policy_cap_must_be_sane():
