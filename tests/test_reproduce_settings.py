@@ -90,6 +90,17 @@ def test_every_stored_mnist_row_ran_the_setting_checked_above():
         key = (s["epsilon"], s["regime"], s["variant"])
         if key not in cache:
             cache[key] = asdict(setting(*key))
-        assert s == cache[key], f"{key} trial {r['trial']}: stored {s} != checked {cache[key]}"
+        checked = cache[key]
+        # Every field bit for bit, except the two calibrated ones (the smallest filter epsilon, or
+        # sigma, that admits k full steps), which depend on the allowance's last ulps near the budget.
+        # Issue 13 made the allowance tighter there and moved two calibrations (eps 1.0 tuned, paper
+        # and gdp-steps) down by 2.3e-12 relative; their stored runs, with the older and slightly
+        # larger values, still carry checked budgets (the reference tests above allow 1e-11).
+        loose = ("filter_epsilon", "sigma")
+        assert {k: v for k, v in s.items() if k not in loose} == {k: v for k, v in checked.items() if k not in loose}, \
+            f"{key} trial {r['trial']}: stored {s} != checked {checked}"
+        for name in loose:
+            assert s[name] >= checked[name] and s[name] - checked[name] <= 1e-11 * checked[name], \
+                f"{key} trial {r['trial']}: stored {name} {s[name]!r} != checked {checked[name]!r}"
         assert r["max_spent_epsilon"] <= s["filter_epsilon"], (key, r["trial"], r["max_spent_epsilon"])
         assert r["prefix_max_clip_deficit"] == 0.0, (key, r["trial"], r["prefix_max_clip_deficit"])
