@@ -50,6 +50,7 @@ from fedfilter.audit.distinguishers import bits_features
 KEYS = ("w", "b")
 SHAPES = ((32, 32), (32,))  # 1056 parameters: many low-order bits per reply, still fast
 RUN_ID = "audit"
+_NODE_BASE = 2**21
 
 
 @dataclass(frozen=True)
@@ -273,8 +274,9 @@ def play(cfg: GameConfig, trials: int, *, rng: np.random.Generator, seeded: bool
     with tempfile.TemporaryDirectory(prefix="fedfilter-audit-", dir=tmp_dir) as tmp:
         for i in range(trials):
             seeds = rng.integers(0, 2**63, size=2) if seeded else (None, None)
-            x = Device(cfg, Path(tmp) / f"{i}-canary", 2 * i + 1, seeds[0])
-            y = Device(cfg, Path(tmp) / f"{i}-empty", 2 * i + 2, seeds[1])
+            # Node ids of one width (varints of 4 bytes), so that ids cannot change a reply's size.
+            x = Device(cfg, Path(tmp) / f"{i}-canary", _NODE_BASE + 2 * i, seeds[0])
+            y = Device(cfg, Path(tmp) / f"{i}-empty", _NODE_BASE + 2 * i + 1, seeds[1])
             score = {x: 0.0, y: 0.0}
             for r in range(1, rounds + 1):
                 for dev in (x, y) if rng.random() < 0.5 else (y, x):
