@@ -27,7 +27,7 @@ def _audit(args: argparse.Namespace) -> int:
     dtypes = list(DTYPES) if args.dtype == "both" else [args.dtype]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    with tqdm(total=args.trials * len(dtypes), unit="trial", desc="canary pairs", file=sys.stderr,
+    with tqdm(total=args.trials * len(dtypes), unit="trial", desc="canary pairs", file=sys.stderr, mininterval=1.0,
               disable=args.no_progress) as bar:
         result = run_audit(epsilon=args.epsilon, delta=args.delta, trials=args.trials, dtypes=dtypes,
                            rounds=args.rounds, filter_kind=args.filter, alpha=args.alpha, threshold=args.threshold,

@@ -182,6 +182,10 @@ class Device:
             ledger.close()
 
 
+class DeviceRefused(RuntimeError):
+    """A canary device answered a round with an error (e.g. it refuses the model's dtype)."""
+
+
 @dataclass
 class Reply:
     arrays: list[np.ndarray]
@@ -196,7 +200,7 @@ def ask(app: ClientApp, cfg: GameConfig, device: Device, round_id: int) -> Reply
     reply = app(msg, device.context)
     seconds = time.perf_counter() - start
     if reply.has_error():
-        raise RuntimeError(f"the canary device refused round {round_id}: {reply.error.reason}")
+        raise DeviceRefused(f"the canary device refused round {round_id} ({cfg.dtype} model): {reply.error.reason}")
     if reply.content[STATUS_RECORD]["status"] != STATUS_REPORT:
         raise RuntimeError(f"the canary device did not report in round {round_id}")
     arrays = next(iter(reply.content.array_records.values())).to_numpy_ndarrays()

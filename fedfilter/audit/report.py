@@ -18,10 +18,14 @@ def table(result: dict) -> str:
              f"{'model':<8} {'z':>6} {'R':>2} {'mu claim':>8} {'eps_lb (CP)':>11} {'mu_lb':>7} "
              f"{'eps_lb (GDP)':>12} {'of claim':>8}"]
     for dtype, g in result["games"].items():
+        if "refused" in g:
+            lines.append(f"{dtype:<8} refused: {g['refused']}")
+            continue
         lines.append(f"{dtype:<8} {g['noise_multiplier']:>6.3f} {g['rounds_to_exhaust']:>2} {g['claimed_mu']:>8.4f} "
                      f"{g['epsilon_lower_bound']:>11.4f} {g['gdp_mu_lower_bound']:>7.4f} "
                      f"{g['gdp_epsilon_lower_bound']:>12.4f} {g['gdp_epsilon_lower_bound'] / eps:>8.1%}")
-    lines += ["", "exhaustion: a noise-only reply vs a contributing one (advantage = TPR - FPR on held-out trials)",
+    lines += ["", "exhaustion: a noise-only reply vs a contributing one (advantage = TPR - FPR on held-out trials; "
+                  f"each verdict at confidence {1 - result['exhaustion_alpha_each']:.3%})",
               f"{'model':<8} {'distinguisher':<14} {'feature':<22} {'advantage':>9} {'allowed':>8} {'(theory':>8} "
               f"{'+ slack)':>8}  verdict"]
     for dtype, found in result["exhaustion"].items():

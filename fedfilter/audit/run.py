@@ -10,7 +10,10 @@ Two lower bounds per model dtype, each at confidence 1 - alpha (Clopper-Pearson 
 Thresholds are never chosen on the trials that evaluate them: ``planned`` (default) fixes them
 before any trial from the claimed model (``bounds.planned_tests``), so every trial evaluates;
 ``split`` chooses them on a random ``select_fraction`` of the trials and evaluates on the rest.
-The exhaustion distinguishers always split (they have no model to plan from).
+The exhaustion distinguishers always split (they have no model to plan from). Their verdicts are
+one family (every distinguisher on every dtype): each is tested at alpha / (family size)
+(Bonferroni), so that a mechanism that hides exhaustion fails none of them with probability at
+least 1 - alpha. A device that refuses a dtype (a model it will not train) is reported as such.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import numpy as np
 from client.privacy import gaussian_dp
 from fedfilter.audit import bounds
 from fedfilter.audit.distinguishers import distinguish, single_reply_tv
-from fedfilter.audit.game import GameConfig, GameRun, play, probe_table, reuse_budget_solves, scores
+from fedfilter.audit.game import DeviceRefused, GameConfig, GameRun, play, probe_table, reuse_budget_solves, scores
 
 THRESHOLDS = ("planned", "split")
 DTYPES = ("float32", "float64")
@@ -118,17 +121,28 @@ def run_audit(*, epsilon: float, delta: float, trials: int, dtypes: Sequence[str
         for dtype in dtypes:
             cfg = GameConfig(epsilon=epsilon, delta=delta, filter_kind=filter_kind, rounds=rounds, clip=clip,
                              dtype=dtype, device_epsilon=device_epsilon)
-            run = play(cfg, trials, rng=rng, seeded=seed is not None, tmp_dir=tmp_dir, progress=progress)
+            try:
+                run = play(cfg, trials, rng=rng, seeded=seed is not None, tmp_dir=tmp_dir, progress=progress)
+            except DeviceRefused as err:
+                games[dtype] = {"refused": str(err)}
+                if progress is not None:
+                    progress(trials)
+                continue
             games[dtype] = game_bounds(run, alpha=alpha, threshold=threshold, select_fraction=select_fraction, rng=rng)
-            exhaustion[dtype] = exhaustion_findings(run, alpha=alpha, rng=rng)
+            exhaustion[dtype] = exhaustion_findings(run, alpha=alpha / (len(DISTINGUISHERS) * len(dtypes)), rng=rng)
             runs[dtype] = run
-    eps_lb = max(g["epsilon_lower_bound"] for g in games.values())
-    gdp_lb = max(g["gdp_epsilon_lower_bound"] for g in games.values())
+    played = [g for g in games.values() if "refused" not in g]
+    if not played:
+        raise ValueError("the canary devices refused every model dtype: " +
+                         "; ".join(f"{d}: {g['refused']}" for d, g in games.items()))
+    eps_lb = max(g["epsilon_lower_bound"] for g in played)
+    gdp_lb = max(g["gdp_epsilon_lower_bound"] for g in played)
     within_claim = eps_lb <= epsilon and gdp_lb <= epsilon
     exhaustion_ok = all(f["within_bound"] for d in exhaustion.values() for f in d.values())
     result = {
         "claimed_epsilon": float(epsilon), "delta": float(delta), "placement": "local", "filter": filter_kind,
-        "trials": trials, "dtypes": list(dtypes), "alpha": alpha, "threshold": threshold,
+        "trials": trials, "dtypes": list(dtypes), "alpha": alpha,
+        "exhaustion_alpha_each": alpha / (len(DISTINGUISHERS) * len(dtypes)), "threshold": threshold,
         "epsilon_lower_bound": eps_lb, "gdp_epsilon_lower_bound": gdp_lb,
         "gdp_share_of_claim": gdp_lb / epsilon,
         "games": games, "exhaustion": exhaustion,
