@@ -79,7 +79,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="fix the game's thresholds from the claim before the trials, or choose them on half")
     p.add_argument("--seed", type=int, default=None,
                    help="reproducible audit, device noise included (default: OS randomness, as deployed)")
-    p.add_argument("--tmp-dir", default=None, help="where the throw-away canary ledgers go (default: a RAM disk if any)")
+    p.add_argument("--tmp-dir", default=None,
+                   help="where the throw-away canary ledgers go (default: a RAM disk if any)")
     p.add_argument("--json", action="store_true", help="print one JSON object (the table goes to stderr)")
     p.add_argument("--strict", action="store_true", help="exit 1 if a bound exceeds the claim or exhaustion shows")
     p.add_argument("--no-progress", action="store_true")

@@ -152,7 +152,9 @@ def test_the_lower_bounds_never_exceed_the_claim(tmp_path, seed):
                        threshold="split" if seed == 2 else "planned")
     assert result["epsilon_lower_bound"] <= 1.0
     assert result["gdp_epsilon_lower_bound"] <= 1.0
-    for dtype, game in result["games"].items():
+    played = {d: g for d, g in result["games"].items() if "refused" not in g}  # a device may refuse float64
+    assert "float32" in played
+    for dtype, game in played.items():
         assert game["rounds_to_exhaust"] in (3, 4)  # 3 full rounds, maybe a sliver (game.py docstring)
         assert game["attack_mu"] == pytest.approx(game["claimed_mu"], rel=1e-6)
         assert game["ledgers_verified"] >= 1

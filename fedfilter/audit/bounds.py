@@ -184,7 +184,8 @@ def split_mask(n: int, fraction: float, rng: np.random.Generator) -> np.ndarray:
     return mask
 
 
-def audit_scores(scores0, scores1, select: np.ndarray, *, objective: str, delta: float, alpha: float) -> tuple[Test, Rates]:
+def audit_scores(scores0, scores1, select: np.ndarray, *, objective: str, delta: float,
+                 alpha: float) -> tuple[Test, Rates]:
     """Choose a test on the ``select`` trials, evaluate it on the others (paired trials)."""
     s0, s1 = np.asarray(scores0), np.asarray(scores1)
     test = select_threshold(s0[select], s1[select], objective=objective, delta=delta, alpha=alpha)

@@ -41,7 +41,9 @@ from flwr.app import Array, ArrayRecord, Context, Message, Metadata, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.common.serde import message_to_proto
 
-from client.flower_mod import ARRAYS_RECORD, REQUEST_RECORD, STATUS_RECORD, STATUS_REPORT, individual_filter_mod, request_record
+from client.flower_mod import (
+    ARRAYS_RECORD, REQUEST_RECORD, STATUS_RECORD, STATUS_REPORT, individual_filter_mod, request_record,
+)
 from client.ledger import BudgetLedger
 from client.privacy import gaussian_dp
 from client.release import RoundSpec
