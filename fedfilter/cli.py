@@ -17,6 +17,7 @@ COMMAND_MODULES = [
     "fedfilter.cmd_demo",  # demo (Flower simulation)
     "fedfilter.cmd_deploy",  # deploy-local
     "fedfilter.cmd_study",  # study dropout
+    "fedfilter.cmd_audit",  # audit (canary devices through the real mod)
 ]
 
 
