@@ -32,6 +32,7 @@ def _audit(args: argparse.Namespace) -> int:
         result = run_audit(epsilon=args.epsilon, delta=args.delta, trials=args.trials, dtypes=dtypes,
                            rounds=args.rounds, filter_kind=args.filter, alpha=args.alpha, threshold=args.threshold,
                            seed=args.seed, tmp_dir=args.tmp_dir or _default_tmp(), progress=bar.update,
+                           reply_hold_s=args.reply_hold_s,
                            keep_runs=True)
     runs = result.pop("_runs")
     (out / "audit.json").write_text(json.dumps(result, indent=1) + "\n")
@@ -81,6 +82,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="reproducible audit, device noise included (default: OS randomness, as deployed)")
     p.add_argument("--tmp-dir", default=None,
                    help="where the throw-away canary ledgers go (default: a RAM disk if any)")
+    p.add_argument("--reply-hold-s", type=float, default=0.02,
+                   help="the devices' reply hold in the probe round timed by the timing distinguishers "
+                        "(deployed devices default to 60 s; 0 turns timing protection off)")
     p.add_argument("--json", action="store_true", help="print one JSON object (the table goes to stderr)")
     p.add_argument("--strict", action="store_true", help="exit 1 if a bound exceeds the claim or exhaustion shows")
     p.add_argument("--no-progress", action="store_true")

@@ -42,7 +42,8 @@ from flwr.clientapp import ClientApp
 from flwr.common.serde import message_to_proto
 
 from client.flower_mod import (
-    ARRAYS_RECORD, REQUEST_RECORD, STATUS_RECORD, STATUS_REPORT, individual_filter_mod, request_record,
+    ARRAYS_RECORD, REQUEST_RECORD, STATUS_RECORD, STATUS_REPORT, enrol_device, individual_filter_mod,
+    request_record,
 )
 from client.ledger import BudgetLedger
 from client.privacy import gaussian_dp
@@ -68,6 +69,10 @@ class GameConfig:
     # The budget the devices are actually enrolled with; None means the claim. Only a test that
     # checks the audit can catch an understated claim sets it.
     device_epsilon: float | None = None
+    # The owner's reply hold (client/reply_timing.py) the devices apply in the probe round, whose
+    # reply times feed the timing distinguishers; the budget rounds run without it (their times
+    # are not looked at). Deployed devices default to 60 s; a small hold keeps the audit quick.
+    reply_hold_s: float = 0.02
 
     def __post_init__(self):
         problems = []
@@ -174,7 +179,12 @@ class Device:
                 "filter": cfg.filter_kind, "min-noise-multiplier": min(0.5, cfg.noise_multiplier)}
         if noise_seed is not None:
             node["noise-seed"] = int(noise_seed)
+        node["reply-hold-s"] = 0.0  # budget rounds: see GameConfig.reply_hold_s
+        enrol_device(node)  # the owner's act, up front: the mod never enrols
         self.context = Context(run_id=1, node_id=node_id, node_config=node, state=RecordDict(), run_config={})
+
+    def hold_replies(self, seconds: float) -> None:
+        self.context.node_config["reply-hold-s"] = float(seconds)
 
     def statuses(self) -> list[tuple[str, float]]:
         ledger = BudgetLedger.open(self.directory)
@@ -289,6 +299,8 @@ def play(cfg: GameConfig, trials: int, *, rng: np.random.Generator, seeded: bool
                     reply = ask(canary_app if dev is x else empty_app, cfg, dev, r)
                     score[dev] += weights[r - 1] * float(flatten(reply.arrays) @ v)
             probe = {}
+            for dev in (x, y):
+                dev.hold_replies(cfg.reply_hold_s)
             for dev in (x, y) if rng.random() < 0.5 else (y, x):
                 probe[dev] = ask(canary_app, cfg, dev, rounds + 1)
             if verify_every and i % verify_every == 0:

@@ -95,8 +95,8 @@ def exhaustion_findings(run: GameRun, *, alpha: float, rng: np.random.Generator)
 def run_audit(*, epsilon: float, delta: float, trials: int, dtypes: Sequence[str] = DTYPES, rounds: int = 3,
               filter_kind: str = "gdp", clip: float = 1.0, alpha: float = 0.05, threshold: str = "planned",
               select_fraction: float = 0.5, seed: int | None = None, tmp_dir: str | None = None,
-              device_epsilon: float | None = None, progress: Callable[[int], None] | None = None,
-              keep_runs: bool = False) -> dict:
+              device_epsilon: float | None = None, reply_hold_s: float = 0.02,
+              progress: Callable[[int], None] | None = None, keep_runs: bool = False) -> dict:
     """Audit the claimed (epsilon, delta) through canary devices; see the module docstring.
 
     ``seed`` makes the audit reproducible, device noise included (each canary device gets a
@@ -120,7 +120,7 @@ def run_audit(*, epsilon: float, delta: float, trials: int, dtypes: Sequence[str
     with reuse_budget_solves():
         for dtype in dtypes:
             cfg = GameConfig(epsilon=epsilon, delta=delta, filter_kind=filter_kind, rounds=rounds, clip=clip,
-                             dtype=dtype, device_epsilon=device_epsilon)
+                             dtype=dtype, device_epsilon=device_epsilon, reply_hold_s=reply_hold_s)
             try:
                 run = play(cfg, trials, rng=rng, seeded=seed is not None, tmp_dir=tmp_dir, progress=progress)
             except DeviceRefused as err:
@@ -141,6 +141,7 @@ def run_audit(*, epsilon: float, delta: float, trials: int, dtypes: Sequence[str
     exhaustion_ok = all(f["within_bound"] for d in exhaustion.values() for f in d.values())
     result = {
         "claimed_epsilon": float(epsilon), "delta": float(delta), "placement": "local", "filter": filter_kind,
+        "reply_hold_s": float(reply_hold_s),
         "trials": trials, "dtypes": list(dtypes), "alpha": alpha,
         "exhaustion_alpha_each": alpha / (len(DISTINGUISHERS) * len(dtypes)), "threshold": threshold,
         "epsilon_lower_bound": eps_lb, "gdp_epsilon_lower_bound": gdp_lb,
