@@ -19,8 +19,8 @@ What the mod does with each message (DESIGN.md sections 1 and 2):
   the update ``returned - received`` goes through ``FilteredClient.release`` (clip to the
   allowance, durable spend, then noise), and the reply carries exactly:
 
-  - ``"arrays"``: an ``ArrayRecord`` with the noisy *update* (same keys, shapes and dtypes as the
-    model received), and ``"fedfilter.status"``: ``ConfigRecord({"status": "report"})``, for a
+  - ``"arrays"``: an ``ArrayRecord`` with the noisy *update* (same keys and shapes as the model
+    received; floating-point arrays in float32 whatever the model's dtype, ``client.mechanism``), and ``"fedfilter.status"``: ``ConfigRecord({"status": "report"})``, for a
     client that contributed and for one that sends pure noise alike; or
   - only ``"fedfilter.status"``: ``ConfigRecord({"status": "left"})`` for a client in ``leave``
     mode whose budget is spent (no ``ArrayRecord`` at all).
@@ -92,11 +92,11 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Error, Message, RecordDict
 from flwr.common.constant import ErrorCode
 
-from client.ledger import LEDGER_FILE, BudgetLedger, ReplayError
-from client.mechanism import REPLY_DTYPE, NonFiniteUpdateError
-from client.release import AFTER_EXHAUSTION, ClientPolicy, FilteredClient, RoundSpec, RoundSpecError, validate_request
-from client.ledger import LedgerError, Quotas
-from client.release import short_repr
+from client.ledger import LEDGER_FILE, BudgetLedger, LedgerError, Quotas, ReplayError
+from client.mechanism import NonFiniteUpdateError
+from client.release import (
+    AFTER_EXHAUSTION, ClientPolicy, FilteredClient, RoundSpec, RoundSpecError, short_repr, validate_request,
+)
 from client.reply_timing import ReplyHold, reply_hold_s
 
 __all__ = [

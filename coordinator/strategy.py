@@ -11,7 +11,7 @@ Per round (``FilteredMeanStrategy``):
 * ``train_messages``: the model, the training settings and the round request
   (``client.flower_mod.request_record``) to each sampled node.
 * ``tally``: every reply is a *report* (status ``report``, one ArrayRecord with exactly the model's
-  keys, shapes and dtypes, finite, and a norm a genuine noisy report can have), a *marker*
+  keys and shapes, the reply dtypes of ``client.mechanism.reply_dtype``, finite, and a norm a genuine noisy report can have), a *marker*
   (status ``left``, no arrays) or *dropped* (an error, anything malformed, a second reply from one
   node). A bad reply never fails the round.
 * the aggregate: the mean of the reports, released only if there is at least one report, and in
