@@ -1,0 +1,157 @@
+"""A wrong budget, charge or boundary cannot pass: checks against references written apart.
+
+``epsilon_spent`` is capped at the budget, so a check that reads it cannot see a budget that is
+too large. These tests read the ledger's *raw* spend rows (``BudgetLedger.records()``: sensitivity
+and noise std of every release) and convert them with ``tests/budget_reference.py`` (mpmath's
+exact Gaussian-DP curve, dp_accounting's RDP and PLD accountants, exact fractions), and drive the
+filters only through their public methods (``charge``, ``spend``, ``admits``, ``within_budget``,
+``allowance``).
+"""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import mpmath
+import numpy as np
+import pytest
+
+from budget_reference import check_rounding, check_spends, exact_mu2, gdp_mu2_budget, weights
+from client.ledger import BudgetLedger
+from client.privacy.filters import make_filter
+from client.release import ClientPolicy, FilteredClient, RoundSpec
+
+DELTA = 1e-5
+KINDS = ("gdp", "zcdp", "rdp")
+
+
+def _updates(rng: np.random.Generator, rounds: int):
+    """Updates whose norms spread from far below to far above the clip (1.0), in float32."""
+    for _ in range(rounds):
+        scale = float(rng.choice([0.05, 0.3, 0.8, 1.0, 2.5, 10.0]))
+        a = rng.normal(size=(3, 4)).astype(np.float32)
+        b = rng.normal(size=20).astype(np.float32)
+        norm = math.sqrt(float(np.sum(a.astype(np.float64) ** 2) + np.sum(b.astype(np.float64) ** 2)))
+        yield [a * np.float32(scale / norm), b * np.float32(scale / norm)]
+
+
+def _run_to_exhaustion(tmp_path, kind: str, epsilon: float, *, z: float, clip: float = 1.0, seed: int = 0):
+    """A client answering rounds of two runs until it has sent a few pure-noise reports."""
+    ledger = BudgetLedger.enrol(tmp_path, client_id="dev", epsilon=epsilon, delta=DELTA, filter_kind=kind)
+    policy = ClientPolicy(min_noise_multiplier=0.5, exhausted_below=1e-3)
+    client = FilteredClient(ledger, policy, rng=np.random.default_rng(seed))
+    rng = np.random.default_rng(seed + 1)
+    noise_only = 0
+    for r, update in enumerate(_updates(rng, 400)):
+        run = "run-a" if r % 3 else "run-b"  # the lifetime budget spans runs
+        rel = client.release(RoundSpec(run, r, z, clip), update)
+        noise_only += rel.status == "noise-only"
+        if noise_only >= 3:
+            break
+    assert noise_only >= 3, "the client never ran out: the test would not bind the budget"
+    return ledger
+
+
+@pytest.mark.parametrize("kind,epsilon,z", [("gdp", 2.0, 4.0), ("gdp", 0.5, 1.5), ("zcdp", 2.0, 2.0),
+                                            ("rdp", 2.0, 2.0)])
+def test_release_spend_rows_stay_within_the_budget_by_independent_accountants(tmp_path, kind, epsilon, z):
+    ledger = _run_to_exhaustion(tmp_path, kind, epsilon, z=z)
+    recs = ledger.records()
+    assert all(r.placement == "local" for r in recs)
+    pairs = [(r.sensitivity, r.noise_std) for r in recs]
+    # Exhausted: less than (exhausted_below * C)^2 / std^2 of mu^2 was left (times the largest weight).
+    check_spends(kind, epsilon, DELTA, ledger.filter.orders, pairs, exhausted=True,
+                 slack_mu2=2 * (1e-3 / z) ** 2)
+    assert recs[-1].status == "noise-only" and recs[-1].sensitivity == 0.0
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_release_stored_charges_and_states_round_up_exactly(tmp_path, kind):
+    ledger = _run_to_exhaustion(tmp_path, kind, 1.0, z=1.0, seed=5)
+    recs = ledger.records()
+    check_rounding(kind, ledger.filter.orders,
+                   [(r.sensitivity, r.noise_std, r.charge, r.state_after) for r in recs])
+    # The current state is the last row's, and covers the exact sum of every release.
+    assert np.array_equal(ledger.state(), recs[-1].state_after)
+    # Per run too: each run's state covers that run's exact sum.
+    for run in ("run-a", "run-b"):
+        rows = ledger.records(run)
+        check_rounding(kind, ledger.filter.orders,
+                       [(r.sensitivity, r.noise_std, r.charge, r.run_state_after) for r in rows])
+
+
+# --- the filters' arithmetic, through their public methods ---------------------------------------
+def _random_pairs(rng, n):
+    """Random (s, std), exact cases, and hard ones: ``(s/std)^2`` just below a power of two, where
+    a quotient rounded to nearest (down by up to half an ulp) then squared loses up to ~2 ulps of
+    the exact value, more than one upward step of a product near the top of its binade covers."""
+    hard_std = rng.uniform(1, 2, 3 * n)
+    hard_s = np.sqrt(2.0) * (1 - rng.uniform(0, 1e-3, 3 * n)) * hard_std
+    s = np.concatenate([rng.uniform(0, 3, n), 10.0 ** rng.uniform(-8, 3, n), hard_s, [1.0, 2.0, 0.5, 3.0, 1e-300]])
+    std = np.concatenate([rng.uniform(0.1, 10, n), 10.0 ** rng.uniform(-3, 3, n), hard_std, [1.0, 1.0, 0.25, 3.0, 1.0]])
+    return s, std
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_charge_and_spend_round_up_against_exact_fractions(kind):
+    filt = make_filter(kind, 1.0, DELTA)
+    w = weights(kind, filt.orders)
+    rng = np.random.default_rng(11)
+    s, std = _random_pairs(rng, 600)
+    charge = filt.charge(sensitivity=s, noise_std=std)  # vectorised, as the engine calls it
+    for i in range(len(s)):
+        cost = exact_mu2(float(s[i]), float(std[i]))
+        for j, wj in enumerate(w):
+            assert Fraction(float(charge[i, j])) >= wj * cost, (s[i], std[i], j)
+        # One row at a time (the Flower client's call) gives the same charge.
+        assert np.array_equal(filt.charge(sensitivity=float(s[i]), noise_std=float(std[i])), charge[i])
+    # spend: the new state is at least the exact old state plus the exact charge.
+    state = np.abs(rng.normal(size=(len(s), len(w)))) * filt.budget
+    after = filt.spend(state, charge)
+    for i in range(len(s)):
+        for j in range(len(w)):
+            assert Fraction(float(after[i, j])) >= Fraction(float(state[i, j])) + Fraction(float(charge[i, j]))
+    # A release without data costs exactly nothing and leaves the state exactly as it was.
+    zero = filt.charge(sensitivity=0.0, noise_std=1.0)
+    assert np.all(zero == 0) and np.array_equal(filt.spend(state[0], zero), state[0])
+
+
+@pytest.mark.parametrize("kind,epsilon", [("gdp", 1.0), ("gdp", 0.3), ("gdp", 8.0), ("zcdp", 1.0), ("rdp", 1.0)])
+def test_exact_boundary_a_state_at_the_budget_is_admitted_one_ulp_above_is_not(kind, epsilon):
+    filt = make_filter(kind, epsilon, DELTA)
+    budget = np.asarray(filt.budget, dtype=np.float64)
+    above = np.nextafter(budget, np.inf)
+    assert not filt.within_budget(above)
+    for j in range(budget.size):
+        if budget[j] <= 0:
+            continue
+        at = above.copy()
+        at[j] = budget[j]  # this coordinate exactly at its budget, every other one past it
+        assert filt.within_budget(at), f"coordinate {j} exactly at its budget {budget[j]!r} was refused"
+        # The same boundary reached by spending: from zero, a charge whose upward-rounded sum
+        # lands exactly on the budget is admitted, and the next float up is not.
+        start = np.where(np.arange(budget.size) == j, 0.0, above)
+        landing = np.zeros(budget.size)
+        landing[j] = np.nextafter(budget[j], -np.inf)
+        after = filt.spend(start, landing)
+        assert Fraction(float(after[j])) <= Fraction(float(budget[j]))
+        assert filt.admits(start, landing)
+        landing[j] = budget[j] * (1 + 2**-40)
+        assert not filt.admits(start, landing)
+
+
+@pytest.mark.parametrize("epsilon", [0.1, 0.5, 1.0, 2.0, 8.0])
+def test_gdp_budget_is_the_exact_curve_rounded_down(epsilon):
+    # The largest mu^2 the filter admits is at most the exact one (mpmath bisection on the curve)
+    # and within 1e-12 of it: a budget 1 % (let alone 10 %) off in either direction fails.
+    filt = make_filter("gdp", epsilon, DELTA)
+    exact = gdp_mu2_budget(epsilon, DELTA)
+    b = float(filt.budget[0])
+    assert mpmath.mpf(b) <= exact
+    assert b >= float(exact) * (1 - 1e-12)
+    # And the allowance from an empty state spends it, to within 1e-12, and no more.
+    std = 3.0
+    s = float(filt.allowance(filt.initial_state(), noise_std=std))
+    assert exact_mu2(s, std) <= Fraction(b)
+    assert float(exact_mu2(s, std)) >= b * (1 - 1e-12)
