@@ -17,7 +17,6 @@ capped at the budget and so cannot show a budget that is too large), and convert
 
 from __future__ import annotations
 
-import logging
 from fractions import Fraction
 from typing import Iterable, Sequence
 
@@ -105,7 +104,6 @@ def pld_optimistic_delta(pairs: Iterable[tuple[float, float]], epsilon: float,
                          interval: float = 1e-4) -> float:
     """dp_accounting's *optimistic* PLD delta of the composition: a lower bound on the true delta."""
     composed = None
-    logging.getLogger().setLevel(logging.ERROR)  # it warns that it switches to privacy buckets
     for s, std in pairs:
         if s > 0:
             one = pld_lib.from_gaussian_mechanism(standard_deviation=std, sensitivity=s,
