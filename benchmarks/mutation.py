@@ -47,7 +47,7 @@ _PRIVACY_TESTS = ["tests/test_budget_references.py", "tests/test_renyi_zcdp.py",
                   "tests/test_filters_shared.py"]
 # Test files that exercise each target; the fast tests among them are chosen by timing.
 TESTS: dict[str, list[str]] = {
-    "client/privacy/filters.py": _PRIVACY_TESTS + ["tests/test_release.py"],
+    "client/privacy/filters.py": _PRIVACY_TESTS + ["tests/test_release.py", "tests/test_ledger.py"],
     "client/privacy/rounding.py": _PRIVACY_TESTS,
     "client/privacy/gaussian_dp.py": _PRIVACY_TESTS,
     "client/privacy/zcdp.py": _PRIVACY_TESTS,
@@ -340,7 +340,9 @@ def main(argv=None) -> int:
             verdict, secs = _run_pytest(work, subset, args.timeout * 3)
             if verdict != "pass":
                 raise SystemExit(f"{f}: the unparsed file fails its tests ({verdict})")
-            for m in mutants[f]:
+            for n, m in enumerate(mutants[f]):
+                if n and n % 25 == 0:
+                    print(f"  [{f}] {n}/{len(mutants[f])} mutants ({time.perf_counter() - t0:.0f} s)", flush=True)
                 if time.perf_counter() - t0 > args.max_minutes * 60:
                     counts["not run"] += 1
                     continue

@@ -155,3 +155,52 @@ def test_gdp_budget_is_the_exact_curve_rounded_down(epsilon):
     s = float(filt.allowance(filt.initial_state(), noise_std=std))
     assert exact_mu2(s, std) <= Fraction(b)
     assert float(exact_mu2(s, std)) >= b * (1 - 1e-12)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_run_quota_binds_each_run_by_the_exact_curve(tmp_path, kind):
+    # run_quota 0.3: within one run, sum mu^2 (in the filter's own units) stops at 0.3 of the
+    # lifetime budget; for gdp that is 0.3 of the exact curve's mu^2. A new run may spend again.
+    quota, z = 0.3, 2.0
+    ledger = BudgetLedger.enrol(tmp_path, client_id="dev", epsilon=2.0, delta=DELTA, filter_kind=kind,
+                                run_quota=quota)
+    client = FilteredClient(ledger, ClientPolicy(exhausted_below=1e-3), rng=np.random.default_rng(3))
+    rng = np.random.default_rng(4)
+    statuses = [client.release(RoundSpec("greedy", r, z, 1.0), u).status for r, u in enumerate(_updates(rng, 60))]
+    assert statuses.count("noise-only") >= 3, statuses
+    rows = ledger.records("greedy")
+    run_mu2 = sum((exact_mu2(r.sensitivity, r.noise_std) for r in rows), Fraction(0))
+    w = weights(kind, ledger.filter.orders)
+    # The run's exact loss is within quota x the lifetime budget in some coordinate (the filter
+    # continues while any is), and the run stopped only once every coordinate's quota was used up.
+    budget = [Fraction(float(b)) for b in ledger.filter.budget]
+    assert any(wj * run_mu2 <= quota * bj for wj, bj in zip(w, budget))
+    assert all(wj * run_mu2 >= quota * bj - wj * Fraction(2 * (1e-3 / z) ** 2) for wj, bj in zip(w, budget))
+    if kind == "gdp":
+        assert run_mu2 <= quota * Fraction(float(gdp_mu2_budget(2.0, DELTA)))
+    check_spends(kind, 2.0, DELTA, ledger.filter.orders, [(r.sensitivity, r.noise_std) for r in rows],
+                 exhausted=False)
+    assert client.release(RoundSpec("next", 0, z, 1.0), [np.ones(4, dtype=np.float32)]).status == "contributed"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_filters_refuse_impossible_budgets_and_releases(kind):
+    for eps in (0.0, -1.0, math.nan, math.inf):
+        with pytest.raises(ValueError, match="epsilon"):
+            make_filter(kind, eps, DELTA)
+    for delta in (0.0, 1.0, 2.0, -0.5, math.nan):
+        with pytest.raises(ValueError, match="delta"):
+            make_filter(kind, 1.0, delta)
+    filt = make_filter(kind, 1.0, DELTA)
+    # A NaN or negative sensitivity must not be charged as zero: refused, even one in a batch.
+    for bad in (math.nan, math.inf, -1.0, [0.5, math.nan], [0.5, -1e-300]):
+        with pytest.raises(ValueError, match="sensitivity"):
+            filt.charge(sensitivity=bad, noise_std=1.0)
+    for bad in (0.0, -1.0, math.nan, math.inf, [1.0, 0.0]):
+        with pytest.raises(ValueError, match="noise_std"):
+            filt.charge(sensitivity=0.5, noise_std=bad)
+
+
+def test_unknown_filter_kind_is_refused():
+    with pytest.raises(ValueError, match="filter must be one of"):
+        make_filter("pld", 1.0, DELTA)
