@@ -204,3 +204,21 @@ def test_filters_refuse_impossible_budgets_and_releases(kind):
 def test_unknown_filter_kind_is_refused():
     with pytest.raises(ValueError, match="filter must be one of"):
         make_filter("pld", 1.0, DELTA)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_run_quota_budget_rounds_down_and_remaining_fraction_is_exact(kind):
+    filt = make_filter(kind, 2.0, DELTA)
+    rng = np.random.default_rng(9)
+    for fraction in np.concatenate([rng.uniform(0.01, 1.0, 200), [1.0, 0.5, 0.1]]):
+        run = filt.scaled(float(fraction))
+        for b, rb in zip(filt.budget, run.budget):
+            assert Fraction(float(rb)) <= Fraction(float(b)) * Fraction(float(fraction)), (fraction, b, rb)
+            if b > 0:  # (an rdp order with no budget stays at or below zero: it admits nothing)
+                assert float(rb) >= float(b) * fraction * (1 - 1e-15)
+    # remaining_fraction: (B - S) / B of the coordinate with the most room, against fractions.
+    for t in (0.0, 0.25, 0.5, 0.999, 1.0, 1.5):
+        state = filt.budget * t
+        expect = max(max(Fraction(0), (Fraction(float(b)) - Fraction(float(s))) / Fraction(float(b)))
+                     for b, s in zip(filt.budget, state) if b > 0)
+        assert abs(Fraction(float(filt.remaining_fraction(state))) - expect) <= Fraction(1, 10**12)
