@@ -180,3 +180,30 @@ def check_rounding(kind: str, orders: Sequence[float], rows: Sequence[tuple[floa
             # The stored state also covers the previous stored state plus the stored charge.
             assert Fraction(float(state[j])) >= previous[j] + Fraction(float(charge[j]))
             previous[j] = Fraction(float(state[j]))
+
+
+def gdp_epsilon(mu2: Fraction, delta: float) -> mpmath.mpf:
+    """The exact smallest epsilon with ``delta(eps; sqrt(mu2)) <= delta``: bisection (delta falls with eps)."""
+    with mpmath.workdps(_DPS):
+        mu, target = mpmath.sqrt(_mp(mu2)), mpmath.mpf(delta)
+        if mu2 == 0 or _curve(mpmath.mpf(0), mu) <= target:
+            return mpmath.mpf(0)
+        lo, hi = mpmath.mpf(0), mpmath.mpf(1)
+        while _curve(hi, mu) > target:
+            lo, hi = hi, hi * 2
+        for _ in range(190):
+            mid = (lo + hi) / 2
+            if _curve(mid, mu) > target:
+                lo = mid
+            else:
+                hi = mid
+        return hi
+
+
+def rdp_epsilon(rdp: Sequence[Fraction], orders: Sequence[float], delta: float) -> mpmath.mpf:
+    """``min_alpha r_alpha + log1p(-1/alpha) - log(delta alpha)/(alpha - 1)`` at 50 digits (Canonne,
+    Kamath and Steinke 2020, arXiv 2004.00010 v4, Proposition 12)."""
+    with mpmath.workdps(_DPS):
+        d = mpmath.mpf(delta)
+        return min(_mp(r) + mpmath.log1p(-1 / mpmath.mpf(a)) - mpmath.log(d * a) / (mpmath.mpf(a) - 1)
+                   for r, a in zip(rdp, orders))

@@ -17,7 +17,8 @@ import mpmath
 import numpy as np
 import pytest
 
-from budget_reference import check_rounding, check_spends, exact_mu2, gdp_mu2_budget, weights
+from budget_reference import (check_rounding, check_spends, exact_mu2, gdp_epsilon, gdp_mu2_budget, rdp_epsilon,
+                              weights, zcdp_epsilon)
 from client.ledger import BudgetLedger
 from client.privacy.filters import make_filter
 from client.release import ClientPolicy, FilteredClient, RoundSpec
@@ -222,3 +223,36 @@ def test_a_run_quota_budget_rounds_down_and_remaining_fraction_is_exact(kind):
         expect = max(max(Fraction(0), (Fraction(float(b)) - Fraction(float(s))) / Fraction(float(b)))
                      for b, s in zip(filt.budget, state) if b > 0)
         assert abs(Fraction(float(filt.remaining_fraction(state))) - expect) <= Fraction(1, 10**12)
+
+
+def test_gdp_budget_never_exceeds_the_exact_curve_over_many_budgets():
+    # mu_B is rounded down; its square must be rounded down too: to nearest it lands above the
+    # exact mu^2 for a few percent of budgets, so 40 random ones catch it.
+    rng = np.random.default_rng(17)
+    for eps, log_delta in zip(10.0 ** rng.uniform(-1.3, 1.0, 40), rng.uniform(-10, -3, 40)):
+        delta = float(10.0**log_delta)
+        b = float(make_filter("gdp", float(eps), delta).budget[0])
+        exact = gdp_mu2_budget(float(eps), delta)
+        assert mpmath.mpf(b) <= exact, (eps, delta, b)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_epsilon_spent_below_the_budget_is_an_upper_bound_on_the_exact_epsilon(kind):
+    # What a client is told it spent must never be below the exact epsilon of its state (it is
+    # capped at the budget only at the budget). Exact: the GDP curve, Bun-Steinke, CKS 2020 at 50
+    # digits; and within 1e-9 of it (the rounding is a few ulps, not a looser bound).
+    filt = make_filter(kind, 2.0, DELTA)
+    full = float(filt.allowance(filt.initial_state(), noise_std=1.0))  # spends the whole budget
+    rng = np.random.default_rng(21)
+    for t in np.concatenate([rng.uniform(1e-2, 0.999, 25), [0.5, 0.9]]):
+        # A state a client can reach: one release of sensitivity t * full at noise std 1.
+        state = filt.spend(filt.initial_state(), filt.charge(sensitivity=t * full, noise_std=1.0))
+        spent = filt.epsilon_spent(state)
+        if kind == "gdp":
+            exact = gdp_epsilon(Fraction(float(state[0])), DELTA)
+        elif kind == "zcdp":
+            exact = zcdp_epsilon(Fraction(float(state[0])), DELTA)
+        else:
+            exact = rdp_epsilon([Fraction(float(x)) for x in state], filt.orders, DELTA / len(filt.orders))
+        assert mpmath.mpf(spent) >= exact, (t, spent, float(exact))
+        assert spent <= float(exact) * (1 + 1e-9) + 1e-12, (t, spent, float(exact))
