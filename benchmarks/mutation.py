@@ -308,9 +308,20 @@ def main(argv=None) -> int:
     ap.add_argument("--max-test-seconds", type=float, default=1.0, help="slower tests are left out of the subset")
     ap.add_argument("--out", default="docs/mutation_survivors.txt", help="where the survivors are written")
     ap.add_argument("--list", action="store_true", help="only count the mutants per file")
+    ap.add_argument("--rerun", metavar="SURVIVORS", help="only the mutants listed in this survivors file "
+                    "(e.g. after adding tests); its files replace --files")
     args = ap.parse_args(argv)
 
+    if args.rerun:
+        listed = [ln.rstrip("\n") for ln in Path(args.rerun).read_text().splitlines() if ln and not ln.startswith("#")]
+        args.files = list(dict.fromkeys(ln.split(":", 1)[0] for ln in listed))
+        wanted = set(listed)
     mutants = {f: find_mutants(f, (ROOT / f).read_text()) for f in args.files}
+    if args.rerun:
+        mutants = {f: [m for m in ms if f"{m.path}:{m.line}: {m.description}" in wanted] for f, ms in mutants.items()}
+        missing = len(wanted) - sum(map(len, mutants.values()))
+        if missing:
+            print(f"{missing} listed mutants no longer exist in the code (changed lines); not rerun")
     if args.list:
         for f, ms in mutants.items():
             print(f"{f}: {len(ms)} mutants")
@@ -365,8 +376,8 @@ def main(argv=None) -> int:
     out = ROOT / args.out
     out.parent.mkdir(parents=True, exist_ok=True)
     with out.open("w") as fh:
-        fh.write(f"# surviving mutants: python benchmarks/mutation.py --files {' '.join(args.files)} "
-                 f"--max-minutes {args.max_minutes:g}\n")
+        how = f"--rerun {args.rerun}" if args.rerun else f"--files {' '.join(args.files)}"
+        fh.write(f"# surviving mutants: python benchmarks/mutation.py {how} --max-minutes {args.max_minutes:g}\n")
         for f, c in results.items():
             fh.write(f"# {f}: killed {c['killed']}, timed out {c['timeout']}, survived {c['survived']}, "
                      f"not run {c['not run']}\n")
