@@ -244,7 +244,9 @@ def test_epsilon_spent_below_the_budget_is_an_upper_bound_on_the_exact_epsilon(k
     filt = make_filter(kind, 2.0, DELTA)
     full = float(filt.allowance(filt.initial_state(), noise_std=1.0))  # spends the whole budget
     rng = np.random.default_rng(21)
-    for t in np.concatenate([rng.uniform(1e-2, 0.999, 25), [0.5, 0.9]]):
+    # Tiny states too (t down to 1e-3: an RDP value between delta^2 and delta), where a looser KL
+    # shortcut would print epsilon 0 although the exact epsilon is positive.
+    for t in np.concatenate([rng.uniform(1e-2, 0.999, 25), [0.5, 0.9, 3e-3, 1e-3]]):
         # A state a client can reach: one release of sensitivity t * full at noise std 1.
         state = filt.spend(filt.initial_state(), filt.charge(sensitivity=t * full, noise_std=1.0))
         spent = filt.epsilon_spent(state)

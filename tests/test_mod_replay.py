@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 from flwr.app import Array, ArrayRecord, Context, Message, Metadata, RecordDict
 
 from client.flower_mod import ARRAYS_RECORD, REQUEST_RECORD, individual_filter_mod, request_record
@@ -152,3 +153,25 @@ def test_ledger_reserve_refuses_a_concurrent_duplicate_with_a_replay_error(tmp_p
     assert len(first.records()) == 1 and len(second.records()) == 1
     first.close()
     second.close()
+
+
+def test_a_reservation_records_exactly_one_release_with_a_known_status(tmp_path):
+    ledger = BudgetLedger.enrol(tmp_path, client_id="alice", epsilon=4.0, delta=1e-5)
+    filt = ledger.filter
+    charge = filt.charge(sensitivity=0.5, noise_std=1.0)
+
+    def record(tx, status="contributed"):
+        tx.record(status=status, charge=charge, state_after=filt.spend(tx.state, charge),
+                  run_state_after=ledger.run_filter.spend(tx.run_state, charge), sensitivity=0.5,
+                  noise_std=1.0, noise_multiplier=1.0, clip=1.0, placement="local")
+
+    with pytest.raises(ValueError, match="status"):
+        with ledger.reserve("run-a", 1) as tx:
+            record(tx, status="spent-nothing")
+    assert ledger.records() == []  # the failed round rolled back: nothing spent
+    with ledger.reserve("run-a", 1) as tx:
+        record(tx)
+        with pytest.raises(RuntimeError, match="exactly one"):
+            record(tx)
+    assert [(r.run_id, r.round_id) for r in ledger.records()] == [("run-a", 1)]
+    ledger.close()
