@@ -258,3 +258,36 @@ def test_epsilon_spent_below_the_budget_is_an_upper_bound_on_the_exact_epsilon(k
             exact = rdp_epsilon([Fraction(float(x)) for x in state], filt.orders, DELTA / len(filt.orders))
         assert mpmath.mpf(spent) >= exact, (t, spent, float(exact))
         assert spent <= float(exact) * (1 + 1e-9) + 1e-12, (t, spent, float(exact))
+
+
+def _exact_order_budgets(filt) -> list:
+    """Per order, ``eps - log1p(-1/alpha) + log(delta_k alpha) / (alpha - 1)`` at 50 digits with
+    ``delta_k = delta / k`` exactly (CKS 2020 Proposition 12 per order, union bound over k orders)."""
+    with mpmath.workdps(50):
+        dk = mpmath.mpf(filt.delta) / len(filt.orders)
+        return [mpmath.mpf(filt.epsilon) - mpmath.log1p(-1 / mpmath.mpf(a)) + mpmath.log(dk * a) / (mpmath.mpf(a) - 1)
+                for a in filt.orders]
+
+
+def test_zcdp_budget_never_exceeds_theorem_4_9_exactly():
+    rng = np.random.default_rng(23)
+    for eps, log_delta in zip(10.0 ** rng.uniform(-1.5, 1.3, 300), rng.uniform(-10, -3, 300)):
+        filt = make_filter("zcdp", float(eps), float(10.0**log_delta))
+        with mpmath.workdps(50):
+            ln = -mpmath.log(mpmath.mpf(filt.delta))
+            exact = (mpmath.sqrt(ln + mpmath.mpf(filt.epsilon)) - mpmath.sqrt(ln)) ** 2
+        assert mpmath.mpf(float(filt.budget[0])) <= exact, (eps, filt.delta)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "client/privacy/renyi.py rdp_budgets rounds down by 8 ulps of the *budget*, but eps - offset "
+    "cancels: the offset's own rounding (ulps of the offset) is larger, so some order budgets "
+    "exceed the exact one by up to ~2e-13 relative (e.g. eps=1.5797202022166206, delta=1e-5, "
+    "order 8). Remove this marker once the slack is taken relative to |eps| + |offset|."))
+def test_rdp_order_budgets_never_exceed_the_exact_conversion():
+    rng = np.random.default_rng(0)
+    for eps in 10.0 ** rng.uniform(-1.5, 1.3, 300):
+        for delta in (1e-5, 1e-9, 1e-3):
+            filt = make_filter("rdp", float(eps), delta)
+            for a, b, exact in zip(filt.orders, filt.budget, _exact_order_budgets(filt)):
+                assert mpmath.mpf(float(b)) <= max(exact, mpmath.mpf(0)), (float(eps), delta, a, float(b), float(exact))
