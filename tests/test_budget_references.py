@@ -75,11 +75,16 @@ def test_release_stored_charges_and_states_round_up_exactly(tmp_path, kind):
                    [(r.sensitivity, r.noise_std, r.charge, r.state_after) for r in recs])
     # The current state is the last row's, and covers the exact sum of every release.
     assert np.array_equal(ledger.state(), recs[-1].state_after)
-    # Per run too: each run's state covers that run's exact sum.
+    # Per run too: each run's state covers that run's exact sum, and the owner's summary counts
+    # exactly the rows the ledger holds.
+    runs = {r["run_id"]: r for r in ledger.summary()["runs"]}
     for run in ("run-a", "run-b"):
         rows = ledger.records(run)
         check_rounding(kind, ledger.filter.orders,
                        [(r.sensitivity, r.noise_std, r.charge, r.run_state_after) for r in rows])
+        statuses = [r.status for r in rows]
+        assert (runs[run]["rounds"], runs[run]["contributed"], runs[run]["noise_only"]) == (
+            len(rows), statuses.count("contributed"), statuses.count("noise-only"))
 
 
 # --- the filters' arithmetic, through their public methods ---------------------------------------
