@@ -308,6 +308,8 @@ def main(argv=None) -> int:
     ap.add_argument("--max-test-seconds", type=float, default=1.0, help="slower tests are left out of the subset")
     ap.add_argument("--out", default="docs/mutation_survivors.txt", help="where the survivors are written")
     ap.add_argument("--list", action="store_true", help="only count the mutants per file")
+    ap.add_argument("--tests", nargs="+", help="test files for every target instead of TESTS (e.g. only the "
+                    "new ones when rerunning survivors: those already passed everything else)")
     ap.add_argument("--rerun", metavar="SURVIVORS", help="only the mutants listed in this survivors file "
                     "(e.g. after adding tests); its files replace --files")
     args = ap.parse_args(argv)
@@ -319,7 +321,8 @@ def main(argv=None) -> int:
     mutants = {f: find_mutants(f, (ROOT / f).read_text()) for f in args.files}
     if args.rerun:
         mutants = {f: [m for m in ms if f"{m.path}:{m.line}: {m.description}" in wanted] for f, ms in mutants.items()}
-        missing = len(wanted) - sum(map(len, mutants.values()))
+        found = {f"{m.path}:{m.line}: {m.description}" for ms in mutants.values() for m in ms}
+        missing = len(wanted - found)
         if missing:
             print(f"{missing} listed mutants no longer exist in the code (changed lines); not rerun")
     if args.list:
@@ -339,7 +342,7 @@ def main(argv=None) -> int:
         subsets: dict[tuple, list[str]] = {}
         for f in args.files:
             counts = results.setdefault(f, {"killed": 0, "survived": 0, "timeout": 0, "not run": 0})
-            test_files = tuple(TESTS.get(f, _PRIVACY_TESTS))
+            test_files = tuple(args.tests or TESTS.get(f, _PRIVACY_TESTS))
             original = (ROOT / f).read_text()
             target = work / f
             # The unparsed (but unmutated) file must pass: mutants are written the same way.
