@@ -3,6 +3,8 @@
     python benchmarks/mutation.py                          # every target file, default budget
     python benchmarks/mutation.py --files client/privacy/filters.py --max-minutes 20
     python benchmarks/mutation.py --list                   # only count the mutants
+    python benchmarks/mutation.py --rerun docs/mutation_survivors.txt --tests tests/test_new.py
+                                                           # survivors again, after adding tests
 
 A small AST mutator (no mutmut / cosmic-ray: both need the package importable from their own
 copy of the tree, and this venv's editable install points at another checkout; a mutator of our
@@ -88,6 +90,7 @@ class Mutant:
     arg: object
     line: int
     description: str
+    ordinal: int = 0  # position among the file's mutants: tells apart equal mutations on one line
 
 
 def _skip_nodes(tree: ast.AST) -> set[int]:
@@ -176,8 +179,13 @@ def find_mutants(path: str, source: str) -> list[Mutant]:
             add(i, node, "remove_stmt", None, f"statement removed ({type(node).__name__.lower()})")
     # A description with the source line makes the survivor list readable on its own.
     return [Mutant(m.path, m.index, m.kind, m.arg, m.line,
-                   f"{m.description}   | {lines[m.line - 1].strip() if 0 < m.line <= len(lines) else ''}")
-            for m in out]
+                   f"{m.description}   | {lines[m.line - 1].strip() if 0 < m.line <= len(lines) else ''}", k)
+            for k, m in enumerate(out)]
+
+
+def _key(m: Mutant) -> str:
+    """One survivors-file line; the node index tells apart equal mutations on the same line."""
+    return f"{m.path}:{m.line}: [#{m.ordinal}] {m.description}"
 
 
 def _op(op) -> str:
@@ -320,8 +328,8 @@ def main(argv=None) -> int:
         wanted = set(listed)
     mutants = {f: find_mutants(f, (ROOT / f).read_text()) for f in args.files}
     if args.rerun:
-        mutants = {f: [m for m in ms if f"{m.path}:{m.line}: {m.description}" in wanted] for f, ms in mutants.items()}
-        found = {f"{m.path}:{m.line}: {m.description}" for ms in mutants.values() for m in ms}
+        mutants = {f: [m for m in ms if _key(m) in wanted] for f, ms in mutants.items()}
+        found = {_key(m) for ms in mutants.values() for m in ms}
         missing = len(wanted - found)
         if missing:
             print(f"{missing} listed mutants no longer exist in the code (changed lines); not rerun")
@@ -385,7 +393,7 @@ def main(argv=None) -> int:
             fh.write(f"# {f}: killed {c['killed']}, timed out {c['timeout']}, survived {c['survived']}, "
                      f"not run {c['not run']}\n")
         for m in survivors:
-            fh.write(f"{m.path}:{m.line}: {m.description}\n")
+            fh.write(_key(m) + "\n")
     total = {k: sum(c[k] for c in results.values()) for k in ("killed", "timeout", "survived", "not run")}
     run = total["killed"] + total["timeout"] + total["survived"]
     print(f"\n{run} mutants run in {time.perf_counter() - t0:.0f} s: {total['killed']} killed, "

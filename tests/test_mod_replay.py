@@ -104,6 +104,8 @@ def test_two_processes_replaying_one_round_get_exactly_one_release(tmp_path):
 
 def test_two_threads_replaying_one_round_get_exactly_one_release(tmp_path):
     ledger_dir = tmp_path / "ledger"
+    # Enrolled first: this test is about the replay, not about two first enrolments racing.
+    BudgetLedger.enrol(ledger_dir, client_id="alice", epsilon=4.0, delta=1e-5).close()
     results, start = [], threading.Barrier(2)
 
     def worker(name):
