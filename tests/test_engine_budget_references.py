@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from budget_reference import check_spends, exact_mu2, weights
+from client.privacy.filters import make_filter
 from simulations.engine import Engine, EngineConfig
 from simulations.tasks.registry import load_task
 
@@ -58,8 +59,7 @@ def test_engine_states_and_sensitivities_stay_within_budget_by_independent_accou
     exhausted = engine.exhausted_round > 0
     assert exhausted.sum() >= 4, "too few clients ran out: the budgets would not bind"
     for k in range(N):
-        filt = engine.filters[engine.group[k]]
-        assert filt.epsilon == EPS[k]
+        filt = make_filter(kind, EPS[k], DELTA)  # only for its orders (the rdp state's coordinates)
         rows = engine.rows[k]
         assert len(rows) == cfg.rounds  # every client answers every round (fraction 1)
         check_spends(kind, EPS[k], DELTA, filt.orders, [(s, std) for s, _, _ in rows],
