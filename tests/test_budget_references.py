@@ -307,3 +307,27 @@ def test_rdp_order_budgets_never_exceed_the_exact_conversion():
             filt = make_filter("rdp", float(eps), delta)
             for a, b, exact in zip(filt.orders, filt.budget, _exact_order_budgets(filt)):
                 assert mpmath.mpf(float(b)) <= max(exact, mpmath.mpf(0)), (float(eps), delta, a, float(b), float(exact))
+
+
+def _exact_sq_norm(arrays) -> Fraction:
+    return sum((Fraction(float(x)) ** 2 for a in arrays for x in np.asarray(a).ravel()), Fraction(0))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_certified_norm_and_clip_bound_the_exact_norm(dtype):
+    # The sensitivity a client is charged for is certified_norm of what it releases: it must be
+    # at least the exact norm (exact fractions; a float norm has the same rounding as the code).
+    from client.mechanism import certified_norm, clip_to_norm
+
+    rng = np.random.default_rng(31)
+    for size in (1, 7, 300, 2000):
+        for scale in (1.0, 1e-30, 1e30):
+            arrays = [(rng.normal(size=size) * scale).astype(dtype), (rng.normal(size=(3, 5)) * scale).astype(dtype)]
+            if not all(np.all(np.isfinite(a)) for a in arrays):
+                continue
+            exact = _exact_sq_norm(arrays)
+            norm = certified_norm(arrays)
+            assert Fraction(norm) ** 2 >= exact, (size, scale)
+            for target in (norm / 3, norm * 0.999):
+                clipped, cnorm = clip_to_norm(arrays, target)
+                assert cnorm <= target and Fraction(cnorm) ** 2 >= _exact_sq_norm(clipped), (size, scale)
