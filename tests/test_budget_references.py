@@ -331,3 +331,18 @@ def test_certified_norm_and_clip_bound_the_exact_norm(dtype):
             for target in (norm / 3, norm * 0.999):
                 clipped, cnorm = clip_to_norm(arrays, target)
                 assert cnorm <= target and Fraction(cnorm) ** 2 >= _exact_sq_norm(clipped), (size, scale)
+
+
+def test_a_noise_only_release_carries_none_of_the_update(tmp_path):
+    # Exhausted and charged nothing, so nothing of the update may be in the report: with an update
+    # of 5.0 everywhere and noise std 1, the report's mean over 20,000 entries is 0 +- 0.03.
+    ledger = BudgetLedger.enrol(tmp_path, client_id="dev", epsilon=0.5, delta=DELTA)
+    client = FilteredClient(ledger, ClientPolicy(), rng=np.random.default_rng(8))
+    update = [np.full(20_000, 5.0, dtype=np.float32)]
+    first = client.release(RoundSpec("run", 0, 1.0, 1.0), update)
+    assert first.status == "contributed"
+    rel = client.release(RoundSpec("run", 1, 1.0, 1.0), update)
+    assert rel.status == "noise-only" and rel.sensitivity == 0.0
+    assert np.all(ledger.records()[-1].charge == 0)
+    report = rel.arrays[0].astype(np.float64)
+    assert abs(report.mean()) < 0.03 and abs(report.std() - 1.0) < 0.03
