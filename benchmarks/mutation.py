@@ -1,0 +1,406 @@
+"""Mutation testing of the privacy code: which small wrong changes does the test suite let through?
+
+    python benchmarks/mutation.py                          # every target file, default budget
+    python benchmarks/mutation.py --files client/privacy/filters.py --max-minutes 20
+    python benchmarks/mutation.py --list                   # only count the mutants
+    python benchmarks/mutation.py --rerun docs/mutation_survivors.txt --tests tests/test_new.py
+                                                           # survivors again, after adding tests
+
+A small AST mutator (no mutmut / cosmic-ray: both need the package importable from their own
+copy of the tree, and this venv's editable install points at another checkout; a mutator of our
+own also knows the operators that matter here, such as the direction of ``nextafter``). It:
+
+1. copies the checkout (tracked and untracked, not ignored files) to a temporary directory;
+2. times every test of the test files mapped to each target (``TESTS``) on the unmutated copy and
+   keeps the fast ones (``--max-test-seconds``), fastest first: the subset a mutant must survive;
+3. applies one mutant at a time (the file is rewritten with ``ast.unparse``; an unmutated unparse
+   is checked to pass first) and runs the subset in a forked child of a process that already
+   imported numpy, mpmath, dp_accounting and flwr (``pytest -x``, killed after ``--timeout``);
+4. writes every surviving mutant (file, line, mutation, source line) to ``--out`` and prints a
+   summary per file. Mutants that did not fit into ``--max-minutes`` are counted as not run.
+
+Operators: comparison boundaries and negations (``<``/``<=``, ``==``/``!=``, ``is``/``is not``,
+``in``/``not in``), arithmetic swaps (``+``/``-``, ``*``/``/``, ``**`` to ``*``), ``and``/``or``,
+dropped unary minus and ``not``, numeric constants (+1, -1 for integers; x1.1 and +1 for floats),
+``True``/``False``, directed rounding swapped or dropped (``up``/``down``, ``add_up`` -> ``np.add``
+...), the direction of ``nextafter``, ``min``/``max`` and ``any``/``all`` swaps, a call replaced by
+its argument, and removed statements (a call statement, ``raise``, ``assert``, augmented assign).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import copy
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+_PRIVACY_TESTS = ["tests/test_budget_references.py", "tests/test_renyi_zcdp.py", "tests/test_gaussian_dp.py",
+                  "tests/test_filters_shared.py"]
+# Test files that exercise each target; the fast tests among them are chosen by timing.
+TESTS: dict[str, list[str]] = {
+    "client/privacy/filters.py": _PRIVACY_TESTS + ["tests/test_release.py", "tests/test_ledger.py"],
+    "client/privacy/rounding.py": _PRIVACY_TESTS,
+    "client/privacy/gaussian_dp.py": _PRIVACY_TESTS,
+    "client/privacy/zcdp.py": _PRIVACY_TESTS,
+    "client/privacy/renyi.py": _PRIVACY_TESTS,
+    "client/privacy/tracker.py": ["tests/test_baselines_tracker.py"],
+    "client/privacy/pure_dp.py": ["tests/test_baselines_tracker.py"],
+    "client/privacy/planner.py": ["tests/test_cli_planner.py"],
+    "client/ledger.py": ["tests/test_ledger.py", "tests/test_mod_replay.py", "tests/test_budget_references.py",
+                         "tests/test_release.py"],
+    "client/release.py": ["tests/test_release.py", "tests/test_budget_references.py", "tests/test_mod_replay.py"],
+    "client/mechanism.py": ["tests/test_release.py", "tests/test_budget_references.py"],
+}
+# Default targets, most privacy-critical first (a time budget runs them in this order).
+DEFAULT_FILES = ["client/privacy/filters.py", "client/privacy/rounding.py", "client/privacy/zcdp.py",
+                 "client/privacy/renyi.py", "client/ledger.py", "client/privacy/gaussian_dp.py", "client/release.py",
+                 "client/mechanism.py"]
+# Imported once in the parent so that each forked child starts warm. Never the project's own code.
+PRELOAD = ["numpy", "scipy.stats", "mpmath", "dp_accounting", "hypothesis", "pytest", "flwr.app", "sqlite3"]
+
+_CMP_SWAPS = {ast.Lt: [ast.LtE], ast.LtE: [ast.Lt], ast.Gt: [ast.GtE], ast.GtE: [ast.Gt], ast.Eq: [ast.NotEq],
+              ast.NotEq: [ast.Eq], ast.Is: [ast.IsNot], ast.IsNot: [ast.Is], ast.In: [ast.NotIn],
+              ast.NotIn: [ast.In]}
+_BIN_SWAPS = {ast.Add: [ast.Sub], ast.Sub: [ast.Add], ast.Mult: [ast.Div], ast.Div: [ast.Mult],
+              ast.Pow: [ast.Mult], ast.FloorDiv: [ast.Div], ast.Mod: [ast.Mult]}
+# Function names swapped for another (rounding direction, extremum, quantifier) or for plain numpy.
+_NAME_SWAPS = {"up": ["down"], "down": ["up"], "add_up": ["np.add"], "sub_down": ["np.subtract"],
+               "mul_up": ["np.multiply"], "div_up": ["np.divide"], "square_up": ["np.square"],
+               "min": ["max"], "max": ["min"]}
+_ATTR_SWAPS = {"minimum": "maximum", "maximum": "minimum", "any": "all", "all": "any", "ceil": "floor",
+               "floor": "ceil"}
+
+
+@dataclass(frozen=True)
+class Mutant:
+    path: str
+    index: int  # position of the node in ast.walk order (stable across deep copies)
+    kind: str
+    arg: object
+    line: int
+    description: str
+    ordinal: int = 0  # position among the file's mutants: tells apart equal mutations on one line
+
+
+def _skip_nodes(tree: ast.AST) -> set[int]:
+    """Nodes never mutated: annotations, docstrings, f-strings, log calls and error messages."""
+    skip: set[int] = set()
+
+    def mark(node):
+        for n in ast.walk(node):
+            skip.add(id(n))
+
+    for node in ast.walk(tree):
+        for field in ("annotation", "returns"):
+            if getattr(node, field, None) is not None:
+                mark(getattr(node, field))
+        if isinstance(node, ast.JoinedStr):
+            mark(node)
+        if isinstance(node, ast.Call):
+            f = node.func
+            name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
+            if name in {"debug", "info", "warning", "error", "exception", "append"} and isinstance(f, ast.Attribute) \
+                    and getattr(f.value, "id", "") in {"log", "problems", "logging"}:
+                mark(node)
+        if isinstance(node, ast.Raise) and node.exc is not None:
+            mark(node.exc)  # the message; the raise itself can still be removed
+    return skip
+
+
+def _call_name(node: ast.Call) -> str:
+    f = node.func
+    if isinstance(f, ast.Name):
+        return f.id
+    if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name):
+        return f"{f.value.id}.{f.attr}"
+    return ""
+
+
+def find_mutants(path: str, source: str) -> list[Mutant]:
+    tree = ast.parse(source)
+    skip = _skip_nodes(tree)
+    lines = source.splitlines()
+    out: list[Mutant] = []
+
+    def add(i, node, kind, arg, desc):
+        out.append(Mutant(path, i, kind, arg, getattr(node, "lineno", 0), desc))
+
+    for i, node in enumerate(ast.walk(tree)):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Compare):
+            for k, op in enumerate(node.ops):
+                for new in _CMP_SWAPS.get(type(op), []):
+                    add(i, node, "cmp", (k, new), f"{_op(op)} -> {_op(new())}")
+        elif isinstance(node, ast.BinOp):
+            for new in _BIN_SWAPS.get(type(node.op), []):
+                add(i, node, "binop", new, f"{_op(node.op)} -> {_op(new())}")
+        elif isinstance(node, ast.AugAssign):
+            for new in _BIN_SWAPS.get(type(node.op), []):
+                add(i, node, "binop", new, f"{_op(node.op)}= -> {_op(new())}=")
+        elif isinstance(node, ast.BoolOp):
+            new = ast.Or if isinstance(node.op, ast.And) else ast.And
+            add(i, node, "boolop", new, f"{_op(node.op)} -> {_op(new())}")
+        elif isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.Not)):
+            add(i, node, "unwrap_unary", None, f"drop unary {_op(node.op)}")
+        elif isinstance(node, ast.Constant) and not isinstance(node.value, str):
+            v = node.value
+            if isinstance(v, bool):
+                add(i, node, "const", not v, f"{v} -> {not v}")
+            elif isinstance(v, int):
+                add(i, node, "const", v + 1, f"{v} -> {v + 1}")
+                add(i, node, "const", v - 1, f"{v} -> {v - 1}")
+            elif isinstance(v, float):
+                add(i, node, "const", v * 1.1, f"{v!r} -> {v * 1.1!r} (x1.1)")
+                add(i, node, "const", v + 1, f"{v!r} -> {v + 1!r} (+1)")
+        elif isinstance(node, ast.Call):
+            name = _call_name(node)
+            for new in _NAME_SWAPS.get(name, []):
+                add(i, node, "rename", new, f"{name}(...) -> {new}(...)")
+            if isinstance(node.func, ast.Attribute) and node.func.attr in _ATTR_SWAPS:
+                add(i, node, "attr", _ATTR_SWAPS[node.func.attr], f"{name} -> ...{_ATTR_SWAPS[node.func.attr]}")
+            if name.endswith("nextafter") and len(node.args) == 2:
+                add(i, node, "nextafter", None, "nextafter direction flipped")
+            if len(node.args) == 1 and not node.keywords and name not in {"range", "len", "isinstance"}:
+                add(i, node, "unwrap_call", None, f"{name or 'call'}(x) -> x")
+        if isinstance(node, (ast.Raise, ast.Assert, ast.AugAssign)) or (
+                isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) and id(node.value) not in skip):
+            add(i, node, "remove_stmt", None, f"statement removed ({type(node).__name__.lower()})")
+    # A description with the source line makes the survivor list readable on its own.
+    return [Mutant(m.path, m.index, m.kind, m.arg, m.line,
+                   f"{m.description}   | {lines[m.line - 1].strip() if 0 < m.line <= len(lines) else ''}", k)
+            for k, m in enumerate(out)]
+
+
+def _key(m: Mutant) -> str:
+    """One survivors-file line; the node index tells apart equal mutations on the same line."""
+    return f"{m.path}:{m.line}: [#{m.ordinal}] {m.description}"
+
+
+def _op(op) -> str:
+    return {ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=", ast.Eq: "==", ast.NotEq: "!=", ast.Is: "is",
+            ast.IsNot: "is not", ast.In: "in", ast.NotIn: "not in", ast.Add: "+", ast.Sub: "-", ast.Mult: "*",
+            ast.Div: "/", ast.Pow: "**", ast.FloorDiv: "//", ast.Mod: "%", ast.And: "and", ast.Or: "or",
+            ast.USub: "-", ast.Not: "not"}.get(type(op), type(op).__name__)
+
+
+def _expr(text: str) -> ast.expr:
+    return ast.parse(text, mode="eval").body
+
+
+def apply_mutant(source: str, m: Mutant) -> str:
+    tree = ast.parse(source)
+    nodes = list(ast.walk(tree))
+    node = nodes[m.index]
+    parents = {}
+    for p in nodes:
+        for field, value in ast.iter_fields(p):
+            if isinstance(value, list):
+                for k, child in enumerate(value):
+                    parents[id(child)] = (p, field, k)
+            elif isinstance(value, ast.AST):
+                parents[id(value)] = (p, field, None)
+
+    def replace(new):
+        p, field, k = parents[id(node)]
+        if k is None:
+            setattr(p, field, new)
+        else:
+            getattr(p, field)[k] = new
+
+    if m.kind == "cmp":
+        k, new = m.arg
+        node.ops[k] = new()
+    elif m.kind in ("binop", "boolop"):
+        node.op = m.arg()
+    elif m.kind == "unwrap_unary":
+        replace(node.operand)
+    elif m.kind == "const":
+        node.value = m.arg
+    elif m.kind == "rename":
+        node.func = _expr(m.arg)
+    elif m.kind == "attr":
+        node.func.attr = m.arg
+    elif m.kind == "nextafter":
+        d = node.args[1]
+        node.args[1] = d.operand if isinstance(d, ast.UnaryOp) and isinstance(d.op, ast.USub) else \
+            ast.UnaryOp(op=ast.USub(), operand=d)
+    elif m.kind == "unwrap_call":
+        replace(node.args[0])
+    elif m.kind == "remove_stmt":
+        replace(ast.Pass())
+    else:  # pragma: no cover
+        raise ValueError(f"unknown mutation kind {m.kind!r}")
+    return ast.unparse(ast.fix_missing_locations(tree))
+
+
+# --- running tests in forked, pre-warmed children ---------------------------------------------
+def _run_pytest(workdir: Path, args: list[str], timeout: float) -> tuple[str, float]:
+    """Run pytest in a forked child inside ``workdir``; ('pass'|'fail'|'error'|'timeout', seconds)."""
+    started = time.perf_counter()
+    pid = os.fork()
+    if pid == 0:  # child: its own process group, so a timeout can stop whatever it spawned
+        code = 3
+        try:
+            os.setpgid(0, 0)
+            os.chdir(workdir)
+            sys.path.insert(0, str(workdir))
+            os.environ["PYTHONPATH"] = str(workdir)  # for tests that spawn interpreters
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, 1)
+            os.dup2(devnull, 2)
+            import pytest
+
+            code = int(pytest.main(["-q", "-x", "-p", "no:cacheprovider", "--no-header", *args]))
+        finally:
+            os._exit(code)
+    deadline = started + timeout
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            code = os.waitstatus_to_exitcode(status)
+            break
+        if time.perf_counter() > deadline:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            os.waitpid(pid, 0)
+            return "timeout", time.perf_counter() - started
+        time.sleep(0.02)
+    verdict = {0: "pass", 1: "fail"}.get(code, "error")
+    return verdict, time.perf_counter() - started
+
+
+def _copy_tree(dest: Path) -> None:
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, check=True,
+                           capture_output=True, text=True).stdout.split("\n")
+    for rel in files:
+        src = ROOT / rel
+        if rel and src.is_file():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / rel)
+
+
+def _fast_tests(workdir: Path, files: list[str], max_seconds: float, timeout: float) -> list[str]:
+    """Node ids of the tests in ``files`` that pass and take at most ``max_seconds``, fastest first."""
+    report = workdir / ".mutation-timing.xml"
+    verdict, _ = _run_pytest(workdir, ["--junitxml", str(report), *files], timeout * 10)
+    if verdict != "pass":
+        raise SystemExit(f"the unmutated tests do not pass ({verdict}): {files}")
+    timed = []
+    for case in ET.parse(report).getroot().iter("testcase"):
+        if case.find("skipped") is not None:
+            continue
+        module = case.get("classname", "").replace(".", "/") + ".py"
+        timed.append((float(case.get("time", 0)), f"{module}::{case.get('name')}"))
+    return [node for t, node in sorted(timed) if t <= max_seconds]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--files", nargs="+", default=DEFAULT_FILES, help="target files, in order")
+    ap.add_argument("--max-minutes", type=float, default=60.0, help="stop starting mutants after this")
+    ap.add_argument("--timeout", type=float, default=60.0, help="seconds per mutant before it counts as killed")
+    ap.add_argument("--max-test-seconds", type=float, default=1.0, help="slower tests are left out of the subset")
+    ap.add_argument("--out", default="docs/mutation_survivors.txt", help="where the survivors are written")
+    ap.add_argument("--list", action="store_true", help="only count the mutants per file")
+    ap.add_argument("--tests", nargs="+", help="test files for every target instead of TESTS (e.g. only the "
+                    "new ones when rerunning survivors: those already passed everything else)")
+    ap.add_argument("--rerun", metavar="SURVIVORS", help="only the mutants listed in this survivors file "
+                    "(e.g. after adding tests); its files replace --files")
+    args = ap.parse_args(argv)
+
+    if args.rerun:
+        listed = [ln.rstrip("\n") for ln in Path(args.rerun).read_text().splitlines() if ln and not ln.startswith("#")]
+        args.files = list(dict.fromkeys(ln.split(":", 1)[0] for ln in listed))
+        wanted = set(listed)
+    mutants = {f: find_mutants(f, (ROOT / f).read_text()) for f in args.files}
+    if args.rerun:
+        mutants = {f: [m for m in ms if _key(m) in wanted] for f, ms in mutants.items()}
+        found = {_key(m) for ms in mutants.values() for m in ms}
+        missing = len(wanted - found)
+        if missing:
+            print(f"{missing} listed mutants no longer exist in the code (changed lines); not rerun")
+    if args.list:
+        for f, ms in mutants.items():
+            print(f"{f}: {len(ms)} mutants")
+        print(f"total: {sum(map(len, mutants.values()))}")
+        return 0
+
+    for mod in PRELOAD:
+        __import__(mod)
+    t0 = time.perf_counter()
+    results: dict[str, dict[str, int]] = {}
+    survivors: list[Mutant] = []
+    with tempfile.TemporaryDirectory(prefix="fedfilter-mutation-") as tmp:
+        work = Path(tmp)
+        _copy_tree(work)
+        subsets: dict[tuple, list[str]] = {}
+        for f in args.files:
+            counts = results.setdefault(f, {"killed": 0, "survived": 0, "timeout": 0, "not run": 0})
+            test_files = tuple(args.tests or TESTS.get(f, _PRIVACY_TESTS))
+            original = (ROOT / f).read_text()
+            target = work / f
+            # The unparsed (but unmutated) file must pass: mutants are written the same way.
+            target.write_text(ast.unparse(ast.parse(original)))
+            if test_files not in subsets:
+                subsets[test_files] = _fast_tests(work, list(test_files), args.max_test_seconds, args.timeout)
+                print(f"[{f}] test subset: {len(subsets[test_files])} tests from {', '.join(test_files)}", flush=True)
+            subset = subsets[test_files]
+            verdict, secs = _run_pytest(work, subset, args.timeout * 3)
+            if verdict != "pass":
+                raise SystemExit(f"{f}: the unparsed file fails its tests ({verdict})")
+            for n, m in enumerate(mutants[f]):
+                if n and n % 25 == 0:
+                    print(f"  [{f}] {n}/{len(mutants[f])} mutants ({time.perf_counter() - t0:.0f} s)", flush=True)
+                if time.perf_counter() - t0 > args.max_minutes * 60:
+                    counts["not run"] += 1
+                    continue
+                mutated = apply_mutant(original, m)
+                if mutated == ast.unparse(ast.parse(original)):
+                    continue
+                target.write_text(mutated)
+                verdict, secs = _run_pytest(work, subset, args.timeout)
+                if verdict == "pass":
+                    counts["survived"] += 1
+                    survivors.append(m)
+                    print(f"  SURVIVED {m.path}:{m.line}: {m.description}", flush=True)
+                else:
+                    counts["timeout" if verdict == "timeout" else "killed"] += 1
+            target.write_text(original)
+            c = counts
+            print(f"[{f}] killed {c['killed']}, timeout {c['timeout']}, survived {c['survived']}, "
+                  f"not run {c['not run']}  ({time.perf_counter() - t0:.0f} s so far)", flush=True)
+
+    out = ROOT / args.out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with out.open("w") as fh:
+        how = f"--rerun {args.rerun}" if args.rerun else f"--files {' '.join(args.files)}"
+        fh.write(f"# surviving mutants: python benchmarks/mutation.py {how} --max-minutes {args.max_minutes:g}\n")
+        for f, c in results.items():
+            fh.write(f"# {f}: killed {c['killed']}, timed out {c['timeout']}, survived {c['survived']}, "
+                     f"not run {c['not run']}\n")
+        for m in survivors:
+            fh.write(_key(m) + "\n")
+    total = {k: sum(c[k] for c in results.values()) for k in ("killed", "timeout", "survived", "not run")}
+    run = total["killed"] + total["timeout"] + total["survived"]
+    print(f"\n{run} mutants run in {time.perf_counter() - t0:.0f} s: {total['killed']} killed, "
+          f"{total['timeout']} timed out, {total['survived']} survived, {total['not run']} not run; "
+          f"survivors in {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
