@@ -60,12 +60,18 @@ TESTS: dict[str, list[str]] = {
     "client/ledger.py": ["tests/test_ledger.py", "tests/test_mod_replay.py", "tests/test_budget_references.py",
                          "tests/test_release.py"],
     "client/release.py": ["tests/test_release.py", "tests/test_budget_references.py", "tests/test_mod_replay.py"],
-    "client/mechanism.py": ["tests/test_release.py", "tests/test_budget_references.py"],
+    "client/mechanism.py": ["tests/test_release.py", "tests/test_budget_references.py", "tests/test_noise.py"],
+    "client/noise.py": ["tests/test_noise.py"],
+    "client/ledger_seal.py": ["tests/test_ledger_fail_closed.py"],
 }
+TESTS["client/privacy/filters.py"] += ["tests/test_allowance_constant_work.py", "tests/test_rdp_filter.py"]
+TESTS["client/privacy/renyi.py"] += ["tests/test_rdp_filter.py"]
+TESTS["client/ledger.py"] += ["tests/test_ledger_fail_closed.py", "tests/test_quota.py"]
+TESTS["client/release.py"] += ["tests/test_request_bounds.py", "tests/test_noise.py", "tests/test_quota.py"]
 # Default targets, most privacy-critical first (a time budget runs them in this order).
 DEFAULT_FILES = ["client/privacy/filters.py", "client/privacy/rounding.py", "client/privacy/zcdp.py",
                  "client/privacy/renyi.py", "client/ledger.py", "client/privacy/gaussian_dp.py", "client/release.py",
-                 "client/mechanism.py"]
+                 "client/mechanism.py", "client/noise.py", "client/ledger_seal.py"]
 # Imported once in the parent so that each forked child starts warm. Never the project's own code.
 PRELOAD = ["numpy", "scipy.stats", "mpmath", "dp_accounting", "hypothesis", "pytest", "flwr.app", "sqlite3"]
 
