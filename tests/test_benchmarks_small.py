@@ -236,13 +236,23 @@ def test_engine_throughput_small():
     text = _run("engine_throughput.py", "--clients", 300, "--steps", 1, "--threads", 1, "--chunk-size", 128)
     assert re.search(r"^machine: .*; 300 clients, chunk 128, 1 reps$", text, re.M)
     rows = _rows(text)
-    assert [r[0] for r in rows] == ["plain torch.func per-example gradients", "engine step, norms=vectorised",
+    assert [r[0] for r in rows] == ["plain batched forward + backward", "per-example gradients, torch.func",
+                                    "engine step, norms=fast", "engine step, norms=vectorised",
                                     "engine step, norms=device"]
     for r in rows:
-        seconds, per_s, ratio = float(r[1]), float(r[2].replace(",", "")), float(r[3])
-        assert seconds >= 0 and per_s > 0 and ratio > 0
+        seconds, per_60000, ratio = float(r[1]), float(r[2]), float(r[3])
+        assert seconds >= 0 and per_60000 == pytest.approx(seconds * 200, abs=0.01 * 200 + 1e-9) and ratio > 0
     assert rows[0][3] == "1.00"
-    assert "(300 contributing)" in text
+    assert re.search(r"^fastest engine mode: \w+, \d+\.\d+ x batched", text, re.M)
+
+
+def test_engine_throughput_json():
+    doc = json.loads(_run("engine_throughput.py", "--clients", 256, "--steps", 1, "--threads", 1,
+                          "--chunk-size", 128, "--modes", "fast", "vectorised", "--json"))
+    assert set(doc["seconds_per_step"]) == {"batched", "torch.func", "engine[fast]", "engine[vectorised]"}
+    assert doc["ratio_to_batched"] == min(doc["ratios"]["engine[fast]"], doc["ratios"]["engine[vectorised]"])
+    assert doc["ratio_to_batched"] > 0 and doc["clients"] == 256 and doc["threads"] == 1
+    assert doc["fallback"] == {}
 
 
 def test_reproduce_mnist_skips_a_cell_another_worker_holds(tmp_path):

@@ -1,0 +1,241 @@
+"""Fast mode (``norms="fast"``): each single-example client's certified norm and the clipped sum,
+layer by layer, without a per-example gradient of the whole model.
+
+A private step needs only each client's norm and ``sum_i c_i G_i`` (Li, Tramèr, Liang & Hashimoto,
+ICLR 2022, ghost clipping; Bu, Wang, Zha & Karypis, ICML 2023, book-keeping). One batched forward
+records each layer's input ``a`` and one ``autograd.grad`` of the summed loss gives each layer's
+output gradient ``g`` (no weight gradient is formed). Per example ``i`` and layer:
+
+* ``Linear`` on ``(B, in)``: the gradient is the outer product ``g_i a_i^T``, whose norm is exactly
+  ``||g_i|| ||a_i||`` (never formed); its share of the sum is the float64 GEMM ``(w g)^T a``.
+* ``Conv2d`` (and ``Linear`` on ``(B, ..., in)``): the ``(out, in*k*k)`` gradient ``g_i^T a_i``
+  over positions, one ``bmm`` per chunk (Opacus' grad sampler; cheaper than a ghost norm's
+  ``T^2`` Gram matrices for conv1's ``T = 196``); bias: ``g_i`` summed over positions.
+
+What client ``i`` adds (its "update" ``U_i``) is, per layer, the exact real outer product (Linear
+on 2-d input) or the float32 array computed above, times ``-lr``; a function of its own example
+and the public model only (no layer mixes examples: no BatchNorm). Its charge is certified:
+
+* squares of float32 values are exact in float64, a float64 sum of ``d`` non-negative terms in
+  any order is within ``gamma_{d-1}`` of exact (Higham, "Accuracy and Stability of Numerical
+  Algorithms", 2nd ed., eq. (4.4)); every later product, sum and square root adds a few ``u``;
+  each is covered by ``_up`` (inflate by ``k * 2u``, then one ulp up), so ``norm >= ||U_i||``;
+* the clip factor is shrunk by four units in the last place below ``allowance / norm``, so
+  ``||c_i U_i|| <= allowance`` holds exactly, and the charge ``min(allowance, up(c_i * norm))`` is
+  an upper bound on it that the filter admits.
+
+The sum over clients is formed in float64 (GEMM for Linear, GEMV over the float32 per-example
+arrays for Conv2d), as the other norm modes sum the clipped rows in float64: its rounding is the
+aggregator's, within about ``1e-13`` relative (``tests/test_engine_fast.py`` compares it with the
+exact rational sum), not a client's sensitivity.
+
+Models with any other parameterised layer (``Embedding``, ``LSTM``, a layer used twice, grouped
+convolutions) are not supported: ``supported(model)`` says why, and the engine then falls back to
+the per-example torch.func path with ``norms="vectorised"``.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+_EPS = 2.0**-52  # 2u for float64
+
+
+def _up(x: torch.Tensor, k: float) -> torch.Tensor:
+    """An upper bound on ``x * (1 + k u)`` for a float64 ``x`` holding a value whose exact
+    counterpart is at most ``x * (1 + k u)``: inflate by ``k * 2u`` and step one ulp up (the
+    rounding of the product itself is at most half an ulp)."""
+    up = torch.nextafter(x * (1.0 + k * _EPS), torch.tensor(float("inf"), dtype=x.dtype))
+    return torch.where(x > 0, up, x)  # an exact zero stays zero (a zero update costs nothing)
+
+
+def _sq_rows(x64: torch.Tensor) -> torch.Tensor:
+    """Upper bounds on the exact sum of squares of each row of a ``(B, d)`` float64 array holding
+    float32 values (each square is exact in float64; the sum of ``d`` terms is within gamma_{d-1})."""
+    return _up(torch.einsum("ij,ij->i", x64, x64), x64.shape[1] + 2)
+
+
+_BLOCK = 16  # float32 squares are summed in blocks of 16, the block sums in float64
+_U32 = 2.0**-24
+
+
+def _sq_rows32(x: torch.Tensor) -> torch.Tensor:
+    """Upper bounds on the exact sum of squares of each row of a float32 ``(B, d)`` array, without
+    a float64 copy of it: float32 squares summed in blocks of ``b = 16`` (each block within
+    ``gamma_b = b u / (1 - b u)`` of exact, u = 2**-24, in any order and with or without FMA;
+    Higham eq. (3.5)), the block sums added in float64. Underflow (or flush-to-zero) can lose at
+    most ``2**-126`` per square and per addition: ``d * 2**-125`` in all."""
+    B, d = x.shape
+    if d % _BLOCK:
+        return _sq_rows(x.to(torch.float64))
+    blocks = (x * x).reshape(B, d // _BLOCK, _BLOCK).sum(2).to(torch.float64)
+    s = blocks.sum(1)  # exact block sums in float64: d / b terms
+    s = _up(s, d // _BLOCK + 2)
+    s = s * (1.0 + 2 * _BLOCK * _U32) + d * 2.0**-125  # 1 / (1 - gamma_b) <= 1 + 2 b u
+    return _up(s, 4)
+
+
+def supported(model: nn.Module) -> str | None:
+    """``None`` if the fast mode handles ``model``; else the reason it does not."""
+    names = [n for n, _ in model.named_parameters()]
+    if names != list(model.state_dict().keys()):
+        return "its state_dict holds entries that are not parameters (buffers)"
+    owners = {}
+    for mname, mod in model.named_modules():
+        for pname, _ in mod.named_parameters(recurse=False):
+            owners[f"{mname}.{pname}" if mname else pname] = mod
+    for pname, mod in owners.items():
+        if isinstance(mod, nn.Linear):
+            continue
+        if isinstance(mod, nn.Conv2d) and mod.groups == 1 and mod.padding_mode == "zeros" \
+                and not isinstance(mod.padding, str) and tuple(mod.dilation) == (1, 1):
+            continue
+        return f"parameter {pname} belongs to a {type(mod).__name__}, which the fast mode does not handle"
+    return None
+
+
+def clip_coefficients(norm: torch.Tensor, allowance, lr: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(w, w32, charged)`` from certified norms ``norm >= ||-lr G_i||`` (inf: non-finite).
+
+    Client ``i`` adds ``w_i G_i`` (float64 coefficient; ``w32_i G_i`` for float32 per-example
+    arrays, ``|w32_i| <= |w_i|``). ``charged_i >= ||w_i G_i||`` and ``charged_i <= allowance_i``;
+    NaN marks a non-finite gradient, whose client adds nothing and is charged 0.
+    """
+    allow = torch.as_tensor(np.asarray(allowance, dtype=np.float64))
+    finite = torch.isfinite(norm)
+    over = norm > allow
+    # (1 - 4u): the quotient, this product and the coefficient -lr * factor below each round by
+    # at most u, so ||w_i G_i|| <= factor (1 + u) norm <= allowance (1 - u) holds exactly.
+    factor = torch.where(over, (allow / norm) * (1.0 - 2 * _EPS), torch.ones_like(norm))
+    factor = torch.where(finite, factor, torch.zeros_like(norm))  # a non-finite update: zero
+    charged = torch.where(over, torch.minimum(allow, _up(factor * norm, 4)), norm)
+    charged = torch.where(finite, charged, torch.full_like(norm, float("nan")))
+    w = factor * (-float(lr))
+    # float32 coefficient rounded toward zero, so that the term w32_i G_i is no larger than charged
+    w32 = w.to(torch.float32)
+    w32 = torch.where(w32.to(torch.float64).abs() > w.abs(), torch.nextafter(w32, torch.zeros_like(w32)), w32)
+    return w, w32, charged
+
+
+class LayerwiseClippedSum:
+    """Certified per-client norms and the clipped float64 sum for a chunk of single-example clients."""
+
+    def __init__(self, model: nn.Module, loss_fn: Callable):
+        reason = supported(model)
+        if reason is not None:
+            raise ValueError(f"the fast mode cannot handle this model: {reason}.")
+        self.model, self.loss_fn = model, loss_fn
+        self.names = [n for n, _ in model.named_parameters()]
+        self.layers = [m for m in model.modules() if isinstance(m, (nn.Linear, nn.Conv2d))
+                       and any(True for _ in m.parameters(recurse=False))]
+        self._seen: list[tuple[nn.Module, torch.Tensor, torch.Tensor]] = []
+        for m in self.layers:
+            m.register_forward_hook(self._record)
+        self._on = False
+
+    def _record(self, module, inputs, output):
+        if self._on:
+            self._seen.append((module, inputs[0].detach(), output))
+
+    def _forward(self, weights, x, y):
+        with torch.no_grad():
+            for p, w in zip(self.model.parameters(), weights):
+                p.copy_(torch.from_numpy(w))
+        self._seen, self._on = [], True
+        try:
+            out = self.model(x)
+        finally:
+            self._on = False
+        if len(self._seen) != len(self.layers) or len({id(m) for m, _, _ in self._seen}) != len(self.layers):
+            raise ValueError("the fast mode needs every Linear/Conv2d layer applied exactly once per forward pass.")
+        loss = self.loss_fn(out, y, reduction="sum")  # sum of the per-example losses
+        grads = torch.autograd.grad(loss, [o for _, _, o in self._seen])
+        return [(m, a, g.detach()) for (m, a, _), g in zip(self._seen, grads)]
+
+    def __call__(self, weights: list[np.ndarray], x: torch.Tensor, y: torch.Tensor, *, lr: float,
+                 allowance: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(sum, charged)``: the float64 flat sum (``state_dict`` order) of every client's
+        clipped update ``-lr c_i G_i``, and each client's charged norm (0 for a non-finite one)."""
+        parts = self._per_layer(weights, x, y)
+        w, w32, charged = clip_coefficients(self._norms(parts, lr), allowance, lr)
+        return self._sum(parts, w, w32, charged.isnan()).numpy(), torch.nan_to_num(charged, nan=0.0).numpy()
+
+    def norms(self, weights: list[np.ndarray], x: torch.Tensor, y: torch.Tensor, *, lr: float) -> np.ndarray:
+        """Certified upper bounds on ``||-lr G_i||`` (inf for a non-finite gradient)."""
+        return self._norms(self._per_layer(weights, x, y), lr).numpy()
+
+    def terms(self, weights: list[np.ndarray], x: torch.Tensor, y: torch.Tensor) -> list[list]:
+        """For tests: per parameter (``state_dict`` order), what each example's gradient ``G_i`` is
+        made of: ``("outer", g, a)`` (exactly ``g_i a_i^T``) or ``("array", G)`` (float32 rows)."""
+        out = []
+        for m, _, _, kind, data in self._per_layer(weights, x, y):
+            if kind == "outer":
+                a64, g64 = data
+                out.append(("outer", g64.numpy(), a64.numpy()))
+                if m.bias is not None:
+                    out.append(("array64", g64.numpy()))
+            else:
+                gw, gb64 = data
+                out.append(("array", gw.numpy()))
+                if gb64 is not None:
+                    out.append(("array64", gb64.numpy()))
+        return out
+
+    def _norms(self, parts, lr: float) -> torch.Tensor:
+        # ||G_i||^2 <= sum over pieces of their upper bounds (float64 sum of L terms).
+        pieces = [s for _, sw, sb, _, _ in parts for s in (sw, sb) if s is not None]
+        total = _up(torch.stack(pieces).sum(0), 4 * len(pieces))
+        norm = _up(_up(torch.sqrt(total), 4) * abs(float(lr)), 4)  # ||-lr G_i|| = lr ||G_i||
+        return torch.where(torch.isfinite(norm), norm, torch.full_like(norm, float("inf")))
+
+    def _sum(self, parts, w, w32, bad) -> torch.Tensor:
+        B = len(w)
+        out = {}
+        for m, _, _, kind, data in parts:
+            if bad.any():  # their arrays may hold NaN/inf, and 0 * NaN is NaN: zero the rows
+                for t in data:
+                    if t is not None:
+                        t[bad] = 0.0
+            if kind == "outer":
+                a64, g64 = data
+                g64 = g64 * w[:, None]
+                out[m.weight] = (g64.T @ a64).reshape(m.weight.shape)
+                if m.bias is not None:
+                    out[m.bias] = g64.sum(0)
+            else:
+                gw, gb64 = data
+                out[m.weight] = (w32 @ gw.reshape(B, -1)).to(torch.float64).reshape(m.weight.shape)
+                if gb64 is not None:
+                    out[m.bias] = w @ gb64
+        return torch.cat([out[p].reshape(-1) for p in self.model.parameters()])
+
+    def _per_layer(self, weights, x, y):
+        """Per layer: (module, weight and bias squared-norm bounds, kind, float64 arrays)."""
+        parts = []
+        for m, a, g in self._forward(weights, x, y):
+            B = a.shape[0]
+            if isinstance(m, nn.Linear) and a.dim() == 2:
+                a64, g64 = a.to(torch.float64), g.to(torch.float64)
+                sg = _sq_rows(g64)
+                sw = _up(_sq_rows(a64) * sg, 4)  # ||g a^T||^2 = ||g||^2 ||a||^2 exactly, in reals
+                parts.append((m, sw, sg if m.bias is not None else None, "outer", (a64, g64)))
+                continue
+            if isinstance(m, nn.Conv2d):
+                (ph, pw), (kh, kw), (sh, sw_) = m.padding, m.kernel_size, m.stride
+                ap = F.pad(a, (pw, pw, ph, ph)) if (ph or pw) else a
+                # im2col as a strided view and one copy (F.unfold's kernel is several times slower)
+                v = ap.unfold(2, kh, sh).unfold(3, kw, sw_)  # (B, C, OH, OW, kh, kw)
+                cols = v.permute(0, 2, 3, 1, 4, 5).reshape(B, -1, v.shape[1] * kh * kw)  # (B, T, C kh kw)
+                gg = g.reshape(B, g.shape[1], -1)  # (B, out, T)
+            else:  # Linear over extra axes: positions T
+                cols = a.reshape(B, -1, a.shape[-1])  # (B, T, in)
+                gg = g.reshape(B, -1, g.shape[-1]).transpose(1, 2)  # (B, out, T)
+            gw = torch.bmm(gg, cols).reshape(B, -1)  # the per-example weight gradients, float32
+            gb64 = gg.sum(2).to(torch.float64) if m.bias is not None else None
+            parts.append((m, _sq_rows32(gw), None if gb64 is None else _sq_rows(gb64), "dense", (gw, gb64)))
+        return parts
