@@ -194,6 +194,28 @@ def test_a_parked_cell_resumes_in_a_fresh_work_tree_with_the_same_row(small_mnis
     assert {k: v for k, v in a.items() if k not in varies} == {k: v for k, v in b.items() if k not in varies}
 
 
+def test_reproduce_mnist_fast_mode_is_its_own_row(small_mnist_cell, tmp_path):
+    """--norms fast reruns a stored cell as a separate row, leaves the old row as it was, and is
+    tabulated apart; on the same noise seed it lands next to the vectorised run."""
+    src, _ = small_mnist_cell
+    out = tmp_path / "mnist.jsonl"
+    shutil.copyfile(src, out)
+    before = out.read_text()
+    log = _run("reproduce_mnist.py", *SMALL_CELL, "--norms", "fast", "--out", out)
+    assert "=== done: GD" in log and "skip" not in log
+    assert out.read_text().startswith(before)  # the old row untouched
+    old, new = [json.loads(l) for l in out.read_text().splitlines()]
+    assert old.get("norms", "vectorised") == "vectorised" and new["norms"] == "fast" and new["setting"] == old["setting"]
+    assert new["max_spent_epsilon"] <= new["setting"]["filter_epsilon"] and new["prefix_max_clip_deficit"] == 0.0
+    assert abs(new["gd_test_accuracy"] - old["gd_test_accuracy"]) <= 0.02
+    assert "skip" in _run("reproduce_mnist.py", *SMALL_CELL, "--norms", "fast", "--out", out)
+    fast_rows = [r for r in _rows(_run("reproduce_mnist.py", "--table", "--n-table", 300, "--norms", "fast",
+                                       "--out", out)) if r[3] != "-"]
+    assert len(fast_rows) == 1 and abs(_mean_n(fast_rows[0][3])[0] - 100 * new["gd_test_accuracy"]) < 0.006
+    default = _run("reproduce_mnist.py", "--table", "--n-table", 300, "--out", out)
+    assert "in all 1 runs" in default  # the vectorised table holds only the vectorised row
+
+
 def test_reproduce_mnist_write_table_refuses_a_document_without_markers(tmp_path):
     doc = tmp_path / "results.md"
     doc.write_text("no markers here\n")
