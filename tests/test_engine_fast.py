@@ -14,7 +14,7 @@ from torch.nn import functional as F
 
 from client.mechanism import certified_norm
 from simulations.engine import Engine, EngineConfig, run_engine
-from simulations.engine.layerwise import LayerwiseClippedSum, clip_coefficients, supported
+from simulations.engine.layerwise import LayerwiseClippedSum, _sq_rows32, clip_coefficients, supported
 from simulations.engine.norms import certified_row_norms, clip_rows
 from simulations.engine.updates import PerExampleGradients
 from simulations.tasks.models import CharLSTM, MnistCNN
@@ -72,17 +72,16 @@ def test_fast_norms_and_sum_against_exact_rational_arithmetic():
         assert Fraction(norms[i]) ** 2 >= sq  # certified: never below the exact norm
         assert float(Fraction(norms[i]) ** 2 / sq) - 1 < 1e-5  # and tight (float32 blocks: ~2e-6)
 
-    # Half the clients clipped: each term w_i G_i (w32_i for float32 arrays) is within its charge.
+    # Half the clients clipped: each client's term w32_i G_i is within its charge, exactly.
     allowance = np.sqrt(np.array([float(s) for s in exact_sq])) * np.array([2, 0.5, 1, 0.25, 3, 0.9])
-    w, w32, charged = clip_coefficients(torch.from_numpy(norms), allowance, lr)
+    w32, charged = clip_coefficients(torch.from_numpy(norms), allowance, lr)
     total, charged_engine = fast(weights, x, y, lr=lr, allowance=allowance)
     assert np.array_equal(charged.numpy(), charged_engine)
     assert np.all(charged_engine <= allowance)
     exact_sum = None
     for i in range(6):
         pieces = exact_terms(terms, i)
-        coef = [Fraction(float(w32[i])) if t[0] == "array" else Fraction(float(w[i])) for t in terms]
-        scaled = [c * v for c, piece in zip(coef, pieces) for v in piece]
+        scaled = [Fraction(float(w32[i])) * v for piece in pieces for v in piece]
         assert sum(v * v for v in scaled) <= Fraction(float(charged_engine[i])) ** 2
         exact_sum = scaled if exact_sum is None else [s + v for s, v in zip(exact_sum, scaled)]
     # The released sum is the exact sum of the terms up to the aggregator's float rounding. The
@@ -98,6 +97,21 @@ def test_fast_norms_and_sum_against_exact_rational_arithmetic():
     assert np.max(np.abs(total - ref)) <= 1e-6 * scale
 
 
+def test_float32_block_squares_are_certified_on_rows_that_round_down():
+    """Rows built so that every float32 square rounds down (x = 1 + k 2**-23, k < 2048, drops
+    k^2 2**-46), that underflow entirely, or are exactly zero: the bound covers the exact sum."""
+    k = np.arange(1, 2049, dtype=np.float64)
+    rows = np.stack([1 + k * 2.0**-23, (1 + k * 2.0**-23) * 2.0**-70, np.full(2048, 1e-30),
+                     np.zeros(2048)]).astype(np.float32)
+    bound = _sq_rows32(torch.from_numpy(rows)).numpy()
+    for row, b in zip(rows, bound):
+        exact = sum(Fraction(float(v)) ** 2 for v in row)
+        assert Fraction(float(b)) >= exact
+        if exact > 0:
+            assert float(Fraction(float(b)) / exact) - 1 < 2e-6 or exact < Fraction(2) ** -100  # underflow: absolute bound
+    assert bound[3] == 0.0 and bound[2] > 0.0
+
+
 def test_fast_norms_against_the_devices_certified_norm():
     """On the very arrays the fast mode defines as each client's gradient, both are upper bounds on
     the same exact norm; they agree within the fast mode's float32-block slack (about 1e-6)."""
@@ -109,7 +123,7 @@ def test_fast_norms_against_the_devices_certified_norm():
     terms = fast.terms(weights, x, y)
     norms = fast.norms(weights, x, y, lr=1.0)
     for i in range(8):
-        arrays = [np.outer(t[1][i], t[2][i]) if t[0] == "outer" else np.asarray(t[1][i]) for t in terms]
+        arrays = [np.outer(t[1][i].astype(np.float64), t[2][i]) if t[0] == "outer" else np.asarray(t[1][i]) for t in terms]
         device = certified_norm(arrays)  # float64 outer products: exact up to one rounding each
         assert abs(norms[i] / device - 1) < 4e-6
 

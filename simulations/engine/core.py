@@ -156,8 +156,7 @@ class Engine:
         """Flat float32 updates ``(len(clients), dim)`` before clipping."""
         cfg = self.config
         if self.mode == "single-example":
-            idx = torch.from_numpy(clients)
-            return self._grads(self.weights, self.x[idx], self.y[idx], lr=cfg.lr)
+            return self._grads(self.weights, *self._examples(clients), lr=cfg.lr)
         out = np.empty((len(clients), self.layout.dim), dtype=np.float32)
         for j, c in enumerate(clients):
             x, y = self.task.train_data[c]
@@ -166,6 +165,14 @@ class Engine:
                                    loss_fn=self.task.loss)
             out[j] = self.layout.flatten(upd)
         return out
+
+    def _examples(self, clients: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """The examples of single-example ``clients`` (sorted): a view when they are consecutive,
+        as in every full-participation round (a gather of a 512-client chunk costs ~5 ms)."""
+        if len(clients) and clients[-1] - clients[0] == len(clients) - 1:
+            return self.x[clients[0]:clients[-1] + 1], self.y[clients[0]:clients[-1] + 1]
+        idx = torch.from_numpy(clients)
+        return self.x[idx], self.y[idx]
 
     def _clip_rows(self, updates: np.ndarray, allowance: np.ndarray) -> np.ndarray:
         """Clip each row to its allowance in place with the device's own functions; certified norms."""
@@ -207,9 +214,9 @@ class Engine:
         for a in range(0, len(active), cfg.chunk_size):
             chunk = active[a:a + cfg.chunk_size]
             if self._fast is not None:
-                idx = torch.from_numpy(chunk)
+                x, y = self._examples(chunk)
                 chunk_sum, norms[a:a + len(chunk)] = self._fast(
-                    self.weights, self.x[idx], self.y[idx], lr=cfg.lr, allowance=allow_active[a:a + len(chunk)])
+                    self.weights, x, y, lr=cfg.lr, allowance=allow_active[a:a + len(chunk)])
                 total += chunk_sum
                 continue
             updates = self._updates(chunk)

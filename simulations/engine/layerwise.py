@@ -7,31 +7,37 @@ records each layer's input ``a`` and one ``autograd.grad`` of the summed loss gi
 output gradient ``g`` (no weight gradient is formed). Per example ``i`` and layer:
 
 * ``Linear`` on ``(B, in)``: the gradient is the outer product ``g_i a_i^T``, whose norm is exactly
-  ``||g_i|| ||a_i||`` (never formed); its share of the sum is the float64 GEMM ``(w g)^T a``.
+  ``||g_i|| ||a_i||`` (never formed); the clipped sum is one GEMM ``(w g)^T a`` (book-keeping).
 * ``Conv2d`` (and ``Linear`` on ``(B, ..., in)``): the ``(out, in*k*k)`` gradient ``g_i^T a_i``
-  over positions, one ``bmm`` per chunk (Opacus' grad sampler; cheaper than a ghost norm's
-  ``T^2`` Gram matrices for conv1's ``T = 196``); bias: ``g_i`` summed over positions.
+  over positions, one ``bmm`` per chunk (Opacus' grad sampler; as cheap as the batched weight
+  gradient here, and cheaper than ghost norms' ``T^2`` Gram matrices for conv1's ``T = 196``);
+  bias: ``g_i`` summed over positions. The clipped sum is one GEMV over these rows.
 
-What client ``i`` adds (its "update" ``U_i``) is, per layer, the exact real outer product (Linear
-on 2-d input) or the float32 array computed above, times ``-lr``; a function of its own example
-and the public model only (no layer mixes examples: no BatchNorm). Its charge is certified:
+What client ``i`` adds is ``w32_i G_i`` in exact arithmetic, where ``G_i`` is, per layer, the exact
+outer product (Linear on 2-d input) or the float32 array above: a function of its own example and
+the public model only (no layer mixes examples: no BatchNorm). Its charge is certified:
 
-* squares of float32 values are exact in float64, a float64 sum of ``d`` non-negative terms in
-  any order is within ``gamma_{d-1}`` of exact (Higham, "Accuracy and Stability of Numerical
-  Algorithms", 2nd ed., eq. (4.4)); every later product, sum and square root adds a few ``u``;
-  each is covered by ``_up`` (inflate by ``k * 2u``, then one ulp up), so ``norm >= ||U_i||``;
-* the clip factor is shrunk by four units in the last place below ``allowance / norm``, so
-  ``||c_i U_i|| <= allowance`` holds exactly, and the charge ``min(allowance, up(c_i * norm))`` is
-  an upper bound on it that the filter admits.
+* float32 squares summed in float32 blocks of 16 are within ``gamma_16`` of exact (Higham,
+  "Accuracy and Stability of Numerical Algorithms", 2nd ed., eq. (3.5), any order, with or
+  without FMA; plus ``2**-126`` per operation for underflow), the block sums are added in float64
+  (within ``gamma_{d/16}``, eq. (4.4)); every later product, sum and square root adds a few ``u``,
+  each covered by ``_up`` (inflate by ``k * 2u``, then one ulp up): ``norm >= lr ||G_i||``, within
+  about 2e-6 of it;
+* the clip factor is shrunk four float64 ulps below ``allowance / norm`` and the float32
+  coefficient ``w32_i`` is rounded toward zero, so ``||w32_i G_i|| <= allowance`` holds exactly,
+  and the charge ``min(allowance, up(c_i * norm))`` is an upper bound on it that the filter admits.
 
-The sum over clients is formed in float64 (GEMM for Linear, GEMV over the float32 per-example
-arrays for Conv2d), as the other norm modes sum the clipped rows in float64: its rounding is the
-aggregator's, within about ``1e-13`` relative (``tests/test_engine_fast.py`` compares it with the
-exact rational sum), not a client's sensitivity.
+The sum over the chunk's clients is formed in float32 (GEMM, GEMV), the chunks' sums in float64:
+that rounding is the aggregator's, as in any DP-SGD library and in the other norm modes' float64
+sums (a deployment with secure aggregation sums exactly); it is not part of a client's charge.
+``tests/test_engine_fast.py`` checks it against the exact rational sum (within 1e-6 relative).
 
-Models with any other parameterised layer (``Embedding``, ``LSTM``, a layer used twice, grouped
-convolutions) are not supported: ``supported(model)`` says why, and the engine then falls back to
-the per-example torch.func path with ``norms="vectorised"``.
+Models with any other parameterised layer (``Embedding``, ``LSTM``, grouped or dilated
+convolutions, a layer applied twice) are not handled: ``supported(model)`` says why, and the
+engine falls back to per-example torch.func gradients with ``norms="vectorised"``.
+
+Threads: everything here is batched torch (GEMM, bmm, convolutions), which uses
+``torch.get_num_threads()`` threads; a run is bitwise repeatable for a fixed thread count.
 """
 
 from __future__ import annotations
@@ -56,7 +62,8 @@ def _up(x: torch.Tensor, k: float) -> torch.Tensor:
 
 def _sq_rows(x64: torch.Tensor) -> torch.Tensor:
     """Upper bounds on the exact sum of squares of each row of a ``(B, d)`` float64 array holding
-    float32 values (each square is exact in float64; the sum of ``d`` terms is within gamma_{d-1})."""
+    float32 values (each square is exact in float64; the sum of ``d`` terms is within gamma_{d-1},
+    Higham eq. (4.4))."""
     return _up(torch.einsum("ij,ij->i", x64, x64), x64.shape[1] + 2)
 
 
@@ -74,10 +81,12 @@ def _sq_rows32(x: torch.Tensor) -> torch.Tensor:
     if d % _BLOCK:
         return _sq_rows(x.to(torch.float64))
     blocks = (x * x).reshape(B, d // _BLOCK, _BLOCK).sum(2).to(torch.float64)
-    s = blocks.sum(1)  # exact block sums in float64: d / b terms
-    s = _up(s, d // _BLOCK + 2)
-    s = s * (1.0 + 2 * _BLOCK * _U32) + d * 2.0**-125  # 1 / (1 - gamma_b) <= 1 + 2 b u
-    return _up(s, 4)
+    s = _up(blocks.sum(1), d // _BLOCK + 2)  # the float32 block sums, added in float64
+    bound = _up(s * (1.0 + 2 * _BLOCK * _U32) + d * 2.0**-125, 4)  # 1 / (1 - gamma_b) <= 1 + 2 b u
+    zero = s == 0
+    if zero.any():  # a row of exact zeros costs exactly 0 (one that underflowed does not)
+        bound[zero] = torch.where((x[zero] == 0).all(1), 0.0, bound[zero])
+    return bound
 
 
 def supported(model: nn.Module) -> str | None:
@@ -99,27 +108,27 @@ def supported(model: nn.Module) -> str | None:
     return None
 
 
-def clip_coefficients(norm: torch.Tensor, allowance, lr: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(w, w32, charged)`` from certified norms ``norm >= ||-lr G_i||`` (inf: non-finite).
+def clip_coefficients(norm: torch.Tensor, allowance, lr: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(w32, charged)`` from certified norms ``norm >= ||-lr G_i||`` (inf: non-finite).
 
-    Client ``i`` adds ``w_i G_i`` (float64 coefficient; ``w32_i G_i`` for float32 per-example
-    arrays, ``|w32_i| <= |w_i|``). ``charged_i >= ||w_i G_i||`` and ``charged_i <= allowance_i``;
-    NaN marks a non-finite gradient, whose client adds nothing and is charged 0.
+    Client ``i`` adds ``w32_i G_i`` (exactly, in reals), ``charged_i >= ||w32_i G_i||`` and
+    ``charged_i <= allowance_i``; NaN marks a non-finite gradient: its client adds nothing and is
+    charged 0.
     """
     allow = torch.as_tensor(np.asarray(allowance, dtype=np.float64))
     finite = torch.isfinite(norm)
     over = norm > allow
     # (1 - 4u): the quotient, this product and the coefficient -lr * factor below each round by
-    # at most u, so ||w_i G_i|| <= factor (1 + u) norm <= allowance (1 - u) holds exactly.
+    # at most u, so ||w G_i|| <= factor (1 + u) norm <= allowance (1 - u) holds exactly.
     factor = torch.where(over, (allow / norm) * (1.0 - 2 * _EPS), torch.ones_like(norm))
     factor = torch.where(finite, factor, torch.zeros_like(norm))  # a non-finite update: zero
     charged = torch.where(over, torch.minimum(allow, _up(factor * norm, 4)), norm)
     charged = torch.where(finite, charged, torch.full_like(norm, float("nan")))
     w = factor * (-float(lr))
-    # float32 coefficient rounded toward zero, so that the term w32_i G_i is no larger than charged
+    # float32 coefficient rounded toward zero (|w32| <= |w|), so w32 G_i is no larger than charged
     w32 = w.to(torch.float32)
     w32 = torch.where(w32.to(torch.float64).abs() > w.abs(), torch.nextafter(w32, torch.zeros_like(w32)), w32)
-    return w, w32, charged
+    return w32, charged
 
 
 class LayerwiseClippedSum:
@@ -159,31 +168,28 @@ class LayerwiseClippedSum:
 
     def __call__(self, weights: list[np.ndarray], x: torch.Tensor, y: torch.Tensor, *, lr: float,
                  allowance: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``(sum, charged)``: the float64 flat sum (``state_dict`` order) of every client's
-        clipped update ``-lr c_i G_i``, and each client's charged norm (0 for a non-finite one)."""
+        """``(sum, charged)``: the flat sum (``state_dict`` order, float64) of every client's
+        clipped update ``w_i G_i``, and each client's charged norm (0 for a non-finite one)."""
         parts = self._per_layer(weights, x, y)
-        w, w32, charged = clip_coefficients(self._norms(parts, lr), allowance, lr)
-        return self._sum(parts, w, w32, charged.isnan()).numpy(), torch.nan_to_num(charged, nan=0.0).numpy()
+        w32, charged = clip_coefficients(self._norms(parts, lr), allowance, lr)
+        return self._sum(parts, w32, charged.isnan()).numpy(), torch.nan_to_num(charged, nan=0.0).numpy()
 
     def norms(self, weights: list[np.ndarray], x: torch.Tensor, y: torch.Tensor, *, lr: float) -> np.ndarray:
         """Certified upper bounds on ``||-lr G_i||`` (inf for a non-finite gradient)."""
         return self._norms(self._per_layer(weights, x, y), lr).numpy()
 
-    def terms(self, weights: list[np.ndarray], x: torch.Tensor, y: torch.Tensor) -> list[list]:
+    def terms(self, weights: list[np.ndarray], x: torch.Tensor, y: torch.Tensor) -> list[tuple]:
         """For tests: per parameter (``state_dict`` order), what each example's gradient ``G_i`` is
-        made of: ``("outer", g, a)`` (exactly ``g_i a_i^T``) or ``("array", G)`` (float32 rows)."""
+        made of: ``("outer", g, a)`` (exactly ``g_i a_i^T``) or ``("array", G)`` (its float32 rows)."""
         out = []
         for m, _, _, kind, data in self._per_layer(weights, x, y):
             if kind == "outer":
-                a64, g64 = data
-                out.append(("outer", g64.numpy(), a64.numpy()))
-                if m.bias is not None:
-                    out.append(("array64", g64.numpy()))
+                a, g = data
+                out.append(("outer", g.numpy(), a.numpy()))
             else:
-                gw, gb64 = data
-                out.append(("array", gw.numpy()))
-                if gb64 is not None:
-                    out.append(("array64", gb64.numpy()))
+                out.append(("array", data[0].numpy()))
+            if m.bias is not None:
+                out.append(("array", data[1].numpy()))
         return out
 
     def _norms(self, parts, lr: float) -> torch.Tensor:
@@ -193,37 +199,35 @@ class LayerwiseClippedSum:
         norm = _up(_up(torch.sqrt(total), 4) * abs(float(lr)), 4)  # ||-lr G_i|| = lr ||G_i||
         return torch.where(torch.isfinite(norm), norm, torch.full_like(norm, float("inf")))
 
-    def _sum(self, parts, w, w32, bad) -> torch.Tensor:
-        B = len(w)
+    def _sum(self, parts, w32, bad) -> torch.Tensor:
+        """The chunk's sum of the terms ``w32_i G_i``: float32 GEMM/GEMV over the chunk (the
+        aggregator's rounding, as in any DP-SGD library), returned in float64."""
+        B = len(w32)
         out = {}
         for m, _, _, kind, data in parts:
-            if bad.any():  # their arrays may hold NaN/inf, and 0 * NaN is NaN: zero the rows
-                for t in data:
-                    if t is not None:
-                        t[bad] = 0.0
+            if bad.any():  # their rows may hold NaN/inf, and 0 * NaN is NaN: zero them (copies:
+                # a first layer's input is a view of the engine's data)
+                data = tuple(torch.where(bad.view(-1, *[1] * (t.dim() - 1)), 0.0, t) for t in data)
             if kind == "outer":
-                a64, g64 = data
-                g64 = g64 * w[:, None]
-                out[m.weight] = (g64.T @ a64).reshape(m.weight.shape)
+                a, g = data
+                out[m.weight] = (g * w32[:, None]).T @ a  # book-keeping: no per-example gradient
                 if m.bias is not None:
-                    out[m.bias] = g64.sum(0)
+                    out[m.bias] = w32 @ g
             else:
-                gw, gb64 = data
-                out[m.weight] = (w32 @ gw.reshape(B, -1)).to(torch.float64).reshape(m.weight.shape)
-                if gb64 is not None:
-                    out[m.bias] = w @ gb64
-        return torch.cat([out[p].reshape(-1) for p in self.model.parameters()])
+                out[m.weight] = w32 @ data[0].reshape(B, -1)
+                if m.bias is not None:
+                    out[m.bias] = w32 @ data[1]
+        return torch.cat([out[p].reshape(-1) for p in self.model.parameters()]).to(torch.float64)
 
     def _per_layer(self, weights, x, y):
-        """Per layer: (module, weight and bias squared-norm bounds, kind, float64 arrays)."""
+        """Per layer: (module, weight and bias squared-norm bounds, kind, float32 arrays)."""
         parts = []
         for m, a, g in self._forward(weights, x, y):
             B = a.shape[0]
             if isinstance(m, nn.Linear) and a.dim() == 2:
-                a64, g64 = a.to(torch.float64), g.to(torch.float64)
-                sg = _sq_rows(g64)
-                sw = _up(_sq_rows(a64) * sg, 4)  # ||g a^T||^2 = ||g||^2 ||a||^2 exactly, in reals
-                parts.append((m, sw, sg if m.bias is not None else None, "outer", (a64, g64)))
+                sg = _sq_rows32(g)
+                sw = _up(_sq_rows32(a) * sg, 4)  # ||g a^T||^2 = ||g||^2 ||a||^2 exactly, in reals
+                parts.append((m, sw, sg if m.bias is not None else None, "outer", (a, g)))
                 continue
             if isinstance(m, nn.Conv2d):
                 (ph, pw), (kh, kw), (sh, sw_) = m.padding, m.kernel_size, m.stride
@@ -236,6 +240,7 @@ class LayerwiseClippedSum:
                 cols = a.reshape(B, -1, a.shape[-1])  # (B, T, in)
                 gg = g.reshape(B, -1, g.shape[-1]).transpose(1, 2)  # (B, out, T)
             gw = torch.bmm(gg, cols).reshape(B, -1)  # the per-example weight gradients, float32
-            gb64 = gg.sum(2).to(torch.float64) if m.bias is not None else None
-            parts.append((m, _sq_rows32(gw), None if gb64 is None else _sq_rows(gb64), "dense", (gw, gb64)))
+            gb = gg.sum(2) if m.bias is not None else None
+            parts.append((m, _sq_rows32(gw), None if gb is None else _sq_rows32(gb), "dense",
+                          (gw,) if gb is None else (gw, gb)))
         return parts
