@@ -8,10 +8,13 @@ output gradient ``g`` (no weight gradient is formed). Per example ``i`` and laye
 
 * ``Linear`` on ``(B, in)``: the gradient is the outer product ``g_i a_i^T``, whose norm is exactly
   ``||g_i|| ||a_i||`` (never formed); the clipped sum is one GEMM ``(w g)^T a`` (book-keeping).
-* ``Conv2d`` (and ``Linear`` on ``(B, ..., in)``): the ``(out, in*k*k)`` gradient ``g_i^T a_i``
-  over positions, one ``bmm`` per chunk (Opacus' grad sampler; as cheap as the batched weight
-  gradient here, and cheaper than ghost norms' ``T^2`` Gram matrices for conv1's ``T = 196``);
-  bias: ``g_i`` summed over positions. The clipped sum is one GEMV over these rows.
+* ``Conv2d``: the ``(out, in, kh, kw)`` per-example gradients as one grouped convolution
+  backward with the chunk's examples as groups (each group sees only its own example; mkldnn, 1.2
+  times faster here than im2col + ``bmm``, Opacus' grad sampler, and far cheaper than ghost norms'
+  ``T^2`` Gram matrices for conv1's ``T = 196`` positions); bias: ``g_i`` summed over positions.
+  The clipped sum is one GEMV over these rows.
+* ``Linear`` on ``(B, ..., in)``: the per-example ``(out, in)`` gradients by one ``bmm`` over the
+  positions, the bias as a column of ones.
 
 What client ``i`` adds is ``w32_i G_i`` in exact arithmetic, where ``G_i`` is, per layer, the exact
 outer product (Linear on 2-d input) or the float32 array above: a function of its own example and
@@ -71,7 +74,7 @@ _BLOCK = 16  # float32 squares are summed in blocks of 16, the block sums in flo
 _U32 = 2.0**-24
 
 
-def _sq_rows32(x: torch.Tensor) -> torch.Tensor:
+def _sq_rows32(x: torch.Tensor, squares: torch.Tensor | None = None) -> torch.Tensor:
     """Upper bounds on the exact sum of squares of each row of a float32 ``(B, d)`` array, without
     a float64 copy of it: float32 squares summed in blocks of ``b = 16`` (each block within
     ``gamma_b = b u / (1 - b u)`` of exact, u = 2**-24, in any order and with or without FMA;
@@ -80,7 +83,8 @@ def _sq_rows32(x: torch.Tensor) -> torch.Tensor:
     B, d = x.shape
     if d % _BLOCK:
         return _sq_rows(x.to(torch.float64))
-    blocks = (x * x).reshape(B, d // _BLOCK, _BLOCK).sum(2).to(torch.float64)
+    sq = x * x if squares is None else squares  # (a caller may hand in x * x, computed into a buffer)
+    blocks = sq.reshape(B, d // _BLOCK, _BLOCK).sum(2).to(torch.float64)
     s = _up(blocks.sum(1), d // _BLOCK + 2)  # the float32 block sums, added in float64
     bound = _up(s * (1.0 + 2 * _BLOCK * _U32) + d * 2.0**-125, 4)  # 1 / (1 - gamma_b) <= 1 + 2 b u
     zero = s == 0
@@ -132,7 +136,11 @@ def clip_coefficients(norm: torch.Tensor, allowance, lr: float) -> tuple[torch.T
 
 
 class LayerwiseClippedSum:
-    """Certified per-client norms and the clipped float64 sum for a chunk of single-example clients."""
+    """Certified per-client norms and the clipped sum for a chunk of single-example clients.
+
+    Large per-chunk arrays (im2col columns, per-example gradients, squares) live in buffers reused
+    from chunk to chunk: fresh ones cost page faults that, on this machine, took longer than the
+    arithmetic."""
 
     def __init__(self, model: nn.Module, loss_fn: Callable):
         reason = supported(model)
@@ -146,6 +154,15 @@ class LayerwiseClippedSum:
         for m in self.layers:
             m.register_forward_hook(self._record)
         self._on = False
+        self._buffers: dict = {}
+
+    def _buffer(self, key, shape, fill_last: bool = False, zero: bool = False) -> torch.Tensor:
+        buf = self._buffers.get(key)
+        if buf is None or tuple(buf.shape) != tuple(shape):
+            buf = self._buffers[key] = torch.zeros(shape) if zero else torch.empty(shape)
+            if fill_last:
+                buf[..., -1] = 1.0  # the bias column: G_i's last column is the per-example bias gradient
+        return buf
 
     def _record(self, module, inputs, output):
         if self._on:
@@ -185,11 +202,18 @@ class LayerwiseClippedSum:
         for m, _, _, kind, data in self._per_layer(weights, x, y):
             if kind == "outer":
                 a, g = data
-                out.append(("outer", g.numpy(), a.numpy()))
-            else:
-                out.append(("array", data[0].numpy()))
+                out.append(("outer", g.numpy().copy(), a.numpy().copy()))
+                if m.bias is not None:
+                    out.append(("array", g.numpy().copy()))
+                continue
+            if kind == "dense":
+                out += [("array", t.reshape(len(t), -1).numpy().copy()) for t in data]
+                continue
+            gw = data[0]  # "bmm": (B, out, in [+ 1 bias column])
+            d = gw.shape[2] - (m.bias is not None)
+            out.append(("array", gw[:, :, :d].reshape(len(gw), -1).numpy().copy()))
             if m.bias is not None:
-                out.append(("array", data[1].numpy()))
+                out.append(("array", gw[:, :, d].numpy().copy()))
         return out
 
     def _norms(self, parts, lr: float) -> torch.Tensor:
@@ -213,10 +237,17 @@ class LayerwiseClippedSum:
                 out[m.weight] = (g * w32[:, None]).T @ a  # book-keeping: no per-example gradient
                 if m.bias is not None:
                     out[m.bias] = w32 @ g
-            else:
+            elif kind == "dense":
                 out[m.weight] = w32 @ data[0].reshape(B, -1)
                 if m.bias is not None:
                     out[m.bias] = w32 @ data[1]
+            else:  # "bmm": the bias gradient is the last column
+                gw = data[0]
+                both = (w32 @ gw.reshape(B, -1)).reshape(gw.shape[1], gw.shape[2])
+                d = gw.shape[2] - (m.bias is not None)
+                out[m.weight] = both[:, :d]
+                if m.bias is not None:
+                    out[m.bias] = both[:, d]
         return torch.cat([out[p].reshape(-1) for p in self.model.parameters()]).to(torch.float64)
 
     def _per_layer(self, weights, x, y):
@@ -229,18 +260,29 @@ class LayerwiseClippedSum:
                 sw = _up(_sq_rows32(a) * sg, 4)  # ||g a^T||^2 = ||g||^2 ||a||^2 exactly, in reals
                 parts.append((m, sw, sg if m.bias is not None else None, "outer", (a, g)))
                 continue
+            bias = m.bias is not None
             if isinstance(m, nn.Conv2d):
-                (ph, pw), (kh, kw), (sh, sw_) = m.padding, m.kernel_size, m.stride
-                ap = F.pad(a, (pw, pw, ph, ph)) if (ph or pw) else a
-                # im2col as a strided view and one copy (F.unfold's kernel is several times slower)
-                v = ap.unfold(2, kh, sh).unfold(3, kw, sw_)  # (B, C, OH, OW, kh, kw)
-                cols = v.permute(0, 2, 3, 1, 4, 5).reshape(B, -1, v.shape[1] * kh * kw)  # (B, T, C kh kw)
-                gg = g.reshape(B, g.shape[1], -1)  # (B, out, T)
-            else:  # Linear over extra axes: positions T
-                cols = a.reshape(B, -1, a.shape[-1])  # (B, T, in)
-                gg = g.reshape(B, -1, g.shape[-1]).transpose(1, 2)  # (B, out, T)
-            gw = torch.bmm(gg, cols).reshape(B, -1)  # the per-example weight gradients, float32
-            gb = gg.sum(2) if m.bias is not None else None
-            parts.append((m, _sq_rows32(gw), None if gb is None else _sq_rows32(gb), "dense",
-                          (gw,) if gb is None else (gw, gb)))
+                # Per-example weight gradients as one grouped convolution backward (group i: example
+                # i's input and output gradient only): mkldnn, faster here than im2col + bmm.
+                C, H, W = a.shape[1:]
+                out_c = m.out_channels
+                shape = (B * out_c, C, *m.kernel_size)
+                gw = torch.ops.aten.convolution_backward(
+                    g.reshape(1, B * out_c, *g.shape[2:]), a.reshape(1, B * C, H, W),
+                    self._buffer((id(m), "w"), shape, zero=True), None, m.stride, m.padding, m.dilation,
+                    False, (0, 0), B, (False, True, False))[1].reshape(B, out_c, -1)
+                gb = g.sum((2, 3)) if bias else None
+                sq = torch.mul(gw, gw, out=self._buffer((id(m), "sq"), gw.shape))
+                parts.append((m, _sq_rows32(gw.reshape(B, -1), squares=sq.reshape(B, -1)),
+                              _sq_rows32(gb) if bias else None, "dense", (gw, gb) if bias else (gw,)))
+                continue
+            # Linear over extra axes (positions T): per-example (out, in) gradients by one bmm, with a
+            # column of ones in the input whose product is the per-example bias gradient.
+            src = a.reshape(B, -1, a.shape[-1])  # (B, T, in)
+            gg = g.reshape(B, -1, g.shape[-1]).transpose(1, 2)  # (B, out, T)
+            T, D = src.shape[1:]
+            cols = self._buffer((id(m), "cols"), (B, T, D + bias), fill_last=bias)
+            cols[:, :, :D].copy_(src)
+            gw = torch.bmm(gg, cols)  # (B, out, in [+ 1])
+            parts.append((m, _sq_rows32(gw.reshape(B, -1)), None, "bmm", (gw,)))
         return parts
