@@ -9,9 +9,10 @@ Each repetition times, back to back on the same model (Opacus' MNIST CNN) and th
   certified norms, allowance, clip, charge/spend on the (n, 1) filter state, aggregate noise,
   mean, server step) for each norm mode asked for (``fast``, ``vectorised``, ``device``);
 
-in an order that rotates every repetition, so load from other processes hits all alike. It prints
-seconds per step (and scaled to 60,000 clients) and each one's ratio to ``batched`` measured in
-the same repetition (median over repetitions). ``--json`` prints one JSON object instead:
+after an untimed warm-up, each between two ``batched`` passes, in an order that rotates every
+repetition. It prints seconds per step (and scaled to 60,000 clients) and each one's ratio to the
+mean of the two batched passes around it (median over repetitions), so that load from other
+processes, which drifts over minutes, hits a measurement and its baseline alike. ``--json`` prints one JSON object instead:
 ``seconds_per_step`` (by name, for ``--clients``), ``ratio_to_batched`` (the fastest engine mode
 over the batched pass) and the conditions. Reproducibility: a run is bitwise repeatable for a
 fixed ``--threads`` (and OpenBLAS thread count); the engine records no timing in any result.
@@ -41,6 +42,7 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--clients", type=int, default=60000)
     p.add_argument("--steps", type=int, default=2, help="repetitions of every measurement")
+    p.add_argument("--warmup", type=int, default=1, help="untimed rounds of every measurement first")
     p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     p.add_argument("--chunk-size", type=int, default=512)
     p.add_argument("--threads", type=int, default=2)
@@ -55,6 +57,7 @@ def main(argv=None) -> None:
     from simulations.reproduce.private_gd import engine_config
 
     torch.set_num_threads(args.threads)
+    load_start = os.getloadavg()[0]
     task = mnist_task(args.clients)
     n, chunk = task.num_clients, args.chunk_size
     s = setting(0.3, "tuned", "paper")  # sigma 170, C 10, zCDP filter, B_norm = 112 C^2
@@ -79,25 +82,44 @@ def main(argv=None) -> None:
         for a in range(0, n, chunk):
             per_example(params, x[a:a + chunk], y[a:a + chunk])
 
-    jobs = {"batched": batched, "torch.func": func}
+    jobs = {"torch.func": func}
     jobs.update({f"engine[{m}]": e.step for m, e in engines.items()})
     out = sys.stderr if args.json else sys.stdout
-    times = {k: [] for k in jobs}
+
+    def timed(f) -> float:
+        t = time.perf_counter()
+        f()
+        return time.perf_counter() - t
+
+    for _ in range(args.warmup):  # untimed: first calls allocate buffers and build kernels
+        batched()
+        for f in jobs.values():
+            f()
+    # Each measurement sits between two batched passes and is compared with their mean, so that
+    # load from other processes, which drifts over minutes, hits a measurement and its baseline alike.
+    times = {k: [] for k in ["batched", *jobs]}
+    ratios_each = {k: [] for k in ["batched", *jobs]}
     for rep in range(args.steps):
-        order = list(jobs)[rep % len(jobs):] + list(jobs)[:rep % len(jobs)]  # rotate
-        for k in order:
-            t = time.perf_counter()
-            jobs[k]()
-            times[k].append(time.perf_counter() - t)
-        print(f"rep {rep}: " + ", ".join(f"{k} {times[k][-1]:.2f} s" for k in jobs), file=out, flush=True)
+        keys = list(jobs)[rep % len(jobs):] + list(jobs)[:rep % len(jobs)]  # rotate the order
+        before = timed(batched)
+        times["batched"].append(before)
+        for k in keys:
+            times[k].append(timed(jobs[k]))
+            after = timed(batched)
+            times["batched"].append(after)
+            ratios_each[k].append(times[k][-1] / ((before + after) / 2))
+            before = after
+        print(f"rep {rep}: " + ", ".join(f"{k} {times[k][-1]:.2f} s ({ratios_each[k][-1]:.2f})" for k in keys)
+              + f"; batched {statistics.median(times['batched'][-len(keys) - 1:]):.2f} s", file=out, flush=True)
+    ratios_each["batched"] = [1.0]
 
     seconds = {k: statistics.median(v) for k, v in times.items()}
-    ratios = {k: statistics.median(a / b for a, b in zip(v, times["batched"])) for k, v in times.items()}
+    ratios = {k: statistics.median(v) for k, v in ratios_each.items()}
     engine_keys = [f"engine[{m}]" for m in engines]
     fastest = min(engine_keys, key=lambda k: ratios[k])
     conditions = {
         "machine": f"{platform.node()} {platform.machine()}", "cpus": os.cpu_count(),
-        "load_average_end": round(os.getloadavg()[0], 2), "torch": torch.__version__,
+        "load_average_start": round(load_start, 2), "load_average_end": round(os.getloadavg()[0], 2), "torch": torch.__version__,
         "threads": args.threads, "openblas_threads": os.environ.get("OPENBLAS_NUM_THREADS"),
         "python": platform.python_version(), "clients": n, "chunk_size": chunk, "reps": args.steps,
     }
@@ -108,12 +130,12 @@ def main(argv=None) -> None:
             "fallback": fallback, **conditions}))
         return
     print(f"\nmachine: {conditions['machine']}, {os.cpu_count()} CPUs, load average "
-          f"{conditions['load_average_end']:.1f} at the end, torch {torch.__version__} ({args.threads} threads), "
+          f"{load_start:.1f} at the start and {conditions['load_average_end']:.1f} at the end, torch {torch.__version__} ({args.threads} threads), "
           f"python {platform.python_version()}; {n} clients, chunk {chunk}, {args.steps} reps")
-    print("| pass | median s / step | s per 60,000 clients | ratio to batched (same rep, median) |")
+    print("| pass | median s / step | s per 60,000 clients | ratio to the batched passes around it (median) |")
     print("|---|---|---|---|")
     label = {"batched": "plain batched forward + backward", "torch.func": "per-example gradients, torch.func"}
-    for k in jobs:
+    for k in ["batched", *jobs]:
         name = label.get(k, f"engine step, norms={k[7:-1]}")
         print(f"| {name} | {seconds[k]:.2f} | {seconds[k] * 60000 / n:.2f} | {ratios[k]:.2f} |")
     for m, why in fallback.items():

@@ -255,7 +255,8 @@ def test_reproduce_adult_small_run_and_table(tmp_path):
 
 
 def test_engine_throughput_small():
-    text = _run("engine_throughput.py", "--clients", 300, "--steps", 1, "--threads", 1, "--chunk-size", 128)
+    text = _run("engine_throughput.py", "--clients", 300, "--steps", 1, "--warmup", 0, "--threads", 1,
+                "--chunk-size", 128)
     assert re.search(r"^machine: .*; 300 clients, chunk 128, 1 reps$", text, re.M)
     rows = _rows(text)
     assert [r[0] for r in rows] == ["plain batched forward + backward", "per-example gradients, torch.func",

@@ -57,9 +57,10 @@ class EngineConfig:
         bitwise. ``fast``: single-example clients on models of Linear and Conv2d layers get their
         certified norms and the clipped sum layer by layer from one batched forward and backward
         pass, never forming a per-example gradient of the whole model
-        (``simulations.engine.layerwise``; needs ``noise_draw="aggregate"``); charges are upper
-        bounds on the exact norm of what each client adds, within ~1e-12 relative of it; other
-        clients and models fall back to ``vectorised`` (``Engine.fast_fallback`` says why).
+        (``simulations.engine.layerwise``; needs ``noise_draw="aggregate"``); each charge is an
+        upper bound on the exact norm of what the client adds, within about 2e-6 of it; about 1.4
+        times a plain batched forward and backward on the MNIST CNN. Other clients and models
+        fall back to ``vectorised`` (``Engine.fast_fallback`` says why).
         Filters, allowances and charges are the shared code in every mode.
 
     Clients and training
