@@ -182,6 +182,19 @@ def test_unsupported_layers_are_named_and_the_engine_falls_back():
     assert Engine(EngineConfig(**base, norms="fast"), task=digits).fast_fallback
 
 
+def test_a_model_that_mixes_the_batch_is_refused():
+    class Centred(nn.Module):  # no parameter of its own: supported() cannot see it
+        def forward(self, x):
+            return x - x.mean(0, keepdim=True)
+
+    model = nn.Sequential(nn.Flatten(), Centred(), nn.Linear(36, 3))
+    assert supported(model) is None
+    fast = LayerwiseClippedSum(model, F.cross_entropy)
+    x = torch.randn(4, 1, 6, 6)
+    with pytest.raises(ValueError, match="mixes the examples"):
+        fast(get_weights(model), x, torch.tensor([0, 1, 2, 0]), lr=1.0, allowance=np.ones(4))
+
+
 def test_fast_mode_needs_the_aggregate_noise_draw():
     with pytest.raises(ValueError, match="noise_draw='aggregate'"):
         EngineConfig(norms="fast", noise_draw="per-client")

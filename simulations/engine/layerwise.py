@@ -35,9 +35,14 @@ that rounding is the aggregator's, as in any DP-SGD library and in the other nor
 sums (a deployment with secure aggregation sums exactly); it is not part of a client's charge.
 ``tests/test_engine_fast.py`` checks it against the exact rational sum (within 1e-6 relative).
 
+A gradient with an entry above about 1.8e19 (whose float32 square overflows) counts as
+non-finite and is released as a zero update, charged 0, as NaN and inf are.
+
 Models with any other parameterised layer (``Embedding``, ``LSTM``, grouped or dilated
 convolutions, a layer applied twice) are not handled: ``supported(model)`` says why, and the
-engine falls back to per-example torch.func gradients with ``norms="vectorised"``.
+engine falls back to per-example torch.func gradients with ``norms="vectorised"``. A model whose
+parameter-free layers mix the examples of a batch is refused at its first chunk (``_audit``). The
+loss must accept ``reduction="sum"`` (torch.nn.functional's do).
 
 Threads: everything here is batched torch (GEMM, bmm, convolutions), which uses
 ``torch.get_num_threads()`` threads; a run is bitwise repeatable for a fixed thread count.
@@ -155,6 +160,22 @@ class LayerwiseClippedSum:
             m.register_forward_hook(self._record)
         self._on = False
         self._buffers: dict = {}
+        self._audited = False
+
+    @torch.no_grad()
+    def _audit(self, x: torch.Tensor) -> None:
+        """Once: changing one example must leave every other example's output as it was. Layers
+        without parameters are not checked by ``supported``, and one that mixes a batch (batch
+        statistics, say) would make a client's gradient depend on other clients' data."""
+        self._audited = True
+        if len(x) < 2:
+            return
+        base = self.model(x[:2])
+        other = x[:2].clone()
+        other[1] = other[1] * -3.0 + 1.0
+        if not torch.allclose(self.model(other)[0], base[0], rtol=1e-5, atol=1e-6):
+            raise ValueError("the fast mode needs each example's output to depend on that example alone; "
+                             "this model mixes the examples of a batch.")
 
     def _buffer(self, key, shape, fill_last: bool = False, zero: bool = False) -> torch.Tensor:
         buf = self._buffers.get(key)
@@ -172,6 +193,8 @@ class LayerwiseClippedSum:
         with torch.no_grad():
             for p, w in zip(self.model.parameters(), weights):
                 p.copy_(torch.from_numpy(w))
+        if not self._audited:
+            self._audit(x)
         self._seen, self._on = [], True
         try:
             out = self.model(x)
