@@ -208,12 +208,13 @@ def test_reproduce_mnist_fast_mode_is_its_own_row(small_mnist_cell, tmp_path):
     assert old.get("norms", "vectorised") == "vectorised" and new["norms"] == "fast" and new["setting"] == old["setting"]
     assert new["max_spent_epsilon"] <= new["setting"]["filter_epsilon"] and new["prefix_max_clip_deficit"] == 0.0
     assert abs(new["gd_test_accuracy"] - old["gd_test_accuracy"]) <= 0.02
-    assert "skip" in _run("reproduce_mnist.py", *SMALL_CELL, "--norms", "fast", "--out", out)
-    fast_rows = [r for r in _rows(_run("reproduce_mnist.py", "--table", "--n-table", 300, "--norms", "fast",
-                                       "--out", out)) if r[3] != "-"]
+    # in process from here (each driver start costs seconds): stored, skipped and tabulated apart
+    driver = _driver()
+    args = lambda norms: driver.argparse.Namespace(out=out, n_table=300, norms=norms)
+    assert (0.3, "subopt-clip", "paper", 0, 300, "fast") in driver.done_keys(out)
+    fast_rows = [r for r in _rows(driver.table(args("fast"))) if r[3] != "-"]
     assert len(fast_rows) == 1 and abs(_mean_n(fast_rows[0][3])[0] - 100 * new["gd_test_accuracy"]) < 0.006
-    default = _run("reproduce_mnist.py", "--table", "--n-table", 300, "--out", out)
-    assert "in all 1 runs" in default  # the vectorised table holds only the vectorised row
+    assert "in all 1 runs" in driver.table(args("vectorised"))  # the default table: the vectorised row only
 
 
 def test_reproduce_mnist_write_table_refuses_a_document_without_markers(tmp_path):
