@@ -58,7 +58,7 @@ class EngineConfig:
         certified norms and the clipped sum layer by layer from one batched forward and backward
         pass, never forming a per-example gradient of the whole model
         (``simulations.engine.layerwise``; needs ``noise_draw="aggregate"``); each charge is an
-        upper bound on the exact norm of what the client adds, within about 2e-6 of it; about 1.5
+        upper bound on the exact norm of what the client adds, within about 2e-6 of it; 1.4 to 1.6
         times a plain batched forward and backward on the MNIST CNN (docs/results.md section 2). Other clients and models
         fall back to ``vectorised`` (``Engine.fast_fallback`` says why).
         Filters, allowances and charges are the shared code in every mode.
