@@ -21,6 +21,10 @@ over 3 h here), and a new session gets a fresh work tree; so before a session en
 and commit ``parked/`` (1.5 MB a cell). A run resumes from a parked checkpoint when it is further
 along than the working one, and removes it once the cell's row is stored.
 
+``--norms fast`` runs the engine's fast mode (``simulations/engine/layerwise.py``, issue 16); its
+rows carry ``"norms": "fast"`` and are stored, skipped, checkpointed and tabulated apart from the
+default ``vectorised`` rows (``--table --norms fast``), which stay as they are.
+
 ``--cells`` takes ``eps:regime:variant`` items (``all`` for every cell, in priority order);
 ``--n-train`` runs on the first N training images (smoke tests).
 """
@@ -74,14 +78,21 @@ def read_rows(path: Path) -> list[dict]:
     return [json.loads(l) for l in path.read_text().splitlines() if l.strip()] if path.exists() else []
 
 
+def row_norms(row: dict) -> str:
+    """The engine's norm mode a row ran with (rows from before issue 16 ran ``vectorised``)."""
+    return row.get("norms", "vectorised")
+
+
 def done_keys(path: Path) -> set[tuple]:
-    return {(r["setting"]["epsilon"], r["setting"]["regime"], r["setting"]["variant"], r["trial"], r["n_train"])
-            for r in read_rows(path)}
+    return {(r["setting"]["epsilon"], r["setting"]["regime"], r["setting"]["variant"], r["trial"], r["n_train"],
+             row_norms(r)) for r in read_rows(path)}
 
 
-def checkpoint_path(out: Path, eps: float, regime: str, variant: str, trial: int, n: int, activation: str) -> Path:
+def checkpoint_path(out: Path, eps: float, regime: str, variant: str, trial: int, n: int, activation: str,
+                    norms: str = "vectorised") -> Path:
     """Where a cell's checkpoint lives while it runs (beside ``--out``; not tracked by git)."""
-    return out.parent / "checkpoints" / f"{out.stem}_{eps}_{regime}_{variant}_t{trial}_n{n}_{activation}.npz"
+    tail = "" if norms == "vectorised" else f"_{norms}"  # the default keeps the names parked before issue 16
+    return out.parent / "checkpoints" / f"{out.stem}_{eps}_{regime}_{variant}_t{trial}_n{n}_{activation}{tail}.npz"
 
 
 def parked_path(ckpt: Path) -> Path:
@@ -157,9 +168,10 @@ def todo(args) -> str:
         s = setting(eps, regime, variant)
         steps = s.k + s.extra_steps
         for trial in range(required_trials(eps, variant)):
-            if (eps, regime, variant, trial, args.n_table) in done:
+            if (eps, regime, variant, trial, args.n_table, args.norms) in done:
                 continue
-            ckpt = checkpoint_path(Path(args.out), eps, regime, variant, trial, args.n_table, args.activation)
+            ckpt = checkpoint_path(Path(args.out), eps, regime, variant, trial, args.n_table, args.activation,
+                                   args.norms)
             saved, where = saved_round(ckpt), "-"  # read, never locked: a report must not make a worker skip a cell
             if saved:
                 newest = max((p for p in (ckpt, parked_path(ckpt)) if p.exists()), key=lambda p: p.stat().st_mtime)
@@ -208,12 +220,12 @@ def run(args) -> None:
     print(f"machine: {machine()}", flush=True)
     for eps, regime, variant in parse_cells(args.cells):
         for trial in range(args.trials):
-            ckpt = checkpoint_path(out, eps, regime, variant, trial, n, args.activation)
+            ckpt = checkpoint_path(out, eps, regime, variant, trial, n, args.activation, args.norms)
             with cell_lock(ckpt) as mine:
                 done |= done_keys(out)  # another worker may have finished it meanwhile
                 if not mine:
                     print(f"skip {eps} {regime} {variant} trial {trial}: running in another process", flush=True)
-                elif (eps, regime, variant, trial, n) in done:
+                elif (eps, regime, variant, trial, n, args.norms) in done:
                     print(f"skip {eps} {regime} {variant} trial {trial}: already in {out}", flush=True)
                 else:
                     if step := unpark(ckpt):
@@ -243,14 +255,14 @@ def run_one(args, task, out: Path, ckpt: Path, eps: float, regime: str, variant:
     from simulations.reproduce.private_gd import run_cell
 
     s = setting(eps, regime, variant)
-    print(f"=== eps={eps} {regime} {variant} trial {trial}: sigma={s.sigma:.6g} C={s.clip:g} "
+    print(f"=== eps={eps} {regime} {variant} trial {trial} (norms={args.norms}): sigma={s.sigma:.6g} C={s.clip:g} "
           f"eta={s.eta:g} k={s.k} B_norm={s.b_norm:g} filter={s.filter_kind}@eps={s.filter_epsilon!r} "
           f"steps={s.k + s.extra_steps} n={task.num_clients}", flush=True)
     t0 = time.time()
-    result = run_cell(s, task, trial=trial, seed=args.seed + trial, chunk_size=args.chunk_size,
+    result = run_cell(s, task, trial=trial, seed=args.seed + trial, chunk_size=args.chunk_size, norms=args.norms,
                       checkpoint=ckpt, checkpoint_every=args.checkpoint_every,
                       log=lambda m: print(f"  [{time.time() - t0:7.0f}s] {m}", flush=True))
-    row = {**result.__dict__, "activation": args.activation, "machine": machine(),
+    row = {**result.__dict__, "activation": args.activation, "norms": args.norms, "machine": machine(),
            "finished_at": time.strftime("%Y-%m-%d %H:%M:%S")}
     with out.open("a") as f:
         f.write(json.dumps(row) + "\n")
@@ -284,7 +296,8 @@ def table(args) -> str:
         for eps in EPSILONS:
             (g, gs), (f, fs) = PAPER_TABLES[regime][eps]
             sel = lambda v: [r for r in rows if r["setting"]["epsilon"] == eps and r["setting"]["regime"] == regime
-                             and r["setting"]["variant"] == v and r["n_train"] == args.n_table]
+                             and r["setting"]["variant"] == v and r["n_train"] == args.n_table
+                             and row_norms(r) == args.norms]
             acc = lambda rs, key: [r[key] for r in rs]
             p, a, b = sel("paper"), sel("gdp-noise"), sel("gdp-steps")
             gd, fl = acc(p, "gd_test_accuracy"), acc(p, "filtered_test_accuracy")
@@ -294,7 +307,8 @@ def table(args) -> str:
                      f"{fmt(acc(b, 'filtered_test_accuracy'))}") if b else "-"
             lines.append(f"| {eps} | {g:.2f} ± {gs:.2f} | {f:.2f} ± {fs:.2f} | {fmt(gd)} | {fmt(fl)} | "
                          f"{inside(gd, g, gs)} / {inside(fl, f, fs)} | {col_a} | {col_b} |")
-    return "\n".join(lines + ["", privacy_check([r for r in rows if r["n_train"] == args.n_table])])
+    return "\n".join(lines + ["", privacy_check([r for r in rows if r["n_train"] == args.n_table
+                                                 and row_norms(r) == args.norms])])
 
 
 def privacy_check(rows: list[dict]) -> str:
@@ -324,7 +338,7 @@ def plot(args) -> Path:
     import matplotlib.pyplot as plt
     import numpy as np
 
-    rows = [r for r in read_rows(args.out) if r["n_train"] == args.n_table]
+    rows = [r for r in read_rows(args.out) if r["n_train"] == args.n_table and row_norms(r) == args.norms]
     fig = plt.figure(figsize=(14, 9))
     grid = fig.add_gridspec(2, 3, height_ratios=(1.1, 1))
     ax = fig.add_subplot(grid[0, :])
@@ -388,6 +402,9 @@ def main(argv=None) -> None:
     p.add_argument("--activation", default="relu", choices=("relu", "tanh"))
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--chunk-size", type=int, default=512)
+    p.add_argument("--norms", default="vectorised", choices=("vectorised", "fast", "device"),
+                   help="the engine's norm mode; rows of each mode are stored, skipped and tabulated apart "
+                        "(fast: simulations/engine/layerwise.py, issue 16)")
     p.add_argument("--checkpoint-every", type=int, default=5,
                    help="save a running cell every N steps (results/checkpoints/); a restarted run resumes there")
     p.add_argument("--out", default="simulations/reproduce/results/mnist.jsonl")

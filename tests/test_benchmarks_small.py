@@ -194,6 +194,29 @@ def test_a_parked_cell_resumes_in_a_fresh_work_tree_with_the_same_row(small_mnis
     assert {k: v for k, v in a.items() if k not in varies} == {k: v for k, v in b.items() if k not in varies}
 
 
+def test_reproduce_mnist_fast_mode_is_its_own_row(small_mnist_cell, tmp_path):
+    """--norms fast reruns a stored cell as a separate row, leaves the old row as it was, and is
+    tabulated apart; on the same noise seed it lands next to the vectorised run."""
+    src, _ = small_mnist_cell
+    out = tmp_path / "mnist.jsonl"
+    shutil.copyfile(src, out)
+    before = out.read_text()
+    log = _run("reproduce_mnist.py", *SMALL_CELL, "--norms", "fast", "--out", out)
+    assert "=== done: GD" in log and "skip" not in log
+    assert out.read_text().startswith(before)  # the old row untouched
+    old, new = [json.loads(l) for l in out.read_text().splitlines()]
+    assert old.get("norms", "vectorised") == "vectorised" and new["norms"] == "fast" and new["setting"] == old["setting"]
+    assert new["max_spent_epsilon"] <= new["setting"]["filter_epsilon"] and new["prefix_max_clip_deficit"] == 0.0
+    assert abs(new["gd_test_accuracy"] - old["gd_test_accuracy"]) <= 0.02
+    # in process from here (each driver start costs seconds): stored, skipped and tabulated apart
+    driver = _driver()
+    args = lambda norms: driver.argparse.Namespace(out=out, n_table=300, norms=norms)
+    assert (0.3, "subopt-clip", "paper", 0, 300, "fast") in driver.done_keys(out)
+    fast_rows = [r for r in _rows(driver.table(args("fast"))) if r[3] != "-"]
+    assert len(fast_rows) == 1 and abs(_mean_n(fast_rows[0][3])[0] - 100 * new["gd_test_accuracy"]) < 0.006
+    assert "in all 1 runs" in driver.table(args("vectorised"))  # the default table: the vectorised row only
+
+
 def test_reproduce_mnist_write_table_refuses_a_document_without_markers(tmp_path):
     doc = tmp_path / "results.md"
     doc.write_text("no markers here\n")
@@ -233,16 +256,27 @@ def test_reproduce_adult_small_run_and_table(tmp_path):
 
 
 def test_engine_throughput_small():
-    text = _run("engine_throughput.py", "--clients", 300, "--steps", 1, "--threads", 1, "--chunk-size", 128)
+    text = _run("engine_throughput.py", "--clients", 300, "--steps", 1, "--warmup", 0, "--threads", 1,
+                "--chunk-size", 128)
     assert re.search(r"^machine: .*; 300 clients, chunk 128, 1 reps$", text, re.M)
     rows = _rows(text)
-    assert [r[0] for r in rows] == ["plain torch.func per-example gradients", "engine step, norms=vectorised",
+    assert [r[0] for r in rows] == ["plain batched forward + backward", "per-example gradients, torch.func",
+                                    "engine step, norms=fast", "engine step, norms=vectorised",
                                     "engine step, norms=device"]
     for r in rows:
-        seconds, per_s, ratio = float(r[1]), float(r[2].replace(",", "")), float(r[3])
-        assert seconds >= 0 and per_s > 0 and ratio > 0
+        seconds, per_60000, ratio = float(r[1]), float(r[2]), float(r[3])
+        assert seconds >= 0 and per_60000 == pytest.approx(seconds * 200, abs=0.01 * 200 + 1e-9) and ratio > 0
     assert rows[0][3] == "1.00"
-    assert "(300 contributing)" in text
+    assert re.search(r"^fastest engine mode: \w+, \d+\.\d+ x batched", text, re.M)
+
+
+def test_engine_throughput_json():
+    doc = json.loads(_run("engine_throughput.py", "--clients", 256, "--steps", 1, "--threads", 1,
+                          "--chunk-size", 128, "--modes", "fast", "vectorised", "--json"))
+    assert set(doc["seconds_per_step"]) == {"batched", "torch.func", "engine[fast]", "engine[vectorised]"}
+    assert doc["ratio_to_batched"] == min(doc["ratios"]["engine[fast]"], doc["ratios"]["engine[vectorised]"])
+    assert doc["ratio_to_batched"] > 0 and doc["clients"] == 256 and doc["threads"] == 1
+    assert doc["fallback"] == {}
 
 
 def test_reproduce_mnist_skips_a_cell_another_worker_holds(tmp_path):

@@ -20,9 +20,11 @@ from flwr.supercore.task_identity import TaskIdentity
 from client.client_app import train as client_train
 from client.flower_mod import enrol_device, individual_filter_mod
 from client.ledger import BudgetLedger
+from client.privacy.filters import make_filter
 from coordinator.strategy import FilteredMeanStrategy
 from simulations.engine import EngineConfig, run_engine
 from simulations.engine.seeds import client_noise_seed
+from simulations.reproduce.private_gd import single_example_task
 from simulations.tasks.registry import load_task
 from simulations.tasks.training import get_weights
 
@@ -102,3 +104,35 @@ def test_engine_matches_flower_path_bitwise(tmp_path, monkeypatch, placement, mi
     # The model: float tolerance (summation order of the mean).
     for a, b in zip(result.weights, weights):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def digits_single():
+    task = load_task("digits", num_clients=1)
+    (x, y), (xt, yt) = task.train_data[0], task.test_data
+    return single_example_task("digits", x[:240], y[:240], xt, yt, task.model_fn, task.loss, 10)
+
+
+def test_fast_engine_spends_like_the_device_within_its_bound(digits_single):
+    """norms="fast" against the device's functions (norms="device", bitwise the Flower path above).
+    The fast mode's own certification is proven within ~2e-6 of the exact norm
+    (tests/test_engine_fast.py, against rationals and certified_norm on the same arrays). Single-example clients, same seeds: the fast mode's filter states against the device
+    functions' (norms="device"). Per-example gradients come from two float32 computations (hooks,
+    torch.func), so the charges agree to float32 rounding, not bitwise; every client stays within
+    its budget in both. The device's clip lands about 1e-6 below the allowance (float32 scaling,
+    then re-certified), which can leave a last allowance just above the exhaustion threshold for
+    one more round; the fast mode charges the allowance itself, so it never exhausts later."""
+    eps = [0.2, 0.5, 1.0, 4.0] * 60
+    cfg = dict(num_clients=240, epsilon=eps, noise_multiplier=1.0, clip=0.5, rounds=4, lr=0.5,
+               noise_draw="aggregate", placement="distributed", min_reports=240, group_by="none",
+               torch_threads=1, eval_every=100, chunk_size=64)
+    device = run_engine(EngineConfig(**cfg, norms="device"), task=digits_single)
+    fast = run_engine(EngineConfig(**cfg, norms="fast"), task=digits_single)
+    np.testing.assert_allclose(fast.state, device.state, rtol=1e-4)
+    same = fast.exhausted_round == device.exhausted_round
+    assert same.mean() > 0.8
+    f, d = fast.exhausted_round[~same], device.exhausted_round[~same]
+    assert np.all((f > 0) & ((d < 0) | (f < d)))
+    assert (fast.exhausted_round > 0).sum() >= 30  # small budgets ran out
+    for k in range(240):
+        assert make_filter("gdp", eps[k], 1e-5).within_budget(fast.state[k])

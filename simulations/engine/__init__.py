@@ -17,7 +17,8 @@ Public API
     (``local``, ``distributed``), min_reports, after_exhaustion (``noise-only``, ``leave``; one
     value or one per client), exhausted_below, noise_draw (``per-client``, ``aggregate``),
     rounds, fraction, local_epochs, lr, batch_size, server_lr, seed, run_id, model_fn,
-    eval_every, group_by (``label``, ``client``, ``none``), chunk_size, torch_threads.
+    eval_every, group_by (``label``, ``client``, ``none``), norms (``device``, ``vectorised``,
+    ``fast``), chunk_size, torch_threads.
 
 ``run_engine(config, progress=None, *, task=None) -> EngineResult``
     Runs ``config.rounds`` rounds; calls ``progress(record)`` with each ``RoundRecord``.
@@ -57,7 +58,12 @@ Agreement with the Flower path, precisely
   ``noise_draw="per-client"`` every report is too; the aggregate agrees to float64 summation
   order (the coordinator sums replies in arrival order).
 * single-example clients report ``-lr * grad`` computed by torch.func in batches: the same
-  privacy code, but not bitwise the Flower client's ``(w - lr g) - w`` in float32.
+  privacy code, but not bitwise the Flower client's ``(w - lr g) - w`` in float32. With
+  ``norms="fast"`` the gradients come from layer hooks instead (``simulations.engine.layerwise``):
+  charges certified against each client's exact term, equal to the device functions' to float32
+  rounding of the gradient (``tests/test_engine_conformance.py``, ``tests/test_engine_fast.py``).
+* threads: ``torch_threads`` sets torch's (the fast mode's GEMMs and convolutions use both cores);
+  a run is bitwise repeatable for the same thread count (on this machine also across 1 and 2).
 * ``fraction < 1`` samples with the engine's own generator, not the ServerApp's.
 """
 
