@@ -238,7 +238,9 @@ class Engine:
             # One draw for the sum: the sum of `reports` independent N(0, s^2 I) reports is exactly
             # N(0, reports * s^2 I), in local and distributed placement alike (in distributed
             # placement s = z C / sqrt(m), so m reports carry the full N(0, (z C)^2 I)). Only the
-            # aggregate is formed, never the individual reports.
+            # aggregate is formed, never the individual reports. A device's float-safe report is the
+            # Gaussian rounded to a grid 2**16 times finer than s (client/noise.py): its variance is
+            # about s^2 (1 + 2**-32 / 12), a difference this simulated draw leaves out.
             rng = aggregate_noise_rng(cfg.seed, cfg.run_id, self.round_id)
             total += rng.normal(0.0, cfg.added_std * math.sqrt(reports), size=self.layout.dim)
         released = reports >= (cfg.min_reports if cfg.placement == "distributed" else 1)
