@@ -154,6 +154,18 @@ def test_enrol_refuses_a_lost_ledger_until_the_owner_chooses(served, capsys):
     ledger.close()
 
 
+def test_enrol_refuses_a_database_that_lost_its_seal_until_the_owner_chooses(served, capsys):
+    # A restored copy arrives without its seal: re-enrolling with the same budget must not quietly
+    # seal whatever the copy holds (a mutant without this refusal survived the mutation run).
+    ledger_dir, _ = served
+    restart_device()
+    (ledger_dir / SEAL_FILE).unlink()
+    args = ["ledger", "enrol", "--dir", str(ledger_dir), "--client-id", "alice", "--epsilon", "4", "--delta", "1e-5"]
+    assert cli_main(args) != 0
+    assert "--recover" in capsys.readouterr().err
+    assert not (ledger_dir / SEAL_FILE).exists()  # nothing was sealed by the refused enrolment
+
+
 def test_reseal_accepts_the_database_as_it_is(served):
     ledger_dir, _ = served
     restart_device()
