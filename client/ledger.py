@@ -229,6 +229,32 @@ def _storage_error(directory: Path, err: BaseException) -> BaseException:
                             "Nothing was released this round.")
 
 
+@contextmanager
+def _immediate(conn: sqlite3.Connection) -> Iterator[None]:
+    """One write transaction: committed if the block completes, rolled back if it raises."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+
+
+@contextmanager
+def _closed_on_failure(conn: sqlite3.Connection, directory: Path) -> Iterator[None]:
+    """Close ``conn`` if the block raises; an SQLite error is reported as the storage error it is."""
+    try:
+        yield
+    except sqlite3.Error as err:
+        conn.close()
+        _raise_storage_error(directory, err)
+    except BaseException:
+        conn.close()
+        raise
+
+
 class Reservation:
     """A round in progress inside the ledger's write transaction (see ``BudgetLedger.reserve``).
 
@@ -383,27 +409,15 @@ class BudgetLedger:
             conn = cls._connect(path)
         except sqlite3.Error as err:
             _raise_storage_error(directory, err)
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-            try:
+        with _closed_on_failure(conn, directory):
+            with _immediate(conn):
                 migrated = cls._prepare(conn)
                 created = conn.execute(
                     "INSERT OR IGNORE INTO enrolment VALUES (1,?,?,?,?,?,?,?)",
                     (client_id, filter_kind, float(epsilon), float(delta),
                      json.dumps(list(filt.orders)), float(run_quota), time.time()),
                 ).rowcount == 1
-                conn.execute("COMMIT")
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise
             ledger = cls(directory, conn, cls._read_enrolment(conn), quotas)
-        except sqlite3.Error as err:
-            conn.close()
-            _raise_storage_error(directory, err)
-        except BaseException:
-            conn.close()
-            raise
         try:
             ledger._check_same_budget(client_id, filter_kind, epsilon, delta, filt.orders, run_quota)
             if recover == "reseal":
@@ -450,7 +464,7 @@ class BudgetLedger:
             conn = cls._connect(path)
         except sqlite3.Error as err:
             _raise_storage_error(directory, err)
-        try:
+        with _closed_on_failure(conn, directory):
             version = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() \
                 if conn.execute("SELECT 1 FROM sqlite_master WHERE name='meta'").fetchone() else None
             if version is None or conn.execute("SELECT 1 FROM sqlite_master WHERE name='enrolment'").fetchone() is None:
@@ -461,22 +475,10 @@ class BudgetLedger:
                 if seal is not None:  # a schema 2 ledger rolled back to before its migration
                     raise _owner_must_act(directory, f"is an older copy (schema 1) of a sealed ledger "
                                                      f"(its seal names spend #{seal.seq}).")
-                conn.execute("BEGIN IMMEDIATE")
-                try:
+                with _immediate(conn):
                     migrated = cls._prepare(conn)
-                    conn.execute("COMMIT")
-                except BaseException:
-                    if conn.in_transaction:
-                        conn.execute("ROLLBACK")
-                    raise
             enrolment = cls._read_enrolment(conn, directory, seal)
             ledger = cls(directory, conn, enrolment, quotas)
-        except sqlite3.Error as err:
-            conn.close()
-            _raise_storage_error(directory, err)
-        except BaseException:
-            conn.close()
-            raise
         try:
             if seal is None and not migrated:
                 raise _owner_must_act(directory, f"has no seal ({SEAL_FILE}): it may be a copy or a restore "
