@@ -22,9 +22,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from client.ledger import BudgetLedger  # noqa: E402
-from client.privacy.filters import exhausted, make_filter, round_allowance  # noqa: E402
-from client.release import FilteredClient, RoundSpec  # noqa: E402
+from fedfilter.client.ledger import BudgetLedger  # noqa: E402
+from fedfilter.client.privacy.filters import exhausted, make_filter, round_allowance  # noqa: E402
+from fedfilter.client.release import FilteredClient, RoundSpec  # noqa: E402
 
 
 def best_threshold_accuracy(a: np.ndarray, b: np.ndarray) -> float:
@@ -57,8 +57,10 @@ def release_times(samples: int) -> str:
     a, b = np.array(times["contributed"]), np.array(times["noise-only"])
     if len(a) != samples or len(b) != samples:
         raise RuntimeError(f"expected {samples} releases of each kind; got {len(a)} and {len(b)}")
-    return (f"FilteredClient.release, {samples} each: contributing median {np.median(a) * 1e3:.2f} ms, "
-            f"noise-only median {np.median(b) * 1e3:.2f} ms, classifier accuracy {best_threshold_accuracy(a, b):.1%}")
+    return (
+        f"FilteredClient.release, {samples} each: contributing median {np.median(a) * 1e3:.2f} ms, "
+        f"noise-only median {np.median(b) * 1e3:.2f} ms, classifier accuracy {best_threshold_accuracy(a, b):.1%}"
+    )
 
 
 def main() -> None:
@@ -66,8 +68,10 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=195)
     parser.add_argument("--release", action="store_true", help="also time whole releases")
     args = parser.parse_args()
-    print(f"{'filter':<6} {'fresh median (us)':>18} {'exhausted median (us)':>22} {'classifier accuracy':>20}"
-          f" {'fresh vs fresh (chance)':>24}")
+    print(
+        f"{'filter':<6} {'fresh median (us)':>18} {'exhausted median (us)':>22} {'classifier accuracy':>20}"
+        f" {'fresh vs fresh (chance)':>24}"
+    )
     for kind in ("gdp", "rdp", "zcdp"):
         filt = make_filter(kind, 1.0, 1e-5)
         run_filt = filt.scaled(1.0)
@@ -91,8 +95,10 @@ def main() -> None:
             for key in rng.permutation(["a", "b", "c"]):
                 runs[key].append(decide(spent if key == "b" else fresh))
         a, b, c = (np.array(runs[k]) for k in "abc")
-        print(f"{kind:<6} {np.median(a) * 1e6:>18.1f} {np.median(b) * 1e6:>22.1f} "
-              f"{best_threshold_accuracy(a, b):>19.1%} {best_threshold_accuracy(a, c):>24.1%}")
+        print(
+            f"{kind:<6} {np.median(a) * 1e6:>18.1f} {np.median(b) * 1e6:>22.1f} "
+            f"{best_threshold_accuracy(a, b):>19.1%} {best_threshold_accuracy(a, c):>24.1%}"
+        )
     if args.release:
         print(release_times(args.samples))
 

@@ -1,6 +1,6 @@
 """Soak: kill -9 the spending loop many times (default 300) and audit the ledger after each kill.
 
-    python benchmarks/crash_soak.py --cycles 300
+python benchmarks/crash_soak.py --cycles 300
 """
 
 import argparse
@@ -11,7 +11,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from crash_harness import run_cycles  # noqa: E402
-
 from tqdm import tqdm  # noqa: E402
 
 
@@ -26,10 +25,14 @@ def main() -> None:
         for i in tqdm(range(args.cycles), desc="kill -9 cycles"):
             history += run_cycles(Path(d), 1, args.max_delay, seed=i)
     released, recorded = history[-1]
-    print(f"{args.cycles} kills in {time.time() - t0:.0f} s: every audit passed "
-          f"(integrity ok, spent >= released, spent <= budget).")
-    print(f"rounds released {released}, spends recorded {recorded}: "
-          f"{recorded - released} spends were committed but never released (wasted, never lost).")
+    print(
+        f"{args.cycles} kills in {time.time() - t0:.0f} s: every audit passed "
+        f"(integrity ok, spent >= released, spent <= budget)."
+    )
+    print(
+        f"rounds released {released}, spends recorded {recorded}: "
+        f"{recorded - released} spends were committed but never released (wasted, never lost)."
+    )
 
 
 if __name__ == "__main__":

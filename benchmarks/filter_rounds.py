@@ -20,18 +20,21 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from client.ledger import BudgetLedger  # noqa: E402
-from client.privacy.planner import plan_rounds  # noqa: E402
-from client.release import FilteredClient, RoundSpec  # noqa: E402
+from fedfilter.client.ledger import BudgetLedger  # noqa: E402
+from fedfilter.client.privacy.planner import plan_rounds  # noqa: E402
+from fedfilter.client.release import FilteredClient, RoundSpec  # noqa: E402
 
 EPSILONS = (0.3, 0.5, 1.0, 2.0, 8.0)
 KINDS = ("gdp", "rdp", "zcdp", "basic", "advanced")
 
 
 def rounds_table(z: float) -> str:
-    lines = [f"noise multiplier z = {z:g}, delta = 1e-5", "",
-             "| filter | " + " | ".join(f"eps={e:g}" for e in EPSILONS) + " |",
-             "|---|" + "---:|" * len(EPSILONS)]
+    lines = [
+        f"noise multiplier z = {z:g}, delta = 1e-5",
+        "",
+        "| filter | " + " | ".join(f"eps={e:g}" for e in EPSILONS) + " |",
+        "|---|" + "---:|" * len(EPSILONS),
+    ]
     for kind in KINDS:
         cells = [plan_rounds(kind, epsilon=e, delta=1e-5, noise_multiplier=z).rounds for e in EPSILONS]
         lines.append(f"| {kind} | " + " | ".join(str(c) for c in cells) + " |")
@@ -62,11 +65,13 @@ def latency(n: int = 400) -> str:
             floor.append(time.perf_counter() - t0)
     p50, p99 = percentile_ms(ours, 50), percentile_ms(ours, 99)
     f50, f99 = percentile_ms(floor, 50), percentile_ms(floor, 99)
-    return (f"release of a 100k-parameter update, {n} rounds\n\n"
-            "| | p50 (ms) | p99 (ms) |\n|---|---:|---:|\n"
-            f"| FilteredClient.release (clip, durable spend, noise) | {p50:.2f} | {p99:.2f} |\n"
-            f"| baseline: bare SQLite insert + commit, synchronous=FULL | {f50:.2f} | {f99:.2f} |\n"
-            f"| ratio | {p50 / f50:.1f}x | {p99 / f99:.1f}x |")
+    return (
+        f"release of a 100k-parameter update, {n} rounds\n\n"
+        "| | p50 (ms) | p99 (ms) |\n|---|---:|---:|\n"
+        f"| FilteredClient.release (clip, durable spend, noise) | {p50:.2f} | {p99:.2f} |\n"
+        f"| baseline: bare SQLite insert + commit, synchronous=FULL | {f50:.2f} | {f99:.2f} |\n"
+        f"| ratio | {p50 / f50:.1f}x | {p99 / f99:.1f}x |"
+    )
 
 
 def main() -> None:

@@ -15,7 +15,7 @@ actors import torch, load the data and, for the filtered variant, open each devi
 per actor process there; a cold open costs about 40 ms, mostly the exact mpmath solve for the
 filter's budget) and times each round from sending the messages to
 having aggregated the replies: for plain rounds the mean of the returned weights, for filtered
-rounds the reply checks and plain mean of ``coordinator.strategy``. It prints both rates and
+rounds the reply checks and plain mean of ``fedfilter.coordinator.strategy``. It prints both rates and
 their ratio.
 """
 
@@ -39,9 +39,10 @@ def build_apps(args, devices: dict, timings: dict):
     from flwr.clientapp import ClientApp
     from flwr.serverapp import ServerApp
 
-    from client.client_app import train
-    from client.flower_mod import ARRAYS_RECORD, REQUEST_RECORD, individual_filter_mod, simulated_device_config_mod
-    from coordinator.strategy import FilteredMeanStrategy
+    from fedfilter.client.client_app import train
+    from fedfilter.client.flower_mod import individual_filter_mod, simulated_device_config_mod
+    from fedfilter.client.wire import ARRAYS_RECORD, REQUEST_RECORD
+    from fedfilter.coordinator.strategy import FilteredMeanStrategy
 
     client_app = ClientApp()
     client_app.train()(train)
@@ -55,8 +56,8 @@ def build_apps(args, devices: dict, timings: dict):
     def main(grid, context):
         import torch
 
-        from simulations.tasks.models import DigitsMLP
-        from simulations.tasks.training import get_weights
+        from fedfilter.simulations.tasks.models import DigitsMLP
+        from fedfilter.simulations.tasks.training import get_weights
 
         deadline = time.monotonic() + 120
         while len(list(grid.get_node_ids())) < args.clients and time.monotonic() < deadline:
@@ -72,15 +73,22 @@ def build_apps(args, devices: dict, timings: dict):
             model_record = ArrayRecord({k: Array(np.array(w, order="C")) for k, w in zip(keys, weights)})
             messages = []
             for node in nodes:
-                content = RecordDict({ARRAYS_RECORD: model_record,
-                                      "config": ConfigRecord({**config, "server-round": round_id})})
+                content = RecordDict(
+                    {ARRAYS_RECORD: model_record, "config": ConfigRecord({**config, "server-round": round_id})}
+                )
                 if kind == "filtered":
-                    from client.flower_mod import request_record
+                    from fedfilter.client.wire import request_record
 
                     content[REQUEST_RECORD] = request_record(spec)
-                messages.append(Message(content, dst_node_id=node,
-                                        message_type="train" if kind == "plain" else "train.filtered",
-                                        group_id=str(round_id), ttl=3600.0))
+                messages.append(
+                    Message(
+                        content,
+                        dst_node_id=node,
+                        message_type="train" if kind == "plain" else "train.filtered",
+                        group_id=str(round_id),
+                        ttl=3600.0,
+                    )
+                )
             started = time.perf_counter()
             replies = list(grid.send_and_receive(messages, timeout=600))
             if kind == "plain":
@@ -123,34 +131,56 @@ def main() -> None:
     from flwr.simulation import run_simulation
 
     with tempfile.TemporaryDirectory(prefix="fedfilter-bench-") as tmp:
-        devices = {i: {"ledger-dir": str(Path(tmp) / "devices" / str(i)), "client-id": f"client-{i}",
-                       "budget-epsilon": 1000.0, "reply-hold-s": 0}  # no timing hold: measures the filter
-                   for i in range(args.clients)}
-        from client.flower_mod import enrol_device
+        devices = {
+            i: {
+                "ledger-dir": str(Path(tmp) / "devices" / str(i)),
+                "client-id": f"client-{i}",
+                "budget-epsilon": 1000.0,
+                "reply-hold-s": 0,
+            }  # no timing hold: measures the filter
+            for i in range(args.clients)
+        }
+        from fedfilter.client.flower_mod import enrol_device
 
         for device in devices.values():
             enrol_device(device)  # the owner's act, up front: the mod never enrols
         timings: dict[str, list[float]] = {}
         server_app, client_app = build_apps(args, devices, timings)
         started = time.perf_counter()
-        run_simulation(server_app=server_app, client_app=client_app, num_supernodes=args.clients,
-                       backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}})
+        run_simulation(
+            server_app=server_app,
+            client_app=client_app,
+            num_supernodes=args.clients,
+            backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}},
+        )
         total = time.perf_counter() - started
 
     rate = {k: len(v) / sum(v) for k, v in timings.items()}
     print()
-    print(f"Flower {flwr.__version__}, torch {torch.__version__}, Python {platform.python_version()}, "
-          f"{os.cpu_count()} CPUs; {args.clients} clients, digits MLP, {args.local_epochs} local epoch(s), "
-          f"{args.warmup} warm-up + {args.rounds} timed rounds of each kind, interleaved, in one simulation "
-          f"({total:.0f} s in all)")
+    print(
+        f"Flower {flwr.__version__}, torch {torch.__version__}, Python {platform.python_version()}, "
+        f"{os.cpu_count()} CPUs; {args.clients} clients, digits MLP, {args.local_epochs} local epoch(s), "
+        f"{args.warmup} warm-up + {args.rounds} timed rounds of each kind, interleaved, in one simulation "
+        f"({total:.0f} s in all)"
+    )
     print(f"{'variant':>10}  {'rounds/s':>8}  {'median s/round':>14}  {'min':>6}  {'max':>6}")
     for kind in ("plain", "filtered"):
         t = timings[kind]
         print(f"{kind:>10}  {rate[kind]:>8.3f}  {statistics.median(t):>14.3f}  {min(t):>6.3f}  {max(t):>6.3f}")
     ratio = rate["filtered"] / rate["plain"]
     print(f"ratio filtered/plain rounds per second: {ratio:.3f} (overhead {100 * (1 / ratio - 1):.1f}% per round)")
-    print(json.dumps({"clients": args.clients, "rounds": args.rounds, "warmup": args.warmup, "rounds_per_s": rate, "ratio": ratio,
-                      "seconds_per_round": timings}))
+    print(
+        json.dumps(
+            {
+                "clients": args.clients,
+                "rounds": args.rounds,
+                "warmup": args.warmup,
+                "rounds_per_s": rate,
+                "ratio": ratio,
+                "seconds_per_round": timings,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import ast
-import copy
 import os
 import shutil
 import signal
@@ -45,47 +44,102 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-_PRIVACY_TESTS = ["tests/test_budget_references.py", "tests/test_renyi_zcdp.py", "tests/test_gaussian_dp.py",
-                  "tests/test_filters_shared.py"]
+_PRIVACY_TESTS = [
+    "tests/client/test_budget_references.py",
+    "tests/client/test_renyi_zcdp.py",
+    "tests/client/test_gaussian_dp.py",
+    "tests/client/test_filters_shared.py",
+]
 # Test files that exercise each target; the fast tests among them are chosen by timing.
 TESTS: dict[str, list[str]] = {
-    "client/privacy/filters.py": _PRIVACY_TESTS + ["tests/test_release.py", "tests/test_ledger.py"],
+    "client/privacy/filters.py": _PRIVACY_TESTS + ["tests/client/test_release.py", "tests/client/test_ledger.py"],
     "client/privacy/rounding.py": _PRIVACY_TESTS,
     "client/privacy/gaussian_dp.py": _PRIVACY_TESTS,
     "client/privacy/zcdp.py": _PRIVACY_TESTS,
     "client/privacy/renyi.py": _PRIVACY_TESTS,
-    "client/privacy/tracker.py": ["tests/test_baselines_tracker.py"],
-    "client/privacy/pure_dp.py": ["tests/test_baselines_tracker.py"],
-    "client/privacy/planner.py": ["tests/test_cli_planner.py"],
-    "client/ledger.py": ["tests/test_ledger.py", "tests/test_mod_replay.py", "tests/test_budget_references.py",
-                         "tests/test_release.py"],
-    "client/release.py": ["tests/test_release.py", "tests/test_budget_references.py", "tests/test_mod_replay.py"],
-    "client/mechanism.py": ["tests/test_release.py", "tests/test_budget_references.py", "tests/test_noise.py"],
-    "client/noise.py": ["tests/test_noise.py"],
-    "client/ledger_seal.py": ["tests/test_ledger_fail_closed.py"],
+    "client/privacy/tracker.py": ["tests/client/test_baselines_tracker.py"],
+    "client/privacy/pure_dp.py": ["tests/client/test_baselines_tracker.py"],
+    "client/privacy/planner.py": ["tests/cli/test_cli_planner.py"],
+    "client/ledger.py": [
+        "tests/client/test_ledger.py",
+        "tests/client/test_mod_replay.py",
+        "tests/client/test_budget_references.py",
+        "tests/client/test_release.py",
+    ],
+    "client/release.py": [
+        "tests/client/test_release.py",
+        "tests/client/test_budget_references.py",
+        "tests/client/test_mod_replay.py",
+    ],
+    "client/mechanism.py": [
+        "tests/client/test_release.py",
+        "tests/client/test_budget_references.py",
+        "tests/client/test_noise.py",
+    ],
+    "client/noise.py": ["tests/client/test_noise.py"],
+    "client/ledger_seal.py": ["tests/client/test_ledger_fail_closed.py"],
 }
-TESTS["client/privacy/filters.py"] += ["tests/test_allowance_constant_work.py", "tests/test_rdp_filter.py"]
-TESTS["client/privacy/renyi.py"] += ["tests/test_rdp_filter.py"]
-TESTS["client/ledger.py"] += ["tests/test_ledger_fail_closed.py", "tests/test_quota.py"]
-TESTS["client/release.py"] += ["tests/test_request_bounds.py", "tests/test_noise.py", "tests/test_quota.py"]
+TESTS["client/privacy/filters.py"] += [
+    "tests/client/test_allowance_constant_work.py",
+    "tests/client/test_rdp_filter.py",
+]
+TESTS["client/privacy/renyi.py"] += ["tests/client/test_rdp_filter.py"]
+TESTS["client/ledger.py"] += ["tests/client/test_ledger_fail_closed.py", "tests/client/test_quota.py"]
+TESTS["client/release.py"] += [
+    "tests/client/test_request_bounds.py",
+    "tests/client/test_noise.py",
+    "tests/client/test_quota.py",
+]
 # Default targets, most privacy-critical first (a time budget runs them in this order).
-DEFAULT_FILES = ["client/privacy/filters.py", "client/privacy/rounding.py", "client/privacy/zcdp.py",
-                 "client/privacy/renyi.py", "client/ledger.py", "client/privacy/gaussian_dp.py", "client/release.py",
-                 "client/mechanism.py", "client/noise.py", "client/ledger_seal.py"]
+DEFAULT_FILES = [
+    "client/privacy/filters.py",
+    "client/privacy/rounding.py",
+    "client/privacy/zcdp.py",
+    "client/privacy/renyi.py",
+    "client/ledger.py",
+    "client/privacy/gaussian_dp.py",
+    "client/release.py",
+    "client/mechanism.py",
+    "client/noise.py",
+    "client/ledger_seal.py",
+]
 # Imported once in the parent so that each forked child starts warm. Never the project's own code.
 PRELOAD = ["numpy", "scipy.stats", "mpmath", "dp_accounting", "hypothesis", "pytest", "flwr.app", "sqlite3"]
 
-_CMP_SWAPS = {ast.Lt: [ast.LtE], ast.LtE: [ast.Lt], ast.Gt: [ast.GtE], ast.GtE: [ast.Gt], ast.Eq: [ast.NotEq],
-              ast.NotEq: [ast.Eq], ast.Is: [ast.IsNot], ast.IsNot: [ast.Is], ast.In: [ast.NotIn],
-              ast.NotIn: [ast.In]}
-_BIN_SWAPS = {ast.Add: [ast.Sub], ast.Sub: [ast.Add], ast.Mult: [ast.Div], ast.Div: [ast.Mult],
-              ast.Pow: [ast.Mult], ast.FloorDiv: [ast.Div], ast.Mod: [ast.Mult]}
+_CMP_SWAPS = {
+    ast.Lt: [ast.LtE],
+    ast.LtE: [ast.Lt],
+    ast.Gt: [ast.GtE],
+    ast.GtE: [ast.Gt],
+    ast.Eq: [ast.NotEq],
+    ast.NotEq: [ast.Eq],
+    ast.Is: [ast.IsNot],
+    ast.IsNot: [ast.Is],
+    ast.In: [ast.NotIn],
+    ast.NotIn: [ast.In],
+}
+_BIN_SWAPS = {
+    ast.Add: [ast.Sub],
+    ast.Sub: [ast.Add],
+    ast.Mult: [ast.Div],
+    ast.Div: [ast.Mult],
+    ast.Pow: [ast.Mult],
+    ast.FloorDiv: [ast.Div],
+    ast.Mod: [ast.Mult],
+}
 # Function names swapped for another (rounding direction, extremum, quantifier) or for plain numpy.
-_NAME_SWAPS = {"up": ["down"], "down": ["up"], "add_up": ["np.add"], "sub_down": ["np.subtract"],
-               "mul_up": ["np.multiply"], "div_up": ["np.divide"], "square_up": ["np.square"],
-               "min": ["max"], "max": ["min"]}
-_ATTR_SWAPS = {"minimum": "maximum", "maximum": "minimum", "any": "all", "all": "any", "ceil": "floor",
-               "floor": "ceil"}
+_NAME_SWAPS = {
+    "up": ["down"],
+    "down": ["up"],
+    "add_up": ["np.add"],
+    "sub_down": ["np.subtract"],
+    "mul_up": ["np.multiply"],
+    "div_up": ["np.divide"],
+    "square_up": ["np.square"],
+    "min": ["max"],
+    "max": ["min"],
+}
+_ATTR_SWAPS = {"minimum": "maximum", "maximum": "minimum", "any": "all", "all": "any", "ceil": "floor", "floor": "ceil"}
 
 
 @dataclass(frozen=True)
@@ -116,8 +170,11 @@ def _skip_nodes(tree: ast.AST) -> set[int]:
         if isinstance(node, ast.Call):
             f = node.func
             name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
-            if name in {"debug", "info", "warning", "error", "exception", "append"} and isinstance(f, ast.Attribute) \
-                    and getattr(f.value, "id", "") in {"log", "problems", "logging"}:
+            if (
+                name in {"debug", "info", "warning", "error", "exception", "append"}
+                and isinstance(f, ast.Attribute)
+                and getattr(f.value, "id", "") in {"log", "problems", "logging"}
+            ):
                 mark(node)
         if isinstance(node, ast.Raise) and node.exc is not None:
             mark(node.exc)  # the message; the raise itself can still be removed
@@ -181,12 +238,22 @@ def find_mutants(path: str, source: str) -> list[Mutant]:
             if len(node.args) == 1 and not node.keywords and name not in {"range", "len", "isinstance"}:
                 add(i, node, "unwrap_call", None, f"{name or 'call'}(x) -> x")
         if isinstance(node, (ast.Raise, ast.Assert, ast.AugAssign)) or (
-                isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) and id(node.value) not in skip):
+            isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) and id(node.value) not in skip
+        ):
             add(i, node, "remove_stmt", None, f"statement removed ({type(node).__name__.lower()})")
     # A description with the source line makes the survivor list readable on its own.
-    return [Mutant(m.path, m.index, m.kind, m.arg, m.line,
-                   f"{m.description}   | {lines[m.line - 1].strip() if 0 < m.line <= len(lines) else ''}", k)
-            for k, m in enumerate(out)]
+    return [
+        Mutant(
+            m.path,
+            m.index,
+            m.kind,
+            m.arg,
+            m.line,
+            f"{m.description}   | {lines[m.line - 1].strip() if 0 < m.line <= len(lines) else ''}",
+            k,
+        )
+        for k, m in enumerate(out)
+    ]
 
 
 def _key(m: Mutant) -> str:
@@ -195,10 +262,29 @@ def _key(m: Mutant) -> str:
 
 
 def _op(op) -> str:
-    return {ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=", ast.Eq: "==", ast.NotEq: "!=", ast.Is: "is",
-            ast.IsNot: "is not", ast.In: "in", ast.NotIn: "not in", ast.Add: "+", ast.Sub: "-", ast.Mult: "*",
-            ast.Div: "/", ast.Pow: "**", ast.FloorDiv: "//", ast.Mod: "%", ast.And: "and", ast.Or: "or",
-            ast.USub: "-", ast.Not: "not"}.get(type(op), type(op).__name__)
+    return {
+        ast.Lt: "<",
+        ast.LtE: "<=",
+        ast.Gt: ">",
+        ast.GtE: ">=",
+        ast.Eq: "==",
+        ast.NotEq: "!=",
+        ast.Is: "is",
+        ast.IsNot: "is not",
+        ast.In: "in",
+        ast.NotIn: "not in",
+        ast.Add: "+",
+        ast.Sub: "-",
+        ast.Mult: "*",
+        ast.Div: "/",
+        ast.Pow: "**",
+        ast.FloorDiv: "//",
+        ast.Mod: "%",
+        ast.And: "and",
+        ast.Or: "or",
+        ast.USub: "-",
+        ast.Not: "not",
+    }.get(type(op), type(op).__name__)
 
 
 def _expr(text: str) -> ast.expr:
@@ -240,8 +326,11 @@ def apply_mutant(source: str, m: Mutant) -> str:
         node.func.attr = m.arg
     elif m.kind == "nextafter":
         d = node.args[1]
-        node.args[1] = d.operand if isinstance(d, ast.UnaryOp) and isinstance(d.op, ast.USub) else \
-            ast.UnaryOp(op=ast.USub(), operand=d)
+        node.args[1] = (
+            d.operand
+            if isinstance(d, ast.UnaryOp) and isinstance(d.op, ast.USub)
+            else ast.UnaryOp(op=ast.USub(), operand=d)
+        )
     elif m.kind == "unwrap_call":
         replace(node.args[0])
     elif m.kind == "remove_stmt":
@@ -290,8 +379,9 @@ def _run_pytest(workdir: Path, args: list[str], timeout: float) -> tuple[str, fl
 
 
 def _copy_tree(dest: Path) -> None:
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, check=True,
-                           capture_output=True, text=True).stdout.split("\n")
+    files = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, check=True, capture_output=True, text=True
+    ).stdout.split("\n")
     for rel in files:
         src = ROOT / rel
         if rel and src.is_file():
@@ -322,10 +412,17 @@ def main(argv=None) -> int:
     ap.add_argument("--max-test-seconds", type=float, default=1.0, help="slower tests are left out of the subset")
     ap.add_argument("--out", default="docs/mutation_survivors.txt", help="where the survivors are written")
     ap.add_argument("--list", action="store_true", help="only count the mutants per file")
-    ap.add_argument("--tests", nargs="+", help="test files for every target instead of TESTS (e.g. only the "
-                    "new ones when rerunning survivors: those already passed everything else)")
-    ap.add_argument("--rerun", metavar="SURVIVORS", help="only the mutants listed in this survivors file "
-                    "(e.g. after adding tests); its files replace --files")
+    ap.add_argument(
+        "--tests",
+        nargs="+",
+        help="test files for every target instead of TESTS (e.g. only the "
+        "new ones when rerunning survivors: those already passed everything else)",
+    )
+    ap.add_argument(
+        "--rerun",
+        metavar="SURVIVORS",
+        help="only the mutants listed in this survivors file (e.g. after adding tests); its files replace --files",
+    )
     args = ap.parse_args(argv)
 
     if args.rerun:
@@ -387,8 +484,11 @@ def main(argv=None) -> int:
                     counts["timeout" if verdict == "timeout" else "killed"] += 1
             target.write_text(original)
             c = counts
-            print(f"[{f}] killed {c['killed']}, timeout {c['timeout']}, survived {c['survived']}, "
-                  f"not run {c['not run']}  ({time.perf_counter() - t0:.0f} s so far)", flush=True)
+            print(
+                f"[{f}] killed {c['killed']}, timeout {c['timeout']}, survived {c['survived']}, "
+                f"not run {c['not run']}  ({time.perf_counter() - t0:.0f} s so far)",
+                flush=True,
+            )
 
     out = ROOT / args.out
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -396,15 +496,19 @@ def main(argv=None) -> int:
         how = f"--rerun {args.rerun}" if args.rerun else f"--files {' '.join(args.files)}"
         fh.write(f"# surviving mutants: python benchmarks/mutation.py {how} --max-minutes {args.max_minutes:g}\n")
         for f, c in results.items():
-            fh.write(f"# {f}: killed {c['killed']}, timed out {c['timeout']}, survived {c['survived']}, "
-                     f"not run {c['not run']}\n")
+            fh.write(
+                f"# {f}: killed {c['killed']}, timed out {c['timeout']}, survived {c['survived']}, "
+                f"not run {c['not run']}\n"
+            )
         for m in survivors:
             fh.write(_key(m) + "\n")
     total = {k: sum(c[k] for c in results.values()) for k in ("killed", "timeout", "survived", "not run")}
     run = total["killed"] + total["timeout"] + total["survived"]
-    print(f"\n{run} mutants run in {time.perf_counter() - t0:.0f} s: {total['killed']} killed, "
-          f"{total['timeout']} timed out, {total['survived']} survived, {total['not run']} not run; "
-          f"survivors in {args.out}")
+    print(
+        f"\n{run} mutants run in {time.perf_counter() - t0:.0f} s: {total['killed']} killed, "
+        f"{total['timeout']} timed out, {total['survived']} survived, {total['not run']} not run; "
+        f"survivors in {args.out}"
+    )
     return 0
 
 

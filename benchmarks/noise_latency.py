@@ -4,7 +4,7 @@
 
 For each model size: (1) the replaced float noise (numpy's float64 normal added in float64, cast to
 float32: what `add_gaussian_noise` did before issue 13), (2) the float-safe noise (snap the update
-onto the grid, exact rounded Gaussian from ChaCha20, `client.mechanism`), (3) a whole
+onto the grid, exact rounded Gaussian from ChaCha20, `fedfilter.client.mechanism`), (3) a whole
 `FilteredClient.release` (validate, filter, clip, durable SQLite commit, snap, noise). Medians of
 `--repeats` runs, one core, and the ratio (2) / (1).
 """
@@ -19,10 +19,10 @@ from pathlib import Path
 
 import numpy as np
 
-from client.ledger import BudgetLedger
-from client.mechanism import add_grid_noise, noise_grid, snap_toward_zero
-from client.noise import NoiseStream
-from client.release import FilteredClient, RoundSpec
+from fedfilter.client.ledger import BudgetLedger
+from fedfilter.client.mechanism import add_grid_noise, noise_grid, snap_toward_zero
+from fedfilter.client.noise import NoiseStream
+from fedfilter.client.release import FilteredClient, RoundSpec
 
 
 def _median_seconds(fn, repeats: int) -> float:
@@ -48,13 +48,16 @@ def main(argv=None) -> None:
         for dim in args.dims:
             update = (np.random.default_rng(0).normal(size=dim) * 1e-4).astype(np.float32)
             rng = np.random.Generator(np.random.PCG64(1))
-            old = _median_seconds(lambda: (update.astype(np.float64) + rng.normal(0.0, std, dim)).astype(np.float32),
-                                  args.repeats)
+            old = _median_seconds(
+                lambda: (update.astype(np.float64) + rng.normal(0.0, std, dim)).astype(np.float32), args.repeats
+            )
             gamma = noise_grid(std)[0]
-            new = _median_seconds(lambda: add_grid_noise(snap_toward_zero([update], gamma), std, NoiseStream()),
-                                  args.repeats)
-            release = _median_seconds(lambda: client.release(RoundSpec("bench", next(rounds), z, clip), [update]),
-                                      args.repeats)
+            new = _median_seconds(
+                lambda: add_grid_noise(snap_toward_zero([update], gamma), std, NoiseStream()), args.repeats
+            )
+            release = _median_seconds(
+                lambda: client.release(RoundSpec("bench", next(rounds), z, clip), [update]), args.repeats
+            )
             print(f"{dim:>12,}  {old:>15.4f}  {new:>14.4f}  {new / old:>6.2f}  {release:>11.4f}")
 
 

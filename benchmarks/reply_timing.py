@@ -2,7 +2,7 @@
 
     python benchmarks/reply_timing.py [--replies 200] [--hold 0.1] [--local-epochs 2] [--json FILE]
 
-Drives the built-in ClientApp (``client.client_app.make_client_app()``: the real
+Drives the built-in ClientApp (``fedfilter.client.client_app.make_client_app()``: the real
 ``individual_filter_mod`` around the real digits train handler) directly with hand-built train
 Messages, as a SuperNode would, for three devices with their own ledgers:
 
@@ -45,8 +45,15 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
-TASK = {"task": "digits", "num-clients": 10, "partition": "dirichlet", "alpha": 0.5, "partition-seed": 0,
-        "lr": 0.1, "batch-size": 32}
+TASK = {
+    "task": "digits",
+    "num-clients": 10,
+    "partition": "dirichlet",
+    "alpha": 0.5,
+    "partition-seed": 0,
+    "lr": 0.1,
+    "batch-size": 32,
+}
 # device -> (partition, budget epsilon); partition sizes of TASK: 8 -> 65 examples, 9 -> 203.
 DEVICES = {"large": (9, 100.0), "small": (8, 100.0), "exhausted": (9, 0.5)}
 COMPARISONS = (("budget state", "large", "exhausted"), ("data size", "small", "large"))
@@ -68,8 +75,13 @@ def best_threshold_accuracy(a, b) -> tuple[float, float]:
     cuts = np.flatnonzero(np.diff(values) > 0)  # cut after index i
     a_below = np.cumsum(is_a)[cuts]
     b_below = (cuts + 1) - a_below
-    correct = np.concatenate([[max(a.size, b.size)],  # no cut: everything one class
-                              a_below + (b.size - b_below), b_below + (a.size - a_below)])
+    correct = np.concatenate(
+        [
+            [max(a.size, b.size)],  # no cut: everything one class
+            a_below + (b.size - b_below),
+            b_below + (a.size - a_below),
+        ]
+    )
     best = int(np.argmax(correct))
     threshold = np.nan if best == 0 else float(values[cuts[(best - 1) % cuts.size]])
     return float(correct[best] / values.size), threshold
@@ -79,9 +91,13 @@ def compare(a, b) -> dict:
     from scipy.stats import mannwhitneyu
 
     accuracy, threshold = best_threshold_accuracy(a, b)
-    return {"median_a_ms": 1e3 * float(np.median(a)), "median_b_ms": 1e3 * float(np.median(b)),
-            "p": float(mannwhitneyu(a, b, alternative="two-sided").pvalue), "accuracy": accuracy,
-            "threshold_ms": 1e3 * threshold}
+    return {
+        "median_a_ms": 1e3 * float(np.median(a)),
+        "median_b_ms": 1e3 * float(np.median(b)),
+        "p": float(mannwhitneyu(a, b, alternative="two-sided").pvalue),
+        "accuracy": accuracy,
+        "threshold_ms": 1e3 * threshold,
+    }
 
 
 # --- driving the real ClientApp ------------------------------------------------------------------
@@ -98,8 +114,8 @@ class Device:
 def _model():
     import torch
 
-    from simulations.tasks.registry import load_task
-    from simulations.tasks.training import get_weights
+    from fedfilter.simulations.tasks.registry import load_task
+    from fedfilter.simulations.tasks.training import get_weights
 
     torch.manual_seed(0)
     model = load_task("digits", num_clients=1).model_fn()
@@ -109,27 +125,46 @@ def _model():
 def _train_message(device: Device, keys, weights, *, z: float, local_epochs: int):
     from flwr.app import Array, ArrayRecord, ConfigRecord, Message, Metadata, RecordDict
 
-    from client.flower_mod import ARRAYS_RECORD, REQUEST_RECORD, request_record
-    from client.release import RoundSpec
+    from fedfilter.client.release import RoundSpec
+    from fedfilter.client.wire import ARRAYS_RECORD, REQUEST_RECORD, request_record
 
     device.round_id += 1
     spec = RoundSpec(run_id=f"timing-{device.name}", round_id=device.round_id, noise_multiplier=z, clip=CLIP)
-    content = RecordDict({
-        ARRAYS_RECORD: ArrayRecord({k: Array(w) for k, w in zip(keys, weights)}),
-        "config": ConfigRecord({**TASK, "local-epochs": local_epochs, "server-round": device.round_id}),
-        REQUEST_RECORD: request_record(spec),
-    })
-    meta = Metadata(run_id=1, message_id=f"{device.name}-{device.round_id}", src_node_id=1, dst_node_id=2,
-                    reply_to_message_id="", group_id=str(device.round_id), created_at=time.time(), ttl=3600.0,
-                    message_type="train")
+    content = RecordDict(
+        {
+            ARRAYS_RECORD: ArrayRecord({k: Array(w) for k, w in zip(keys, weights)}),
+            "config": ConfigRecord({**TASK, "local-epochs": local_epochs, "server-round": device.round_id}),
+            REQUEST_RECORD: request_record(spec),
+        }
+    )
+    meta = Metadata(
+        run_id=1,
+        message_id=f"{device.name}-{device.round_id}",
+        src_node_id=1,
+        dst_node_id=2,
+        reply_to_message_id="",
+        group_id=str(device.round_id),
+        created_at=time.time(),
+        ttl=3600.0,
+        message_type="train",
+    )
     return Message(content=content, metadata=meta)
 
 
-def _ask(app, device: Device, keys, weights, *, hold: float, local_epochs: int, z: float = NOISE_MULTIPLIER,
-         timed: bool = True) -> None:
+def _ask(
+    app,
+    device: Device,
+    keys,
+    weights,
+    *,
+    hold: float,
+    local_epochs: int,
+    z: float = NOISE_MULTIPLIER,
+    timed: bool = True,
+) -> None:
     from flwr.app import Context
 
-    from client.flower_mod import STATUS_RECORD
+    from fedfilter.client.wire import STATUS_RECORD
 
     device.node_config["reply-hold-s"] = hold
     ctx = Context(run_id=1, node_id=2, node_config=device.node_config, state=device.state, run_config={})
@@ -138,8 +173,10 @@ def _ask(app, device: Device, keys, weights, *, hold: float, local_epochs: int, 
     reply = app(msg, ctx)
     elapsed = time.perf_counter() - started
     if reply.has_error() or reply.content[STATUS_RECORD]["status"] != "report":
-        raise RuntimeError(f"{device.name} round {device.round_id}: expected a report, got "
-                           f"{reply.error.reason if reply.has_error() else dict(reply.content[STATUS_RECORD])}")
+        raise RuntimeError(
+            f"{device.name} round {device.round_id}: expected a report, got "
+            f"{reply.error.reason if reply.has_error() else dict(reply.content[STATUS_RECORD])}"
+        )
     out = next(iter(reply.content.array_records.values())).to_numpy_ndarrays()
     if [(a.shape, a.dtype) for a in out] != [(w.shape, w.dtype) for w in weights]:
         raise RuntimeError(f"{device.name}: the reply's arrays differ from the model's shapes/dtypes")
@@ -149,7 +186,7 @@ def _ask(app, device: Device, keys, weights, *, hold: float, local_epochs: int, 
 
 
 def _check_ledgers(devices: dict, timed_from: dict) -> None:
-    from client.ledger import BudgetLedger
+    from fedfilter.client.ledger import BudgetLedger
 
     want = {"large": "contributed", "small": "contributed", "exhausted": "noise-only"}
     for name, device in devices.items():
@@ -159,33 +196,55 @@ def _check_ledgers(devices: dict, timed_from: dict) -> None:
         finally:
             ledger.close()
         if statuses != {want[name]}:
-            raise RuntimeError(f"device {name}: ledger statuses of the timed rounds are {statuses}, "
-                               f"expected only {want[name]!r}")
+            raise RuntimeError(
+                f"device {name}: ledger statuses of the timed rounds are {statuses}, expected only {want[name]!r}"
+            )
 
 
-def measure(replies: int, holds: list[float], *, local_epochs: int = 2, seed: int = 0,
-            root: Path | None = None) -> dict:
+def measure(
+    replies: int, holds: list[float], *, local_epochs: int = 2, seed: int = 0, root: Path | None = None
+) -> dict:
     """Run every phase (one per hold, 0 = off) and return the comparisons (see module doc)."""
-    from client.client_app import make_client_app
     from flwr.app import RecordDict
+
+    from fedfilter.client.client_app import make_client_app
 
     app = make_client_app()  # the deployed ClientApp: device settings come from node_config only
     keys, weights = _model()
     rng = np.random.default_rng(seed)
     with tempfile.TemporaryDirectory(prefix="fedfilter-timing-", dir=root) as tmp:
-        devices = {name: Device(name, {"partition-id": pid, "num-partitions": TASK["num-clients"],
-                                       "ledger-dir": str(Path(tmp) / name), "client-id": name,
-                                       "budget-epsilon": eps, "budget-delta": 1e-5}, RecordDict())
-                   for name, (pid, eps) in DEVICES.items()}
-        from client.flower_mod import enrol_device
+        devices = {
+            name: Device(
+                name,
+                {
+                    "partition-id": pid,
+                    "num-partitions": TASK["num-clients"],
+                    "ledger-dir": str(Path(tmp) / name),
+                    "client-id": name,
+                    "budget-epsilon": eps,
+                    "budget-delta": 1e-5,
+                },
+                RecordDict(),
+            )
+            for name, (pid, eps) in DEVICES.items()
+        }
+        from fedfilter.client.flower_mod import enrol_device
 
         for device in devices.values():
             enrol_device(device.node_config)  # the owner's act, up front: the mod never enrols
         # Warm-up, untimed: torch, the data, each ledger; one full-norm round at z = 0.5 (mu 2)
         # spends the 0.5-epsilon budget of "exhausted".
         for name, device in devices.items():
-            _ask(app, device, keys, weights, hold=0, local_epochs=local_epochs,
-                 z=0.5 if name == "exhausted" else NOISE_MULTIPLIER, timed=False)
+            _ask(
+                app,
+                device,
+                keys,
+                weights,
+                hold=0,
+                local_epochs=local_epochs,
+                z=0.5 if name == "exhausted" else NOISE_MULTIPLIER,
+                timed=False,
+            )
             _ask(app, device, keys, weights, hold=0, local_epochs=local_epochs, timed=False)
         phases = []
         for hold in holds:
@@ -201,15 +260,27 @@ def measure(replies: int, holds: list[float], *, local_epochs: int = 2, seed: in
             for label, a, b in COMPARISONS:
                 for observable in ("times", "created"):
                     row = compare(getattr(devices[a], observable), getattr(devices[b], observable))
-                    rows.append({"comparison": label, "a": a, "b": b,
-                                 "observable": "reply time" if observable == "times" else "created_at",
-                                 **row})
-            overruns = {name: int(sum(t >= 2 * hold for t in d.times)) if hold > 0 else None
-                        for name, d in devices.items()}
-            phases.append({"hold_s": hold, "rows": rows, "overruns": overruns,
-                           "seconds": round(time.monotonic() - started, 1),
-                           "samples": {name: {"times": d.times, "created": d.created}
-                                       for name, d in devices.items()}})
+                    rows.append(
+                        {
+                            "comparison": label,
+                            "a": a,
+                            "b": b,
+                            "observable": "reply time" if observable == "times" else "created_at",
+                            **row,
+                        }
+                    )
+            overruns = {
+                name: int(sum(t >= 2 * hold for t in d.times)) if hold > 0 else None for name, d in devices.items()
+            }
+            phases.append(
+                {
+                    "hold_s": hold,
+                    "rows": rows,
+                    "overruns": overruns,
+                    "seconds": round(time.monotonic() - started, 1),
+                    "samples": {name: {"times": d.times, "created": d.created} for name, d in devices.items()},
+                }
+            )
     return {"replies": replies, "local_epochs": local_epochs, "phases": phases}
 
 
@@ -222,17 +293,23 @@ def report(result: dict) -> str:
     for phase in result["phases"]:
         hold = phase["hold_s"]
         head = f"hold {hold:g} s" if hold > 0 else "hold off (reply-hold-s = 0)"
-        lines.append(f"{head}: {result['replies']} replies per device, local-epochs "
-                     f"{result['local_epochs']}, {phase['seconds']:g} s"
-                     + (f", overruns (replies >= 2 x hold) {phase['overruns']}" if hold > 0 else ""))
-        lines.append(f"  {'comparison':<13} {'observable':<11} {'median a ms':>14} {'median b ms':>14} "
-                     f"{'MW p':>9} {'best cut':>9} {'at ms':>9}  verdict")
+        lines.append(
+            f"{head}: {result['replies']} replies per device, local-epochs "
+            f"{result['local_epochs']}, {phase['seconds']:g} s"
+            + (f", overruns (replies >= 2 x hold) {phase['overruns']}" if hold > 0 else "")
+        )
+        lines.append(
+            f"  {'comparison':<13} {'observable':<11} {'median a ms':>14} {'median b ms':>14} "
+            f"{'MW p':>9} {'best cut':>9} {'at ms':>9}  verdict"
+        )
         for r in phase["rows"]:
             verdict = "no detectable difference" if passes(r) else "LEAKS"
-            lines.append(f"  {r['comparison']:<13} {r['observable']:<11} "
-                         f"{r['a'] + ' ' + format(r['median_a_ms'], '.2f'):>14} "
-                         f"{r['b'] + ' ' + format(r['median_b_ms'], '.2f'):>14} {r['p']:>9.2g} "
-                         f"{100 * r['accuracy']:>8.1f}% {r['threshold_ms']:>9.2f}  {verdict}")
+            lines.append(
+                f"  {r['comparison']:<13} {r['observable']:<11} "
+                f"{r['a'] + ' ' + format(r['median_a_ms'], '.2f'):>14} "
+                f"{r['b'] + ' ' + format(r['median_b_ms'], '.2f'):>14} {r['p']:>9.2g} "
+                f"{100 * r['accuracy']:>8.1f}% {r['threshold_ms']:>9.2f}  {verdict}"
+            )
     return "\n".join(lines)
 
 
@@ -245,17 +322,21 @@ def main(argv=None) -> int:
     parser.add_argument("--json", type=Path, default=None, help="also write the result here")
     args = parser.parse_args(argv)
     if args.replies < 3 or not args.hold > 0 or args.local_epochs < 1:
-        parser.error(f"need --replies >= 3, --hold > 0, --local-epochs >= 1. Found {args.replies}, "
-                     f"{args.hold}, {args.local_epochs}.")
+        parser.error(
+            f"need --replies >= 3, --hold > 0, --local-epochs >= 1. Found {args.replies}, "
+            f"{args.hold}, {args.local_epochs}."
+        )
     import flwr
     import torch
 
     logging.getLogger("fedfilter.client").setLevel(logging.ERROR)  # overruns are counted instead
     started = time.monotonic()
     result = measure(args.replies, [0.0, args.hold], local_epochs=args.local_epochs, seed=args.seed)
-    print(f"Flower {flwr.__version__}, torch {torch.__version__}, Python {platform.python_version()}, "
-          f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; built-in ClientApp (digits MLP), "
-          f"{time.monotonic() - started:.0f} s in all")
+    print(
+        f"Flower {flwr.__version__}, torch {torch.__version__}, Python {platform.python_version()}, "
+        f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; built-in ClientApp (digits MLP), "
+        f"{time.monotonic() - started:.0f} s in all"
+    )
     print(report(result))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")

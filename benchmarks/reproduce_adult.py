@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from simulations.reproduce.adult_gd import EPSILONS, GRID, PAPER_TABLE, VARIANTS  # noqa: E402
+from fedfilter.simulations.reproduce.adult_gd import EPSILONS, GRID, PAPER_TABLE, VARIANTS  # noqa: E402
 
 RESULTS = Path("simulations/reproduce/results")  # the default of --results
 
@@ -45,23 +45,33 @@ def _first(task, n_train: int | None):
 
 
 def tune(args) -> None:
-    from simulations.reproduce.adult_gd import adult_task, setting
-    from simulations.reproduce.private_gd import run_cell
+    from fedfilter.simulations.reproduce.adult_gd import adult_task, setting
+    from fedfilter.simulations.reproduce.private_gd import run_cell
 
     out = Path(args.results) / "adult_tune.jsonl"
     full = adult_task("tune")
     task = _first(full, args.n_train)
     # Rows written before --n-train existed carry no n_train: they used the whole tune split.
-    done = {(r["epsilon"], r["clip"], r["eta"], r["k"], r["seed"], r.get("n_train", full.num_clients))
-            for r in _rows(out)}
+    done = {
+        (r["epsilon"], r["clip"], r["eta"], r["k"], r["seed"], r.get("n_train", full.num_clients)) for r in _rows(out)
+    }
     for eps, clip, eta, k in itertools.product(EPSILONS, GRID["clip"], GRID["eta"], GRID["k"]):
         for seed in range(args.tune_seeds):
             if (eps, clip, eta, k, seed, task.num_clients) in done:
                 continue
             s = replace(setting(eps, "paper", clip=clip, eta=eta, k=k), extra_steps=0)
             r = run_cell(s, task, trial=seed, seed=10_000 + seed, chunk_size=args.chunk_size)
-            row = {"epsilon": eps, "clip": clip, "eta": eta, "k": k, "sigma": s.sigma, "seed": seed,
-                   "val_accuracy": r.gd_test_accuracy, "seconds": r.seconds, "n_train": task.num_clients}
+            row = {
+                "epsilon": eps,
+                "clip": clip,
+                "eta": eta,
+                "k": k,
+                "sigma": s.sigma,
+                "seed": seed,
+                "val_accuracy": r.gd_test_accuracy,
+                "seconds": r.seconds,
+                "n_train": task.num_clients,
+            }
             with out.open("a") as f:
                 f.write(json.dumps(row) + "\n")
             print(json.dumps(row), flush=True)
@@ -83,8 +93,8 @@ def chosen(results: Path = RESULTS) -> dict[float, dict]:
 
 
 def run(args) -> None:
-    from simulations.reproduce.adult_gd import adult_task, setting
-    from simulations.reproduce.private_gd import run_cell
+    from fedfilter.simulations.reproduce.adult_gd import adult_task, setting
+    from fedfilter.simulations.reproduce.private_gd import run_cell
 
     out = Path(args.results) / "adult.jsonl"
     done = {(r["setting"]["epsilon"], r["setting"]["variant"], r["trial"], r["n_train"]) for r in _rows(out)}
@@ -104,8 +114,11 @@ def run(args) -> None:
                 row = {**r.__dict__, "finished_at": time.strftime("%Y-%m-%d %H:%M:%S")}
                 with out.open("a") as f:
                     f.write(json.dumps(row) + "\n")
-                print(f"eps={eps} {variant} trial {trial}: GD {r.gd_test_accuracy:.4f} filtered "
-                      f"{r.filtered_test_accuracy:.4f} (step {r.chosen_step}) {r.seconds:.0f} s", flush=True)
+                print(
+                    f"eps={eps} {variant} trial {trial}: GD {r.gd_test_accuracy:.4f} filtered "
+                    f"{r.filtered_test_accuracy:.4f} (step {r.chosen_step}) {r.seconds:.0f} s",
+                    flush=True,
+                )
 
 
 def table(args) -> str:
@@ -114,9 +127,11 @@ def table(args) -> str:
     rows = _rows(Path(args.results) / "adult.jsonl")
     picks = chosen(args.results)
     fmt = lambda v: "-" if not v else f"{100 * np.mean(v):.2f} ± {100 * np.std(v):.2f} (n={len(v)})"
-    lines = ["| eps | C, eta, k (sigma) | paper: GD | paper: GD + filter | ours: GD | ours: GD + filter | "
-             "GDP filter, same sigma (a): k / GD / + filter | GDP filter, same k (b): sigma / GD / + filter |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| eps | C, eta, k (sigma) | paper: GD | paper: GD + filter | ours: GD | ours: GD + filter | "
+        "GDP filter, same sigma (a): k / GD / + filter | GDP filter, same k (b): sigma / GD / + filter |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for eps in EPSILONS:
         (g, gs), (f, fs) = PAPER_TABLE[eps]
         sel = lambda v: [r for r in rows if r["setting"]["epsilon"] == eps and r["setting"]["variant"] == v]
@@ -124,12 +139,23 @@ def table(args) -> str:
         hp = picks.get(eps)
         hp_s = f"{hp['clip']:g}, {hp['eta']:g}, {hp['k']} ({p[0]['setting']['sigma']:.1f})" if hp and p else "-"
         acc = lambda rs, key: [r[key] for r in rs]
-        col_a = (f"{a[0]['setting']['k']} / {fmt(acc(a, 'gd_test_accuracy'))} / "
-                 f"{fmt(acc(a, 'filtered_test_accuracy'))}") if a else "-"
-        col_b = (f"{b[0]['setting']['sigma']:.1f} / {fmt(acc(b, 'gd_test_accuracy'))} / "
-                 f"{fmt(acc(b, 'filtered_test_accuracy'))}") if b else "-"
-        lines.append(f"| {eps} | {hp_s} | {g:.2f} ± {gs:.2f} | {f:.2f} ± {fs:.2f} | "
-                     f"{fmt(acc(p, 'gd_test_accuracy'))} | {fmt(acc(p, 'filtered_test_accuracy'))} | {col_a} | {col_b} |")
+        col_a = (
+            (f"{a[0]['setting']['k']} / {fmt(acc(a, 'gd_test_accuracy'))} / {fmt(acc(a, 'filtered_test_accuracy'))}")
+            if a
+            else "-"
+        )
+        col_b = (
+            (
+                f"{b[0]['setting']['sigma']:.1f} / {fmt(acc(b, 'gd_test_accuracy'))} / "
+                f"{fmt(acc(b, 'filtered_test_accuracy'))}"
+            )
+            if b
+            else "-"
+        )
+        lines.append(
+            f"| {eps} | {hp_s} | {g:.2f} ± {gs:.2f} | {f:.2f} ± {fs:.2f} | "
+            f"{fmt(acc(p, 'gd_test_accuracy'))} | {fmt(acc(p, 'filtered_test_accuracy'))} | {col_a} | {col_b} |"
+        )
     return "\n".join(lines)
 
 
@@ -142,10 +168,12 @@ def main(argv=None) -> None:
     p.add_argument("--tune-seeds", type=int, default=1)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--chunk-size", type=int, default=32768)
-    p.add_argument("--results", default=str(RESULTS),
-                   help="folder of adult_tune.jsonl and adult.jsonl (default: %(default)s)")
-    p.add_argument("--n-train", type=int, default=None,
-                   help="first N training rows (of the tune split for --tune); default all")
+    p.add_argument(
+        "--results", default=str(RESULTS), help="folder of adult_tune.jsonl and adult.jsonl (default: %(default)s)"
+    )
+    p.add_argument(
+        "--n-train", type=int, default=None, help="first N training rows (of the tune split for --tune); default all"
+    )
     args = p.parse_args(argv)
     if args.n_train is not None and args.n_train < 1:
         p.error("--n-train must be at least 1")

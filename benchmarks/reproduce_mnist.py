@@ -1,7 +1,7 @@
 """Reproduce papers/004 Section 5.1 (MNIST, private GD with and without filtering) on the engine.
 
 Each (eps, regime, variant, trial) cell is one run of Algorithm 7 whose first k steps are
-Algorithm 6 (``simulations.reproduce.private_gd``). Results are appended, one JSON line per cell
+Algorithm 6 (``fedfilter.simulations.reproduce.private_gd``). Results are appended, one JSON line per cell
 and trial, to ``--out``; cells already there are skipped, so a killed run resumes where it was.
 
     nice -n 10 python benchmarks/reproduce_mnist.py --cells 0.3:tuned:paper --trials 1 \
@@ -42,7 +42,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from simulations.reproduce.mnist_gd import EPSILONS, PAPER_TABLES, REGIMES, VARIANTS  # noqa: E402
+from fedfilter.simulations.reproduce.mnist_gd import EPSILONS, PAPER_TABLES, REGIMES, VARIANTS  # noqa: E402
 
 # Priority (the machine is small): eps = 0.3 first -- the paper's three regimes, then the two
 # Gaussian-DP columns of the tuned regime -- then eps = 0.5 and 1.0 the same way, then the rest.
@@ -84,12 +84,22 @@ def row_norms(row: dict) -> str:
 
 
 def done_keys(path: Path) -> set[tuple]:
-    return {(r["setting"]["epsilon"], r["setting"]["regime"], r["setting"]["variant"], r["trial"], r["n_train"],
-             row_norms(r)) for r in read_rows(path)}
+    return {
+        (
+            r["setting"]["epsilon"],
+            r["setting"]["regime"],
+            r["setting"]["variant"],
+            r["trial"],
+            r["n_train"],
+            row_norms(r),
+        )
+        for r in read_rows(path)
+    }
 
 
-def checkpoint_path(out: Path, eps: float, regime: str, variant: str, trial: int, n: int, activation: str,
-                    norms: str = "vectorised") -> Path:
+def checkpoint_path(
+    out: Path, eps: float, regime: str, variant: str, trial: int, n: int, activation: str, norms: str = "vectorised"
+) -> Path:
     """Where a cell's checkpoint lives while it runs (beside ``--out``; not tracked by git)."""
     tail = "" if norms == "vectorised" else f"_{norms}"  # the default keeps the names parked before issue 16
     return out.parent / "checkpoints" / f"{out.stem}_{eps}_{regime}_{variant}_t{trial}_n{n}_{activation}{tail}.npz"
@@ -115,14 +125,14 @@ def _copy_atomic(src: Path, dst: Path) -> None:
 
 def saved_round(ckpt: Path) -> int:
     """The last step saved for a cell, in its working or its parked checkpoint (0: none)."""
-    from simulations.engine.checkpoint import checkpoint_round
+    from fedfilter.simulations.engine.checkpoint import checkpoint_round
 
     return max([checkpoint_round(p) for p in (ckpt, parked_path(ckpt)) if p.exists()], default=0)
 
 
 def unpark(ckpt: Path) -> int:
     """Put a cell's parked checkpoint in the working place if it is further along; return its step."""
-    from simulations.engine.checkpoint import checkpoint_round
+    from fedfilter.simulations.engine.checkpoint import checkpoint_round
 
     parked = parked_path(ckpt)
     if not parked.exists():
@@ -136,7 +146,7 @@ def unpark(ckpt: Path) -> int:
 
 def park(args) -> list[str]:
     """Copy every unfinished cell's working checkpoint of ``--out`` to ``parked/`` (to be committed)."""
-    from simulations.engine.checkpoint import checkpoint_round
+    from fedfilter.simulations.engine.checkpoint import checkpoint_round
 
     out = Path(args.out)
     done = []
@@ -159,7 +169,7 @@ def required_trials(eps: float, variant: str) -> int:
 def todo(args) -> str:
     """The (cell, trial)s still missing from ``--out``, in ALL_CELLS order, with their steps left
     (a cell's checkpoint counts as done up to its last saved step) and the hours they need."""
-    from simulations.reproduce.mnist_gd import setting
+    from fedfilter.simulations.reproduce.mnist_gd import setting
 
     done = done_keys(args.out)
     lines = ["| eps | regime | column | trial | steps | left | checkpoint |", "|---|---|---|---|---|---|---|"]
@@ -170,8 +180,9 @@ def todo(args) -> str:
         for trial in range(required_trials(eps, variant)):
             if (eps, regime, variant, trial, args.n_table, args.norms) in done:
                 continue
-            ckpt = checkpoint_path(Path(args.out), eps, regime, variant, trial, args.n_table, args.activation,
-                                   args.norms)
+            ckpt = checkpoint_path(
+                Path(args.out), eps, regime, variant, trial, args.n_table, args.activation, args.norms
+            )
             saved, where = saved_round(ckpt), "-"  # read, never locked: a report must not make a worker skip a cell
             if saved:
                 newest = max((p for p in (ckpt, parked_path(ckpt)) if p.exists()), key=lambda p: p.stat().st_mtime)
@@ -179,8 +190,10 @@ def todo(args) -> str:
             total += steps - saved
             lines.append(f"| {eps} | {regime} | {variant} | {trial} | {steps} | {steps - saved} | {where} |")
     hours = total * args.step_seconds / args.workers / 3600
-    lines.append(f"\n{len(lines) - 2} runs, {total} steps left: about {hours:.1f} h at {args.step_seconds:g} s "
-                 f"a step with {args.workers} workers (--step-seconds, --workers).")
+    lines.append(
+        f"\n{len(lines) - 2} runs, {total} steps left: about {hours:.1f} h at {args.step_seconds:g} s "
+        f"a step with {args.workers} workers (--step-seconds, --workers)."
+    )
     return "\n".join(lines)
 
 
@@ -202,14 +215,16 @@ def write_table(args) -> Path:
 def machine() -> str:
     import torch
 
-    return (f"{platform.node()} {platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__} "
-            f"({torch.get_num_threads()} threads), python {platform.python_version()}")
+    return (
+        f"{platform.node()} {platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__} "
+        f"({torch.get_num_threads()} threads), python {platform.python_version()}"
+    )
 
 
 def run(args) -> None:
     import torch
 
-    from simulations.reproduce.mnist_gd import mnist_task
+    from fedfilter.simulations.reproduce.mnist_gd import mnist_task
 
     torch.set_num_threads(args.threads)
     out = Path(args.out)
@@ -229,8 +244,10 @@ def run(args) -> None:
                     print(f"skip {eps} {regime} {variant} trial {trial}: already in {out}", flush=True)
                 else:
                     if step := unpark(ckpt):
-                        print(f"resume {eps} {regime} {variant} trial {trial} from {parked_path(ckpt)} "
-                              f"(step {step})", flush=True)
+                        print(
+                            f"resume {eps} {regime} {variant} trial {trial} from {parked_path(ckpt)} (step {step})",
+                            flush=True,
+                        )
                     run_one(args, task, out, ckpt, eps, regime, variant, trial)
 
 
@@ -251,27 +268,46 @@ def cell_lock(ckpt: Path):
 
 
 def run_one(args, task, out: Path, ckpt: Path, eps: float, regime: str, variant: str, trial: int) -> None:
-    from simulations.reproduce.mnist_gd import setting
-    from simulations.reproduce.private_gd import run_cell
+    from fedfilter.simulations.reproduce.mnist_gd import setting
+    from fedfilter.simulations.reproduce.private_gd import run_cell
 
     s = setting(eps, regime, variant)
-    print(f"=== eps={eps} {regime} {variant} trial {trial} (norms={args.norms}): sigma={s.sigma:.6g} C={s.clip:g} "
-          f"eta={s.eta:g} k={s.k} B_norm={s.b_norm:g} filter={s.filter_kind}@eps={s.filter_epsilon!r} "
-          f"steps={s.k + s.extra_steps} n={task.num_clients}", flush=True)
+    print(
+        f"=== eps={eps} {regime} {variant} trial {trial} (norms={args.norms}): sigma={s.sigma:.6g} C={s.clip:g} "
+        f"eta={s.eta:g} k={s.k} B_norm={s.b_norm:g} filter={s.filter_kind}@eps={s.filter_epsilon!r} "
+        f"steps={s.k + s.extra_steps} n={task.num_clients}",
+        flush=True,
+    )
     t0 = time.time()
-    result = run_cell(s, task, trial=trial, seed=args.seed + trial, chunk_size=args.chunk_size, norms=args.norms,
-                      checkpoint=ckpt, checkpoint_every=args.checkpoint_every,
-                      log=lambda m: print(f"  [{time.time() - t0:7.0f}s] {m}", flush=True))
-    row = {**result.__dict__, "activation": args.activation, "norms": args.norms, "machine": machine(),
-           "finished_at": time.strftime("%Y-%m-%d %H:%M:%S")}
+    result = run_cell(
+        s,
+        task,
+        trial=trial,
+        seed=args.seed + trial,
+        chunk_size=args.chunk_size,
+        norms=args.norms,
+        checkpoint=ckpt,
+        checkpoint_every=args.checkpoint_every,
+        log=lambda m: print(f"  [{time.time() - t0:7.0f}s] {m}", flush=True),
+    )
+    row = {
+        **result.__dict__,
+        "activation": args.activation,
+        "norms": args.norms,
+        "machine": machine(),
+        "finished_at": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
     with out.open("a") as f:
         f.write(json.dumps(row) + "\n")
         f.flush()
         os.fsync(f.fileno())
     ckpt.unlink(missing_ok=True)  # the row is on disk: the checkpoint has served
     parked_path(ckpt).unlink(missing_ok=True)  # (commit its removal with the row)
-    print(f"=== done: GD {result.gd_test_accuracy:.4f}, filtered {result.filtered_test_accuracy:.4f} "
-          f"(step {result.chosen_step}), {result.seconds:.0f} s", flush=True)
+    print(
+        f"=== done: GD {result.gd_test_accuracy:.4f}, filtered {result.filtered_test_accuracy:.4f} "
+        f"(step {result.chosen_step}), {result.seconds:.0f} s",
+        flush=True,
+    )
 
 
 def table(args) -> str:
@@ -279,36 +315,62 @@ def table(args) -> str:
     import numpy as np
 
     rows = read_rows(args.out)
-    fmt = lambda v: "-" if not v else (f"{100 * np.mean(v):.2f}" + (f" ± {100 * np.std(v):.2f}" if len(v) > 1 else "")
-                                       + f" (n={len(v)})")
+    fmt = lambda v: (
+        "-"
+        if not v
+        else (f"{100 * np.mean(v):.2f}" + (f" ± {100 * np.std(v):.2f}" if len(v) > 1 else "") + f" (n={len(v)})")
+    )
 
     def inside(v, mean, std):  # our mean within the paper's mean ± std
         return "-" if not v else ("yes" if abs(100 * np.mean(v) - mean) <= std else "no")
 
     lines = []
     for regime in REGIMES:
-        lines += [f"\n**{regime}** (papers/004 Section 5.1 table '{regime}'; test accuracy %, mean ± std over "
-                  "trials; ours: population std, as for Adult)\n",
-                  "| eps | paper: GD | paper: GD + filter | ours: GD | ours: GD + filter | inside paper's mean ± std "
-                  "(GD / + filter) | GDP filter, paper's sigma (a): k / GD / + filter | GDP filter, paper's k (b): "
-                  "sigma / GD / + filter |",
-                  "|---|---|---|---|---|---|---|---|"]
+        lines += [
+            f"\n**{regime}** (papers/004 Section 5.1 table '{regime}'; test accuracy %, mean ± std over "
+            "trials; ours: population std, as for Adult)\n",
+            "| eps | paper: GD | paper: GD + filter | ours: GD | ours: GD + filter | inside paper's mean ± std "
+            "(GD / + filter) | GDP filter, paper's sigma (a): k / GD / + filter | GDP filter, paper's k (b): "
+            "sigma / GD / + filter |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
         for eps in EPSILONS:
             (g, gs), (f, fs) = PAPER_TABLES[regime][eps]
-            sel = lambda v: [r for r in rows if r["setting"]["epsilon"] == eps and r["setting"]["regime"] == regime
-                             and r["setting"]["variant"] == v and r["n_train"] == args.n_table
-                             and row_norms(r) == args.norms]
+            sel = lambda v: [
+                r
+                for r in rows
+                if r["setting"]["epsilon"] == eps
+                and r["setting"]["regime"] == regime
+                and r["setting"]["variant"] == v
+                and r["n_train"] == args.n_table
+                and row_norms(r) == args.norms
+            ]
             acc = lambda rs, key: [r[key] for r in rs]
             p, a, b = sel("paper"), sel("gdp-noise"), sel("gdp-steps")
             gd, fl = acc(p, "gd_test_accuracy"), acc(p, "filtered_test_accuracy")
-            col_a = (f"{a[0]['setting']['k']} / {fmt(acc(a, 'gd_test_accuracy'))} / "
-                     f"{fmt(acc(a, 'filtered_test_accuracy'))}") if a else "-"
-            col_b = (f"{b[0]['setting']['sigma']:.1f} / {fmt(acc(b, 'gd_test_accuracy'))} / "
-                     f"{fmt(acc(b, 'filtered_test_accuracy'))}") if b else "-"
-            lines.append(f"| {eps} | {g:.2f} ± {gs:.2f} | {f:.2f} ± {fs:.2f} | {fmt(gd)} | {fmt(fl)} | "
-                         f"{inside(gd, g, gs)} / {inside(fl, f, fs)} | {col_a} | {col_b} |")
-    return "\n".join(lines + ["", privacy_check([r for r in rows if r["n_train"] == args.n_table
-                                                 and row_norms(r) == args.norms])])
+            col_a = (
+                (
+                    f"{a[0]['setting']['k']} / {fmt(acc(a, 'gd_test_accuracy'))} / "
+                    f"{fmt(acc(a, 'filtered_test_accuracy'))}"
+                )
+                if a
+                else "-"
+            )
+            col_b = (
+                (
+                    f"{b[0]['setting']['sigma']:.1f} / {fmt(acc(b, 'gd_test_accuracy'))} / "
+                    f"{fmt(acc(b, 'filtered_test_accuracy'))}"
+                )
+                if b
+                else "-"
+            )
+            lines.append(
+                f"| {eps} | {g:.2f} ± {gs:.2f} | {f:.2f} ± {fs:.2f} | {fmt(gd)} | {fmt(fl)} | "
+                f"{inside(gd, g, gs)} / {inside(fl, f, fs)} | {col_a} | {col_b} |"
+            )
+    return "\n".join(
+        lines + ["", privacy_check([r for r in rows if r["n_train"] == args.n_table and row_norms(r) == args.norms])]
+    )
 
 
 def privacy_check(rows: list[dict]) -> str:
@@ -321,11 +383,15 @@ def privacy_check(rows: list[dict]) -> str:
     over = [name(r) for r in rows if r["max_spent_epsilon"] > r["setting"]["filter_epsilon"]]
     short = [name(r) for r in rows if r["prefix_max_clip_deficit"] > 0]
     if over or short:
-        return (f"**Privacy check FAILED**: spent epsilon above budget in {over or 'none'}; "
-                f"first k steps clipped below C in {short or 'none'}.")
+        return (
+            f"**Privacy check FAILED**: spent epsilon above budget in {over or 'none'}; "
+            f"first k steps clipped below C in {short or 'none'}."
+        )
     margin = min(r["setting"]["filter_epsilon"] - r["max_spent_epsilon"] for r in rows)
-    return (f"Privacy check: in all {len(rows)} runs every client's spent epsilon is at most its filter's "
-            f"budget (smallest margin {margin:.3g}), and every run's first k steps clipped at exactly C.")
+    return (
+        f"Privacy check: in all {len(rows)} runs every client's spent epsilon is at most its filter's "
+        f"budget (smallest margin {margin:.3g}), and every run's first k steps clipped at exactly C."
+    )
 
 
 def plot(args) -> Path:
@@ -344,28 +410,38 @@ def plot(args) -> Path:
     ax = fig.add_subplot(grid[0, :])
     cells = [(e, g) for g in REGIMES for e in EPSILONS]
     xs = np.arange(len(cells))
-    of = lambda e, g, v: [r for r in rows if r["setting"]["epsilon"] == e and r["setting"]["regime"] == g
-                          and r["setting"]["variant"] == v]
-    for off, key, (pi, label, color) in ((-0.3, "gd_test_accuracy", (0, "GD", "tab:blue")),
-                                         (-0.1, "filtered_test_accuracy", (1, "GD + filter", "tab:orange"))):
+    of = lambda e, g, v: [
+        r for r in rows if r["setting"]["epsilon"] == e and r["setting"]["regime"] == g and r["setting"]["variant"] == v
+    ]
+    for off, key, (pi, label, color) in (
+        (-0.3, "gd_test_accuracy", (0, "GD", "tab:blue")),
+        (-0.1, "filtered_test_accuracy", (1, "GD + filter", "tab:orange")),
+    ):
         mean = [PAPER_TABLES[g][e][pi][0] for e, g in cells]
         std = [PAPER_TABLES[g][e][pi][1] for e, g in cells]
-        ax.errorbar(xs + off, mean, yerr=std, fmt="_", color=color, capsize=4, alpha=0.6,
-                    label=f"paper: {label} (mean ± std)")
+        ax.errorbar(
+            xs + off, mean, yerr=std, fmt="_", color=color, capsize=4, alpha=0.6, label=f"paper: {label} (mean ± std)"
+        )
         ours = [(i + off, 100 * r[key]) for i, (e, g) in enumerate(cells) for r in of(e, g, "paper")]
         if ours:
             ax.plot(*zip(*ours), "o", color=color, ms=6, label=f"ours: {label}")
-    for off, variant, marker, name in ((0.1, "gdp-noise", "^", "GDP filter, paper's sigma (a)"),
-                                       (0.3, "gdp-steps", "v", "GDP filter, paper's k (b)")):
-        for key, color, which in (("gd_test_accuracy", "tab:blue", "GD"),
-                                  ("filtered_test_accuracy", "tab:orange", "+ filter")):
+    for off, variant, marker, name in (
+        (0.1, "gdp-noise", "^", "GDP filter, paper's sigma (a)"),
+        (0.3, "gdp-steps", "v", "GDP filter, paper's k (b)"),
+    ):
+        for key, color, which in (
+            ("gd_test_accuracy", "tab:blue", "GD"),
+            ("filtered_test_accuracy", "tab:orange", "+ filter"),
+        ):
             pts = [(i + off, 100 * r[key]) for i, (e, g) in enumerate(cells) for r in of(e, g, variant)]
             if pts:
                 ax.plot(*zip(*pts), marker, color=color, ms=7, mfc="none", label=f"{name}: {which}")
     ax.set_xticks(xs, [f"{g}\neps {e}" for e, g in cells], fontsize=8)
     ax.set_ylabel("test accuracy (%)")
-    ax.set_title("papers/004 Section 5.1: MNIST, 60,000 single-example clients (paper's columns left of "
-                 "each tick, Gaussian-DP columns right)")
+    ax.set_title(
+        "papers/004 Section 5.1: MNIST, 60,000 single-example clients (paper's columns left of "
+        "each tick, Gaussian-DP columns right)"
+    )
     ax.legend(fontsize=7, loc="lower right", ncol=2)
     colors = {(g, v): plt.cm.tab10(i) for i, (g, v) in enumerate((g, v) for g in REGIMES for v in VARIANTS)}
     for j, eps in enumerate(EPSILONS):
@@ -375,8 +451,15 @@ def plot(args) -> Path:
             s = r["setting"]
             c = colors[(s["regime"], s["variant"])]
             name = f"{s['regime']} {s['variant']} (k {s['k']})"
-            ax2.plot(r["query_steps"], [100 * a for a in r["query_test_accuracy"]], "-o", ms=3, color=c,
-                     alpha=0.8, label=None if name in labelled else name)
+            ax2.plot(
+                r["query_steps"],
+                [100 * a for a in r["query_test_accuracy"]],
+                "-o",
+                ms=3,
+                color=c,
+                alpha=0.8,
+                label=None if name in labelled else name,
+            )
             ax2.plot([r["chosen_step"]], [100 * r["filtered_test_accuracy"]], "*", ms=11, color=c)
             labelled.add(name)
         ax2.set_title(f"eps {eps}: test accuracy at each query", fontsize=9)
@@ -402,19 +485,30 @@ def main(argv=None) -> None:
     p.add_argument("--activation", default="relu", choices=("relu", "tanh"))
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--chunk-size", type=int, default=512)
-    p.add_argument("--norms", default="vectorised", choices=("vectorised", "fast", "device"),
-                   help="the engine's norm mode; rows of each mode are stored, skipped and tabulated apart "
-                        "(fast: simulations/engine/layerwise.py, issue 16)")
-    p.add_argument("--checkpoint-every", type=int, default=5,
-                   help="save a running cell every N steps (results/checkpoints/); a restarted run resumes there")
+    p.add_argument(
+        "--norms",
+        default="vectorised",
+        choices=("vectorised", "fast", "device"),
+        help="the engine's norm mode; rows of each mode are stored, skipped and tabulated apart "
+        "(fast: simulations/engine/layerwise.py, issue 16)",
+    )
+    p.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=5,
+        help="save a running cell every N steps (results/checkpoints/); a restarted run resumes there",
+    )
     p.add_argument("--out", default="simulations/reproduce/results/mnist.jsonl")
     p.add_argument("--table", action="store_true", help="print the tables from --out and exit")
     p.add_argument("--n-table", type=int, default=60000, help="training-set size of the rows to tabulate")
     p.add_argument("--plot", metavar="PNG", help="draw the results of --out into PNG and exit")
     p.add_argument("--write-table", metavar="MD", help="replace the marked MNIST table block of MD and exit")
     p.add_argument("--todo", action="store_true", help="list the runs still missing from --out and exit")
-    p.add_argument("--park", action="store_true",
-                   help="copy unfinished cells' checkpoints to parked/ beside --out (commit it) and exit")
+    p.add_argument(
+        "--park",
+        action="store_true",
+        help="copy unfinished cells' checkpoints to parked/ beside --out (commit it) and exit",
+    )
     p.add_argument("--step-seconds", type=float, default=15.0, help="--todo: seconds per 60,000-client step")
     p.add_argument("--workers", type=int, default=2, help="--todo: workers running side by side")
     args = p.parse_args(argv)

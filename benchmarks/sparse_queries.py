@@ -22,7 +22,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from simulations.sparse_queries import SparseQueryConfig, exact_exceed_probability, simulate  # noqa: E402
+from fedfilter.simulations.sparse_queries import SparseQueryConfig, exact_exceed_probability, simulate  # noqa: E402
 
 SCENARIOS = [
     # (sparsity, heavy_share, filter)
@@ -37,8 +37,9 @@ SCENARIOS = [
 
 def run(args: argparse.Namespace) -> list[dict]:
     rows = []
-    base = SparseQueryConfig(n_users=args.users, days=args.days, epsilon=args.epsilon, delta=args.delta,
-                             failure_prob=args.beta)
+    base = SparseQueryConfig(
+        n_users=args.users, days=args.days, epsilon=args.epsilon, delta=args.delta, failure_prob=args.beta
+    )
     for s, heavy, kind in SCENARIOS:
         cfg0 = replace(base, sparsity=s, heavy_share=heavy, filter=kind)
         per_seed = [simulate(replace(cfg0, seed=seed)) for seed in range(args.seeds)]
@@ -46,24 +47,31 @@ def run(args: argparse.Namespace) -> list[dict]:
         wc = [x["worst_case"] for x in sums]
         ind = [x["individual"] for x in sums]
         n_ind = sum(x["answered"] for x in ind)
-        rows.append({
-            "sparsity": s, "heavy_share": heavy, "filter": kind, "seeds": args.seeds,
-            "sigma": sums[0]["sigma"], "kappa": sums[0]["kappa"], "bound": sums[0]["bound"],
-            "worst_case_answered": float(np.mean([x["answered"] for x in wc])),
-            "individual_answered": float(np.mean([x["answered"] for x in ind])),
-            "worst_case_exceed_rate": sum(x["exceed_rate"] * x["answered"] for x in wc)
-            / max(sum(x["answered"] for x in wc), 1),
-            "individual_exceed_rate": sum(x["exceed_rate"] * x["answered"] for x in ind) / n_ind,
-            "expected_exceed_rate": exact_exceed_probability(args.beta),
-            "individual_days_with_everyone": float(np.mean([x["days_with_everyone"] for x in ind])),
-            "individual_within_bound_vs_all": float(np.mean([x["within_bound_vs_all_users"] for x in ind])),
-            "individual_mae_vs_all": float(np.mean([x["mean_abs_error_vs_all_users"] for x in ind])),
-            "users_admitted_at_end": float(np.mean([x["users_admitted_at_end"] for x in ind])) / args.users,
-            "max_spent_fraction": max(x["users"]["max_spent_fraction"] for x in sums),
-            "max_epsilon_spent": max(x["users"]["max_epsilon_spent"] for x in sums),
-        })
+        rows.append(
+            {
+                "sparsity": s,
+                "heavy_share": heavy,
+                "filter": kind,
+                "seeds": args.seeds,
+                "sigma": sums[0]["sigma"],
+                "kappa": sums[0]["kappa"],
+                "bound": sums[0]["bound"],
+                "worst_case_answered": float(np.mean([x["answered"] for x in wc])),
+                "individual_answered": float(np.mean([x["answered"] for x in ind])),
+                "worst_case_exceed_rate": sum(x["exceed_rate"] * x["answered"] for x in wc)
+                / max(sum(x["answered"] for x in wc), 1),
+                "individual_exceed_rate": sum(x["exceed_rate"] * x["answered"] for x in ind) / n_ind,
+                "expected_exceed_rate": exact_exceed_probability(args.beta),
+                "individual_days_with_everyone": float(np.mean([x["days_with_everyone"] for x in ind])),
+                "individual_within_bound_vs_all": float(np.mean([x["within_bound_vs_all_users"] for x in ind])),
+                "individual_mae_vs_all": float(np.mean([x["mean_abs_error_vs_all_users"] for x in ind])),
+                "users_admitted_at_end": float(np.mean([x["users_admitted_at_end"] for x in ind])) / args.users,
+                "max_spent_fraction": max(x["users"]["max_spent_fraction"] for x in sums),
+                "max_epsilon_spent": max(x["users"]["max_epsilon_spent"] for x in sums),
+            }
+        )
         if args.figures:
-            from simulations.sparse_queries.plots import plot_result
+            from fedfilter.simulations.sparse_queries.plots import plot_result
 
             name = f"sparse_s{s}_heavy{heavy:g}_{kind}.png"
             plot_result(per_seed[0], Path(args.figures) / name)
@@ -71,9 +79,11 @@ def run(args: argparse.Namespace) -> list[dict]:
 
 
 def table(rows: list[dict], args: argparse.Namespace) -> str:
-    head = ("| s | heavy share | filter | sigma | bound | answered: worst case | answered: individual "
-            "| exceed rate (<= beta): worst / indiv. | days before first drop-out | within bound vs all users "
-            "| users with budget left | max budget share spent |")
+    head = (
+        "| s | heavy share | filter | sigma | bound | answered: worst case | answered: individual "
+        "| exceed rate (<= beta): worst / indiv. | days before first drop-out | within bound vs all users "
+        "| users with budget left | max budget share spent |"
+    )
     lines = [
         f"{args.users} users, {args.days} days, budget (epsilon={args.epsilon:g}, delta={args.delta:g}) per user, "
         f"beta={args.beta:g} (exact Gaussian exceed rate {exact_exceed_probability(args.beta):.4f}), "

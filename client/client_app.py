@@ -1,6 +1,6 @@
 """The ClientApp for the built-in tasks, wrapped in the device's individual privacy filter.
 
-``app`` is what ``[tool.flwr.app.components] clientapp = "client.client_app:app"`` loads. Its train
+``app`` is what ``[tool.flwr.app.components] clientapp = "fedfilter.client.client_app:app"`` loads. Its train
 handler is an ordinary Flower handler: it loads this node's partition, trains ``local-epochs``
 epochs of plain SGD and returns the new weights (and, like any Flower app, ``num-examples``).
 ``individual_filter_mod`` turns that into a filtered, noisy update and drops every metric.
@@ -12,7 +12,7 @@ config is empty), then from ``context.run_config``, then the defaults below:
 ================  =======  ==================================================================
 key               default  meaning
 ================  =======  ==================================================================
-task              digits   a task of ``simulations.tasks.registry.TASKS``
+task              digits   a task of ``fedfilter.simulations.tasks.registry.TASKS``
 num-clients       10       partitions of the data set (simulation: ``num-partitions`` wins)
 partition         iid      ``iid`` or ``dirichlet``
 alpha             0.5      Dirichlet concentration
@@ -30,19 +30,27 @@ every message starts a fresh process, and torch is imported only when a train me
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from functools import lru_cache
-from typing import Any, Mapping
+from typing import Any
 
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from client.flower_mod import individual_filter_mod, simulated_device_config_mod
+from fedfilter.client.flower_mod import individual_filter_mod, simulated_device_config_mod
 
 __all__ = ["app", "make_client_app", "train", "TRAIN_DEFAULTS"]
 
 TRAIN_DEFAULTS: dict[str, Any] = {
-    "task": "digits", "num-clients": 10, "partition": "iid", "alpha": 0.5, "partition-seed": 0,
-    "local-epochs": 2, "lr": 0.1, "batch-size": 32, "server-round": 0,
+    "task": "digits",
+    "num-clients": 10,
+    "partition": "iid",
+    "alpha": 0.5,
+    "partition-seed": 0,
+    "local-epochs": 2,
+    "lr": 0.1,
+    "batch-size": 32,
+    "server-round": 0,
 }
 
 
@@ -57,16 +65,17 @@ def _settings(msg: Message, context: Context) -> dict[str, Any]:
 
 @lru_cache(maxsize=2)
 def _load(name: str, num_clients: int, partition: str, alpha: float, seed: int, data_dir: str | None):
-    from simulations.tasks.registry import load_task  # torch: imported on the first train message
+    from fedfilter.simulations.tasks.registry import load_task  # torch: imported on the first train message
 
-    return load_task(name, num_clients=num_clients, partition=partition, alpha=alpha, seed=seed,
-                     data_dir=data_dir)
+    return load_task(name, num_clients=num_clients, partition=partition, alpha=alpha, seed=seed, data_dir=data_dir)
 
 
 def _partition(node_config: Mapping[str, Any], settings: Mapping[str, Any]) -> tuple[int, int]:
     if "partition-id" not in node_config:
-        raise ValueError("node-config 'partition-id' is required (the Simulation Engine sets it; "
-                         "in deployment pass --node-config \"partition-id=K ...\").")
+        raise ValueError(
+            "node-config 'partition-id' is required (the Simulation Engine sets it; "
+            'in deployment pass --node-config "partition-id=K ...").'
+        )
     pid = int(node_config["partition-id"])
     num = int(node_config.get("num-partitions", settings["num-clients"]))
     if not 0 <= pid < num:
@@ -78,29 +87,45 @@ def train(msg: Message, context: Context) -> Message:
     """Train this node's partition for ``local-epochs`` epochs and return the new weights."""
     import torch
 
-    from simulations.tasks.training import local_update, set_weights
+    from fedfilter.simulations.tasks.training import local_update, set_weights
 
     torch.set_num_threads(1)
     settings = _settings(msg, context)
     pid, num = _partition(context.node_config, settings)
     data_dir = context.node_config.get("data-dir")
-    task = _load(settings["task"], num, settings["partition"], settings["alpha"],
-                 settings["partition-seed"], str(data_dir) if data_dir else None)
+    task = _load(
+        settings["task"],
+        num,
+        settings["partition"],
+        settings["alpha"],
+        settings["partition-seed"],
+        str(data_dir) if data_dir else None,
+    )
     x, y = task.train_data[pid]
     arrays = next(iter(msg.content.array_records.values()))
     model = task.model_fn()
     if list(arrays.keys()) != list(model.state_dict().keys()):
-        raise ValueError(f"the model sent has keys {list(arrays.keys())}, this task's model has "
-                         f"{list(model.state_dict().keys())}.")
+        raise ValueError(
+            f"the model sent has keys {list(arrays.keys())}, this task's model has {list(model.state_dict().keys())}."
+        )
     set_weights(model, arrays.to_numpy_ndarrays())
-    local_update(model, x, y, epochs=settings["local-epochs"], lr=settings["lr"],
-                 batch_size=settings["batch-size"],
-                 seed=1_000_003 * settings["server-round"] + pid, loss_fn=task.loss)
-    content = RecordDict({
-        "arrays": ArrayRecord(model.state_dict()),
-        # What a plain Flower app sends; individual_filter_mod drops it (it reveals the data size).
-        "metrics": MetricRecord({"num-examples": int(len(y))}),
-    })
+    local_update(
+        model,
+        x,
+        y,
+        epochs=settings["local-epochs"],
+        lr=settings["lr"],
+        batch_size=settings["batch-size"],
+        seed=1_000_003 * settings["server-round"] + pid,
+        loss_fn=task.loss,
+    )
+    content = RecordDict(
+        {
+            "arrays": ArrayRecord(model.state_dict()),
+            # What a plain Flower app sends; individual_filter_mod drops it (it reveals the data size).
+            "metrics": MetricRecord({"num-examples": int(len(y))}),
+        }
+    )
     return Message(content, reply_to=msg)
 
 

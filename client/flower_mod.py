@@ -3,7 +3,7 @@
 Usage::
 
     from flwr.clientapp import ClientApp
-    from client.flower_mod import individual_filter_mod
+    from fedfilter.client.flower_mod import individual_filter_mod
 
     app = ClientApp(mods=[individual_filter_mod])
 
@@ -20,7 +20,8 @@ What the mod does with each message (DESIGN.md sections 1 and 2):
   allowance, durable spend, then noise), and the reply carries exactly:
 
   - ``"arrays"``: an ``ArrayRecord`` with the noisy *update* (same keys and shapes as the model
-    received; floating-point arrays in float32 whatever the model's dtype, ``client.mechanism``), and ``"fedfilter.status"``: ``ConfigRecord({"status": "report"})``, for a
+    received; floating-point arrays in float32 whatever the model's dtype, ``fedfilter.client.mechanism``),
+    and ``"fedfilter.status"``: ``ConfigRecord({"status": "report"})``, for a
     client that contributed and for one that sends pure noise alike; or
   - only ``"fedfilter.status"``: ``ConfigRecord({"status": "left"})`` for a client in ``leave``
     mode whose budget is spent (no ``ArrayRecord`` at all).
@@ -83,48 +84,68 @@ from __future__ import annotations
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Error, Message, RecordDict
 from flwr.common.constant import ErrorCode
 
-from client.ledger import LEDGER_FILE, BudgetLedger, LedgerError, Quotas, ReplayError
-from client.mechanism import NonFiniteUpdateError
-from client.release import (
-    AFTER_EXHAUSTION, ClientPolicy, FilteredClient, RoundSpec, RoundSpecError, short_repr, validate_request,
+from fedfilter.client.ledger import LEDGER_FILE, BudgetLedger, LedgerError, Quotas, ReplayError
+from fedfilter.client.mechanism import NonFiniteUpdateError
+from fedfilter.client.release import (
+    AFTER_EXHAUSTION,
+    ClientPolicy,
+    FilteredClient,
+    RoundSpec,
+    RoundSpecError,
+    validate_request,
 )
-from client.reply_timing import ReplyHold, reply_hold_s
+from fedfilter.client.reply_timing import ReplyHold, reply_hold_s
+from fedfilter.client.wire import (
+    ARRAYS_RECORD,
+    REQUEST_RECORD,
+    STATUS_LEFT,
+    STATUS_RECORD,
+    STATUS_REPORT,
+    round_spec_from_record,
+)
 
 __all__ = [
-    "individual_filter_mod", "simulated_device_config_mod", "DeviceConfig", "device_config",
-    "request_record", "round_spec_from_record", "enrol_device", "REQUEST_RECORD", "STATUS_RECORD", "ARRAYS_RECORD",
-    "STATUS_REPORT", "STATUS_LEFT", "NODE_CONFIG_KEYS",
+    "individual_filter_mod",
+    "simulated_device_config_mod",
+    "DeviceConfig",
+    "device_config",
+    "enrol_device",
+    "NODE_CONFIG_KEYS",
 ]
 
 log = logging.getLogger("fedfilter.client")
 
-# --- wire format (shared with coordinator/strategy.py) ---------------------------------------
-REQUEST_RECORD = "fedfilter.request"
-STATUS_RECORD = "fedfilter.status"
-ARRAYS_RECORD = "arrays"
-STATUS_REPORT = "report"  # contributed and noise-only alike: the coordinator cannot tell them apart
-STATUS_LEFT = "left"
 RUN_BINDING = "fedfilter.run"  # context.state: the request run-id this Flower run is bound to
 
 # Errors the mod answers with. Both are Flower's MOD_FAILED_PRECONDITION (6); the reason says more.
 ERROR_CODE = ErrorCode.MOD_FAILED_PRECONDITION
 
 NODE_CONFIG_KEYS = (
-    "ledger-dir", "budget-epsilon", "budget-delta", "filter", "run-quota", "client-id",
-    "federation", "coordinator-quota", "daily-quota",
-    "min-noise-multiplier", "after-exhaustion", "allow-distributed", "max-min-reports", "noise-seed",
+    "ledger-dir",
+    "budget-epsilon",
+    "budget-delta",
+    "filter",
+    "run-quota",
+    "client-id",
+    "federation",
+    "coordinator-quota",
+    "daily-quota",
+    "min-noise-multiplier",
+    "after-exhaustion",
+    "allow-distributed",
+    "max-min-reports",
+    "noise-seed",
     "reply-hold-s",
 )
-_REQUEST_KEYS = ("run-id", "round-id", "noise-multiplier", "clip", "placement", "min-reports")
 
 
 # --- the device's own settings ---------------------------------------------------------------
@@ -156,17 +177,24 @@ class DeviceConfig:
                 ledger.close()
                 names = ("client-id", "filter", "budget-epsilon", "budget-delta", "run-quota")
                 diffs = [f"{n}: enrolled {a!r}, node-config {b!r}" for n, a, b in zip(names, stored, wanted) if a != b]
-                raise ValueError(f"the ledger at {self.ledger_dir} is enrolled with a different budget "
-                                 f"({'; '.join(diffs)}).")
+                raise ValueError(
+                    f"the ledger at {self.ledger_dir} is enrolled with a different budget ({'; '.join(diffs)})."
+                )
         return ledger
 
     def enrol(self) -> BudgetLedger:
         """The owner's act, once, before the device serves rounds (see ``enrol_device``)."""
         if self.budget_epsilon is None:
             raise ValueError("node-config 'budget-epsilon' is required to enrol the device.")
-        return BudgetLedger.enrol(self.ledger_dir, client_id=self.client_id, epsilon=self.budget_epsilon,
-                                  delta=self.budget_delta, filter_kind=self.filter_kind,
-                                  run_quota=self.run_quota, quotas=self.quotas)
+        return BudgetLedger.enrol(
+            self.ledger_dir,
+            client_id=self.client_id,
+            epsilon=self.budget_epsilon,
+            delta=self.budget_delta,
+            filter_kind=self.filter_kind,
+            run_quota=self.run_quota,
+            quotas=self.quotas,
+        )
 
 
 def _as_float(value: Any) -> float:
@@ -229,8 +257,12 @@ def device_config(node_config: Mapping[str, Any]) -> DeviceConfig:
     seed = get("noise-seed", _as_int, None)
     policy = quotas = None
     try:
-        policy = ClientPolicy(min_noise_multiplier=min_z, after_exhaustion=after,
-                              allow_distributed=allow_distributed, max_min_reports=max_m)
+        policy = ClientPolicy(
+            min_noise_multiplier=min_z,
+            after_exhaustion=after,
+            allow_distributed=allow_distributed,
+            max_min_reports=max_m,
+        )
     except ValueError as err:
         problems.append(str(err))
     try:
@@ -247,34 +279,6 @@ def enrol_device(node_config: Mapping[str, Any]) -> None:
     before its SuperNode starts (simulations and tests do it up front). Idempotent for the same
     budget; refuses a device whose ledger was lost (see ``BudgetLedger.enrol``)."""
     device_config(node_config).enrol().close()
-
-
-# --- the coordinator's request ---------------------------------------------------------------
-def request_record(spec: RoundSpec) -> ConfigRecord:
-    """The ``ConfigRecord`` a coordinator sends as ``"fedfilter.request"``."""
-    return ConfigRecord({
-        "run-id": spec.run_id, "round-id": int(spec.round_id),
-        "noise-multiplier": float(spec.noise_multiplier), "clip": float(spec.clip),
-        "placement": spec.placement, "min-reports": int(spec.min_reports),
-    })
-
-
-def round_spec_from_record(record: ConfigRecord | None) -> RoundSpec:
-    """Read a ``RoundSpec`` from the request record; ``RoundSpecError`` names every bad key."""
-    if record is None:
-        raise RoundSpecError(f"round request refused: the message has no ConfigRecord {REQUEST_RECORD!r}.")
-    problems = [f"{REQUEST_RECORD}[{k!r}] is missing." for k in _REQUEST_KEYS if k not in record]
-    types = {"run-id": str, "round-id": int, "noise-multiplier": (int, float), "clip": (int, float),
-             "placement": str, "min-reports": int}
-    for key, kind in types.items():
-        if key in record and (isinstance(record[key], bool) or not isinstance(record[key], kind)):
-            problems.append(f"{REQUEST_RECORD}[{key!r}] has the wrong type. Found {short_repr(record[key])}.")
-    if problems:
-        raise RoundSpecError("round request refused: " + " ".join(problems))
-    # Numbers go through as sent (no float(): a huge int would overflow); validate_request bounds them.
-    return RoundSpec(run_id=record["run-id"], round_id=record["round-id"],
-                     noise_multiplier=record["noise-multiplier"], clip=record["clip"],
-                     placement=record["placement"], min_reports=record["min-reports"])
 
 
 # --- helpers ---------------------------------------------------------------------------------
@@ -297,9 +301,11 @@ def _bind_run(context: Context, spec: RoundSpec) -> str | None:
         context.state[RUN_BINDING] = ConfigRecord({"run-id": spec.run_id})
         return None
     if bound["run-id"] != spec.run_id:
-        return (f"round request refused: {REQUEST_RECORD}['run-id']={spec.run_id!r} differs from "
-                f"{bound['run-id']!r}, the run-id this Flower run started with; the per-run quota is "
-                "kept per run-id.")
+        return (
+            f"round request refused: {REQUEST_RECORD}['run-id']={spec.run_id!r} differs from "
+            f"{bound['run-id']!r}, the run-id this Flower run started with; the per-run quota is "
+            "kept per run-id."
+        )
     return None
 
 
@@ -309,7 +315,7 @@ def _bind_run(context: Context, spec: RoundSpec) -> str | None:
 # state is re-read inside every write transaction, so other processes' spends are always seen.
 # The entry is dropped if the ledger file was replaced (a new inode) or the settings changed.
 _LEDGER_CACHE_SIZE = 256
-_ledgers: OrderedDict[tuple, "_OpenLedger"] = OrderedDict()
+_ledgers: OrderedDict[tuple, _OpenLedger] = OrderedDict()
 _ledgers_lock = threading.Lock()
 
 
@@ -336,8 +342,15 @@ class _OpenLedger:
 
 def _cached_ledger(device: DeviceConfig) -> tuple[tuple, _OpenLedger]:
     """The device's ledger, opened once per process; raises ``LedgerError``/``ValueError`` on failure."""
-    key = (str(device.ledger_dir.resolve()), device.client_id, device.budget_epsilon, device.budget_delta,
-           device.filter_kind, device.run_quota, device.quotas)
+    key = (
+        str(device.ledger_dir.resolve()),
+        device.client_id,
+        device.budget_epsilon,
+        device.budget_delta,
+        device.filter_kind,
+        device.run_quota,
+        device.quotas,
+    )
     path = device.ledger_dir / LEDGER_FILE
     stale = []
     with _ledgers_lock:
@@ -364,8 +377,9 @@ def _forget_ledger(key: tuple, entry: _OpenLedger) -> None:
     entry.close()
 
 
-def _inner_update(call_next, msg: Message, context: Context, keys: list[str],
-                  received: list[np.ndarray]) -> list[np.ndarray] | None:
+def _inner_update(
+    call_next, msg: Message, context: Context, keys: list[str], received: list[np.ndarray]
+) -> list[np.ndarray] | None:
     """Run the inner handler and return ``returned - received`` in the model's dtypes.
 
     ``None`` when the handler failed or answered with something that is not the model: the cause
@@ -377,13 +391,18 @@ def _inner_update(call_next, msg: Message, context: Context, keys: list[str],
         log.exception("fedfilter mod: the inner train handler raised; releasing a zero update")
         return None
     if out.has_error():
-        log.error("fedfilter mod: the inner train handler answered with an error (code %s: %s); "
-                  "releasing a zero update", out.error.code, out.error.reason)
+        log.error(
+            "fedfilter mod: the inner train handler answered with an error (code %s: %s); releasing a zero update",
+            out.error.code,
+            out.error.reason,
+        )
         return None
     records = list(out.content.array_records.items())
     if len(records) != 1 or list(records[0][1].keys()) != keys:
-        log.error("fedfilter mod: the inner reply must hold exactly one ArrayRecord with the keys "
-                  "received; releasing a zero update")
+        log.error(
+            "fedfilter mod: the inner reply must hold exactly one ArrayRecord with the keys "
+            "received; releasing a zero update"
+        )
         return None
     update = []
     for key, old in zip(keys, received):
@@ -393,8 +412,12 @@ def _inner_update(call_next, msg: Message, context: Context, keys: list[str],
             log.exception("fedfilter mod: array %r of the inner reply cannot be read", key)
             return None
         if new.shape != old.shape:
-            log.error("fedfilter mod: array %r came back with shape %s, expected %s; releasing a zero "
-                      "update", key, new.shape, old.shape)
+            log.error(
+                "fedfilter mod: array %r came back with shape %s, expected %s; releasing a zero update",
+                key,
+                new.shape,
+                old.shape,
+            )
             return None
         if np.issubdtype(old.dtype, np.floating):
             update.append((new.astype(np.float64) - old.astype(np.float64)).astype(old.dtype))
@@ -420,8 +443,16 @@ class _Outcome:
     floating: list[int]  # indices of the floating-point arrays (the only ones released)
 
 
-def _filtered_release(ledger: BudgetLedger, device: DeviceConfig, spec: RoundSpec, msg: Message,
-                      context: Context, call_next, keys: list[str], received: list[np.ndarray]) -> _Outcome | None:
+def _filtered_release(
+    ledger: BudgetLedger,
+    device: DeviceConfig,
+    spec: RoundSpec,
+    msg: Message,
+    context: Context,
+    call_next,
+    keys: list[str],
+    received: list[np.ndarray],
+) -> _Outcome | None:
     """Train, filter, spend durably and noise one round; ``None`` if the round was answered before."""
     if ledger.has_release(spec.run_id, spec.round_id):
         return None
@@ -454,9 +485,12 @@ def individual_filter_mod(msg: Message, context: Context, call_next: Callable[[M
 def _filter_round(msg: Message, context: Context, call_next, hold: ReplyHold) -> Message:
     category = _category(msg)
     if category == "evaluate":
-        return _error(msg, "fedfilter: evaluation on a client's private data is refused: loss and "
-                           "accuracy on it are un-noised releases outside the privacy filter. Evaluate "
-                           "the global model on held-out data at the coordinator.")
+        return _error(
+            msg,
+            "fedfilter: evaluation on a client's private data is refused: loss and "
+            "accuracy on it are un-noised releases outside the privacy filter. Evaluate "
+            "the global model on held-out data at the coordinator.",
+        )
     if category != "train":
         return call_next(msg, context)
 
@@ -466,8 +500,11 @@ def _filter_round(msg: Message, context: Context, call_next, hold: ReplyHold) ->
         hold_s = reply_hold_s(context.node_config)
     except ValueError as err:
         log.error("fedfilter mod: %s", err)
-        return _error(msg, "fedfilter: this device's privacy settings are missing or invalid (details in "
-                           "the device's log); nothing was trained, spent or released.")
+        return _error(
+            msg,
+            "fedfilter: this device's privacy settings are missing or invalid (details in "
+            "the device's log); nothing was trained, spent or released.",
+        )
 
     # 2. The coordinator's request: refused before any training or spending.
     try:
@@ -477,8 +514,10 @@ def _filter_round(msg: Message, context: Context, call_next, hold: ReplyHold) ->
         return _error(msg, f"fedfilter: {err}")
     array_records = list(msg.content.array_records.items())
     if len(array_records) != 1:
-        return _error(msg, f"fedfilter: a train message must hold exactly one ArrayRecord (the model). "
-                           f"Found {len(array_records)}.")
+        return _error(
+            msg,
+            f"fedfilter: a train message must hold exactly one ArrayRecord (the model). Found {len(array_records)}.",
+        )
     model = array_records[0][1]
     keys = list(model.keys())
     try:
@@ -497,8 +536,11 @@ def _filter_round(msg: Message, context: Context, call_next, hold: ReplyHold) ->
             key, entry = _cached_ledger(device)
         except (LedgerError, OSError, ValueError) as err:  # fail closed until the owner acts
             log.error("fedfilter mod: cannot open the budget ledger: %s", err)
-            return _error(msg, "fedfilter: this device's budget ledger cannot be opened (details in the "
-                               "device's log); nothing was trained, spent or released.")
+            return _error(
+                msg,
+                "fedfilter: this device's budget ledger cannot be opened (details in the "
+                "device's log); nothing was trained, spent or released.",
+            )
         try:
             with entry.lock:  # one message at a time per device ledger in this process
                 if entry.closed:
@@ -509,15 +551,21 @@ def _filter_round(msg: Message, context: Context, call_next, hold: ReplyHold) ->
         except LedgerError as err:  # lost spends, a full or read-only disk: nothing was released
             log.error("fedfilter mod: the budget ledger failed: %s", err)
             _forget_ledger(key, entry)
-            return _error(msg, "fedfilter: this device's budget ledger cannot be used (details in the device's "
-                               "log); nothing was released.")
+            return _error(
+                msg,
+                "fedfilter: this device's budget ledger cannot be used (details in the device's "
+                "log); nothing was released.",
+            )
         except BaseException:
             _forget_ledger(key, entry)
             raise
         break
     if outcome is None:
-        return _error(msg, f"fedfilter: round request refused: round-id={spec.round_id} of run-id="
-                           f"{spec.run_id!r} was already answered; a repeated round gets no second release.")
+        return _error(
+            msg,
+            f"fedfilter: round request refused: round-id={spec.round_id} of run-id="
+            f"{spec.run_id!r} was already answered; a repeated round gets no second release.",
+        )
 
     if outcome.release.status == "left":
         return _reply(msg, STATUS_LEFT, keys, None)
@@ -541,9 +589,14 @@ def simulated_device_config_mod(devices: Mapping[int, Mapping[str, Any]]):
 
     def mod(msg: Message, context: Context, call_next):
         extra = table.get(int(context.node_config.get("partition-id", -1)), {})
-        merged = Context(run_id=context.run_id, node_id=context.node_id,
-                         node_config={**extra, **context.node_config}, state=context.state,
-                         run_config=context.run_config, series_id=getattr(context, "series_id", 0))
+        merged = Context(
+            run_id=context.run_id,
+            node_id=context.node_id,
+            node_config={**extra, **context.node_config},
+            state=context.state,
+            run_config=context.run_config,
+            series_id=getattr(context, "series_id", 0),
+        )
         return call_next(msg, merged)
 
     return mod

@@ -3,7 +3,7 @@
 * The personal budget is written once, at enrolment, and can never change: the enrolment row and
   every spend row are append-only (SQLite triggers abort any UPDATE or DELETE).
 * Write-ahead: a spend is committed (WAL, ``synchronous=FULL``: on disk before COMMIT returns),
-  then sealed (``client.ledger_seal``), before the caller adds noise and releases anything. A
+  then sealed (``fedfilter.client.ledger_seal``), before the caller adds noise and releases anything. A
   crash in between wastes a spend, never loses one.
 * One release per (run, round): a replayed or repeated request finds the row and is refused, so
   it never gets a second release (for a noise-only client as well, so that refusals do not reveal
@@ -42,15 +42,15 @@ import sqlite3
 import threading
 import time
 import uuid
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
 
 import numpy as np
 
-from client.ledger_seal import SEAL_FILE, Seal, SealError, move_aside, read_seal, write_seal
-from client.privacy.filters import FILTER_KINDS, GaussianFilter, make_filter, round_allowance
+from fedfilter.client.ledger_seal import SEAL_FILE, Seal, SealError, move_aside, read_seal, write_seal
+from fedfilter.client.privacy.filters import FILTER_KINDS, GaussianFilter, make_filter, round_allowance
 
 LEDGER_FILE = "budget_ledger.sqlite"
 LEDGER_FILES = (LEDGER_FILE, LEDGER_FILE + "-wal", LEDGER_FILE + "-shm", SEAL_FILE)
@@ -124,8 +124,9 @@ class Quotas:
     def __post_init__(self):
         problems = []
         if not (isinstance(self.federation, str) and 0 < len(self.federation.strip()) <= 256):
-            problems.append("federation must be a non-empty name of at most 256 characters. "
-                            f"Found {self.federation!r}.")
+            problems.append(
+                f"federation must be a non-empty name of at most 256 characters. Found {self.federation!r}."
+            )
         for name in ("coordinator", "daily"):
             q = getattr(self, name)
             if not (isinstance(q, (int, float)) and not isinstance(q, bool) and math.isfinite(q) and 0 < q <= 1):
@@ -193,7 +194,8 @@ def _owner_must_act(directory: Path, what: str) -> LedgerUnavailableError:
         f"the budget ledger at {directory} {what} Every round is refused until the device's owner acts: "
         f"restore the ledger's files, or run `fedfilter ledger enrol --dir {directory} ... --recover reseal` "
         "(accept the database as it is now) or `--recover replace` (start a new ledger, a fresh budget; "
-        "the old files are kept in a lost-* folder).")
+        "the old files are kept in a lost-* folder)."
+    )
 
 
 def _raise_storage_error(directory: Path, err: BaseException):
@@ -225,8 +227,9 @@ def _storage_error(directory: Path, err: BaseException) -> BaseException:
         free = f"; {shutil.disk_usage(directory).free} bytes free there"
     except OSError:
         free = ""
-    return LedgerWriteError(f"cannot write the budget ledger at {directory}: {kind} ({err}{free}). "
-                            "Nothing was released this round.")
+    return LedgerWriteError(
+        f"cannot write the budget ledger at {directory}: {kind} ({err}{free}). Nothing was released this round."
+    )
 
 
 @contextmanager
@@ -262,8 +265,16 @@ class Reservation:
     and the owner's coordinator and daily quotas (``Quotas``).
     """
 
-    def __init__(self, ledger: "BudgetLedger", run_id: str, round_id: int, state, run_state,
-                 coordinator_state, caps: list[tuple[GaussianFilter, np.ndarray]]):
+    def __init__(
+        self,
+        ledger: BudgetLedger,
+        run_id: str,
+        round_id: int,
+        state,
+        run_state,
+        coordinator_state,
+        caps: list[tuple[GaussianFilter, np.ndarray]],
+    ):
         self._ledger, self.run_id, self.round_id = ledger, run_id, round_id
         self.state, self.run_state, self.coordinator_state = state, run_state, coordinator_state
         self._caps = caps  # (filter, state) pairs beyond the lifetime and run filters
@@ -273,8 +284,9 @@ class Reservation:
     def allowance(self, *, noise_std: float, clip: float) -> float:
         """The largest sensitivity every cap still admits at this noise, at most ``clip``."""
         led = self._ledger
-        allow = round_allowance(led.filter, self.state, noise_std=noise_std, clip=clip,
-                                run_filter=led.run_filter, run_state=self.run_state)
+        allow = round_allowance(
+            led.filter, self.state, noise_std=noise_std, clip=clip, run_filter=led.run_filter, run_state=self.run_state
+        )
         for filt, state in self._caps:
             # A cap already passed (the owner lowered a quota) admits nothing. filter.allowance
             # assumes a state within its budget: it gets the state clamped to the budget (the
@@ -288,9 +300,19 @@ class Reservation:
         pairs = [(led.filter, self.state), (led.run_filter, self.run_state), *self._caps]
         return all(bool(f.admits(s, charge)) for f, s in pairs)
 
-    def record(self, *, status: str, charge: np.ndarray, state_after: np.ndarray,
-               run_state_after: np.ndarray, sensitivity: float, noise_std: float,
-               noise_multiplier: float, clip: float, placement: str) -> None:
+    def record(
+        self,
+        *,
+        status: str,
+        charge: np.ndarray,
+        state_after: np.ndarray,
+        run_state_after: np.ndarray,
+        sensitivity: float,
+        noise_std: float,
+        noise_multiplier: float,
+        clip: float,
+        placement: str,
+    ) -> None:
         if status not in STATUSES:
             raise ValueError(f"status must be one of {STATUSES}. Found {status!r}.")
         if self.recorded or not self.open:
@@ -298,8 +320,10 @@ class Reservation:
         led = self._ledger
         charge = np.asarray(charge, dtype=np.float64)
         # Defence in depth: the states are the ledger's own, and a charge must fit every cap.
-        if not (np.array_equal(state_after, led.filter.spend(self.state, charge))
-                and np.array_equal(run_state_after, led.filter.spend(self.run_state, charge))):
+        if not (
+            np.array_equal(state_after, led.filter.spend(self.state, charge))
+            and np.array_equal(run_state_after, led.filter.spend(self.run_state, charge))
+        ):
             raise RuntimeError("internal error: the states after this round do not add up; nothing spent")
         if np.any(charge > 0) and not self.admits(charge):
             raise RuntimeError("internal error: the charge exceeds a budget or quota; nothing spent")
@@ -307,10 +331,22 @@ class Reservation:
             "INSERT INTO spends (run_id, round_id, status, sensitivity, noise_std, noise_multiplier,"
             " clip, placement, charge, state_after, run_state_after, created_at, coordinator,"
             " coordinator_state_after) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-            (self.run_id, self.round_id, status, float(sensitivity), float(noise_std),
-             float(noise_multiplier), float(clip), placement, _floats_json(charge),
-             _floats_json(state_after), _floats_json(run_state_after), led.clock(),
-             led.quotas.federation, _floats_json(led.filter.spend(self.coordinator_state, charge))),
+            (
+                self.run_id,
+                self.round_id,
+                status,
+                float(sensitivity),
+                float(noise_std),
+                float(noise_multiplier),
+                float(clip),
+                placement,
+                _floats_json(charge),
+                _floats_json(state_after),
+                _floats_json(run_state_after),
+                led.clock(),
+                led.quotas.federation,
+                _floats_json(led.filter.spend(self.coordinator_state, charge)),
+            ),
         )
         self.recorded = True
 
@@ -318,15 +354,15 @@ class Reservation:
 class BudgetLedger:
     """A device's lifetime budget and every spend against it."""
 
-    def __init__(self, directory: Path, conn: sqlite3.Connection, enrolment: Enrolment,
-                 quotas: Quotas | None = None):
+    def __init__(self, directory: Path, conn: sqlite3.Connection, enrolment: Enrolment, quotas: Quotas | None = None):
         self.directory, self._conn, self.enrolment = directory, conn, enrolment
         self.quotas = quotas or Quotas()
         self.clock = time.time  # the device's clock (created_at, the daily window); tests may set it
         # Reentrant: reads inside a reservation (same thread) go through the same lock.
         self._lock = threading.RLock()
         self.filter: GaussianFilter = make_filter(
-            enrolment.filter_kind, enrolment.epsilon, enrolment.delta, enrolment.orders or None)
+            enrolment.filter_kind, enrolment.epsilon, enrolment.delta, enrolment.orders or None
+        )
         self.run_filter: GaussianFilter = self.filter.scaled(enrolment.run_quota)
         self.coordinator_filter: GaussianFilter = self.filter.scaled(self.quotas.coordinator)
         self.daily_filter: GaussianFilter = self.filter.scaled(self.quotas.daily)
@@ -358,8 +394,10 @@ class BudgetLedger:
                 conn.execute(stmt)
             conn.execute("UPDATE meta SET value=? WHERE key='schema_version'", (str(SCHEMA_VERSION),))
         elif row is not None and row[0] != str(SCHEMA_VERSION):
-            raise LedgerUnavailableError(f"the budget ledger has schema version {row[0]!r}, which this "
-                                         f"fedfilter (schema {SCHEMA_VERSION}) does not know.")
+            raise LedgerUnavailableError(
+                f"the budget ledger has schema version {row[0]!r}, which this "
+                f"fedfilter (schema {SCHEMA_VERSION}) does not know."
+            )
         for stmt in _SCHEMA_INDEXES.split(";\n"):
             if stmt.strip():
                 conn.execute(stmt)
@@ -368,10 +406,19 @@ class BudgetLedger:
         return migrated
 
     @classmethod
-    def enrol(cls, directory, *, client_id: str, epsilon: float, delta: float,
-              filter_kind: str = "gdp", orders: Sequence[float] | None = None,
-              run_quota: float = 1.0, quotas: Quotas | None = None,
-              recover: str | None = None) -> "BudgetLedger":
+    def enrol(
+        cls,
+        directory,
+        *,
+        client_id: str,
+        epsilon: float,
+        delta: float,
+        filter_kind: str = "gdp",
+        orders: Sequence[float] | None = None,
+        run_quota: float = 1.0,
+        quotas: Quotas | None = None,
+        recover: str | None = None,
+    ) -> BudgetLedger:
         """The owner's act: create the ledger with its personal budget, or open it if enrolled
         with the same one. A different budget for an existing ledger is refused.
 
@@ -412,19 +459,30 @@ class BudgetLedger:
         with _closed_on_failure(conn, directory):
             with _immediate(conn):
                 migrated = cls._prepare(conn)
-                created = conn.execute(
-                    "INSERT OR IGNORE INTO enrolment VALUES (1,?,?,?,?,?,?,?)",
-                    (client_id, filter_kind, float(epsilon), float(delta),
-                     json.dumps(list(filt.orders)), float(run_quota), time.time()),
-                ).rowcount == 1
+                created = (
+                    conn.execute(
+                        "INSERT OR IGNORE INTO enrolment VALUES (1,?,?,?,?,?,?,?)",
+                        (
+                            client_id,
+                            filter_kind,
+                            float(epsilon),
+                            float(delta),
+                            json.dumps(list(filt.orders)),
+                            float(run_quota),
+                            time.time(),
+                        ),
+                    ).rowcount
+                    == 1
+                )
             ledger = cls(directory, conn, cls._read_enrolment(conn), quotas)
         try:
             ledger._check_same_budget(client_id, filter_kind, epsilon, delta, filt.orders, run_quota)
             if recover == "reseal":
                 move_aside(directory, [SEAL_FILE])  # kept for the record
             elif not (created or migrated):
-                raise _owner_must_act(directory, f"has no seal ({SEAL_FILE}): it may be a copy or a "
-                                                 "restore that lacks spends.")
+                raise _owner_must_act(
+                    directory, f"has no seal ({SEAL_FILE}): it may be a copy or a restore that lacks spends."
+                )
             ledger._seal_latest()
         except BaseException:
             ledger.close()
@@ -445,7 +503,7 @@ class BudgetLedger:
             )
 
     @classmethod
-    def open(cls, directory, *, quotas: Quotas | None = None) -> "BudgetLedger":
+    def open(cls, directory, *, quotas: Quotas | None = None) -> BudgetLedger:
         """Open an enrolled ledger; ``LedgerUnavailableError`` (fail closed) if it is missing,
         never enrolled, damaged, or no longer holds the spend its seal names."""
         directory = Path(directory)
@@ -456,33 +514,46 @@ class BudgetLedger:
             raise _owner_must_act(directory, f"has a damaged seal ({err}).") from err
         if not (path.exists() and path.stat().st_size > 0):
             if seal is not None:
-                raise _owner_must_act(directory, f"is missing or empty, but this device was enrolled "
-                                                 f"(its seal {SEAL_FILE} names spend #{seal.seq}).")
-            raise LedgerUnavailableError(f"no budget ledger at {directory}: the device is not enrolled. "
-                                         f"Its owner enrols it once: `fedfilter ledger enrol --dir {directory} ...`.")
+                raise _owner_must_act(
+                    directory,
+                    f"is missing or empty, but this device was enrolled "
+                    f"(its seal {SEAL_FILE} names spend #{seal.seq}).",
+                )
+            raise LedgerUnavailableError(
+                f"no budget ledger at {directory}: the device is not enrolled. "
+                f"Its owner enrols it once: `fedfilter ledger enrol --dir {directory} ...`."
+            )
         try:
             conn = cls._connect(path)
         except sqlite3.Error as err:
             _raise_storage_error(directory, err)
         with _closed_on_failure(conn, directory):
-            version = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() \
-                if conn.execute("SELECT 1 FROM sqlite_master WHERE name='meta'").fetchone() else None
+            version = (
+                conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+                if conn.execute("SELECT 1 FROM sqlite_master WHERE name='meta'").fetchone()
+                else None
+            )
             if version is None or conn.execute("SELECT 1 FROM sqlite_master WHERE name='enrolment'").fetchone() is None:
-                raise _owner_must_act(directory, "holds no enrolment" + (
-                    f", but this device was enrolled (its seal names spend #{seal.seq})." if seal else "."))
+                raise _owner_must_act(
+                    directory,
+                    "holds no enrolment"
+                    + (f", but this device was enrolled (its seal names spend #{seal.seq})." if seal else "."),
+                )
             migrated = False
             if version[0] == "1":  # schema 1 had no seal: migrate, then seal what is there
                 if seal is not None:  # a schema 2 ledger rolled back to before its migration
-                    raise _owner_must_act(directory, f"is an older copy (schema 1) of a sealed ledger "
-                                                     f"(its seal names spend #{seal.seq}).")
+                    raise _owner_must_act(
+                        directory, f"is an older copy (schema 1) of a sealed ledger (its seal names spend #{seal.seq})."
+                    )
                 with _immediate(conn):
                     migrated = cls._prepare(conn)
             enrolment = cls._read_enrolment(conn, directory, seal)
             ledger = cls(directory, conn, enrolment, quotas)
         try:
             if seal is None and not migrated:
-                raise _owner_must_act(directory, f"has no seal ({SEAL_FILE}): it may be a copy or a restore "
-                                                 "that lacks spends.")
+                raise _owner_must_act(
+                    directory, f"has no seal ({SEAL_FILE}): it may be a copy or a restore that lacks spends."
+                )
             if migrated:
                 ledger._seal_latest()
             else:
@@ -498,8 +569,11 @@ class BudgetLedger:
             "SELECT client_id, filter_kind, epsilon, delta, orders, run_quota, enrolled_at FROM enrolment"
         ).fetchone()
         if row is None:
-            raise _owner_must_act(directory or Path("."), "holds no enrolment" + (
-                f", but this device was enrolled (its seal names spend #{seal.seq})." if seal else "."))
+            raise _owner_must_act(
+                directory or Path("."),
+                "holds no enrolment"
+                + (f", but this device was enrolled (its seal names spend #{seal.seq})." if seal else "."),
+            )
         return Enrolment(row[0], row[1], row[2], row[3], tuple(json.loads(row[4])), row[5], row[6])
 
     def close(self) -> None:
@@ -517,26 +591,34 @@ class BudgetLedger:
             if seal is None:
                 raise _owner_must_act(self.directory, f"has lost its seal ({SEAL_FILE}).")
         if seal.ledger_id != self._ledger_id:
-            raise _owner_must_act(self.directory, "is not the database its seal was written for (it was "
-                                                  "replaced or re-created).")
+            raise _owner_must_act(
+                self.directory, "is not the database its seal was written for (it was replaced or re-created)."
+            )
         if seal.seq == 0:
             return
         row = self._conn.execute(
-            "SELECT run_id, round_id, created_at, state_after FROM spends WHERE seq=?", (seal.seq,)).fetchone()
+            "SELECT run_id, round_id, created_at, state_after FROM spends WHERE seq=?", (seal.seq,)
+        ).fetchone()
         if row is None or tuple(row) != (seal.run_id, seal.round_id, seal.created_at, seal.state_after):
             last = self._conn.execute("SELECT MAX(seq) FROM spends").fetchone()[0] or 0
-            raise _owner_must_act(self.directory, (
-                f"has lost spends it had committed: its seal names spend #{seal.seq} (run {seal.run_id!r}, "
-                f"round {seal.round_id}), which the database {'does not hold' if row is None else 'holds differently'} "
-                f"(it ends at #{last}). A lost -wal file, a truncated database or an older copy."))
+            raise _owner_must_act(
+                self.directory,
+                (
+                    f"has lost spends it had committed: its seal names spend #{seal.seq} (run {seal.run_id!r}, "
+                    f"round {seal.round_id}), which the database "
+                    f"{'does not hold' if row is None else 'holds differently'} "
+                    f"(it ends at #{last}). A lost -wal file, a truncated database or an older copy."
+                ),
+            )
 
     def _seal_latest(self) -> None:
         """Seal the latest committed spend, under the write lock so that seals only move forward."""
         with self._lock:
             self._conn.execute("BEGIN IMMEDIATE")
             try:
-                row = self._conn.execute("SELECT seq, run_id, round_id, created_at, state_after FROM spends"
-                                         " ORDER BY seq DESC LIMIT 1").fetchone()
+                row = self._conn.execute(
+                    "SELECT seq, run_id, round_id, created_at, state_after FROM spends ORDER BY seq DESC LIMIT 1"
+                ).fetchone()
                 seal = Seal(self._ledger_id, *row) if row else Seal(self._ledger_id, 0, "", 0, 0.0, "[]")
                 try:
                     current = read_seal(self.directory)
@@ -566,8 +648,9 @@ class BudgetLedger:
         return state, run_state
 
     def _coordinator_state_locked(self, federation: str) -> np.ndarray:
-        row = self._conn.execute("SELECT coordinator_state_after FROM spends WHERE coordinator=?"
-                                 " ORDER BY seq DESC LIMIT 1", (federation,)).fetchone()
+        row = self._conn.execute(
+            "SELECT coordinator_state_after FROM spends WHERE coordinator=? ORDER BY seq DESC LIMIT 1", (federation,)
+        ).fetchone()
         return _floats(row[0]) if row else self.filter.initial_state()
 
     def _window_state_locked(self, since: float) -> np.ndarray:
@@ -595,18 +678,25 @@ class BudgetLedger:
             return self._window_state_locked((self.clock() if now is None else now) - DAY_S)
 
     def records(self, run_id: str | None = None) -> list[SpendRecord]:
-        sql = ("SELECT seq, run_id, round_id, status, sensitivity, noise_std, noise_multiplier, clip,"
-               " placement, charge, state_after, run_state_after, created_at, coordinator FROM spends")
+        sql = (
+            "SELECT seq, run_id, round_id, status, sensitivity, noise_std, noise_multiplier, clip,"
+            " placement, charge, state_after, run_state_after, created_at, coordinator FROM spends"
+        )
         with self._lock:
-            rows = self._conn.execute(sql + (" WHERE run_id=? ORDER BY seq" if run_id else " ORDER BY seq"),
-                                      (run_id,) if run_id else ()).fetchall()
+            rows = self._conn.execute(
+                sql + (" WHERE run_id=? ORDER BY seq" if run_id else " ORDER BY seq"), (run_id,) if run_id else ()
+            ).fetchall()
         return [SpendRecord(*r[:9], _floats(r[9]), _floats(r[10]), _floats(r[11]), r[12], r[13]) for r in rows]
 
     def has_release(self, run_id: str, round_id: int) -> bool:
         """Whether this (run, round) was already answered (one indexed lookup)."""
         with self._lock:
-            return self._conn.execute(
-                "SELECT 1 FROM spends WHERE run_id=? AND round_id=?", (run_id, int(round_id))).fetchone() is not None
+            return (
+                self._conn.execute(
+                    "SELECT 1 FROM spends WHERE run_id=? AND round_id=?", (run_id, int(round_id))
+                ).fetchone()
+                is not None
+            )
 
     def recomputed_state(self) -> np.ndarray:
         """Every charge re-added from scratch with the filter's rounding (an audit of ``state``)."""
@@ -625,8 +715,9 @@ class BudgetLedger:
         runs: dict[str, dict] = {}
         coordinators: dict[str, dict] = {}
         for rec in self.records():
-            run = runs.setdefault(rec.run_id, {"run_id": rec.run_id, "rounds": 0, "contributed": 0,
-                                               "noise_only": 0, "left": 0})
+            run = runs.setdefault(
+                rec.run_id, {"run_id": rec.run_id, "rounds": 0, "contributed": 0, "noise_only": 0, "left": 0}
+            )
             run["rounds"] += 1
             run[rec.status.replace("-", "_")] += 1
             run["state"] = rec.run_state_after
@@ -637,11 +728,15 @@ class BudgetLedger:
             c["spent_epsilon"] = self.filter.epsilon_spent(self.coordinator_state(name)) if name else None
         state = self.state()
         return {
-            "client_id": e.client_id, "filter": e.filter_kind, "budget_epsilon": e.epsilon,
-            "budget_delta": e.delta, "run_quota": e.run_quota,
+            "client_id": e.client_id,
+            "filter": e.filter_kind,
+            "budget_epsilon": e.epsilon,
+            "budget_delta": e.delta,
+            "run_quota": e.run_quota,
             "spent_epsilon": self.filter.epsilon_spent(state),
             "remaining_fraction": float(self.filter.remaining_fraction(state)),
-            "runs": list(runs.values()), "coordinators": list(coordinators.values()),
+            "runs": list(runs.values()),
+            "coordinators": list(coordinators.values()),
         }
 
     # --- spending -----------------------------------------------------------------------------
@@ -664,10 +759,13 @@ class BudgetLedger:
                 self._conn.execute("BEGIN IMMEDIATE")
                 self._check_seal()
                 seen = self._conn.execute(
-                    "SELECT status FROM spends WHERE run_id=? AND round_id=?", (run_id, round_id)).fetchone()
+                    "SELECT status FROM spends WHERE run_id=? AND round_id=?", (run_id, round_id)
+                ).fetchone()
                 if seen is not None:
-                    raise ReplayError(f"round {round_id} of run {run_id!r} was already released; "
-                                      "a repeated request gets no second release.")
+                    raise ReplayError(
+                        f"round {round_id} of run {run_id!r} was already released; "
+                        "a repeated request gets no second release."
+                    )
                 state, run_state = self._last_state_locked(run_id)
                 coordinator_state = self._coordinator_state_locked(self.quotas.federation)
                 caps = []

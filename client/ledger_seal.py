@@ -4,7 +4,7 @@ The database alone cannot tell that it lost something: a main file whose ``-wal`
 truncated after a checkpoint, or an older copy all open as valid ledgers with a smaller spend,
 which would be a fresh budget. The seal is written (fsync'd, atomic rename) after every commit and
 before the release, so whatever has left the device is covered by it; a database that no longer
-holds the sealed spend is refused (``client.ledger``). A seal that lags the database (a crash
+holds the sealed spend is refused (``fedfilter.client.ledger``). A seal that lags the database (a crash
 between the commit and the seal) is harmless: nothing was released after that commit.
 """
 

@@ -9,11 +9,11 @@ n terms has relative error at most (n-1)u/(1-(n-1)u); squaring and the square ro
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
-from client.noise import NoiseStream, rounded_gaussian
+from fedfilter.client.noise import NoiseStream, rounded_gaussian
 
 _U = 2.0**-53  # unit roundoff of float64
 
@@ -134,7 +134,7 @@ def snap_toward_zero(arrays: Sequence[np.ndarray], gamma: float) -> list[np.ndar
 
 
 def add_grid_noise(snapped: Sequence[np.ndarray], std: float, stream: NoiseStream) -> list[np.ndarray]:
-    """``(k + round(sigma_g G)) * gamma`` per array, in ``REPLY_DTYPE`` (see ``client.noise``)."""
+    """``(k + round(sigma_g G)) * gamma`` per array, in ``REPLY_DTYPE`` (see ``fedfilter.client.noise``)."""
     gamma, sigma_g = noise_grid(std)
     out = []
     for k in snapped:

@@ -5,7 +5,7 @@ CCS 2012; Jin et al., IEEE S&P 2022, arXiv 2112.05307): the bits of a report the
 contributing device from one without data. So no float noise ever touches the update here:
 
 * the update is snapped toward zero onto a grid of step ``gamma`` (a power of two), giving an
-  integer vector ``k`` (``client.mechanism.snap_toward_zero``);
+  integer vector ``k`` (``fedfilter.client.mechanism.snap_toward_zero``);
 * the noise is the integer ``R = round(sigma_g * G)`` per coordinate, ``G ~ N(0, 1)``, with
   ``sigma_g = std / gamma``: the continuous Gaussian rounded to the grid, sampled *exactly*
   (below);
@@ -26,7 +26,7 @@ interval; by symmetry we work with ``p = min(U, 1 - U) <= 1/2`` and ``t(p) = -Ph
 ``+-m``, whatever the further bits of ``U``. Deciding that in float64 needs a bound on the error of
 ``scipy.special.ndtri`` (Cephes; documented peak relative error below 5e-16): the fast path widens
 its interval by a relative ``2**-40`` (about 2,000 times that, checked against mpmath by
-``tests/test_noise.py``). An interval it cannot decide (about 2 in 10^7 coordinates) goes to the
+``tests/client/test_noise.py``). An interval it cannot decide (about 2 in 10^7 coordinates) goes to the
 exact path: more random bits, and the cell boundaries ``Phi(-(m +- 1/2) / sigma_g)`` compared with
 the interval in mpmath at a precision that grows with the bits, until they decide. The result is
 the exact rounded Gaussian; the time it takes depends only on the random bits, never on the data.
@@ -62,7 +62,7 @@ class NoiseStream:
         self._cipher = Cipher(algorithms.ChaCha20(key, bytes(16)), mode=None).encryptor()
 
     @classmethod
-    def from_seed(cls, *parts) -> "NoiseStream":
+    def from_seed(cls, *parts) -> NoiseStream:
         """A reproducible stream for tests and the engine's conformance runs ONLY: whoever knows
         the seed can subtract the noise."""
         return cls(hashlib.sha256("\x00".join(str(p) for p in parts).encode()).digest())

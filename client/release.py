@@ -10,16 +10,25 @@ trusted: its request is validated against the device owner's policy before anyth
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Sequence
 
 import numpy as np
 
-from client.ledger import INT64_MAX, BudgetLedger
-from client.privacy.filters import GaussianFilter, exhausted
-from client.mechanism import NOISE_STD_RANGE, add_grid_noise, as_float_arrays, check_finite, clip_to_norm, noise_grid, snap_toward_zero
-from client.noise import NoiseStream, round_noise_stream
+from fedfilter.client.ledger import INT64_MAX, BudgetLedger
+from fedfilter.client.mechanism import (
+    NOISE_STD_RANGE,
+    add_grid_noise,
+    as_float_arrays,
+    check_finite,
+    clip_to_norm,
+    noise_grid,
+    snap_toward_zero,
+)
+from fedfilter.client.noise import NoiseStream, round_noise_stream
+from fedfilter.client.privacy.filters import GaussianFilter, exhausted
+from fedfilter.client.round_rules import accounted_noise_std, added_noise_std
 
 PLACEMENTS = ("local", "distributed")
 AFTER_EXHAUSTION = ("noise-only", "leave")
@@ -63,11 +72,13 @@ class ClientPolicy:
     def __post_init__(self):
         problems = []
         if _finite(self.min_noise_multiplier) is None or self.min_noise_multiplier <= 0:
-            problems.append("min_noise_multiplier must be a finite number > 0. "
-                            f"Found {short_repr(self.min_noise_multiplier)}.")
+            problems.append(
+                f"min_noise_multiplier must be a finite number > 0. Found {short_repr(self.min_noise_multiplier)}."
+            )
         if not _int_in(self.max_min_reports, 1, INT64_MAX):
-            problems.append("max_min_reports must be an integer in [1, 2**63-1]. "
-                            f"Found {short_repr(self.max_min_reports)}.")
+            problems.append(
+                f"max_min_reports must be an integer in [1, 2**63-1]. Found {short_repr(self.max_min_reports)}."
+            )
         if self.after_exhaustion not in AFTER_EXHAUSTION:
             problems.append(f"after_exhaustion must be one of {AFTER_EXHAUSTION}. Found {self.after_exhaustion!r}.")
         if not (0 <= self.exhausted_below < 1):
@@ -116,8 +127,10 @@ def validate_request(spec: RoundSpec, policy: ClientPolicy) -> None:
     """
     problems = []
     if not (isinstance(spec.run_id, str) and 0 < len(spec.run_id) <= MAX_RUN_ID_CHARS):
-        problems.append(f"run_id must be a non-empty string of at most {MAX_RUN_ID_CHARS} characters. "
-                        f"Found {short_repr(spec.run_id)}.")
+        problems.append(
+            f"run_id must be a non-empty string of at most {MAX_RUN_ID_CHARS} characters. "
+            f"Found {short_repr(spec.run_id)}."
+        )
     if not _int_in(spec.round_id, 0, INT64_MAX):
         problems.append(f"round_id must be an integer in [0, 2**63-1]. Found {short_repr(spec.round_id)}.")
     z = _finite(spec.noise_multiplier)
@@ -132,8 +145,10 @@ def validate_request(spec: RoundSpec, policy: ClientPolicy) -> None:
         c = None
     m = spec.min_reports
     if not _int_in(m, 1, policy.max_min_reports):
-        problems.append(f"min_reports must be an integer in [1, {policy.max_min_reports}] (this device's "
-                        f"max-min-reports). Found {short_repr(m)}.")
+        problems.append(
+            f"min_reports must be an integer in [1, {policy.max_min_reports}] (this device's "
+            f"max-min-reports). Found {short_repr(m)}."
+        )
         m = None
     if spec.placement not in PLACEMENTS:
         problems.append(f"placement must be one of {PLACEMENTS}. Found {short_repr(spec.placement)}.")
@@ -146,13 +161,17 @@ def validate_request(spec: RoundSpec, policy: ClientPolicy) -> None:
         low, high = NOISE_STD_RANGE
         std = z * c
         if not (math.isfinite(std) and low <= std <= high):
-            problems.append(f"noise_multiplier * clip (the noise std) must be a finite number in [2**-100, 2**100]. "
-                            f"Found {z!r} * {c!r} = {std!r}.")
+            problems.append(
+                f"noise_multiplier * clip (the noise std) must be a finite number in [2**-100, 2**100]. "
+                f"Found {z!r} * {c!r} = {std!r}."
+            )
         elif spec.placement == "distributed" and m is not None:
             share = std / math.sqrt(int(m))
             if not low <= share <= high:
-                problems.append(f"noise_multiplier * clip / sqrt(min_reports) (each report's noise std) must be "
-                                f"in [2**-100, 2**100]. Found {share!r}.")
+                problems.append(
+                    f"noise_multiplier * clip / sqrt(min_reports) (each report's noise std) must be "
+                    f"in [2**-100, 2**100]. Found {share!r}."
+                )
     if problems:
         raise RoundSpecError("round request refused: " + " ".join(problems))
 
@@ -190,7 +209,11 @@ class FilteredClient:
         self.noise_seed = noise_seed
 
     def _stream(self, spec: RoundSpec) -> NoiseStream:
-        return NoiseStream() if self.noise_seed is None else round_noise_stream(self.noise_seed, spec.run_id, spec.round_id)
+        return (
+            NoiseStream()
+            if self.noise_seed is None
+            else round_noise_stream(self.noise_seed, spec.run_id, spec.round_id)
+        )
 
     def release(self, spec: RoundSpec, update: Sequence[np.ndarray]) -> Release:
         """Filter, clip, record and noise one round's update. Raises before spending on bad input."""
@@ -198,8 +221,8 @@ class FilteredClient:
         arrays = as_float_arrays(update)
         check_finite(arrays)
         z, clip = float(spec.noise_multiplier), float(spec.clip)
-        accounted_std = z * clip  # the noise the observer's view carries (the sum's, if distributed)
-        added_std = accounted_std / math.sqrt(spec.min_reports) if spec.placement == "distributed" else accounted_std
+        accounted_std = accounted_noise_std(z, clip)  # the observer's view (the sum's, if distributed)
+        added_std = added_noise_std(z, clip, spec.placement, spec.min_reports)
         gamma, _ = noise_grid(added_std)  # before anything is spent: an impossible std is refused here
         filt, run_filt = self.ledger.filter, self.ledger.run_filter
 
@@ -218,9 +241,17 @@ class FilteredClient:
                 raise RuntimeError("internal error: clipped update exceeds the allowance; nothing spent")
             status = ("left" if self.policy.after_exhaustion == "leave" else "noise-only") if spent else "contributed"
             state_after = filt.spend(tx.state, charge)
-            tx.record(status=status, charge=charge, state_after=state_after,
-                      run_state_after=run_filt.spend(tx.run_state, charge), sensitivity=norm,
-                      noise_std=added_std, noise_multiplier=z, clip=clip, placement=spec.placement)
+            tx.record(
+                status=status,
+                charge=charge,
+                state_after=state_after,
+                run_state_after=run_filt.spend(tx.run_state, charge),
+                sensitivity=norm,
+                noise_std=added_std,
+                noise_multiplier=z,
+                clip=clip,
+                placement=spec.placement,
+            )
         # Committed: the spend is on disk. Only now is anything computed that leaves the device.
         out = None if status == "left" else add_grid_noise(snapped, added_std, self._stream(spec))
         return Release(status, out, norm, added_std, state_after, filt)

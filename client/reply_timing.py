@@ -31,13 +31,20 @@ import gc
 import logging
 import math
 import time
-from collections.abc import Mapping
-from typing import Any, Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from flwr.app import Message
 
-__all__ = ["REPLY_HOLD_KEY", "DEFAULT_REPLY_HOLD_S", "MAX_REPLY_HOLD_S", "reply_hold_s", "held_deadline",
-           "ReplyHold", "timing_protection"]
+__all__ = [
+    "REPLY_HOLD_KEY",
+    "DEFAULT_REPLY_HOLD_S",
+    "MAX_REPLY_HOLD_S",
+    "reply_hold_s",
+    "held_deadline",
+    "ReplyHold",
+    "timing_protection",
+]
 
 log = logging.getLogger("fedfilter.client")
 
@@ -62,8 +69,10 @@ def reply_hold_s(node_config: Mapping[str, Any]) -> float:
     except (TypeError, ValueError):
         hold = math.nan
     if not (math.isfinite(hold) and 0.0 <= hold <= MAX_REPLY_HOLD_S):
-        raise ValueError(f"node-config {REPLY_HOLD_KEY!r} must be a number of seconds in [0, "
-                         f"{MAX_REPLY_HOLD_S:g}] (0 turns timing protection off). Found {value!r}.")
+        raise ValueError(
+            f"node-config {REPLY_HOLD_KEY!r} must be a number of seconds in [0, "
+            f"{MAX_REPLY_HOLD_S:g}] (0 turns timing protection off). Found {value!r}."
+        )
     return hold
 
 
@@ -76,8 +85,7 @@ def held_deadline(arrival: float, now: float, hold: float) -> float:
 class ReplyHold:
     """Started when a message reaches the mod; armed once the round touches the ledger."""
 
-    def __init__(self, *, clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], None] = time.sleep):
+    def __init__(self, *, clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep):
         self._clock, self._sleep = clock, sleep
         self.arrival = clock()
         self.hold_s = 0.0  # not armed: replies leave at once
@@ -100,9 +108,13 @@ class ReplyHold:
         gc.collect(1)
         deadline = held_deadline(self.arrival, self._clock(), self.hold_s)
         if deadline > self.arrival + self.hold_s:
-            log.warning("fedfilter: this round took longer than reply-hold-s=%g s; its reply waits "
-                        "until %g s after arrival, which shows the coordinator a slow round. Raise "
-                        "reply-hold-s.", self.hold_s, deadline - self.arrival)
+            log.warning(
+                "fedfilter: this round took longer than reply-hold-s=%g s; its reply waits "
+                "until %g s after arrival, which shows the coordinator a slow round. Raise "
+                "reply-hold-s.",
+                self.hold_s,
+                deadline - self.arrival,
+            )
         while (left := deadline - self._clock()) > 0:
             self._sleep(left)
 
@@ -119,7 +131,8 @@ class ReplyHold:
 def timing_protection(hold_s: float) -> str:
     """One line for a command's output and summary: is the reply hold on, and what it means."""
     if hold_s > 0:
-        return (f"on: every reply is held for a whole multiple of reply-hold-s = {hold_s:g} s after "
-                "its request arrived")
-    return ("off (reply-hold-s = 0): reply times and metadata.created_at may reveal each device's data "
-            f"size and budget state; deployed devices hold replies for {DEFAULT_REPLY_HOLD_S:g} s by default")
+        return f"on: every reply is held for a whole multiple of reply-hold-s = {hold_s:g} s after its request arrived"
+    return (
+        "off (reply-hold-s = 0): reply times and metadata.created_at may reveal each device's data "
+        f"size and budget state; deployed devices hold replies for {DEFAULT_REPLY_HOLD_S:g} s by default"
+    )

@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from protos import fedfilter_pb2
+from fedfilter.protos import fedfilter_pb2
 
 __all__ = ["PublicLedger", "looks_per_client", "check_public_name", "SCHEMA_VERSION"]
 
@@ -168,17 +168,14 @@ class PublicLedger:
                 return False
             if version != SCHEMA_VERSION:
                 raise ValueError(
-                    f"ledger {str(self.path)!r} has schema version {version}, "
-                    f"this code reads version {SCHEMA_VERSION}"
+                    f"ledger {str(self.path)!r} has schema version {version}, this code reads version {SCHEMA_VERSION}"
                 )
             self._schema_seen = True
         return True
 
     def _require_writable(self, operation: str) -> None:
         if self.read_only:
-            raise PermissionError(
-                f"ledger {str(self.path)!r} is open read-only; cannot {operation}"
-            )
+            raise PermissionError(f"ledger {str(self.path)!r} is open read-only; cannot {operation}")
 
     # -- writing -----------------------------------------------------------------------------
 
@@ -298,9 +295,7 @@ class PublicLedger:
         with self._lock:
             row = None
             if self._ready():
-                row = self._conn.execute(
-                    "SELECT finished_at_unix FROM runs WHERE run_id = ?", (run_id,)
-                ).fetchone()
+                row = self._conn.execute("SELECT finished_at_unix FROM runs WHERE run_id = ?", (run_id,)).fetchone()
             if row is None:
                 raise ValueError(f"unknown run_id {run_id!r}")
             return row[0] is not None
@@ -311,8 +306,7 @@ class PublicLedger:
             if not self._ready():
                 return []
             rows = self._conn.execute(
-                "SELECT run_id, created_at_unix, config_json, finished_at_unix FROM runs "
-                "ORDER BY seq"
+                "SELECT run_id, created_at_unix, config_json, finished_at_unix FROM runs ORDER BY seq"
             ).fetchall()
         return [
             fedfilter_pb2.RunInfo(
@@ -342,8 +336,7 @@ class PublicLedger:
                 ).fetchall()
             else:
                 rows = self._conn.execute(
-                    "SELECT record FROM records WHERE run_id = ? AND round_id > ? "
-                    "ORDER BY round_id",
+                    "SELECT record FROM records WHERE run_id = ? AND round_id > ? ORDER BY round_id",
                     (run_id, int(after)),
                 ).fetchall()
         return [fedfilter_pb2.PublicRoundRecord.FromString(row[0]) for row in rows]
@@ -357,13 +350,9 @@ def _validate_record(record: fedfilter_pb2.PublicRoundRecord) -> None:
     if record.HasField("request"):
         request = record.request
         if request.run_id != record.run_id:
-            raise ValueError(
-                f"request.run_id {request.run_id!r} differs from run_id {record.run_id!r}"
-            )
+            raise ValueError(f"request.run_id {request.run_id!r} differs from run_id {record.run_id!r}")
         if request.round_id != record.round_id:
-            raise ValueError(
-                f"request.round_id {request.round_id} differs from round_id {record.round_id}"
-            )
+            raise ValueError(f"request.round_id {request.round_id} differs from round_id {record.round_id}")
         for name in ("noise_multiplier", "clip", "learning_rate"):
             value = getattr(request, name)
             if not math.isfinite(value) or value < 0:

@@ -21,8 +21,8 @@ from typing import Any
 
 import grpc
 
-from coordinator.public_ledger import PublicLedger
-from protos import fedfilter_pb2, fedfilter_pb2_grpc
+from fedfilter.coordinator.public_ledger import PublicLedger
+from fedfilter.protos import fedfilter_pb2, fedfilter_pb2_grpc
 
 __all__ = [
     "ReportServicer",

@@ -1,10 +1,10 @@
 """The coordinator's ServerApp: rounds of filtered, noisy updates, a plain mean, public records only.
 
-``app`` is what ``[tool.flwr.app.components] serverapp = "coordinator.server_app:app"`` loads.
+``app`` is what ``[tool.flwr.app.components] serverapp = "fedfilter.coordinator.server_app:app"`` loads.
 Each round it samples nodes, sends them the model, the training settings and the round request,
 waits a bounded time for replies (``round-timeout-s``; the message TTL is longer, so a client
 that has already spent budget is not silently discarded by Flower), checks every reply, takes the
-plain mean of the valid noisy updates (``coordinator.strategy``), applies it with the server
+plain mean of the valid noisy updates (``fedfilter.coordinator.strategy``), applies it with the server
 learning rate, evaluates the model on the task's held-out test data and appends one
 ``PublicRoundRecord`` to the public ledger. Nothing per client is written anywhere.
 
@@ -16,17 +16,19 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, Mapping
+from collections.abc import Mapping
+from logging import INFO, WARNING
+from typing import Any
 
 import numpy as np
 from flwr.app import Context
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
-from logging import INFO, WARNING
 
-from coordinator.public_ledger import PublicLedger
-from coordinator.strategy import FilteredMeanStrategy
-from protos import fedfilter_pb2
+from fedfilter.client.wire import request_proto
+from fedfilter.coordinator.public_ledger import PublicLedger
+from fedfilter.coordinator.strategy import FilteredMeanStrategy
+from fedfilter.protos import fedfilter_pb2
 
 __all__ = ["app", "make_server_app", "run", "SERVER_DEFAULTS"]
 
@@ -84,35 +86,40 @@ def _wait_for_nodes(grid: Grid, wanted: int, wait_s: float) -> list[int]:
     if not nodes:
         raise RuntimeError(f"no node connected within node-wait-s={wait_s}.")
     if len(nodes) < wanted:
-        log(WARNING, "fedfilter: %d of min-available-nodes=%d connected after %.0f s; going on",
-            len(nodes), wanted, wait_s)
+        log(
+            WARNING,
+            "fedfilter: %d of min-available-nodes=%d connected after %.0f s; going on",
+            len(nodes),
+            wanted,
+            wait_s,
+        )
     return nodes
-
-
-def _request_proto(cfg: Mapping[str, Any], run_id: str, round_id: int) -> fedfilter_pb2.RoundRequest:
-    placement = fedfilter_pb2.DISTRIBUTED if cfg["placement"] == "distributed" else fedfilter_pb2.LOCAL
-    return fedfilter_pb2.RoundRequest(
-        run_id=run_id, round_id=round_id, noise_multiplier=cfg["noise-multiplier"], clip=cfg["clip"],
-        placement=placement, min_reports=cfg["min-reports"], local_epochs=cfg["local-epochs"],
-        learning_rate=cfg["lr"])
 
 
 def run(grid: Grid, context: Context, overrides: Mapping[str, Any] | None = None) -> None:
     """The coordinator's main loop (see the module docstring)."""
     import torch
 
-    from simulations.tasks.registry import load_task
-    from simulations.tasks.training import evaluate, get_weights, set_weights
+    from fedfilter.simulations.tasks.registry import load_task
+    from fedfilter.simulations.tasks.training import evaluate, get_weights, set_weights
 
     cfg = server_config(context.run_config, overrides)
     run_id = cfg["run-name"] or f"flwr-{context.run_id}"
     ttl = cfg["message-ttl-s"] or 2 * cfg["round-timeout-s"] + 60.0
     if ttl <= cfg["round-timeout-s"]:
-        raise ValueError(f"message-ttl-s={ttl} must exceed round-timeout-s={cfg['round-timeout-s']}: a "
-                         "shorter TTL discards replies whose clients have already spent budget.")
+        raise ValueError(
+            f"message-ttl-s={ttl} must exceed round-timeout-s={cfg['round-timeout-s']}: a "
+            "shorter TTL discards replies whose clients have already spent budget."
+        )
     strategy = FilteredMeanStrategy(
-        noise_multiplier=cfg["noise-multiplier"], clip=cfg["clip"], placement=cfg["placement"],
-        min_reports=cfg["min-reports"], fraction=cfg["fraction-train"], server_lr=cfg["server-lr"], ttl_s=ttl)
+        noise_multiplier=cfg["noise-multiplier"],
+        clip=cfg["clip"],
+        placement=cfg["placement"],
+        min_reports=cfg["min-reports"],
+        fraction=cfg["fraction-train"],
+        server_lr=cfg["server-lr"],
+        ttl_s=ttl,
+    )
 
     torch.set_num_threads(1)
     torch.manual_seed(cfg["seed"])
@@ -134,8 +141,7 @@ def run(grid: Grid, context: Context, overrides: Mapping[str, Any] | None = None
             started = time.time()
             sampled = strategy.sample(grid.get_node_ids(), rng)
             spec = strategy.spec(run_id, round_id)
-            messages = strategy.train_messages(spec, sampled, keys, weights,
-                                               {**train_config, "server-round": round_id})
+            messages = strategy.train_messages(spec, sampled, keys, weights, {**train_config, "server-round": round_id})
             replies = grid.send_and_receive(messages, timeout=cfg["round-timeout-s"])
             tally = strategy.tally(replies, sampled, keys, weights)
             released = strategy.released(tally)
@@ -145,16 +151,32 @@ def run(grid: Grid, context: Context, overrides: Mapping[str, Any] | None = None
             loss, accuracy = evaluate(model, *task.test_data, loss_fn=task.loss)
             finished = time.time()
             record = fedfilter_pb2.PublicRoundRecord(
-                run_id=run_id, round_id=round_id, request=_request_proto(cfg, run_id, round_id),
-                clients_sampled=len(sampled), reports_received=len(tally.reports),
-                markers_received=tally.markers, replies_dropped=tally.dropped, released=released,
+                run_id=run_id,
+                round_id=round_id,
+                request=request_proto(spec, local_epochs=cfg["local-epochs"], learning_rate=cfg["lr"]),
+                clients_sampled=len(sampled),
+                reports_received=len(tally.reports),
+                markers_received=tally.markers,
+                replies_dropped=tally.dropped,
+                released=released,
                 aggregate_norm=aggregate_norm if math.isfinite(aggregate_norm) else 0.0,
                 metrics={"accuracy": float(accuracy), "loss": float(loss)},
-                started_at_unix=started, finished_at_unix=finished, wall_time_s=finished - started)
+                started_at_unix=started,
+                finished_at_unix=finished,
+                wall_time_s=finished - started,
+            )
             ledger.append(record)
-            log(INFO, "fedfilter round %d: %d sampled, %d reports, %d markers, %d dropped, released=%s, "
-                "accuracy=%.4f", round_id, len(sampled), len(tally.reports), tally.markers, tally.dropped,
-                released, accuracy)
+            log(
+                INFO,
+                "fedfilter round %d: %d sampled, %d reports, %d markers, %d dropped, released=%s, accuracy=%.4f",
+                round_id,
+                len(sampled),
+                len(tally.reports),
+                tally.markers,
+                tally.dropped,
+                released,
+                accuracy,
+            )
             for reason in sorted(set(tally.reasons)):
                 log(WARNING, "fedfilter round %d: dropped a reply: %s", round_id, reason)
     finally:

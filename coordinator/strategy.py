@@ -9,9 +9,10 @@ Per round (``FilteredMeanStrategy``):
 
 * ``sample``: all nodes, or ``ceil(fraction * n)`` of them drawn without replacement.
 * ``train_messages``: the model, the training settings and the round request
-  (``client.flower_mod.request_record``) to each sampled node.
+  (``fedfilter.client.wire.request_record``) to each sampled node.
 * ``tally``: every reply is a *report* (status ``report``, one ArrayRecord with exactly the model's
-  keys and shapes, the reply dtypes of ``client.mechanism.reply_dtype``, finite, and a norm a genuine noisy report can have), a *marker*
+  keys and shapes, the reply dtypes of ``fedfilter.client.mechanism.reply_dtype``, finite, and a norm a
+  genuine noisy report can have), a *marker*
   (status ``left``, no arrays) or *dropped* (an error, anything malformed, a second reply from one
   node). A bad reply never fails the round.
 * the aggregate: the mean of the reports, released only if there is at least one report, and in
@@ -28,9 +29,17 @@ from dataclasses import dataclass, field
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 
-from client.flower_mod import ARRAYS_RECORD, REQUEST_RECORD, STATUS_LEFT, STATUS_RECORD, STATUS_REPORT, request_record
-from client.mechanism import reply_dtype
-from client.release import RoundSpec
+from fedfilter.client.mechanism import reply_dtype
+from fedfilter.client.release import RoundSpec
+from fedfilter.client.round_rules import added_noise_std, model_step, reports_needed
+from fedfilter.client.wire import (
+    ARRAYS_RECORD,
+    REQUEST_RECORD,
+    STATUS_LEFT,
+    STATUS_RECORD,
+    STATUS_REPORT,
+    request_record,
+)
 
 __all__ = ["FilteredMeanStrategy", "RoundTally", "classify_reply", "plain_mean", "report_norm_bound"]
 
@@ -56,8 +65,9 @@ class RoundTally:
     reasons: list[str] = field(default_factory=list)  # why replies were dropped, for the log
 
 
-def classify_reply(msg: Message, keys: Sequence[str], template: Sequence[np.ndarray],
-                   norm_bound: float) -> tuple[str, list[np.ndarray] | None, str]:
+def classify_reply(
+    msg: Message, keys: Sequence[str], template: Sequence[np.ndarray], norm_bound: float
+) -> tuple[str, list[np.ndarray] | None, str]:
     """``("report", arrays, "")``, ``("marker", None, "")`` or ``("dropped", None, reason)``."""
     if msg.has_error():
         return "dropped", None, f"error reply (code {msg.error.code})"
@@ -135,8 +145,14 @@ class FilteredMeanStrategy:
             raise ValueError(" ".join(problems))
 
     def spec(self, run_id: str, round_id: int) -> RoundSpec:
-        return RoundSpec(run_id=run_id, round_id=round_id, noise_multiplier=self.noise_multiplier,
-                         clip=self.clip, placement=self.placement, min_reports=self.min_reports)
+        return RoundSpec(
+            run_id=run_id,
+            round_id=round_id,
+            noise_multiplier=self.noise_multiplier,
+            clip=self.clip,
+            placement=self.placement,
+            min_reports=self.min_reports,
+        )
 
     def sample(self, node_ids: Iterable[int], rng: np.random.Generator) -> list[int]:
         nodes = sorted(node_ids)
@@ -145,28 +161,44 @@ class FilteredMeanStrategy:
         k = max(1, math.ceil(self.fraction * len(nodes)))
         return sorted(int(n) for n in rng.choice(nodes, size=k, replace=False))
 
-    def train_messages(self, spec: RoundSpec, node_ids: Sequence[int], keys: Sequence[str],
-                       weights: Sequence[np.ndarray], train_config: dict) -> list[Message]:
+    def train_messages(
+        self,
+        spec: RoundSpec,
+        node_ids: Sequence[int],
+        keys: Sequence[str],
+        weights: Sequence[np.ndarray],
+        train_config: dict,
+    ) -> list[Message]:
         model = ArrayRecord({k: Array(np.array(w, order="C")) for k, w in zip(keys, weights)})
         messages = []
         for node_id in node_ids:
-            content = RecordDict({
-                ARRAYS_RECORD: model,
-                "config": ConfigRecord(dict(train_config)),
-                REQUEST_RECORD: request_record(spec),
-            })
-            messages.append(Message(content, dst_node_id=int(node_id), message_type=MessageType.TRAIN,
-                                    group_id=str(spec.round_id), ttl=self.ttl_s))
+            content = RecordDict(
+                {
+                    ARRAYS_RECORD: model,
+                    "config": ConfigRecord(dict(train_config)),
+                    REQUEST_RECORD: request_record(spec),
+                }
+            )
+            messages.append(
+                Message(
+                    content,
+                    dst_node_id=int(node_id),
+                    message_type=MessageType.TRAIN,
+                    group_id=str(spec.round_id),
+                    ttl=self.ttl_s,
+                )
+            )
         return messages
 
     def per_client_noise_std(self) -> float:
-        std = self.noise_multiplier * self.clip
-        return std / math.sqrt(self.min_reports) if self.placement == "distributed" else std
+        return added_noise_std(self.noise_multiplier, self.clip, self.placement, self.min_reports)
 
-    def tally(self, replies: Iterable[Message], sampled: Sequence[int], keys: Sequence[str],
-              template: Sequence[np.ndarray]) -> RoundTally:
-        bound = report_norm_bound(clip=self.clip, noise_std=self.per_client_noise_std(),
-                                  dim=sum(int(t.size) for t in template))
+    def tally(
+        self, replies: Iterable[Message], sampled: Sequence[int], keys: Sequence[str], template: Sequence[np.ndarray]
+    ) -> RoundTally:
+        bound = report_norm_bound(
+            clip=self.clip, noise_std=self.per_client_noise_std(), dim=sum(int(t.size) for t in template)
+        )
         expected, seen = set(int(n) for n in sampled), set()
         out = RoundTally()
         for msg in replies:
@@ -187,8 +219,7 @@ class FilteredMeanStrategy:
         return out
 
     def released(self, tally: RoundTally) -> bool:
-        needed = self.min_reports if self.placement == "distributed" else 1
-        return len(tally.reports) >= needed
+        return len(tally.reports) >= reports_needed(self.placement, self.min_reports)
 
     def step(self, weights: Sequence[np.ndarray], tally: RoundTally) -> tuple[list[np.ndarray], float]:
         """New weights and the noisy mean's norm; the weights unchanged if the round is dropped."""
@@ -196,6 +227,4 @@ class FilteredMeanStrategy:
             return [w.copy() for w in weights], 0.0
         mean = plain_mean(tally.reports, weights)
         norm = math.sqrt(sum(float(np.sum(np.square(m, dtype=np.float64))) for m in mean))
-        new = [(w.astype(np.float64) + self.server_lr * m.astype(np.float64)).astype(w.dtype)
-               for w, m in zip(weights, mean)]
-        return new, norm
+        return model_step(weights, mean, self.server_lr), norm

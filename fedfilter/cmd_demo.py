@@ -58,7 +58,7 @@ def register(subparsers: Any) -> None:
         "demo",
         help="run a small Flower simulation with individual budgets and plot who drops out",
         description="Flower Simulation Engine demo: clients with heterogeneous personal budgets, "
-                    "individual filters, a plain-mean coordinator and its public ledger.",
+        "individual filters, a plain-mean coordinator and its public ledger.",
     )
     p.add_argument("--clients", type=int, default=10, help="number of simulated devices (default 10)")
     p.add_argument("--rounds", type=int, default=5, help="federated rounds (default 5)")
@@ -67,17 +67,24 @@ def register(subparsers: Any) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of budgets, model and sampling (default 0)")
     p.add_argument("--noise-multiplier", type=float, default=DEFAULTS["noise_multiplier"])
     p.add_argument("--clip", type=float, default=DEFAULTS["clip"])
-    p.add_argument("--eps-min", type=float, default=DEFAULTS["eps_min"],
-                   help="smallest personal epsilon (log-uniform draw)")
-    p.add_argument("--eps-max", type=float, default=DEFAULTS["eps_max"],
-                   help="largest personal epsilon (log-uniform draw)")
+    p.add_argument(
+        "--eps-min", type=float, default=DEFAULTS["eps_min"], help="smallest personal epsilon (log-uniform draw)"
+    )
+    p.add_argument(
+        "--eps-max", type=float, default=DEFAULTS["eps_max"], help="largest personal epsilon (log-uniform draw)"
+    )
     p.add_argument("--after-exhaustion", choices=("noise-only", "leave"), default="noise-only")
     p.add_argument("--local-epochs", type=int, default=DEFAULTS["local_epochs"])
     p.add_argument("--lr", type=float, default=DEFAULTS["lr"])
     p.add_argument("--server-lr", type=float, default=DEFAULTS["server_lr"])
-    p.add_argument("--reply-hold-s", type=float, default=0.0, metavar="S",
-                   help="every device's reply-hold-s (default 0: timing protection off, so the "
-                        "simulation stays fast; deployed devices default to 60)")
+    p.add_argument(
+        "--reply-hold-s",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="every device's reply-hold-s (default 0: timing protection off, so the "
+        "simulation stays fast; deployed devices default to 60)",
+    )
     p.add_argument("--verbose", action="store_true", help="show Flower's INFO logs")
     p.set_defaults(func=_run)
 
@@ -90,7 +97,7 @@ def _check(args: argparse.Namespace) -> None:
         problems.append(f"--rounds must be >= 1. Found {args.rounds}.")
     if not (0 < args.eps_min <= args.eps_max and math.isfinite(args.eps_max)):
         problems.append(f"need 0 < --eps-min <= --eps-max. Found {args.eps_min} and {args.eps_max}.")
-    from client.reply_timing import MAX_REPLY_HOLD_S
+    from fedfilter.client.reply_timing import MAX_REPLY_HOLD_S
 
     if not (math.isfinite(args.reply_hold_s) and 0 <= args.reply_hold_s <= MAX_REPLY_HOLD_S):
         problems.append(f"--reply-hold-s must be in [0, {MAX_REPLY_HOLD_S:g}] seconds. Found {args.reply_hold_s}.")
@@ -106,16 +113,22 @@ def draw_budgets(n: int, eps_min: float, eps_max: float, seed: int) -> list[floa
     return [round(float(math.exp(rng.uniform(math.log(eps_min), math.log(eps_max)))), 2) for _ in range(n)]
 
 
-def device_configs(out: Path, budgets: list[float], *, after_exhaustion: str,
-                   min_noise_multiplier: float = 0.5, reply_hold_s: float = 0.0) -> dict[int, dict]:
+def device_configs(
+    out: Path,
+    budgets: list[float],
+    *,
+    after_exhaustion: str,
+    min_noise_multiplier: float = 0.5,
+    reply_hold_s: float = 0.0,
+) -> dict[int, dict]:
     """Each simulated node's own node-config (what ``--node-config`` would hold on a real device).
 
     A device already enrolled under ``out/devices/<id>`` keeps the budget it was enrolled with.
     ``reply_hold_s`` is set explicitly: 0 (timing protection off) keeps the simulation fast, where
     a held reply would block a Ray actor that serves many nodes in turn.
     """
-    from client.flower_mod import enrol_device
-    from client.ledger import LEDGER_FILE, BudgetLedger
+    from fedfilter.client.flower_mod import enrol_device
+    from fedfilter.client.ledger import LEDGER_FILE, BudgetLedger
 
     table = {}
     for i, eps in enumerate(budgets):
@@ -125,16 +138,22 @@ def device_configs(out: Path, budgets: list[float], *, after_exhaustion: str,
             ledger = BudgetLedger.open(ledger_dir)
             eps, delta = ledger.enrolment.epsilon, ledger.enrolment.delta
             ledger.close()
-        table[i] = {"ledger-dir": str(ledger_dir), "client-id": f"client-{i}", "budget-epsilon": float(eps),
-                    "budget-delta": float(delta), "after-exhaustion": after_exhaustion,
-                    "min-noise-multiplier": float(min_noise_multiplier), "reply-hold-s": float(reply_hold_s)}
+        table[i] = {
+            "ledger-dir": str(ledger_dir),
+            "client-id": f"client-{i}",
+            "budget-epsilon": float(eps),
+            "budget-delta": float(delta),
+            "after-exhaustion": after_exhaustion,
+            "min-noise-multiplier": float(min_noise_multiplier),
+            "reply-hold-s": float(reply_hold_s),
+        }
         enrol_device(table[i])  # each device's owner enrols it once, up front: the mod never does
     return table
 
 
 def device_report(ledger_dir: Path, run_id: str) -> dict:
     """What a device owner can read from their own ledger about one run (never sent anywhere)."""
-    from client.ledger import BudgetLedger
+    from fedfilter.client.ledger import BudgetLedger
 
     ledger = BudgetLedger.open(ledger_dir)
     try:
@@ -156,9 +175,13 @@ def device_report(ledger_dir: Path, run_id: str) -> dict:
         # state is within budget, the true spend is at most the budget, and min() stays an upper bound.
         if bool(filt.within_budget(ledger.state())):
             spent = min(spent, summary["budget_epsilon"])
-        return {"client_id": summary["client_id"], "budget_epsilon": summary["budget_epsilon"],
-                "spent_epsilon": spent, "exhausted_round": exhausted_round,
-                "contributed_rounds": contributed}
+        return {
+            "client_id": summary["client_id"],
+            "budget_epsilon": summary["budget_epsilon"],
+            "spent_epsilon": spent,
+            "exhausted_round": exhausted_round,
+            "contributed_rounds": contributed,
+        }
     finally:
         ledger.close()
 
@@ -167,7 +190,7 @@ def _follow(ledger_path: Path, run_id: str, total: int, stop: threading.Event) -
     """Advance a progress bar as the coordinator appends public records."""
     from tqdm import tqdm
 
-    from coordinator.public_ledger import PublicLedger
+    from fedfilter.coordinator.public_ledger import PublicLedger
 
     with tqdm(total=total, desc="rounds", unit="round") as bar:
         reader = None
@@ -225,27 +248,44 @@ def _run(args: argparse.Namespace) -> int:
     if not args.verbose:  # after the import: importing flwr sets its logger to DEBUG
         logging.getLogger("flwr").setLevel(logging.WARNING)
 
-    from client.client_app import make_client_app
-    from client.reply_timing import timing_protection
-    from coordinator.public_ledger import PublicLedger
-    from coordinator.server_app import make_server_app
+    from fedfilter.client.client_app import make_client_app
+    from fedfilter.client.reply_timing import timing_protection
+    from fedfilter.coordinator.public_ledger import PublicLedger
+    from fedfilter.coordinator.server_app import make_server_app
 
     budgets = draw_budgets(args.clients, args.eps_min, args.eps_max, args.seed)
-    devices = device_configs(out, budgets, after_exhaustion=args.after_exhaustion,
-                             min_noise_multiplier=min(0.5, args.noise_multiplier), reply_hold_s=args.reply_hold_s)
+    devices = device_configs(
+        out,
+        budgets,
+        after_exhaustion=args.after_exhaustion,
+        min_noise_multiplier=min(0.5, args.noise_multiplier),
+        reply_hold_s=args.reply_hold_s,
+    )
     run_id = f"demo-{time.strftime('%Y%m%dT%H%M%S')}-{secrets.token_hex(2)}"
     ledger_path = out / "public_ledger.sqlite"
-    server = make_server_app({
-        "run-name": run_id, "num-rounds": args.rounds, "min-available-nodes": args.clients,
-        "noise-multiplier": args.noise_multiplier, "clip": args.clip, "placement": "local",
-        "local-epochs": args.local_epochs, "lr": args.lr, "server-lr": args.server_lr,
-        "task": args.task, "num-clients": args.clients, "seed": args.seed,
-        "public-ledger": str(ledger_path),
-    })
+    server = make_server_app(
+        {
+            "run-name": run_id,
+            "num-rounds": args.rounds,
+            "min-available-nodes": args.clients,
+            "noise-multiplier": args.noise_multiplier,
+            "clip": args.clip,
+            "placement": "local",
+            "local-epochs": args.local_epochs,
+            "lr": args.lr,
+            "server-lr": args.server_lr,
+            "task": args.task,
+            "num-clients": args.clients,
+            "seed": args.seed,
+            "public-ledger": str(ledger_path),
+        }
+    )
     print(f"fedfilter demo: {args.clients} clients x {args.rounds} rounds on {args.task!r}, run {run_id}")
-    print(f"  personal budgets: epsilon log-uniform on [{args.eps_min:g}, {args.eps_max:g}], delta "
-          f"{DEFAULTS['delta']:g}; noise multiplier {args.noise_multiplier:g}, clip {args.clip:g}, "
-          f"local noise, after exhaustion: {args.after_exhaustion}")
+    print(
+        f"  personal budgets: epsilon log-uniform on [{args.eps_min:g}, {args.eps_max:g}], delta "
+        f"{DEFAULTS['delta']:g}; noise multiplier {args.noise_multiplier:g}, clip {args.clip:g}, "
+        f"local noise, after exhaustion: {args.after_exhaustion}"
+    )
     timing = timing_protection(args.reply_hold_s)
     print(f"  timing protection: {timing}")
 
@@ -254,8 +294,12 @@ def _run(args: argparse.Namespace) -> int:
     started = time.monotonic()
     follower.start()
     try:
-        run_simulation(server_app=server, client_app=make_client_app(devices), num_supernodes=args.clients,
-                       backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}})
+        run_simulation(
+            server_app=server,
+            client_app=make_client_app(devices),
+            num_supernodes=args.clients,
+            backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}},
+        )
     finally:
         stop.set()
         follower.join()
@@ -273,19 +317,23 @@ def _run(args: argparse.Namespace) -> int:
     print()
     print(f"{'round':>5}  {'reports':>7}  {'markers':>7}  {'contributing*':>13}  {'accuracy':>8}")
     for rec, k in zip(records, contributing):
-        print(f"{rec.round_id:>5}  {rec.reports_received:>7}  {rec.markers_received:>7}  {k:>13}  "
-              f"{rec.metrics['accuracy']:>8.3f}")
+        print(
+            f"{rec.round_id:>5}  {rec.reports_received:>7}  {rec.markers_received:>7}  {k:>13}  "
+            f"{rec.metrics['accuracy']:>8.3f}"
+        )
     print("  * from the devices' own ledgers after the run; the coordinator never learns it.")
     print()
     print(f"{'client':>10}  {'budget eps':>10}  {'spent eps':>10}  exhausted in round")
     for c in clients:
         ex = "-" if c["exhausted_round"] is None else str(c["exhausted_round"])
         print(f"{c['client_id']:>10}  {c['budget_epsilon']:>10.2f}  {c['spent_epsilon']:>10.3f}  {ex}")
-    guarantee = ("each client: (budget_epsilon, {d:g})-DP over its whole lifetime for everything the "
-                 "coordinator sees (local Gaussian noise, gdp filter; exhausted clients send pure noise)"
-                 if args.after_exhaustion == "noise-only" else
-                 "each client: (budget_epsilon, {d:g})-DP for its reports; in leave mode the round in "
-                 "which it leaves is visible and depends on its data (not covered)").format(d=DEFAULTS["delta"])
+    guarantee = (
+        "each client: (budget_epsilon, {d:g})-DP over its whole lifetime for everything the "
+        "coordinator sees (local Gaussian noise, gdp filter; exhausted clients send pure noise)"
+        if args.after_exhaustion == "noise-only"
+        else "each client: (budget_epsilon, {d:g})-DP for its reports; in leave mode the round in "
+        "which it leaves is visible and depends on its data (not covered)"
+    ).format(d=DEFAULTS["delta"])
     if args.reply_hold_s == 0:
         guarantee += "; reply timing is not covered: timing protection is off in this simulation"
     print(f"\nguarantee: {guarantee}")
@@ -297,17 +345,28 @@ def _run(args: argparse.Namespace) -> int:
         "run_id": run_id,
         "rounds_completed": len(records),
         "public_ledger": str(ledger_path),
-        "clients": [{k: c[k] for k in ("client_id", "budget_epsilon", "spent_epsilon", "exhausted_round")}
-                    for c in clients],
+        "clients": [
+            {k: c[k] for k in ("client_id", "budget_epsilon", "spent_epsilon", "exhausted_round")} for c in clients
+        ],
         "final_accuracy": accuracy[-1] if accuracy else float("nan"),
         "accuracy_per_round": accuracy,
         "contributing_per_round": contributing,
-        "settings": {"task": args.task, "clients": args.clients, "rounds": args.rounds, "seed": args.seed,
-                     "noise_multiplier": args.noise_multiplier, "clip": args.clip, "placement": "local",
-                     "local_epochs": args.local_epochs, "lr": args.lr, "server_lr": args.server_lr,
-                     "epsilon_distribution": f"log-uniform[{args.eps_min:g}, {args.eps_max:g}]",
-                     "delta": DEFAULTS["delta"], "after_exhaustion": args.after_exhaustion,
-                     "reply_hold_s": args.reply_hold_s},
+        "settings": {
+            "task": args.task,
+            "clients": args.clients,
+            "rounds": args.rounds,
+            "seed": args.seed,
+            "noise_multiplier": args.noise_multiplier,
+            "clip": args.clip,
+            "placement": "local",
+            "local_epochs": args.local_epochs,
+            "lr": args.lr,
+            "server_lr": args.server_lr,
+            "epsilon_distribution": f"log-uniform[{args.eps_min:g}, {args.eps_max:g}]",
+            "delta": DEFAULTS["delta"],
+            "after_exhaustion": args.after_exhaustion,
+            "reply_hold_s": args.reply_hold_s,
+        },
         "timing_protection": timing,
         "guarantee": guarantee,
         "wall_time_s": round(elapsed, 1),

@@ -24,8 +24,7 @@ def _budgets(text: str) -> tuple[float, ...]:
     try:
         return tuple(float(part) for part in text.split(",") if part.strip())
     except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated epsilons such as 1,2,4. Found {text!r}.") from None
+        raise argparse.ArgumentTypeError(f"expected comma-separated epsilons such as 1,2,4. Found {text!r}.") from None
 
 
 def _run_config(text: str) -> dict[str, Any]:
@@ -40,39 +39,79 @@ def register(subparsers: Any) -> None:
         "deploy-local",
         help="run the app on a local Flower Deployment Engine (TLS + node auth, 127.0.0.1)",
         description="Start a SuperLink and one SuperNode per device on 127.0.0.1 with TLS and "
-                    "SuperNode authentication, run the app with `flwr run`, stop every process "
-                    "and write OUT/summary.json.",
+        "SuperNode authentication, run the app with `flwr run`, stop every process "
+        "and write OUT/summary.json.",
     )
     parser.add_argument("--clients", type=int, required=True, help="number of SuperNodes")
     parser.add_argument("--rounds", type=int, default=2, help="server rounds (default 2)")
-    parser.add_argument("--out", type=Path, default=Path("out/deploy"),
-                        help="output directory: certificates, keys, device ledgers, logs, "
-                             "summary.json (default out/deploy); device ledgers in it persist "
-                             "across invocations")
-    parser.add_argument("--app-dir", type=Path, default=Path("."),
-                        help="the Flower app directory (default: the current directory)")
-    parser.add_argument("--budgets", type=_budgets, default=(1.0, 2.0, 4.0), metavar="EPS,...",
-                        help="personal epsilon of each device, cycled (default 1,2,4)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path("out/deploy"),
+        help="output directory: certificates, keys, device ledgers, logs, "
+        "summary.json (default out/deploy); device ledgers in it persist "
+        "across invocations",
+    )
+    parser.add_argument(
+        "--app-dir", type=Path, default=Path("."), help="the Flower app directory (default: the current directory)"
+    )
+    parser.add_argument(
+        "--budgets",
+        type=_budgets,
+        default=(1.0, 2.0, 4.0),
+        metavar="EPS,...",
+        help="personal epsilon of each device, cycled (default 1,2,4)",
+    )
     parser.add_argument("--delta", type=float, default=1e-5, help="every device's delta")
-    parser.add_argument("--filter", dest="filter_kind", default="gdp", metavar="KIND",
-                        help="privacy filter of every device: gdp, rdp or zcdp (default gdp)")
-    parser.add_argument("--after-exhaustion", choices=("noise-only", "leave"),
-                        default="noise-only", help="what a device does once its budget is spent")
-    parser.add_argument("--min-noise-multiplier", type=float, default=None,
-                        help="the smallest noise multiplier a device accepts (default: the "
-                             "client's own default)")
-    parser.add_argument("--data-dir", type=Path, default=None,
-                        help="root of the offline data sets, passed to every device as "
-                             "node-config data-dir (default: the task's own default)")
-    parser.add_argument("--run-config", type=_run_config, default={}, metavar='"k=v ..."',
-                        help="further overrides of the app's [tool.flwr.app.config]")
-    parser.add_argument("--reply-hold-s", type=float, default=0.0, metavar="S",
-                        help="every device's reply-hold-s (default 0: timing protection off for a "
-                             "fast local trial; real devices default to 60)")
-    parser.add_argument("--timeout", type=float, default=600.0, metavar="S",
-                        help="seconds the run may take before it is stopped (default 600)")
-    parser.add_argument("--verbose", action="store_true",
-                        help="echo every line of `flwr run --stream`")
+    parser.add_argument(
+        "--filter",
+        dest="filter_kind",
+        default="gdp",
+        metavar="KIND",
+        help="privacy filter of every device: gdp, rdp or zcdp (default gdp)",
+    )
+    parser.add_argument(
+        "--after-exhaustion",
+        choices=("noise-only", "leave"),
+        default="noise-only",
+        help="what a device does once its budget is spent",
+    )
+    parser.add_argument(
+        "--min-noise-multiplier",
+        type=float,
+        default=None,
+        help="the smallest noise multiplier a device accepts (default: the client's own default)",
+    )
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        default=None,
+        help="root of the offline data sets, passed to every device as "
+        "node-config data-dir (default: the task's own default)",
+    )
+    parser.add_argument(
+        "--run-config",
+        type=_run_config,
+        default={},
+        metavar='"k=v ..."',
+        help="further overrides of the app's [tool.flwr.app.config]",
+    )
+    parser.add_argument(
+        "--reply-hold-s",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="every device's reply-hold-s (default 0: timing protection off for a "
+        "fast local trial; real devices default to 60)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=600.0,
+        metavar="S",
+        help="seconds the run may take before it is stopped (default 600)",
+    )
+    parser.add_argument("--verbose", action="store_true", help="echo every line of `flwr run --stream`")
     parser.set_defaults(func=_deploy)
 
 
@@ -80,12 +119,21 @@ def _deploy(args: argparse.Namespace) -> int:
     from fedfilter.deploy_local import DeployOptions, deploy_local
 
     options = DeployOptions(
-        clients=args.clients, rounds=args.rounds, out=args.out, app_dir=args.app_dir,
-        budgets=args.budgets, delta=args.delta, filter_kind=args.filter_kind,
-        after_exhaustion=args.after_exhaustion, min_noise_multiplier=args.min_noise_multiplier,
-        data_dir=args.data_dir, run_config=args.run_config, reply_hold_s=args.reply_hold_s,
+        clients=args.clients,
+        rounds=args.rounds,
+        out=args.out,
+        app_dir=args.app_dir,
+        budgets=args.budgets,
+        delta=args.delta,
+        filter_kind=args.filter_kind,
+        after_exhaustion=args.after_exhaustion,
+        min_noise_multiplier=args.min_noise_multiplier,
+        data_dir=args.data_dir,
+        run_config=args.run_config,
+        reply_hold_s=args.reply_hold_s,
         timeout_s=args.timeout,
-        verbose=args.verbose)
+        verbose=args.verbose,
+    )
 
     # SIGTERM ends the command like Ctrl-C does: through the cluster's teardown.
     def _interrupt(signum: int, frame: Any) -> None:

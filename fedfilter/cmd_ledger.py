@@ -11,18 +11,20 @@ import argparse
 import json
 import sys
 
-from client.ledger import RECOVER, BudgetLedger, LedgerError, Quotas
-from client.privacy.filters import FILTER_KINDS
+from fedfilter.client.ledger import RECOVER, BudgetLedger, LedgerError, Quotas
+from fedfilter.client.privacy.filters import FILTER_KINDS
 
 
 def _owner_errors(func):
     """A ledger the device refuses to use: one clear line for the owner, no traceback."""
+
     def wrapped(args: argparse.Namespace) -> int:
         try:
             return func(args)
         except LedgerError as err:
             print(f"fedfilter: error: {err}", file=sys.stderr)
             return 2  # as the CLI's other input errors
+
     return wrapped
 
 
@@ -37,8 +39,10 @@ def _show(args: argparse.Namespace) -> int:
         print(json.dumps(s))
         return 0
     print(f"device {s['client_id']}  ledger {args.dir}")
-    print(f"  lifetime budget  epsilon={s['budget_epsilon']:g}  delta={s['budget_delta']:g}  filter={s['filter']}"
-          f"  per-run quota={s['run_quota']:.0%}")
+    print(
+        f"  lifetime budget  epsilon={s['budget_epsilon']:g}  delta={s['budget_delta']:g}  filter={s['filter']}"
+        f"  per-run quota={s['run_quota']:.0%}"
+    )
     print(f"  spent            epsilon={s['spent_epsilon']:.4f}")
     print(f"  remaining        {s['remaining_fraction']:.1%} of the budget")
     if not s["runs"]:
@@ -46,8 +50,10 @@ def _show(args: argparse.Namespace) -> int:
         return 0
     print(f"\n  {'run':<24} {'rounds':>6} {'contrib':>7} {'noise':>6} {'left':>5} {'spent eps':>10}")
     for r in s["runs"]:
-        print(f"  {r['run_id']:<24} {r['rounds']:>6} {r['contributed']:>7} {r['noise_only']:>6} {r['left']:>5} "
-              f"{r['spent_epsilon']:>10.4f}")
+        print(
+            f"  {r['run_id']:<24} {r['rounds']:>6} {r['contributed']:>7} {r['noise_only']:>6} {r['left']:>5} "
+            f"{r['spent_epsilon']:>10.4f}"
+        )
     print(f"\n  {'federation':<24} {'rounds':>6} {'spent eps':>10}")
     for c in s["coordinators"]:
         spent = "(before quotas)" if c["spent_epsilon"] is None else f"{c['spent_epsilon']:.4f}"
@@ -57,12 +63,21 @@ def _show(args: argparse.Namespace) -> int:
 
 @_owner_errors
 def _enrol(args: argparse.Namespace) -> int:
-    ledger = BudgetLedger.enrol(args.dir, client_id=args.client_id, epsilon=args.epsilon, delta=args.delta,
-                                filter_kind=args.filter, run_quota=args.run_quota, quotas=Quotas(),
-                                recover=args.recover)
+    ledger = BudgetLedger.enrol(
+        args.dir,
+        client_id=args.client_id,
+        epsilon=args.epsilon,
+        delta=args.delta,
+        filter_kind=args.filter,
+        run_quota=args.run_quota,
+        quotas=Quotas(),
+        recover=args.recover,
+    )
     note = f" (recovered: {args.recover})" if args.recover else ""
-    print(f"enrolled {ledger.enrolment.client_id}: epsilon={args.epsilon:g} delta={args.delta:g} "
-          f"filter={args.filter} in {args.dir}{note}")
+    print(
+        f"enrolled {ledger.enrolment.client_id}: epsilon={args.epsilon:g} delta={args.delta:g} "
+        f"filter={args.filter} in {args.dir}{note}"
+    )
     ledger.close()
     return 0
 
@@ -81,8 +96,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     enrol.add_argument("--delta", type=float, required=True)
     enrol.add_argument("--filter", choices=list(FILTER_KINDS), default="gdp")
     enrol.add_argument("--run-quota", type=float, default=1.0, help="share of the budget one run may spend")
-    enrol.add_argument("--recover", choices=list(RECOVER), default=None,
-                       help="only for a device whose ledger was lost or damaged: 'reseal' accepts the "
-                            "database as it is now (spends it lost are forgotten), 'replace' moves the old "
-                            "files to a lost-* folder and starts a new ledger (a fresh budget)")
+    enrol.add_argument(
+        "--recover",
+        choices=list(RECOVER),
+        default=None,
+        help="only for a device whose ledger was lost or damaged: 'reseal' accepts the "
+        "database as it is now (spends it lost are forgotten), 'replace' moves the old "
+        "files to a lost-* folder and starts a new ledger (a fresh budget)",
+    )
     enrol.set_defaults(func=_enrol)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from client.privacy.filters import FILTER_KINDS
-from client.privacy.planner import BASELINE_KINDS, plan_epsilon, plan_rounds
+from fedfilter.client.privacy.filters import FILTER_KINDS
+from fedfilter.client.privacy.planner import BASELINE_KINDS, plan_epsilon, plan_rounds
 
 FILTER_HELP = {
     "gdp": "exact Gaussian-DP filter (default; the most rounds any valid accountant admits)",
@@ -24,18 +24,27 @@ def _table(rows: list[tuple[str, str]]) -> str:
 
 def _rounds(args: argparse.Namespace) -> int:
     kinds = list(FILTER_KINDS) + list(BASELINE_KINDS) if args.filter == "all" else [args.filter]
-    plans = [plan_rounds(k, epsilon=args.epsilon, delta=args.delta, noise_multiplier=args.noise_multiplier) for k in kinds]
+    plans = [
+        plan_rounds(k, epsilon=args.epsilon, delta=args.delta, noise_multiplier=args.noise_multiplier) for k in kinds
+    ]
     if args.json:
         out = [
-            {"filter": p.filter, "epsilon": p.epsilon, "delta": p.delta,
-             "noise_multiplier": p.noise_multiplier, "rounds": p.rounds,
-             "last_round_fraction": p.last_round_fraction}
+            {
+                "filter": p.filter,
+                "epsilon": p.epsilon,
+                "delta": p.delta,
+                "noise_multiplier": p.noise_multiplier,
+                "rounds": p.rounds,
+                "last_round_fraction": p.last_round_fraction,
+            }
             for p in plans
         ]
         print(json.dumps(out[0] if len(out) == 1 else out))
         return 0
-    print(f"Full-norm rounds for a fresh client: budget (epsilon={args.epsilon:g}, delta={args.delta:g}), "
-          f"noise multiplier {args.noise_multiplier:g} (every clipped update of norm C, noise std z*C)\n")
+    print(
+        f"Full-norm rounds for a fresh client: budget (epsilon={args.epsilon:g}, delta={args.delta:g}), "
+        f"noise multiplier {args.noise_multiplier:g} (every clipped update of norm C, noise std z*C)\n"
+    )
     rows = [("filter", "rounds   then a partial round of")]
     for p in plans:
         tail = f"{p.last_round_fraction:.3f} C" if p.filter in FILTER_KINDS else "-"
@@ -49,13 +58,20 @@ def _epsilon(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(res))
         return 0
-    print(_table([
-        ("filter", f"{args.filter}: {FILTER_HELP[args.filter]}"),
-        ("rounds", f"{args.rounds} full-norm rounds at noise multiplier {args.noise_multiplier:g}"),
-        ("delta", f"{args.delta:g}"),
-        ("epsilon", f"{res['epsilon']:.6g}   (smallest budget whose filter admits them; rounded up)"),
-        ("fixed plan", f"{res['fixed_composition_epsilon']:.6g}   (the same rounds fixed in advance, no filter)"),
-    ]))
+    print(
+        _table(
+            [
+                ("filter", f"{args.filter}: {FILTER_HELP[args.filter]}"),
+                ("rounds", f"{args.rounds} full-norm rounds at noise multiplier {args.noise_multiplier:g}"),
+                ("delta", f"{args.delta:g}"),
+                ("epsilon", f"{res['epsilon']:.6g}   (smallest budget whose filter admits them; rounded up)"),
+                (
+                    "fixed plan",
+                    f"{res['fixed_composition_epsilon']:.6g}   (the same rounds fixed in advance, no filter)",
+                ),
+            ]
+        )
+    )
     return 0
 
 

@@ -51,15 +51,13 @@ def register(subparsers: Any) -> None:
     )
     watch.add_argument("--target", required=True, help="HOST:PORT of a report server")
     watch.add_argument("--run", default=None, help="run id (default: the newest run)")
-    watch.add_argument(
-        "--from-round", type=int, default=0, help="first round to print (default: all)"
-    )
+    watch.add_argument("--from-round", type=int, default=0, help="first round to print (default: all)")
     watch.add_argument("--json", action="store_true", help="one JSON object per line")
     watch.set_defaults(func=_watch)
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from coordinator.report_service import format_address, start_server
+    from fedfilter.coordinator.report_service import format_address, start_server
 
     stop = threading.Event()
     server, port = start_server(args.ledger, args.port, args.host, run_wait_s=args.run_wait)
@@ -67,8 +65,7 @@ def _serve(args: argparse.Namespace) -> int:
     previous = signal.signal(signal.SIGTERM, lambda *_: stop.set()) if in_main else None
     try:
         print(
-            f"fedfilter reports: serving {args.ledger} on {format_address(args.host, port)} "
-            "(Ctrl-C to stop)",
+            f"fedfilter reports: serving {args.ledger} on {format_address(args.host, port)} (Ctrl-C to stop)",
             flush=True,
         )
         while not stop.wait(0.5):
@@ -107,7 +104,7 @@ def format_record(record: Any) -> str:
 def _watch(args: argparse.Namespace) -> int:
     import grpc
 
-    from coordinator.report_service import record_to_dict, watch
+    from fedfilter.coordinator.report_service import record_to_dict, watch
 
     if args.from_round < 0:
         raise ValueError(f"--from-round must be >= 0, got {args.from_round}")

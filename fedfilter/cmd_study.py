@@ -7,7 +7,7 @@ import sys
 
 
 def _dropout(args: argparse.Namespace) -> int:
-    from simulations.study.config import load_study
+    from fedfilter.simulations.study.config import load_study
 
     study = load_study(args.config)  # StudyConfigError (a ValueError) lists every problem
     runs = study.runs()
@@ -18,12 +18,14 @@ def _dropout(args: argparse.Namespace) -> int:
         return 0
     if not args.out:
         raise ValueError("--out is required to run a study (a folder for results.json, report.md and plots).")
-    from simulations.study.runner import run_study
+    from fedfilter.simulations.study.runner import run_study
 
     results = run_study(study, args.out, progress=not args.no_progress)
     n = len(results["runs"])
-    print(f"{n} runs in {results['seconds']:.0f} s; wrote {args.out}/results.json, {args.out}/report.md and plots",
-          file=sys.stderr)
+    print(
+        f"{n} runs in {results['seconds']:.0f} s; wrote {args.out}/results.json, {args.out}/report.md and plots",
+        file=sys.stderr,
+    )
     return 0
 
 
@@ -31,7 +33,7 @@ def _report(args: argparse.Namespace) -> int:
     import json
     from pathlib import Path
 
-    from simulations.study.report import write_outputs
+    from fedfilter.simulations.study.report import write_outputs
 
     path = Path(args.out) / "results.json"
     if not path.is_file():
@@ -51,7 +53,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "dropout",
         help="sweep budgets, heterogeneity, modes and data; write results.json, report.md and plots",
         description="Run every point of a TOML study (see simulations/configs/smoke.toml) and write "
-                    "OUT/results.json, OUT/report.md and PNG plots.",
+        "OUT/results.json, OUT/report.md and PNG plots.",
     )
     d.add_argument("--config", required=True, help="study TOML file")
     d.add_argument("--out", help="output folder (created if missing)")
@@ -60,6 +62,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     d.set_defaults(func=_dropout)
 
     r = studies.add_parser(
-        "report", help="redraw report.md and the plots from OUT/results.json (e.g. of a study stopped early)")
+        "report", help="redraw report.md and the plots from OUT/results.json (e.g. of a study stopped early)"
+    )
     r.add_argument("--out", required=True, help="folder holding results.json")
     r.set_defaults(func=_report)

@@ -70,8 +70,15 @@ class ManagedProcess:
     its process-group id from being reused, so the group can be signalled safely.
     """
 
-    def __init__(self, name: str, argv: Sequence[str], *, log_path: Path,
-                 env: Mapping[str, str] | None = None, cwd: Path | None = None):
+    def __init__(
+        self,
+        name: str,
+        argv: Sequence[str],
+        *,
+        log_path: Path,
+        env: Mapping[str, str] | None = None,
+        cwd: Path | None = None,
+    ):
         self.name, self.argv, self.log_path = name, list(argv), Path(log_path)
         self.env, self.cwd = dict(env) if env is not None else None, cwd
         self._popen: subprocess.Popen | None = None
@@ -79,18 +86,24 @@ class ManagedProcess:
         self._log_offset = 0
 
     # lifecycle ---------------------------------------------------------------------------------
-    def start(self) -> "ManagedProcess":
+    def start(self) -> ManagedProcess:
         if self._popen is not None:
             raise RuntimeError(f"{self.name} was started already")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             self._log_offset = log.tell()  # an earlier process's lines stay, but are not ours
             self._popen = subprocess.Popen(
-                self.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                env=self.env, cwd=self.cwd, start_new_session=True)
+                self.argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+                cwd=self.cwd,
+                start_new_session=True,
+            )
         return self
 
-    def __enter__(self) -> "ManagedProcess":
+    def __enter__(self) -> ManagedProcess:
         return self.start() if self._popen is None else self
 
     def __exit__(self, *exc: object) -> None:
@@ -201,11 +214,13 @@ class ManagedProcess:
             if code is not None:
                 raise DeploymentError(
                     f"{self.name} exited with code {code} before it was ready; "
-                    f"last log lines ({self.log_path}):\n{tail(self.log_text())}")
+                    f"last log lines ({self.log_path}):\n{tail(self.log_text())}"
+                )
             if time.monotonic() >= deadline:
                 raise DeploymentError(
                     f"{self.name} was not ready after {timeout:.0f} s; "
-                    f"last log lines ({self.log_path}):\n{tail(self.log_text())}")
+                    f"last log lines ({self.log_path}):\n{tail(self.log_text())}"
+                )
             time.sleep(0.2)
 
 
@@ -237,8 +252,7 @@ class _Descendants:
 
     def refresh(self) -> None:
         table = self._table()
-        parents = {self.root} | {pid for pid, start in self.known.items()
-                                 if pid in table and table[pid][1] == start}
+        parents = {self.root} | {pid for pid, start in self.known.items() if pid in table and table[pid][1] == start}
         grew = True
         while grew:
             grew = False
@@ -250,8 +264,9 @@ class _Descendants:
 
     def _live(self) -> list[int]:
         table = self._table()
-        return [pid for pid, start in self.known.items()
-                if pid in table and table[pid][1] == start and table[pid][2] != "Z"]
+        return [
+            pid for pid, start in self.known.items() if pid in table and table[pid][1] == start and table[pid][2] != "Z"
+        ]
 
     def alive(self) -> bool:
         return bool(self._live())
@@ -311,24 +326,35 @@ def make_tls(directory: Path, *, days: int = 7) -> TlsFiles:
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     start, end = now - datetime.timedelta(minutes=5), now + datetime.timedelta(days=days)
 
     ca_key = ec.generate_private_key(ec.SECP384R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "fedfilter local CA")])
     ca_cert = (
         x509.CertificateBuilder()
-        .subject_name(ca_name).issuer_name(ca_name)
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
         .public_key(ca_key.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(start).not_valid_after(end)
+        .not_valid_before(start)
+        .not_valid_after(end)
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(x509.KeyUsage(
-            digital_signature=True, key_cert_sign=True, crl_sign=True, content_commitment=False,
-            key_encipherment=False, data_encipherment=False, key_agreement=False,
-            encipher_only=False, decipher_only=False), critical=True)
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()),
-                       critical=False)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                key_cert_sign=True,
+                crl_sign=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
         .sign(ca_key, hashes.SHA384())
     )
 
@@ -339,23 +365,27 @@ def make_tls(directory: Path, *, days: int = 7) -> TlsFiles:
         .issuer_name(ca_name)
         .public_key(server_key.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(start).not_valid_after(end)
-        .add_extension(x509.SubjectAlternativeName([
-            x509.IPAddress(ipaddress.ip_address(LOOPBACK)), x509.DNSName("localhost")]),
-            critical=False)
+        .not_valid_before(start)
+        .not_valid_after(end)
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(LOOPBACK)), x509.DNSName("localhost")]),
+            critical=False,
+        )
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
-                       critical=False)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
         .sign(ca_key, hashes.SHA384())
     )
 
     files = TlsFiles(directory / "ca.crt", directory / "server.pem", directory / "server.key")
     files.ca_cert.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
     files.server_cert.write_bytes(server_cert.public_bytes(serialization.Encoding.PEM))
-    _write_private(files.server_key, server_key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption()))
+    _write_private(
+        files.server_key,
+        server_key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        ),
+    )
     return files
 
 
@@ -369,12 +399,16 @@ def make_node_key(private_path: Path) -> tuple[Path, Path]:
 
     private_path = Path(private_path)
     key = ec.generate_private_key(ec.SECP384R1())
-    _write_private(private_path, key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
-        serialization.NoEncryption()))
+    _write_private(
+        private_path,
+        key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()
+        ),
+    )
     public_path = private_path.with_name(private_path.name + ".pub")
-    public_path.write_bytes(key.public_key().public_bytes(
-        serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH) + b"\n")
+    public_path.write_bytes(
+        key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH) + b"\n"
+    )
     return private_path, public_path
 
 
@@ -465,8 +499,15 @@ class FlowerCluster:
     ``supernodes/<name>/`` (each SuperNode's ``FLWR_HOME`` and node config), ``logs/``.
     """
 
-    def __init__(self, root: Path, *, connection: str = CONNECTION, node_auth: bool = True,
-                 grace_s: float = 10.0, echo: Callable[[str], None] | None = None):
+    def __init__(
+        self,
+        root: Path,
+        *,
+        connection: str = CONNECTION,
+        node_auth: bool = True,
+        grace_s: float = 10.0,
+        echo: Callable[[str], None] | None = None,
+    ):
         self.root = Path(root).resolve()
         self.connection, self.node_auth, self.grace_s = connection, node_auth, grace_s
         self.echo = echo or (lambda line: None)
@@ -485,7 +526,7 @@ class FlowerCluster:
         return f"{LOOPBACK}:{self.port}"
 
     # lifecycle ---------------------------------------------------------------------------------
-    def __enter__(self) -> "FlowerCluster":
+    def __enter__(self) -> FlowerCluster:
         try:
             self.start()
         except BaseException:
@@ -518,22 +559,36 @@ class FlowerCluster:
         (self.port,) = free_ports(1)
         argv = [
             _tool("flower-superlink"),
-            "--ssl-ca-certfile", str(self.tls.ca_cert),
-            "--ssl-certfile", str(self.tls.server_cert),
-            "--ssl-keyfile", str(self.tls.server_key),
+            "--ssl-ca-certfile",
+            str(self.tls.ca_cert),
+            "--ssl-certfile",
+            str(self.tls.server_cert),
+            "--ssl-keyfile",
+            str(self.tls.server_key),
             "--disable-runtime-dependency-installation",
-            "--host", LOOPBACK, "--port", str(self.port),
+            "--host",
+            LOOPBACK,
+            "--port",
+            str(self.port),
         ]
         if self.node_auth:
             argv.append("--enable-supernode-auth")
-        self.superlink = self._track(ManagedProcess(
-            "flower-superlink", argv, log_path=self.logs_dir / "superlink.log",
-            env=self._env(self.home), cwd=self.home))
+        self.superlink = self._track(
+            ManagedProcess(
+                "flower-superlink",
+                argv,
+                log_path=self.logs_dir / "superlink.log",
+                env=self._env(self.home),
+                cwd=self.home,
+            )
+        )
         self.superlink.wait_for_log(_SUPERLINK_READY, timeout)
         self.write_connection()
-        self.echo(f"SuperLink listening on {self.address} (TLS"
-                  f"{', SuperNode authentication' if self.node_auth else ''}); "
-                  f"log {self.superlink.log_path}")
+        self.echo(
+            f"SuperLink listening on {self.address} (TLS"
+            f"{', SuperNode authentication' if self.node_auth else ''}); "
+            f"log {self.superlink.log_path}"
+        )
 
     def write_connection(self) -> Path:
         """``[superlink.NAME]`` in the CLI's ``FLWR_HOME/config.toml``, made the default."""
@@ -545,7 +600,8 @@ class FlowerCluster:
             f"[superlink.{self.connection}]\n"
             f"address = {toml_value(self.address)}\n"
             f"root-certificates = {toml_value(str(self.tls.ca_cert))}\n",
-            encoding="utf-8")
+            encoding="utf-8",
+        )
         return config
 
     def close(self) -> None:
@@ -573,22 +629,28 @@ class FlowerCluster:
         """One ``flwr`` CLI command against this cluster's connection (bounded by ``timeout``)."""
         try:
             return subprocess.run(
-                [_tool("flwr"), *args], env=self._env(self.home), cwd=self.home,
-                stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout)
+                [_tool("flwr"), *args],
+                env=self._env(self.home),
+                cwd=self.home,
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+            )
         except subprocess.TimeoutExpired:
-            raise DeploymentError(f"`flwr {' '.join(args)}` did not finish within "
-                                  f"{timeout:.0f} s") from None
+            raise DeploymentError(f"`flwr {' '.join(args)}` did not finish within {timeout:.0f} s") from None
 
     def _flwr_json(self, *args: str, timeout: float = 60.0) -> dict:
         done = self.flwr(*args, "--format", "json", timeout=timeout)
         try:
-            payload = json.loads(done.stdout[done.stdout.index("{"):])
+            payload = json.loads(done.stdout[done.stdout.index("{") :])
         except ValueError:
             payload = {}
         if done.returncode != 0 or not payload.get("success", False):
             raise DeploymentError(
                 f"`flwr {' '.join(args)}` failed (exit {done.returncode}): "
-                f"{strip_ansi(done.stdout + done.stderr).strip()}")
+                f"{strip_ansi(done.stdout + done.stderr).strip()}"
+            )
         return payload
 
     def new_key(self, name: str) -> tuple[Path, Path]:
@@ -602,9 +664,14 @@ class FlowerCluster:
     def list_supernodes(self) -> list[dict]:
         return self._flwr_json("supernode", "list", self.connection).get("nodes", [])
 
-    def start_supernode(self, name: str, *, private_key: Path | None,
-                        node_config: Mapping[str, Any] | None = None,
-                        extra_args: Sequence[str] = ()) -> SuperNodeHandle:
+    def start_supernode(
+        self,
+        name: str,
+        *,
+        private_key: Path | None,
+        node_config: Mapping[str, Any] | None = None,
+        extra_args: Sequence[str] = (),
+    ) -> SuperNodeHandle:
         """A ``flower-supernode`` with its own ``FLWR_HOME`` and Runtime API port.
 
         ``node_config`` is written to ``supernodes/<name>/node-config.toml`` and passed as
@@ -617,9 +684,14 @@ class FlowerCluster:
         (port,) = free_ports(1)
         argv = [
             _tool("flower-supernode"),
-            "--superlink", self.address,
-            "--root-certificates", str(self.tls.ca_cert),
-            "--host", LOOPBACK, "--port", str(port),
+            "--superlink",
+            self.address,
+            "--root-certificates",
+            str(self.tls.ca_cert),
+            "--host",
+            LOOPBACK,
+            "--port",
+            str(port),
         ]
         if private_key is not None:
             argv += ["--auth-supernode-private-key", str(private_key)]
@@ -627,9 +699,15 @@ class FlowerCluster:
         if config:
             argv += ["--node-config", str(write_flat_toml(home / "node-config.toml", config))]
         argv += list(extra_args)
-        process = self._track(ManagedProcess(
-            f"flower-supernode {name}", argv, log_path=self.logs_dir / f"supernode-{name}.log",
-            env=self._env(home / "flwr-home"), cwd=home))
+        process = self._track(
+            ManagedProcess(
+                f"flower-supernode {name}",
+                argv,
+                log_path=self.logs_dir / f"supernode-{name}.log",
+                env=self._env(home / "flwr-home"),
+                cwd=home,
+            )
+        )
         handle = SuperNodeHandle(name, process, home, node_config=config)
         self.supernodes.append(handle)
         return handle
@@ -638,8 +716,7 @@ class FlowerCluster:
         """Wait until every SuperNode has connected (its log names its node id)."""
         deadline = time.monotonic() + timeout
         for handle in handles:
-            match = handle.process.wait_for_log(
-                _SUPERNODE_ONLINE, max(0.0, deadline - time.monotonic()))
+            match = handle.process.wait_for_log(_SUPERNODE_ONLINE, max(0.0, deadline - time.monotonic()))
             handle.node_id = int(match.group(1))
 
     # runs --------------------------------------------------------------------------------------
@@ -650,9 +727,15 @@ class FlowerCluster:
             return "unknown", f"run {run_id} not found"
         return str(runs[0].get("status", "unknown")), str(runs[0].get("status-details", ""))
 
-    def run_app(self, app_dir: Path, *, run_config: Mapping[str, Any] | None = None,
-                timeout: float = 600.0, on_line: Callable[[str], None] | None = None,
-                on_tick: Callable[[], None] | None = None) -> RunResult:
+    def run_app(
+        self,
+        app_dir: Path,
+        *,
+        run_config: Mapping[str, Any] | None = None,
+        timeout: float = 600.0,
+        on_line: Callable[[str], None] | None = None,
+        on_tick: Callable[[], None] | None = None,
+    ) -> RunResult:
         """``flwr run APP_DIR CONNECTION --stream``, bounded by ``timeout`` seconds.
 
         The run's status comes from the SuperLink afterwards (``flwr ls --run-id``): ``flwr run``
@@ -664,8 +747,9 @@ class FlowerCluster:
             config_file = write_flat_toml(self.root / "run-config.toml", run_config)
             argv += ["--run-config", str(config_file)]
         log_path = self.logs_dir / "flwr-run.log"
-        process = self._track(ManagedProcess(
-            "flwr run", argv, log_path=log_path, env=self._env(self.home), cwd=self.home))
+        process = self._track(
+            ManagedProcess("flwr run", argv, log_path=log_path, env=self._env(self.home), cwd=self.home)
+        )
         started = time.monotonic()
         lines_seen = 0
         run_id: int | None = None
@@ -700,8 +784,7 @@ class FlowerCluster:
         if run_id is None:
             return RunResult(None, "not-started", tail(output), duration, output)
         if timed_out:
-            return RunResult(run_id, "timeout", f"no result after {timeout:.0f} s", duration,
-                             output)
+            return RunResult(run_id, "timeout", f"no result after {timeout:.0f} s", duration, output)
         status, details = self.run_status(run_id)
         return RunResult(run_id, status, details, duration, output)
 
@@ -746,25 +829,26 @@ class DeployOptions:
             problems.append(f"--rounds must be an integer >= 1. Found {self.rounds!r}.")
         if not self.budgets or not all(math.isfinite(b) and b > 0 for b in self.budgets):
             problems.append(f"--budgets must be finite epsilons > 0. Found {self.budgets!r}.")
-        from client.privacy.filters import FILTER_KINDS
+        from fedfilter.client.privacy.filters import FILTER_KINDS
 
         if self.filter_kind not in FILTER_KINDS:
-            problems.append(f"--filter must be one of {', '.join(FILTER_KINDS)}. "
-                            f"Found {self.filter_kind!r}.")
+            problems.append(f"--filter must be one of {', '.join(FILTER_KINDS)}. Found {self.filter_kind!r}.")
         if not 0 < self.delta < 1:
             problems.append(f"--delta must be in (0, 1). Found {self.delta!r}.")
         if self.after_exhaustion not in AFTER_EXHAUSTION:
-            problems.append(f"--after-exhaustion must be one of {', '.join(AFTER_EXHAUSTION)}. "
-                            f"Found {self.after_exhaustion!r}.")
+            problems.append(
+                f"--after-exhaustion must be one of {', '.join(AFTER_EXHAUSTION)}. Found {self.after_exhaustion!r}."
+            )
         if self.min_noise_multiplier is not None and not (
-                math.isfinite(self.min_noise_multiplier) and self.min_noise_multiplier > 0):
-            problems.append("--min-noise-multiplier must be a finite number > 0. "
-                            f"Found {self.min_noise_multiplier!r}.")
-        from client.reply_timing import MAX_REPLY_HOLD_S
+            math.isfinite(self.min_noise_multiplier) and self.min_noise_multiplier > 0
+        ):
+            problems.append(f"--min-noise-multiplier must be a finite number > 0. Found {self.min_noise_multiplier!r}.")
+        from fedfilter.client.reply_timing import MAX_REPLY_HOLD_S
 
         if not (math.isfinite(self.reply_hold_s) and 0 <= self.reply_hold_s <= MAX_REPLY_HOLD_S):
-            problems.append(f"--reply-hold-s must be in [0, {MAX_REPLY_HOLD_S:g}] seconds. "
-                            f"Found {self.reply_hold_s!r}.")
+            problems.append(
+                f"--reply-hold-s must be in [0, {MAX_REPLY_HOLD_S:g}] seconds. Found {self.reply_hold_s!r}."
+            )
         for name in ("timeout_s", "connect_timeout_s", "grace_s"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
@@ -800,8 +884,7 @@ MIN_NODES_KEY = "min-available-nodes"
 PUBLIC_LEDGER_FILE = "public_ledger.sqlite"
 
 
-def build_run_config(app_config: Mapping[str, Any], options: DeployOptions,
-                     public_ledger: Path) -> dict[str, Any]:
+def build_run_config(app_config: Mapping[str, Any], options: DeployOptions, public_ledger: Path) -> dict[str, Any]:
     """The ``--run-config`` overrides: rounds, the public ledger's path, the user's extras.
 
     Flower refuses override keys the app does not declare, so every key is checked here first.
@@ -809,8 +892,10 @@ def build_run_config(app_config: Mapping[str, Any], options: DeployOptions,
     overrides: dict[str, Any] = {}
     rounds_key = next((k for k in ROUNDS_KEYS if k in app_config), None)
     if rounds_key is None:
-        raise ValueError(f"the app declares none of {', '.join(ROUNDS_KEYS)} in "
-                         "[tool.flwr.app.config]: cannot set the number of rounds.")
+        raise ValueError(
+            f"the app declares none of {', '.join(ROUNDS_KEYS)} in "
+            "[tool.flwr.app.config]: cannot set the number of rounds."
+        )
     overrides[rounds_key] = options.rounds
     ledger_key = next((k for k in PUBLIC_LEDGER_KEYS if k in app_config), None)
     if ledger_key is not None:
@@ -819,8 +904,10 @@ def build_run_config(app_config: Mapping[str, Any], options: DeployOptions,
         overrides[MIN_NODES_KEY] = options.clients
     unknown = sorted(set(options.run_config) - set(app_config))
     if unknown:
-        raise ValueError(f"--run-config keys {', '.join(unknown)} are not declared in the app's "
-                         f"[tool.flwr.app.config] (declared: {', '.join(sorted(app_config))}).")
+        raise ValueError(
+            f"--run-config keys {', '.join(unknown)} are not declared in the app's "
+            f"[tool.flwr.app.config] (declared: {', '.join(sorted(app_config))})."
+        )
     overrides.update(options.run_config)
     return overrides
 
@@ -829,7 +916,7 @@ def public_run_ids(path: Path) -> list[str]:
     """The run ids in a public ledger, oldest first (none if the file does not exist)."""
     if not path.is_file():
         return []
-    from coordinator.public_ledger import PublicLedger
+    from fedfilter.coordinator.public_ledger import PublicLedger
 
     with PublicLedger(path, read_only=True) as ledger:
         return [run.run_id for run in ledger.runs()]
@@ -846,8 +933,8 @@ class LedgerProgress:
     def tick(self) -> None:
         if not self.path.is_file():
             return
-        from coordinator.public_ledger import PublicLedger
         from fedfilter.cmd_reports import format_record
+        from fedfilter.coordinator.public_ledger import PublicLedger
 
         try:
             with PublicLedger(self.path, read_only=True) as ledger:
@@ -869,14 +956,13 @@ def public_summary(path: Path, old_runs: Sequence[str] = ()) -> dict[str, Any]:
     new_runs = [run for run in public_run_ids(path) if run not in set(old_runs)]
     if not new_runs:
         return {"run_id": None, "rounds_completed": 0, "final_accuracy": None}
-    from coordinator.public_ledger import PublicLedger
+    from fedfilter.coordinator.public_ledger import PublicLedger
 
     run_id = new_runs[-1]
     with PublicLedger(path, read_only=True) as ledger:
         records = ledger.records(run_id)
     accuracy = [float(r.metrics["accuracy"]) for r in records if "accuracy" in r.metrics]
-    return {"run_id": run_id, "rounds_completed": len(records),
-            "final_accuracy": accuracy[-1] if accuracy else None}
+    return {"run_id": run_id, "rounds_completed": len(records), "final_accuracy": accuracy[-1] if accuracy else None}
 
 
 def deploy_local(options: DeployOptions, echo: Callable[[str], None] = print) -> int:
@@ -884,9 +970,9 @@ def deploy_local(options: DeployOptions, echo: Callable[[str], None] = print) ->
 
     Every process is stopped before this returns, whatever happened (Ctrl-C included).
     """
-    from client.flower_mod import enrol_device
-    from client.ledger import LEDGER_FILE
-    from client.reply_timing import timing_protection
+    from fedfilter.client.flower_mod import enrol_device
+    from fedfilter.client.ledger import LEDGER_FILE
+    from fedfilter.client.reply_timing import timing_protection
     from fedfilter.cmd_demo import device_report
 
     options.check()
@@ -922,23 +1008,29 @@ def deploy_local(options: DeployOptions, echo: Callable[[str], None] = print) ->
                 ledger_dir = devices_dir / str(index)
                 ledger_dir.mkdir(parents=True, exist_ok=True)
                 config = device_node_config(index, options, ledger_dir)
-                handles.append(cluster.start_supernode(
-                    name, private_key=private_key, node_config=config))
-                show(f"{name}: key registered (node {node_id}), budget epsilon "
-                     f"{config['budget-epsilon']:g}, ledger {ledger_dir}")
+                handles.append(cluster.start_supernode(name, private_key=private_key, node_config=config))
+                show(
+                    f"{name}: key registered (node {node_id}), budget epsilon "
+                    f"{config['budget-epsilon']:g}, ledger {ledger_dir}"
+                )
             cluster.wait_online(handles, options.connect_timeout_s)
-            show(f"{len(handles)} SuperNodes connected; submitting `flwr run {app_dir} "
-                 f"{cluster.connection} --stream` ({options.rounds} rounds)")
+            show(
+                f"{len(handles)} SuperNodes connected; submitting `flwr run {app_dir} "
+                f"{cluster.connection} --stream` ({options.rounds} rounds)"
+            )
 
             def on_line(line: str) -> None:
                 if options.verbose or "ERROR" in line or _STARTED_RUN.search(line):
                     show(f"flwr run | {line}")
 
-            result = cluster.run_app(app_dir, run_config=run_config, timeout=options.timeout_s,
-                                     on_line=on_line, on_tick=progress.tick)
+            result = cluster.run_app(
+                app_dir, run_config=run_config, timeout=options.timeout_s, on_line=on_line, on_tick=progress.tick
+            )
             progress.tick()
-            show(f"run {result.run_id}: {result.status} after {result.duration_s:.1f} s"
-                 + (f" ({result.details})" if result.details not in ("", "N/A") else ""))
+            show(
+                f"run {result.run_id}: {result.status} after {result.duration_s:.1f} s"
+                + (f" ({result.details})" if result.details not in ("", "N/A") else "")
+            )
     except KeyboardInterrupt:
         error = "interrupted"
         show("interrupted: every process was stopped")
@@ -949,39 +1041,47 @@ def deploy_local(options: DeployOptions, echo: Callable[[str], None] = print) ->
 
     # What the device owners read from their own ledgers (the same report as `fedfilter demo`).
     public = public_summary(public_ledger, old_runs)
-    clients = [device_report(devices_dir / str(i), public["run_id"])
-               for i in range(options.clients)
-               if (devices_dir / str(i) / LEDGER_FILE).is_file()]
+    clients = [
+        device_report(devices_dir / str(i), public["run_id"])
+        for i in range(options.clients)
+        if (devices_dir / str(i) / LEDGER_FILE).is_file()
+    ]
     summary = {
         "engine": "deployment",
         "run_id": public["run_id"],
         "flower_run_id": result.run_id if result else None,
-        "status": result.status if result else ("interrupted" if error == "interrupted"
-                                                 else "failed"),
+        "status": result.status if result else ("interrupted" if error == "interrupted" else "failed"),
         "error": error if error != "interrupted" else None,
         "rounds_completed": public["rounds_completed"],
         "public_ledger": str(public_ledger),
         "clients": clients,
         "final_accuracy": public["final_accuracy"],
         "settings": {
-            "clients": options.clients, "rounds": options.rounds, "app_dir": str(app_dir),
-            "budgets": list(options.budgets), "delta": options.delta,
-            "filter": options.filter_kind, "after_exhaustion": options.after_exhaustion,
-            "min_noise_multiplier": options.min_noise_multiplier, "run_config": run_config,
-            "tls": True, "supernode_auth": True, "reply_hold_s": options.reply_hold_s,
+            "clients": options.clients,
+            "rounds": options.rounds,
+            "app_dir": str(app_dir),
+            "budgets": list(options.budgets),
+            "delta": options.delta,
+            "filter": options.filter_kind,
+            "after_exhaustion": options.after_exhaustion,
+            "min_noise_multiplier": options.min_noise_multiplier,
+            "run_config": run_config,
+            "tls": True,
+            "supernode_auth": True,
+            "reply_hold_s": options.reply_hold_s,
         },
         "timing_protection": timing,
         "wall_time_s": round(time.monotonic() - started, 1),
         "logs": str(out / "logs"),
     }
-    (out / "summary.json").write_text(json.dumps(summary, indent=2, allow_nan=False) + "\n",
-                                      encoding="utf-8")
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, allow_nan=False) + "\n", encoding="utf-8")
     show(f"summary written to {out / 'summary.json'}")
     for client in summary["clients"]:
-        show(f"{client['client_id']}: spent epsilon {client['spent_epsilon']:.4g} of "
-             f"{client['budget_epsilon']:g}"
-             + (f", exhausted in round {client['exhausted_round']}"
-                if client["exhausted_round"] is not None else ""))
+        show(
+            f"{client['client_id']}: spent epsilon {client['spent_epsilon']:.4g} of "
+            f"{client['budget_epsilon']:g}"
+            + (f", exhausted in round {client['exhausted_round']}" if client["exhausted_round"] is not None else "")
+        )
     if error == "interrupted":
         return 130
     return 0 if result is not None and result.ok else 1

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from protos import fedfilter_pb2 as fedfilter__pb2
+from fedfilter.protos import fedfilter_pb2 as fedfilter__pb2
 
 GRPC_GENERATED_VERSION = '1.81.1'
 GRPC_VERSION = grpc.__version__

@@ -6,8 +6,8 @@ Usage (from anywhere)::
     python protos/generate.py --out DIR  # write them to DIR instead (the drift test does this)
 
 Runs ``grpc_tools.protoc`` with ``-I protos``, then turns the generated ``import fedfilter_pb2``
-of the gRPC module into ``from protos import fedfilter_pb2`` so the code imports as
-``protos.fedfilter_pb2`` / ``protos.fedfilter_pb2_grpc``. The output depends on the installed
+of the gRPC module into ``from fedfilter.protos import fedfilter_pb2`` so the code imports as
+``fedfilter.protos.fedfilter_pb2`` / ``fedfilter.protos.fedfilter_pb2_grpc``. The output depends on the installed
 grpcio-tools version; the committed files were made with the one in the project's virtualenv.
 """
 
@@ -22,7 +22,7 @@ PROTO_NAME = "fedfilter.proto"
 GENERATED = ("fedfilter_pb2.py", "fedfilter_pb2.pyi", "fedfilter_pb2_grpc.py")
 
 _BARE_IMPORT = "import fedfilter_pb2 as fedfilter__pb2\n"
-_PACKAGE_IMPORT = "from protos import fedfilter_pb2 as fedfilter__pb2\n"
+_PACKAGE_IMPORT = "from fedfilter.protos import fedfilter_pb2 as fedfilter__pb2\n"
 
 
 def generate(out_dir: Path = PROTO_DIR) -> list[Path]:

@@ -17,8 +17,8 @@ capped at the budget and so cannot show a budget that is too large), and convert
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from fractions import Fraction
-from typing import Iterable, Sequence
 
 import mpmath
 from dp_accounting import GaussianDpEvent
@@ -98,22 +98,33 @@ def rdp_accountant_epsilon(pairs: Iterable[tuple[float, float]], orders: Sequenc
     return float(acc.get_epsilon(delta))
 
 
-def pld_optimistic_delta(pairs: Iterable[tuple[float, float]], epsilon: float,
-                         interval: float = 1e-4) -> float:
+def pld_optimistic_delta(pairs: Iterable[tuple[float, float]], epsilon: float, interval: float = 1e-4) -> float:
     """dp_accounting's *optimistic* PLD delta of the composition: a lower bound on the true delta."""
     composed = None
     for s, std in pairs:
         if s > 0:
-            one = pld_lib.from_gaussian_mechanism(standard_deviation=std, sensitivity=s,
-                                                  pessimistic_estimate=False, use_connect_dots=False,
-                                                  value_discretization_interval=interval)
+            one = pld_lib.from_gaussian_mechanism(
+                standard_deviation=std,
+                sensitivity=s,
+                pessimistic_estimate=False,
+                use_connect_dots=False,
+                value_discretization_interval=interval,
+            )
             composed = one if composed is None else composed.compose(one)
     return 0.0 if composed is None else float(composed.get_delta_for_epsilon(epsilon))
 
 
-def check_spends(kind: str, epsilon: float, delta: float, orders: Sequence[float],
-                 pairs: Sequence[tuple[float, float]], *, exhausted: bool, slack_mu2: float = 0.0,
-                 use_pld: bool = True) -> dict:
+def check_spends(
+    kind: str,
+    epsilon: float,
+    delta: float,
+    orders: Sequence[float],
+    pairs: Sequence[tuple[float, float]],
+    *,
+    exhausted: bool,
+    slack_mu2: float = 0.0,
+    use_pld: bool = True,
+) -> dict:
     """Assert that releases ``pairs = [(sensitivity, noise_std), ...]`` fit the budget, independently.
 
     Upper bounds (privacy): for every kind, ``sum mu^2`` stays on the exact Gaussian-DP curve; and
@@ -137,7 +148,8 @@ def check_spends(kind: str, epsilon: float, delta: float, orders: Sequence[float
         if exhausted:
             budget = gdp_mu2_budget(epsilon, delta)
             assert _mp(mu2) >= budget * (1 - mpmath.mpf("1e-12")) - mpmath.mpf(slack_mu2), (
-                f"gdp: exhausted at sum mu^2 = {float(mu2)!r}, exact budget {float(budget)!r}")
+                f"gdp: exhausted at sum mu^2 = {float(mu2)!r}, exact budget {float(budget)!r}"
+            )
     elif kind == "zcdp":
         rho = mu2 / 2
         eps_bs = zcdp_epsilon(rho, delta)
@@ -158,8 +170,12 @@ def check_spends(kind: str, epsilon: float, delta: float, orders: Sequence[float
     return out
 
 
-def check_rounding(kind: str, orders: Sequence[float], rows: Sequence[tuple[float, float, Sequence[float], Sequence[float]]],
-                   initial: Sequence[float] | None = None) -> None:
+def check_rounding(
+    kind: str,
+    orders: Sequence[float],
+    rows: Sequence[tuple[float, float, Sequence[float], Sequence[float]]],
+    initial: Sequence[float] | None = None,
+) -> None:
     """Rows ``(s, std, charge, state_after)`` in order: each stored charge is at least the exact
     ``w (s/std)^2`` and each stored state at least the exact running sum (exact fractions)."""
     w = weights(kind, orders)
@@ -171,10 +187,12 @@ def check_rounding(kind: str, orders: Sequence[float], rows: Sequence[tuple[floa
         for j, wj in enumerate(w):
             exact = wj * cost
             assert Fraction(float(charge[j])) >= exact, (
-                f"row {i} coord {j}: charge {float(charge[j])!r} < exact {float(exact)!r} (rounded down)")
+                f"row {i} coord {j}: charge {float(charge[j])!r} < exact {float(exact)!r} (rounded down)"
+            )
             running[j] += exact
             assert Fraction(float(state[j])) >= running[j], (
-                f"row {i} coord {j}: state {float(state[j])!r} < exact sum {float(running[j])!r}")
+                f"row {i} coord {j}: state {float(state[j])!r} < exact sum {float(running[j])!r}"
+            )
             # The stored state also covers the previous stored state plus the stored charge.
             assert Fraction(float(state[j])) >= previous[j] + Fraction(float(charge[j]))
             previous[j] = Fraction(float(state[j]))
@@ -203,5 +221,7 @@ def rdp_epsilon(rdp: Sequence[Fraction], orders: Sequence[float], delta: float) 
     Kamath and Steinke 2020, arXiv 2004.00010 v4, Proposition 12)."""
     with mpmath.workdps(_DPS):
         d = mpmath.mpf(delta)
-        return min(_mp(r) + mpmath.log1p(-1 / mpmath.mpf(a)) - mpmath.log(d * a) / (mpmath.mpf(a) - 1)
-                   for r, a in zip(rdp, orders))
+        return min(
+            _mp(r) + mpmath.log1p(-1 / mpmath.mpf(a)) - mpmath.log(d * a) / (mpmath.mpf(a) - 1)
+            for r, a in zip(rdp, orders)
+        )

@@ -4,7 +4,7 @@ The spender releases a round, then appends the round and the charged mu^2 to ``r
 (fsync'd): that file is what an observer could have received. After every kill the audit checks
 that the database is intact, that each released round is in the ledger with the charge that was
 logged, and that the ledger's spent covers everything released and stays within the budget.
-Used by tests/test_crash.py (50 kills) and benchmarks/crash_soak.py (as many as asked).
+Used by tests/client/test_crash.py (50 kills) and benchmarks/crash_soak.py (as many as asked).
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ EPSILON, DELTA = 50.0, 1e-5
 def spender(directory: str) -> None:
     import numpy as np
 
-    from client.ledger import BudgetLedger
-    from client.release import FilteredClient, RoundSpec
+    from fedfilter.client.ledger import BudgetLedger
+    from fedfilter.client.release import FilteredClient, RoundSpec
 
     ledger = BudgetLedger.enrol(directory, client_id="crash", epsilon=EPSILON, delta=DELTA)
     client = FilteredClient(ledger)
@@ -44,7 +44,7 @@ def spender(directory: str) -> None:
 
 def audit(directory: Path) -> tuple[int, int]:
     """Return (rounds released, rounds in the ledger); raise AssertionError on any violation."""
-    from client.ledger import LEDGER_FILE, BudgetLedger
+    from fedfilter.client.ledger import LEDGER_FILE, BudgetLedger
 
     conn = sqlite3.connect(directory / LEDGER_FILE)
     assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
@@ -79,7 +79,9 @@ def run_cycles(directory: Path, cycles: int, max_delay: float = 0.15, seed: int 
     for _ in range(cycles):
         proc = subprocess.Popen(
             [sys.executable, str(Path(__file__).resolve()), str(directory)],
-            stdout=subprocess.PIPE, env=env, cwd=REPO,
+            stdout=subprocess.PIPE,
+            env=env,
+            cwd=REPO,
         )
         try:
             line = proc.stdout.readline()

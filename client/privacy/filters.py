@@ -33,7 +33,7 @@ This admits exactly what dp_accounting's ``RdpAccountant`` certifies for the sam
 advance, up to rounding.
 
 The filters never hold mutable state: ``spend`` returns the new state. Losses round up and
-allowances round down (``client.privacy.rounding``), so no sequence of floating-point operations
+allowances round down (``fedfilter.client.privacy.rounding``), so no sequence of floating-point operations
 lets a client spend beyond its budget. Every function broadcasts over a leading client axis, which
 is how the vectorised engine applies the very same code to thousands of clients at once. The
 allowance does the same work whatever the state (no early exit, no data-dependent branch), so its
@@ -43,13 +43,13 @@ running time does not reveal how much budget is left.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import numpy as np
 
-from client.privacy import gaussian_dp, renyi, zcdp
-from client.privacy.rounding import add_up, div_up, down, mul_up, square_up, sub_down
+from fedfilter.client.privacy import gaussian_dp, renyi, zcdp
+from fedfilter.client.privacy.rounding import add_up, div_up, down, mul_up, square_up, sub_down
 
 FILTER_KINDS = ("gdp", "rdp", "zcdp")
 # Allowances start this many ulps below the closed form, then are checked against ``admits``.
@@ -90,8 +90,10 @@ class GaussianFilter:
 
     def __post_init__(self) -> None:
         if np.shape(self.weights) != (1,) or np.shape(self.budget) != (1,):
-            raise ValueError(f"a filter has one weight and one budget. Found shapes "
-                             f"{np.shape(self.weights)} and {np.shape(self.budget)}.")
+            raise ValueError(
+                f"a filter has one weight and one budget. Found shapes "
+                f"{np.shape(self.weights)} and {np.shape(self.budget)}."
+            )
 
     @property
     def dim(self) -> int:
@@ -104,10 +106,16 @@ class GaussianFilter:
     def _checked(self, name: str, value) -> np.ndarray:
         arr = np.asarray(value, dtype=np.float64)
         if arr.ndim == 0 or arr.shape[-1] != self.dim:
-            hint = (" An rdp ledger written before the single-threshold rdp filter keeps one Rényi sum"
-                    " per order; this version cannot read it (nothing was spent)." if self.kind == "rdp" else "")
-            raise ValueError(f"{name} must have {self.dim} coordinate per client for the {self.kind} "
-                             f"filter. Found shape {arr.shape}.{hint}")
+            hint = (
+                " An rdp ledger written before the single-threshold rdp filter keeps one Rényi sum"
+                " per order; this version cannot read it (nothing was spent)."
+                if self.kind == "rdp"
+                else ""
+            )
+            raise ValueError(
+                f"{name} must have {self.dim} coordinate per client for the {self.kind} "
+                f"filter. Found shape {arr.shape}.{hint}"
+            )
         return arr
 
     def charge(self, *, sensitivity, noise_std) -> np.ndarray:
@@ -167,7 +175,7 @@ class GaussianFilter:
         room = np.maximum(b - self._checked("state", state)[..., 0], 0.0)
         return room / b if b > 0 else np.zeros_like(room)
 
-    def scaled(self, fraction: float) -> "GaussianFilter":
+    def scaled(self, fraction: float) -> GaussianFilter:
         """The same filter with its budget times ``fraction`` (a per-run quota)."""
         if not (math.isfinite(fraction) and 0 < fraction <= 1):
             raise ValueError(f"run quota must be a fraction in (0, 1]. Found {fraction!r}.")
@@ -214,8 +222,7 @@ def rdp_filter(epsilon: float, delta: float, orders: Sequence[float] | None = No
     _check_eps_delta(epsilon, delta)
     orders_arr = renyi.check_orders(renyi.DEFAULT_ORDERS if orders is None else orders)
     rho = renyi.gaussian_rho_budget(orders_arr, epsilon, delta)
-    return GaussianFilter("rdp", epsilon, delta, np.array([0.5]), np.array([rho]),
-                          tuple(float(a) for a in orders_arr))
+    return GaussianFilter("rdp", epsilon, delta, np.array([0.5]), np.array([rho]), tuple(float(a) for a in orders_arr))
 
 
 def make_filter(kind: str, epsilon: float, delta: float, orders: Sequence[float] | None = None) -> GaussianFilter:
@@ -229,8 +236,15 @@ def make_filter(kind: str, epsilon: float, delta: float, orders: Sequence[float]
     raise ValueError(f"filter must be one of {', '.join(FILTER_KINDS)}. Found {kind!r}.")
 
 
-def round_allowance(filt: GaussianFilter, state: np.ndarray, *, noise_std, clip,
-                    run_filter: GaussianFilter | None = None, run_state: np.ndarray | None = None) -> np.ndarray:
+def round_allowance(
+    filt: GaussianFilter,
+    state: np.ndarray,
+    *,
+    noise_std,
+    clip,
+    run_filter: GaussianFilter | None = None,
+    run_state: np.ndarray | None = None,
+) -> np.ndarray:
     """papers/004 Algorithm 7's per-round clip ``min(C, what the filter(s) still admit)``.
 
     The Flower client (one row) and the vectorised engine (one row per client) both call this,

@@ -25,7 +25,7 @@ import math
 
 import mpmath
 
-from client.privacy.rounding import down, up
+from fedfilter.client.privacy.rounding import down, up
 
 _DPS = 60
 # Root finding stops at this relative width, far below float64's resolution (2**-52 ~ 2.2e-16);
@@ -116,8 +116,12 @@ def epsilon_for_mu(mu: float, delta: float) -> float:
         while _delta_mp(hi, m) > target:  # delta(eps; mu) decreases with eps
             hi *= 2
         # d delta / d eps = -e^eps Phi(-eps/mu - mu/2).
-        root = _newton(lambda e: _delta_mp(e, m) - target,
-                       lambda e: -mpmath.exp(e) * mpmath.ncdf(-e / m - m / 2), mpmath.mpf(0), hi)
+        root = _newton(
+            lambda e: _delta_mp(e, m) - target,
+            lambda e: -mpmath.exp(e) * mpmath.ncdf(-e / m - m / 2),
+            mpmath.mpf(0),
+            hi,
+        )
         eps = float(up(float(root)))
         while _delta_mp(mpmath.mpf(eps), m) > target:  # verify: the epsilon we print holds
             eps = float(up(eps))

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from client.privacy import pure_dp
-from client.privacy.filters import GaussianFilter, make_filter
-from client.privacy.renyi import epsilon_from_rdp
-from client.privacy.rounding import up
+from fedfilter.client.privacy import pure_dp
+from fedfilter.client.privacy.filters import GaussianFilter, make_filter
+from fedfilter.client.privacy.renyi import epsilon_from_rdp
+from fedfilter.client.privacy.rounding import up
 
 MAX_PLANNED_ROUNDS = 10_000_000
 BASELINE_KINDS = ("basic", "advanced")
@@ -58,7 +58,9 @@ def plan_rounds(kind: str, *, epsilon: float, delta: float, noise_multiplier: fl
     filt = make_filter(kind, epsilon, delta, orders)
     state, k = _run_full_rounds(filt, noise_multiplier, MAX_PLANNED_ROUNDS)
     if k >= MAX_PLANNED_ROUNDS:
-        raise ValueError(f"more than {MAX_PLANNED_ROUNDS} rounds; noise_multiplier={noise_multiplier} is too large to plan.")
+        raise ValueError(
+            f"more than {MAX_PLANNED_ROUNDS} rounds; noise_multiplier={noise_multiplier} is too large to plan."
+        )
     frac = float(filt.allowance(state, noise_std=noise_multiplier))
     return RoundsPlan(kind, epsilon, delta, noise_multiplier, k, min(frac, 1.0))
 
@@ -85,11 +87,18 @@ def plan_epsilon(kind: str, *, noise_multiplier: float, rounds: int, delta: floa
         fixed = epsilon_from_rdp(filt.orders, up(per_order * (1 + 2.0**-50)), delta)  # 4 roundings
     else:
         fixed = eps
-    return {"filter": kind, "noise_multiplier": noise_multiplier, "rounds": rounds, "delta": delta,
-            "epsilon": eps, "fixed_composition_epsilon": fixed}
+    return {
+        "filter": kind,
+        "noise_multiplier": noise_multiplier,
+        "rounds": rounds,
+        "delta": delta,
+        "epsilon": eps,
+        "fixed_composition_epsilon": fixed,
+    }
 
 
 # --- papers/003 baselines for Gaussian rounds, through papers/003 Lemma 3.3 ---------------------
+
 
 def _basic_feasible(k: int, epsilon: float, delta: float, mu: float) -> bool:
     # Lemma 3.3 feeds 2 eps_t to the pure filter: k * 2 eps_t <= epsilon (Theorem 3.4, delta_g = 0),

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import math
 
-from client.privacy.gaussian_dp import delta_for_epsilon
-from client.privacy.rounding import up
+from fedfilter.client.privacy.gaussian_dp import delta_for_epsilon
+from fedfilter.client.privacy.rounding import up
 
 ADVANCED_X_CONSTANT = 28.04  # papers/003 Theorem 5.1 (the corrected constant, footnote 6)
 

@@ -17,11 +17,11 @@ check agreement with its ``RdpAccountant``.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
-from client.privacy.rounding import down, up
+from fedfilter.client.privacy.rounding import down, up
 
 # dp_accounting's RdpAccountant orders (``DEFAULT_RDP_ORDERS``, 156 orders from 1.1 to 1024), the
 # default of the ``rdp`` filter: its single threshold (filters.py) pays nothing for a fine grid.

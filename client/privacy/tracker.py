@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from client.privacy.rounding import add_up
+from fedfilter.client.privacy.rounding import add_up
 
 
 @dataclass(frozen=True)
@@ -34,9 +34,7 @@ def tracker_step(state: TrackerState, rho, delta_step: float) -> TrackerState:
     """One step of Algorithm 5 with this round's loss ``rho`` (per client)."""
     rho = np.asarray(rho, dtype=np.float64)
     if np.any(~np.isfinite(rho) | (rho < 0) | (rho > delta_step)):
-        raise ValueError(
-            f"every loss must be in [0, delta_step={delta_step}] (Corollary 4.11). Found {rho!r}."
-        )
+        raise ValueError(f"every loss must be in [0, delta_step={delta_step}] (Corollary 4.11). Found {rho!r}.")
     total = np.where(state.running > 0, add_up(state.running, rho), rho)  # 0 + rho is exact
     halt = total > delta_step  # F_{alpha, Delta}(rho_restart..rho_t) = HALT
     level = np.where(halt, add_up(state.level, delta_step), state.level)

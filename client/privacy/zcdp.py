@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 
-from client.privacy.rounding import down, up
+from fedfilter.client.privacy.rounding import down, up
 
 
 def zcdp_budget(epsilon: float, delta: float) -> float:

@@ -130,10 +130,20 @@ def rates_at(test: Test, scores0, scores1, *, alpha: float, delta: float = 0.0) 
     m1, m0 = (n0, n1) if test.swapped else (n1, n0)
     tpr_lo = float(cp_lower(hits1, m1, alpha / 2))
     fpr_hi = float(cp_upper(hits0, m0, alpha / 2))
-    return Rates(n0=n0, n1=n1, hits1=hits1, hits0=hits0, tpr=hits1 / m1, fpr=hits0 / m0, tpr_lo=tpr_lo,
-                 fpr_hi=fpr_hi, epsilon_lb=float(epsilon_from_rates(tpr_lo, fpr_hi, delta)),
-                 mu_lb=float(mu_from_rates(tpr_lo, fpr_hi)), advantage=hits1 / m1 - hits0 / m0,
-                 advantage_lo=tpr_lo - fpr_hi)
+    return Rates(
+        n0=n0,
+        n1=n1,
+        hits1=hits1,
+        hits0=hits0,
+        tpr=hits1 / m1,
+        fpr=hits0 / m0,
+        tpr_lo=tpr_lo,
+        fpr_hi=fpr_hi,
+        epsilon_lb=float(epsilon_from_rates(tpr_lo, fpr_hi, delta)),
+        mu_lb=float(mu_from_rates(tpr_lo, fpr_hi)),
+        advantage=hits1 / m1 - hits0 / m0,
+        advantage_lo=tpr_lo - fpr_hi,
+    )
 
 
 OBJECTIVES = ("epsilon", "mu", "advantage")
@@ -184,8 +194,9 @@ def split_mask(n: int, fraction: float, rng: np.random.Generator) -> np.ndarray:
     return mask
 
 
-def audit_scores(scores0, scores1, select: np.ndarray, *, objective: str, delta: float,
-                 alpha: float) -> tuple[Test, Rates]:
+def audit_scores(
+    scores0, scores1, select: np.ndarray, *, objective: str, delta: float, alpha: float
+) -> tuple[Test, Rates]:
     """Choose a test on the ``select`` trials, evaluate it on the others (paired trials)."""
     s0, s1 = np.asarray(scores0), np.asarray(scores1)
     test = select_threshold(s0[select], s1[select], objective=objective, delta=delta, alpha=alpha)

@@ -91,14 +91,29 @@ class Finding:
         return self.rates.advantage_lo <= self.theory
 
     def as_dict(self) -> dict:
-        return {"advantage": self.advantage, "advantage_lo": self.rates.advantage_lo, "allowed": self.allowed,
-                "theory": self.theory, "slack": self.slack, "within_bound": self.within, "feature": self.feature,
-                "n_eval": self.rates.n0, "mean_noise_only": self.mean_noise_only,
-                "mean_contributing": self.mean_contributing}
+        return {
+            "advantage": self.advantage,
+            "advantage_lo": self.rates.advantage_lo,
+            "allowed": self.allowed,
+            "theory": self.theory,
+            "slack": self.slack,
+            "within_bound": self.within,
+            "feature": self.feature,
+            "n_eval": self.rates.n0,
+            "mean_noise_only": self.mean_noise_only,
+            "mean_contributing": self.mean_contributing,
+        }
 
 
-def distinguish(name: str, noise_only: dict[str, np.ndarray], contributing: dict[str, np.ndarray],
-                select: np.ndarray, *, theory: float, alpha: float) -> Finding:
+def distinguish(
+    name: str,
+    noise_only: dict[str, np.ndarray],
+    contributing: dict[str, np.ndarray],
+    select: np.ndarray,
+    *,
+    theory: float,
+    alpha: float,
+) -> Finding:
     """Pick the feature and test on ``select`` trials; measure the advantage on the others.
 
     ``noise_only[f][i]`` and ``contributing[f][i]`` are feature ``f`` of trial ``i``'s two probe

@@ -30,25 +30,23 @@ import math
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 from pathlib import Path
-from typing import Callable, Iterator
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, Context, Message, Metadata, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.common.serde import message_to_proto
 
-from client.flower_mod import (
-    ARRAYS_RECORD, REQUEST_RECORD, STATUS_RECORD, STATUS_REPORT, enrol_device, individual_filter_mod,
-    request_record,
-)
-from client.ledger import BudgetLedger
-from client.privacy import gaussian_dp
-from client.release import RoundSpec
 from fedfilter.audit.distinguishers import bits_features
+from fedfilter.client.flower_mod import enrol_device, individual_filter_mod
+from fedfilter.client.ledger import BudgetLedger
+from fedfilter.client.privacy import gaussian_dp
+from fedfilter.client.release import RoundSpec
+from fedfilter.client.wire import ARRAYS_RECORD, REQUEST_RECORD, STATUS_RECORD, STATUS_REPORT, request_record
 
 KEYS = ("w", "b")
 SHAPES = ((32, 32), (32,))  # 1056 parameters: many low-order bits per reply, still fast
@@ -128,7 +126,7 @@ def _split(flat: np.ndarray) -> list[np.ndarray]:
     out, i = [], 0
     for s in SHAPES:
         n = math.prod(s)
-        out.append(flat[i:i + n].reshape(s))
+        out.append(flat[i : i + n].reshape(s))
         i += n
     return out
 
@@ -163,9 +161,17 @@ def train_message(cfg: GameConfig, round_id: int, node_id: int) -> Message:
     model = ArrayRecord({k: Array(np.zeros(s, dtype=cfg.dtype)) for k, s in zip(KEYS, SHAPES)})
     spec = RoundSpec(run_id=RUN_ID, round_id=round_id, noise_multiplier=cfg.noise_multiplier, clip=cfg.clip)
     content = RecordDict({ARRAYS_RECORD: model, REQUEST_RECORD: request_record(spec)})
-    meta = Metadata(run_id=1, message_id=f"{node_id}-{round_id}", src_node_id=1, dst_node_id=node_id,
-                    reply_to_message_id="", group_id=str(round_id), created_at=time.time(), ttl=3600.0,
-                    message_type="train")
+    meta = Metadata(
+        run_id=1,
+        message_id=f"{node_id}-{round_id}",
+        src_node_id=1,
+        dst_node_id=node_id,
+        reply_to_message_id="",
+        group_id=str(round_id),
+        created_at=time.time(),
+        ttl=3600.0,
+        message_type="train",
+    )
     return Message(content=content, metadata=meta)
 
 
@@ -174,9 +180,14 @@ class Device:
 
     def __init__(self, cfg: GameConfig, directory: Path, node_id: int, noise_seed: int | None):
         self.directory, self.node_id = directory, node_id
-        node = {"ledger-dir": str(directory), "client-id": f"canary-{node_id}",
-                "budget-epsilon": float(cfg.device_epsilon or cfg.epsilon), "budget-delta": float(cfg.delta),
-                "filter": cfg.filter_kind, "min-noise-multiplier": min(0.5, cfg.noise_multiplier)}
+        node = {
+            "ledger-dir": str(directory),
+            "client-id": f"canary-{node_id}",
+            "budget-epsilon": float(cfg.device_epsilon or cfg.epsilon),
+            "budget-delta": float(cfg.delta),
+            "filter": cfg.filter_kind,
+            "min-noise-multiplier": min(0.5, cfg.noise_multiplier),
+        }
         if noise_seed is not None:
             node["noise-seed"] = int(noise_seed)
         node["reply-hold-s"] = 0.0  # budget rounds: see GameConfig.reply_hold_s
@@ -216,8 +227,9 @@ def ask(app: ClientApp, cfg: GameConfig, device: Device, round_id: int) -> Reply
     if reply.content[STATUS_RECORD]["status"] != STATUS_REPORT:
         raise RuntimeError(f"the canary device did not report in round {round_id}")
     arrays = next(iter(reply.content.array_records.values())).to_numpy_ndarrays()
-    return Reply(arrays, seconds, reply.metadata.created_at - msg.metadata.created_at,
-                 message_to_proto(reply).ByteSize())
+    return Reply(
+        arrays, seconds, reply.metadata.created_at - msg.metadata.created_at, message_to_proto(reply).ByteSize()
+    )
 
 
 def shadow_schedule(cfg: GameConfig, v: np.ndarray, max_rounds: int = 1000) -> np.ndarray:
@@ -239,8 +251,12 @@ def shadow_schedule(cfg: GameConfig, v: np.ndarray, max_rounds: int = 1000) -> n
 
 def probe_features(reply: Reply, v: np.ndarray, std: float) -> dict[str, float]:
     """What the exhaustion distinguishers look at in one probe reply (its arrays are dropped)."""
-    out = {"value": float(flatten(reply.arrays) @ v), "time": reply.seconds,
-           "metadata-time": reply.metadata_seconds, "bytes": float(reply.nbytes)}
+    out = {
+        "value": float(flatten(reply.arrays) @ v),
+        "time": reply.seconds,
+        "metadata-time": reply.metadata_seconds,
+        "bytes": float(reply.nbytes),
+    }
     out.update({f"bits:{k}": x for k, x in bits_features(reply.arrays, std).items()})
     return out
 
@@ -268,15 +284,26 @@ class GameRun:
 
 def _check_ledgers(x: Device, y: Device, rounds: int) -> None:
     sx, sy = x.statuses(), y.statuses()
-    ok = ([st for st, _ in sx] == ["contributed"] * rounds + ["noise-only"]
-          and [st for st, _ in sy] == ["contributed"] * (rounds + 1)
-          and all(s == 0.0 for _, s in sy[:rounds]) and sy[-1][1] > 0)
+    ok = (
+        [st for st, _ in sx] == ["contributed"] * rounds + ["noise-only"]
+        and [st for st, _ in sy] == ["contributed"] * (rounds + 1)
+        and all(s == 0.0 for _, s in sy[:rounds])
+        and sy[-1][1] > 0
+    )
     if not ok:
         raise RuntimeError(f"a canary device did not follow the schedule: canary {sx}, no-data {sy}")
 
 
-def play(cfg: GameConfig, trials: int, *, rng: np.random.Generator, seeded: bool, tmp_dir: str | None = None,
-         verify_every: int = 25, progress: Callable[[int], None] | None = None) -> GameRun:
+def play(
+    cfg: GameConfig,
+    trials: int,
+    *,
+    rng: np.random.Generator,
+    seeded: bool,
+    tmp_dir: str | None = None,
+    verify_every: int = 25,
+    progress: Callable[[int], None] | None = None,
+) -> GameRun:
     """Run ``trials`` pairs of fresh canary devices through the real ClientApp and mod.
 
     ``seeded``: derive each device's ``noise-seed`` from ``rng`` (reproducible, for tests);
@@ -306,8 +333,14 @@ def play(cfg: GameConfig, trials: int, *, rng: np.random.Generator, seeded: bool
             if verify_every and i % verify_every == 0:
                 _check_ledgers(x, y, rounds)
                 run.verified += 1
-            run.trials.append(Trial(score[y] / scale, score[x] / scale, probe_features(probe[x], v, cfg.noise_std),
-                                    probe_features(probe[y], v, cfg.noise_std)))
+            run.trials.append(
+                Trial(
+                    score[y] / scale,
+                    score[x] / scale,
+                    probe_features(probe[x], v, cfg.noise_std),
+                    probe_features(probe[y], v, cfg.noise_std),
+                )
+            )
             for dev in (x, y):  # the mod may keep the file open in its cache: the inode lingers
                 shutil.rmtree(dev.directory, ignore_errors=True)
             if progress is not None:
@@ -322,5 +355,7 @@ def scores(run: GameRun) -> tuple[np.ndarray, np.ndarray]:
 def probe_table(run: GameRun) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """Per feature, the values of all trials' noise-only and contributing probe replies."""
     keys = run.trials[0].noise_only.keys()
-    return ({k: np.array([t.noise_only[k] for t in run.trials]) for k in keys},
-            {k: np.array([t.contributing[k] for t in run.trials]) for k in keys})
+    return (
+        {k: np.array([t.noise_only[k] for t in run.trials]) for k in keys},
+        {k: np.array([t.contributing[k] for t in run.trials]) for k in keys},
+    )

@@ -12,29 +12,42 @@ from fedfilter.audit.game import scores
 
 def table(result: dict) -> str:
     eps = result["claimed_epsilon"]
-    lines = [f"fedfilter audit: claimed (epsilon={eps:g}, delta={result['delta']:g}), filter {result['filter']}, "
-             f"local placement, {result['trials']} trials per world, confidence {1 - result['alpha']:.0%}, "
-             f"thresholds {result['threshold']}", "",
-             f"{'model':<8} {'z':>6} {'R':>2} {'mu claim':>8} {'eps_lb (CP)':>11} {'mu_lb':>7} "
-             f"{'eps_lb (GDP)':>12} {'of claim':>8}"]
+    lines = [
+        f"fedfilter audit: claimed (epsilon={eps:g}, delta={result['delta']:g}), filter {result['filter']}, "
+        f"local placement, {result['trials']} trials per world, confidence {1 - result['alpha']:.0%}, "
+        f"thresholds {result['threshold']}",
+        "",
+        f"{'model':<8} {'z':>6} {'R':>2} {'mu claim':>8} {'eps_lb (CP)':>11} {'mu_lb':>7} "
+        f"{'eps_lb (GDP)':>12} {'of claim':>8}",
+    ]
     for dtype, g in result["games"].items():
         if "refused" in g:
             lines.append(f"{dtype:<8} refused: {g['refused']}")
             continue
-        lines.append(f"{dtype:<8} {g['noise_multiplier']:>6.3f} {g['rounds_to_exhaust']:>2} {g['claimed_mu']:>8.4f} "
-                     f"{g['epsilon_lower_bound']:>11.4f} {g['gdp_mu_lower_bound']:>7.4f} "
-                     f"{g['gdp_epsilon_lower_bound']:>12.4f} {g['gdp_epsilon_lower_bound'] / eps:>8.1%}")
-    lines += ["", "exhaustion: a noise-only reply vs a contributing one (advantage = TPR - FPR on held-out trials; "
-                  f"each verdict at confidence {1 - result['exhaustion_alpha_each']:.3%})",
-              f"{'model':<8} {'distinguisher':<14} {'feature':<22} {'advantage':>9} {'allowed':>8} {'(theory':>8} "
-              f"{'+ slack)':>8}  verdict"]
+        lines.append(
+            f"{dtype:<8} {g['noise_multiplier']:>6.3f} {g['rounds_to_exhaust']:>2} {g['claimed_mu']:>8.4f} "
+            f"{g['epsilon_lower_bound']:>11.4f} {g['gdp_mu_lower_bound']:>7.4f} "
+            f"{g['gdp_epsilon_lower_bound']:>12.4f} {g['gdp_epsilon_lower_bound'] / eps:>8.1%}"
+        )
+    lines += [
+        "",
+        "exhaustion: a noise-only reply vs a contributing one (advantage = TPR - FPR on held-out trials; "
+        f"each verdict at confidence {1 - result['exhaustion_alpha_each']:.3%})",
+        f"{'model':<8} {'distinguisher':<14} {'feature':<22} {'advantage':>9} {'allowed':>8} {'(theory':>8} "
+        f"{'+ slack)':>8}  verdict",
+    ]
     for dtype, found in result["exhaustion"].items():
         for name, f in found.items():
-            lines.append(f"{dtype:<8} {name:<14} {f['feature']:<22} {f['advantage']:>9.3f} {f['allowed']:>8.3f} "
-                         f"{f['theory']:>8.3f} {f['slack']:>8.3f}  {'ok' if f['within_bound'] else 'EXCEEDS'}")
+            lines.append(
+                f"{dtype:<8} {name:<14} {f['feature']:<22} {f['advantage']:>9.3f} {f['allowed']:>8.3f} "
+                f"{f['theory']:>8.3f} {f['slack']:>8.3f}  {'ok' if f['within_bound'] else 'EXCEEDS'}"
+            )
     verdict = "PASSED" if result["passed"] else "FAILED"
-    lines += ["", f"{verdict}: lower bounds within the claim: {result['within_claim']}; exhaustion hidden: "
-                  f"{result['exhaustion_within_bounds']}  ({result['seconds']:.0f} s)"]
+    lines += [
+        "",
+        f"{verdict}: lower bounds within the claim: {result['within_claim']}; exhaustion hidden: "
+        f"{result['exhaustion_within_bounds']}  ({result['seconds']:.0f} s)",
+    ]
     return "\n".join(lines)
 
 
@@ -67,9 +80,14 @@ def plot(result: dict, path: Path) -> None:
     for i, dtype in enumerate(dtypes):
         s0, s1 = scores(runs[dtype])
         t = np.sort(np.concatenate([s0, s1]))
-        ax.plot([np.mean(s0 >= v) for v in t[::max(1, t.size // 300)]],
-                [np.mean(s1 >= v) for v in t[::max(1, t.size // 300)]], f"C{i}-", lw=1, alpha=0.8,
-                label=f"empirical ({dtype})")
+        ax.plot(
+            [np.mean(s0 >= v) for v in t[:: max(1, t.size // 300)]],
+            [np.mean(s1 >= v) for v in t[:: max(1, t.size // 300)]],
+            f"C{i}-",
+            lw=1,
+            alpha=0.8,
+            label=f"empirical ({dtype})",
+        )
         mu_lb = result["games"][dtype]["gdp_mu_lower_bound"]
         ax.plot(fpr, norm.cdf(norm.ppf(fpr) + mu_lb), f"C{i}:", label=f"lower bound {mu_lb:.3f}-GDP ({dtype})")
     ax.plot([0, 1], [0, 1], color="0.7", lw=0.8)
@@ -84,15 +102,24 @@ def plot(result: dict, path: Path) -> None:
         xs = np.arange(len(names)) + i * width
         adv = [found[n]["advantage"] for n in names]
         ax.bar(xs, adv, width, color=f"C{i}", alpha=0.7, label=f"measured ({dtype})")
-        ax.scatter(xs, [found[n]["allowed"] for n in names], marker="_", s=300, color="k", zorder=3,
-                   label="allowed (theory + slack)" if i == 0 else None)
+        ax.scatter(
+            xs,
+            [found[n]["allowed"] for n in names],
+            marker="_",
+            s=300,
+            color="k",
+            zorder=3,
+            label="allowed (theory + slack)" if i == 0 else None,
+        )
     ax.set_xticks(np.arange(len(names)) + width * (len(dtypes) - 1) / 2, names)
     ax.axhline(0, color="0.5", lw=0.8)
     ax.set(title="exhaustion distinguishers", ylabel="advantage TPR - FPR", ylim=(-0.2, 1.05))
     ax.legend(fontsize=8)
-    fig.suptitle(f"fedfilter audit: claim epsilon={result['claimed_epsilon']:g}, delta={result['delta']:g}; "
-                 f"lower bounds CP {result['epsilon_lower_bound']:.3f}, GDP {result['gdp_epsilon_lower_bound']:.3f}"
-                 f" ({result['trials']} trials per world)")
+    fig.suptitle(
+        f"fedfilter audit: claim epsilon={result['claimed_epsilon']:g}, delta={result['delta']:g}; "
+        f"lower bounds CP {result['epsilon_lower_bound']:.3f}, GDP {result['gdp_epsilon_lower_bound']:.3f}"
+        f" ({result['trials']} trials per world)"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -20,14 +20,14 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from client.privacy import gaussian_dp
 from fedfilter.audit import bounds
 from fedfilter.audit.distinguishers import distinguish, single_reply_tv
 from fedfilter.audit.game import DeviceRefused, GameConfig, GameRun, play, probe_table, reuse_budget_solves, scores
+from fedfilter.client.privacy import gaussian_dp
 
 THRESHOLDS = ("planned", "split")
 DTYPES = ("float32", "float64")
@@ -50,8 +50,9 @@ def gdp_epsilon(mu_lb: float, delta: float) -> float:
     return bounds.round_down(gaussian_dp.epsilon_for_mu(mu_lb, delta))
 
 
-def game_bounds(run: GameRun, *, alpha: float, threshold: str, select_fraction: float,
-                rng: np.random.Generator) -> dict:
+def game_bounds(
+    run: GameRun, *, alpha: float, threshold: str, select_fraction: float, rng: np.random.Generator
+) -> dict:
     cfg = run.cfg
     s0, s1 = scores(run)
     if threshold == "planned":
@@ -86,17 +87,37 @@ def exhaustion_findings(run: GameRun, *, alpha: float, rng: np.random.Generator)
     out = {}
     for name, (wanted, gaussian) in DISTINGUISHERS.items():
         keys = [k for k in noise_only if wanted(k)]
-        finding = distinguish(name, {k: noise_only[k] for k in keys}, {k: contributing[k] for k in keys}, select,
-                              theory=tv if gaussian else 0.0, alpha=alpha)
+        finding = distinguish(
+            name,
+            {k: noise_only[k] for k in keys},
+            {k: contributing[k] for k in keys},
+            select,
+            theory=tv if gaussian else 0.0,
+            alpha=alpha,
+        )
         out[name] = finding.as_dict()
     return out
 
 
-def run_audit(*, epsilon: float, delta: float, trials: int, dtypes: Sequence[str] = DTYPES, rounds: int = 3,
-              filter_kind: str = "gdp", clip: float = 1.0, alpha: float = 0.05, threshold: str = "planned",
-              select_fraction: float = 0.5, seed: int | None = None, tmp_dir: str | None = None,
-              device_epsilon: float | None = None, reply_hold_s: float = 0.02,
-              progress: Callable[[int], None] | None = None, keep_runs: bool = False) -> dict:
+def run_audit(
+    *,
+    epsilon: float,
+    delta: float,
+    trials: int,
+    dtypes: Sequence[str] = DTYPES,
+    rounds: int = 3,
+    filter_kind: str = "gdp",
+    clip: float = 1.0,
+    alpha: float = 0.05,
+    threshold: str = "planned",
+    select_fraction: float = 0.5,
+    seed: int | None = None,
+    tmp_dir: str | None = None,
+    device_epsilon: float | None = None,
+    reply_hold_s: float = 0.02,
+    progress: Callable[[int], None] | None = None,
+    keep_runs: bool = False,
+) -> dict:
     """Audit the claimed (epsilon, delta) through canary devices; see the module docstring.
 
     ``seed`` makes the audit reproducible, device noise included (each canary device gets a
@@ -119,8 +140,16 @@ def run_audit(*, epsilon: float, delta: float, trials: int, dtypes: Sequence[str
     games, exhaustion, runs = {}, {}, {}
     with reuse_budget_solves():
         for dtype in dtypes:
-            cfg = GameConfig(epsilon=epsilon, delta=delta, filter_kind=filter_kind, rounds=rounds, clip=clip,
-                             dtype=dtype, device_epsilon=device_epsilon, reply_hold_s=reply_hold_s)
+            cfg = GameConfig(
+                epsilon=epsilon,
+                delta=delta,
+                filter_kind=filter_kind,
+                rounds=rounds,
+                clip=clip,
+                dtype=dtype,
+                device_epsilon=device_epsilon,
+                reply_hold_s=reply_hold_s,
+            )
             try:
                 run = play(cfg, trials, rng=rng, seeded=seed is not None, tmp_dir=tmp_dir, progress=progress)
             except DeviceRefused as err:
@@ -133,23 +162,35 @@ def run_audit(*, epsilon: float, delta: float, trials: int, dtypes: Sequence[str
             runs[dtype] = run
     played = [g for g in games.values() if "refused" not in g]
     if not played:
-        raise ValueError("the canary devices refused every model dtype: " +
-                         "; ".join(f"{d}: {g['refused']}" for d, g in games.items()))
+        raise ValueError(
+            "the canary devices refused every model dtype: "
+            + "; ".join(f"{d}: {g['refused']}" for d, g in games.items())
+        )
     eps_lb = max(g["epsilon_lower_bound"] for g in played)
     gdp_lb = max(g["gdp_epsilon_lower_bound"] for g in played)
     within_claim = eps_lb <= epsilon and gdp_lb <= epsilon
     exhaustion_ok = all(f["within_bound"] for d in exhaustion.values() for f in d.values())
     result = {
-        "claimed_epsilon": float(epsilon), "delta": float(delta), "placement": "local", "filter": filter_kind,
+        "claimed_epsilon": float(epsilon),
+        "delta": float(delta),
+        "placement": "local",
+        "filter": filter_kind,
         "reply_hold_s": float(reply_hold_s),
-        "trials": trials, "dtypes": list(dtypes), "alpha": alpha,
-        "exhaustion_alpha_each": alpha / (len(DISTINGUISHERS) * len(dtypes)), "threshold": threshold,
-        "epsilon_lower_bound": eps_lb, "gdp_epsilon_lower_bound": gdp_lb,
+        "trials": trials,
+        "dtypes": list(dtypes),
+        "alpha": alpha,
+        "exhaustion_alpha_each": alpha / (len(DISTINGUISHERS) * len(dtypes)),
+        "threshold": threshold,
+        "epsilon_lower_bound": eps_lb,
+        "gdp_epsilon_lower_bound": gdp_lb,
         "gdp_share_of_claim": gdp_lb / epsilon,
-        "games": games, "exhaustion": exhaustion,
-        "within_claim": within_claim, "exhaustion_within_bounds": exhaustion_ok,
+        "games": games,
+        "exhaustion": exhaustion,
+        "within_claim": within_claim,
+        "exhaustion_within_bounds": exhaustion_ok,
         "passed": within_claim and exhaustion_ok,
-        "seed": seed, "seconds": time.perf_counter() - started,
+        "seed": seed,
+        "seconds": time.perf_counter() - started,
     }
     if device_epsilon is not None:
         result["device_epsilon"] = float(device_epsilon)

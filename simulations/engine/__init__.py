@@ -2,10 +2,10 @@
 
 DESIGN.md section 4: for studies that would take days as separate Flower clients (for example
 60,000 single-example clients). Every privacy decision is made by the code a Flower device runs
-(``client.privacy.filters.round_allowance`` / ``exhausted`` / ``charge`` / ``admits`` / ``spend``
-and ``client.mechanism.certified_norm`` / ``clip_to_norm`` / ``add_grid_noise``), broadcast
+(``fedfilter.client.privacy.filters.round_allowance`` / ``exhausted`` / ``charge`` / ``admits`` / ``spend``
+and ``fedfilter.client.mechanism.certified_norm`` / ``clip_to_norm`` / ``add_grid_noise``), broadcast
 over a leading client axis, so the same seeds give bitwise the same per-client spending
-(``tests/test_engine_conformance.py``).
+(``tests/simulations/test_engine_conformance.py``).
 
 Public API
 ==========
@@ -22,7 +22,7 @@ Public API
 
 ``run_engine(config, progress=None, *, task=None) -> EngineResult``
     Runs ``config.rounds`` rounds; calls ``progress(record)`` with each ``RoundRecord``.
-    ``task``: a prebuilt ``simulations.tasks.registry.Task`` (e.g. a subset) instead of loading
+    ``task``: a prebuilt ``fedfilter.simulations.tasks.registry.Task`` (e.g. a subset) instead of loading
     ``config.task``.
 
 ``Engine(config, task=None)``
@@ -51,7 +51,7 @@ Public API
 
 Agreement with the Flower path, precisely
 =========================================
-* multi-example clients: the local update is ``client.client_app.train``'s (same
+* multi-example clients: the local update is ``fedfilter.client.client_app.train``'s (same
   ``local_update``, same shuffling seed ``1_000_003 * round + partition_id``, same float32
   difference); with the same torch thread count (the ClientApp uses 1) the updates, the
   certified norms, the charges and the filter states are bitwise equal, and with
@@ -59,17 +59,17 @@ Agreement with the Flower path, precisely
   order (the coordinator sums replies in arrival order).
 * single-example clients report ``-lr * grad`` computed by torch.func in batches: the same
   privacy code, but not bitwise the Flower client's ``(w - lr g) - w`` in float32. With
-  ``norms="fast"`` the gradients come from layer hooks instead (``simulations.engine.layerwise``):
+  ``norms="fast"`` the gradients come from layer hooks instead (``fedfilter.simulations.engine.layerwise``):
   charges certified against each client's exact term, equal to the device functions' to float32
-  rounding of the gradient (``tests/test_engine_conformance.py``, ``tests/test_engine_fast.py``).
+  rounding of the gradient (``tests/simulations/test_engine_conformance.py``,
+  ``tests/simulations/test_engine_fast.py``).
 * threads: ``torch_threads`` sets torch's (the fast mode's GEMMs and convolutions use both cores);
   a run is bitwise repeatable for the same thread count (on this machine also across 1 and 2).
 * ``fraction < 1`` samples with the engine's own generator, not the ServerApp's.
 """
 
-from simulations.engine.config import EngineConfig, EngineResult, RoundRecord
-from simulations.engine.core import Engine, run_engine, spent_epsilon
-from simulations.engine.seeds import client_noise_seed
+from fedfilter.simulations.engine.config import EngineConfig, EngineResult, RoundRecord
+from fedfilter.simulations.engine.core import Engine, run_engine, spent_epsilon
+from fedfilter.simulations.engine.seeds import client_noise_seed
 
-__all__ = ["EngineConfig", "EngineResult", "RoundRecord", "Engine", "run_engine", "spent_epsilon",
-           "client_noise_seed"]
+__all__ = ["EngineConfig", "EngineResult", "RoundRecord", "Engine", "run_engine", "spent_epsilon", "client_noise_seed"]

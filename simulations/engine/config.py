@@ -1,20 +1,21 @@
 """What a study asks the vectorised engine for, and what it gets back.
 
-Only data: the engine itself lives in ``simulations.engine.core``. Names follow the Flower path
-(``client.release.RoundSpec`` and ``ClientPolicy``, ``coordinator.strategy``) so a study can move
+Only data: the engine itself lives in ``fedfilter.simulations.engine.core``. Names follow the Flower path
+(``fedfilter.client.release.RoundSpec`` and ``ClientPolicy``, ``fedfilter.coordinator.strategy``) so a study can move
 between the two without translating settings.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 import numpy as np
 
-from client.privacy.filters import FILTER_KINDS
-from client.release import ClientPolicy, AFTER_EXHAUSTION, PLACEMENTS
+from fedfilter.client.privacy.filters import FILTER_KINDS
+from fedfilter.client.release import AFTER_EXHAUSTION, PLACEMENTS, ClientPolicy
+from fedfilter.client.round_rules import accounted_noise_std, added_noise_std
 
 CLIENT_MODES = ("auto", "single-example", "multi-example")
 NOISE_DRAWS = ("per-client", "aggregate")
@@ -31,48 +32,49 @@ class EngineConfig:
     epsilon
         Personal lifetime budget: one number for every client, or one per client.
     delta, filter_kind, run_quota
-        As in ``client.ledger.BudgetLedger.enrol``. ``filter_kind`` is ``gdp`` (exact Gaussian-DP
+        As in ``fedfilter.client.ledger.BudgetLedger.enrol``. ``filter_kind`` is ``gdp`` (exact Gaussian-DP
         filter), ``zcdp`` (papers/004 Theorem 4.9) or ``rdp``.
     noise_multiplier, clip, placement, min_reports
-        The coordinator's request (``client.release.RoundSpec``): accounted noise std is
+        The coordinator's request (``fedfilter.client.release.RoundSpec``): accounted noise std is
         ``noise_multiplier * clip``; in ``distributed`` placement each client adds
         ``noise_multiplier * clip / sqrt(min_reports)`` and a round with fewer reports is dropped.
     after_exhaustion
         ``noise-only`` (keeps sending pure-noise reports) or ``leave`` (sends a marker); one value
         or one per client.
     exhausted_below
-        ``client.release.ClientPolicy.exhausted_below``.
+        ``fedfilter.client.release.ClientPolicy.exhausted_below``.
     noise_draw
         ``per-client``: every report gets its own noise from the client's generator, seeded
-        exactly as ``client.flower_mod`` seeds a device with ``noise-seed =
+        exactly as ``fedfilter.client.flower_mod`` seeds a device with ``noise-seed =
         client_noise_seed(seed, k)`` (bitwise the Flower path's reports). ``aggregate``: one draw
         for the sum of the round's reports, with the summed variance (same distribution of the
         aggregate; much faster; the individual reports are never materialised).
     norms
-        ``device``: each client's certified norm and clip by ``client.mechanism.certified_norm`` /
+        ``device``: each client's certified norm and clip by ``fedfilter.client.mechanism.certified_norm`` /
         ``clip_to_norm``, the functions a device runs (bitwise the Flower path's sensitivities;
         about 0.1-0.3 ms per client). ``vectorised``: the same guarantee (an upper bound on the
         exact norm of what is released, never above the allowance) computed for a whole chunk at
-        once (``simulations.engine.norms``); equal to the device's up to ~1e-12 relative, not
+        once (``fedfilter.simulations.engine.norms``); equal to the device's up to ~1e-12 relative, not
         bitwise. ``fast``: single-example clients on models of Linear and Conv2d layers get their
         certified norms and the clipped sum layer by layer from one batched forward and backward
         pass, never forming a per-example gradient of the whole model
-        (``simulations.engine.layerwise``; needs ``noise_draw="aggregate"``); each charge is an
+        (``fedfilter.simulations.engine.layerwise``; needs ``noise_draw="aggregate"``); each charge is an
         upper bound on the exact norm of what the client adds, within about 2e-6 of it; 1.4 to 1.6
-        times a plain batched forward and backward on the MNIST CNN (docs/results.md section 2). Other clients and models
+        times a plain batched forward and backward on the MNIST CNN (docs/results.md section 2). Other clients
+        and models
         fall back to ``vectorised`` (``Engine.fast_fallback`` says why).
         Filters, allowances and charges are the shared code in every mode.
 
     Clients and training
     --------------------
     task, num_clients, partition, alpha, partition_seed
-        ``simulations.tasks.registry.load_task`` arguments (ignored when ``run_engine`` is given
+        ``fedfilter.simulations.tasks.registry.load_task`` arguments (ignored when ``run_engine`` is given
         a ``task``).
     client_mode
         ``single-example``: every client holds exactly one example and reports ``-lr * gradient``
         (per-example gradients with torch.func, ``chunk_size`` clients at a time).
         ``multi-example``: ``local_epochs`` epochs of SGD per client, exactly as
-        ``client.client_app.train`` (same seeds). ``auto``: single-example iff every client has
+        ``fedfilter.client.client_app.train`` (same seeds). ``auto``: single-example iff every client has
         one example.
     rounds, fraction
         Rounds to run (``round_id`` 1..rounds, as the ServerApp numbers them) and the share of
@@ -132,10 +134,15 @@ class EngineConfig:
 
         def positive(name, integer=False):
             v = getattr(self, name)
-            ok = (isinstance(v, (int, np.integer)) and not isinstance(v, bool)) if integer else (
-                isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v))
+            ok = (
+                (isinstance(v, (int, np.integer)) and not isinstance(v, bool))
+                if integer
+                else (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v))
+            )
             if not ok or v <= 0:
-                problems.append(f"{name} must be a {'positive integer' if integer else 'finite number > 0'}. Found {v!r}.")
+                problems.append(
+                    f"{name} must be a {'positive integer' if integer else 'finite number > 0'}. Found {v!r}."
+                )
 
         for name in ("num_clients", "rounds", "min_reports", "local_epochs", "batch_size", "eval_every", "chunk_size"):
             positive(name, integer=True)
@@ -152,8 +159,10 @@ class EngineConfig:
         if self.norms not in NORMS:
             problems.append(f"norms must be one of {NORMS}. Found {self.norms!r}.")
         if self.norms == "fast" and self.noise_draw != "aggregate":
-            problems.append(f"norms='fast' forms only the sum of the clipped updates, so it needs "
-                            f"noise_draw='aggregate'. Found noise_draw={self.noise_draw!r}.")
+            problems.append(
+                f"norms='fast' forms only the sum of the clipped updates, so it needs "
+                f"noise_draw='aggregate'. Found noise_draw={self.noise_draw!r}."
+            )
         if self.group_by not in GROUP_BY:
             problems.append(f"group_by must be one of {GROUP_BY}. Found {self.group_by!r}.")
         after = [self.after_exhaustion] if isinstance(self.after_exhaustion, str) else list(self.after_exhaustion)
@@ -175,13 +184,12 @@ class EngineConfig:
     @property
     def accounted_std(self) -> float:
         """The noise std the filter charges against (what an observer of the aggregate faces)."""
-        return float(self.noise_multiplier) * float(self.clip)
+        return accounted_noise_std(float(self.noise_multiplier), float(self.clip))
 
     @property
     def added_std(self) -> float:
-        """The noise std each client adds (``client.release.FilteredClient.release``)."""
-        std = self.accounted_std
-        return std / math.sqrt(self.min_reports) if self.placement == "distributed" else std
+        """The noise std each client adds (``fedfilter.client.release.FilteredClient.release``)."""
+        return added_noise_std(float(self.noise_multiplier), float(self.clip), self.placement, self.min_reports)
 
 
 @dataclass

@@ -2,38 +2,39 @@
 
 Per round, for the clients asked (``FilteredClient.release`` for each, in vectorised form):
 
-1. allowance ``client.privacy.filters.round_allowance`` on the ``(n_clients, dim)`` states
+1. allowance ``fedfilter.client.privacy.filters.round_allowance`` on the ``(n_clients, dim)`` states
    (lifetime filter and run-quota filter, as the ledger holds them); ``exhausted`` decides who
    has nothing left (noise-only report, or a ``left`` marker);
 2. update (per-example gradient, or local SGD), certified norm and clip with
-   ``client.mechanism.certified_norm`` / ``clip_to_norm`` on each client's arrays (the very
+   ``fedfilter.client.mechanism.certified_norm`` / ``clip_to_norm`` on each client's arrays (the very
    functions the device runs, so sensitivities, hence charges and states, are bitwise equal);
    ``norms="vectorised"`` certifies a whole chunk at once, ``norms="fast"`` computes the
-   certified norms and the clipped sum layer by layer (``simulations.engine.layerwise``);
+   certified norms and the clipped sum layer by layer (``fedfilter.simulations.engine.layerwise``);
 3. ``filt.charge`` / ``filt.admits`` / ``filt.spend`` on all rows at once;
 4. noise: per client with the device's generator, or one aggregate draw (``noise_draw``);
 5. the coordinator: plain mean of the reports, dropped in ``distributed`` placement below
-   ``min_reports`` reports, then ``w + server_lr * mean`` (``coordinator.strategy``).
+   ``min_reports`` reports, then ``w + server_lr * mean`` (``fedfilter.coordinator.strategy``).
 """
 
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import asdict
-from typing import Callable
 
 import numpy as np
 import torch
 
-from client.mechanism import add_grid_noise, certified_norm, clip_to_norm, noise_grid, snap_toward_zero
-from client.privacy.filters import GaussianFilter, exhausted, make_filter, round_allowance
-from simulations.engine.config import EngineConfig, EngineResult, RoundRecord
-from simulations.engine.layerwise import LayerwiseClippedSum, supported
-from simulations.engine.norms import clip_rows
-from simulations.engine.seeds import aggregate_noise_rng, client_noise_stream, sampling_rng
-from simulations.engine.updates import Layout, PerExampleGradients, local_seed, local_sgd_update
-from simulations.tasks.training import evaluate, get_weights, set_weights
+from fedfilter.client.mechanism import add_grid_noise, certified_norm, clip_to_norm, noise_grid, snap_toward_zero
+from fedfilter.client.privacy.filters import GaussianFilter, exhausted, make_filter, round_allowance
+from fedfilter.client.round_rules import model_step, reports_needed
+from fedfilter.simulations.engine.config import EngineConfig, EngineResult, RoundRecord
+from fedfilter.simulations.engine.layerwise import LayerwiseClippedSum, supported
+from fedfilter.simulations.engine.norms import clip_rows
+from fedfilter.simulations.engine.seeds import aggregate_noise_rng, client_noise_stream, sampling_rng
+from fedfilter.simulations.engine.updates import Layout, PerExampleGradients, local_seed, local_sgd_update
+from fedfilter.simulations.tasks.training import evaluate, get_weights, set_weights
 
 # Above this many distinct 1-d states, spent epsilon is read off a grid of actual states (see
 # ``spent_epsilon``); each epsilon costs an mpmath solve (~30 ms) for the Gaussian-DP filter.
@@ -64,22 +65,28 @@ class Engine:
     """A federation of ``task.num_clients`` clients, stepped one round at a time."""
 
     def __init__(self, config: EngineConfig, task=None):
-        from simulations.tasks.registry import load_task
+        from fedfilter.simulations.tasks.registry import load_task
 
         self.config = cfg = config
         if cfg.torch_threads is not None:
             torch.set_num_threads(int(cfg.torch_threads))
-        self.task = task if task is not None else load_task(
-            cfg.task, num_clients=cfg.num_clients, partition=cfg.partition, alpha=cfg.alpha,
-            seed=cfg.partition_seed)
+        self.task = (
+            task
+            if task is not None
+            else load_task(
+                cfg.task, num_clients=cfg.num_clients, partition=cfg.partition, alpha=cfg.alpha, seed=cfg.partition_seed
+            )
+        )
         n = self.n = self.task.num_clients
         sizes = np.array([len(y) for _, y in self.task.train_data])
         mode = cfg.client_mode
         if mode == "auto":
             mode = "single-example" if np.all(sizes == 1) else "multi-example"
         if mode == "single-example" and not np.all(sizes == 1):
-            raise ValueError(f"client_mode='single-example' needs one example per client. Found sizes "
-                             f"from {sizes.min()} to {sizes.max()}.")
+            raise ValueError(
+                f"client_mode='single-example' needs one example per client. Found sizes "
+                f"from {sizes.min()} to {sizes.max()}."
+            )
         if np.any(sizes == 0):
             raise ValueError(f"every client needs data. Found {int((sizes == 0).sum())} empty client(s).")
         self.mode = mode
@@ -112,8 +119,11 @@ class Engine:
         self.fast_fallback = None
         self._fast = None
         if cfg.norms == "fast":
-            self.fast_fallback = ("multi-example clients' updates come from local SGD" if mode != "single-example"
-                                  else supported(self.model))
+            self.fast_fallback = (
+                "multi-example clients' updates come from local SGD"
+                if mode != "single-example"
+                else supported(self.model)
+            )
             if self.fast_fallback is None:
                 self._fast = LayerwiseClippedSum(self.model, self.task.loss)
 
@@ -126,8 +136,14 @@ class Engine:
             at = groups == g
             if at.any():
                 rows = clients[at]
-                out[at] = round_allowance(filt, self.state[rows], noise_std=cfg.accounted_std, clip=cfg.clip,
-                                          run_filter=run_filt, run_state=self.run_state[rows])
+                out[at] = round_allowance(
+                    filt,
+                    self.state[rows],
+                    noise_std=cfg.accounted_std,
+                    clip=cfg.clip,
+                    run_filter=run_filt,
+                    run_state=self.run_state[rows],
+                )
         return out
 
     def _spend(self, clients: np.ndarray, norms: np.ndarray) -> None:
@@ -140,7 +156,9 @@ class Engine:
                 continue
             rows = clients[at]
             charge = filt.charge(sensitivity=norms[at], noise_std=cfg.accounted_std)
-            if not (np.all(filt.admits(self.state[rows], charge)) and np.all(run_filt.admits(self.run_state[rows], charge))):
+            if not (
+                np.all(filt.admits(self.state[rows], charge)) and np.all(run_filt.admits(self.run_state[rows], charge))
+            ):
                 raise RuntimeError("internal error: a clipped update exceeds its allowance; nothing spent")
             self.state[rows] = filt.spend(self.state[rows], charge)
             self.run_state[rows] = run_filt.spend(self.run_state[rows], charge)
@@ -160,9 +178,17 @@ class Engine:
         out = np.empty((len(clients), self.layout.dim), dtype=np.float32)
         for j, c in enumerate(clients):
             x, y = self.task.train_data[c]
-            upd = local_sgd_update(self.model, self.weights, x, y, epochs=cfg.local_epochs, lr=cfg.lr,
-                                   batch_size=cfg.batch_size, seed=local_seed(self.round_id, c),
-                                   loss_fn=self.task.loss)
+            upd = local_sgd_update(
+                self.model,
+                self.weights,
+                x,
+                y,
+                epochs=cfg.local_epochs,
+                lr=cfg.lr,
+                batch_size=cfg.batch_size,
+                seed=local_seed(self.round_id, c),
+                loss_fn=self.task.loss,
+            )
             out[j] = self.layout.flatten(upd)
         return out
 
@@ -170,7 +196,7 @@ class Engine:
         """The examples of single-example ``clients`` (sorted): a view when they are consecutive,
         as in every full-participation round (a gather of a 512-client chunk costs ~5 ms)."""
         if len(clients) and clients[-1] - clients[0] == len(clients) - 1:
-            return self.x[clients[0]:clients[-1] + 1], self.y[clients[0]:clients[-1] + 1]
+            return self.x[clients[0] : clients[-1] + 1], self.y[clients[0] : clients[-1] + 1]
         idx = torch.from_numpy(clients)
         return self.x[idx], self.y[idx]
 
@@ -212,15 +238,16 @@ class Engine:
         allow_active = allow[~out]
         per_client = cfg.noise_draw == "per-client"
         for a in range(0, len(active), cfg.chunk_size):
-            chunk = active[a:a + cfg.chunk_size]
+            chunk = active[a : a + cfg.chunk_size]
             if self._fast is not None:
                 x, y = self._examples(chunk)
-                chunk_sum, norms[a:a + len(chunk)] = self._fast(
-                    self.weights, x, y, lr=cfg.lr, allowance=allow_active[a:a + len(chunk)])
+                chunk_sum, norms[a : a + len(chunk)] = self._fast(
+                    self.weights, x, y, lr=cfg.lr, allowance=allow_active[a : a + len(chunk)]
+                )
                 total += chunk_sum
                 continue
             updates = self._updates(chunk)
-            norms[a:a + len(chunk)] = self._clip_rows(updates, allow_active[a:a + len(chunk)])
+            norms[a : a + len(chunk)] = self._clip_rows(updates, allow_active[a : a + len(chunk)])
             if per_client:
                 for j, c in enumerate(chunk):
                     total += self._noisy_report(c, updates[j])
@@ -243,19 +270,24 @@ class Engine:
             # about s^2 (1 + 2**-32 / 12), a difference this simulated draw leaves out.
             rng = aggregate_noise_rng(cfg.seed, cfg.run_id, self.round_id)
             total += rng.normal(0.0, cfg.added_std * math.sqrt(reports), size=self.layout.dim)
-        released = reports >= (cfg.min_reports if cfg.placement == "distributed" else 1)
+        released = reports >= reports_needed(cfg.placement, cfg.min_reports)
         agg_norm = 0.0
         if released:
             mean = (total / reports).astype(np.float32)  # coordinator.strategy.plain_mean
             agg_norm = float(np.sqrt(np.sum(np.square(mean, dtype=np.float64))))
-            flat = np.concatenate([w.ravel() for w in self.weights]).astype(np.float64)
-            new = (flat + cfg.server_lr * mean.astype(np.float64)).astype(np.float32)
-            self.weights = [v.reshape(s).copy() for v, s in zip(self.layout.views(new), self.layout.shapes)]
+            self.weights = model_step(self.weights, self.layout.views(mean), cfg.server_lr)
 
         record = RoundRecord(
-            round_id=self.round_id, sampled=len(clients), contributing=len(active),
-            noise_only=len(reporting), left=len(clients) - reports, reports_seen=reports, released=released,
-            exhausted_total=int((self.exhausted_round >= 0).sum()), aggregate_norm=agg_norm)
+            round_id=self.round_id,
+            sampled=len(clients),
+            contributing=len(active),
+            noise_only=len(reporting),
+            left=len(clients) - reports,
+            reports_seen=reports,
+            released=released,
+            exhausted_total=int((self.exhausted_round >= 0).sum()),
+            aggregate_norm=agg_norm,
+        )
         if self.round_id % cfg.eval_every == 0 or self.round_id == cfg.rounds:
             record.loss, record.accuracy, record.group_accuracy = self.evaluate()
         record.seconds = time.perf_counter() - started
@@ -291,14 +323,15 @@ class Engine:
     def _predict(self, x: np.ndarray, batch: int = 4096) -> np.ndarray:
         set_weights(self.model, self.weights)
         self.model.eval()
-        out = [self.model(torch.from_numpy(np.array(x[a:a + batch]))).argmax(1).numpy()
-               for a in range(0, len(x), batch)]
+        out = [
+            self.model(torch.from_numpy(np.array(x[a : a + batch]))).argmax(1).numpy() for a in range(0, len(x), batch)
+        ]
         return np.concatenate(out)
 
     def train_accuracy(self) -> float:
         """Accuracy of the current model on every client's training data (a linear query)."""
         correct = total = 0
-        for x, y in ([(self.x.numpy(), self.y.numpy())] if self.mode == "single-example" else self.task.train_data):
+        for x, y in [(self.x.numpy(), self.y.numpy())] if self.mode == "single-example" else self.task.train_data:
             correct += int((self._predict(x) == np.asarray(y)).sum())
             total += len(y)
         return correct / total
@@ -308,10 +341,13 @@ class Engine:
         """Everything a round changes, as arrays and JSON-ready values (``restore`` undoes nothing
         else: noise generators are derived from (seed, run_id, round_id), the model from weights)."""
         return {
-            "round_id": self.round_id, "weights": [w.copy() for w in self.weights],
-            "state": self.state.copy(), "run_state": self.run_state.copy(),
+            "round_id": self.round_id,
+            "weights": [w.copy() for w in self.weights],
+            "state": self.state.copy(),
+            "run_state": self.run_state.copy(),
             "exhausted_round": self.exhausted_round.copy(),
-            "records": [asdict(r) for r in self.records], "last_groups": self.last_groups,
+            "records": [asdict(r) for r in self.records],
+            "last_groups": self.last_groups,
             "sampler": None if self._sampler is None else self._sampler.bit_generator.state,
         }
 
@@ -319,8 +355,10 @@ class Engine:
         """Continue from ``snapshot()`` of an engine with the same config and task."""
         shapes = [tuple(np.shape(w)) for w in snap["weights"]]
         if shapes != self.layout.shapes or np.shape(snap["state"]) != self.state.shape:
-            raise ValueError(f"snapshot does not fit this engine: weights {shapes} and state "
-                             f"{np.shape(snap['state'])}, expected {self.layout.shapes} and {self.state.shape}.")
+            raise ValueError(
+                f"snapshot does not fit this engine: weights {shapes} and state "
+                f"{np.shape(snap['state'])}, expected {self.layout.shapes} and {self.state.shape}."
+            )
         self.round_id = int(snap["round_id"])
         self.weights = [np.array(w, dtype=np.float32) for w in snap["weights"]]
         self.state = np.array(snap["state"], dtype=self.state.dtype)
@@ -340,14 +378,22 @@ class Engine:
             spent[at] = spent_epsilon(filt, self.state[at])
             frac[at] = 1.0 - filt.remaining_fraction(self.state[at])
         return EngineResult(
-            config=self.config, rounds=list(self.records), client_ids=list(self.task.client_ids),
-            exhausted_round=self.exhausted_round.copy(), spent_epsilon=spent, spent_fraction=frac,
-            state=self.state.copy(), run_state=self.run_state.copy(), weights=[w.copy() for w in self.weights],
-            group_accuracy=self.last_groups)
+            config=self.config,
+            rounds=list(self.records),
+            client_ids=list(self.task.client_ids),
+            exhausted_round=self.exhausted_round.copy(),
+            spent_epsilon=spent,
+            spent_fraction=frac,
+            state=self.state.copy(),
+            run_state=self.run_state.copy(),
+            weights=[w.copy() for w in self.weights],
+            group_accuracy=self.last_groups,
+        )
 
 
-def run_engine(config: EngineConfig, progress: Callable[[RoundRecord], object] | None = None, *,
-               task=None) -> EngineResult:
+def run_engine(
+    config: EngineConfig, progress: Callable[[RoundRecord], object] | None = None, *, task=None
+) -> EngineResult:
     """Run ``config.rounds`` rounds; ``progress(record)`` after each. ``task``: a prebuilt Task."""
     engine = Engine(config, task=task)
     for _ in range(config.rounds):

@@ -33,7 +33,7 @@ the public model only (no layer mixes examples: no BatchNorm). Its charge is cer
 The sum over the chunk's clients is formed in float32 (GEMM, GEMV), the chunks' sums in float64:
 that rounding is the aggregator's, as in any DP-SGD library and in the other norm modes' float64
 sums (a deployment with secure aggregation sums exactly); it is not part of a client's charge.
-``tests/test_engine_fast.py`` checks it against the exact rational sum (within 1e-6 relative).
+``tests/simulations/test_engine_fast.py`` checks it against the exact rational sum (within 1e-6 relative).
 
 A gradient with an entry above about 1.8e19 (whose float32 square overflows) counts as
 non-finite and is released as a zero update, charged 0, as NaN and inf are.
@@ -50,12 +50,11 @@ Threads: everything here is batched torch (GEMM, bmm, convolutions), which uses
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 _EPS = 2.0**-52  # 2u for float64
 
@@ -110,8 +109,13 @@ def supported(model: nn.Module) -> str | None:
     for pname, mod in owners.items():
         if isinstance(mod, nn.Linear):
             continue
-        if isinstance(mod, nn.Conv2d) and mod.groups == 1 and mod.padding_mode == "zeros" \
-                and not isinstance(mod.padding, str) and tuple(mod.dilation) == (1, 1):
+        if (
+            isinstance(mod, nn.Conv2d)
+            and mod.groups == 1
+            and mod.padding_mode == "zeros"
+            and not isinstance(mod.padding, str)
+            and tuple(mod.dilation) == (1, 1)
+        ):
             continue
         return f"parameter {pname} belongs to a {type(mod).__name__}, which the fast mode does not handle"
     return None
@@ -153,8 +157,11 @@ class LayerwiseClippedSum:
             raise ValueError(f"the fast mode cannot handle this model: {reason}.")
         self.model, self.loss_fn = model, loss_fn
         self.names = [n for n, _ in model.named_parameters()]
-        self.layers = [m for m in model.modules() if isinstance(m, (nn.Linear, nn.Conv2d))
-                       and any(True for _ in m.parameters(recurse=False))]
+        self.layers = [
+            m
+            for m in model.modules()
+            if isinstance(m, (nn.Linear, nn.Conv2d)) and any(True for _ in m.parameters(recurse=False))
+        ]
         self._seen: list[tuple[nn.Module, torch.Tensor, torch.Tensor]] = []
         for m in self.layers:
             m.register_forward_hook(self._record)
@@ -174,8 +181,10 @@ class LayerwiseClippedSum:
         other = x[:2].clone()
         other[1] = other[1] * -3.0 + 1.0
         if not torch.allclose(self.model(other)[0], base[0], rtol=1e-5, atol=1e-6):
-            raise ValueError("the fast mode needs each example's output to depend on that example alone; "
-                             "this model mixes the examples of a batch.")
+            raise ValueError(
+                "the fast mode needs each example's output to depend on that example alone; "
+                "this model mixes the examples of a batch."
+            )
 
     def _buffer(self, key, shape, fill_last: bool = False, zero: bool = False) -> torch.Tensor:
         buf = self._buffers.get(key)
@@ -206,8 +215,9 @@ class LayerwiseClippedSum:
         grads = torch.autograd.grad(loss, [o for _, _, o in self._seen])
         return [(m, a, g.detach()) for (m, a, _), g in zip(self._seen, grads)]
 
-    def __call__(self, weights: list[np.ndarray], x: torch.Tensor, y: torch.Tensor, *, lr: float,
-                 allowance: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def __call__(
+        self, weights: list[np.ndarray], x: torch.Tensor, y: torch.Tensor, *, lr: float, allowance: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
         """``(sum, charged)``: the flat sum (``state_dict`` order, float64) of every client's
         clipped update ``w_i G_i``, and each client's charged norm (0 for a non-finite one)."""
         parts = self._per_layer(weights, x, y)
@@ -291,13 +301,29 @@ class LayerwiseClippedSum:
                 out_c = m.out_channels
                 shape = (B * out_c, C, *m.kernel_size)
                 gw = torch.ops.aten.convolution_backward(
-                    g.reshape(1, B * out_c, *g.shape[2:]), a.reshape(1, B * C, H, W),
-                    self._buffer((id(m), "w"), shape, zero=True), None, m.stride, m.padding, m.dilation,
-                    False, (0, 0), B, (False, True, False))[1].reshape(B, out_c, -1)
+                    g.reshape(1, B * out_c, *g.shape[2:]),
+                    a.reshape(1, B * C, H, W),
+                    self._buffer((id(m), "w"), shape, zero=True),
+                    None,
+                    m.stride,
+                    m.padding,
+                    m.dilation,
+                    False,
+                    (0, 0),
+                    B,
+                    (False, True, False),
+                )[1].reshape(B, out_c, -1)
                 gb = g.sum((2, 3)) if bias else None
                 sq = torch.mul(gw, gw, out=self._buffer((id(m), "sq"), gw.shape))
-                parts.append((m, _sq_rows32(gw.reshape(B, -1), squares=sq.reshape(B, -1)),
-                              _sq_rows32(gb) if bias else None, "dense", (gw, gb) if bias else (gw,)))
+                parts.append(
+                    (
+                        m,
+                        _sq_rows32(gw.reshape(B, -1), squares=sq.reshape(B, -1)),
+                        _sq_rows32(gb) if bias else None,
+                        "dense",
+                        (gw, gb) if bias else (gw,),
+                    )
+                )
                 continue
             # Linear over extra axes (positions T): per-example (out, in) gradients by one bmm, with a
             # column of ones in the input whose product is the per-example bias gradient.

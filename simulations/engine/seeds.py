@@ -1,18 +1,19 @@
 """Noise generators: the same (seed, client, round) gives the same noise as the Flower path.
 
 A Flower device with ``--node-config "noise-seed=S"`` draws round ``r`` of run ``R`` from
-``client.noise.round_noise_stream(S, R, r)``. The engine gives client ``k`` of a study seeded ``seed``
+``fedfilter.client.noise.round_noise_stream(S, R, r)``. The engine gives client ``k`` of a study seeded ``seed``
 the device seed ``client_noise_seed(seed, k)`` and calls that very function, so a Flower
 simulation whose devices get ``noise-seed = client_noise_seed(seed, k)`` (for example through
-``client.flower_mod.simulated_device_config_mod``) releases bitwise the same reports.
+``fedfilter.client.flower_mod.simulated_device_config_mod``) releases bitwise the same reports.
 """
 
 from __future__ import annotations
 
 import hashlib
+
 import numpy as np
 
-from client.noise import NoiseStream, round_noise_stream
+from fedfilter.client.noise import NoiseStream, round_noise_stream
 
 
 def _digest(*parts) -> bytes:
@@ -36,7 +37,9 @@ def make_rng(seed: int) -> np.random.Generator:
 
 def aggregate_noise_rng(seed: int, run_id: str, round_id: int) -> np.random.Generator:
     """The generator of the one aggregate draw per round (``noise_draw="aggregate"``)."""
-    return make_rng(int.from_bytes(_digest("fedfilter.engine.aggregate", int(seed), run_id, int(round_id))[:16], "little"))
+    return make_rng(
+        int.from_bytes(_digest("fedfilter.engine.aggregate", int(seed), run_id, int(round_id))[:16], "little")
+    )
 
 
 def sampling_rng(seed: int, run_id: str) -> np.random.Generator:

@@ -1,19 +1,19 @@
 """Client updates before any privacy step: per-example gradients, or local SGD per client.
 
 Both return float32 updates in the model's ``state_dict`` order, as the Flower client computes
-them (``client.flower_mod``: ``returned - received``, differenced in float64 and cast back).
+them (``fedfilter.client.flower_mod``: ``returned - received``, differenced in float64 and cast back).
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
-from simulations.tasks.training import local_update, set_weights
+from fedfilter.simulations.tasks.training import local_update, set_weights
 
 
 class Layout:
@@ -48,8 +48,10 @@ class PerExampleGradients:
         names = [n for n, _ in model.named_parameters()]
         keys = list(model.state_dict().keys())
         if names != keys:
-            raise ValueError(f"single-example clients need a model whose state_dict is exactly its parameters. "
-                             f"Found extra entries {sorted(set(keys) - set(names))}.")
+            raise ValueError(
+                f"single-example clients need a model whose state_dict is exactly its parameters. "
+                f"Found extra entries {sorted(set(keys) - set(names))}."
+            )
         self.model, self.names = model, names
 
         def loss_one(params, x, y):
@@ -71,9 +73,19 @@ class PerExampleGradients:
         return functional_call(self.model, params, (x,)).argmax(dim=1) == y
 
 
-def local_sgd_update(model: nn.Module, weights: list[np.ndarray], x: np.ndarray, y: np.ndarray, *,
-                     epochs: int, lr: float, batch_size: int, seed: int, loss_fn: Callable) -> list[np.ndarray]:
-    """One client's update, computed as ``client.client_app.train`` + ``client.flower_mod`` do.
+def local_sgd_update(
+    model: nn.Module,
+    weights: list[np.ndarray],
+    x: np.ndarray,
+    y: np.ndarray,
+    *,
+    epochs: int,
+    lr: float,
+    batch_size: int,
+    seed: int,
+    loss_fn: Callable,
+) -> list[np.ndarray]:
+    """One client's update, computed as ``fedfilter.client.client_app.train`` + ``fedfilter.client.flower_mod`` do.
 
     ``seed`` is the ClientApp's local shuffling seed ``1_000_003 * server_round + partition_id``.
     """

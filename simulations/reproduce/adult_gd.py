@@ -2,7 +2,7 @@
 
 papers/001 reports Adult accuracies for eps in {0.3, 0.5, 1.2} (delta = 1e-5) but gives no model
 or hyperparameters for Adult (neither does papers/004, whose Appendix A covers MNIST only). We use
-logistic regression (``simulations.tasks.models.LogisticRegression``, 108 one-hot/standardised
+logistic regression (``fedfilter.simulations.tasks.models.LogisticRegression``, 108 one-hot/standardised
 features + bias) with one single-example client per training row (32,561), full-batch GD, and
 choose (C, eta, k) per eps by the same protocol the paper describes for MNIST: tune private GD,
 then give GD with filtering the same hyperparameters, ``B_norm = k C^2``, and the stopping rule
@@ -17,15 +17,26 @@ import math
 
 import numpy as np
 
-from client.privacy import zcdp
-from simulations.reproduce.private_gd import QUERIES, QUERY_EVERY, GDSetting, gdp_noise_setting, gdp_steps_setting, paper_setting, single_example_task
+from fedfilter.client.privacy import zcdp
+from fedfilter.simulations.reproduce.private_gd import (
+    QUERIES,
+    QUERY_EVERY,
+    GDSetting,
+    gdp_noise_setting,
+    gdp_steps_setting,
+    paper_setting,
+    single_example_task,
+)
 
 DELTA = 1e-5
 EPSILONS = (0.3, 0.5, 1.2)
 VARIANTS = ("paper", "gdp-noise", "gdp-steps")
 # papers/001 'Adult accuracies' table, percent: (private GD, private GD w/ filtering).
-PAPER_TABLE = {0.3: ((83.80, 0.22), (83.91, 0.12)), 0.5: ((84.11, 0.15), (84.18, 0.10)),
-               1.2: ((84.45, 0.13), (84.48, 0.15))}
+PAPER_TABLE = {
+    0.3: ((83.80, 0.22), (83.91, 0.12)),
+    0.5: ((84.11, 0.15), (84.18, 0.10)),
+    1.2: ((84.45, 0.13), (84.48, 0.15)),
+}
 # The grid searched by ``benchmarks/reproduce_adult.py --tune``.
 GRID = {"clip": (0.5, 1.0, 2.0), "eta": (2.0, 4.0, 8.0), "k": (50, 100, 200)}
 
@@ -36,8 +47,16 @@ def sigma_for(epsilon: float, k: int, delta: float = DELTA) -> float:
 
 
 def setting(epsilon: float, variant: str, *, clip: float, eta: float, k: int) -> GDSetting:
-    base = paper_setting(epsilon, "tuned", sigma=sigma_for(epsilon, k), clip=clip, eta=eta, k=k, delta=DELTA,
-                         extra_steps=(QUERIES - 1) * QUERY_EVERY)
+    base = paper_setting(
+        epsilon,
+        "tuned",
+        sigma=sigma_for(epsilon, k),
+        clip=clip,
+        eta=eta,
+        k=k,
+        delta=DELTA,
+        extra_steps=(QUERIES - 1) * QUERY_EVERY,
+    )
     if variant == "paper":
         return base
     return gdp_noise_setting(base) if variant == "gdp-noise" else gdp_steps_setting(base)
@@ -49,13 +68,14 @@ def adult_task(split: str = "full", seed: int = 0):
 
     from torch.nn import functional as F
 
-    from simulations.tasks.adult import load_adult
-    from simulations.tasks.models import LogisticRegression
+    from fedfilter.simulations.tasks.adult import load_adult
+    from fedfilter.simulations.tasks.models import LogisticRegression
 
     x, y, x_test, y_test = load_adult()
     if split == "tune":
         order = np.random.default_rng(seed).permutation(len(y))
         cut = int(0.8 * len(y))
         x, y, x_test, y_test = x[order[:cut]], y[order[:cut]], x[order[cut:]], y[order[cut:]]
-    return single_example_task("adult", x, y, x_test, y_test, partial(LogisticRegression, x.shape[1]),
-                               F.cross_entropy, 2)
+    return single_example_task(
+        "adult", x, y, x_test, y_test, partial(LogisticRegression, x.shape[1]), F.cross_entropy, 2
+    )

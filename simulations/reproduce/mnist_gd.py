@@ -24,8 +24,13 @@ from __future__ import annotations
 
 import math
 
-from simulations.reproduce.private_gd import (
-    QUERIES, QUERY_EVERY, GDSetting, gdp_noise_setting, gdp_steps_setting, paper_setting,
+from fedfilter.simulations.reproduce.private_gd import (
+    QUERIES,
+    QUERY_EVERY,
+    GDSetting,
+    gdp_noise_setting,
+    gdp_steps_setting,
+    paper_setting,
     single_example_task,
 )
 
@@ -42,25 +47,35 @@ FACTOR = {0.3: 1.5, 0.5: 1.5, 1.0: 2.0}  # papers/004 Section 5.1
 
 # papers/004 Section 5.1 tables (mean +- deviation over 10 trials), in percent: (private GD, with filtering).
 PAPER_TABLES = {
-    "tuned": {0.3: ((93.29, 0.49), (93.64, 0.46)), 0.5: ((94.62, 0.43), (94.90, 0.26)),
-              1.0: ((96.25, 0.23), (96.25, 0.23))},
-    "subopt-clip": {0.3: ((84.47, 3.95), (92.25, 0.91)), 0.5: ((92.07, 2.07), (94.30, 0.58)),
-                    1.0: ((94.45, 0.45), (95.33, 0.34))},
-    "subopt-noise": {0.3: ((86.88, 2.28), (91.20, 0.73)), 0.5: ((92.37, 1.32), (93.86, 0.39)),
-                     1.0: ((94.35, 0.23), (94.50, 0.14))},
+    "tuned": {
+        0.3: ((93.29, 0.49), (93.64, 0.46)),
+        0.5: ((94.62, 0.43), (94.90, 0.26)),
+        1.0: ((96.25, 0.23), (96.25, 0.23)),
+    },
+    "subopt-clip": {
+        0.3: ((84.47, 3.95), (92.25, 0.91)),
+        0.5: ((92.07, 2.07), (94.30, 0.58)),
+        1.0: ((94.45, 0.45), (95.33, 0.34)),
+    },
+    "subopt-noise": {
+        0.3: ((86.88, 2.28), (91.20, 0.73)),
+        0.5: ((92.37, 1.32), (93.86, 0.39)),
+        1.0: ((94.35, 0.23), (94.50, 0.14)),
+    },
 }
 
 
 def hyperparameters(epsilon: float, regime: str) -> dict:
     """sigma, clip, eta, k of one cell (see the module docstring)."""
     if epsilon not in TUNED or regime not in REGIMES:
-        raise ValueError(f"epsilon must be one of {EPSILONS} and regime one of {REGIMES}. "
-                         f"Found {epsilon!r}, {regime!r}.")
+        raise ValueError(
+            f"epsilon must be one of {EPSILONS} and regime one of {REGIMES}. Found {epsilon!r}, {regime!r}."
+        )
     hp, f = dict(TUNED[epsilon]), FACTOR[epsilon]
     if regime == "subopt-clip":
-        hp.update(clip=hp["clip"] * f, sigma=hp["sigma"] / f, k=math.floor(hp["k"] / f ** 2))
+        hp.update(clip=hp["clip"] * f, sigma=hp["sigma"] / f, k=math.floor(hp["k"] / f**2))
     elif regime == "subopt-noise":
-        hp.update(sigma=hp["sigma"] / f, k=math.floor(hp["k"] / f ** 2))
+        hp.update(sigma=hp["sigma"] / f, k=math.floor(hp["k"] / f**2))
     return hp
 
 
@@ -83,8 +98,8 @@ def mnist_task(n_train: int | None = None, activation: str = "relu"):
 
     from torch.nn import functional as F
 
-    from simulations.tasks.mnist import load_mnist
-    from simulations.tasks.models import MnistCNN
+    from fedfilter.simulations.tasks.mnist import load_mnist
+    from fedfilter.simulations.tasks.models import MnistCNN
 
     x, y, x_test, y_test = load_mnist()
     if n_train is not None:

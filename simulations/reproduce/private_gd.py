@@ -23,17 +23,17 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
-from client.privacy import gaussian_dp, zcdp
-from client.privacy.filters import GaussianFilter, make_filter, round_allowance
-from simulations.engine import Engine, EngineConfig
-from simulations.engine.checkpoint import load_checkpoint, save_checkpoint
-from simulations.tasks.registry import Task
+from fedfilter.client.privacy import gaussian_dp, zcdp
+from fedfilter.client.privacy.filters import GaussianFilter, make_filter, round_allowance
+from fedfilter.simulations.engine import Engine, EngineConfig
+from fedfilter.simulations.engine.checkpoint import load_checkpoint, save_checkpoint
+from fedfilter.simulations.tasks.registry import Task
 
 QUERIES, QUERY_EVERY = 8, 5  # papers/004 Appendix A
 
@@ -57,7 +57,7 @@ class GDSetting:
     @property
     def b_norm(self) -> float:
         """The paper's squared-norm budget for this filter: ``k C^2``."""
-        return self.k * self.clip ** 2
+        return self.k * self.clip**2
 
 
 def full_steps(filt: GaussianFilter, *, sigma: float, clip: float, limit: int = 100_000) -> int:
@@ -77,6 +77,7 @@ def full_steps(filt: GaussianFilter, *, sigma: float, clip: float, limit: int = 
 
 def calibrate_epsilon(kind: str, *, k: int, sigma: float, clip: float, delta: float, start: float) -> float:
     """The smallest float budget (from ``start`` up, to ~1e-15 relative) whose filter gives ``k`` full steps."""
+
     def ok(eps):
         return full_steps(make_filter(kind, eps, delta), sigma=sigma, clip=clip, limit=k) >= k
 
@@ -89,8 +90,9 @@ def calibrate_epsilon(kind: str, *, k: int, sigma: float, clip: float, delta: fl
     return hi
 
 
-def paper_setting(epsilon: float, regime: str, *, sigma: float, clip: float, eta: float, k: int,
-                  delta: float, extra_steps: int) -> GDSetting:
+def paper_setting(
+    epsilon: float, regime: str, *, sigma: float, clip: float, eta: float, k: int, delta: float, extra_steps: int
+) -> GDSetting:
     """papers/004's own column: zCDP filter (Theorem 4.9) with ``B_norm = k C^2``.
 
     Algorithm 6's guarantee (Proposition 5.1) is ``k / (2 sigma^2)``-zCDP, i.e. epsilon =
@@ -98,9 +100,9 @@ def paper_setting(epsilon: float, regime: str, *, sigma: float, clip: float, eta
     filter is built with the smallest budget from there up that admits ``k`` full steps under
     its conservative rounding: a relative increase of about 4e-15 to 2e-14 for the MNIST cells
     (2.3e-12 for eps 1.0 tuned before issue 13 tightened the allowance near the budget; its stored
-    rows keep that value, ``tests/test_reproduce_settings.py``).
+    rows keep that value, ``tests/simulations/test_reproduce_settings.py``).
     """
-    start = zcdp.epsilon_from_zcdp(k / (2 * sigma ** 2), delta)
+    start = zcdp.epsilon_from_zcdp(k / (2 * sigma**2), delta)
     eps = calibrate_epsilon("zcdp", k=k, sigma=sigma, clip=clip, delta=delta, start=start)
     return GDSetting(epsilon, regime, "paper", sigma, clip, eta, k, "zcdp", eps, delta, extra_steps)
 
@@ -109,8 +111,19 @@ def gdp_noise_setting(base: GDSetting) -> GDSetting:
     """(a) The exact Gaussian-DP filter at the nominal (eps, delta), the paper's sigma: more steps."""
     filt = make_filter("gdp", base.epsilon, base.delta)
     k = full_steps(filt, sigma=base.sigma, clip=base.clip)
-    return GDSetting(base.epsilon, base.regime, "gdp-noise", base.sigma, base.clip, base.eta, k, "gdp",
-                     base.epsilon, base.delta, base.extra_steps)
+    return GDSetting(
+        base.epsilon,
+        base.regime,
+        "gdp-noise",
+        base.sigma,
+        base.clip,
+        base.eta,
+        k,
+        "gdp",
+        base.epsilon,
+        base.delta,
+        base.extra_steps,
+    )
 
 
 def gdp_steps_setting(base: GDSetting) -> GDSetting:
@@ -131,8 +144,19 @@ def gdp_steps_setting(base: GDSetting) -> GDSetting:
             hi = mid
         else:
             lo = mid
-    return GDSetting(base.epsilon, base.regime, "gdp-steps", hi, base.clip, base.eta, base.k, "gdp",
-                     base.epsilon, base.delta, base.extra_steps)
+    return GDSetting(
+        base.epsilon,
+        base.regime,
+        "gdp-steps",
+        hi,
+        base.clip,
+        base.eta,
+        base.k,
+        "gdp",
+        base.epsilon,
+        base.delta,
+        base.extra_steps,
+    )
 
 
 @dataclass
@@ -158,24 +182,48 @@ class CellResult:
     prefix_max_clip_deficit: float = 0.0  # max over the first k steps of C - allowance (0: GD == Alg. 7)
 
 
-def engine_config(setting: GDSetting, *, n: int, seed: int, chunk_size: int = 2048,
-                  norms: str = "vectorised") -> EngineConfig:
+def engine_config(
+    setting: GDSetting, *, n: int, seed: int, chunk_size: int = 2048, norms: str = "vectorised"
+) -> EngineConfig:
     steps = setting.k + setting.extra_steps
     return EngineConfig(
-        client_mode="single-example", epsilon=setting.filter_epsilon, delta=setting.delta,
-        filter_kind=setting.filter_kind, noise_multiplier=setting.sigma, clip=setting.clip,
-        placement="distributed", min_reports=n, after_exhaustion="noise-only", noise_draw="aggregate",
-        rounds=steps, lr=1.0, server_lr=setting.eta, seed=seed,
+        client_mode="single-example",
+        epsilon=setting.filter_epsilon,
+        delta=setting.delta,
+        filter_kind=setting.filter_kind,
+        noise_multiplier=setting.sigma,
+        clip=setting.clip,
+        placement="distributed",
+        min_reports=n,
+        after_exhaustion="noise-only",
+        noise_draw="aggregate",
+        rounds=steps,
+        lr=1.0,
+        server_lr=setting.eta,
+        seed=seed,
         # One run id for every setting: a seed gives every variant the same standard normal draws
         # (common random numbers), and Algorithm 6 the very noise of Algorithm 7's first k steps.
         run_id="private-gd",
-        eval_every=10 ** 9, group_by="none", chunk_size=chunk_size, norms=norms)
+        eval_every=10**9,
+        group_by="none",
+        chunk_size=chunk_size,
+        norms=norms,
+    )
 
 
-def run_cell(setting: GDSetting, task: Task, *, trial: int, seed: int, model_fn=None,
-             log: Callable[[str], None] | None = None, chunk_size: int = 2048,
-             norms: str = "vectorised", checkpoint: str | Path | None = None,
-             checkpoint_every: int = 5) -> CellResult:
+def run_cell(
+    setting: GDSetting,
+    task: Task,
+    *,
+    trial: int,
+    seed: int,
+    model_fn=None,
+    log: Callable[[str], None] | None = None,
+    chunk_size: int = 2048,
+    norms: str = "vectorised",
+    checkpoint: str | Path | None = None,
+    checkpoint_every: int = 5,
+) -> CellResult:
     """Run Algorithm 7 for ``k + extra_steps`` steps; Algorithm 6's result is its step-``k`` iterate.
 
     With ``checkpoint`` (a file path), the run's state is saved there every ``checkpoint_every``
@@ -195,14 +243,22 @@ def run_cell(setting: GDSetting, task: Task, *, trial: int, seed: int, model_fn=
     queries: list[tuple[int, float, float, int]] = []
     deficit = 0.0
     last_contributing = n
-    identity = {"setting": asdict(setting), "trial": trial, "seed": seed, "n_train": n,
-                "chunk_size": chunk_size, "norms": norms}
+    identity = {
+        "setting": asdict(setting),
+        "trial": trial,
+        "seed": seed,
+        "n_train": n,
+        "chunk_size": chunk_size,
+        "norms": norms,
+    }
     first, earlier_seconds = 1, 0.0
     if checkpoint is not None and Path(checkpoint).exists():
         snapshot, meta = load_checkpoint(checkpoint)
         if meta["identity"] != identity:
-            raise ValueError(f"checkpoint {checkpoint} belongs to another run: {meta['identity']}, not {identity}. "
-                             f"Delete it or pass another path.")
+            raise ValueError(
+                f"checkpoint {checkpoint} belongs to another run: {meta['identity']}, not {identity}. "
+                f"Delete it or pass another path."
+            )
         engine.restore(snapshot)
         first = engine.round_id + 1
         queries = [tuple(q) for q in meta["queries"]]
@@ -217,8 +273,10 @@ def run_cell(setting: GDSetting, task: Task, *, trial: int, seed: int, model_fn=
         record = engine.step()
         last_contributing = record.contributing
         if log is not None:
-            log(f"step {step}/{cfg.rounds}: contributing {record.contributing}, exhausted {record.exhausted_total}, "
-                f"{record.seconds:.1f} s")
+            log(
+                f"step {step}/{cfg.rounds}: contributing {record.contributing}, exhausted {record.exhausted_total}, "
+                f"{record.seconds:.1f} s"
+            )
         if step in query_at:
             _, test_acc, _ = engine.evaluate()
             train_acc = engine.train_accuracy()
@@ -226,25 +284,45 @@ def run_cell(setting: GDSetting, task: Task, *, trial: int, seed: int, model_fn=
             if log is not None:
                 log(f"query at step {step}: train {train_acc:.4f} test {test_acc:.4f}")
         if checkpoint is not None and (step % checkpoint_every == 0) and step < cfg.rounds:
-            save_checkpoint(checkpoint, engine.snapshot(), {
-                "identity": identity, "queries": queries, "deficit": deficit,
-                "last_contributing": last_contributing,
-                "seconds": earlier_seconds + time.perf_counter() - started})
+            save_checkpoint(
+                checkpoint,
+                engine.snapshot(),
+                {
+                    "identity": identity,
+                    "queries": queries,
+                    "deficit": deficit,
+                    "last_contributing": last_contributing,
+                    "seconds": earlier_seconds + time.perf_counter() - started,
+                },
+            )
     gd = next(q for q in queries if q[0] == setting.k)
     best = max(queries, key=lambda q: (q[1], -q[0]))  # highest train accuracy, earliest on ties
     result = engine.result()
     seconds = earlier_seconds + time.perf_counter() - started
     return CellResult(
-        setting=asdict(setting), trial=trial, seed=seed, n_train=n, gd_test_accuracy=gd[2],
-        gd_train_accuracy=gd[1], filtered_test_accuracy=best[2], chosen_step=best[0],
-        query_steps=[q[0] for q in queries], query_train_accuracy=[q[1] for q in queries],
-        query_test_accuracy=[q[2] for q in queries], query_contributing=[q[3] for q in queries],
-        steps_run=cfg.rounds, seconds=seconds, seconds_per_step=seconds / cfg.rounds,
-        max_spent_epsilon=float(result.spent_epsilon.max()), prefix_max_clip_deficit=deficit)
+        setting=asdict(setting),
+        trial=trial,
+        seed=seed,
+        n_train=n,
+        gd_test_accuracy=gd[2],
+        gd_train_accuracy=gd[1],
+        filtered_test_accuracy=best[2],
+        chosen_step=best[0],
+        query_steps=[q[0] for q in queries],
+        query_train_accuracy=[q[1] for q in queries],
+        query_test_accuracy=[q[2] for q in queries],
+        query_contributing=[q[3] for q in queries],
+        steps_run=cfg.rounds,
+        seconds=seconds,
+        seconds_per_step=seconds / cfg.rounds,
+        max_spent_epsilon=float(result.spent_epsilon.max()),
+        prefix_max_clip_deficit=deficit,
+    )
 
 
-def single_example_task(name: str, x: np.ndarray, y: np.ndarray, x_test: np.ndarray, y_test: np.ndarray,
-                        model_fn, loss, num_classes: int) -> Task:
+def single_example_task(
+    name: str, x: np.ndarray, y: np.ndarray, x_test: np.ndarray, y_test: np.ndarray, model_fn, loss, num_classes: int
+) -> Task:
     """A Task with one client per training example (the papers' unit of privacy is one example)."""
-    train = [(x[i:i + 1], y[i:i + 1]) for i in range(len(y))]
+    train = [(x[i : i + 1], y[i : i + 1]) for i in range(len(y))]
     return Task(name, model_fn, loss, train, (x_test, y_test), num_classes, [f"example-{i}" for i in range(len(y))])

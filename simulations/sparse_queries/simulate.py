@@ -14,7 +14,7 @@ mechanism's answer ``a_t = sum_{i in S_t} x[i, t] + N(0, sigma^2)``.
   filter would not admit today's release is left out of ``S_t`` (and pays nothing); every query is
   answered.
 
-Both use the real filter from ``client.privacy.filters`` (its ``charge``/``admits``/``spend``), not a
+Both use the real filter from ``fedfilter.client.privacy.filters`` (its ``charge``/``admits``/``spend``), not a
 re-derivation. The noise follows Corollary 4.7: ``sigma^2 = B_norm / (2 kappa)`` with
 ``B_norm = s C^2 = s`` for binary queries, so each user can pay for ``s`` active days, and by the
 remark after Corollary 4.7 worst-case accounting answers ``k0 = s`` days.
@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from client.privacy.filters import FILTER_KINDS, GaussianFilter, make_filter
+from fedfilter.client.privacy.filters import FILTER_KINDS, GaussianFilter, make_filter
 
 # The Gaussian tail at x = sqrt(2 log(1/beta)) is 2 Phi(-x) <= 2 phi(x) / x = beta * 2 / (x sqrt(2 pi))
 # (Mills ratio), which is <= beta once x >= 2 / sqrt(2 pi), i.e. beta <= exp(-1/pi) = 0.727.
@@ -76,8 +76,7 @@ class SparseQueryConfig:
             return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
 
         def is_num(v) -> bool:
-            return isinstance(v, (int, float, np.floating, np.integer)) and not isinstance(v, bool) \
-                and math.isfinite(v)
+            return isinstance(v, (int, float, np.floating, np.integer)) and not isinstance(v, bool) and math.isfinite(v)
 
         need(is_int(self.n_users) and self.n_users >= 1, "n_users", "an integer >= 1")
         need(is_int(self.days) and self.days >= 1, "days", "an integer >= 1")
@@ -87,12 +86,15 @@ class SparseQueryConfig:
         need(is_num(self.epsilon) and self.epsilon > 0, "epsilon", "a finite number > 0")
         need(is_num(self.delta) and 0 < self.delta < 1, "delta", "a number in (0, 1)")
         need(self.filter in FILTER_KINDS, "filter", f"one of {', '.join(FILTER_KINDS)}")
-        need(is_num(self.failure_prob) and 0 < self.failure_prob <= MAX_FAILURE_PROB,
-             "failure_prob", f"a number in (0, {MAX_FAILURE_PROB}]")
+        need(
+            is_num(self.failure_prob) and 0 < self.failure_prob <= MAX_FAILURE_PROB,
+            "failure_prob",
+            f"a number in (0, {MAX_FAILURE_PROB}]",
+        )
         need(is_int(self.seed) and self.seed >= 0, "seed", "an integer >= 0")
         return out
 
-    def validate(self) -> "SparseQueryConfig":
+    def validate(self) -> SparseQueryConfig:
         problems = self.problems()
         if problems:
             raise ValueError("invalid sparse-query config: " + " ".join(problems))
@@ -188,9 +190,14 @@ class SparseQueryResult:
     def summary(self) -> dict:
         """Plain numbers for tables and JSON."""
         b = self.bound
-        out = {"config": asdict(self.config), "sigma": self.sigma, "kappa": self.kappa,
-               "bound": b, "theorem_bound": self.theorem_bound,
-               "expected_exceed_rate": exact_exceed_probability(self.config.failure_prob)}
+        out = {
+            "config": asdict(self.config),
+            "sigma": self.sigma,
+            "kappa": self.kappa,
+            "bound": b,
+            "theorem_bound": self.theorem_bound,
+            "expected_exceed_rate": exact_exceed_probability(self.config.failure_prob),
+        }
         for run in (self.worst_case, self.individual):
             ans = ~np.isnan(run.answers)
             err_active = np.abs(run.answers[ans] - run.truth_active[ans])
@@ -203,7 +210,8 @@ class SparseQueryResult:
                 "users_admitted_at_end": int(run.users_admitted[-1]),
                 # days answered before any active user was left out of S_t (answers exact in law)
                 "days_with_everyone": int(np.argmin(np.append(run.truth_active == run.truth_all, False)))
-                if ans.all() else run.answered,
+                if ans.all()
+                else run.answered,
             }
         out["users"] = {
             "heavy": int(self.heavy.sum()),
@@ -270,10 +278,16 @@ def simulate(config: SparseQueryConfig) -> SparseQueryResult:
     spent = 1.0 - filt.remaining_fraction(indiv.state)
     worst_user = int(np.argmax(spent))
     return SparseQueryResult(
-        config=config, sigma=sigma, kappa=kappa,
+        config=config,
+        sigma=sigma,
+        kappa=kappa,
         bound=gaussian_bound(sigma=sigma, failure_prob=config.failure_prob),
         theorem_bound=theorem_bound(sparsity=config.sparsity, kappa=kappa, failure_prob=config.failure_prob),
-        worst_case=worst, individual=indiv, heavy=heavy, active_days=x.sum(axis=1).astype(np.int64),
-        paid_days=paid, max_spent_fraction=float(spent[worst_user]),
+        worst_case=worst,
+        individual=indiv,
+        heavy=heavy,
+        active_days=x.sum(axis=1).astype(np.int64),
+        paid_days=paid,
+        max_spent_fraction=float(spent[worst_user]),
         max_epsilon_spent=float(filt.epsilon_spent(indiv.state[worst_user])),
     )

@@ -7,6 +7,6 @@ PNG plots (``report.write_outputs``). Example files: ``simulations/configs/smoke
 ``simulations/configs/dropout_full.toml``.
 """
 
-from simulations.study.config import StudyConfig, StudyConfigError, load_study, parse_study
+from fedfilter.simulations.study.config import StudyConfig, StudyConfigError, load_study, parse_study
 
 __all__ = ["StudyConfig", "StudyConfigError", "load_study", "parse_study"]

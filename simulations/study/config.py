@@ -30,8 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from client.privacy.filters import FILTER_KINDS
-from client.release import AFTER_EXHAUSTION, PLACEMENTS
+from fedfilter.client.privacy.filters import FILTER_KINDS
+from fedfilter.client.release import AFTER_EXHAUSTION, PLACEMENTS
 
 DISTRIBUTIONS = {
     # name: (required parameters, optional parameters with defaults)
@@ -47,8 +47,17 @@ GROUPINGS = ("label", "size")  # label: class of a client's majority label; size
 
 STUDY_KEYS = {"name", "description", "rounds", "seeds", "filter", "delta", "eval_every", "budget_grid"}
 SWEEP_KEYS = ("budget_level", "heterogeneity", "after_exhaustion", "noise", "data")
-DATA_KEYS = {"task", "partition", "alpha", "num_clients", "partition_seed", "groups",
-             "max_examples_per_client", "max_test_examples", "fraction"}
+DATA_KEYS = {
+    "task",
+    "partition",
+    "alpha",
+    "num_clients",
+    "partition_seed",
+    "groups",
+    "max_examples_per_client",
+    "max_test_examples",
+    "fraction",
+}
 # [federation] keys and their checks; passed to simulations.engine.EngineConfig under the same names.
 FEDERATION_KEYS: dict[str, tuple[type, str]] = {
     "noise_multiplier": (float, "positive"),
@@ -102,8 +111,10 @@ class BudgetDistribution:
             "fixed": "fixed",
             "uniform": f"uniform[{_g(p.get('low'))}, {_g(p.get('high'))}]",
             "lognormal": f"lognormal(median {_g(p.get('median', 1.0))}, sigma {_g(p.get('sigma'))})",
-            "two-level": (f"two-level({_g(p.get('low'))} w.p. {_g(1 - p.get('share_high', 0))}, "
-                          f"{_g(p.get('high'))} w.p. {_g(p.get('share_high'))})"),
+            "two-level": (
+                f"two-level({_g(p.get('low'))} w.p. {_g(1 - p.get('share_high', 0))}, "
+                f"{_g(p.get('high'))} w.p. {_g(p.get('share_high'))})"
+            ),
         }[self.distribution]
         if level is None:
             return body
@@ -126,8 +137,11 @@ class DataSpec:
     fraction: float | None = None  # share of clients asked per round; None: [federation].fraction
 
     def describe(self) -> str:
-        split = {"iid": "IID", "dirichlet": f"label-Dirichlet alpha={_g(self.alpha)}",
-                 "natural": "natural per-user split"}[self.partition]
+        split = {
+            "iid": "IID",
+            "dirichlet": f"label-Dirichlet alpha={_g(self.alpha)}",
+            "natural": "natural per-user split",
+        }[self.partition]
         caps = []
         if self.max_examples_per_client:
             caps.append(f"at most {self.max_examples_per_client} training examples per client")
@@ -152,9 +166,14 @@ class RunSpec:
     seed: int
 
     def settings(self) -> dict:
-        return {"data": self.data.name, "budget_level": self.budget_level,
-                "heterogeneity": self.heterogeneity.name, "after_exhaustion": self.after_exhaustion,
-                "noise": self.noise, "seed": self.seed}
+        return {
+            "data": self.data.name,
+            "budget_level": self.budget_level,
+            "heterogeneity": self.heterogeneity.name,
+            "after_exhaustion": self.after_exhaustion,
+            "noise": self.noise,
+            "seed": self.seed,
+        }
 
 
 @dataclass(frozen=True)
@@ -176,8 +195,13 @@ class StudyConfig:
     def runs(self) -> list[RunSpec]:
         out = []
         for d, level, h, after, noise, seed in itertools.product(
-                self.sweep["data"], self.sweep["budget_level"], self.sweep["heterogeneity"],
-                self.sweep["after_exhaustion"], self.sweep["noise"], self.seeds):
+            self.sweep["data"],
+            self.sweep["budget_level"],
+            self.sweep["heterogeneity"],
+            self.sweep["after_exhaustion"],
+            self.sweep["noise"],
+            self.seeds,
+        ):
             label = f"{d}, eps {_g(level)} {h}, {after}, {noise}"
             if len(self.seeds) > 1:
                 label += f", seed {seed}"
@@ -207,6 +231,7 @@ def _g(x) -> str:
 
 # ---- validation -------------------------------------------------------------------------------
 
+
 def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
@@ -224,8 +249,9 @@ class _Checker:
 
     def unknown(self, table: str, got: dict, known) -> None:
         for k in sorted(set(got) - set(known)):
-            self.problems.append(f"{table}.{k} is not a known key (known: {', '.join(sorted(known))}). "
-                                 f"Found {k} = {got[k]!r}.")
+            self.problems.append(
+                f"{table}.{k} is not a known key (known: {', '.join(sorted(known))}). Found {k} = {got[k]!r}."
+            )
 
     def table(self, doc: dict, key: str, required: bool = True) -> dict:
         v = doc.get(key)
@@ -259,10 +285,16 @@ class _Checker:
 
 def _check_study(c: _Checker, t: dict) -> dict:
     c.unknown("study", t, STUDY_KEYS)
-    out = {"name": t.get("name", "study"), "description": t.get("description", ""),
-           "rounds": t.get("rounds"), "seeds": t.get("seeds", [0]), "filter": t.get("filter", "gdp"),
-           "delta": t.get("delta", 1e-5), "eval_every": t.get("eval_every", 1),
-           "budget_grid": t.get("budget_grid", 8)}
+    out = {
+        "name": t.get("name", "study"),
+        "description": t.get("description", ""),
+        "rounds": t.get("rounds"),
+        "seeds": t.get("seeds", [0]),
+        "filter": t.get("filter", "gdp"),
+        "delta": t.get("delta", 1e-5),
+        "eval_every": t.get("eval_every", 1),
+        "budget_grid": t.get("budget_grid", 8),
+    }
     if not (isinstance(out["name"], str) and out["name"]):
         c.bad("study.name", out["name"], "a non-empty string")
     if not isinstance(out["description"], str):
@@ -272,8 +304,12 @@ def _check_study(c: _Checker, t: dict) -> dict:
     else:
         c.number("study.rounds", out["rounds"], kind="positive", integer=True)
     seeds = out["seeds"]
-    if not (isinstance(seeds, list) and seeds and all(_is_int(s) and s >= 0 for s in seeds)
-            and len(set(seeds)) == len(seeds)):
+    if not (
+        isinstance(seeds, list)
+        and seeds
+        and all(_is_int(s) and s >= 0 for s in seeds)
+        and len(set(seeds)) == len(seeds)
+    ):
         c.bad("study.seeds", seeds, "a non-empty list of distinct integers >= 0")
     if out["filter"] not in FILTER_KINDS:
         c.bad("study.filter", out["filter"], f"one of {', '.join(FILTER_KINDS)}")
@@ -342,8 +378,11 @@ def _check_data(c: _Checker, name: str, t) -> DataSpec | None:
         c.bad(f"{key}.partition", part, f"one of {', '.join(PARTITIONS)}")
         ok = False
     elif task in NATURAL_TASKS and part != "natural":
-        c.bad(f"{key}.partition", part, f"'natural' for {task} (split by "
-              f"{'writer' if task == 'femnist' else 'speaking role'})")
+        c.bad(
+            f"{key}.partition",
+            part,
+            f"'natural' for {task} (split by {'writer' if task == 'femnist' else 'speaking role'})",
+        )
         ok = False
     elif task in LABEL_TASKS and part == "natural":
         c.bad(f"{key}.partition", part, f"'iid' or 'dirichlet' for {task} (it has no natural per-user split)")
@@ -358,8 +397,9 @@ def _check_data(c: _Checker, name: str, t) -> DataSpec | None:
         ok &= len(c.problems) == before
     alpha = t.get("alpha", 0.5)
     if "alpha" in t and part != "dirichlet":
-        c.problems.append(f"{key}.alpha is only used with partition = 'dirichlet'. Found alpha = {alpha!r} "
-                          f"with partition = {part!r}.")
+        c.problems.append(
+            f"{key}.alpha is only used with partition = 'dirichlet'. Found alpha = {alpha!r} with partition = {part!r}."
+        )
     before = len(c.problems)
     c.number(f"{key}.alpha", alpha, kind="positive")
     c.number(f"{key}.partition_seed", t.get("partition_seed", 0), kind="nonneg", integer=True)
@@ -414,8 +454,9 @@ def _check_sweep(c: _Checker, t: dict, hets: dict, datas: dict) -> dict:
             for i, x in enumerate(v):
                 if not isinstance(x, str) or x not in tables:
                     defined = ", ".join(sorted(tables)) or "none"
-                    c.problems.append(f"sweep.{k}[{i}] names [{k}.{x}], which is not defined "
-                                      f"(defined: {defined}). Found {x!r}.")
+                    c.problems.append(
+                        f"sweep.{k}[{i}] names [{k}.{x}], which is not defined (defined: {defined}). Found {x!r}."
+                    )
         out[k] = v
     return out
 
@@ -440,8 +481,10 @@ def parse_study(text: str, source: str = "<config>") -> StudyConfig:
     # than min_reports reports is dropped: it must be reachable with the clients asked per round.
     m = federation.get("min_reports")
     if "distributed" in sweep.get("noise", []) and _is_int(m) and m < 2:
-        c.problems.append(f"federation.min_reports must be >= 2 when sweep.noise includes 'distributed' "
-                          f"(each client adds 1/sqrt(min_reports) of the noise). Found {m!r}.")
+        c.problems.append(
+            f"federation.min_reports must be >= 2 when sweep.noise includes 'distributed' "
+            f"(each client adds 1/sqrt(min_reports) of the noise). Found {m!r}."
+        )
     if _is_int(m) and "distributed" in sweep.get("noise", []):
         for name in sweep.get("data", []):
             d = datas.get(name) if isinstance(name, str) else None
@@ -453,16 +496,24 @@ def parse_study(text: str, source: str = "<config>") -> StudyConfig:
                 c.problems.append(
                     f"federation.min_reports = {m} exceeds the {asked} clients asked per round for "
                     f"[data.{name}] (fraction {frac:g} of {d.num_clients}): every distributed round would "
-                    f"be dropped. Found min_reports = {m!r}.")
+                    f"be dropped. Found min_reports = {m!r}."
+                )
     if c.problems:
         raise StudyConfigError(source, c.problems)
     return StudyConfig(
-        name=study["name"], rounds=study["rounds"], seeds=tuple(study["seeds"]), filter=study["filter"],
-        delta=float(study["delta"]), eval_every=study["eval_every"], description=study["description"],
+        name=study["name"],
+        rounds=study["rounds"],
+        seeds=tuple(study["seeds"]),
+        filter=study["filter"],
+        delta=float(study["delta"]),
+        eval_every=study["eval_every"],
+        description=study["description"],
         budget_grid=study["budget_grid"],
-        federation=federation, sweep=sweep,
+        federation=federation,
+        sweep=sweep,
         heterogeneity={k: hets[k] for k in sweep["heterogeneity"]},
-        data={k: datas[k] for k in sweep["data"]}, source_text=text,
+        data={k: datas[k] for k in sweep["data"]},
+        source_text=text,
     )
 
 

@@ -76,8 +76,9 @@ class Grouping:
         return out
 
 
-def make_grouping(kind: str, train_data: list[tuple[np.ndarray, np.ndarray]], num_classes: int,
-                  full_sizes=None) -> Grouping:
+def make_grouping(
+    kind: str, train_data: list[tuple[np.ndarray, np.ndarray]], num_classes: int, full_sizes=None
+) -> Grouping:
     """The grouping ``kind`` (``label`` or ``size``) of a task's clients.
 
     ``full_sizes``: each client's number of training examples before any cap on what the study

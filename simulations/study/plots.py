@@ -27,7 +27,7 @@ def _by_data(runs: list[dict]) -> dict[str, list[dict]]:
 def _short(run: dict) -> str:
     """The label without the data set (which the panel title names)."""
     prefix = run["settings"]["data"] + ", "
-    return run["label"][len(prefix):] if run["label"].startswith(prefix) else run["label"]
+    return run["label"][len(prefix) :] if run["label"].startswith(prefix) else run["label"]
 
 
 def _colors(n: int):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from simulations.study.plots import plot_disparity, plot_groups, plot_rounds
+from fedfilter.simulations.study.plots import plot_disparity, plot_groups, plot_rounds
 
 
 def _f(x, fmt: str = ".3f", none: str = "-") -> str:
@@ -119,10 +119,18 @@ def write_report(results: dict, out: Path, figures: list[Path]) -> Path:
     for k, v in results["sweep"].items():
         lines.append(f"| {k} | {', '.join(map(str, v))} |")
     grid = results.get("budget_grid", 0)
-    rounding = (f" Each draw is rounded down to the grid 2^(j/{grid}) (never up; a fixed budget stays "
-                f"exactly the level), so that clients share filters." if grid else "")
-    lines += ["", "Per-client budgets: `epsilon_i = budget_level x draw_i`, the draw from the named "
-              "distribution (written for level 1; the same draws at every level and mode)." + rounding, ""]
+    rounding = (
+        f" Each draw is rounded down to the grid 2^(j/{grid}) (never up; a fixed budget stays "
+        f"exactly the level), so that clients share filters."
+        if grid
+        else ""
+    )
+    lines += [
+        "",
+        "Per-client budgets: `epsilon_i = budget_level x draw_i`, the draw from the named "
+        "distribution (written for level 1; the same draws at every level and mode)." + rounding,
+        "",
+    ]
     for name, h in results["heterogeneity"].items():
         lines.append(f"* `{name}`: {h['describe']}")
     seen = set()  # echo each realised distribution once per (data, level, heterogeneity, seed)
@@ -134,15 +142,29 @@ def write_report(results: dict, out: Path, figures: list[Path]) -> Path:
             continue
         seen.add(key)
         q = r["budget"]["epsilon_quantiles"]
-        realised.append(f"| {s['data']} | {s['budget_level']:g} | {s['heterogeneity']} | {s['seed']} "
-                        f"| {r['budget']['distribution']} | {q['min']:.3g} / {q['p10']:.3g} / {q['median']:.3g} "
-                        f"/ {q['p90']:.3g} / {q['max']:.3g} |")
-    lines += ["", "| data | level | heterogeneity | seed | distribution | realised min / p10 / median / p90 / max |",
-              "|---|---|---|---|---|---|", *realised, "", "Data sets:", ""]
+        realised.append(
+            f"| {s['data']} | {s['budget_level']:g} | {s['heterogeneity']} | {s['seed']} "
+            f"| {r['budget']['distribution']} | {q['min']:.3g} / {q['p10']:.3g} / {q['median']:.3g} "
+            f"/ {q['p90']:.3g} / {q['max']:.3g} |"
+        )
+    lines += [
+        "",
+        "| data | level | heterogeneity | seed | distribution | realised min / p10 / median / p90 / max |",
+        "|---|---|---|---|---|---|",
+        *realised,
+        "",
+        "Data sets:",
+        "",
+    ]
     for name, d in results["data_sets"].items():
         lines.append(f"* `{name}`: {d['describe']}")
-    lines += ["", "Shared settings (`[federation]`; accounted noise std = noise_multiplier x clip):", "",
-              "| key | value |", "|---|---|"]
+    lines += [
+        "",
+        "Shared settings (`[federation]`; accounted noise std = noise_multiplier x clip):",
+        "",
+        "| key | value |",
+        "|---|---|",
+    ]
     for k, v in fed.items():
         lines.append(f"| {k} | {v} |")
     lines += ["", MODE_NOTES, "## Runs", "", *runs_table(runs), "", COLUMN_NOTES, "## Figures", ""]

@@ -1,11 +1,11 @@
 """Run a dropout study: every run of the sweep through the vectorised engine, then the outputs.
 
-Each run drives ``simulations.engine.Engine`` one round at a time (its public API) and records,
+Each run drives ``fedfilter.simulations.engine.Engine`` one round at a time (its public API) and records,
 per round: clients asked, clients whose data entered the round (ground truth), reports the
 coordinator saw, pure-noise reports, ``left`` markers, whether the round was released, test accuracy,
 how many clients still have budget for a contribution (ground truth: the filter's own allowance,
 read with ``Engine.allowance`` for every client, so a client that was not asked still counts), and
-the same per group (``simulations.study.groups``).
+the same per group (``fedfilter.simulations.study.groups``).
 """
 
 from __future__ import annotations
@@ -13,15 +13,15 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
-from client.privacy.filters import exhausted
-from simulations.study.config import DataSpec, RunSpec, StudyConfig
-from simulations.study.groups import Grouping, make_grouping
+from fedfilter.client.privacy.filters import exhausted
+from fedfilter.simulations.study.config import DataSpec, RunSpec, StudyConfig
+from fedfilter.simulations.study.groups import Grouping, make_grouping
 
 RESULTS_SCHEMA = "fedfilter.study.dropout.v1"
 
@@ -33,11 +33,15 @@ def _load_task(spec: DataSpec):
     """
     from dataclasses import replace
 
-    from simulations.tasks.registry import load_task
+    from fedfilter.simulations.tasks.registry import load_task
 
-    task = load_task(spec.task, num_clients=spec.num_clients,
-                     partition="iid" if spec.partition == "natural" else spec.partition,
-                     alpha=spec.alpha, seed=spec.partition_seed)
+    task = load_task(
+        spec.task,
+        num_clients=spec.num_clients,
+        partition="iid" if spec.partition == "natural" else spec.partition,
+        alpha=spec.alpha,
+        seed=spec.partition_seed,
+    )
     rng = np.random.default_rng([spec.partition_seed, 0x5EED])
     train, test = task.train_data, task.test_data
     full_sizes = [len(y) for _, y in train]
@@ -62,8 +66,14 @@ def _quantiles(x: np.ndarray) -> dict:
     if x.size == 0:
         return {}
     q = np.quantile(x, [0.0, 0.1, 0.5, 0.9, 1.0])
-    return {"min": float(q[0]), "p10": float(q[1]), "median": float(q[2]), "p90": float(q[3]), "max": float(q[4]),
-            "mean": float(x.mean())}
+    return {
+        "min": float(q[0]),
+        "p10": float(q[1]),
+        "median": float(q[2]),
+        "p90": float(q[3]),
+        "max": float(q[4]),
+        "mean": float(x.mean()),
+    }
 
 
 def _finite_or_none(x):
@@ -72,7 +82,7 @@ def _finite_or_none(x):
 
 def _within_budget(study: StudyConfig, eps: np.ndarray, state: np.ndarray) -> bool:
     """Every client's lifetime state is admitted by a freshly built filter of its own budget."""
-    from client.privacy.filters import make_filter
+    from fedfilter.client.privacy.filters import make_filter
 
     ok = True
     for e in np.unique(eps):
@@ -81,19 +91,29 @@ def _within_budget(study: StudyConfig, eps: np.ndarray, state: np.ndarray) -> bo
     return ok
 
 
-def run_one(study: StudyConfig, run: RunSpec, task, grouping: Grouping,
-            on_round: Callable[[dict], object] | None = None) -> dict:
+def run_one(
+    study: StudyConfig, run: RunSpec, task, grouping: Grouping, on_round: Callable[[dict], object] | None = None
+) -> dict:
     """One run of the sweep; returns its JSON-ready record (see ``docs/results.md``)."""
-    from simulations.engine import Engine, EngineConfig
+    from fedfilter.simulations.engine import Engine, EngineConfig
 
     started = time.perf_counter()
     eps = study.budgets(run, task.num_clients)
     fed = study.federation
     ec = EngineConfig(
-        task=run.data.task, num_clients=task.num_clients, epsilon=eps, delta=study.delta,
-        filter_kind=study.filter, placement=run.noise, after_exhaustion=run.after_exhaustion,
-        rounds=study.rounds, seed=run.seed, run_id=study.name, eval_every=study.eval_every,
-        group_by=grouping.engine_group_by, torch_threads=1,
+        task=run.data.task,
+        num_clients=task.num_clients,
+        epsilon=eps,
+        delta=study.delta,
+        filter_kind=study.filter,
+        placement=run.noise,
+        after_exhaustion=run.after_exhaustion,
+        rounds=study.rounds,
+        seed=run.seed,
+        run_id=study.name,
+        eval_every=study.eval_every,
+        group_by=grouping.engine_group_by,
+        torch_threads=1,
         **{k: v for k, v in fed.items() if not (k == "fraction" and run.data.fraction is not None)},
         **({"fraction": run.data.fraction} if run.data.fraction is not None else {}),
     )
@@ -108,9 +128,22 @@ def run_one(study: StudyConfig, run: RunSpec, task, grouping: Grouping,
     _, acc0, groups0 = engine.evaluate()
     alive = budget_left(everyone)
     seen_state = engine.state.copy()
-    per_round: dict[str, list] = {k: [] for k in (
-        "sampled", "contributing", "reports_seen", "noise_only", "left", "released", "exhausted_total",
-        "with_budget", "accuracy", "accuracy_evaluated", "aggregate_norm")}
+    per_round: dict[str, list] = {
+        k: []
+        for k in (
+            "sampled",
+            "contributing",
+            "reports_seen",
+            "noise_only",
+            "left",
+            "released",
+            "exhausted_total",
+            "with_budget",
+            "accuracy",
+            "accuracy_evaluated",
+            "aggregate_norm",
+        )
+    }
     group_share = {g: [] for g in grouping.names}
     group_acc = {g: [] for g in grouping.names}
     share0 = grouping.share(alive)
@@ -217,7 +250,7 @@ def run_study(study: StudyConfig, out_dir: str | Path, *, progress: bool = True)
     """Run every run of ``study``; write ``results.json``, the PNG plots and ``report.md`` to ``out_dir``."""
     from tqdm.auto import tqdm
 
-    from simulations.study.report import write_outputs
+    from fedfilter.simulations.study.report import write_outputs
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -225,15 +258,22 @@ def run_study(study: StudyConfig, out_dir: str | Path, *, progress: bool = True)
     tasks: dict[str, tuple] = {}
     records = []
     started = time.perf_counter()
-    bar = tqdm(total=len(runs) * study.rounds, unit="round", desc=f"study {study.name}", disable=not progress,
-               dynamic_ncols=True)
+    bar = tqdm(
+        total=len(runs) * study.rounds,
+        unit="round",
+        desc=f"study {study.name}",
+        disable=not progress,
+        dynamic_ncols=True,
+    )
     try:
         for i, run in enumerate(runs):
             if run.data.name not in tasks:
                 bar.set_postfix_str(f"loading {run.data.name}")
                 task, full_sizes = _load_task(run.data)
-                tasks[run.data.name] = (task, make_grouping(run.data.groups, task.train_data, task.num_classes,
-                                                            full_sizes))
+                tasks[run.data.name] = (
+                    task,
+                    make_grouping(run.data.groups, task.train_data, task.num_classes, full_sizes),
+                )
             task, grouping = tasks[run.data.name]
             bar.set_description(f"run {i + 1}/{len(runs)}")
 
@@ -269,8 +309,10 @@ def _results(study: StudyConfig, records: list[dict], seconds: float) -> dict:
         "budget_grid": study.budget_grid,
         "federation": study.federation,
         "sweep": study.sweep,
-        "heterogeneity": {k: {"distribution": d.distribution, **d.params, "describe": d.describe()}
-                          for k, d in study.heterogeneity.items()},
+        "heterogeneity": {
+            k: {"distribution": d.distribution, **d.params, "describe": d.describe()}
+            for k, d in study.heterogeneity.items()
+        },
         "data_sets": {k: {**asdict(d), "describe": d.describe()} for k, d in study.data.items()},
         "seconds": seconds,
         "runs_planned": len(study.runs()),

@@ -11,12 +11,27 @@ import numpy as np
 from .paths import dataset_dir
 
 COLUMNS = (
-    "age", "workclass", "fnlwgt", "education", "education-num",
-    "marital-status", "occupation", "relationship", "race", "sex",
-    "capital-gain", "capital-loss", "hours-per-week", "native-country",
+    "age",
+    "workclass",
+    "fnlwgt",
+    "education",
+    "education-num",
+    "marital-status",
+    "occupation",
+    "relationship",
+    "race",
+    "sex",
+    "capital-gain",
+    "capital-loss",
+    "hours-per-week",
+    "native-country",
 )  # followed by the label column
 NUMERIC = (
-    "age", "fnlwgt", "education-num", "capital-gain", "capital-loss",
+    "age",
+    "fnlwgt",
+    "education-num",
+    "capital-gain",
+    "capital-loss",
     "hours-per-week",
 )
 CATEGORICAL = tuple(c for c in COLUMNS if c not in NUMERIC)
@@ -35,10 +50,7 @@ def _parse(path: Path) -> tuple[list[list[str]], np.ndarray]:
                 continue
             fields = [v.strip() for v in line.split(",")]
             if len(fields) != len(COLUMNS) + 1:
-                raise ValueError(
-                    f"{path}:{lineno}: {len(fields)} fields, "
-                    f"expected {len(COLUMNS) + 1}"
-                )
+                raise ValueError(f"{path}:{lineno}: {len(fields)} fields, expected {len(COLUMNS) + 1}")
             label = fields[-1].rstrip(".")  # adult.test labels end with "."
             if label not in (POSITIVE, NEGATIVE):
                 raise ValueError(f"{path}:{lineno}: unknown label {fields[-1]!r}")
@@ -105,9 +117,7 @@ def _load(folder: str):
         categories[name] = sorted(set(_column(train_rows, name)))
     x_train = _encode(train_rows, categories, means, stds)
     x_test = _encode(test_rows, categories, means, stds)
-    names = tuple(NUMERIC) + tuple(
-        f"{name}={c}" for name in CATEGORICAL for c in categories[name]
-    )
+    names = tuple(NUMERIC) + tuple(f"{name}={c}" for name in CATEGORICAL for c in categories[name])
     for a in (x_train, y_train, x_test, y_test):
         a.flags.writeable = False
     return x_train, y_train, x_test, y_test, names

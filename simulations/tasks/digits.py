@@ -31,9 +31,7 @@ def load_digits() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     bunch = _sk_load_digits()
     x = (bunch.data / 16.0).astype(np.float32)
     y = bunch.target.astype(np.int64)
-    parts = train_test_split(
-        x, y, test_size=TEST_FRACTION, stratify=y, random_state=SPLIT_SEED
-    )
+    parts = train_test_split(x, y, test_size=TEST_FRACTION, stratify=y, random_state=SPLIT_SEED)
     x_train, x_test, y_train, y_test = (np.ascontiguousarray(a) for a in parts)
     return _read_only(x_train, y_train, x_test, y_test)
 

@@ -36,9 +36,7 @@ def _read_idx(path: Path, magic: int, ndim: int) -> np.ndarray:
     shape = tuple(int(d) for d in np.frombuffer(raw, dtype=">u4", count=ndim, offset=4))
     data = np.frombuffer(raw, dtype=np.uint8, offset=4 * (1 + ndim))
     if data.size != int(np.prod(shape)):
-        raise ValueError(
-            f"{path}: header announces shape {shape} but holds {data.size} bytes"
-        )
+        raise ValueError(f"{path}: header announces shape {shape} but holds {data.size} bytes")
     return data.reshape(shape)
 
 
@@ -61,7 +59,7 @@ def load_mnist(
     ----------
     data_dir
         Root of the offline data (holding ``mnist/``); default
-        :func:`simulations.tasks.paths.data_dir`.
+        :func:`fedfilter.simulations.tasks.paths.data_dir`.
 
     Returns
     -------
@@ -81,9 +79,7 @@ def _load(folder: str) -> tuple[np.ndarray, ...]:
         images = read_idx_images(Path(folder, images_name))
         labels = read_idx_labels(Path(folder, labels_name))
         if len(images) != len(labels):
-            raise ValueError(
-                f"{folder}: {len(images)} {split} images but {len(labels)} labels"
-            )
+            raise ValueError(f"{folder}: {len(images)} {split} images but {len(labels)} labels")
         x = images.astype(np.float32)[:, None, :, :]
         x *= 1.0 / 255.0
         x -= MNIST_MEAN

@@ -29,9 +29,7 @@ def iid_partition(n_samples: int, n_clients: int, seed: int) -> list[np.ndarray]
     return [part.astype(np.int64) for part in np.array_split(order, n_clients)]
 
 
-def dirichlet_partition(
-    labels, n_clients: int, alpha: float, seed: int, min_size: int = 1
-) -> list[np.ndarray]:
+def dirichlet_partition(labels, n_clients: int, alpha: float, seed: int, min_size: int = 1) -> list[np.ndarray]:
     """Label-skewed split with Dirichlet(``alpha``) class proportions.
 
     The split of Hsu et al. (2019) in the per-class form used by NIID-Bench
@@ -61,9 +59,7 @@ def dirichlet_partition(
         raise ValueError(f"alpha must be a finite number > 0, got {alpha!r}")
     n = labels.size
     if n_clients * min_size > n:
-        raise ValueError(
-            f"n_clients={n_clients} * min_size={min_size} exceeds the {n} samples"
-        )
+        raise ValueError(f"n_clients={n_clients} * min_size={min_size} exceeds the {n} samples")
     rng = np.random.default_rng(seed)
     by_class = [np.flatnonzero(labels == c) for c in np.unique(labels)]
     for _ in range(MAX_DIRICHLET_DRAWS):

@@ -39,7 +39,6 @@ def dataset_dir(root: str | os.PathLike | None, subdir: str) -> Path:
     path = base / subdir
     if not path.is_dir():
         raise FileNotFoundError(
-            f"data folder {str(path)!r} does not exist "
-            f"(data root comes from the data_dir argument or {ENV_VAR})"
+            f"data folder {str(path)!r} does not exist (data root comes from the data_dir argument or {ENV_VAR})"
         )
     return path

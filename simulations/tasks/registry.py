@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Callable
 
 import numpy as np
 from torch import nn
@@ -113,11 +113,7 @@ def load_task(
     """
     if name not in TASKS:
         raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(TASKS)}")
-    if (
-        isinstance(num_clients, bool)
-        or not isinstance(num_clients, (int, np.integer))
-        or num_clients < 1
-    ):
+    if isinstance(num_clients, bool) or not isinstance(num_clients, (int, np.integer)) or num_clients < 1:
         raise ValueError(f"num_clients must be an integer >= 1, got {num_clients!r}")
     if partition not in PARTITIONS:
         raise ValueError(f"partition must be one of {PARTITIONS}, got {partition!r}")
@@ -128,28 +124,40 @@ def load_task(
         from .digits import load_digits
 
         x, y, x_test, y_test = load_digits()
-        return Task(name, models.DigitsMLP, F.cross_entropy, split(x, y),
-                    (x_test, y_test), 10, default_ids)
+        return Task(name, models.DigitsMLP, F.cross_entropy, split(x, y), (x_test, y_test), 10, default_ids)
     if name == "mnist":
         from .mnist import load_mnist
 
         x, y, x_test, y_test = load_mnist(data_dir)
-        return Task(name, models.MnistCNN, F.cross_entropy, split(x, y),
-                    (x_test, y_test), 10, default_ids)
+        return Task(name, models.MnistCNN, F.cross_entropy, split(x, y), (x_test, y_test), 10, default_ids)
     if name == "adult":
         from .adult import load_adult
 
         x, y, x_test, y_test = load_adult(data_dir)
-        return Task(name, partial(models.LogisticRegression, x.shape[1]), F.cross_entropy,
-                    split(x, y), (x_test, y_test), 2, default_ids)
+        return Task(
+            name,
+            partial(models.LogisticRegression, x.shape[1]),
+            F.cross_entropy,
+            split(x, y),
+            (x_test, y_test),
+            2,
+            default_ids,
+        )
     if name == "femnist":
         from .femnist import NUM_CLASSES, load_femnist
 
         train, test = load_femnist(data_dir, max_clients=num_clients)
         ids = list(train)
         empty = (np.zeros((0, 1, 28, 28), np.float32), np.zeros(0, np.int64))
-        return Task(name, models.FemnistCNN, F.cross_entropy, [train[w] for w in ids],
-                    _concat([test.get(w, empty) for w in ids], empty), NUM_CLASSES, ids)
+        return Task(
+            name,
+            models.FemnistCNN,
+            F.cross_entropy,
+            [train[w] for w in ids],
+            _concat([test.get(w, empty) for w in ids], empty),
+            NUM_CLASSES,
+            ids,
+        )
 
     from .shakespeare import SEQ_LEN, VOCAB_SIZE, load_shakespeare
 
@@ -157,6 +165,12 @@ def load_task(
     ids = list(train)[:num_clients]
     test = load_shakespeare("test", data_dir)
     empty = (np.zeros((0, SEQ_LEN), np.int64), np.zeros(0, np.int64))
-    return Task(name, partial(models.CharLSTM, VOCAB_SIZE), F.cross_entropy,
-                [train[c] for c in ids], _concat([test.get(c, empty) for c in ids], empty),
-                VOCAB_SIZE, ids)
+    return Task(
+        name,
+        partial(models.CharLSTM, VOCAB_SIZE),
+        F.cross_entropy,
+        [train[c] for c in ids],
+        _concat([test.get(c, empty) for c in ids], empty),
+        VOCAB_SIZE,
+        ids,
+    )

@@ -18,10 +18,7 @@ from .paths import dataset_dir
 # LEAF's fixed 80-character vocabulary (models/utils/language_utils.py),
 # spelled out so the ids never depend on the data. Any other character
 # (e.g. '$', '@', non-ASCII) maps to OOV_ID.
-CHARACTERS = (
-    "\n !\"&'(),-.0123456789:;>?"
-    "ABCDEFGHIJKLMNOPQRSTUVWXYZ[]abcdefghijklmnopqrstuvwxyz}"
-)
+CHARACTERS = "\n !\"&'(),-.0123456789:;>?ABCDEFGHIJKLMNOPQRSTUVWXYZ[]abcdefghijklmnopqrstuvwxyz}"
 OOV_ID = len(CHARACTERS)  # 80
 VOCAB_SIZE = OOV_ID + 1  # 81 logits: the 80 characters plus OOV
 SEQ_LEN = 80
@@ -81,8 +78,7 @@ def _read(path: str) -> dict[str, tuple[str, ...]]:
     with h5py.File(path, "r") as f:
         examples = f["examples"]
         return {
-            client: tuple(s.decode("utf-8") for s in examples[client]["snippets"][()])
-            for client in sorted(examples)
+            client: tuple(s.decode("utf-8") for s in examples[client]["snippets"][()]) for client in sorted(examples)
         }
 
 

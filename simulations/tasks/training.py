@@ -6,7 +6,7 @@ numpy and torch.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -31,9 +31,7 @@ def set_weights(model: nn.Module, arrays) -> None:
     for (name, old), a in zip(state.items(), arrays):
         a = np.asarray(a)
         if tuple(a.shape) != tuple(old.shape):
-            raise ValueError(
-                f"{name}: array shape {tuple(a.shape)} != parameter shape {tuple(old.shape)}"
-            )
+            raise ValueError(f"{name}: array shape {tuple(a.shape)} != parameter shape {tuple(old.shape)}")
         new[name] = torch.tensor(a, dtype=old.dtype)  # copies: caller keeps its arrays
     model.load_state_dict(new, strict=True)
 

@@ -1,0 +1,65 @@
+"""The planner and ledger commands, run as a user would (``python -m fedfilter``)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from fedfilter.client.ledger import BudgetLedger
+from fedfilter.client.release import FilteredClient, RoundSpec
+
+
+def run(*args):
+    return subprocess.run([sys.executable, "-m", "fedfilter", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_rounds_json():
+    out = run(
+        "rounds", "--epsilon", "0.3", "--delta", "1e-5", "--noise-multiplier", "170", "--filter", "zcdp", "--json"
+    )
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["rounds"] == 111  # 112 steps cost 0.3007 > 0.3 (papers/004 App. A)
+
+
+def test_epsilon_json_round_trips_with_rounds():
+    for kind in ("gdp", "rdp", "zcdp"):
+        out = run(
+            "epsilon", "--noise-multiplier", "20", "--rounds", "37", "--delta", "1e-5", "--filter", kind, "--json"
+        )
+        eps = json.loads(out.stdout)["epsilon"]
+        back = run(
+            "rounds", "--epsilon", repr(eps), "--delta", "1e-5", "--noise-multiplier", "20", "--filter", kind, "--json"
+        )
+        assert json.loads(back.stdout)["rounds"] == 37
+
+
+def test_bad_input_is_one_clear_line():
+    out = run("rounds", "--epsilon", "-1", "--delta", "2", "--noise-multiplier", "1")
+    assert out.returncode == 2
+    assert "epsilon must be" in out.stderr and "delta must be" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_ledger_show(tmp_path):
+    client = FilteredClient(BudgetLedger.enrol(tmp_path, client_id="phone-7", epsilon=2.0, delta=1e-5))
+    for r in range(4):
+        client.release(RoundSpec("run-x", r, 3.0, 1.0), [np.ones(8) * 0.1])
+    text = run("ledger", "show", "--dir", str(tmp_path))
+    assert text.returncode == 0 and "phone-7" in text.stdout and "run-x" in text.stdout
+    data = json.loads(run("ledger", "show", "--dir", str(tmp_path), "--json").stdout)
+    assert data["budget_epsilon"] == 2.0 and 0 < data["spent_epsilon"] <= 2.0
+    assert data["runs"][0]["contributed"] == 4
+    missing = run("ledger", "show", "--dir", str(tmp_path / "nope"))
+    assert missing.returncode == 2 and "no budget ledger" in missing.stderr and "Traceback" not in missing.stderr
+
+
+def test_readme_rounds_table_is_the_commands_output():
+    """The README's `fedfilter rounds` block is what the command prints today."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    cmd = "$ fedfilter rounds --epsilon 1 --delta 1e-5 --noise-multiplier 10 --filter all\n"
+    assert cmd in readme
+    shown = readme.split(cmd, 1)[1].split("```", 1)[0]
+    out = run(*cmd.split()[2:])
+    assert out.returncode == 0, out.stderr
+    assert shown.strip() == out.stdout.strip()

@@ -1,0 +1,231 @@
+"""The Deployment Engine path: certificates, keys, process teardown, and real Flower clusters.
+
+The slow tests start a real ``flower-superlink`` and ``flower-supernode`` processes on 127.0.0.1
+with TLS and SuperNode authentication. Every wait is bounded and every process is stopped, also
+when a test fails: the cluster's context manager stops them, and each test checks that nothing
+it started is still running afterwards.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fedfilter.deploy_local import (
+    DeployOptions,
+    FlowerCluster,
+    ManagedProcess,
+    build_run_config,
+    deploy_local,
+    make_node_key,
+    make_tls,
+    toml_value,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _live_processes_with_env(prefix: str) -> list[str]:
+    """Live processes (not zombies) whose FLWR_HOME lies under ``prefix``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="utf-8", errors="replace") as handle:
+                state = handle.read().rsplit(")", 1)[1].split()[0]
+            environ = Path(f"/proc/{entry}/environ").read_bytes()
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ")
+        except (OSError, IndexError):
+            continue
+        if state != "Z" and f"FLWR_HOME={prefix}".encode() in environ:
+            found.append(f"{entry}: {cmdline.decode(errors='replace')}")
+    return found
+
+
+def _assert_nothing_left(root: Path, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while (left := _live_processes_with_env(str(root))) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert left == [], f"processes still running after teardown: {left}"
+
+
+# --- fast: certificates, keys, config, process teardown -------------------------------------------
+
+
+def test_tls_server_certificate_is_signed_by_the_ca_for_loopback(tmp_path):
+    from cryptography import x509
+
+    files = make_tls(tmp_path)
+    ca = x509.load_pem_x509_certificate(files.ca_cert.read_bytes())
+    server = x509.load_pem_x509_certificate(files.server_cert.read_bytes())
+    server.verify_directly_issued_by(ca)  # raises if not signed by the CA
+    names = server.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert names.get_values_for_type(x509.IPAddress) == [ipaddress.ip_address("127.0.0.1")]
+    assert names.get_values_for_type(x509.DNSName) == ["localhost"]
+    assert ca.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+    assert files.server_key.stat().st_mode & 0o077 == 0
+    assert not list(tmp_path.glob("ca.key*"))  # the CA key is never written
+
+
+def test_node_key_is_openssh_ecdsa_p384_as_flower_loads_it(tmp_path):
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.hazmat.primitives.serialization import (
+        load_ssh_private_key,
+        load_ssh_public_key,
+    )
+
+    private, public = make_node_key(tmp_path / "node")
+    key = load_ssh_private_key(private.read_bytes(), password=None)
+    assert isinstance(key, ec.EllipticCurvePrivateKey) and key.curve.name == "secp384r1"
+    assert public.read_text().startswith("ecdsa-sha2-nistp384 ")
+    assert load_ssh_public_key(public.read_bytes()).public_numbers() == key.public_key().public_numbers()
+    assert private.stat().st_mode & 0o077 == 0
+
+
+def test_toml_values_round_trip_through_flowers_parser(tmp_path):
+    import tomllib
+
+    values = {"ledger-dir": 'a dir/with "quotes" \\ and é', "budget-epsilon": 1e-05, "partition-id": 3, "leave": False}
+    text = "\n".join(f"{json.dumps(k)} = {toml_value(v)}" for k, v in values.items())
+    assert tomllib.loads(text) == values
+    with pytest.raises(ValueError, match="bool, int, float or str"):
+        toml_value([1, 2])
+
+
+def test_run_config_sets_rounds_and_ledger_and_refuses_unknown_keys(tmp_path):
+    app_config = {"num-server-rounds": 5, "public-ledger": "x.sqlite", "local-epochs": 1}
+    options = DeployOptions(clients=2, rounds=3, run_config={"local-epochs": 2})
+    assert build_run_config(app_config, options, tmp_path / "l.sqlite") == {
+        "num-server-rounds": 3,
+        "public-ledger": str(tmp_path / "l.sqlite"),
+        "local-epochs": 2,
+    }
+    with pytest.raises(ValueError, match="not declared"):
+        build_run_config(app_config, DeployOptions(clients=2, run_config={"nope": 1}), tmp_path)
+    with pytest.raises(ValueError, match="number of rounds"):
+        build_run_config({}, options, tmp_path)
+
+
+def test_options_report_every_problem_at_once():
+    with pytest.raises(ValueError) as err:
+        DeployOptions(clients=0, rounds=0, delta=2.0, after_exhaustion="x", filter_kind="y", reply_hold_s=-1.0).check()
+    for name in ("--clients", "--rounds", "--delta", "--after-exhaustion", "--filter", "--reply-hold-s"):
+        assert name in str(err.value)
+
+
+_SPAWNER = """
+import subprocess, sys, time
+# a child in the same group, and a grandchild in a new session (as flower-superlink does)
+subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+print("spawned", flush=True)
+time.sleep(600)
+"""
+
+
+def test_managed_process_stops_its_group_and_descendants_in_other_sessions(tmp_path):
+    env = dict(os.environ, FLWR_HOME=str(tmp_path / "home"))
+    with ManagedProcess(
+        "spawner", [sys.executable, "-c", _SPAWNER], log_path=tmp_path / "spawner.log", env=env
+    ) as process:
+        process.wait_for_log("spawned", timeout=30)
+        assert len(_live_processes_with_env(str(tmp_path))) == 3
+    assert process.returncode == -15  # SIGTERM
+    _assert_nothing_left(tmp_path, timeout=5)
+
+
+def test_managed_process_kills_what_ignores_sigterm(tmp_path):
+    stubborn = (
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        "print('ready', flush=True); time.sleep(600)"
+    )
+    env = dict(os.environ, FLWR_HOME=str(tmp_path / "home"))
+    process = ManagedProcess(
+        "stubborn", [sys.executable, "-c", stubborn], log_path=tmp_path / "stubborn.log", env=env
+    ).start()
+    process.wait_for_log("ready", timeout=30)
+    started = time.monotonic()
+    assert process.stop(grace_s=1.0) == -9  # SIGKILL after the grace period
+    assert time.monotonic() - started < 10
+    assert process.stop() == -9  # a second stop changes nothing
+    _assert_nothing_left(tmp_path, timeout=5)
+
+
+# --- slow: real Flower clusters on 127.0.0.1 ------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_unregistered_or_missing_supernode_key_is_refused_and_never_joins(tmp_path):
+    with FlowerCluster(tmp_path, grace_s=5.0) as cluster:
+        good_key, good_pub = cluster.new_key("registered")
+        node_id = cluster.register(good_pub)
+        stranger_key, _ = cluster.new_key("stranger")  # never registered
+        good = cluster.start_supernode("registered", private_key=good_key)
+        stranger = cluster.start_supernode("stranger", private_key=stranger_key)
+        keyless = cluster.start_supernode("keyless", private_key=None)
+
+        cluster.wait_online([good], timeout=60)
+        assert good.node_id == node_id
+        assert stranger.process.wait(60) not in (None, 0)
+        assert "[code: 2004] Failed to activate SuperNode" in stranger.process.log_text()
+        assert keyless.process.wait(60) not in (None, 0)
+        assert "[code: 2001] SuperNode authentication is enabled" in keyless.process.log_text()
+        assert "SuperNode ID" not in stranger.process.log_text() + keyless.process.log_text()
+
+        nodes = cluster.list_supernodes()
+        assert [(int(n["node-id"]), n["status"]) for n in nodes] == [(node_id, "online")]
+        assert good.process.running
+    _assert_nothing_left(tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_deployment_run_under_tls_and_node_auth_keeps_every_device_within_budget(tmp_path):
+    from fedfilter.client.ledger import BudgetLedger
+
+    out = tmp_path / "deploy"
+    lines: list[str] = []
+    code = deploy_local(
+        DeployOptions(
+            clients=2,
+            rounds=2,
+            out=out,
+            app_dir=REPO,
+            budgets=(0.5, 4.0),
+            reply_hold_s=0.0,  # timing protection off: a fast test (test_reply_timing.py)
+            timeout_s=180.0,
+            connect_timeout_s=60.0,
+            grace_s=5.0,
+        ),
+        echo=lines.append,
+    )
+    log = "\n".join(lines)
+    assert code == 0, log
+    _assert_nothing_left(out)
+
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "finished:completed"
+    assert summary["rounds_completed"] >= 2, log
+    assert Path(summary["public_ledger"]).is_file()
+    assert [c["client_id"] for c in summary["clients"]] == ["device-0", "device-1"]
+    for index, client in enumerate(summary["clients"]):
+        ledger = BudgetLedger.open(out / "devices" / str(index))
+        try:
+            assert ledger.enrolment.epsilon == client["budget_epsilon"] == (0.5, 4.0)[index]
+            # the device answered both rounds itself, and its own record is within its budget
+            assert len(ledger.records(summary["run_id"])) == 2
+            assert bool(ledger.filter.within_budget(ledger.recomputed_state()))
+            assert ledger.spent_epsilon() == client["spent_epsilon"]
+        finally:
+            ledger.close()
+        # epsilon is converted from the filter state rounding up, so a budget spent exactly
+        # reads a few ulp above it: the tolerance `fedfilter demo` checks too
+        assert client["spent_epsilon"] <= client["budget_epsilon"] * (1 + 1e-9)
