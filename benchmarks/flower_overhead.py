@@ -39,7 +39,7 @@ def build_apps(args, devices: dict, timings: dict):
     from flwr.clientapp import ClientApp
     from flwr.serverapp import ServerApp
 
-    from fedfilter.client.client_app import train
+    from fedfilter.app.client_app import train
     from fedfilter.client.flower_mod import individual_filter_mod, simulated_device_config_mod
     from fedfilter.client.wire import ARRAYS_RECORD, REQUEST_RECORD
     from fedfilter.coordinator.strategy import FilteredMeanStrategy

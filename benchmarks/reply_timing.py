@@ -2,7 +2,7 @@
 
     python benchmarks/reply_timing.py [--replies 200] [--hold 0.1] [--local-epochs 2] [--json FILE]
 
-Drives the built-in ClientApp (``fedfilter.client.client_app.make_client_app()``: the real
+Drives the built-in ClientApp (``fedfilter.app.client_app.make_client_app()``: the real
 ``individual_filter_mod`` around the real digits train handler) directly with hand-built train
 Messages, as a SuperNode would, for three devices with their own ledgers:
 
@@ -207,7 +207,7 @@ def measure(
     """Run every phase (one per hold, 0 = off) and return the comparisons (see module doc)."""
     from flwr.app import RecordDict
 
-    from fedfilter.client.client_app import make_client_app
+    from fedfilter.app.client_app import make_client_app
 
     app = make_client_app()  # the deployed ClientApp: device settings come from node_config only
     keys, weights = _model()

@@ -248,10 +248,10 @@ def _run(args: argparse.Namespace) -> int:
     if not args.verbose:  # after the import: importing flwr sets its logger to DEBUG
         logging.getLogger("flwr").setLevel(logging.WARNING)
 
-    from fedfilter.client.client_app import make_client_app
+    from fedfilter.app.client_app import make_client_app
+    from fedfilter.app.server_app import make_server_app
     from fedfilter.client.reply_timing import timing_protection
     from fedfilter.coordinator.public_ledger import PublicLedger
-    from fedfilter.coordinator.server_app import make_server_app
 
     budgets = draw_budgets(args.clients, args.eps_min, args.eps_max, args.seed)
     devices = device_configs(

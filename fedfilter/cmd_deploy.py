@@ -1,6 +1,6 @@
 """``fedfilter deploy-local``: the app on a real Flower Deployment Engine, all on 127.0.0.1.
 
-    fedfilter deploy-local --clients N [--rounds R] [--out DIR] [--app-dir .]
+    fedfilter deploy-local --clients N [--rounds R] [--out DIR] [--app-dir DIR]
                            [--budgets 1,2,4] [--delta 1e-5] [--filter gdp]
                            [--after-exhaustion noise-only|leave] [--min-noise-multiplier S]
                            [--data-dir DIR] [--run-config "k=v ..."] [--reply-hold-s S]
@@ -53,7 +53,7 @@ def register(subparsers: Any) -> None:
         "across invocations",
     )
     parser.add_argument(
-        "--app-dir", type=Path, default=Path("."), help="the Flower app directory (default: the current directory)"
+        "--app-dir", type=Path, default=None, help="a Flower app directory (default: the built-in app, fedfilter/app)"
     )
     parser.add_argument(
         "--budgets",
@@ -116,13 +116,13 @@ def register(subparsers: Any) -> None:
 
 
 def _deploy(args: argparse.Namespace) -> int:
-    from fedfilter.deploy_local import DeployOptions, deploy_local
+    from fedfilter.deploy_local import BUILTIN_APP_DIR, DeployOptions, deploy_local
 
     options = DeployOptions(
         clients=args.clients,
         rounds=args.rounds,
         out=args.out,
-        app_dir=args.app_dir,
+        app_dir=args.app_dir or BUILTIN_APP_DIR,
         budgets=args.budgets,
         delta=args.delta,
         filter_kind=args.filter_kind,

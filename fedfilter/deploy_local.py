@@ -798,6 +798,8 @@ def _tool(name: str) -> str:
 # --- the deployment ------------------------------------------------------------------------------
 
 AFTER_EXHAUSTION = ("noise-only", "leave")
+# The built-in Flower app directory (fedfilter/app: its pyproject.toml and components).
+BUILTIN_APP_DIR = Path(__file__).resolve().parent / "app"
 
 
 @dataclass
@@ -805,7 +807,7 @@ class DeployOptions:
     clients: int
     rounds: int = 2
     out: Path = Path("out/deploy")
-    app_dir: Path = Path(".")
+    app_dir: Path = BUILTIN_APP_DIR
     budgets: tuple[float, ...] = (1.0, 2.0, 4.0)  # cycled over the devices
     delta: float = 1e-5
     filter_kind: str = "gdp"

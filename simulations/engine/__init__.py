@@ -51,7 +51,7 @@ Public API
 
 Agreement with the Flower path, precisely
 =========================================
-* multi-example clients: the local update is ``fedfilter.client.client_app.train``'s (same
+* multi-example clients: the local update is ``fedfilter.app.client_app.train``'s (same
   ``local_update``, same shuffling seed ``1_000_003 * round + partition_id``, same float32
   difference); with the same torch thread count (the ClientApp uses 1) the updates, the
   certified norms, the charges and the filter states are bitwise equal, and with

@@ -74,7 +74,7 @@ class EngineConfig:
         ``single-example``: every client holds exactly one example and reports ``-lr * gradient``
         (per-example gradients with torch.func, ``chunk_size`` clients at a time).
         ``multi-example``: ``local_epochs`` epochs of SGD per client, exactly as
-        ``fedfilter.client.client_app.train`` (same seeds). ``auto``: single-example iff every client has
+        ``fedfilter.app.client_app.train`` (same seeds). ``auto``: single-example iff every client has
         one example.
     rounds, fraction
         Rounds to run (``round_id`` 1..rounds, as the ServerApp numbers them) and the share of

@@ -85,7 +85,7 @@ def local_sgd_update(
     seed: int,
     loss_fn: Callable,
 ) -> list[np.ndarray]:
-    """One client's update, computed as ``fedfilter.client.client_app.train`` + ``fedfilter.client.flower_mod`` do.
+    """One client's update, computed as ``fedfilter.app.client_app.train`` + ``fedfilter.client.flower_mod`` do.
 
     ``seed`` is the ClientApp's local shuffling seed ``1_000_003 * server_round + partition_id``.
     """

@@ -198,7 +198,7 @@ def test_deployment_run_under_tls_and_node_auth_keeps_every_device_within_budget
             clients=2,
             rounds=2,
             out=out,
-            app_dir=REPO,
+            app_dir=REPO / "fedfilter" / "app",
             budgets=(0.5, 4.0),
             reply_hold_s=0.0,  # timing protection off: a fast test (test_reply_timing.py)
             timeout_s=180.0,

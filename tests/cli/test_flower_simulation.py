@@ -117,7 +117,7 @@ def _probe_server(captured: dict, run_id: str, rounds: int, malicious: bool):
 def _simulate(server_app, devices):
     from flwr.simulation import run_simulation
 
-    from fedfilter.client.client_app import make_client_app
+    from fedfilter.app.client_app import make_client_app
 
     run_simulation(server_app=server_app, client_app=make_client_app(devices), num_supernodes=N, backend_config=BACKEND)
 

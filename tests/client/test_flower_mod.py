@@ -426,7 +426,7 @@ def test_plain_mean_ignores_example_counts_and_distributed_rounds_need_min_repor
 # --- the built-in ClientApp, called directly (no engine) ----------------------------------------
 def test_builtin_client_app_trains_its_partition_behind_the_filter(tmp_path):
     torch = pytest.importorskip("torch")
-    from fedfilter.client.client_app import make_client_app
+    from fedfilter.app.client_app import make_client_app
     from fedfilter.simulations.tasks.training import get_weights
 
     torch.manual_seed(0)

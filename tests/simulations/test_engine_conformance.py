@@ -17,7 +17,7 @@ import torch
 from flwr.app import Context, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
-from fedfilter.client.client_app import train as client_train
+from fedfilter.app.client_app import train as client_train
 from fedfilter.client.flower_mod import enrol_device, individual_filter_mod
 from fedfilter.client.ledger import BudgetLedger
 from fedfilter.client.privacy.filters import make_filter

@@ -1,6 +1,6 @@
 """The ClientApp for the built-in tasks, wrapped in the device's individual privacy filter.
 
-``app`` is what ``[tool.flwr.app.components] clientapp = "fedfilter.client.client_app:app"`` loads. Its train
+``app`` is what ``[tool.flwr.app.components] clientapp = "fedfilter.app.client_app:app"`` loads. Its train
 handler is an ordinary Flower handler: it loads this node's partition, trains ``local-epochs``
 epochs of plain SGD and returns the new weights (and, like any Flower app, ``num-examples``).
 ``individual_filter_mod`` turns that into a filtered, noisy update and drops every metric.
@@ -12,7 +12,7 @@ config is empty), then from ``context.run_config``, then the defaults below:
 ================  =======  ==================================================================
 key               default  meaning
 ================  =======  ==================================================================
-task              digits   a task of ``fedfilter.simulations.tasks.registry.TASKS``
+task              digits   a task of ``fedfilter.app.task`` (the built-in tasks)
 num-clients       10       partitions of the data set (simulation: ``num-partitions`` wins)
 partition         iid      ``iid`` or ``dirichlet``
 alpha             0.5      Dirichlet concentration
@@ -31,7 +31,6 @@ every message starts a fresh process, and torch is imported only when a train me
 from __future__ import annotations
 
 from collections.abc import Mapping
-from functools import lru_cache
 from typing import Any
 
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
@@ -63,13 +62,6 @@ def _settings(msg: Message, context: Context) -> dict[str, Any]:
     return out
 
 
-@lru_cache(maxsize=2)
-def _load(name: str, num_clients: int, partition: str, alpha: float, seed: int, data_dir: str | None):
-    from fedfilter.simulations.tasks.registry import load_task  # torch: imported on the first train message
-
-    return load_task(name, num_clients=num_clients, partition=partition, alpha=alpha, seed=seed, data_dir=data_dir)
-
-
 def _partition(node_config: Mapping[str, Any], settings: Mapping[str, Any]) -> tuple[int, int]:
     if "partition-id" not in node_config:
         raise ValueError(
@@ -87,13 +79,13 @@ def train(msg: Message, context: Context) -> Message:
     """Train this node's partition for ``local-epochs`` epochs and return the new weights."""
     import torch
 
-    from fedfilter.simulations.tasks.training import local_update, set_weights
+    from fedfilter.app.task import load_task, local_update, set_weights
 
     torch.set_num_threads(1)
     settings = _settings(msg, context)
     pid, num = _partition(context.node_config, settings)
     data_dir = context.node_config.get("data-dir")
-    task = _load(
+    task = load_task(
         settings["task"],
         num,
         settings["partition"],

@@ -1,6 +1,6 @@
 """The coordinator's ServerApp: rounds of filtered, noisy updates, a plain mean, public records only.
 
-``app`` is what ``[tool.flwr.app.components] serverapp = "fedfilter.coordinator.server_app:app"`` loads.
+``app`` is what ``[tool.flwr.app.components] serverapp = "fedfilter.app.server_app:app"`` loads.
 Each round it samples nodes, sends them the model, the training settings and the round request,
 waits a bounded time for replies (``round-timeout-s``; the message TTL is longer, so a client
 that has already spent budget is not silently discarded by Flower), checks every reply, takes the
@@ -100,8 +100,7 @@ def run(grid: Grid, context: Context, overrides: Mapping[str, Any] | None = None
     """The coordinator's main loop (see the module docstring)."""
     import torch
 
-    from fedfilter.simulations.tasks.registry import load_task
-    from fedfilter.simulations.tasks.training import evaluate, get_weights, set_weights
+    from fedfilter.app.task import evaluate, get_weights, load_task, set_weights
 
     cfg = server_config(context.run_config, overrides)
     run_id = cfg["run-name"] or f"flwr-{context.run_id}"
