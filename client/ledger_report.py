@@ -5,7 +5,9 @@ it). "Exhausted" means what the device itself decided and recorded: each round's
 has the status the release chose (``client/release.py``): ``contributed`` while the allowance was
 at least ``ClientPolicy.exhausted_below`` of the clip, ``noise-only`` or ``left`` once it was not.
 So the round a device ran out of budget is its first record of the run whose status is not
-``contributed``; no second threshold is applied here.
+``contributed``; no second threshold is applied here. A device whose last contribution of a run
+used its budget up reports no exhausted round for that run (it never had to stop in it); in its
+next run, the first round is the one it ran out.
 """
 
 from __future__ import annotations
