@@ -266,7 +266,7 @@ class IndividualFilterStrategy(Strategy):
         stepped = model_step(self._template, mean, 1.0)
         content = RecordDict(
             {
-                ARRAYS_RECORD: ArrayRecord({k: Array(np.ascontiguousarray(w)) for k, w in zip(self._keys, stepped)}),
+                ARRAYS_RECORD: ArrayRecord({k: Array(np.array(w, order="C")) for k, w in zip(self._keys, stepped)}),
                 "metrics": MetricRecord({weight_key: AGGREGATE_WEIGHT}),
             }
         )
@@ -289,7 +289,7 @@ class IndividualFilterStrategy(Strategy):
                 raise RuntimeError(f"the inner strategy returned {key!r} with shape {a.shape}, not {like.shape}.")
             if not np.issubdtype(like.dtype, np.floating):
                 a = np.rint(a)  # a weighted mean of equal integers can land a rounding error below them
-            out[key] = Array(np.ascontiguousarray(a.astype(like.dtype)))
+            out[key] = Array(np.array(a, dtype=like.dtype, order="C"))
         return ArrayRecord(out)
 
     def _finish_round(self, outcome: RoundOutcome) -> None:

@@ -98,7 +98,7 @@ def flower_reference(tmp_path, *, placement: str, min_reports: int, clip: float,
         enrol_device(ctx.node_config)  # the owner's act, up front: the mod never enrols
     counts = []
     for round_id in range(1, ROUNDS + 1):
-        arrays = ArrayRecord({k: Array(np.ascontiguousarray(w)) for k, w in zip(keys, weights)})
+        arrays = ArrayRecord({k: Array(np.array(w, order="C")) for k, w in zip(keys, weights)})
         messages = list(strategy.configure_train(round_id, arrays, ConfigRecord(dict(TRAIN)), grid))
         assert sorted(m.metadata.dst_node_id for m in messages) == nodes
         # FedAvg samples in random order; replies in node order keep the float64 sum of the mean in the
