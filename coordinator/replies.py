@@ -127,7 +127,7 @@ def tally_replies(
             continue
         seen.add(src)
         kind, arrays, reason = classify_reply(msg, keys, template, norm_bound)
-        if kind == "report":
+        if kind == "report" and arrays is not None:
             out.reports.append(arrays)
             out.report_sources.append(src)
         elif kind == "marker":

@@ -19,10 +19,11 @@ update from its own budget and replies with a noisy *update* (or a ``left`` mark
 * ``aggregate_train``: replies are sorted into reports, markers and dropped
   (``fedfilter.coordinator.replies``; a bad reply never fails the round). A round with no report, or
   a ``distributed`` round with fewer than ``min_reports`` (fewer reports carry less than the
-  accounted noise, DESIGN.md section 1), is dropped: ``None`` arrays, the model stays. Otherwise
-  each report becomes what the inner strategy expects (global arrays + update, in the model's
-  dtype, and a MetricRecord whose weight is the same constant for every reply, so a weighted mean
-  is the plain mean: no example count exists here), and the inner strategy aggregates.
+  accounted noise, DESIGN.md section 1), is dropped: ``None`` arrays, the model stays. Otherwise the
+  round releases the plain mean of the reports, and the inner strategy gets exactly that: one reply
+  holding ``global + mean`` in the model's dtypes and a MetricRecord whose weight is the constant 1
+  (no example count exists here). FedAvg's result is then the plain-mean step bitwise; FedAvgM,
+  FedAdam, FedYogi, FedAdagrad apply their server step to the mean update.
 * ``configure_evaluate`` sends nothing: a client's loss on its private data would be an
   unaccounted release. Evaluate held-out data on the server through ``start(evaluate_fn=...)``.
 * the public record: one ``PublicRoundRecord`` per round (request, counts, released, the norm of
@@ -270,9 +271,11 @@ class IndividualFilterStrategy(Strategy):
                 "metrics": MetricRecord({weight_key: AGGREGATE_WEIGHT}),
             }
         )
-        # Flower's strategies read the reply's metadata only to log errors; the first report's will do.
+        # Flower's strategies read a reply's metadata only to log errors; the first report's will do. A
+        # shallow copy with new content leaves the reply itself untouched.
         first = next(m for m in replies if int(m.metadata.src_node_id) == tally.report_sources[0])
-        released = Message(content=content, metadata=copy(first.metadata))
+        released = copy(first)
+        released.content = content
         arrays, _ = self.strategy.aggregate_train(server_round, [released])
         if arrays is None:
             raise RuntimeError(f"the inner strategy {self.strategy!r} returned no arrays for a released aggregate.")

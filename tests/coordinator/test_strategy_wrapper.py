@@ -183,6 +183,9 @@ def test_fedavg_aggregate_is_global_plus_plain_mean_of_valid_reports_and_bad_rep
     (metric_record,) = handed[0].content.metric_records.values()
     assert dict(metric_record) == {"num-examples": 1}
     assert list(handed[0].content.array_records) == [ARRAYS_RECORD]
+    # The replies themselves are left as they came.
+    assert replies[0].content[STATUS_RECORD]["status"] == "report"
+    np.testing.assert_array_equal(replies[0].content[ARRAYS_RECORD]["w"].numpy(), good[11][0])
 
 
 def test_fedavg_result_is_the_same_whatever_example_counts_clients_claim():
