@@ -217,7 +217,7 @@ class IndividualFilterStrategy(Strategy):
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Checked reports to the inner strategy as global + update, equally weighted; else None."""
+        """The inner strategy's step from the plain mean of the checked reports; ``None`` arrays if dropped."""
         if self._spec is None or self._spec.round_id != server_round:
             raise RuntimeError(f"aggregate_train(server_round={server_round}) without configure_train for that round.")
         replies = list(replies)
