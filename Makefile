@@ -30,12 +30,12 @@ lint: setup
 	@echo "== ruff format --check"
 	$(BIN)/ruff format --check .
 
+# The tree is rebuilt each time, so new modules are seen; sed prints paths as they are in the repository.
 typecheck: setup
 	@echo "== mypy -p fedfilter"
-	rm -rf $(MYPY_TREE) && mkdir -p $(MYPY_TREE)/fedfilter
-	for f in fedfilter/*; do ln -s "$(CURDIR)/$$f" $(MYPY_TREE)/fedfilter/; done
-	for p in client coordinator protos simulations; do ln -s "$(CURDIR)/$$p" $(MYPY_TREE)/fedfilter/$$p; done
-	# Report paths as they are in the repository, not through the link tree.
+	@rm -rf $(MYPY_TREE) && mkdir -p $(MYPY_TREE)/fedfilter
+	@for f in fedfilter/*; do ln -s "$(CURDIR)/$$f" $(MYPY_TREE)/fedfilter/; done
+	@for p in client coordinator protos simulations; do ln -s "$(CURDIR)/$$p" $(MYPY_TREE)/fedfilter/$$p; done
 	$(BIN)/mypy | sed -E 's#^$(MYPY_TREE)/fedfilter/(client|coordinator|protos|simulations)/#\1/#; s#^$(MYPY_TREE)/##'
 
 test: lint typecheck
