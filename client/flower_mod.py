@@ -93,6 +93,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Error, Message, RecordDict
 from flwr.common.constant import ErrorCode
 
+from fedfilter.client.device_settings import DeviceSettingsError, with_device_settings
 from fedfilter.client.ledger import LEDGER_FILE, BudgetLedger, LedgerError, Quotas, ReplayError
 from fedfilter.client.mechanism import NonFiniteUpdateError
 from fedfilter.client.release import (
@@ -496,8 +497,13 @@ def _filter_round(msg: Message, context: Context, call_next, hold: ReplyHold) ->
 
     # 1. The device's own settings. Their details stay on the device: the reason sent is generic.
     try:
-        device = device_config(context.node_config)
-        hold_s = reply_hold_s(context.node_config)
+        # Simulation only: without its own ledger-dir, a node may take its entry of the file that
+        # FEDFILTER_DEVICE_SETTINGS names on this machine (client/device_settings.py).
+        node_config = with_device_settings(context.node_config)
+        device = device_config(node_config)
+        hold_s = reply_hold_s(node_config)
+    except DeviceSettingsError as err:  # the simulation runner's own file: say what is wrong in it
+        return _error(msg, f"fedfilter: {err} Nothing was trained, spent or released.")
     except ValueError as err:
         log.error("fedfilter mod: %s", err)
         return _error(
