@@ -9,7 +9,8 @@ learning rate, evaluates the model on the task's held-out test data and appends 
 ``PublicRoundRecord`` to the public ledger. Nothing per client is written anywhere.
 
 Run config (``[tool.flwr.app.config]``, ``flwr run --run-config``; ``make_server_app(overrides)``
-under ``run_simulation``, whose run config is empty): ``SERVER_DEFAULTS`` below, in kebab-case.
+under ``run_simulation``, whose run config is empty): ``SERVER_DEFAULTS``, read from the app's
+``pyproject.toml`` by ``fedfilter.app.config``.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from flwr.app import Context
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
+from fedfilter.app.config import app_defaults
 from fedfilter.client.wire import request_proto
 from fedfilter.coordinator.public_ledger import PublicLedger
 from fedfilter.coordinator.strategy import FilteredMeanStrategy
@@ -32,30 +34,8 @@ from fedfilter.protos import fedfilter_pb2
 
 __all__ = ["app", "make_server_app", "run", "SERVER_DEFAULTS"]
 
-SERVER_DEFAULTS: dict[str, Any] = {
-    "run-name": "",  # the run-id clients see and the public ledger keys on; default flwr-<run id>
-    "num-rounds": 5,
-    "fraction-train": 1.0,
-    "min-available-nodes": 2,  # wait (up to node-wait-s) until this many nodes are connected
-    "node-wait-s": 60.0,
-    "round-timeout-s": 300.0,  # bounded wait for one round's replies
-    "message-ttl-s": 0.0,  # 0: 2 * round-timeout-s + 60
-    "noise-multiplier": 0.5,
-    "clip": 0.4,
-    "placement": "local",
-    "min-reports": 1,
-    "server-lr": 1.0,
-    "local-epochs": 2,
-    "lr": 0.1,
-    "batch-size": 32,
-    "task": "digits",
-    "num-clients": 10,
-    "partition": "iid",
-    "alpha": 0.5,
-    "partition-seed": 0,
-    "seed": 0,  # initial model and client sampling
-    "public-ledger": "fedfilter_public.sqlite",
-}
+# The run config and its defaults: fedfilter/app/pyproject.toml [tool.flwr.app.config], the one place.
+SERVER_DEFAULTS: dict[str, Any] = app_defaults()
 # Sent to every client with each train message (the ClientApp's training settings).
 _TRAIN_KEYS = ("task", "num-clients", "partition", "alpha", "partition-seed", "local-epochs", "lr", "batch-size")
 
