@@ -32,10 +32,12 @@ Flower, Ray and torch are imported only by the processes the command starts.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import re
 import secrets
+import signal
 import threading
 import time
 from pathlib import Path
@@ -282,6 +284,22 @@ def _stream_line(verbose: bool):
     return show
 
 
+@contextlib.contextmanager
+def _sigterm_as_interrupt():
+    """SIGTERM ends the demo like Ctrl-C does: through the SuperLink's teardown."""
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    in_main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, interrupt) if in_main else None
+    try:
+        yield
+    finally:
+        if in_main:
+            signal.signal(signal.SIGTERM, previous)
+
+
 def _run(args: argparse.Namespace) -> int:
     _check(args)
     out = Path(args.out).resolve()
@@ -319,19 +337,29 @@ def _run(args: argparse.Namespace) -> int:
     started = time.monotonic()
     echo = (lambda line: print(f"  {line}", flush=True)) if args.verbose else None
     # Every process started here (SuperLink, flwr-simulation, Ray, flwr run) stops when the
-    # context exits, also on Ctrl-C or an error (fedfilter.deploy_local.FlowerCluster.close).
-    with SimulationLink(out / "flower", num_supernodes=args.clients, device_settings=settings_file, echo=echo) as link:
-        follower.start()
-        try:
-            result = link.run_app(
-                APP_DIR,
-                run_config=overrides,
-                timeout=RUN_TIMEOUT_S + ROUND_TIMEOUT_S * args.rounds,
-                on_line=_stream_line(args.verbose),
-            )
-        finally:
-            stop.set()
-            follower.join()
+    # context exits, also on Ctrl-C, SIGTERM or an error (fedfilter.deploy_local.FlowerCluster.close).
+    try:
+        with (
+            _sigterm_as_interrupt(),
+            SimulationLink(
+                out / "flower", num_supernodes=args.clients, device_settings=settings_file, echo=echo
+            ) as link,
+        ):
+            follower.start()
+            try:
+                result = link.run_app(
+                    APP_DIR,
+                    run_config=overrides,
+                    timeout=RUN_TIMEOUT_S + ROUND_TIMEOUT_S * args.rounds,
+                    on_line=_stream_line(args.verbose),
+                )
+            finally:
+                stop.set()
+                if follower.is_alive():
+                    follower.join()
+    except KeyboardInterrupt:
+        print("\nfedfilter demo: interrupted; every process it started was stopped", flush=True)
+        return 130
     elapsed = time.monotonic() - started
     if not result.ok:
         last = "\n".join(result.output.rstrip().splitlines()[-15:])

@@ -15,6 +15,9 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
+import subprocess
+import sys
 import time
 from dataclasses import replace
 
@@ -321,3 +324,30 @@ def test_public_ledger_has_no_per_client_budget_or_example_count(demo):
         assert set(rec.metrics) == {"accuracy", "loss"}
         assert rec.clients_sampled == N and rec.reports_received + rec.markers_received <= N
         assert math.isfinite(rec.aggregate_norm)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_an_interrupted_demo_stops_every_process_it_started(tmp_path, sig):
+    out = tmp_path / "demo"
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "fedfilter", "demo", "--clients", "3", "--rounds", "50", "--out", str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as at a terminal
+    )
+    run_log = out / "flower" / "logs" / "flwr-run.log"
+    try:
+        deadline = time.monotonic() + 120
+        while not (run_log.exists() and "Starting Flower Simulation" in run_log.read_text()):
+            assert demo.poll() is None and time.monotonic() < deadline, demo.stdout.read() if demo.poll() else ""
+            time.sleep(0.5)
+        assert len(_processes_inside(out)) >= 3  # SuperLink, SuperExec, flwr run, flwr-simulation...
+        demo.send_signal(sig)
+        output, _ = demo.communicate(timeout=60)
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+    assert demo.returncode == 130, output
+    assert "every process it started was stopped" in output
+    assert _processes_inside(out) == []
