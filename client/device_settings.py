@@ -38,8 +38,25 @@ _cache: dict[str, tuple[tuple[int, int, int], dict[int, dict[str, Any]]]] = {}
 _cache_lock = threading.Lock()
 
 
+# Values never repeated in an error reply (the reply reaches the coordinator): a mistyped budget
+# is still the owner's intended budget, and a noise seed is a secret. The device's log has them.
+WITHHELD_KEYS = ("budget-epsilon", "budget-delta", "run-quota", "coordinator-quota", "daily-quota", "noise-seed")
+
+
 class DeviceSettingsError(ValueError):
-    """The device-settings file is missing, unreadable, or has no valid entry for this node."""
+    """The device-settings file is missing, unreadable, or has no valid entry for this node.
+
+    ``str(err)`` is the whole story (for the device's log); ``err.public`` is what the error reply
+    may say: the file, the partition-id, the key, and the value unless it is in ``WITHHELD_KEYS``.
+    """
+
+    def __init__(self, detail: str, public: str | None = None):
+        super().__init__(detail)
+        self.public = detail if public is None else public
+
+
+def _shown(key: str, value: Any) -> str:
+    return "(value withheld: see the device's log)" if key in WITHHELD_KEYS else f"(value {value!r})"
 
 
 def _allowed_keys() -> tuple[str, ...]:
@@ -76,15 +93,17 @@ def _parse(path: Path) -> dict[int, dict[str, Any]]:
                 f"Found {entry!r}."
             )
         for name, value in entry.items():
-            if name not in allowed:
+            where = f"device-settings file {str(path)!r}: partition-id {pid}"
+            if name not in allowed:  # a mistyped key may hold a budget: its value stays in the log
+                known = f"known: {sorted(allowed)}."
                 raise DeviceSettingsError(
-                    f"device-settings file {str(path)!r}: partition-id {pid} has an unknown key {name!r} "
-                    f"(value {value!r}); known: {sorted(allowed)}."
+                    f"{where} has an unknown key {name!r} (value {value!r}); {known}",
+                    f"{where} has an unknown key {name!r} (value withheld: see the device's log); {known}",
                 )
             if not isinstance(value, (bool, int, float, str)):
                 raise DeviceSettingsError(
-                    f"device-settings file {str(path)!r}: partition-id {pid} key {name!r} must be a bool, int, "
-                    f"float or str. Found {value!r}."
+                    f"{where} key {name!r} must be a bool, int, float or str. Found {value!r}.",
+                    f"{where} key {name!r} must be a bool, int, float or str.",
                 )
         table[pid] = dict(entry)
     return table
@@ -133,19 +152,39 @@ def with_device_settings(node_config: Mapping[str, Any], environ: Mapping[str, s
     except (TypeError, ValueError):
         raise DeviceSettingsError(f"node-config 'partition-id' must be an integer. Found {raw_pid!r}.") from None
     if pid not in table:
-        raise DeviceSettingsError(
-            f"device-settings file {path!r} has no entry for partition-id {pid} (it has {sorted(table)})."
-        )
+        raise DeviceSettingsError(f"device-settings file {path!r} has no entry for partition-id {pid}.")
     merged = {**table[pid], **node_config}  # whatever the node has itself wins
+    try:
+        _check(merged)
+    except ValueError as err:
+        where = f"device-settings file {path!r}, partition-id {pid}"
+        bad = _bad_keys(table[pid])
+        public = (
+            "; ".join(f"key {key!r} {_shown(key, table[pid][key])} is invalid" for key in bad)
+            if bad
+            else "the settings do not fit together (see the device's log)"
+        )
+        raise DeviceSettingsError(f"{where}: {err}", f"{where}: {public}.") from None
+    return merged
+
+
+def _check(node_config: Mapping[str, Any]) -> None:
     from fedfilter.client.flower_mod import device_config
     from fedfilter.client.reply_timing import reply_hold_s
 
-    try:
-        device_config(merged)
-        reply_hold_s(merged)
-    except ValueError as err:
-        raise DeviceSettingsError(f"device-settings file {path!r}, partition-id {pid}: {err}") from None
-    return merged
+    device_config(node_config)
+    reply_hold_s(node_config)
+
+
+def _bad_keys(entry: Mapping[str, Any]) -> list[str]:
+    """The keys of ``entry`` that are invalid on their own (each checked next to a valid ledger-dir)."""
+    bad = []
+    for key, value in entry.items():
+        try:
+            _check({"ledger-dir": "ledger", key: value})
+        except ValueError:
+            bad.append(key)
+    return bad
 
 
 def write_device_settings(path: str | os.PathLike, devices: Mapping[int, Mapping[str, Any]]) -> Path:

@@ -76,7 +76,10 @@ key                      default   meaning
 =======================  ========  ==========================================================
 
 In the Simulation Engine every node's ``node_config`` holds only ``partition-id`` and
-``num-partitions``; ``simulated_device_config_mod`` stands in for ``--node-config`` there.
+``num-partitions``. A node without its own ``ledger-dir`` then takes its entry (by partition-id)
+of the device-settings file named by ``FEDFILTER_DEVICE_SETTINGS`` on the machine that runs the
+simulation (``client/device_settings.py``; used by ``flwr run``), or, in-process,
+``simulated_device_config_mod`` stands in for ``--node-config``.
 """
 
 from __future__ import annotations
@@ -502,8 +505,9 @@ def _filter_round(msg: Message, context: Context, call_next, hold: ReplyHold) ->
         node_config = with_device_settings(context.node_config)
         device = device_config(node_config)
         hold_s = reply_hold_s(node_config)
-    except DeviceSettingsError as err:  # the simulation runner's own file: say what is wrong in it
-        return _error(msg, f"fedfilter: {err} Nothing was trained, spent or released.")
+    except DeviceSettingsError as err:  # the simulation runner's file: say where (budget values stay here)
+        log.error("fedfilter mod: %s", err)
+        return _error(msg, f"fedfilter: {err.public} Nothing was trained, spent or released.")
     except ValueError as err:
         log.error("fedfilter mod: %s", err)
         return _error(

@@ -8,6 +8,7 @@ set on the machine, the mod takes the node's entry of that file, and only when t
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
 from flwr.app import Context, RecordDict
@@ -117,21 +118,38 @@ def test_a_partition_id_not_in_the_file_is_named(tmp_path, settings, monkeypatch
 
 @pytest.mark.parametrize(
     "key, value",
-    [("budget-epsilon", "lots"), ("after-exhaustion", "sometimes"), ("reply-hold-s", -3), ("noise-seed", 1.5)],
+    [("after-exhaustion", "sometimes"), ("reply-hold-s", -3), ("allow-distributed", "maybe"), ("max-min-reports", 1.5)],
 )
 def test_a_bad_value_is_named_with_its_key_and_nothing_is_spent(tmp_path, monkeypatch, key, value):
     entry = _device(tmp_path, "dev-0", 3.0)
     path = tmp_path / "devices.json"
     path.write_text(json.dumps({"0": {**entry, key: value}}))
-    _refused(tmp_path, monkeypatch, path, {"partition-id": 0}, key, repr(value), "partition-id 0")
+    _refused(tmp_path, monkeypatch, path, {"partition-id": 0}, repr(key), repr(value), "partition-id 0")
     assert _spent(tmp_path / "dev-0") == 0
 
 
-def test_an_unknown_key_is_refused(tmp_path, monkeypatch):
+@pytest.mark.parametrize("key, value", [("budget-epsilon", "8,5"), ("run-quota", "half"), ("noise-seed", 1.5)])
+def test_a_bad_budget_value_is_named_by_key_only_and_the_value_stays_in_the_devices_log(
+    tmp_path, monkeypatch, caplog, key, value
+):
+    # A mistyped budget is still the owner's intended budget: the coordinator must not read it.
     entry = _device(tmp_path, "dev-0", 3.0)
     path = tmp_path / "devices.json"
-    path.write_text(json.dumps({"0": {**entry, "budget-epsilom": 9.0}}))
-    _refused(tmp_path, monkeypatch, path, {"partition-id": 0}, "'budget-epsilom'", "9.0")
+    path.write_text(json.dumps({"0": {**entry, key: value}}))
+    with caplog.at_level(logging.ERROR, logger="fedfilter.client"):
+        reply = _refused(tmp_path, monkeypatch, path, {"partition-id": 0}, repr(key), "withheld")
+    assert repr(value) not in reply.error.reason and str(value) not in reply.error.reason
+    assert repr(value) in caplog.text
+    assert _spent(tmp_path / "dev-0") == 0
+
+
+def test_an_unknown_key_is_refused_without_repeating_its_value(tmp_path, monkeypatch, caplog):
+    entry = _device(tmp_path, "dev-0", 3.0)
+    path = tmp_path / "devices.json"
+    path.write_text(json.dumps({"0": {**entry, "budget-epsilom": 9.25}}))
+    with caplog.at_level(logging.ERROR, logger="fedfilter.client"):
+        reply = _refused(tmp_path, monkeypatch, path, {"partition-id": 0}, "'budget-epsilom'", "unknown key")
+    assert "9.25" not in reply.error.reason and "9.25" in caplog.text
     assert _spent(tmp_path / "dev-0") == 0
 
 
