@@ -256,21 +256,31 @@ def demo(tmp_path_factory):
     return out, time.monotonic() - started
 
 
-def _processes_inside(folder) -> list[str]:
-    """Live processes whose working directory is under ``folder`` (Linux /proc)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            cwd = os.readlink(f"/proc/{entry}/cwd")
-            with open(f"/proc/{entry}/stat") as handle:
-                state = handle.read().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state != "Z" and (cwd == str(folder) or cwd.startswith(str(folder) + os.sep)):
-            found.append(entry)
-    return found
+def _processes_inside(folder, settle_s: float = 15.0) -> list[str]:
+    """Live processes whose working directory is under ``folder`` (Linux /proc), as ``pid: cmdline``.
+
+    Waits up to ``settle_s`` for processes that were already killed to finish exiting (on a loaded
+    machine that takes a moment); whatever is still there then is a leak.
+    """
+    deadline = time.monotonic() + settle_s
+    while True:
+        found = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                cwd = os.readlink(f"/proc/{entry}/cwd")
+                with open(f"/proc/{entry}/stat") as handle:
+                    state = handle.read().rsplit(")", 1)[1].split()[0]
+                with open(f"/proc/{entry}/cmdline", "rb") as handle:
+                    cmdline = handle.read().replace(b"\0", b" ").decode(errors="replace")[:160]
+            except OSError:
+                continue
+            if state != "Z" and (cwd == str(folder) or cwd.startswith(str(folder) + os.sep)):
+                found.append(f"{entry}: {cmdline}")
+        if not found or time.monotonic() >= deadline:
+            return found
+        time.sleep(0.5)
 
 
 def test_demo_runs_through_flwr_run_and_stops_every_process_it_started(demo):
@@ -342,7 +352,7 @@ def test_an_interrupted_demo_stops_every_process_it_started(tmp_path, sig):
         while not (run_log.exists() and "Starting Flower Simulation" in run_log.read_text()):
             assert demo.poll() is None and time.monotonic() < deadline, demo.stdout.read() if demo.poll() else ""
             time.sleep(0.5)
-        assert len(_processes_inside(out)) >= 3  # SuperLink, SuperExec, flwr run, flwr-simulation...
+        assert len(_processes_inside(out, settle_s=0)) >= 3  # SuperLink, SuperExec, flwr run, flwr-simulation...
         demo.send_signal(sig)
         output, _ = demo.communicate(timeout=60)
     finally:
