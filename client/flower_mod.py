@@ -76,7 +76,10 @@ key                      default   meaning
 =======================  ========  ==========================================================
 
 In the Simulation Engine every node's ``node_config`` holds only ``partition-id`` and
-``num-partitions``; ``simulated_device_config_mod`` stands in for ``--node-config`` there.
+``num-partitions``. A node without its own ``ledger-dir`` then takes its entry (by partition-id)
+of the device-settings file named by ``FEDFILTER_DEVICE_SETTINGS`` on the machine that runs the
+simulation (``client/device_settings.py``; used by ``flwr run``), or, in-process,
+``simulated_device_config_mod`` stands in for ``--node-config``.
 """
 
 from __future__ import annotations
@@ -93,6 +96,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Error, Message, RecordDict
 from flwr.common.constant import ErrorCode
 
+from fedfilter.client.device_settings import DeviceSettingsError, with_device_settings
 from fedfilter.client.ledger import LEDGER_FILE, BudgetLedger, LedgerError, Quotas, ReplayError
 from fedfilter.client.mechanism import NonFiniteUpdateError
 from fedfilter.client.release import (
@@ -496,8 +500,14 @@ def _filter_round(msg: Message, context: Context, call_next, hold: ReplyHold) ->
 
     # 1. The device's own settings. Their details stay on the device: the reason sent is generic.
     try:
-        device = device_config(context.node_config)
-        hold_s = reply_hold_s(context.node_config)
+        # Simulation only: without its own ledger-dir, a node may take its entry of the file that
+        # FEDFILTER_DEVICE_SETTINGS names on this machine (client/device_settings.py).
+        node_config = with_device_settings(context.node_config)
+        device = device_config(node_config)
+        hold_s = reply_hold_s(node_config)
+    except DeviceSettingsError as err:  # the simulation runner's file: say where (budget values stay here)
+        log.error("fedfilter mod: %s", err)
+        return _error(msg, f"fedfilter: {err.public} Nothing was trained, spent or released.")
     except ValueError as err:
         log.error("fedfilter mod: %s", err)
         return _error(
