@@ -17,7 +17,7 @@ Simulated nodes get only ``partition-id``/``num-partitions`` from Flower. Their 
 (ledger directory, personal budget, ...) come from a device-settings file the person running the
 simulation writes (``fedfilter.client.device_settings``), named in ``FEDFILTER_DEVICE_SETTINGS``
 in the environment of the SuperLink started here, which ``flwr-simulation`` and the
-Ray workers that run the ClientApps. The coordinator's run config cannot set it.
+Ray workers that run the ClientApps inherit. The coordinator's run config cannot set it.
 
 The process handling is ``fedfilter.deploy``'s (``FlowerCluster``, ``ManagedProcess``): every
 process started here is stopped when the context exits, also on Ctrl-C or an error.
