@@ -16,13 +16,10 @@ from test_flower_mod import Handler, context, spec, train_message
 from fedfilter.cli import main as cli_main
 from fedfilter.client import flower_mod
 from fedfilter.client.flower_mod import individual_filter_mod
-from fedfilter.client.ledger import (
-    LEDGER_FILE,
-    BudgetLedger,
-    LedgerUnavailableError,
-    LedgerWriteError,
-)
+from fedfilter.client.ledger import BudgetLedger
+from fedfilter.client.ledger_schema import LEDGER_FILE
 from fedfilter.client.ledger_seal import SEAL_FILE
+from fedfilter.client.ledger_storage import LedgerUnavailableError, LedgerWriteError
 from fedfilter.client.privacy.filters import make_filter
 from fedfilter.client.release import FilteredClient, RoundSpec
 
