@@ -62,7 +62,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Error, Message, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, RecordDict
 from flwr.common.constant import ErrorCode
 
 from fedfilter.client.device_config import NODE_CONFIG_KEYS, DeviceConfig, device_config, enrol_device
@@ -70,6 +70,7 @@ from fedfilter.client.device_ledgers import cached_ledger, forget_ledger
 from fedfilter.client.ledger import BudgetLedger
 from fedfilter.client.ledger_storage import LedgerError, ReplayError
 from fedfilter.client.mechanism import NonFiniteUpdateError
+from fedfilter.client.npy_codec import decode, encode
 from fedfilter.client.release import (
     FilteredClient,
     RoundSpec,
@@ -161,7 +162,7 @@ def _inner_update(
     update = []
     for key, old in zip(keys, received):
         try:
-            new = records[0][1][key].numpy()
+            new = decode(records[0][1][key])
         except Exception:  # noqa: BLE001
             log.exception("fedfilter mod: array %r of the inner reply cannot be read", key)
             return None
@@ -185,7 +186,7 @@ def _inner_update(
 def _reply(msg: Message, status: str, keys: list[str], arrays: list[np.ndarray] | None) -> Message:
     content = RecordDict()
     if arrays is not None:
-        content[ARRAYS_RECORD] = ArrayRecord({k: Array(np.array(a, order="C")) for k, a in zip(keys, arrays)})
+        content[ARRAYS_RECORD] = ArrayRecord({k: encode(a) for k, a in zip(keys, arrays)})
     content[STATUS_RECORD] = ConfigRecord({"status": status})
     return Message(content, reply_to=msg)
 
@@ -275,7 +276,7 @@ def _filter_round(msg: Message, context: Context, call_next, hold: ReplyHold) ->
     model = array_records[0][1]
     keys = list(model.keys())
     try:
-        received = [model[k].numpy() for k in keys]
+        received = [decode(model[k]) for k in keys]
     except Exception as err:  # noqa: BLE001
         return _error(msg, f"fedfilter: the model in the train message cannot be read: {err}")
     if (reason := _bind_run(context, spec)) is not None:
