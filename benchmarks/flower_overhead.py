@@ -154,6 +154,11 @@ def main() -> None:
     )
     parser.add_argument("--warmup", type=int, default=2, help="untimed rounds of each kind first (default 2)")
     parser.add_argument("--local-epochs", type=int, default=1)
+    parser.add_argument(
+        "--ledger-root",
+        default=None,
+        help="where the devices' ledgers live (default: $TMPDIR); /dev/shm (no fsync cost) isolates the CPU work",
+    )
     args = parser.parse_args()
     if args.task == "both":
         argv = list(sys.argv[1:])
@@ -168,7 +173,7 @@ def main() -> None:
     import torch
     from flwr.simulation import run_simulation
 
-    with tempfile.TemporaryDirectory(prefix="fedfilter-bench-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="fedfilter-bench-", dir=args.ledger_root) as tmp:
         devices = {
             i: {
                 "ledger-dir": str(Path(tmp) / "devices" / str(i)),
@@ -199,7 +204,7 @@ def main() -> None:
         f"Flower {flwr.__version__}, torch {torch.__version__}, Python {platform.python_version()}, "
         f"{os.cpu_count()} CPUs; {args.clients} clients, task {args.task}, {args.local_epochs} local epoch(s), "
         f"{args.warmup} warm-up + {args.rounds} timed rounds of each kind, interleaved, in one simulation "
-        f"({total:.0f} s in all)"
+        f"({total:.0f} s in all); ledgers in {args.ledger_root or tempfile.gettempdir()}"
     )
     print(f"{'variant':>10}  {'rounds/s':>8}  {'median s/round':>14}  {'min':>6}  {'max':>6}")
     for kind in ("plain", "filtered"):
