@@ -70,6 +70,11 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # as in a Ray actor (OMP_NUM_THREADS=1)
 
+    with tempfile.TemporaryDirectory(prefix="fedfilter-stages-", dir=args.ledger_root) as tmp:
+        measure(args, Path(tmp))
+
+
+def measure(args, tmp: Path) -> None:
     import numpy as np
     import torch
     from flwr.app import Array, ArrayRecord, Context, Message, Metadata, RecordDict
@@ -82,7 +87,6 @@ def main() -> None:
     torch.manual_seed(0)
     model = {"digits": DigitsMLP, "mnist": MnistCNN}[args.task]()
     weights = {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
-    tmp = Path(tempfile.mkdtemp(prefix="fedfilter-stages-", dir=args.ledger_root))
     config = {"ledger-dir": str(tmp / "ledger"), "client-id": "c", "budget-epsilon": 1000.0, "reply-hold-s": 0}
     flower_mod.enrol_device(config)
     context = Context(run_id=7, node_id=42, node_config=config, state=RecordDict(), run_config={})
