@@ -15,11 +15,13 @@ built-in train handler (local SGD) twice:
 
 The coordinator alternates plain and filtered rounds (after ``--warmup`` untimed rounds of each:
 actors import torch, load the data and, for the filtered variant, open each device's ledger once
-per actor process there; a cold open costs about 40 ms, mostly the exact mpmath solve for the
-filter's budget) and times each round from sending the messages to
+per actor process there; a cold open costs about 5 ms, half of it the exact solve for the filter's
+budget, and as Ray hands a node's message to whichever actor is free some opens still fall in timed
+rounds) and times each round from sending the messages to
 having aggregated the replies: for plain rounds the mean of the returned weights, for filtered
-rounds the reply checks and plain mean of ``fedfilter.coordinator.strategy``. It prints both rates and
-their ratio.
+rounds the reply checks and plain mean of ``fedfilter.coordinator.strategy``. It prints both rates,
+their ratio and the filter's cost per client-round. ``benchmarks/flower_stages.py`` splits that cost
+into stages.
 """
 
 from __future__ import annotations
