@@ -30,6 +30,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from fedfilter.client.device_config import NODE_CONFIG_KEYS, device_config
+from fedfilter.client.reply_timing import reply_hold_s
+
 __all__ = ["ENV_VAR", "DeviceSettingsError", "with_device_settings", "load_device_settings", "write_device_settings"]
 
 ENV_VAR = "FEDFILTER_DEVICE_SETTINGS"
@@ -60,8 +63,6 @@ def _shown(key: str, value: Any) -> str:
 
 
 def _allowed_keys() -> tuple[str, ...]:
-    from fedfilter.client.flower_mod import NODE_CONFIG_KEYS
-
     return tuple(NODE_CONFIG_KEYS)
 
 
@@ -169,9 +170,6 @@ def with_device_settings(node_config: Mapping[str, Any], environ: Mapping[str, s
 
 
 def _check(node_config: Mapping[str, Any]) -> None:
-    from fedfilter.client.flower_mod import device_config
-    from fedfilter.client.reply_timing import reply_hold_s
-
     device_config(node_config)
     reply_hold_s(node_config)
 

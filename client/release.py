@@ -16,7 +16,8 @@ from functools import cached_property
 
 import numpy as np
 
-from fedfilter.client.ledger import INT64_MAX, BudgetLedger
+from fedfilter.client.ledger import BudgetLedger
+from fedfilter.client.ledger_schema import INT64_MAX
 from fedfilter.client.mechanism import (
     NOISE_STD_RANGE,
     add_grid_noise,
