@@ -38,6 +38,7 @@ import time
 from pathlib import Path
 
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # Ray on 127.0.0.1 only, before Ray starts
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 
 def build_apps(args, devices: dict, timings: dict):
@@ -45,11 +46,11 @@ def build_apps(args, devices: dict, timings: dict):
     from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
     from flwr.clientapp import ClientApp
     from flwr.serverapp import ServerApp
+    from probe_coordinator import FilteredMeanStrategy  # tests/: rounds driven message by message
 
     from fedfilter.app.client_app import train
     from fedfilter.client.flower_mod import individual_filter_mod, simulated_device_config_mod
     from fedfilter.client.wire import ARRAYS_RECORD, REQUEST_RECORD
-    from fedfilter.coordinator.strategy import FilteredMeanStrategy
 
     client_app = ClientApp()
     client_app.train()(train)

@@ -170,7 +170,8 @@ def device_config(node_config: Mapping[str, Any]) -> DeviceConfig:
     daily_quota = get("daily-quota", _as_float, Quotas.daily)
     max_m = get("max-min-reports", _as_int, ClientPolicy.max_min_reports)
     seed = get("noise-seed", _as_int, None)
-    policy = quotas = None
+    policy: ClientPolicy | None = None
+    quotas: Quotas | None = None
     try:
         policy = ClientPolicy(
             min_noise_multiplier=min_z,
@@ -184,7 +185,7 @@ def device_config(node_config: Mapping[str, Any]) -> DeviceConfig:
         quotas = Quotas(federation=federation, coordinator=coordinator_quota, daily=daily_quota)
     except ValueError as err:
         problems.append(f"node-config 'federation', 'coordinator-quota' or 'daily-quota': {err}")
-    if problems:
+    if problems or policy is None or quotas is None:
         raise ValueError("invalid fedfilter device config: " + " ".join(problems))
     return DeviceConfig(Path(ledger_dir), epsilon, delta, filter_kind, run_quota, client_id, policy, seed, quotas)
 

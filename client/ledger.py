@@ -370,7 +370,40 @@ class BudgetLedger:
             rows = self._conn.execute(
                 sql + (" WHERE run_id=? ORDER BY seq" if run_id else " ORDER BY seq"), (run_id,) if run_id else ()
             ).fetchall()
-        return [SpendRecord(*r[:9], floats(r[9]), floats(r[10]), floats(r[11]), r[12], r[13]) for r in rows]
+        return [
+            SpendRecord(
+                seq=seq,
+                run_id=run,
+                round_id=round_id,
+                status=status,
+                sensitivity=sensitivity,
+                noise_std=noise_std,
+                noise_multiplier=z,
+                clip=clip,
+                placement=placement,
+                charge=floats(charge),
+                state_after=floats(state),
+                run_state_after=floats(run_state),
+                created_at=created,
+                coordinator=fed,
+            )
+            for (
+                seq,
+                run,
+                round_id,
+                status,
+                sensitivity,
+                noise_std,
+                z,
+                clip,
+                placement,
+                charge,
+                state,
+                run_state,
+                created,
+                fed,
+            ) in rows
+        ]
 
     def has_release(self, run_id: str, round_id: int) -> bool:
         """Whether this (run, round) was already answered (one indexed lookup)."""

@@ -206,7 +206,7 @@ def _plot(path: Path, rounds: list[int], contributing: list[int], accuracy: list
     ax2.set_ylabel("test accuracy")
     ax2.set_ylim(0, 1)
     handles = ax.get_legend_handles_labels()[0] + ax2.get_legend_handles_labels()[0]
-    ax.legend(handles, [h.get_label() for h in handles], loc="lower left", fontsize=8)
+    ax.legend(handles=handles, loc="lower left", fontsize=8)  # labels from the artists
     ax.set_title(f"fedfilter demo: {n} clients with individual budgets")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
