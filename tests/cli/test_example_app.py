@@ -1,0 +1,290 @@
+"""The example a Flower user copies: Flower's quickstart-pytorch plus fedfilter (``examples/``).
+
+Fast checks: the fedfilter variant differs from the offline Flower template by a few lines, and
+``FEDFILTER.diff`` and the README show exactly the live diff. Slow checks (``flwr run``, the entry
+Flower users use, against a SuperLink in simulation mode on 127.0.0.1): the plain template runs
+offline, and the fedfilter variant runs 2 rounds on 3 simulated devices whose personal budgets
+live only in a device-settings file on the machine running the simulation
+(``FEDFILTER_DEVICE_SETTINGS``), never in the coordinator's run config.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+import tomllib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples"
+BASE_APP = EXAMPLES / "flower-quickstart-pytorch"
+FEDFILTER_APP = EXAMPLES / "quickstart-pytorch"
+APPS = (BASE_APP, FEDFILTER_APP)
+MAX_CHANGED_LINES = 12
+SECTION = "Use it in your Flower app"
+CONNECTION = "example"
+NUM_DEVICES, NUM_ROUNDS = 3, 2
+RUN_TIMEOUT_S = 150.0
+
+
+def _app_diff_module():
+    spec = importlib.util.spec_from_file_location("examples_app_diff", EXAMPLES / "app_diff.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _fenced_diff(readme: Path) -> str:
+    """The first ```diff block of the README's "Use it in your Flower app" section."""
+    text = readme.read_text(encoding="utf-8")
+    start = re.search(rf"^#+ {re.escape(SECTION)}\s*$", text, flags=re.MULTILINE)
+    if start is None:
+        raise AssertionError(f"{readme} has no section {SECTION!r}.")
+    rest = text[start.end() :]
+    following = re.search(r"^#+ ", rest, flags=re.MULTILINE)
+    section = rest[: following.start()] if following else rest
+    block = re.search(r"^```diff\n(.*?)^```$", section, flags=re.MULTILINE | re.DOTALL)
+    if block is None:
+        raise AssertionError(f"{readme}: section {SECTION!r} has no ```diff block.")
+    return block.group(1)
+
+
+# --- the diff ------------------------------------------------------------------------------------
+def test_fedfilter_adds_at_most_twelve_lines_to_flowers_app():
+    diff_tools = _app_diff_module()
+    diff = diff_tools.app_diff(BASE_APP, FEDFILTER_APP)
+    changed = diff_tools.changed_lines(diff)
+    assert 0 < changed <= MAX_CHANGED_LINES, f"{changed} changed lines:\n{diff}"
+    # The diff is fedfilter's two entry points and nothing else of substance.
+    assert "+app = ClientApp(mods=[individual_filter_mod])" in diff
+    assert "IndividualFilterStrategy(" in diff
+    # Both apps are complete Flower apps with the same components and the same run config keys.
+    base, variant = (
+        tomllib.loads((app / "pyproject.toml").read_text())["tool"]["flwr"] for app in (BASE_APP, FEDFILTER_APP)
+    )
+    assert base["app"]["components"] == variant["app"]["components"]
+    assert base["app"]["config"] == variant["app"]["config"]
+
+
+def test_changed_lines_counts_both_sides_of_a_replaced_line(tmp_path):
+    diff_tools = _app_diff_module()
+    for name, line in (("a", "app = ClientApp()\n"), ("b", "app = ClientApp(mods=[m])\n")):
+        (tmp_path / name / "pytorchexample").mkdir(parents=True)
+        (tmp_path / name / "pyproject.toml").write_text("[project]\n")
+        (tmp_path / name / "pytorchexample" / "client_app.py").write_text("x = 1\n" + line)
+    diff = diff_tools.app_diff(tmp_path / "a", tmp_path / "b")
+    assert diff_tools.changed_lines(diff) == 2
+    assert diff_tools.changed_lines(diff_tools.app_diff(tmp_path / "a", tmp_path / "a")) == 0
+
+
+def test_diff_file_is_the_live_diff():
+    diff_tools = _app_diff_module()
+    stored = (FEDFILTER_APP / "FEDFILTER.diff").read_text(encoding="utf-8")
+    assert stored == diff_tools.app_diff(BASE_APP, FEDFILTER_APP), (
+        "examples/quickstart-pytorch/FEDFILTER.diff is stale: run `python examples/app_diff.py --write` "
+        "and paste it into the READMEs' 'Use it in your Flower app' sections."
+    )
+
+
+def test_example_readme_shows_the_live_diff():
+    live = _app_diff_module().app_diff(BASE_APP, FEDFILTER_APP)
+    assert _fenced_diff(FEDFILTER_APP / "README.md") == live
+
+
+def test_project_readme_shows_the_live_diff_once_it_has_the_section():
+    readme = ROOT / "README.md"
+    if not re.search(rf"^#+ {re.escape(SECTION)}\s*$", readme.read_text(encoding="utf-8"), flags=re.MULTILINE):
+        pytest.skip(f"README.md has no {SECTION!r} section yet")
+    assert _fenced_diff(readme) == _app_diff_module().app_diff(BASE_APP, FEDFILTER_APP)
+
+
+def test_offline_task_splits_the_digits_without_overlap():
+    spec = importlib.util.spec_from_file_location("base_task", BASE_APP / "pytorchexample" / "task.py")
+    task = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(task)
+    seen: list[tuple] = []
+    for pid in range(NUM_DEVICES):
+        train, test = task.load_data(pid, NUM_DEVICES, batch_size=8)
+        seen += [tuple(ex["img"].flatten().tolist()) + (ex["label"],) for ex in train.dataset + test.dataset]
+    central = task.load_centralized_dataset().dataset
+    seen += [tuple(ex["img"].flatten().tolist()) + (ex["label"],) for ex in central]
+    assert len(seen) == 1797  # every digit exactly once (sklearn's digits has no duplicate image+label)
+    assert len(set(seen)) == len(seen)
+    batch = next(iter(task.load_centralized_dataset()))
+    assert task.Net()(batch["img"]).shape == (len(batch["label"]), 10)
+
+
+# --- flwr run against a SuperLink in simulation mode ---------------------------------------------
+def _tool(name: str) -> str:
+    candidate = Path(sys.executable).with_name(name)
+    return str(candidate) if candidate.exists() else name
+
+
+@contextmanager
+def _simulation_superlink(root: Path, extra_env: dict[str, str]) -> Iterator[dict[str, str]]:
+    """A ``flower-superlink --simulation`` on 127.0.0.1 (working directory ``root``) and a private
+    ``FLWR_HOME`` whose ``config.toml`` names it ``CONNECTION``; stopped on exit. Yields the env."""
+    from fedfilter.deploy_local import ManagedProcess, free_ports
+
+    home = root / "flwr-home"
+    home.mkdir(parents=True)
+    (port,) = free_ports(1)
+    (home / "config.toml").write_text(
+        f'[superlink]\ndefault = "{CONNECTION}"\n\n'
+        f'[superlink.{CONNECTION}]\naddress = "127.0.0.1:{port}"\ninsecure = true\n'
+    )
+    env = {
+        **os.environ,
+        "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
+        "FLWR_HOME": str(home),
+        "FLWR_TELEMETRY_ENABLED": "0",
+        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",  # Ray on 127.0.0.1 only
+        **extra_env,
+    }
+    argv = [_tool("flower-superlink"), "--insecure", "--simulation", "--disable-runtime-dependency-installation"]
+    argv += ["--host", "127.0.0.1", "--port", str(port)]
+    with ManagedProcess("flower-superlink", argv, log_path=root / "superlink.log", env=env, cwd=root) as link:
+        link.wait_for_log(r"Uvicorn running on", timeout=60)
+        yield env
+
+
+def _flwr_run(app: Path, root: Path, env: dict[str, str], run_config: str) -> tuple[int, str]:
+    """``flwr run APP CONNECTION --stream`` as a Flower user types it; (Flower run id, status)."""
+    from fedfilter.deploy_local import ManagedProcess
+
+    argv = [_tool("flwr"), "run", str(app), CONNECTION, "--stream"]
+    argv += ["--federation-config", f"num-supernodes={NUM_DEVICES} client-resources-num-cpus=1"]
+    argv += ["--run-config", run_config]
+    run = ManagedProcess("flwr run", argv, log_path=root / "flwr-run.log", env=env, cwd=root).start()
+    try:
+        code = run.wait(RUN_TIMEOUT_S)
+    finally:
+        run.stop()
+    output = run.log_text()
+    assert code == 0, f"flwr run exit {code} (None: timeout after {RUN_TIMEOUT_S} s):\n{output[-3000:]}"
+    started = re.search(r"Successfully started run (\d+)", output)
+    assert started, output[-3000:]
+    run_id = int(started.group(1))
+    # `flwr run` exits 0 even when the ServerApp raised: ask the SuperLink how the run ended.
+    listed = subprocess.run(
+        [_tool("flwr"), "ls", CONNECTION, "--run-id", str(run_id), "--format", "json"],
+        env=env,
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    payload = json.loads(listed.stdout[listed.stdout.index("{") :])
+    return run_id, str(payload["runs"][0]["status"])
+
+
+@pytest.mark.slow
+def test_offline_flower_template_runs_under_flwr_run(tmp_path):
+    with _simulation_superlink(tmp_path, {}) as env:
+        _, status = _flwr_run(BASE_APP, tmp_path, env, f"num-server-rounds={NUM_ROUNDS} save-model=true")
+    assert status == "finished:completed", (tmp_path / "flwr-run.log").read_text()[-3000:]
+    # The ServerApp's relative paths land in the SuperLink's working directory (the public
+    # ledger of the fedfilter variant too).
+    assert (tmp_path / "final_model.pt").is_file()
+
+
+# Personal budgets, on the device side only: tiny (spent in round 1, then pure noise), middle, large.
+BUDGETS = {0: 0.3, 1: 2.0, 2: 50.0}
+
+
+def _fedfilter_api_missing() -> str | None:
+    """The wrapper strategy and the simulated devices' settings file are being built in parallel."""
+    from fedfilter.coordinator import strategy
+
+    if not hasattr(strategy, "IndividualFilterStrategy"):
+        return "fedfilter.coordinator.strategy.IndividualFilterStrategy is not on this branch yet"
+    if importlib.util.find_spec("fedfilter.client.device_settings") is None:
+        return "fedfilter.client.device_settings (FEDFILTER_DEVICE_SETTINGS) is not on this branch yet"
+    return None
+
+
+def _enrol_devices(root: Path) -> tuple[Path, dict[int, dict]]:
+    """Each device's settings, as its owner sets them, and the owner's enrolment (done up front)."""
+    from fedfilter.client.flower_mod import enrol_device
+
+    settings = {
+        pid: {
+            "ledger-dir": str(root / "devices" / str(pid)),
+            "client-id": f"device-{pid}",
+            "budget-epsilon": epsilon,
+            "budget-delta": 1e-5,
+            "reply-hold-s": 0,  # timing protection off: one simulation process serves every device
+        }
+        for pid, epsilon in BUDGETS.items()
+    }
+    for entry in settings.values():
+        enrol_device(entry)
+    path = root / "device-settings.json"
+    path.write_text(json.dumps({str(pid): entry for pid, entry in settings.items()}))
+    return path, settings
+
+
+@pytest.mark.slow
+def test_fedfilter_example_runs_under_flwr_run_with_personal_budgets(tmp_path):
+    if reason := _fedfilter_api_missing():
+        pytest.skip(reason)
+    from fedfilter.client.ledger import BudgetLedger
+    from fedfilter.coordinator.public_ledger import PublicLedger
+
+    settings_file, settings = _enrol_devices(tmp_path / "machine")
+    link_dir = tmp_path / "link"
+    link_dir.mkdir()
+    with _simulation_superlink(link_dir, {"FEDFILTER_DEVICE_SETTINGS": str(settings_file)}) as env:
+        _, status = _flwr_run(FEDFILTER_APP, link_dir, env, f"num-server-rounds={NUM_ROUNDS}")
+    assert status == "finished:completed", (link_dir / "flwr-run.log").read_text()[-3000:]
+
+    # The coordinator's public ledger: 2 rounds, every sampled device reported (a device whose
+    # budget is spent answers with pure noise, indistinguishable from a report).
+    public = PublicLedger(link_dir / "public_ledger.db")
+    try:
+        runs = public.runs()
+        assert len(runs) == 1 and runs[0].finished_at_unix > 0
+        run_id = runs[0].run_id
+        records = public.records(run_id)
+        public_config = json.loads(runs[0].config_json)
+    finally:
+        public.close()
+    assert [r.round_id for r in records] == list(range(1, NUM_ROUNDS + 1))
+    for record in records:
+        assert (record.clients_sampled, record.reports_received) == (NUM_DEVICES, NUM_DEVICES)
+        assert (record.markers_received, record.replies_dropped, record.released) == (0, 0, True)
+
+    # The coordinator's run config holds no budget and nothing of the devices' settings.
+    app_config = tomllib.loads((FEDFILTER_APP / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+    for key in [*app_config, *public_config]:
+        assert not re.search(r"budget|epsilon|delta|ledger-dir|client-id", key), key
+    stored = (link_dir / "public_ledger.db").read_bytes()
+    for entry in settings.values():
+        assert entry["client-id"].encode() not in stored and entry["ledger-dir"].encode() not in stored
+
+    # Each device's own ledger: this run's 2 rounds, spends within its personal budget.
+    for pid, entry in settings.items():
+        ledger = BudgetLedger.open(entry["ledger-dir"])
+        try:
+            spends = ledger.records(run_id)
+            state, budget = ledger.state(), ledger.filter.budget
+            assert [s.round_id for s in spends] == list(range(1, NUM_ROUNDS + 1)), pid
+            assert all(s.noise_multiplier == 1.0 and s.clip == 1.0 for s in spends)
+            assert (state <= budget).all(), (pid, state, budget)
+            assert (ledger.recomputed_state() == state).all()
+            statuses = [s.status for s in spends]
+            remaining = float(ledger.filter.remaining_fraction(state))
+        finally:
+            ledger.close()
+        if BUDGETS[pid] == min(BUDGETS.values()):
+            assert statuses == ["contributed", "noise-only"] and remaining == 0.0, (pid, statuses, remaining)
+        if BUDGETS[pid] == max(BUDGETS.values()):
+            assert statuses == ["contributed"] * NUM_ROUNDS and remaining > 0.0, (pid, statuses, remaining)
