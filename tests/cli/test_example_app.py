@@ -285,6 +285,8 @@ def test_fedfilter_example_runs_under_flwr_run_with_personal_budgets(tmp_path):
         finally:
             ledger.close()
         if BUDGETS[pid] == min(BUDGETS.values()):
-            assert statuses == ["contributed", "noise-only"] and remaining == 0.0, (pid, statuses, remaining)
+            # Spent in round 1 (the last charge lands on the budget, up to the ledger's conservative
+            # rounding), pure noise in round 2.
+            assert statuses == ["contributed", "noise-only"] and remaining < 1e-3, (pid, statuses, remaining)
         if BUDGETS[pid] == max(BUDGETS.values()):
             assert statuses == ["contributed"] * NUM_ROUNDS and remaining > 0.0, (pid, statuses, remaining)
