@@ -9,8 +9,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-import numpy as np
-
 
 def _default_tmp() -> str:
     # Canary ledgers are throw-away: a RAM disk spares the disk thousands of durable commits.
@@ -22,6 +20,7 @@ def _audit(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from fedfilter.audit import report
+    from fedfilter.audit.outputs import write_outputs
     from fedfilter.audit.run import DTYPES, run_audit
 
     dtypes = list(DTYPES) if args.dtype == "both" else [args.dtype]
@@ -50,32 +49,15 @@ def _audit(args: argparse.Namespace) -> int:
             reply_hold_s=args.reply_hold_s,
             keep_runs=True,
         )
-    runs = result.pop("_runs")
-    (out / "audit.json").write_text(json.dumps(result, indent=1) + "\n")
-    np.savez_compressed(
-        out / "audit_trials.npz",
-        **{f"{dtype}_{key}": value for dtype, run in runs.items() for key, value in _arrays(run).items()},
-    )
-    report.plot({**result, "_runs": runs}, out / "audit.png")
+    written = write_outputs(result, result.pop("_runs"), out)
     text = report.table(result)
     if args.json:
         print(text, file=sys.stderr)
         print(json.dumps(result))
     else:
         print(text)
-        print(f"\nwrote {out / 'audit.json'}, {out / 'audit.png'}, {out / 'audit_trials.npz'}")
+        print(f"\nwrote {', '.join(str(path) for path in written)}")
     return 1 if args.strict and not result["passed"] else 0
-
-
-def _arrays(run) -> dict[str, np.ndarray]:
-    from fedfilter.audit.game import probe_table, scores
-
-    s0, s1 = scores(run)
-    noise_only, contributing = probe_table(run)
-    out = {"score_no_data": s0, "score_canary": s1, "clipped_norms": run.weights}
-    out.update({f"noise_only_{k}": v for k, v in noise_only.items()})
-    out.update({f"contributing_{k}": v for k, v in contributing.items()})
-    return out
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -49,7 +49,6 @@ DEFAULTS = {
     "eps_max": 60.0,
     "delta": 1e-5,
 }
-EXHAUSTED_FRACTION = 1e-6  # a device with less than this share of its budget left has run out
 
 
 def register(subparsers: Any) -> None:
@@ -151,41 +150,6 @@ def device_configs(
     return table
 
 
-def device_report(ledger_dir: Path, run_id: str) -> dict:
-    """What a device owner can read from their own ledger about one run (never sent anywhere)."""
-    from fedfilter.client.ledger import BudgetLedger
-
-    ledger = BudgetLedger.open(ledger_dir)
-    try:
-        filt = ledger.filter
-        left_before = float(filt.remaining_fraction(filt.initial_state()))
-        contributed, exhausted_round = [], None
-        for rec in ledger.records():  # lifetime order: earlier runs first
-            left_after = float(filt.remaining_fraction(rec.state_after))
-            if rec.run_id == run_id:
-                if rec.status == "contributed" and left_before >= EXHAUSTED_FRACTION:
-                    contributed.append(rec.round_id)
-                if exhausted_round is None and (left_after < EXHAUSTED_FRACTION or rec.status != "contributed"):
-                    exhausted_round = rec.round_id
-            left_before = left_after
-        summary = ledger.summary()
-        spent = summary["spent_epsilon"]
-        # epsilon_spent rounds up (conservative), so a filter that landed exactly on its budget can
-        # read a few ulps above it. The filter's own check is in its state, not in epsilon: when the
-        # state is within budget, the true spend is at most the budget, and min() stays an upper bound.
-        if bool(filt.within_budget(ledger.state())):
-            spent = min(spent, summary["budget_epsilon"])
-        return {
-            "client_id": summary["client_id"],
-            "budget_epsilon": summary["budget_epsilon"],
-            "spent_epsilon": spent,
-            "exhausted_round": exhausted_round,
-            "contributed_rounds": contributed,
-        }
-    finally:
-        ledger.close()
-
-
 def _follow(ledger_path: Path, run_id: str, total: int, stop: threading.Event) -> None:
     """Advance a progress bar as the coordinator appends public records."""
     from tqdm import tqdm
@@ -250,6 +214,7 @@ def _run(args: argparse.Namespace) -> int:
 
     from fedfilter.app.client_app import make_client_app
     from fedfilter.app.server_app import make_server_app
+    from fedfilter.client.ledger_report import device_report
     from fedfilter.client.reply_timing import timing_protection
     from fedfilter.coordinator.public_ledger import PublicLedger
 

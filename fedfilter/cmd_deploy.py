@@ -116,7 +116,7 @@ def register(subparsers: Any) -> None:
 
 
 def _deploy(args: argparse.Namespace) -> int:
-    from fedfilter.deploy_local import BUILTIN_APP_DIR, DeployOptions, deploy_local
+    from fedfilter.deploy.command import BUILTIN_APP_DIR, DeployOptions, deploy_local
 
     options = DeployOptions(
         clients=args.clients,

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import signal
 import sys
 import threading
@@ -79,31 +78,10 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _fmt(value: float, spec: str) -> str:
-    return format(value, spec) if math.isfinite(value) else str(value)
-
-
-def _accuracy(metrics: Any) -> str:
-    keys = ["accuracy"] + sorted(k for k in metrics if "accuracy" in k.lower() and k != "accuracy")
-    for key in keys:
-        if key in metrics:
-            return _fmt(metrics[key], ".4f")
-    return "-"
-
-
-def format_record(record: Any) -> str:
-    """One readable line for a PublicRoundRecord."""
-    return (
-        f"round {record.round_id:>4}  reports {record.reports_received:>4}  "
-        f"markers {record.markers_received:>4}  dropped {record.replies_dropped:>4}  "
-        f"released {'yes' if record.released else 'no':<3}  "
-        f"accuracy {_accuracy(record.metrics):>6}  wall {_fmt(record.wall_time_s, '.2f')} s"
-    )
-
-
 def _watch(args: argparse.Namespace) -> int:
     import grpc
 
+    from fedfilter.coordinator.public_report import format_record
     from fedfilter.coordinator.report_service import record_to_dict, watch
 
     if args.from_round < 0:

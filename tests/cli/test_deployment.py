@@ -17,16 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from fedfilter.deploy_local import (
-    DeployOptions,
-    FlowerCluster,
-    ManagedProcess,
-    build_run_config,
-    deploy_local,
-    make_node_key,
-    make_tls,
-    toml_value,
-)
+from fedfilter.deploy.cluster import FlowerCluster
+from fedfilter.deploy.command import DeployOptions, build_run_config, deploy_local
+from fedfilter.deploy.flower_config import toml_value, write_connection
+from fedfilter.deploy.processes import DeploymentError, ManagedProcess
+from fedfilter.deploy.tls import make_node_key, make_tls
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -97,6 +92,28 @@ def test_toml_values_round_trip_through_flowers_parser(tmp_path):
     assert tomllib.loads(text) == values
     with pytest.raises(ValueError, match="bool, int, float or str"):
         toml_value([1, 2])
+
+
+@pytest.mark.parametrize("tls", [True, False])
+def test_connection_is_read_back_by_flowers_cli_as_the_default(tmp_path, monkeypatch, tls):
+    from flwr.cli.flower_config import read_superlink_connection
+
+    ca = tmp_path / "ca.crt" if tls else None
+    write_connection(tmp_path / "home", "fedfilter-x", "127.0.0.1:9093", root_certificates=ca)
+    monkeypatch.setenv("FLWR_HOME", str(tmp_path / "home"))
+    connection = read_superlink_connection()  # no name: the default
+    assert (connection.name, connection.address) == ("fedfilter-x", "127.0.0.1:9093")
+    assert connection.root_certificates == (str(ca) if tls else None)
+    assert bool(connection.insecure) is (not tls)
+
+
+def test_a_simulation_cluster_refuses_node_auth_and_supernodes(tmp_path):
+    with pytest.raises(ValueError, match="node_auth"):
+        FlowerCluster(tmp_path, simulation=True)
+    cluster = FlowerCluster(tmp_path, tls=False, node_auth=False, simulation=True)
+    with pytest.raises(DeploymentError, match="simulation"):
+        cluster.start_supernode("device-0", private_key=None)
+    assert not (tmp_path / "supernodes").exists()
 
 
 def test_run_config_sets_rounds_and_ledger_and_refuses_unknown_keys(tmp_path):
@@ -183,6 +200,20 @@ def test_unregistered_or_missing_supernode_key_is_refused_and_never_joins(tmp_pa
         nodes = cluster.list_supernodes()
         assert [(int(n["node-id"]), n["status"]) for n in nodes] == [(node_id, "online")]
         assert good.process.running
+    _assert_nothing_left(tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_simulation_superlink_listens_on_loopback_without_tls_and_answers_the_cli(tmp_path):
+    lines: list[str] = []
+    with FlowerCluster(tmp_path, tls=False, node_auth=False, simulation=True, grace_s=5.0, echo=lines.append) as c:
+        assert c.address.startswith("127.0.0.1:") and c.tls is None
+        argv = c.superlink.argv
+        assert "--insecure" in argv and "--simulation" in argv and "--enable-supernode-auth" not in argv
+        assert argv[argv.index("--host") + 1] == "127.0.0.1"
+        assert c.flwr("ls", c.connection, "--format", "json", timeout=60).returncode == 0
+        assert "no TLS" in lines[0] and "simulation" in lines[0]
     _assert_nothing_left(tmp_path)
 
 

@@ -224,7 +224,7 @@ def test_short_benchmark_held_replies_show_no_difference_unheld_ones_leak_the_da
 def test_demo_and_deploy_local_set_the_hold_explicitly_and_say_when_it_is_off(tmp_path):
     from fedfilter.client.reply_timing import timing_protection
     from fedfilter.cmd_demo import device_configs
-    from fedfilter.deploy_local import DeployOptions, device_node_config
+    from fedfilter.deploy.command import DeployOptions, device_node_config
 
     demo = device_configs(tmp_path, [1.0, 2.0], after_exhaustion="noise-only")
     assert [d["reply-hold-s"] for d in demo.values()] == [0.0, 0.0]

@@ -1,0 +1,355 @@
+"""A SuperLink on 127.0.0.1, its ``flwr`` CLI connection, SuperNodes and ``flwr run``.
+
+``FlowerCluster`` is a context manager: entering it starts a ``flower-superlink`` on a free
+127.0.0.1 port with its own ``FLWR_HOME`` and writes the connection to that home's
+``config.toml``; leaving it stops every process it started (SIGTERM, SIGKILL after a grace
+period), also on Ctrl-C or failure. By default the SuperLink runs the Deployment Engine with TLS
+(a throw-away CA) and SuperNode authentication; ``tls=False, node_auth=False, simulation=True``
+gives a Simulation Engine SuperLink (``--insecure --simulation``) for ``flwr run`` with a
+``federation_config``. In between: ``new_key``/``register``/``start_supernode``/``wait_online``
+for SuperNodes, ``run_app`` for ``flwr run APP_DIR CONNECTION --stream`` bounded by a timeout
+with a callback per output line, and ``flwr`` for any other CLI command.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fedfilter.deploy.flower_config import write_connection, write_flat_toml
+from fedfilter.deploy.processes import (
+    LOOPBACK,
+    DeploymentError,
+    ManagedProcess,
+    flower_env,
+    free_ports,
+    strip_ansi,
+    tail,
+    tool,
+)
+from fedfilter.deploy.tls import TlsFiles, make_node_key, make_tls
+
+CONNECTION = "fedfilter-local"
+RUN_COMPLETED = "finished:completed"
+
+STARTED_RUN = re.compile(r"Successfully started run (\d+)")  # a line of `flwr run`
+_SUPERNODE_ONLINE = re.compile(r"SuperNode ID: (\d+)")
+_SUPERLINK_READY = re.compile(r"Uvicorn running on https?://\S+")
+
+
+@dataclass
+class RunResult:
+    run_id: int | None
+    status: str  # Flower's, e.g. "finished:completed", or "timeout" / "not-started"
+    details: str
+    duration_s: float
+    output: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == RUN_COMPLETED
+
+
+@dataclass
+class SuperNodeHandle:
+    name: str
+    process: ManagedProcess
+    home: Path
+    node_id: int | None = None
+    node_config: dict[str, Any] = field(default_factory=dict)
+
+
+class FlowerCluster:
+    """A SuperLink on 127.0.0.1 (by default with TLS and SuperNode authentication), its CLI
+    connection, and the SuperNodes started through it; everything stops when the context exits.
+
+    Layout under ``root``: ``tls/`` (CA and server certificate), ``flwr-home/`` (the SuperLink's
+    and the CLI's ``FLWR_HOME``, with ``config.toml``), ``keys/`` (SuperNode keys),
+    ``supernodes/<name>/`` (each SuperNode's ``FLWR_HOME`` and node config), ``logs/``.
+
+    ``tls=False`` starts the SuperLink with ``--insecure`` (still bound to 127.0.0.1 only);
+    ``simulation=True`` adds ``--simulation`` (Flower's Simulation Engine: no SuperNodes, no
+    node authentication); ``superlink_args`` are further flags for ``flower-superlink``.
+    """
+
+    def __init__(
+        self,
+        root: Path,
+        *,
+        connection: str = CONNECTION,
+        node_auth: bool = True,
+        tls: bool = True,
+        simulation: bool = False,
+        superlink_args: Sequence[str] = (),
+        grace_s: float = 10.0,
+        echo: Callable[[str], None] | None = None,
+    ):
+        if simulation and node_auth:
+            raise ValueError("node_auth must be False with simulation=True: a simulation has no SuperNodes to admit.")
+        self.root = Path(root).resolve()
+        self.connection, self.node_auth, self.grace_s = connection, node_auth, grace_s
+        self.use_tls, self.simulation, self.superlink_args = tls, simulation, list(superlink_args)
+        self.echo = echo or (lambda line: None)
+        self.tls_dir, self.home = self.root / "tls", self.root / "flwr-home"
+        self.keys_dir, self.logs_dir = self.root / "keys", self.root / "logs"
+        self.tls: TlsFiles | None = None
+        self.port: int | None = None
+        self.superlink: ManagedProcess | None = None
+        self.supernodes: list[SuperNodeHandle] = []
+        self._processes: list[ManagedProcess] = []
+
+    @property
+    def address(self) -> str:
+        if self.port is None:
+            raise RuntimeError("the SuperLink was not started")
+        return f"{LOOPBACK}:{self.port}"
+
+    # lifecycle ---------------------------------------------------------------------------------
+    def __enter__(self) -> FlowerCluster:
+        try:
+            self.start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _track(self, process: ManagedProcess) -> ManagedProcess:
+        self._processes.append(process)
+        return process.start()
+
+    def start(self, timeout: float = 60.0) -> None:
+        """Certificates (with TLS), the SuperLink (ready when it listens) and the CLI connection."""
+        self.home.mkdir(parents=True, exist_ok=True)
+        (self.port,) = free_ports(1)
+        argv = [tool("flower-superlink")]
+        if self.use_tls:
+            self.tls = make_tls(self.tls_dir)
+            argv += [
+                "--ssl-ca-certfile",
+                str(self.tls.ca_cert),
+                "--ssl-certfile",
+                str(self.tls.server_cert),
+                "--ssl-keyfile",
+                str(self.tls.server_key),
+            ]
+        else:
+            argv.append("--insecure")
+        argv += ["--disable-runtime-dependency-installation", "--host", LOOPBACK, "--port", str(self.port)]
+        if self.node_auth:
+            argv.append("--enable-supernode-auth")
+        if self.simulation:
+            argv.append("--simulation")
+        argv += self.superlink_args
+        self.superlink = self._track(
+            ManagedProcess(
+                "flower-superlink",
+                argv,
+                log_path=self.logs_dir / "superlink.log",
+                env=flower_env(self.home),
+                cwd=self.home,
+            )
+        )
+        self.superlink.wait_for_log(_SUPERLINK_READY, timeout)
+        self.write_connection()
+        features = ["TLS" if self.use_tls else "no TLS"]
+        features += ["SuperNode authentication"] if self.node_auth else []
+        features += ["simulation"] if self.simulation else []
+        self.echo(f"SuperLink listening on {self.address} ({', '.join(features)}); log {self.superlink.log_path}")
+
+    def write_connection(self) -> Path:
+        """``[superlink.NAME]`` in the CLI's ``FLWR_HOME/config.toml``, made the default."""
+        ca_cert = self.tls.ca_cert if self.tls is not None else None
+        return write_connection(self.home, self.connection, self.address, root_certificates=ca_cert)
+
+    def close(self) -> None:
+        """Stop every process this cluster started, newest first (SIGTERM, then SIGKILL)."""
+        interrupted: BaseException | None = None
+
+        def each(action: Callable[[ManagedProcess], Any]) -> None:
+            nonlocal interrupted
+            for process in reversed(self._processes):
+                try:
+                    action(process)
+                except KeyboardInterrupt as err:  # a second Ctrl-C: keep stopping the others
+                    interrupted = interrupted or err
+                except Exception as err:
+                    print(f"fedfilter: warning: stopping {process.name}: {err}", file=sys.stderr)
+
+        each(ManagedProcess.terminate)  # SIGTERM to all first: one grace period in total
+        deadline = time.monotonic() + self.grace_s
+        each(lambda process: process.stop(deadline=deadline))
+        if interrupted is not None:
+            raise interrupted
+
+    # the CLI -----------------------------------------------------------------------------------
+    def flwr(self, *args: str, timeout: float = 60.0) -> subprocess.CompletedProcess:
+        """One ``flwr`` CLI command against this cluster's connection (bounded by ``timeout``)."""
+        try:
+            return subprocess.run(
+                [tool("flwr"), *args],
+                env=flower_env(self.home),
+                cwd=self.home,
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+            )
+        except subprocess.TimeoutExpired:
+            raise DeploymentError(f"`flwr {' '.join(args)}` did not finish within {timeout:.0f} s") from None
+
+    def _flwr_json(self, *args: str, timeout: float = 60.0) -> dict:
+        done = self.flwr(*args, "--format", "json", timeout=timeout)
+        try:
+            payload = json.loads(done.stdout[done.stdout.index("{") :])
+        except ValueError:
+            payload = {}
+        if done.returncode != 0 or not payload.get("success", False):
+            raise DeploymentError(
+                f"`flwr {' '.join(args)}` failed (exit {done.returncode}): "
+                f"{strip_ansi(done.stdout + done.stderr).strip()}"
+            )
+        return payload
+
+    def new_key(self, name: str) -> tuple[Path, Path]:
+        return make_node_key(self.keys_dir / name)
+
+    def register(self, public_key: Path) -> int:
+        """``flwr supernode register KEY.pub CONNECTION``; the node id the SuperLink assigned."""
+        payload = self._flwr_json("supernode", "register", str(public_key), self.connection)
+        return int(payload["node-id"])
+
+    def list_supernodes(self) -> list[dict]:
+        return self._flwr_json("supernode", "list", self.connection).get("nodes", [])
+
+    def start_supernode(
+        self,
+        name: str,
+        *,
+        private_key: Path | None,
+        node_config: Mapping[str, Any] | None = None,
+        extra_args: Sequence[str] = (),
+    ) -> SuperNodeHandle:
+        """A ``flower-supernode`` with its own ``FLWR_HOME`` and Runtime API port.
+
+        ``node_config`` is written to ``supernodes/<name>/node-config.toml`` and passed as
+        ``--node-config FILE`` (no quoting pitfalls for paths). Does not wait: see
+        ``wait_online``.
+        """
+        if self.simulation:
+            raise DeploymentError("a simulation SuperLink runs its own simulated nodes: start no SuperNode")
+        home = self.root / "supernodes" / name
+        home.mkdir(parents=True, exist_ok=True)
+        (port,) = free_ports(1)
+        argv = [tool("flower-supernode"), "--superlink", self.address]
+        argv += ["--root-certificates", str(self.tls.ca_cert)] if self.tls is not None else ["--insecure"]
+        argv += ["--host", LOOPBACK, "--port", str(port)]
+        if private_key is not None:
+            argv += ["--auth-supernode-private-key", str(private_key)]
+        config = dict(node_config or {})
+        if config:
+            argv += ["--node-config", str(write_flat_toml(home / "node-config.toml", config))]
+        argv += list(extra_args)
+        process = self._track(
+            ManagedProcess(
+                f"flower-supernode {name}",
+                argv,
+                log_path=self.logs_dir / f"supernode-{name}.log",
+                env=flower_env(home / "flwr-home"),
+                cwd=home,
+            )
+        )
+        handle = SuperNodeHandle(name, process, home, node_config=config)
+        self.supernodes.append(handle)
+        return handle
+
+    def wait_online(self, handles: Sequence[SuperNodeHandle], timeout: float = 60.0) -> None:
+        """Wait until every SuperNode has connected (its log names its node id)."""
+        deadline = time.monotonic() + timeout
+        for handle in handles:
+            match = handle.process.wait_for_log(_SUPERNODE_ONLINE, max(0.0, deadline - time.monotonic()))
+            handle.node_id = int(match.group(1))
+
+    # runs --------------------------------------------------------------------------------------
+    def run_status(self, run_id: int) -> tuple[str, str]:
+        payload = self._flwr_json("ls", self.connection, "--run-id", str(run_id))
+        runs = payload.get("runs", [])
+        if not runs:
+            return "unknown", f"run {run_id} not found"
+        return str(runs[0].get("status", "unknown")), str(runs[0].get("status-details", ""))
+
+    def run_app(
+        self,
+        app_dir: Path,
+        *,
+        run_config: Mapping[str, Any] | None = None,
+        federation_config: Mapping[str, Any] | None = None,
+        timeout: float = 600.0,
+        on_line: Callable[[str], None] | None = None,
+        on_tick: Callable[[], None] | None = None,
+    ) -> RunResult:
+        """``flwr run APP_DIR CONNECTION --stream``, bounded by ``timeout`` seconds.
+
+        The run's status comes from the SuperLink afterwards (``flwr ls --run-id``): ``flwr run``
+        exits 0 even when the ServerApp raised. On timeout the run is stopped (``flwr stop``).
+        ``on_line`` sees every output line, ``on_tick`` is called about once a second.
+        ``run_config`` and ``federation_config`` (e.g. ``{"num-supernodes": 10}`` for a simulation
+        SuperLink) are written to flat TOML files and passed as ``--run-config``/``--federation-config``.
+        """
+        argv = [tool("flwr"), "run", str(Path(app_dir).resolve()), self.connection, "--stream"]
+        if run_config:
+            config_file = write_flat_toml(self.root / "run-config.toml", run_config)
+            argv += ["--run-config", str(config_file)]
+        if federation_config:
+            federation_file = write_flat_toml(self.root / "federation-config.toml", federation_config)
+            argv += ["--federation-config", str(federation_file)]
+        log_path = self.logs_dir / "flwr-run.log"
+        process = self._track(
+            ManagedProcess("flwr run", argv, log_path=log_path, env=flower_env(self.home), cwd=self.home)
+        )
+        started = time.monotonic()
+        lines_seen = 0
+        run_id: int | None = None
+        timed_out = False
+        while True:
+            code = process.wait(1.0)
+            text = process.log_text()
+            lines = text.splitlines()
+            if code is None and not text.endswith("\n"):
+                lines = lines[:-1]  # a line still being written: read it whole next time
+            for line in lines[lines_seen:]:
+                if run_id is None and (match := STARTED_RUN.search(line)):
+                    run_id = int(match.group(1))
+                if on_line:
+                    on_line(line)
+            lines_seen = len(lines)
+            if on_tick:
+                on_tick()
+            if code is not None:
+                break
+            if time.monotonic() - started > timeout:
+                timed_out = True
+                break
+        if timed_out and run_id is not None:
+            try:
+                self.flwr("stop", str(run_id), self.connection, timeout=30)
+            except DeploymentError:
+                pass  # the SuperLink is stopped with the cluster anyway
+        process.stop(self.grace_s)
+        duration = time.monotonic() - started
+        output = process.log_text()
+        if run_id is None:
+            return RunResult(None, "not-started", tail(output), duration, output)
+        if timed_out:
+            return RunResult(run_id, "timeout", f"no result after {timeout:.0f} s", duration, output)
+        status, details = self.run_status(run_id)
+        return RunResult(run_id, status, details, duration, output)

@@ -1,0 +1,300 @@
+"""``deploy_local``: the app on a real Flower Deployment Engine on this machine.
+
+The same ClientApp and ServerApp that a real federation runs, through the same processes
+(``flower-superlink``, one ``flower-supernode`` per device, ``flwr run``), with TLS and SuperNode
+authentication switched on, but every process bound to 127.0.0.1:
+
+1. a throw-away certificate authority and a server certificate for 127.0.0.1 / localhost;
+2. one ``flower-superlink`` with ``--enable-supernode-auth`` and its own ``FLWR_HOME``;
+3. the connection written to that ``FLWR_HOME``'s ``config.toml`` (``[superlink.NAME]``);
+4. one ECDSA P-384 key per SuperNode, each registered with ``flwr supernode register``;
+5. one ``flower-supernode`` per device, whose ``--node-config`` names the device's own budget
+   ledger directory (``OUT/devices/<i>``), client id and personal budget;
+6. ``flwr run APP_DIR CONNECTION --stream``, bounded by a timeout;
+7. every process torn down (SIGTERM to its process group, SIGKILL after a grace period), also on
+   Ctrl-C, SIGTERM or failure; then ``OUT/summary.json`` from the devices' own ledgers and the
+   coordinator's public ledger.
+
+The processes are handled by ``fedfilter.deploy.cluster.FlowerCluster``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fedfilter.deploy.cluster import STARTED_RUN, FlowerCluster, RunResult
+from fedfilter.deploy.flower_config import app_run_config
+from fedfilter.deploy.processes import DeploymentError
+
+AFTER_EXHAUSTION = ("noise-only", "leave")
+# The built-in Flower app directory (fedfilter/app: its pyproject.toml and components).
+BUILTIN_APP_DIR = Path(__file__).resolve().parents[1] / "app"
+
+
+@dataclass
+class DeployOptions:
+    clients: int
+    rounds: int = 2
+    out: Path = Path("out/deploy")
+    app_dir: Path = BUILTIN_APP_DIR
+    budgets: tuple[float, ...] = (1.0, 2.0, 4.0)  # cycled over the devices
+    delta: float = 1e-5
+    filter_kind: str = "gdp"
+    after_exhaustion: str = "noise-only"
+    min_noise_multiplier: float | None = None
+    data_dir: Path | None = None  # root of the offline data sets on every device
+    run_config: dict[str, Any] = field(default_factory=dict)  # extra --run-config overrides
+    # Every device's reply-hold-s, set explicitly: 0 (timing protection off) keeps a local trial
+    # fast; real devices default to client.reply_timing.DEFAULT_REPLY_HOLD_S. The output says which.
+    reply_hold_s: float = 0.0
+    timeout_s: float = 600.0
+    connect_timeout_s: float = 60.0
+    grace_s: float = 10.0
+    verbose: bool = False
+
+    def check(self) -> None:
+        problems = []
+        if isinstance(self.clients, bool) or not isinstance(self.clients, int) or self.clients < 1:
+            problems.append(f"--clients must be an integer >= 1. Found {self.clients!r}.")
+        if isinstance(self.rounds, bool) or not isinstance(self.rounds, int) or self.rounds < 1:
+            problems.append(f"--rounds must be an integer >= 1. Found {self.rounds!r}.")
+        if not self.budgets or not all(math.isfinite(b) and b > 0 for b in self.budgets):
+            problems.append(f"--budgets must be finite epsilons > 0. Found {self.budgets!r}.")
+        from fedfilter.client.privacy.filters import FILTER_KINDS
+
+        if self.filter_kind not in FILTER_KINDS:
+            problems.append(f"--filter must be one of {', '.join(FILTER_KINDS)}. Found {self.filter_kind!r}.")
+        if not 0 < self.delta < 1:
+            problems.append(f"--delta must be in (0, 1). Found {self.delta!r}.")
+        if self.after_exhaustion not in AFTER_EXHAUSTION:
+            problems.append(
+                f"--after-exhaustion must be one of {', '.join(AFTER_EXHAUSTION)}. Found {self.after_exhaustion!r}."
+            )
+        if self.min_noise_multiplier is not None and not (
+            math.isfinite(self.min_noise_multiplier) and self.min_noise_multiplier > 0
+        ):
+            problems.append(f"--min-noise-multiplier must be a finite number > 0. Found {self.min_noise_multiplier!r}.")
+        from fedfilter.client.reply_timing import MAX_REPLY_HOLD_S
+
+        if not (math.isfinite(self.reply_hold_s) and 0 <= self.reply_hold_s <= MAX_REPLY_HOLD_S):
+            problems.append(
+                f"--reply-hold-s must be in [0, {MAX_REPLY_HOLD_S:g}] seconds. Found {self.reply_hold_s!r}."
+            )
+        for name in ("timeout_s", "connect_timeout_s", "grace_s"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                problems.append(f"{name} must be a finite number > 0. Found {value!r}.")
+        if problems:
+            raise ValueError(" ".join(problems))
+
+
+def device_node_config(index: int, options: DeployOptions, ledger_dir: Path) -> dict[str, Any]:
+    """The ``--node-config`` of device ``index``: where its ledger lives and its own budget."""
+    config: dict[str, Any] = {
+        "ledger-dir": str(ledger_dir),
+        "client-id": f"device-{index}",
+        "budget-epsilon": float(options.budgets[index % len(options.budgets)]),
+        "budget-delta": float(options.delta),
+        "filter": options.filter_kind,
+        "after-exhaustion": options.after_exhaustion,
+        "partition-id": index,
+        "num-partitions": options.clients,
+        "reply-hold-s": float(options.reply_hold_s),
+    }
+    if options.min_noise_multiplier is not None:
+        config["min-noise-multiplier"] = float(options.min_noise_multiplier)
+    if options.data_dir is not None:
+        config["data-dir"] = str(Path(options.data_dir).resolve())
+    return config
+
+
+# Run-config keys this command fills in, when the app declares them ([tool.flwr.app.config]).
+ROUNDS_KEYS = ("num-rounds", "num-server-rounds")
+PUBLIC_LEDGER_KEYS = ("public-ledger",)
+MIN_NODES_KEY = "min-available-nodes"
+PUBLIC_LEDGER_FILE = "public_ledger.sqlite"
+
+
+def build_run_config(app_config: Mapping[str, Any], options: DeployOptions, public_ledger: Path) -> dict[str, Any]:
+    """The ``--run-config`` overrides: rounds, the public ledger's path, the user's extras.
+
+    Flower refuses override keys the app does not declare, so every key is checked here first.
+    """
+    overrides: dict[str, Any] = {}
+    rounds_key = next((k for k in ROUNDS_KEYS if k in app_config), None)
+    if rounds_key is None:
+        raise ValueError(
+            f"the app declares none of {', '.join(ROUNDS_KEYS)} in "
+            "[tool.flwr.app.config]: cannot set the number of rounds."
+        )
+    overrides[rounds_key] = options.rounds
+    ledger_key = next((k for k in PUBLIC_LEDGER_KEYS if k in app_config), None)
+    if ledger_key is not None:
+        overrides[ledger_key] = str(public_ledger)
+    if MIN_NODES_KEY in app_config:  # the coordinator waits for every device before round 1
+        overrides[MIN_NODES_KEY] = options.clients
+    unknown = sorted(set(options.run_config) - set(app_config))
+    if unknown:
+        raise ValueError(
+            f"--run-config keys {', '.join(unknown)} are not declared in the app's "
+            f"[tool.flwr.app.config] (declared: {', '.join(sorted(app_config))})."
+        )
+    overrides.update(options.run_config)
+    return overrides
+
+
+class LedgerProgress:
+    """Prints each new round of the coordinator's public ledger (read-only, polled), skipping
+    the runs of earlier invocations (``old_runs``)."""
+
+    def __init__(self, path: Path, echo: Callable[[str], None], old_runs: Sequence[str] = ()):
+        self.path, self.echo, self.old_runs = path, echo, set(old_runs)
+        self.shown: set[tuple[str, int]] = set()
+
+    def tick(self) -> None:
+        if not self.path.is_file():
+            return
+        from fedfilter.coordinator.public_ledger import PublicLedger
+        from fedfilter.coordinator.public_report import format_record
+
+        try:
+            with PublicLedger(self.path, read_only=True) as ledger:
+                for run in ledger.runs():
+                    if run.run_id in self.old_runs:
+                        continue
+                    for record in ledger.records(run.run_id):
+                        key = (record.run_id, int(record.round_id))
+                        if key not in self.shown:
+                            self.shown.add(key)
+                            self.echo(format_record(record))
+        except Exception:  # a ledger still being created: try again on the next tick
+            pass
+
+
+def deploy_local(options: DeployOptions, echo: Callable[[str], None] = print) -> int:
+    """Run the app on a local Deployment Engine; write ``OUT/summary.json``; 0 on success.
+
+    Every process is stopped before this returns, whatever happened (Ctrl-C included).
+    """
+    from fedfilter.client.flower_mod import enrol_device
+    from fedfilter.client.ledger import LEDGER_FILE
+    from fedfilter.client.ledger_report import device_report
+    from fedfilter.client.reply_timing import timing_protection
+    from fedfilter.coordinator.public_report import public_run_ids, public_summary
+
+    options.check()
+    app_dir = Path(options.app_dir).resolve()
+    app_config = app_run_config(app_dir)
+    out = Path(options.out).resolve()
+    public_ledger = out / PUBLIC_LEDGER_FILE
+    run_config = build_run_config(app_config, options, public_ledger)
+    out.mkdir(parents=True, exist_ok=True)
+    devices_dir = out / "devices"
+    # Each device's owner enrols it once, before its SuperNode starts: the mod never enrols, so a
+    # lost ledger fails closed instead of starting over.
+    for index in range(options.clients):
+        enrol_device(device_node_config(index, options, devices_dir / str(index)))
+    started = time.monotonic()
+    result: RunResult | None = None
+    error: str | None = None
+
+    def show(line: str) -> None:
+        echo(f"[{time.monotonic() - started:6.1f} s] {line}")
+
+    old_runs = public_run_ids(public_ledger)  # a reused OUT keeps earlier runs
+    progress = LedgerProgress(public_ledger, show, old_runs)
+    timing = timing_protection(options.reply_hold_s)
+    show(f"timing protection: {timing}")
+    try:
+        with FlowerCluster(out, grace_s=options.grace_s, echo=show) as cluster:
+            handles = []
+            for index in range(options.clients):
+                name = f"device-{index}"
+                private_key, public_key = cluster.new_key(name)
+                node_id = cluster.register(public_key)
+                ledger_dir = devices_dir / str(index)
+                ledger_dir.mkdir(parents=True, exist_ok=True)
+                config = device_node_config(index, options, ledger_dir)
+                handles.append(cluster.start_supernode(name, private_key=private_key, node_config=config))
+                show(
+                    f"{name}: key registered (node {node_id}), budget epsilon "
+                    f"{config['budget-epsilon']:g}, ledger {ledger_dir}"
+                )
+            cluster.wait_online(handles, options.connect_timeout_s)
+            show(
+                f"{len(handles)} SuperNodes connected; submitting `flwr run {app_dir} "
+                f"{cluster.connection} --stream` ({options.rounds} rounds)"
+            )
+
+            def on_line(line: str) -> None:
+                if options.verbose or "ERROR" in line or STARTED_RUN.search(line):
+                    show(f"flwr run | {line}")
+
+            result = cluster.run_app(
+                app_dir, run_config=run_config, timeout=options.timeout_s, on_line=on_line, on_tick=progress.tick
+            )
+            progress.tick()
+            show(
+                f"run {result.run_id}: {result.status} after {result.duration_s:.1f} s"
+                + (f" ({result.details})" if result.details not in ("", "N/A") else "")
+            )
+    except KeyboardInterrupt:
+        error = "interrupted"
+        show("interrupted: every process was stopped")
+    except DeploymentError as err:
+        error = str(err)
+        show(f"deployment failed: {err}")
+    # Leaving the cluster's context stopped every process, on every path above.
+
+    # What the device owners read from their own ledgers (the same report as `fedfilter demo`).
+    public = public_summary(public_ledger, old_runs)
+    clients = [
+        device_report(devices_dir / str(i), public["run_id"])
+        for i in range(options.clients)
+        if (devices_dir / str(i) / LEDGER_FILE).is_file()
+    ]
+    summary = {
+        "engine": "deployment",
+        "run_id": public["run_id"],
+        "flower_run_id": result.run_id if result else None,
+        "status": result.status if result else ("interrupted" if error == "interrupted" else "failed"),
+        "error": error if error != "interrupted" else None,
+        "rounds_completed": public["rounds_completed"],
+        "public_ledger": str(public_ledger),
+        "clients": clients,
+        "final_accuracy": public["final_accuracy"],
+        "settings": {
+            "clients": options.clients,
+            "rounds": options.rounds,
+            "app_dir": str(app_dir),
+            "budgets": list(options.budgets),
+            "delta": options.delta,
+            "filter": options.filter_kind,
+            "after_exhaustion": options.after_exhaustion,
+            "min_noise_multiplier": options.min_noise_multiplier,
+            "run_config": run_config,
+            "tls": True,
+            "supernode_auth": True,
+            "reply_hold_s": options.reply_hold_s,
+        },
+        "timing_protection": timing,
+        "wall_time_s": round(time.monotonic() - started, 1),
+        "logs": str(out / "logs"),
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, allow_nan=False) + "\n", encoding="utf-8")
+    show(f"summary written to {out / 'summary.json'}")
+    for client in summary["clients"]:
+        show(
+            f"{client['client_id']}: spent epsilon {client['spent_epsilon']:.4g} of "
+            f"{client['budget_epsilon']:g}"
+            + (f", exhausted in round {client['exhausted_round']}" if client["exhausted_round"] is not None else "")
+        )
+    if error == "interrupted":
+        return 130
+    return 0 if result is not None and result.ok else 1
