@@ -12,13 +12,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import re
-import subprocess
-import sys
 import tomllib
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -127,77 +122,31 @@ def test_offline_task_splits_the_digits_without_overlap():
 
 
 # --- flwr run against a SuperLink in simulation mode ---------------------------------------------
-def _tool(name: str) -> str:
-    candidate = Path(sys.executable).with_name(name)
-    return str(candidate) if candidate.exists() else name
+def _flwr_run(app: Path, root: Path, run_config: dict):
+    """``flwr run APP CONNECTION --stream`` as a Flower user types it, against a
+    ``flower-superlink --insecure --simulation`` on 127.0.0.1 (``fedfilter.deploy``), which is
+    stopped with everything it started before this returns. The SuperLink, and so the ServerApp's
+    relative paths, work in ``root / "flwr-home"``."""
+    from fedfilter.deploy.cluster import FlowerCluster
 
-
-@contextmanager
-def _simulation_superlink(root: Path, extra_env: dict[str, str]) -> Iterator[dict[str, str]]:
-    """A ``flower-superlink --simulation`` on 127.0.0.1 (working directory ``root``) and a private
-    ``FLWR_HOME`` whose ``config.toml`` names it ``CONNECTION``; stopped on exit. Yields the env."""
-    from fedfilter.deploy_local import ManagedProcess, free_ports
-
-    home = root / "flwr-home"
-    home.mkdir(parents=True)
-    (port,) = free_ports(1)
-    (home / "config.toml").write_text(
-        f'[superlink]\ndefault = "{CONNECTION}"\n\n'
-        f'[superlink.{CONNECTION}]\naddress = "127.0.0.1:{port}"\ninsecure = true\n'
-    )
-    env = {
-        **os.environ,
-        "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
-        "FLWR_HOME": str(home),
-        "FLWR_TELEMETRY_ENABLED": "0",
-        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",  # Ray on 127.0.0.1 only
-        **extra_env,
-    }
-    argv = [_tool("flower-superlink"), "--insecure", "--simulation", "--disable-runtime-dependency-installation"]
-    argv += ["--host", "127.0.0.1", "--port", str(port)]
-    with ManagedProcess("flower-superlink", argv, log_path=root / "superlink.log", env=env, cwd=root) as link:
-        link.wait_for_log(r"Uvicorn running on", timeout=60)
-        yield env
-
-
-def _flwr_run(app: Path, root: Path, env: dict[str, str], run_config: str) -> tuple[int, str]:
-    """``flwr run APP CONNECTION --stream`` as a Flower user types it; (Flower run id, status)."""
-    from fedfilter.deploy_local import ManagedProcess
-
-    argv = [_tool("flwr"), "run", str(app), CONNECTION, "--stream"]
-    argv += ["--federation-config", f"num-supernodes={NUM_DEVICES} client-resources-num-cpus=1"]
-    argv += ["--run-config", run_config]
-    run = ManagedProcess("flwr run", argv, log_path=root / "flwr-run.log", env=env, cwd=root).start()
-    try:
-        code = run.wait(RUN_TIMEOUT_S)
-    finally:
-        run.stop()
-    output = run.log_text()
-    assert code == 0, f"flwr run exit {code} (None: timeout after {RUN_TIMEOUT_S} s):\n{output[-3000:]}"
-    started = re.search(r"Successfully started run (\d+)", output)
-    assert started, output[-3000:]
-    run_id = int(started.group(1))
-    # `flwr run` exits 0 even when the ServerApp raised: ask the SuperLink how the run ended.
-    listed = subprocess.run(
-        [_tool("flwr"), "ls", CONNECTION, "--run-id", str(run_id), "--format", "json"],
-        env=env,
-        cwd=root,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    payload = json.loads(listed.stdout[listed.stdout.index("{") :])
-    return run_id, str(payload["runs"][0]["status"])
+    with FlowerCluster(root, tls=False, node_auth=False, simulation=True) as link:
+        result = link.run_app(
+            app,
+            run_config=run_config,
+            federation_config={"num-supernodes": NUM_DEVICES, "client-resources-num-cpus": 1},
+            timeout=RUN_TIMEOUT_S,
+        )
+    # `flwr run` exits 0 even when the ServerApp raised: the status is the SuperLink's.
+    assert result.ok, f"{result.status}: {result.details}\n{result.output[-3000:]}"
+    return root / "flwr-home"
 
 
 @pytest.mark.slow
 def test_offline_flower_template_runs_under_flwr_run(tmp_path):
-    with _simulation_superlink(tmp_path, {}) as env:
-        _, status = _flwr_run(BASE_APP, tmp_path, env, f"num-server-rounds={NUM_ROUNDS} save-model=true")
-    assert status == "finished:completed", (tmp_path / "flwr-run.log").read_text()[-3000:]
+    workdir = _flwr_run(BASE_APP, tmp_path, {"num-server-rounds": NUM_ROUNDS, "save-model": True})
     # The ServerApp's relative paths land in the SuperLink's working directory (the public
     # ledger of the fedfilter variant too).
-    assert (tmp_path / "final_model.pt").is_file()
+    assert (workdir / "final_model.pt").is_file()
 
 
 # Personal budgets, on the device side only: tiny (spent in round 1, then pure noise), middle, large.
@@ -237,18 +186,16 @@ def _enrol_devices(root: Path) -> tuple[Path, dict[int, dict]]:
 
 
 @pytest.mark.slow
-def test_fedfilter_example_runs_under_flwr_run_with_personal_budgets(tmp_path):
+def test_fedfilter_example_runs_under_flwr_run_with_personal_budgets(tmp_path, monkeypatch):
     if reason := _fedfilter_api_missing():
         pytest.skip(reason)
     from fedfilter.client.ledger import BudgetLedger
     from fedfilter.coordinator.public_ledger import PublicLedger
 
     settings_file, settings = _enrol_devices(tmp_path / "machine")
-    link_dir = tmp_path / "link"
-    link_dir.mkdir()
-    with _simulation_superlink(link_dir, {"FEDFILTER_DEVICE_SETTINGS": str(settings_file)}) as env:
-        _, status = _flwr_run(FEDFILTER_APP, link_dir, env, f"num-server-rounds={NUM_ROUNDS}")
-    assert status == "finished:completed", (link_dir / "flwr-run.log").read_text()[-3000:]
+    # Set on the machine running the simulation; the SuperLink and its Ray workers inherit it.
+    monkeypatch.setenv("FEDFILTER_DEVICE_SETTINGS", str(settings_file))
+    link_dir = _flwr_run(FEDFILTER_APP, tmp_path / "link", {"num-server-rounds": NUM_ROUNDS})
 
     # The coordinator's public ledger: 2 rounds, every sampled device reported (a device whose
     # budget is spent answers with pure noise, indistinguishable from a report).
