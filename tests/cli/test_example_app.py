@@ -25,7 +25,6 @@ FEDFILTER_APP = EXAMPLES / "quickstart-pytorch"
 APPS = (BASE_APP, FEDFILTER_APP)
 MAX_CHANGED_LINES = 12
 SECTION = "Use it in your Flower app"
-CONNECTION = "example"
 NUM_DEVICES, NUM_ROUNDS = 3, 2
 RUN_TIMEOUT_S = 150.0
 
