@@ -12,6 +12,8 @@ public ledger's proto, ``protos/fedfilter.proto``):
 
 from __future__ import annotations
 
+from typing import cast
+
 from flwr.app import ConfigRecord
 
 from fedfilter.client.release import RoundSpec, RoundSpecError, short_repr
@@ -34,7 +36,7 @@ ARRAYS_RECORD = "arrays"
 STATUS_REPORT = "report"  # contributed and noise-only alike: the coordinator cannot tell them apart
 STATUS_LEFT = "left"
 REQUEST_KEYS = ("run-id", "round-id", "noise-multiplier", "clip", "placement", "min-reports")
-_REQUEST_TYPES = {
+_REQUEST_TYPES: dict[str, type | tuple[type, ...]] = {
     "run-id": str,
     "round-id": int,
     "noise-multiplier": (int, float),
@@ -69,13 +71,14 @@ def round_spec_from_record(record: ConfigRecord | None) -> RoundSpec:
     if problems:
         raise RoundSpecError("round request refused: " + " ".join(problems))
     # Numbers go through as sent (no float(): a huge int would overflow); validate_request bounds them.
+    # The casts only tell the type checker what the isinstance checks above established.
     return RoundSpec(
-        run_id=record["run-id"],
-        round_id=record["round-id"],
-        noise_multiplier=record["noise-multiplier"],
-        clip=record["clip"],
-        placement=record["placement"],
-        min_reports=record["min-reports"],
+        run_id=cast(str, record["run-id"]),
+        round_id=cast(int, record["round-id"]),
+        noise_multiplier=cast(float, record["noise-multiplier"]),
+        clip=cast(float, record["clip"]),
+        placement=cast(str, record["placement"]),
+        min_reports=cast(int, record["min-reports"]),
     )
 
 

@@ -1,230 +1,428 @@
-"""Aggregation of filtered, noisy client reports: a plain mean, checked reports, public tallies.
+"""``IndividualFilterStrategy``: any Flower Message-API strategy, fed only checked, noisy reports.
 
-Flower's ``FedAvg`` weights every reply by its ``num-examples`` metric, which is private here (it
-is the size of a client's data and carries no noise; DESIGN.md section 1). This strategy takes a
-plain mean over the valid reports instead and never reads anything from a reply but the noisy
-update and its public status.
+Usage, as with Flower's own DP wrappers::
 
-Per round (``FilteredMeanStrategy``):
+    from flwr.serverapp.strategy import FedAvg
+    from fedfilter.coordinator.strategy import IndividualFilterStrategy
 
-* ``sample``: all nodes, or ``ceil(fraction * n)`` of them drawn without replacement.
-* ``train_messages``: the model, the training settings and the round request
-  (``fedfilter.client.wire.request_record``) to each sampled node.
-* ``tally``: every reply is a *report* (status ``report``, one ArrayRecord with exactly the model's
-  keys and shapes, the reply dtypes of ``fedfilter.client.mechanism.reply_dtype``, finite, and a norm a
-  genuine noisy report can have), a *marker*
-  (status ``left``, no arrays) or *dropped* (an error, anything malformed, a second reply from one
-  node). A bad reply never fails the round.
-* the aggregate: the mean of the reports, released only if there is at least one report, and in
-  ``distributed`` placement only if at least ``min-reports`` arrived (fewer reports carry less than
-  the full noise: the round is dropped, DESIGN.md section 1).
+    strategy = IndividualFilterStrategy(FedAvg(fraction_train=0.5), noise_multiplier=1.0, clip=0.5,
+                                        public_ledger="fedfilter_public.sqlite")
+    result = strategy.start(grid=grid, initial_arrays=ArrayRecord(model.state_dict()), num_rounds=3,
+                            evaluate_fn=server_side_eval)
+
+Each device runs ``fedfilter.client.flower_mod.individual_filter_mod``: it pays for its clipped
+update from its own budget and replies with a noisy *update* (or a ``left`` marker). Per round:
+
+* ``configure_train``: the inner strategy samples nodes and builds its messages (its config, its
+  arrays); the wrapper adds the round request (``fedfilter.client.wire.request_record``) to each,
+  and remembers the nodes asked and the global arrays.
+* ``aggregate_train``: replies are sorted into reports, markers and dropped
+  (``fedfilter.coordinator.replies``; a bad reply never fails the round). A round with no report, or
+  a ``distributed`` round with fewer than ``min_reports`` (fewer reports carry less than the
+  accounted noise, DESIGN.md section 1), is dropped: ``None`` arrays, the model stays. Otherwise the
+  round releases the plain mean of the reports, and the inner strategy gets exactly that: one reply
+  holding ``global + mean`` in the model's dtypes and a MetricRecord whose weight is the constant 1
+  (no example count exists here). FedAvg's result is then the plain-mean step bitwise; FedAvgM,
+  FedAdam, FedYogi, FedAdagrad apply their server step to the mean update.
+* ``configure_evaluate`` sends nothing: a client's loss on its private data would be an
+  unaccounted release. Evaluate held-out data on the server through ``start(evaluate_fn=...)``.
+* the public record: one ``PublicRoundRecord`` per round (request, counts, released, the norm of
+  the mean noisy update, the server-side metrics of that round, wall times) when ``public_ledger``
+  is given. Nothing per client is kept or written.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Mapping
+from copy import copy
 from dataclasses import dataclass, field
+from logging import INFO, WARNING
+from pathlib import Path
+from typing import Any
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app.constants import DEFAULT_TTL
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Result, Strategy
 
-from fedfilter.client.mechanism import reply_dtype
 from fedfilter.client.release import RoundSpec
 from fedfilter.client.round_rules import added_noise_std, model_step, reports_needed
-from fedfilter.client.wire import (
-    ARRAYS_RECORD,
-    REQUEST_RECORD,
-    STATUS_LEFT,
-    STATUS_RECORD,
-    STATUS_REPORT,
-    request_record,
+from fedfilter.client.wire import ARRAYS_RECORD, REQUEST_RECORD, request_proto, request_record
+from fedfilter.coordinator.filtered_mean import FilteredMeanStrategy
+from fedfilter.coordinator.public_ledger import PublicLedger
+from fedfilter.coordinator.replies import (
+    RoundTally,
+    classify_reply,
+    l2_norm,
+    plain_mean,
+    report_norm_bound,
+    tally_replies,
 )
+from fedfilter.protos import fedfilter_pb2
 
-__all__ = ["FilteredMeanStrategy", "RoundTally", "classify_reply", "plain_mean", "report_norm_bound"]
+__all__ = [
+    "IndividualFilterStrategy",
+    "RoundOutcome",
+    "FilteredMeanStrategy",
+    "RoundTally",
+    "classify_reply",
+    "plain_mean",
+    "report_norm_bound",
+]
 
-# A report is noise of standard deviation s per coordinate plus at most `clip` of signal. Its norm
-# exceeds clip + s (sqrt(d) + t) with probability at most exp(-t^2 / 2) (Gaussian concentration of
-# the norm, a 1-Lipschitz function: Boucheron, Lugosi & Massart 2013, Theorem 5.6); t = 10 gives
-# about 2e-22, so a genuine report is essentially never dropped.
-_NORM_SLACK_T = 10.0
-
-
-def report_norm_bound(*, clip: float, noise_std: float, dim: int) -> float:
-    """The largest norm a genuine report can have (but with probability < 2e-22)."""
-    return clip + noise_std * (math.sqrt(dim) + _NORM_SLACK_T)
+# The weight of the one reply the inner strategy gets: a constant, never an example count.
+AGGREGATE_WEIGHT = 1
 
 
 @dataclass
-class RoundTally:
-    """What one round's replies amount to (public, round-level counts)."""
+class RoundOutcome:
+    """One round's public facts (counts only; nothing per client)."""
 
-    reports: list[list[np.ndarray]] = field(default_factory=list)
+    round_id: int
+    sampled: int
+    reports: int = 0
     markers: int = 0
     dropped: int = 0
-    reasons: list[str] = field(default_factory=list)  # why replies were dropped, for the log
+    released: bool = False
+    aggregate_norm: float = 0.0
+    reasons: list[str] = field(default_factory=list)
 
 
-def classify_reply(
-    msg: Message, keys: Sequence[str], template: Sequence[np.ndarray], norm_bound: float
-) -> tuple[str, list[np.ndarray] | None, str]:
-    """``("report", arrays, "")``, ``("marker", None, "")`` or ``("dropped", None, reason)``."""
-    if msg.has_error():
-        return "dropped", None, f"error reply (code {msg.error.code})"
-    content = msg.content
-    status_record = content.config_records.get(STATUS_RECORD)
-    status = status_record.get("status") if status_record is not None else None
-    array_records = list(content.array_records.items())
-    if status == STATUS_LEFT:
-        if array_records:
-            return "dropped", None, "a 'left' marker that carries arrays"
-        return "marker", None, ""
-    if status != STATUS_REPORT:
-        return "dropped", None, f"unknown status {status!r}"
-    if len(array_records) != 1 or array_records[0][0] != ARRAYS_RECORD:
-        return "dropped", None, f"a report must hold exactly one ArrayRecord {ARRAYS_RECORD!r}"
-    record = array_records[0][1]
-    if list(record.keys()) != list(keys):
-        return "dropped", None, "the report's array keys differ from the model's"
-    arrays = []
-    for key, like in zip(keys, template):
-        item, dtype = record[key], reply_dtype(like.dtype)
-        if item.dtype != str(dtype) or tuple(item.shape) != like.shape:
-            return "dropped", None, f"array {key!r} has dtype {item.dtype} and shape {tuple(item.shape)}"
-        try:
-            a = item.numpy()
-        except Exception as err:  # noqa: BLE001 - malformed bytes: drop, do not fail the round
-            return "dropped", None, f"array {key!r} cannot be decoded ({type(err).__name__})"
-        if a.dtype != dtype or a.shape != like.shape:
-            return "dropped", None, f"array {key!r} decodes to dtype {a.dtype}, shape {a.shape}"
-        if not np.all(np.isfinite(a)):
-            return "dropped", None, f"array {key!r} holds NaN or inf"
-        arrays.append(a)
-    norm = math.sqrt(sum(float(np.sum(np.square(a, dtype=np.float64))) for a in arrays))
-    if norm > norm_bound:
-        return "dropped", None, f"the report's norm {norm:.4g} exceeds what noise can explain ({norm_bound:.4g})"
-    return "report", arrays, ""
+class IndividualFilterStrategy(Strategy):
+    """Wrap a Message-API strategy so it sees only valid noisy reports, weighted equally.
 
+    ``noise_multiplier``, ``clip``, ``placement`` (``local`` or ``distributed``) and ``min_reports``
+    form the round request every device checks against its own policy. ``public_ledger`` (a path or
+    an open ``PublicLedger``) receives one public record per round when the run goes through
+    ``start``; ``public_config`` is stored with the run (public settings only: the ledger refuses
+    names that look per-client). ``run_name`` is the run id the devices account under (default
+    ``flwr-<Flower run id>``). ``message_ttl_s`` sets the TTL of every train message (default:
+    Flower's, 12 h); it must exceed the round timeout, or Flower discards replies of clients that
+    have already spent budget.
+    """
 
-def plain_mean(reports: Sequence[Sequence[np.ndarray]], template: Sequence[np.ndarray]) -> list[np.ndarray]:
-    """The unweighted mean of the reports, accumulated in float64, in the model's dtypes."""
-    if not reports:
-        raise ValueError("plain_mean needs at least one report. Found 0.")
-    total = [np.zeros(t.shape, dtype=np.float64) for t in template]
-    for report in reports:
-        for acc, a in zip(total, report):
-            acc += a
-    return [(acc / len(reports)).astype(t.dtype) for acc, t in zip(total, template)]
-
-
-@dataclass(frozen=True)
-class FilteredMeanStrategy:
-    """Sampling, requests and a plain-mean aggregate over filtered reports."""
-
-    noise_multiplier: float
-    clip: float
-    placement: str = "local"
-    min_reports: int = 1
-    fraction: float = 1.0
-    server_lr: float = 1.0
-    ttl_s: float = 3600.0
-
-    def __post_init__(self):
+    def __init__(
+        self,
+        strategy: Strategy,
+        *,
+        noise_multiplier: float,
+        clip: float,
+        placement: str = "local",
+        min_reports: int = 1,
+        public_ledger: str | Path | PublicLedger | None = None,
+        run_name: str | None = None,
+        public_config: Mapping[str, Any] | None = None,
+        message_ttl_s: float | None = None,
+    ) -> None:
         problems = []
-        for name in ("noise_multiplier", "clip", "server_lr", "ttl_s"):
-            v = getattr(self, name)
-            if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+        if not isinstance(strategy, Strategy):
+            problems.append(f"strategy must be a flwr.serverapp.strategy.Strategy. Found {type(strategy).__name__}.")
+        for name, v in (("noise_multiplier", noise_multiplier), ("clip", clip)):
+            if isinstance(v, bool) or not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
                 problems.append(f"{name} must be a finite number > 0. Found {v!r}.")
-        if not (0 < self.fraction <= 1):
-            problems.append(f"fraction must be in (0, 1]. Found {self.fraction!r}.")
-        if self.placement not in ("local", "distributed"):
-            problems.append(f"placement must be 'local' or 'distributed'. Found {self.placement!r}.")
-        if isinstance(self.min_reports, bool) or not isinstance(self.min_reports, int) or self.min_reports < 1:
-            problems.append(f"min_reports must be an integer >= 1. Found {self.min_reports!r}.")
+        if placement not in ("local", "distributed"):
+            problems.append(f"placement must be 'local' or 'distributed'. Found {placement!r}.")
+        if isinstance(min_reports, bool) or not isinstance(min_reports, int) or min_reports < 1:
+            problems.append(f"min_reports must be an integer >= 1. Found {min_reports!r}.")
+        if message_ttl_s is not None and not (
+            isinstance(message_ttl_s, (int, float)) and math.isfinite(message_ttl_s) and message_ttl_s > 0
+        ):
+            problems.append(f"message_ttl_s must be a finite number > 0. Found {message_ttl_s!r}.")
+        if run_name is not None and (not isinstance(run_name, str) or not run_name):
+            problems.append(f"run_name must be a non-empty string. Found {run_name!r}.")
+        # Devices read the model from "arrays" and reply under it; a strategy using another key cannot work.
+        inner_key = getattr(strategy, "arrayrecord_key", ARRAYS_RECORD)
+        if inner_key != ARRAYS_RECORD:
+            problems.append(f"the inner strategy's arrayrecord_key must be {ARRAYS_RECORD!r}. Found {inner_key!r}.")
         if problems:
             raise ValueError(" ".join(problems))
+        self.strategy = strategy
+        self.noise_multiplier = float(noise_multiplier)
+        self.clip = float(clip)
+        self.placement = placement
+        self.min_reports = int(min_reports)
+        self.public_ledger = public_ledger
+        self.run_name = run_name
+        self.public_config = dict(public_config) if public_config is not None else None
+        self.message_ttl_s = message_ttl_s
+        self.last_outcome: RoundOutcome | None = None
+        self._asked: list[int] = []
+        self._keys: list[str] = []
+        self._template: list[np.ndarray] = []
+        self._spec: RoundSpec | None = None
+        self._request_extra: dict[str, Any] = {}
+        self._started_at = 0.0
+        self._pending: fedfilter_pb2.PublicRoundRecord | None = None
+        self._evaluate_refusal_logged = False
 
-    def spec(self, run_id: str, round_id: int) -> RoundSpec:
-        return RoundSpec(
-            run_id=run_id,
-            round_id=round_id,
+    def __repr__(self) -> str:
+        return f"IndividualFilterStrategy({self.strategy!r})"
+
+    # -- the round rules (fedfilter.client.round_rules; not re-derived here) --
+
+    def per_client_noise_std(self) -> float:
+        return added_noise_std(self.noise_multiplier, self.clip, self.placement, self.min_reports)
+
+    def reports_needed(self) -> int:
+        return reports_needed(self.placement, self.min_reports)
+
+    def run_id(self, grid: Grid) -> str:
+        return self.run_name or f"flwr-{grid.run.run_id}"
+
+    def summary(self) -> None:
+        log(INFO, "\t├──> Individual privacy filter settings (fedfilter):")
+        log(INFO, "\t│\t├── Noise multiplier: %s | Clip: %s", self.noise_multiplier, self.clip)
+        log(INFO, "\t│\t├── Placement: %s | min-reports: %d", self.placement, self.min_reports)
+        log(INFO, "\t│\t├── Noise std per report: %.6g", self.per_client_noise_std())
+        log(INFO, "\t│\t└── Public ledger: %s", self.public_ledger if self.public_ledger is not None else "(none)")
+        self.strategy.summary()
+
+    # -- training --
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """The inner strategy's messages, each with the round request added."""
+        self._started_at = time.time()
+        self._keys = list(arrays.keys())
+        self._template = [arrays[k].numpy() for k in self._keys]
+        self._spec = RoundSpec(
+            run_id=self.run_id(grid),
+            round_id=int(server_round),
             noise_multiplier=self.noise_multiplier,
             clip=self.clip,
             placement=self.placement,
             min_reports=self.min_reports,
         )
-
-    def sample(self, node_ids: Iterable[int], rng: np.random.Generator) -> list[int]:
-        nodes = sorted(node_ids)
-        if self.fraction >= 1 or not nodes:
-            return nodes
-        k = max(1, math.ceil(self.fraction * len(nodes)))
-        return sorted(int(n) for n in rng.choice(nodes, size=k, replace=False))
-
-    def train_messages(
-        self,
-        spec: RoundSpec,
-        node_ids: Sequence[int],
-        keys: Sequence[str],
-        weights: Sequence[np.ndarray],
-        train_config: dict,
-    ) -> list[Message]:
-        model = ArrayRecord({k: Array(np.array(w, order="C")) for k, w in zip(keys, weights)})
-        messages = []
-        for node_id in node_ids:
-            content = RecordDict(
-                {
-                    ARRAYS_RECORD: model,
-                    "config": ConfigRecord(dict(train_config)),
-                    REQUEST_RECORD: request_record(spec),
-                }
-            )
-            messages.append(
-                Message(
-                    content,
-                    dst_node_id=int(node_id),
-                    message_type=MessageType.TRAIN,
-                    group_id=str(spec.round_id),
-                    ttl=self.ttl_s,
-                )
-            )
+        # The public record repeats the training settings sent, when the config names them.
+        self._request_extra = {
+            "local_epochs": _int_or_zero(config.get("local-epochs")),
+            "learning_rate": _float_or_zero(config.get("lr")),
+        }
+        request = request_record(self._spec)
+        messages = list(self.strategy.configure_train(server_round, arrays, config, grid))
+        for msg in messages:
+            content = RecordDict(dict(msg.content.items()))  # a copy: inner strategies share one RecordDict
+            content[REQUEST_RECORD] = request
+            msg.content = content
+            if self.message_ttl_s is not None:
+                msg.metadata.ttl = float(self.message_ttl_s)
+        self._asked = [int(m.metadata.dst_node_id) for m in messages]
         return messages
 
-    def per_client_noise_std(self) -> float:
-        return added_noise_std(self.noise_multiplier, self.clip, self.placement, self.min_reports)
-
-    def tally(
-        self, replies: Iterable[Message], sampled: Sequence[int], keys: Sequence[str], template: Sequence[np.ndarray]
-    ) -> RoundTally:
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """The inner strategy's step from the plain mean of the checked reports; ``None`` arrays if dropped."""
+        if self._spec is None or self._spec.round_id != server_round:
+            raise RuntimeError(f"aggregate_train(server_round={server_round}) without configure_train for that round.")
+        replies = list(replies)
         bound = report_norm_bound(
-            clip=self.clip, noise_std=self.per_client_noise_std(), dim=sum(int(t.size) for t in template)
+            clip=self.clip, noise_std=self.per_client_noise_std(), dim=sum(int(t.size) for t in self._template)
         )
-        expected, seen = set(int(n) for n in sampled), set()
-        out = RoundTally()
-        for msg in replies:
-            src = int(msg.metadata.src_node_id)
-            if src not in expected or src in seen:
-                out.dropped += 1
-                out.reasons.append("a reply from a node not asked, or a second reply")
-                continue
-            seen.add(src)
-            kind, arrays, reason = classify_reply(msg, keys, template, bound)
-            if kind == "report":
-                out.reports.append(arrays)
-            elif kind == "marker":
-                out.markers += 1
-            else:
-                out.dropped += 1
-                out.reasons.append(reason)
-        return out
+        tally = tally_replies(replies, self._asked, self._keys, self._template, bound)
+        outcome = RoundOutcome(
+            round_id=server_round,
+            sampled=len(self._asked),
+            reports=len(tally.reports),
+            markers=tally.markers,
+            dropped=tally.dropped,
+            reasons=tally.reasons,
+        )
+        arrays: ArrayRecord | None = None
+        if tally.reports and len(tally.reports) >= self.reports_needed():
+            mean = plain_mean(tally.reports, self._template)
+            outcome.released = True
+            outcome.aggregate_norm = l2_norm(mean)
+            arrays = self._inner_aggregate(server_round, replies, tally, mean)
+        self._finish_round(outcome)
+        metrics = MetricRecord(
+            {
+                "reports-received": outcome.reports,
+                "markers-received": outcome.markers,
+                "replies-dropped": outcome.dropped,
+                "released": int(outcome.released),
+            }
+        )
+        return arrays, metrics
 
-    def released(self, tally: RoundTally) -> bool:
-        return len(tally.reports) >= reports_needed(self.placement, self.min_reports)
+    def _inner_aggregate(
+        self, server_round: int, replies: list[Message], tally: RoundTally, mean: list[np.ndarray]
+    ) -> ArrayRecord:
+        """The inner strategy's step from the released aggregate: one reply, ``global + mean``, weight 1.
 
-    def step(self, weights: Sequence[np.ndarray], tally: RoundTally) -> tuple[list[np.ndarray], float]:
-        """New weights and the noisy mean's norm; the weights unchanged if the round is dropped."""
-        if not self.released(tally):
-            return [w.copy() for w in weights], 0.0
-        mean = plain_mean(tally.reports, weights)
-        norm = math.sqrt(sum(float(np.sum(np.square(m, dtype=np.float64))) for m in mean))
-        return model_step(weights, mean, self.server_lr), norm
+        The inner strategy sees what the round releases (DESIGN.md section 1), not the reports one by
+        one: in distributed placement a single report carries only 1/sqrt(m) of the accounted noise,
+        and user code in the inner strategy may log what it gets. ``global + mean`` is the round rule
+        ``model_step`` with rate 1, so FedAvg's result is the plain mean step bitwise (its weighted
+        mean of one reply multiplies by exactly 1.0) and FedAvgM, FedAdam, FedYogi, ... apply their
+        server step to the mean update. Per-client aggregators (median, Krum, trimmed mean) are not
+        meaningful here: they see one reply.
+        """
+        weight_key = getattr(self.strategy, "weighted_by_key", "num-examples")
+        stepped = model_step(self._template, mean, 1.0)
+        content = RecordDict(
+            {
+                ARRAYS_RECORD: ArrayRecord({k: Array(np.array(w, order="C")) for k, w in zip(self._keys, stepped)}),
+                "metrics": MetricRecord({weight_key: AGGREGATE_WEIGHT}),
+            }
+        )
+        # Flower's strategies read a reply's metadata only to log errors; the first report's will do. A
+        # shallow copy with new content leaves the reply itself untouched.
+        first = next(m for m in replies if int(m.metadata.src_node_id) == tally.report_sources[0])
+        released = copy(first)
+        released.content = content
+        arrays, _ = self.strategy.aggregate_train(server_round, [released])
+        if arrays is None:
+            raise RuntimeError(f"the inner strategy {self.strategy!r} returned no arrays for a released aggregate.")
+        return self._in_model_dtypes(arrays)
+
+    def _in_model_dtypes(self, arrays: ArrayRecord) -> ArrayRecord:
+        """The inner result with the model's keys, shapes and dtypes (optimizers may upcast to float64)."""
+        if list(arrays.keys()) != self._keys:
+            raise RuntimeError(f"the inner strategy returned keys {list(arrays.keys())}, not the model's {self._keys}.")
+        out = {}
+        for key, like in zip(self._keys, self._template):
+            a = arrays[key].numpy()
+            if a.shape != like.shape:
+                raise RuntimeError(f"the inner strategy returned {key!r} with shape {a.shape}, not {like.shape}.")
+            if not np.issubdtype(like.dtype, np.floating):
+                a = np.rint(a)  # a weighted mean of equal integers can land a rounding error below them
+            out[key] = Array(np.array(a, dtype=like.dtype, order="C"))
+        return ArrayRecord(out)
+
+    def _finish_round(self, outcome: RoundOutcome) -> None:
+        self.last_outcome = outcome
+        assert self._spec is not None
+        self._pending = fedfilter_pb2.PublicRoundRecord(
+            run_id=self._spec.run_id,
+            round_id=outcome.round_id,
+            request=request_proto(self._spec, **self._request_extra),
+            clients_sampled=outcome.sampled,
+            reports_received=outcome.reports,
+            markers_received=outcome.markers,
+            replies_dropped=outcome.dropped,
+            released=outcome.released,
+            aggregate_norm=outcome.aggregate_norm if math.isfinite(outcome.aggregate_norm) else 0.0,
+            started_at_unix=self._started_at,
+        )
+        log(
+            INFO,
+            "fedfilter round %d: %d sampled, %d reports, %d markers, %d dropped, released=%s",
+            outcome.round_id,
+            outcome.sampled,
+            outcome.reports,
+            outcome.markers,
+            outcome.dropped,
+            outcome.released,
+        )
+        for reason in sorted(set(outcome.reasons)):
+            log(WARNING, "fedfilter round %d: dropped a reply: %s", outcome.round_id, reason)
+
+    # -- evaluation: refused on clients --
+
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """Nothing: a client's metrics on its private data would be a release the filter cannot account."""
+        if not self._evaluate_refusal_logged:
+            log(
+                INFO,
+                "fedfilter: client-side evaluation is not sent (unaccounted release of private data); "
+                "evaluate held-out data on the server with start(evaluate_fn=...)",
+            )
+            self._evaluate_refusal_logged = True
+        return []
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+        return None
+
+    # -- the run: public ledger around Flower's loop --
+
+    def start(
+        self,
+        grid: Grid,
+        initial_arrays: ArrayRecord,
+        num_rounds: int = 3,
+        timeout: float = 3600,
+        train_config: ConfigRecord | None = None,
+        evaluate_config: ConfigRecord | None = None,
+        evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
+    ) -> Result:
+        """Flower's loop, with one public record per round appended after the server-side evaluation."""
+        ttl = self.message_ttl_s if self.message_ttl_s is not None else DEFAULT_TTL
+        if ttl <= timeout:
+            raise ValueError(
+                f"message TTL {ttl} s must exceed the round timeout {timeout} s: a shorter TTL discards "
+                "replies whose clients have already spent budget."
+            )
+        run_id = self.run_id(grid)
+        ledger, owned = self._open_ledger()
+        started_run = False
+        self._pending = None
+
+        def evaluate_and_record(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
+            metrics = evaluate_fn(server_round, arrays) if evaluate_fn is not None else None
+            if server_round > 0:
+                self._append_pending(ledger, metrics)
+            return metrics
+
+        try:
+            if ledger is not None:
+                ledger.start_run(run_id, self._run_config())
+                started_run = True
+            return super().start(
+                grid,
+                initial_arrays,
+                num_rounds=num_rounds,
+                timeout=timeout,
+                train_config=train_config,
+                evaluate_config=evaluate_config,
+                evaluate_fn=evaluate_and_record,
+            )
+        finally:
+            if ledger is not None:
+                if started_run:
+                    ledger.finish_run(run_id)
+                if owned:
+                    ledger.close()
+
+    def _open_ledger(self) -> tuple[PublicLedger | None, bool]:
+        if self.public_ledger is None or isinstance(self.public_ledger, PublicLedger):
+            return self.public_ledger, False
+        return PublicLedger(self.public_ledger), True
+
+    def _run_config(self) -> dict[str, Any]:
+        if self.public_config is not None:
+            return self.public_config
+        return {
+            "strategy": type(self.strategy).__name__,
+            "noise-multiplier": self.noise_multiplier,
+            "clip": self.clip,
+            "placement": self.placement,
+            "min-reports": self.min_reports,
+        }
+
+    def _append_pending(self, ledger: PublicLedger | None, metrics: MetricRecord | None) -> None:
+        record, self._pending = self._pending, None
+        if record is None or ledger is None:
+            return
+        for name, value in (metrics or {}).items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                record.metrics[name] = float(value)
+        record.finished_at_unix = time.time()
+        record.wall_time_s = record.finished_at_unix - record.started_at_unix
+        ledger.append(record)
+
+
+def _int_or_zero(value: Any) -> int:
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+
+def _float_or_zero(value: Any) -> float:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return float(value) if ok else 0.0

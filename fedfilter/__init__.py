@@ -1,3 +1,60 @@
-"""fedfilter: individual, lifelong privacy filters for the clients of a Flower federation."""
+"""fedfilter: individual, lifelong privacy filters for the clients of a Flower federation.
+
+The public API, as a Flower app uses it (the pair mirrors Flower's own ``fixedclipping_mod`` +
+``DifferentialPrivacyClientSideFixedClipping``)::
+
+    from fedfilter import individual_filter_mod, IndividualFilterStrategy
+
+    client_app = ClientApp(mods=[individual_filter_mod])                 # on every device
+    strategy = IndividualFilterStrategy(FedAvg(), noise_multiplier=1.0, clip=0.5)  # on the server
+
+Also here: ``BudgetLedger`` (a device's durable budget), ``make_filter`` (the filters) and
+``plan_rounds`` (how many rounds a budget buys). Names are imported on first use, so that
+``import fedfilter`` (and ``fedfilter rounds``) does not load Flower, numpy's friends or torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+
+# name -> module that defines it
+_PUBLIC = {
+    "individual_filter_mod": "fedfilter.client.flower_mod",
+    "enrol_device": "fedfilter.client.flower_mod",
+    "IndividualFilterStrategy": "fedfilter.coordinator.strategy",
+    "BudgetLedger": "fedfilter.client.ledger",
+    "make_filter": "fedfilter.client.privacy.filters",
+    "plan_rounds": "fedfilter.client.privacy.planner",
+}
+__all__ = [
+    "BudgetLedger",
+    "IndividualFilterStrategy",
+    "enrol_device",
+    "individual_filter_mod",
+    "make_filter",
+    "plan_rounds",
+    "__version__",
+]
+
+if TYPE_CHECKING:
+    from fedfilter.client.flower_mod import enrol_device, individual_filter_mod
+    from fedfilter.client.ledger import BudgetLedger
+    from fedfilter.client.privacy.filters import make_filter
+    from fedfilter.client.privacy.planner import plan_rounds
+    from fedfilter.coordinator.strategy import IndividualFilterStrategy
+
+
+def __getattr__(name: str) -> Any:
+    module = _PUBLIC.get(name)
+    if module is None:
+        raise AttributeError(f"module 'fedfilter' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

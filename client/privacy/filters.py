@@ -252,6 +252,8 @@ def round_allowance(
     """
     allow = np.minimum(np.asarray(clip, dtype=np.float64), filt.allowance(state, noise_std=noise_std))
     if run_filter is not None:  # configuration, not data: a device either has a run quota or not
+        if run_state is None:
+            raise ValueError("run_state is required with run_filter. Found None.")
         allow = np.minimum(allow, run_filter.allowance(run_state, noise_std=noise_std))
     return allow
 

@@ -45,8 +45,8 @@ def pure_step_stats(eps_t: float) -> tuple[float, float, float]:
     return (eps_t, float(up(eps_t * math.expm1(eps_t) / 2)), float(up(eps_t * eps_t)))
 
 
-def add_stats(a: tuple[float, float, float], b: tuple[float, float, float]) -> tuple[float, ...]:
-    return tuple(float(up(x + y)) for x, y in zip(a, b))
+def add_stats(a: tuple[float, float, float], b: tuple[float, float, float]) -> tuple[float, float, float]:
+    return (float(up(a[0] + b[0])), float(up(a[1] + b[1])), float(up(a[2] + b[2])))
 
 
 def basic_admits(stats: tuple[float, float, float], epsilon_g: float) -> bool:

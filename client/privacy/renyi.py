@@ -30,7 +30,7 @@ DEFAULT_ORDERS: tuple[float, ...] = tuple(
 )
 
 
-def check_orders(orders: Sequence[float]) -> np.ndarray:
+def check_orders(orders: Sequence[float] | np.ndarray) -> np.ndarray:
     """Orders as a float array; each must be finite and > 1.01 (the conversion's stable range)."""
     arr = np.asarray(orders, dtype=np.float64)
     if arr.ndim != 1 or arr.size == 0:
@@ -86,7 +86,7 @@ def epsilon_from_rdp(orders: Sequence[float], rdp: Sequence[float], delta: float
     return float(max(0.0, up(best)))
 
 
-def rdp_budgets(orders: Sequence[float], epsilon: float, delta: float) -> np.ndarray:
+def rdp_budgets(orders: Sequence[float] | np.ndarray, epsilon: float, delta: float) -> np.ndarray:
     """Per order, the largest RDP value that converts to at most (epsilon, delta) (rounded down).
 
     Orders whose budget would be <= 0 get 0: they admit nothing and never certify the budget.
@@ -97,7 +97,7 @@ def rdp_budgets(orders: Sequence[float], epsilon: float, delta: float) -> np.nda
     return np.maximum(budgets, 0.0)
 
 
-def gaussian_rho_budget(orders: Sequence[float], epsilon: float, delta: float) -> float:
+def gaussian_rho_budget(orders: Sequence[float] | np.ndarray, epsilon: float, delta: float) -> float:
     """The largest ``rho`` such that ``(alpha, alpha * rho)``-RDP at some order of the grid implies
     (epsilon, delta)-DP by ``epsilon_from_rdp``'s conversion (rounded down; 0 if none).
 

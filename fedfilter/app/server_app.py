@@ -1,12 +1,16 @@
-"""The coordinator's ServerApp: rounds of filtered, noisy updates, a plain mean, public records only.
+"""The coordinator's ServerApp: Flower's strategy loop behind ``IndividualFilterStrategy``.
 
 ``app`` is what ``[tool.flwr.app.components] serverapp = "fedfilter.app.server_app:app"`` loads.
-Each round it samples nodes, sends them the model, the training settings and the round request,
-waits a bounded time for replies (``round-timeout-s``; the message TTL is longer, so a client
-that has already spent budget is not silently discarded by Flower), checks every reply, takes the
-plain mean of the valid noisy updates (``fedfilter.coordinator.strategy``), applies it with the server
-learning rate, evaluates the model on the task's held-out test data and appends one
-``PublicRoundRecord`` to the public ledger. Nothing per client is written anywhere.
+As in Flower's templates, ``run`` reads the run config, builds the model and held-out test data
+(``fedfilter.app.task``), picks the inner strategy (``FedAvg``; ``FedAvgM`` with its server learning
+rate when ``server-lr`` is not 1, without momentum: ``w + server-lr * mean``), wraps it in
+``fedfilter.coordinator.strategy.IndividualFilterStrategy`` and calls ``strategy.start``: per round
+the wrapper adds the round request, checks every reply, hands the inner strategy the plain mean of
+the valid noisy updates, and appends one ``PublicRoundRecord`` (with the server-side evaluation on
+the task's test data) to the public ledger. Nothing per client is written anywhere.
+
+Messages live longer than a round (``message-ttl-s`` > ``round-timeout-s``), so Flower does not
+silently discard the replies of clients that have already spent budget.
 
 Run config (``[tool.flwr.app.config]``, ``flwr run --run-config``; ``make_server_app(overrides)``
 under ``run_simulation``, whose run config is empty): ``SERVER_DEFAULTS`` below, in kebab-case.
@@ -14,29 +18,26 @@ under ``run_simulation``, whose run config is empty): ``SERVER_DEFAULTS`` below,
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Mapping
-from logging import INFO, WARNING
+from logging import WARNING
 from typing import Any
 
 import numpy as np
-from flwr.app import Context
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
+from flwr.serverapp.strategy import FedAvg, FedAvgM
 
-from fedfilter.client.wire import request_proto
-from fedfilter.coordinator.public_ledger import PublicLedger
-from fedfilter.coordinator.strategy import FilteredMeanStrategy
-from fedfilter.protos import fedfilter_pb2
+from fedfilter.coordinator.strategy import IndividualFilterStrategy
 
-__all__ = ["app", "make_server_app", "run", "SERVER_DEFAULTS"]
+__all__ = ["app", "make_server_app", "run", "SERVER_DEFAULTS", "server_config", "inner_strategy"]
 
 SERVER_DEFAULTS: dict[str, Any] = {
     "run-name": "",  # the run-id clients see and the public ledger keys on; default flwr-<run id>
     "num-rounds": 5,
     "fraction-train": 1.0,
-    "min-available-nodes": 2,  # wait (up to node-wait-s) until this many nodes are connected
+    "min-available-nodes": 2,  # wait up to node-wait-s for this many nodes; then go on with those connected
     "node-wait-s": 60.0,
     "round-timeout-s": 300.0,  # bounded wait for one round's replies
     "message-ttl-s": 0.0,  # 0: 2 * round-timeout-s + 60
@@ -44,7 +45,7 @@ SERVER_DEFAULTS: dict[str, Any] = {
     "clip": 0.4,
     "placement": "local",
     "min-reports": 1,
-    "server-lr": 1.0,
+    "server-lr": 1.0,  # 1: FedAvg; otherwise FedAvgM(server_learning_rate=server-lr, server_momentum=0)
     "local-epochs": 2,
     "lr": 0.1,
     "batch-size": 32,
@@ -53,7 +54,7 @@ SERVER_DEFAULTS: dict[str, Any] = {
     "partition": "iid",
     "alpha": 0.5,
     "partition-seed": 0,
-    "seed": 0,  # initial model and client sampling
+    "seed": 0,  # the initial model (sampling is the inner Flower strategy's own)
     "public-ledger": "fedfilter_public.sqlite",
 }
 # Sent to every client with each train message (the ClientApp's training settings).
@@ -76,112 +77,86 @@ def server_config(run_config: Mapping[str, Any], overrides: Mapping[str, Any] | 
     return out
 
 
-def _wait_for_nodes(grid: Grid, wanted: int, wait_s: float) -> list[int]:
+def _wait_for_nodes(grid: Grid, wanted: int, wait_s: float) -> int:
+    """How many nodes the inner strategy should wait for: ``wanted``, or those connected after ``wait_s``."""
     deadline = time.monotonic() + wait_s
     while True:
-        nodes = list(grid.get_node_ids())
-        if len(nodes) >= wanted or time.monotonic() >= deadline:
+        connected = len(list(grid.get_node_ids()))
+        if connected >= wanted or time.monotonic() >= deadline:
             break
         time.sleep(0.2)
-    if not nodes:
+    if connected == 0:
         raise RuntimeError(f"no node connected within node-wait-s={wait_s}.")
-    if len(nodes) < wanted:
-        log(
-            WARNING,
-            "fedfilter: %d of min-available-nodes=%d connected after %.0f s; going on",
-            len(nodes),
-            wanted,
-            wait_s,
-        )
-    return nodes
+    if connected < wanted:
+        message = "fedfilter: %d of min-available-nodes=%d connected after %.0f s; going on"
+        log(WARNING, message, connected, wanted, wait_s)
+    return min(connected, wanted)
+
+
+def inner_strategy(cfg: Mapping[str, Any], min_available_nodes: int) -> FedAvg:
+    """The Flower strategy the filter wraps: FedAvg, or FedAvgM's server learning rate without momentum."""
+    common = dict(
+        fraction_train=cfg["fraction-train"],
+        fraction_evaluate=0.0,  # client-side evaluation is refused (IndividualFilterStrategy.configure_evaluate)
+        min_train_nodes=1,
+        min_evaluate_nodes=0,
+        min_available_nodes=min_available_nodes,
+    )
+    if cfg["server-lr"] == 1.0:
+        return FedAvg(**common)
+    return FedAvgM(**common, server_learning_rate=cfg["server-lr"], server_momentum=0.0)
 
 
 def run(grid: Grid, context: Context, overrides: Mapping[str, Any] | None = None) -> None:
-    """The coordinator's main loop (see the module docstring)."""
+    """Build the model, the inner strategy and the filter wrapper, then run Flower's loop."""
     import torch
 
     from fedfilter.app.task import evaluate, get_weights, load_task, set_weights
 
     cfg = server_config(context.run_config, overrides)
-    run_id = cfg["run-name"] or f"flwr-{context.run_id}"
+    if not (0 < cfg["fraction-train"] <= 1):
+        raise ValueError(f"run-config 'fraction-train' must be in (0, 1]. Found {cfg['fraction-train']!r}.")
+    if not (cfg["server-lr"] > 0 and np.isfinite(cfg["server-lr"])):
+        raise ValueError(f"run-config 'server-lr' must be a finite number > 0. Found {cfg['server-lr']!r}.")
     ttl = cfg["message-ttl-s"] or 2 * cfg["round-timeout-s"] + 60.0
     if ttl <= cfg["round-timeout-s"]:
         raise ValueError(
             f"message-ttl-s={ttl} must exceed round-timeout-s={cfg['round-timeout-s']}: a "
             "shorter TTL discards replies whose clients have already spent budget."
         )
-    strategy = FilteredMeanStrategy(
-        noise_multiplier=cfg["noise-multiplier"],
-        clip=cfg["clip"],
-        placement=cfg["placement"],
-        min_reports=cfg["min-reports"],
-        fraction=cfg["fraction-train"],
-        server_lr=cfg["server-lr"],
-        ttl_s=ttl,
-    )
 
     torch.set_num_threads(1)
     torch.manual_seed(cfg["seed"])
     task = load_task(cfg["task"], num_clients=1)  # the coordinator needs the model and test data only
     model = task.model_fn()
     keys = list(model.state_dict().keys())
-    weights = get_weights(model)
-    rng = np.random.default_rng(cfg["seed"])
-    train_config = {k: cfg[k] for k in _TRAIN_KEYS}
+    initial = ArrayRecord({k: Array(np.array(w, order="C")) for k, w in zip(keys, get_weights(model))})
 
-    public_config = {k: v for k, v in cfg.items() if k not in ("public-ledger", "run-name")}
-    ledger = PublicLedger(cfg["public-ledger"])
-    started_run = False
-    try:
-        ledger.start_run(run_id, public_config)
-        started_run = True
-        _wait_for_nodes(grid, cfg["min-available-nodes"], cfg["node-wait-s"])
-        for round_id in range(1, cfg["num-rounds"] + 1):
-            started = time.time()
-            sampled = strategy.sample(grid.get_node_ids(), rng)
-            spec = strategy.spec(run_id, round_id)
-            messages = strategy.train_messages(spec, sampled, keys, weights, {**train_config, "server-round": round_id})
-            replies = grid.send_and_receive(messages, timeout=cfg["round-timeout-s"])
-            tally = strategy.tally(replies, sampled, keys, weights)
-            released = strategy.released(tally)
-            weights, aggregate_norm = strategy.step(weights, tally)
+    def evaluate_on_test_data(server_round: int, arrays: ArrayRecord) -> MetricRecord:
+        set_weights(model, [arrays[k].numpy() for k in keys])
+        loss, accuracy = evaluate(model, *task.test_data, loss_fn=task.loss)
+        return MetricRecord({"accuracy": float(accuracy), "loss": float(loss)})
 
-            set_weights(model, weights)
-            loss, accuracy = evaluate(model, *task.test_data, loss_fn=task.loss)
-            finished = time.time()
-            record = fedfilter_pb2.PublicRoundRecord(
-                run_id=run_id,
-                round_id=round_id,
-                request=request_proto(spec, local_epochs=cfg["local-epochs"], learning_rate=cfg["lr"]),
-                clients_sampled=len(sampled),
-                reports_received=len(tally.reports),
-                markers_received=tally.markers,
-                replies_dropped=tally.dropped,
-                released=released,
-                aggregate_norm=aggregate_norm if math.isfinite(aggregate_norm) else 0.0,
-                metrics={"accuracy": float(accuracy), "loss": float(loss)},
-                started_at_unix=started,
-                finished_at_unix=finished,
-                wall_time_s=finished - started,
-            )
-            ledger.append(record)
-            log(
-                INFO,
-                "fedfilter round %d: %d sampled, %d reports, %d markers, %d dropped, released=%s, accuracy=%.4f",
-                round_id,
-                len(sampled),
-                len(tally.reports),
-                tally.markers,
-                tally.dropped,
-                released,
-                accuracy,
-            )
-            for reason in sorted(set(tally.reasons)):
-                log(WARNING, "fedfilter round %d: dropped a reply: %s", round_id, reason)
-    finally:
-        if started_run:
-            ledger.finish_run(run_id)
-        ledger.close()
+    available = _wait_for_nodes(grid, cfg["min-available-nodes"], cfg["node-wait-s"])
+    strategy = IndividualFilterStrategy(
+        inner_strategy(cfg, available),
+        noise_multiplier=cfg["noise-multiplier"],
+        clip=cfg["clip"],
+        placement=cfg["placement"],
+        min_reports=cfg["min-reports"],
+        public_ledger=cfg["public-ledger"],
+        run_name=cfg["run-name"] or f"flwr-{context.run_id}",
+        public_config={k: v for k, v in cfg.items() if k not in ("public-ledger", "run-name")},
+        message_ttl_s=ttl,
+    )
+    strategy.start(
+        grid=grid,
+        initial_arrays=initial,
+        num_rounds=cfg["num-rounds"],
+        timeout=cfg["round-timeout-s"],
+        train_config=ConfigRecord({k: cfg[k] for k in _TRAIN_KEYS}),
+        evaluate_fn=evaluate_on_test_data,
+    )
 
 
 def make_server_app(overrides: Mapping[str, Any] | None = None) -> ServerApp:

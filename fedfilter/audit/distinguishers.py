@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fedfilter.audit.bounds import Rates, gdp_total_variation, rates_at, select_threshold
+from fedfilter.audit.bounds import Rates, Test, gdp_total_variation, rates_at, select_threshold
 
 # Power-of-two grids, as bits below the leading bit of the noise std: a reply's values all on
 # one of these grids, in one world only, give that world away.
@@ -119,13 +119,15 @@ def distinguish(
     ``noise_only[f][i]`` and ``contributing[f][i]`` are feature ``f`` of trial ``i``'s two probe
     replies. World 1 of the test is "contributing".
     """
-    best = None
+    best: tuple[str, Test, float] | None = None
     for feature in noise_only:
         a0, a1 = np.asarray(noise_only[feature]), np.asarray(contributing[feature])
         test = select_threshold(a0[select], a1[select], objective="advantage", alpha=alpha)
         chosen = rates_at(test, a0[select], a1[select], alpha=alpha)
         if best is None or chosen.advantage_lo > best[2]:
             best = (feature, test, chosen.advantage_lo)
+    if best is None:
+        raise ValueError(f"{name}: noise_only must hold at least one feature. Found {noise_only!r}.")
     feature, test, _ = best
     a0, a1 = np.asarray(noise_only[feature]), np.asarray(contributing[feature])
     rates = rates_at(test, a0[~select], a1[~select], alpha=alpha)

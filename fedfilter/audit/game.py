@@ -37,7 +37,7 @@ from functools import cached_property, lru_cache
 from pathlib import Path
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, Context, Message, Metadata, RecordDict
+from flwr.app import Array, ArrayRecord, Context, Message, Metadata, RecordDict, UserConfig
 from flwr.clientapp import ClientApp
 from flwr.common.serde import message_to_proto
 
@@ -172,7 +172,9 @@ def train_message(cfg: GameConfig, round_id: int, node_id: int) -> Message:
         ttl=3600.0,
         message_type="train",
     )
-    return Message(content=content, metadata=meta)
+    # The game plays the SuperLink, the one party that gives a message its id; flwr's typed
+    # overloads leave out the keyword it uses for that (Message.__init__ accepts it at run time).
+    return Message(content=content, metadata=meta)  # type: ignore[call-overload]
 
 
 class Device:
@@ -180,7 +182,7 @@ class Device:
 
     def __init__(self, cfg: GameConfig, directory: Path, node_id: int, noise_seed: int | None):
         self.directory, self.node_id = directory, node_id
-        node = {
+        node: UserConfig = {
             "ledger-dir": str(directory),
             "client-id": f"canary-{node_id}",
             "budget-epsilon": float(cfg.device_epsilon or cfg.epsilon),

@@ -31,9 +31,9 @@ def write_outputs(result: dict, runs: dict[str, Any], out: Path) -> list[Path]:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / RESULT_FILE).write_text(json.dumps(result, indent=1) + "\n")
-    np.savez_compressed(
-        out / TRIALS_FILE,
-        **{f"{dtype}_{key}": value for dtype, run in runs.items() for key, value in trial_arrays(run).items()},
-    )
+    arrays: dict[str, Any] = {
+        f"{dtype}_{key}": value for dtype, run in runs.items() for key, value in trial_arrays(run).items()
+    }
+    np.savez_compressed(out / TRIALS_FILE, **arrays)
     report.plot({**result, "_runs": runs}, out / FIGURE_FILE)
     return [out / RESULT_FILE, out / FIGURE_FILE, out / TRIALS_FILE]

@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -137,7 +138,10 @@ def run_audit(
         raise ValueError(" ".join(problems))
     rng = np.random.default_rng(seed)
     started = time.perf_counter()
-    games, exhaustion, runs = {}, {}, {}
+    # Per dtype: the game's bounds, or {"refused": why} when the canary devices refused it.
+    games: dict[str, dict[str, Any]] = {}
+    exhaustion: dict[str, dict] = {}
+    runs: dict[str, GameRun] = {}
     with reuse_budget_solves():
         for dtype in dtypes:
             cfg = GameConfig(

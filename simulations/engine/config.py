@@ -101,7 +101,7 @@ class EngineConfig:
     partition_seed: int = 0
     client_mode: str = "auto"
 
-    epsilon: float | Sequence[float] = 1.0
+    epsilon: float | Sequence[float] | np.ndarray = 1.0
     delta: float = 1e-5
     filter_kind: str = "gdp"
     run_quota: float = 1.0

@@ -367,6 +367,10 @@ class Engine:
         self.records = [RoundRecord(**r) for r in snap["records"]]
         self.last_groups = snap["last_groups"]
         if snap["sampler"] is not None:
+            if self._sampler is None:
+                raise ValueError(
+                    "checkpoint 'sampler': this engine asks every client (fraction 1); the checkpoint does not."
+                )
             self._sampler.bit_generator.state = snap["sampler"]
 
     # --- results --------------------------------------------------------------------------------

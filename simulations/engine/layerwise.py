@@ -58,6 +58,10 @@ from torch import nn
 
 _EPS = 2.0**-52  # 2u for float64
 
+# One layer of a chunk (see ``_per_layer``): module, weight and bias squared-norm bounds (bias None
+# when it has none or is bounded with the weight), kind ("outer" | "dense" | "bmm"), float32 arrays.
+LayerPart = tuple[nn.Module, torch.Tensor, torch.Tensor | None, str, tuple[torch.Tensor, ...]]
+
 
 def _up(x: torch.Tensor, k: float) -> torch.Tensor:
     """An upper bound on ``x * (1 + k u)`` for a float64 ``x`` holding a value whose exact
@@ -231,7 +235,7 @@ class LayerwiseClippedSum:
     def terms(self, weights: list[np.ndarray], x: torch.Tensor, y: torch.Tensor) -> list[tuple]:
         """For tests: per parameter (``state_dict`` order), what each example's gradient ``G_i`` is
         made of: ``("outer", g, a)`` (exactly ``g_i a_i^T``) or ``("array", G)`` (its float32 rows)."""
-        out = []
+        out: list[tuple] = []
         for m, _, _, kind, data in self._per_layer(weights, x, y):
             if kind == "outer":
                 a, g = data
@@ -283,9 +287,9 @@ class LayerwiseClippedSum:
                     out[m.bias] = both[:, d]
         return torch.cat([out[p].reshape(-1) for p in self.model.parameters()]).to(torch.float64)
 
-    def _per_layer(self, weights, x, y):
+    def _per_layer(self, weights, x, y) -> list[LayerPart]:
         """Per layer: (module, weight and bias squared-norm bounds, kind, float32 arrays)."""
-        parts = []
+        parts: list[LayerPart] = []
         for m, a, g in self._forward(weights, x, y):
             B = a.shape[0]
             if isinstance(m, nn.Linear) and a.dim() == 2:
@@ -319,9 +323,9 @@ class LayerwiseClippedSum:
                     (
                         m,
                         _sq_rows32(gw.reshape(B, -1), squares=sq.reshape(B, -1)),
-                        _sq_rows32(gb) if bias else None,
+                        _sq_rows32(gb) if gb is not None else None,
                         "dense",
-                        (gw, gb) if bias else (gw,),
+                        (gw, gb) if gb is not None else (gw,),
                     )
                 )
                 continue

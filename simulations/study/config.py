@@ -26,7 +26,7 @@ import tomllib
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 
@@ -232,11 +232,11 @@ def _g(x) -> str:
 # ---- validation -------------------------------------------------------------------------------
 
 
-def _is_int(v) -> bool:
+def _is_int(v: object) -> TypeGuard[int]:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _is_num(v) -> bool:
+def _is_num(v: object) -> TypeGuard[float]:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
@@ -420,9 +420,10 @@ def _check_data(c: _Checker, name: str, t) -> DataSpec | None:
     if groups not in GROUPINGS:
         c.bad(f"{key}.groups", groups, f"one of {', '.join(GROUPINGS)}")
         ok = False
-    if not ok:
+    # The checks above reject any other task or count; the isinstance tests restate that for the type checker.
+    if not ok or not isinstance(task, str) or not _is_int(n):
         return None
-    return DataSpec(name, task, part, int(n), float(alpha), int(t.get("partition_seed", 0)), groups, **caps)
+    return DataSpec(name, task, part, n, float(alpha), int(t.get("partition_seed", 0)), groups, **caps)
 
 
 def _check_sweep(c: _Checker, t: dict, hets: dict, datas: dict) -> dict:
@@ -471,8 +472,8 @@ def parse_study(text: str, source: str = "<config>") -> StudyConfig:
     c.unknown("(top level)", doc, {"study", "federation", "sweep", "heterogeneity", "data"})
     study = _check_study(c, c.table(doc, "study"))
     federation = _check_federation(c, c.table(doc, "federation", required=False))
-    hets = {k: d for k, v in c.table(doc, "heterogeneity").items() if (d := _check_distribution(c, k, v))}
-    datas = {k: d for k, v in c.table(doc, "data").items() if (d := _check_data(c, k, v))}
+    hets = {k: h for k, v in c.table(doc, "heterogeneity").items() if (h := _check_distribution(c, k, v))}
+    datas = {k: ds for k, v in c.table(doc, "data").items() if (ds := _check_data(c, k, v))}
     raw_hets = doc.get("heterogeneity", {}) if isinstance(doc.get("heterogeneity"), dict) else {}
     raw_datas = doc.get("data", {}) if isinstance(doc.get("data"), dict) else {}
     sweep = _check_sweep(c, c.table(doc, "sweep"), raw_hets, raw_datas)

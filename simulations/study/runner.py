@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -99,7 +100,10 @@ def run_one(
 
     started = time.perf_counter()
     eps = study.budgets(run, task.num_clients)
-    fed = study.federation
+    # [federation] settings, with the data set's own fraction asked per round in place of the shared one.
+    fed: dict[str, Any] = dict(study.federation)
+    if run.data.fraction is not None:
+        fed["fraction"] = run.data.fraction
     ec = EngineConfig(
         task=run.data.task,
         num_clients=task.num_clients,
@@ -114,8 +118,7 @@ def run_one(
         eval_every=study.eval_every,
         group_by=grouping.engine_group_by,
         torch_threads=1,
-        **{k: v for k, v in fed.items() if not (k == "fraction" and run.data.fraction is not None)},
-        **({"fraction": run.data.fraction} if run.data.fraction is not None else {}),
+        **fed,
     )
     engine = Engine(ec, task=task)
     everyone = np.arange(task.num_clients)
@@ -144,8 +147,8 @@ def run_one(
             "aggregate_norm",
         )
     }
-    group_share = {g: [] for g in grouping.names}
-    group_acc = {g: [] for g in grouping.names}
+    group_share: dict[str, list[float]] = {g: [] for g in grouping.names}
+    group_acc: dict[str, list[float | None]] = {g: [] for g in grouping.names}
     share0 = grouping.share(alive)
     gacc_last = grouping.accuracy(groups0, task.client_ids) or {}
     gacc0 = dict(gacc_last)
@@ -238,7 +241,7 @@ def run_one(
             "names": grouping.names,
             "per_group": group_records,
             "final_accuracy_gap": (max(finals.values()) - min(finals.values())) if finals else None,
-            "worst_group": min(finals, key=finals.get) if finals else None,
+            "worst_group": min(finals, key=lambda g: finals[g]) if finals else None,
         },
         "final_accuracy": per_round["accuracy"][-1],
         "peak_accuracy": max([acc0] + per_round["accuracy"]),

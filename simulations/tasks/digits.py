@@ -33,10 +33,6 @@ def load_digits() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     y = bunch.target.astype(np.int64)
     parts = train_test_split(x, y, test_size=TEST_FRACTION, stratify=y, random_state=SPLIT_SEED)
     x_train, x_test, y_train, y_test = (np.ascontiguousarray(a) for a in parts)
-    return _read_only(x_train, y_train, x_test, y_test)
-
-
-def _read_only(*arrays: np.ndarray) -> tuple[np.ndarray, ...]:
-    for a in arrays:
+    for a in (x_train, y_train, x_test, y_test):
         a.flags.writeable = False
-    return arrays
+    return x_train, y_train, x_test, y_test

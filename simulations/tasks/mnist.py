@@ -72,8 +72,8 @@ def load_mnist(
 
 
 @lru_cache(maxsize=2)
-def _load(folder: str) -> tuple[np.ndarray, ...]:
-    out = []
+def _load(folder: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    out: list[np.ndarray] = []
     for split in ("train", "test"):
         images_name, labels_name = FILES[split]
         images = read_idx_images(Path(folder, images_name))
@@ -88,4 +88,5 @@ def _load(folder: str) -> tuple[np.ndarray, ...]:
         x.flags.writeable = False
         y.flags.writeable = False
         out += [x, y]
-    return tuple(out)
+    x_train, y_train, x_test, y_test = out
+    return x_train, y_train, x_test, y_test

@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from fedfilter.simulations.tasks.partition import dirichlet_partition, iid_partition
@@ -34,9 +34,20 @@ def test_iid_covers_every_index_once_balanced(n, k, seed):
 )
 def test_dirichlet_covers_every_index_once(n_classes, k, alpha, seed, min_size):
     labels = np.random.default_rng(seed).integers(0, n_classes, size=600)
-    parts = dirichlet_partition(labels, k, alpha, seed, min_size=min_size)
+    try:
+        parts = dirichlet_partition(labels, k, alpha, seed, min_size=min_size)
+    except ValueError as err:  # the documented refusal of a split too skewed to meet min_size
+        assert "no Dirichlet split" in str(err) and min_size > 0
+        assume(False)
     assert len(parts) == k and _covers_once(parts, len(labels))
     assert min(len(p) for p in parts) >= min_size
+
+
+def test_a_split_too_skewed_for_min_size_is_refused_by_name():
+    # One class, 8 clients, alpha 0.125: nearly all of a draw goes to one client (hypothesis found it).
+    labels = np.random.default_rng(1).integers(0, 1, size=600)
+    with pytest.raises(ValueError, match="no Dirichlet split with min_size=2"):
+        dirichlet_partition(labels, 8, 0.125, 1, min_size=2)
 
 
 def test_deterministic_for_a_seed_and_seed_matters():

@@ -1,0 +1,138 @@
+"""Checking replies to a round request: reports, markers and dropped replies, and their plain mean.
+
+Flower's ``FedAvg`` weights every reply by its ``num-examples`` metric, which is private here (it
+is the size of a client's data and carries no noise; DESIGN.md section 1). The coordinator never
+reads anything from a reply but the noisy update and its public status:
+
+* a *report*: status ``report``, one ArrayRecord with exactly the model's keys and shapes, the
+  reply dtypes of ``fedfilter.client.mechanism.reply_dtype``, finite, and a norm a genuine noisy
+  report can have (``report_norm_bound``);
+* a *marker*: status ``left``, no arrays;
+* *dropped*: an error, anything malformed, a reply from a node not asked, a second reply from one
+  node. A bad reply never fails the round.
+
+``fedfilter.coordinator.strategy.IndividualFilterStrategy`` (the Flower strategy wrapper) and the
+simulation engine's conformance test use these functions.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+from flwr.app import Message
+
+from fedfilter.client.mechanism import reply_dtype
+from fedfilter.client.wire import ARRAYS_RECORD, STATUS_LEFT, STATUS_RECORD, STATUS_REPORT
+
+__all__ = ["RoundTally", "classify_reply", "plain_mean", "report_norm_bound", "tally_replies", "l2_norm"]
+
+# A report is noise of standard deviation s per coordinate plus at most `clip` of signal. Its norm
+# exceeds clip + s (sqrt(d) + t) with probability at most exp(-t^2 / 2) (Gaussian concentration of
+# the norm, a 1-Lipschitz function: Boucheron, Lugosi & Massart 2013, Theorem 5.6); t = 10 gives
+# about 2e-22, so a genuine report is essentially never dropped.
+_NORM_SLACK_T = 10.0
+
+
+def report_norm_bound(*, clip: float, noise_std: float, dim: int) -> float:
+    """The largest norm a genuine report can have (but with probability < 2e-22)."""
+    return clip + noise_std * (math.sqrt(dim) + _NORM_SLACK_T)
+
+
+@dataclass
+class RoundTally:
+    """What one round's replies amount to (public, round-level counts)."""
+
+    reports: list[list[np.ndarray]] = field(default_factory=list)
+    report_sources: list[int] = field(default_factory=list)  # node of each report, same order (in memory only)
+    markers: int = 0
+    dropped: int = 0
+    reasons: list[str] = field(default_factory=list)  # why replies were dropped, for the log
+
+
+def classify_reply(
+    msg: Message, keys: Sequence[str], template: Sequence[np.ndarray], norm_bound: float
+) -> tuple[str, list[np.ndarray] | None, str]:
+    """``("report", arrays, "")``, ``("marker", None, "")`` or ``("dropped", None, reason)``."""
+    if msg.has_error():
+        return "dropped", None, f"error reply (code {msg.error.code})"
+    content = msg.content
+    status_record = content.config_records.get(STATUS_RECORD)
+    status = status_record.get("status") if status_record is not None else None
+    array_records = list(content.array_records.items())
+    if status == STATUS_LEFT:
+        if array_records:
+            return "dropped", None, "a 'left' marker that carries arrays"
+        return "marker", None, ""
+    if status != STATUS_REPORT:
+        return "dropped", None, f"unknown status {status!r}"
+    if len(array_records) != 1 or array_records[0][0] != ARRAYS_RECORD:
+        return "dropped", None, f"a report must hold exactly one ArrayRecord {ARRAYS_RECORD!r}"
+    record = array_records[0][1]
+    if list(record.keys()) != list(keys):
+        return "dropped", None, "the report's array keys differ from the model's"
+    arrays = []
+    for key, like in zip(keys, template):
+        item, dtype = record[key], reply_dtype(like.dtype)
+        if item.dtype != str(dtype) or tuple(item.shape) != like.shape:
+            return "dropped", None, f"array {key!r} has dtype {item.dtype} and shape {tuple(item.shape)}"
+        try:
+            a = item.numpy()
+        except Exception as err:  # noqa: BLE001 - malformed bytes: drop, do not fail the round
+            return "dropped", None, f"array {key!r} cannot be decoded ({type(err).__name__})"
+        if a.dtype != dtype or a.shape != like.shape:
+            return "dropped", None, f"array {key!r} decodes to dtype {a.dtype}, shape {a.shape}"
+        if not np.all(np.isfinite(a)):
+            return "dropped", None, f"array {key!r} holds NaN or inf"
+        arrays.append(a)
+    norm = l2_norm(arrays)
+    if norm > norm_bound:
+        return "dropped", None, f"the report's norm {norm:.4g} exceeds what noise can explain ({norm_bound:.4g})"
+    return "report", arrays, ""
+
+
+def plain_mean(reports: Sequence[Sequence[np.ndarray]], template: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """The unweighted mean of the reports, accumulated in float64, in the model's dtypes."""
+    if not reports:
+        raise ValueError("plain_mean needs at least one report. Found 0.")
+    total = [np.zeros(t.shape, dtype=np.float64) for t in template]
+    for report in reports:
+        for acc, a in zip(total, report):
+            acc += a
+    return [(acc / len(reports)).astype(t.dtype) for acc, t in zip(total, template)]
+
+
+def l2_norm(arrays: Sequence[np.ndarray]) -> float:
+    """The L2 norm of a list of arrays, accumulated in float64."""
+    return math.sqrt(sum(float(np.sum(np.square(a, dtype=np.float64))) for a in arrays))
+
+
+def tally_replies(
+    replies: Iterable[Message],
+    asked: Iterable[int],
+    keys: Sequence[str],
+    template: Sequence[np.ndarray],
+    norm_bound: float,
+) -> RoundTally:
+    """Sort one round's replies; only the first reply of each node that was asked can count."""
+    expected, seen = {int(n) for n in asked}, set()
+    out = RoundTally()
+    for msg in replies:
+        src = int(msg.metadata.src_node_id)
+        if src not in expected or src in seen:
+            out.dropped += 1
+            out.reasons.append("a reply from a node not asked, or a second reply")
+            continue
+        seen.add(src)
+        kind, arrays, reason = classify_reply(msg, keys, template, norm_bound)
+        if kind == "report" and arrays is not None:
+            out.reports.append(arrays)
+            out.report_sources.append(src)
+        elif kind == "marker":
+            out.markers += 1
+        else:
+            out.dropped += 1
+            out.reasons.append(reason)
+    return out

@@ -1,0 +1,31 @@
+"""The short public API at ``fedfilter``: every name resolves, and importing it stays light."""
+
+import subprocess
+import sys
+
+import pytest
+
+import fedfilter
+
+
+@pytest.mark.parametrize("name", sorted(fedfilter._PUBLIC))
+def test_every_public_name_resolves_to_its_module(name):
+    import importlib
+
+    value = getattr(fedfilter, name)
+    assert value is getattr(importlib.import_module(fedfilter._PUBLIC[name]), name)
+
+
+def test_all_lists_exactly_the_public_names():
+    assert sorted(fedfilter.__all__) == sorted([*fedfilter._PUBLIC, "__version__"])
+
+
+def test_unknown_name_is_an_attribute_error():
+    with pytest.raises(AttributeError, match="no_such_thing"):
+        fedfilter.no_such_thing  # noqa: B018
+
+
+def test_import_fedfilter_loads_neither_flower_nor_torch():
+    code = "import sys, fedfilter; print(' '.join(m for m in ('flwr', 'torch', 'numpy') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == ""
