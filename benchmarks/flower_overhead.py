@@ -1,10 +1,13 @@
 """Rounds per second of a Flower simulation with ``individual_filter_mod`` and without it.
 
-    python benchmarks/flower_overhead.py [--clients 100] [--rounds 5] [--local-epochs 1]
+    python benchmarks/flower_overhead.py [--task both|digits|mnist] [--clients 100] [--rounds R] [--local-epochs 1]
 
-Both variants run in ONE simulation (one Ray start, the same actors, the same 100 simulated
-nodes), so start-up costs and machine load hit both alike. The ClientApp registers the built-in
-train handler (digits MLP, local SGD) twice:
+For each task (default: both, one after the other, each in its own process) both variants run in
+ONE simulation (one Ray start, the same actors, the same simulated nodes), so start-up costs and
+machine load hit both alike. The tasks: ``digits`` (the digits MLP, 2,410 parameters, a few
+milliseconds of training: close to the worst case for the filter's share) and ``mnist`` (the
+built-in MNIST CNN, 26,010 parameters, data from ``FEDFILTER_DATA``). The ClientApp registers the
+built-in train handler (local SGD) twice:
 
 * ``train``           a plain Flower client: returns the new weights and ``num-examples``;
 * ``train.filtered``  the same handler behind the device-config and filter mods (ledger per
@@ -12,11 +15,13 @@ train handler (digits MLP, local SGD) twice:
 
 The coordinator alternates plain and filtered rounds (after ``--warmup`` untimed rounds of each:
 actors import torch, load the data and, for the filtered variant, open each device's ledger once
-per actor process there; a cold open costs about 40 ms, mostly the exact mpmath solve for the
-filter's budget) and times each round from sending the messages to
+per actor process there; a cold open costs about 5 ms, half of it the exact solve for the filter's
+budget, and as Ray hands a node's message to whichever actor is free some opens still fall in timed
+rounds) and times each round from sending the messages to
 having aggregated the replies: for plain rounds the mean of the returned weights, for filtered
-rounds the reply checks and plain mean of ``fedfilter.coordinator.strategy``. It prints both rates and
-their ratio.
+rounds the reply checks and plain mean of ``fedfilter.coordinator.strategy``. It prints both rates,
+their ratio and the filter's cost per client-round. ``benchmarks/flower_stages.py`` splits that cost
+into stages.
 """
 
 from __future__ import annotations
@@ -26,11 +31,14 @@ import json
 import os
 import platform
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # Ray on 127.0.0.1 only, before Ray starts
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 
 def build_apps(args, devices: dict, timings: dict):
@@ -38,11 +46,11 @@ def build_apps(args, devices: dict, timings: dict):
     from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
     from flwr.clientapp import ClientApp
     from flwr.serverapp import ServerApp
+    from probe_coordinator import FilteredMeanStrategy  # tests/: rounds driven message by message
 
     from fedfilter.app.client_app import train
     from fedfilter.client.flower_mod import individual_filter_mod, simulated_device_config_mod
     from fedfilter.client.wire import ARRAYS_RECORD, REQUEST_RECORD
-    from fedfilter.coordinator.strategy import FilteredMeanStrategy
 
     client_app = ClientApp()
     client_app.train()(train)
@@ -50,13 +58,13 @@ def build_apps(args, devices: dict, timings: dict):
 
     server_app = ServerApp()
     strategy = FilteredMeanStrategy(noise_multiplier=1.0, clip=0.5, ttl_s=3600.0)
-    config = {"task": "digits", "num-clients": args.clients, "local-epochs": args.local_epochs, "lr": 0.1}
+    config = {"task": args.task, "num-clients": args.clients, "local-epochs": args.local_epochs, "lr": 0.1}
 
     @server_app.main()
     def main(grid, context):
         import torch
 
-        from fedfilter.simulations.tasks.models import DigitsMLP
+        from fedfilter.simulations.tasks.models import DigitsMLP, MnistCNN
         from fedfilter.simulations.tasks.training import get_weights
 
         deadline = time.monotonic() + 120
@@ -64,7 +72,7 @@ def build_apps(args, devices: dict, timings: dict):
             time.sleep(0.2)
         nodes = sorted(grid.get_node_ids())
         torch.manual_seed(0)
-        model = DigitsMLP()
+        model = {"digits": DigitsMLP, "mnist": MnistCNN}[args.task]()
         keys, weights = list(model.state_dict().keys()), get_weights(model)
 
         def one_round(kind: str, round_id: int):
@@ -118,19 +126,57 @@ def build_apps(args, devices: dict, timings: dict):
     return server_app, client_app
 
 
+TASKS = ("digits", "mnist")
+DEFAULT_ROUNDS = {"digits": 8, "mnist": 5}  # an MNIST round takes ~5x longer: fewer keep the runtime modest
+
+
+def run_each_task(argv: list[str], tasks: tuple[str, ...]) -> None:
+    """One child process per task (each its own Ray start), then one summary table."""
+    results = []
+    for task in tasks:
+        out = subprocess.run(
+            [sys.executable, __file__, *argv, "--task", task], check=True, stdout=subprocess.PIPE, text=True
+        ).stdout
+        print(out, end="", flush=True)
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    print("\nsummary: ms per client-round = (median filtered - median plain round) x actors / clients")
+    print(f"{'task':>8}  {'plain r/s':>9}  {'filtered r/s':>12}  {'ratio':>6}  {'ms/client-round':>15}")
+    for r in results:
+        print(
+            f"{r['task']:>8}  {r['rounds_per_s']['plain']:>9.3f}  {r['rounds_per_s']['filtered']:>12.3f}  "
+            f"{r['ratio']:>6.3f}  {r['ms_per_client_round']:>15.2f}"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--task", choices=(*TASKS, "both"), default="both")
     parser.add_argument("--clients", type=int, default=100)
-    parser.add_argument("--rounds", type=int, default=8, help="timed rounds of each kind (default 8)")
+    parser.add_argument(
+        "--rounds", type=int, default=None, help="timed rounds of each kind (default: 8 digits, 5 mnist)"
+    )
     parser.add_argument("--warmup", type=int, default=2, help="untimed rounds of each kind first (default 2)")
     parser.add_argument("--local-epochs", type=int, default=1)
+    parser.add_argument(
+        "--ledger-root",
+        default=None,
+        help="where the devices' ledgers live (default: $TMPDIR); /dev/shm (no fsync cost) isolates the CPU work",
+    )
     args = parser.parse_args()
+    if args.task == "both":
+        argv = list(sys.argv[1:])
+        if "--task" in argv:
+            del argv[argv.index("--task") : argv.index("--task") + 2]
+        run_each_task([a for a in argv if not a.startswith("--task=")], TASKS)
+        return
+    if args.rounds is None:
+        args.rounds = DEFAULT_ROUNDS[args.task]
 
     import flwr
     import torch
     from flwr.simulation import run_simulation
 
-    with tempfile.TemporaryDirectory(prefix="fedfilter-bench-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="fedfilter-bench-", dir=args.ledger_root) as tmp:
         devices = {
             i: {
                 "ledger-dir": str(Path(tmp) / "devices" / str(i)),
@@ -159,9 +205,9 @@ def main() -> None:
     print()
     print(
         f"Flower {flwr.__version__}, torch {torch.__version__}, Python {platform.python_version()}, "
-        f"{os.cpu_count()} CPUs; {args.clients} clients, digits MLP, {args.local_epochs} local epoch(s), "
+        f"{os.cpu_count()} CPUs; {args.clients} clients, task {args.task}, {args.local_epochs} local epoch(s), "
         f"{args.warmup} warm-up + {args.rounds} timed rounds of each kind, interleaved, in one simulation "
-        f"({total:.0f} s in all)"
+        f"({total:.0f} s in all); ledgers in {args.ledger_root or tempfile.gettempdir()}"
     )
     print(f"{'variant':>10}  {'rounds/s':>8}  {'median s/round':>14}  {'min':>6}  {'max':>6}")
     for kind in ("plain", "filtered"):
@@ -169,9 +215,16 @@ def main() -> None:
         print(f"{kind:>10}  {rate[kind]:>8.3f}  {statistics.median(t):>14.3f}  {min(t):>6.3f}  {max(t):>6.3f}")
     ratio = rate["filtered"] / rate["plain"]
     print(f"ratio filtered/plain rounds per second: {ratio:.3f} (overhead {100 * (1 / ratio - 1):.1f}% per round)")
+    # The filter's own cost per client and round: the extra round time, times the Ray actors that
+    # share the clients (one per CPU: one CPU per client), spread over the clients.
+    extra_s = statistics.median(timings["filtered"]) - statistics.median(timings["plain"])
+    ms_per_client = 1000 * extra_s * (os.cpu_count() or 1) / args.clients
+    print(f"filter cost per client-round (median rounds, actor time): {ms_per_client:.2f} ms")
     print(
         json.dumps(
             {
+                "task": args.task,
+                "ms_per_client_round": ms_per_client,
                 "clients": args.clients,
                 "rounds": args.rounds,
                 "warmup": args.warmup,

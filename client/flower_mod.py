@@ -48,56 +48,34 @@ What the mod does with each message (DESIGN.md sections 1 and 2):
 
 Device settings (``context.node_config``; in the Deployment Engine from
 ``flower-supernode --node-config "ledger-dir='/var/lib/fedfilter' budget-epsilon=8.0 ..."``):
-
-=======================  ========  ==========================================================
-key                      default   meaning
-=======================  ========  ==========================================================
-``ledger-dir``           required  directory of the device's budget ledger, enrolled by its owner
-                                   beforehand (``fedfilter ledger enrol``; ``enrol_device``)
-``budget-epsilon``       (none)    if given, the enrolment must match it (with ``budget-delta``,
-                                   ``filter``, ``run-quota``, ``client-id``); never enrols
-``budget-delta``         1e-5      personal delta
-``filter``               gdp       ``gdp``, ``zcdp`` or ``rdp``
-``run-quota``            1.0       share of the lifetime budget one run may spend
-``client-id``            dir name  name stored in the ledger at enrolment
-``federation``           default   the coordinator this device serves; every run is charged to it
-``coordinator-quota``    1.0       share of the lifetime budget that federation may ever spend
-``daily-quota``          1.0       share of the lifetime budget spent in any 24 hours
-``min-noise-multiplier`` 0.5       smallest noise multiplier this device accepts
-``after-exhaustion``     noise-only  ``noise-only`` or ``leave``
-``allow-distributed``    false     accept ``placement = "distributed"`` (needs SecAgg)
-``max-min-reports``      100       largest ``min-reports`` accepted (each distributed report
-                                   carries 1/sqrt(m) of the accounted noise)
-``noise-seed``           (none)    reproducible noise for tests ONLY: whoever knows it can
-                                   subtract the noise. Default: OS cryptographic randomness.
-``reply-hold-s``         60        every reply after the ledger is touched leaves at arrival
-                                   + a whole multiple of this (``client/reply_timing.py``);
-                                   0 turns timing protection off (simulations only)
-=======================  ========  ==========================================================
+``fedfilter.client.device_config`` lists the keys (``NODE_CONFIG_KEYS``), their defaults and meaning.
 
 In the Simulation Engine every node's ``node_config`` holds only ``partition-id`` and
-``num-partitions``; ``simulated_device_config_mod`` stands in for ``--node-config`` there.
+``num-partitions``. A node without its own ``ledger-dir`` then takes its entry (by partition-id)
+of the device-settings file named by ``FEDFILTER_DEVICE_SETTINGS`` on the machine that runs the
+simulation (``client/device_settings.py``; used by ``flwr run``), or, in-process,
+``simulated_device_config_mod`` stands in for ``--node-config``.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
-from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Error, Message, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, RecordDict
 from flwr.common.constant import ErrorCode
 
-from fedfilter.client.ledger import LEDGER_FILE, BudgetLedger, LedgerError, Quotas, ReplayError
+from fedfilter.client.device_config import NODE_CONFIG_KEYS, DeviceConfig, device_config, enrol_device
+from fedfilter.client.device_ledgers import cached_ledger, forget_ledger
+from fedfilter.client.device_settings import DeviceSettingsError, with_device_settings
+from fedfilter.client.ledger import BudgetLedger
+from fedfilter.client.ledger_storage import LedgerError, ReplayError
 from fedfilter.client.mechanism import NonFiniteUpdateError
+from fedfilter.client.npy_codec import decode, encode
 from fedfilter.client.release import (
-    AFTER_EXHAUSTION,
-    ClientPolicy,
     FilteredClient,
     RoundSpec,
     RoundSpecError,
@@ -129,157 +107,6 @@ RUN_BINDING = "fedfilter.run"  # context.state: the request run-id this Flower r
 # Errors the mod answers with. Both are Flower's MOD_FAILED_PRECONDITION (6); the reason says more.
 ERROR_CODE = ErrorCode.MOD_FAILED_PRECONDITION
 
-NODE_CONFIG_KEYS = (
-    "ledger-dir",
-    "budget-epsilon",
-    "budget-delta",
-    "filter",
-    "run-quota",
-    "client-id",
-    "federation",
-    "coordinator-quota",
-    "daily-quota",
-    "min-noise-multiplier",
-    "after-exhaustion",
-    "allow-distributed",
-    "max-min-reports",
-    "noise-seed",
-    "reply-hold-s",
-)
-
-
-# --- the device's own settings ---------------------------------------------------------------
-@dataclass(frozen=True)
-class DeviceConfig:
-    """The device owner's settings, read from ``context.node_config`` only."""
-
-    ledger_dir: Path
-    budget_epsilon: float | None
-    budget_delta: float
-    filter_kind: str
-    run_quota: float
-    client_id: str
-    policy: ClientPolicy
-    noise_seed: int | None
-    quotas: Quotas
-
-    def open_ledger(self) -> BudgetLedger:
-        """Open the enrolled ledger; never enrol (fail closed: a lost ledger is no fresh budget).
-
-        With ``budget-epsilon`` set, the enrolment must be the one the settings describe.
-        """
-        ledger = BudgetLedger.open(self.ledger_dir, quotas=self.quotas)
-        if self.budget_epsilon is not None:
-            e = ledger.enrolment
-            stored = (e.client_id, e.filter_kind, e.epsilon, e.delta, e.run_quota)
-            wanted = (self.client_id, self.filter_kind, self.budget_epsilon, self.budget_delta, self.run_quota)
-            if stored != wanted:
-                ledger.close()
-                names = ("client-id", "filter", "budget-epsilon", "budget-delta", "run-quota")
-                diffs = [f"{n}: enrolled {a!r}, node-config {b!r}" for n, a, b in zip(names, stored, wanted) if a != b]
-                raise ValueError(
-                    f"the ledger at {self.ledger_dir} is enrolled with a different budget ({'; '.join(diffs)})."
-                )
-        return ledger
-
-    def enrol(self) -> BudgetLedger:
-        """The owner's act, once, before the device serves rounds (see ``enrol_device``)."""
-        if self.budget_epsilon is None:
-            raise ValueError("node-config 'budget-epsilon' is required to enrol the device.")
-        return BudgetLedger.enrol(
-            self.ledger_dir,
-            client_id=self.client_id,
-            epsilon=self.budget_epsilon,
-            delta=self.budget_delta,
-            filter_kind=self.filter_kind,
-            run_quota=self.run_quota,
-            quotas=self.quotas,
-        )
-
-
-def _as_float(value: Any) -> float:
-    if isinstance(value, bool):
-        raise TypeError
-    return float(value)  # int, float, or a numeric string from --node-config
-
-
-def _as_bool(value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.strip().lower() in ("true", "false", "1", "0", "yes", "no"):
-        return value.strip().lower() in ("true", "1", "yes")
-    if isinstance(value, int) and value in (0, 1):
-        return bool(value)
-    raise TypeError
-
-
-def _as_int(value: Any) -> int:
-    if isinstance(value, bool):
-        raise TypeError
-    if isinstance(value, float) and not value.is_integer():
-        raise TypeError
-    return int(value)
-
-
-def device_config(node_config: Mapping[str, Any]) -> DeviceConfig:
-    """Parse the device's settings; ``ValueError`` lists every problem at once."""
-    problems: list[str] = []
-
-    def get(key, convert, default):
-        if key not in node_config:
-            return default
-        value = node_config[key]
-        try:
-            return convert(value)
-        except (TypeError, ValueError):
-            problems.append(f"node-config {key!r} has an invalid value {value!r}.")
-            return default
-
-    ledger_dir = node_config.get("ledger-dir")
-    if not (isinstance(ledger_dir, str) and ledger_dir.strip()):
-        problems.append(f"node-config 'ledger-dir' must name the device's ledger directory. Found {ledger_dir!r}.")
-        ledger_dir = "."
-    epsilon = get("budget-epsilon", _as_float, None)
-    delta = get("budget-delta", _as_float, 1e-5)
-    filter_kind = str(node_config.get("filter", "gdp"))
-    run_quota = get("run-quota", _as_float, 1.0)
-    client_id = str(node_config.get("client-id", "") or Path(ledger_dir).resolve().name)
-    min_z = get("min-noise-multiplier", _as_float, ClientPolicy.min_noise_multiplier)
-    after = str(node_config.get("after-exhaustion", ClientPolicy.after_exhaustion))
-    if after not in AFTER_EXHAUSTION:
-        problems.append(f"node-config 'after-exhaustion' must be one of {AFTER_EXHAUSTION}. Found {after!r}.")
-        after = ClientPolicy.after_exhaustion
-    allow_distributed = get("allow-distributed", _as_bool, False)
-    federation = str(node_config.get("federation", Quotas.federation))
-    coordinator_quota = get("coordinator-quota", _as_float, Quotas.coordinator)
-    daily_quota = get("daily-quota", _as_float, Quotas.daily)
-    max_m = get("max-min-reports", _as_int, ClientPolicy.max_min_reports)
-    seed = get("noise-seed", _as_int, None)
-    policy = quotas = None
-    try:
-        policy = ClientPolicy(
-            min_noise_multiplier=min_z,
-            after_exhaustion=after,
-            allow_distributed=allow_distributed,
-            max_min_reports=max_m,
-        )
-    except ValueError as err:
-        problems.append(str(err))
-    try:
-        quotas = Quotas(federation=federation, coordinator=coordinator_quota, daily=daily_quota)
-    except ValueError as err:
-        problems.append(f"node-config 'federation', 'coordinator-quota' or 'daily-quota': {err}")
-    if problems:
-        raise ValueError("invalid fedfilter device config: " + " ".join(problems))
-    return DeviceConfig(Path(ledger_dir), epsilon, delta, filter_kind, run_quota, client_id, policy, seed, quotas)
-
-
-def enrol_device(node_config: Mapping[str, Any]) -> None:
-    """Enrol a device from its settings (``budget-epsilon`` etc.): the owner's act, done once
-    before its SuperNode starts (simulations and tests do it up front). Idempotent for the same
-    budget; refuses a device whose ledger was lost (see ``BudgetLedger.enrol``)."""
-    device_config(node_config).enrol().close()
-
 
 # --- helpers ---------------------------------------------------------------------------------
 def _category(msg: Message) -> str:
@@ -307,74 +134,6 @@ def _bind_run(context: Context, spec: RoundSpec) -> str | None:
             "kept per run-id."
         )
     return None
-
-
-# Open ledgers, per process. In the Simulation Engine one Ray actor serves many nodes and many
-# rounds: building a filter (an exact mpmath solve) and opening SQLite for every message cost
-# about 40 ms, more than the round's own durable commit. A cached ledger is only a connection: its
-# state is re-read inside every write transaction, so other processes' spends are always seen.
-# The entry is dropped if the ledger file was replaced (a new inode) or the settings changed.
-_LEDGER_CACHE_SIZE = 256
-_ledgers: OrderedDict[tuple, _OpenLedger] = OrderedDict()
-_ledgers_lock = threading.Lock()
-
-
-def _file_identity(path: Path) -> tuple[int, int] | None:
-    try:
-        st = path.stat()
-    except OSError:
-        return None
-    return st.st_dev, st.st_ino
-
-
-@dataclass
-class _OpenLedger:
-    ledger: BudgetLedger
-    identity: tuple[int, int] | None
-    lock: threading.Lock
-    closed: bool = False
-
-    def close(self) -> None:
-        with self.lock:
-            self.closed = True
-            self.ledger.close()
-
-
-def _cached_ledger(device: DeviceConfig) -> tuple[tuple, _OpenLedger]:
-    """The device's ledger, opened once per process; raises ``LedgerError``/``ValueError`` on failure."""
-    key = (
-        str(device.ledger_dir.resolve()),
-        device.client_id,
-        device.budget_epsilon,
-        device.budget_delta,
-        device.filter_kind,
-        device.run_quota,
-        device.quotas,
-    )
-    path = device.ledger_dir / LEDGER_FILE
-    stale = []
-    with _ledgers_lock:
-        entry = _ledgers.pop(key, None)
-        if entry is not None and _file_identity(path) != entry.identity:
-            stale.append(entry)
-            entry = None
-        if entry is None:
-            ledger = device.open_ledger()
-            entry = _OpenLedger(ledger, _file_identity(path), threading.Lock())
-        _ledgers[key] = entry
-        while len(_ledgers) > _LEDGER_CACHE_SIZE:
-            stale.append(_ledgers.popitem(last=False)[1])
-    for old in stale:  # outside the global lock: closing waits for a message still using it
-        old.close()
-    return key, entry
-
-
-def _forget_ledger(key: tuple, entry: _OpenLedger) -> None:
-    """Drop a connection after an unexpected (e.g. SQLite) failure; the next message reopens."""
-    with _ledgers_lock:
-        if _ledgers.get(key) is entry:
-            del _ledgers[key]
-    entry.close()
 
 
 def _inner_update(
@@ -407,7 +166,7 @@ def _inner_update(
     update = []
     for key, old in zip(keys, received):
         try:
-            new = records[0][1][key].numpy()
+            new = decode(records[0][1][key])
         except Exception:  # noqa: BLE001
             log.exception("fedfilter mod: array %r of the inner reply cannot be read", key)
             return None
@@ -431,7 +190,7 @@ def _inner_update(
 def _reply(msg: Message, status: str, keys: list[str], arrays: list[np.ndarray] | None) -> Message:
     content = RecordDict()
     if arrays is not None:
-        content[ARRAYS_RECORD] = ArrayRecord({k: Array(np.array(a, order="C")) for k, a in zip(keys, arrays)})
+        content[ARRAYS_RECORD] = ArrayRecord({k: encode(a) for k, a in zip(keys, arrays)})
     content[STATUS_RECORD] = ConfigRecord({"status": status})
     return Message(content, reply_to=msg)
 
@@ -496,8 +255,14 @@ def _filter_round(msg: Message, context: Context, call_next, hold: ReplyHold) ->
 
     # 1. The device's own settings. Their details stay on the device: the reason sent is generic.
     try:
-        device = device_config(context.node_config)
-        hold_s = reply_hold_s(context.node_config)
+        # Simulation only: without its own ledger-dir, a node may take its entry of the file that
+        # FEDFILTER_DEVICE_SETTINGS names on this machine (client/device_settings.py).
+        node_config = with_device_settings(context.node_config)
+        device = device_config(node_config)
+        hold_s = reply_hold_s(node_config)
+    except DeviceSettingsError as err:  # the simulation runner's file: say where (budget values stay here)
+        log.error("fedfilter mod: %s", err)
+        return _error(msg, f"fedfilter: {err.public} Nothing was trained, spent or released.")
     except ValueError as err:
         log.error("fedfilter mod: %s", err)
         return _error(
@@ -521,7 +286,7 @@ def _filter_round(msg: Message, context: Context, call_next, hold: ReplyHold) ->
     model = array_records[0][1]
     keys = list(model.keys())
     try:
-        received = [model[k].numpy() for k in keys]
+        received = [decode(model[k]) for k in keys]
     except Exception as err:  # noqa: BLE001
         return _error(msg, f"fedfilter: the model in the train message cannot be read: {err}")
     if (reason := _bind_run(context, spec)) is not None:
@@ -533,7 +298,7 @@ def _filter_round(msg: Message, context: Context, call_next, hold: ReplyHold) ->
     outcome = None
     for _ in range(3):  # a ledger closed by another thread between lookup and use is reopened
         try:
-            key, entry = _cached_ledger(device)
+            key, entry = cached_ledger(device)
         except (LedgerError, OSError, ValueError) as err:  # fail closed until the owner acts
             log.error("fedfilter mod: cannot open the budget ledger: %s", err)
             return _error(
@@ -550,14 +315,14 @@ def _filter_round(msg: Message, context: Context, call_next, hold: ReplyHold) ->
             return _error(msg, f"fedfilter: round request refused: {err}")
         except LedgerError as err:  # lost spends, a full or read-only disk: nothing was released
             log.error("fedfilter mod: the budget ledger failed: %s", err)
-            _forget_ledger(key, entry)
+            forget_ledger(key, entry)
             return _error(
                 msg,
                 "fedfilter: this device's budget ledger cannot be used (details in the device's "
                 "log); nothing was released.",
             )
         except BaseException:
-            _forget_ledger(key, entry)
+            forget_ledger(key, entry)
             raise
         break
     if outcome is None:

@@ -19,14 +19,8 @@
   with ``LedgerUnavailableError`` until the owner acts. A full or read-only disk is reported as
   ``LedgerWriteError`` naming the disk; nothing is released.
 
-Threat model of the quotas. The coordinator chooses run ids and can open a new Flower run whenever
-it likes, so a per-run quota (``run_quota``, fixed at enrolment) bounds one run only. What a
-coordinator cannot renew is set by the owner (``Quotas``, from the device's own settings): every
-spend is charged to the device's ``federation`` (the name of the coordinator this device serves,
-never taken from a request), which may spend at most ``coordinator`` of the lifetime budget in
-total, and the device spends at most ``daily`` of it in any 24 hours (by the device's clock) across
-all coordinators, which also bounds a coordinator that could pose as several. Big Bird (arXiv
-2506.05290) keys budgets per querier in the same way.
+The owner's quotas (per coordinator, per day) are in ``fedfilter.client.ledger_quota``; the schema in
+``fedfilter.client.ledger_schema``; how failures are reported in ``fedfilter.client.ledger_storage``.
 
 Each row stores the filter states after it (lifetime, per run, per coordinator), so the current
 state is one read; ``recomputed_state`` re-adds every charge with upward rounding, for audits.
@@ -34,321 +28,60 @@ state is one read; ``recomputed_state`` re-adds every charge with upward roundin
 
 from __future__ import annotations
 
-import errno
 import json
-import math
-import shutil
 import sqlite3
 import threading
 import time
-import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from fedfilter.client.ledger_seal import SEAL_FILE, Seal, SealError, move_aside, read_seal, write_seal
-from fedfilter.client.privacy.filters import FILTER_KINDS, GaussianFilter, make_filter, round_allowance
-
-LEDGER_FILE = "budget_ledger.sqlite"
-LEDGER_FILES = (LEDGER_FILE, LEDGER_FILE + "-wal", LEDGER_FILE + "-shm", SEAL_FILE)
-SCHEMA_VERSION = 2  # 2: coordinator columns, ledger id and seal
-STATUSES = ("contributed", "noise-only", "left")
-INT64_MAX = 2**63 - 1  # SQLite's integers are int64: a larger round id would raise OverflowError
-DAY_S = 86400.0
-RECOVER = ("reseal", "replace")
-
-_SCHEMA_TABLES = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS enrolment (
-    id INTEGER PRIMARY KEY CHECK (id = 1),
-    client_id TEXT NOT NULL, filter_kind TEXT NOT NULL,
-    epsilon REAL NOT NULL, delta REAL NOT NULL, orders TEXT NOT NULL,
-    run_quota REAL NOT NULL, enrolled_at REAL NOT NULL);
-CREATE TABLE IF NOT EXISTS spends (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
-    run_id TEXT NOT NULL, round_id INTEGER NOT NULL, status TEXT NOT NULL,
-    sensitivity REAL NOT NULL, noise_std REAL NOT NULL, noise_multiplier REAL NOT NULL,
-    clip REAL NOT NULL, placement TEXT NOT NULL,
-    charge TEXT NOT NULL, state_after TEXT NOT NULL, run_state_after TEXT NOT NULL,
-    created_at REAL NOT NULL,
-    coordinator TEXT NOT NULL DEFAULT '', coordinator_state_after TEXT NOT NULL DEFAULT '[]',
-    UNIQUE (run_id, round_id));
-CREATE TRIGGER IF NOT EXISTS enrolment_no_update BEFORE UPDATE ON enrolment
-    BEGIN SELECT RAISE(ABORT, 'the enrolment (personal budget) is immutable'); END;
-CREATE TRIGGER IF NOT EXISTS enrolment_no_delete BEFORE DELETE ON enrolment
-    BEGIN SELECT RAISE(ABORT, 'the enrolment (personal budget) is immutable'); END;
-CREATE TRIGGER IF NOT EXISTS spends_no_update BEFORE UPDATE ON spends
-    BEGIN SELECT RAISE(ABORT, 'spends are append-only'); END;
-CREATE TRIGGER IF NOT EXISTS spends_no_delete BEFORE DELETE ON spends
-    BEGIN SELECT RAISE(ABORT, 'spends are append-only'); END;
-"""
-# Schema 1 ledgers gain the coordinator columns (their old spends count for no coordinator, and
-# in full for the lifetime budget).
-_MIGRATE_1_TO_2 = (
-    "ALTER TABLE spends ADD COLUMN coordinator TEXT NOT NULL DEFAULT ''",
-    "ALTER TABLE spends ADD COLUMN coordinator_state_after TEXT NOT NULL DEFAULT '[]'",
+from fedfilter.client.ledger_quota import Quotas, Reservation
+from fedfilter.client.ledger_schema import (
+    DAY_S,
+    INT64_MAX,
+    LEDGER_FILE,
+    LEDGER_FILES,
+    RECOVER,
+    Enrolment,
+    SpendRecord,
+    check_enrolment_args,
+    connect,
+    floats,
+    prepare,
+    read_enrolment,
 )
-_SCHEMA_INDEXES = """
-CREATE INDEX IF NOT EXISTS spends_by_coordinator ON spends (coordinator);
-CREATE INDEX IF NOT EXISTS spends_by_time ON spends (created_at);
-"""
+from fedfilter.client.ledger_seal import SEAL_FILE, Seal, SealError, move_aside, read_seal, write_seal
+from fedfilter.client.ledger_storage import (
+    LedgerError,
+    LedgerUnavailableError,
+    LedgerWriteError,
+    ReplayError,
+    closed_on_failure,
+    immediate,
+    owner_must_act,
+    raise_storage_error,
+)
+from fedfilter.client.privacy.filters import GaussianFilter, make_filter
 
-
-class ReplayError(RuntimeError):
-    """This (run, round) was already released once; a second release is refused."""
-
-
-class LedgerError(RuntimeError):
-    """The budget ledger cannot be used; nothing was spent or released."""
-
-
-class LedgerUnavailableError(LedgerError):
-    """Missing, never enrolled, damaged or rolled back: the device refuses rounds until its owner acts."""
-
-
-class LedgerWriteError(LedgerError):
-    """The disk refused a write (full, read-only, I/O error); the round was not released."""
-
-
-@dataclass(frozen=True)
-class Quotas:
-    """The owner's caps on what one coordinator, and one day, may spend (see the module doc)."""
-
-    federation: str = "default"  # who this device serves; all its runs are charged to it
-    coordinator: float = 1.0  # share of the lifetime budget that federation may ever spend
-    daily: float = 1.0  # share of the lifetime budget the device spends in any 24 hours
-
-    def __post_init__(self):
-        problems = []
-        if not (isinstance(self.federation, str) and 0 < len(self.federation.strip()) <= 256):
-            problems.append(
-                f"federation must be a non-empty name of at most 256 characters. Found {self.federation!r}."
-            )
-        for name in ("coordinator", "daily"):
-            q = getattr(self, name)
-            if not (isinstance(q, (int, float)) and not isinstance(q, bool) and math.isfinite(q) and 0 < q <= 1):
-                problems.append(f"{name} quota must be a fraction in (0, 1]. Found {q!r}.")
-        if problems:
-            raise ValueError(" ".join(problems))
-
-
-@dataclass(frozen=True)
-class Enrolment:
-    client_id: str
-    filter_kind: str
-    epsilon: float
-    delta: float
-    orders: tuple[float, ...]
-    run_quota: float  # share of the lifetime budget one run may spend, in (0, 1]
-    enrolled_at: float
-
-
-@dataclass(frozen=True)
-class SpendRecord:
-    seq: int
-    run_id: str
-    round_id: int
-    status: str
-    sensitivity: float
-    noise_std: float
-    noise_multiplier: float
-    clip: float
-    placement: str
-    charge: np.ndarray
-    state_after: np.ndarray
-    run_state_after: np.ndarray
-    created_at: float
-    coordinator: str = ""  # the federation charged ("" for spends written before schema 2)
-
-
-def _floats_json(values) -> str:
-    # repr round-trips a float64 exactly.
-    return json.dumps([float(v) for v in np.atleast_1d(values)])
-
-
-def _floats(text: str) -> np.ndarray:
-    return np.array(json.loads(text), dtype=np.float64)
-
-
-def _check_enrolment_args(client_id, epsilon, delta, filter_kind, run_quota) -> None:
-    problems = []
-    if not (isinstance(client_id, str) and client_id.strip()):
-        problems.append(f"client_id must be a non-empty string. Found {client_id!r}.")
-    if not (isinstance(epsilon, (int, float)) and math.isfinite(epsilon) and epsilon > 0):
-        problems.append(f"epsilon must be a finite number > 0. Found {epsilon!r}.")
-    if not (isinstance(delta, (int, float)) and 0 < delta < 1):
-        problems.append(f"delta must be a number in (0, 1). Found {delta!r}.")
-    if filter_kind not in FILTER_KINDS:
-        problems.append(f"filter must be one of {', '.join(FILTER_KINDS)}. Found {filter_kind!r}.")
-    if not (isinstance(run_quota, (int, float)) and math.isfinite(run_quota) and 0 < run_quota <= 1):
-        problems.append(f"run_quota must be a fraction in (0, 1]. Found {run_quota!r}.")
-    if problems:
-        raise ValueError(" ".join(problems))
-
-
-def _owner_must_act(directory: Path, what: str) -> LedgerUnavailableError:
-    return LedgerUnavailableError(
-        f"the budget ledger at {directory} {what} Every round is refused until the device's owner acts: "
-        f"restore the ledger's files, or run `fedfilter ledger enrol --dir {directory} ... --recover reseal` "
-        "(accept the database as it is now) or `--recover replace` (start a new ledger, a fresh budget; "
-        "the old files are kept in a lost-* folder)."
-    )
-
-
-def _raise_storage_error(directory: Path, err: BaseException):
-    """Re-raise ``err`` as what the disk said, if it is about the disk; else as it is."""
-    translated = _storage_error(directory, err)
-    if translated is err:
-        raise err
-    raise translated from err
-
-
-def _storage_error(directory: Path, err: BaseException) -> BaseException:
-    """Name what the disk said; a full or read-only disk must not look like a logic error."""
-    code = getattr(err, "sqlite_errorcode", None)  # SQLite's result code (Python >= 3.11)
-    primary = code & 0xFF if isinstance(code, int) else None
-    text, errno_ = str(err).lower(), getattr(err, "errno", None)
-    if primary in (11, 26) or "malformed" in text or "not a database" in text:  # CORRUPT, NOTADB
-        return _owner_must_act(directory, f"is damaged ({err}).")
-    if primary == 13 or errno_ in (errno.ENOSPC, errno.EDQUOT) or "disk is full" in text:  # SQLITE_FULL
-        kind = "the disk holding it is full"
-    elif primary == 8 or errno_ in (errno.EROFS, errno.EACCES, errno.EPERM) or "readonly" in text:
-        kind = "it is on a read-only disk or lacks write permission"  # SQLITE_READONLY
-    elif primary == 10 or "disk i/o" in text:  # SQLITE_IOERR
-        kind = "the disk reported an I/O error"
-    elif isinstance(err, OSError):
-        kind = "the disk refused the write"
-    else:
-        return err
-    try:
-        free = f"; {shutil.disk_usage(directory).free} bytes free there"
-    except OSError:
-        free = ""
-    return LedgerWriteError(
-        f"cannot write the budget ledger at {directory}: {kind} ({err}{free}). Nothing was released this round."
-    )
-
-
-@contextmanager
-def _immediate(conn: sqlite3.Connection) -> Iterator[None]:
-    """One write transaction: committed if the block completes, rolled back if it raises."""
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        yield
-        conn.execute("COMMIT")
-    except BaseException:
-        if conn.in_transaction:
-            conn.execute("ROLLBACK")
-        raise
-
-
-@contextmanager
-def _closed_on_failure(conn: sqlite3.Connection, directory: Path) -> Iterator[None]:
-    """Close ``conn`` if the block raises; an SQLite error is reported as the storage error it is."""
-    try:
-        yield
-    except sqlite3.Error as err:
-        conn.close()
-        _raise_storage_error(directory, err)
-    except BaseException:
-        conn.close()
-        raise
-
-
-class Reservation:
-    """A round in progress inside the ledger's write transaction (see ``BudgetLedger.reserve``).
-
-    ``allowance`` and ``admits`` apply every cap at once: the lifetime budget, the run quota,
-    and the owner's coordinator and daily quotas (``Quotas``).
-    """
-
-    def __init__(
-        self,
-        ledger: BudgetLedger,
-        run_id: str,
-        round_id: int,
-        state,
-        run_state,
-        coordinator_state,
-        caps: list[tuple[GaussianFilter, np.ndarray]],
-    ):
-        self._ledger, self.run_id, self.round_id = ledger, run_id, round_id
-        self.state, self.run_state, self.coordinator_state = state, run_state, coordinator_state
-        self._caps = caps  # (filter, state) pairs beyond the lifetime and run filters
-        self.recorded = False
-        self.open = True
-
-    def allowance(self, *, noise_std: float, clip: float) -> float:
-        """The largest sensitivity every cap still admits at this noise, at most ``clip``."""
-        led = self._ledger
-        allow = round_allowance(
-            led.filter, self.state, noise_std=noise_std, clip=clip, run_filter=led.run_filter, run_state=self.run_state
-        )
-        for filt, state in self._caps:
-            # A cap already passed (the owner lowered a quota) admits nothing. filter.allowance
-            # assumes a state within its budget: it gets the state clamped to the budget (the
-            # same work either way), and its answer is then overruled.
-            cap = filt.allowance(np.minimum(state, filt.budget), noise_std=noise_std)
-            allow = np.minimum(allow, np.where(filt.within_budget(state), cap, 0.0))
-        return float(allow)
-
-    def admits(self, charge: np.ndarray) -> bool:
-        led = self._ledger
-        pairs = [(led.filter, self.state), (led.run_filter, self.run_state), *self._caps]
-        return all(bool(f.admits(s, charge)) for f, s in pairs)
-
-    def record(
-        self,
-        *,
-        status: str,
-        charge: np.ndarray,
-        state_after: np.ndarray,
-        run_state_after: np.ndarray,
-        sensitivity: float,
-        noise_std: float,
-        noise_multiplier: float,
-        clip: float,
-        placement: str,
-    ) -> None:
-        if status not in STATUSES:
-            raise ValueError(f"status must be one of {STATUSES}. Found {status!r}.")
-        if self.recorded or not self.open:
-            raise RuntimeError("a reservation records exactly one release, inside its transaction")
-        led = self._ledger
-        charge = np.asarray(charge, dtype=np.float64)
-        # Defence in depth: the states are the ledger's own, and a charge must fit every cap.
-        if not (
-            np.array_equal(state_after, led.filter.spend(self.state, charge))
-            and np.array_equal(run_state_after, led.filter.spend(self.run_state, charge))
-        ):
-            raise RuntimeError("internal error: the states after this round do not add up; nothing spent")
-        if np.any(charge > 0) and not self.admits(charge):
-            raise RuntimeError("internal error: the charge exceeds a budget or quota; nothing spent")
-        led._conn.execute(
-            "INSERT INTO spends (run_id, round_id, status, sensitivity, noise_std, noise_multiplier,"
-            " clip, placement, charge, state_after, run_state_after, created_at, coordinator,"
-            " coordinator_state_after) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-            (
-                self.run_id,
-                self.round_id,
-                status,
-                float(sensitivity),
-                float(noise_std),
-                float(noise_multiplier),
-                float(clip),
-                placement,
-                _floats_json(charge),
-                _floats_json(state_after),
-                _floats_json(run_state_after),
-                led.clock(),
-                led.quotas.federation,
-                _floats_json(led.filter.spend(self.coordinator_state, charge)),
-            ),
-        )
-        self.recorded = True
+# The ledger's public names, importable from here as before the split (the CLI, the demo, tests).
+__all__ = [
+    "BudgetLedger",
+    "DAY_S",
+    "INT64_MAX",
+    "LEDGER_FILE",
+    "RECOVER",
+    "Enrolment",
+    "LedgerError",
+    "LedgerUnavailableError",
+    "LedgerWriteError",
+    "Quotas",
+    "ReplayError",
+    "Reservation",
+    "SpendRecord",
+]
 
 
 class BudgetLedger:
@@ -369,42 +102,6 @@ class BudgetLedger:
         self._ledger_id = conn.execute("SELECT value FROM meta WHERE key='ledger_id'").fetchone()[0]
 
     # --- opening ------------------------------------------------------------------------------
-    @staticmethod
-    def _connect(path: Path) -> sqlite3.Connection:
-        conn = sqlite3.connect(path, isolation_level=None, timeout=60.0, check_same_thread=False)
-        try:
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=FULL")
-            conn.execute("PRAGMA busy_timeout=60000")
-        except BaseException:
-            conn.close()
-            raise
-        return conn
-
-    @staticmethod
-    def _prepare(conn: sqlite3.Connection) -> bool:
-        """Create or migrate the schema (inside the caller's transaction); True if migrated from 1."""
-        for stmt in _SCHEMA_TABLES.split(";\n"):
-            if stmt.strip():
-                conn.execute(stmt)
-        row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
-        migrated = row is not None and row[0] == "1"
-        if migrated:
-            for stmt in _MIGRATE_1_TO_2:
-                conn.execute(stmt)
-            conn.execute("UPDATE meta SET value=? WHERE key='schema_version'", (str(SCHEMA_VERSION),))
-        elif row is not None and row[0] != str(SCHEMA_VERSION):
-            raise LedgerUnavailableError(
-                f"the budget ledger has schema version {row[0]!r}, which this "
-                f"fedfilter (schema {SCHEMA_VERSION}) does not know."
-            )
-        for stmt in _SCHEMA_INDEXES.split(";\n"):
-            if stmt.strip():
-                conn.execute(stmt)
-        conn.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
-        conn.execute("INSERT OR IGNORE INTO meta VALUES ('ledger_id', ?)", (uuid.uuid4().hex,))
-        return migrated
-
     @classmethod
     def enrol(
         cls,
@@ -427,7 +124,7 @@ class BudgetLedger:
         accepts the database as it is now, ``"replace"`` moves every ledger file into a
         ``lost-*`` folder and enrols afresh (a new budget).
         """
-        _check_enrolment_args(client_id, epsilon, delta, filter_kind, run_quota)
+        check_enrolment_args(client_id, epsilon, delta, filter_kind, run_quota)
         if recover not in (None, *RECOVER):
             raise ValueError(f"recover must be one of {RECOVER} or None. Found {recover!r}.")
         quotas = quotas or Quotas()
@@ -442,7 +139,7 @@ class BudgetLedger:
             seal = read_seal(directory)
         except SealError as err:
             if recover != "reseal":
-                raise _owner_must_act(directory, f"has a damaged seal ({err}).") from err
+                raise owner_must_act(directory, f"has a damaged seal ({err}).") from err
             seal = None
         if seal is not None and recover is None:
             # Enrolled before: open it exactly as the device does (fail closed), writing nothing.
@@ -451,14 +148,14 @@ class BudgetLedger:
             return ledger
         # From here on there is no seal: a new device, a schema 1 ledger, or the owner's recovery.
         if recover == "reseal" and not (path.exists() and path.stat().st_size > 0):
-            raise _owner_must_act(directory, "has no database to reseal.")
+            raise owner_must_act(directory, "has no database to reseal.")
         try:
-            conn = cls._connect(path)
+            conn = connect(path)
         except sqlite3.Error as err:
-            _raise_storage_error(directory, err)
-        with _closed_on_failure(conn, directory):
-            with _immediate(conn):
-                migrated = cls._prepare(conn)
+            raise_storage_error(directory, err)
+        with closed_on_failure(conn, directory):
+            with immediate(conn):
+                migrated = prepare(conn)
                 created = (
                     conn.execute(
                         "INSERT OR IGNORE INTO enrolment VALUES (1,?,?,?,?,?,?,?)",
@@ -474,13 +171,13 @@ class BudgetLedger:
                     ).rowcount
                     == 1
                 )
-            ledger = cls(directory, conn, cls._read_enrolment(conn), quotas)
+            ledger = cls(directory, conn, read_enrolment(conn), quotas)
         try:
             ledger._check_same_budget(client_id, filter_kind, epsilon, delta, filt.orders, run_quota)
             if recover == "reseal":
                 move_aside(directory, [SEAL_FILE])  # kept for the record
             elif not (created or migrated):
-                raise _owner_must_act(
+                raise owner_must_act(
                     directory, f"has no seal ({SEAL_FILE}): it may be a copy or a restore that lacks spends."
                 )
             ledger._seal_latest()
@@ -511,10 +208,10 @@ class BudgetLedger:
         try:
             seal = read_seal(directory)
         except SealError as err:
-            raise _owner_must_act(directory, f"has a damaged seal ({err}).") from err
+            raise owner_must_act(directory, f"has a damaged seal ({err}).") from err
         if not (path.exists() and path.stat().st_size > 0):
             if seal is not None:
-                raise _owner_must_act(
+                raise owner_must_act(
                     directory,
                     f"is missing or empty, but this device was enrolled "
                     f"(its seal {SEAL_FILE} names spend #{seal.seq}).",
@@ -524,17 +221,17 @@ class BudgetLedger:
                 f"Its owner enrols it once: `fedfilter ledger enrol --dir {directory} ...`."
             )
         try:
-            conn = cls._connect(path)
+            conn = connect(path)
         except sqlite3.Error as err:
-            _raise_storage_error(directory, err)
-        with _closed_on_failure(conn, directory):
+            raise_storage_error(directory, err)
+        with closed_on_failure(conn, directory):
             version = (
                 conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
                 if conn.execute("SELECT 1 FROM sqlite_master WHERE name='meta'").fetchone()
                 else None
             )
             if version is None or conn.execute("SELECT 1 FROM sqlite_master WHERE name='enrolment'").fetchone() is None:
-                raise _owner_must_act(
+                raise owner_must_act(
                     directory,
                     "holds no enrolment"
                     + (f", but this device was enrolled (its seal names spend #{seal.seq})." if seal else "."),
@@ -542,16 +239,16 @@ class BudgetLedger:
             migrated = False
             if version[0] == "1":  # schema 1 had no seal: migrate, then seal what is there
                 if seal is not None:  # a schema 2 ledger rolled back to before its migration
-                    raise _owner_must_act(
+                    raise owner_must_act(
                         directory, f"is an older copy (schema 1) of a sealed ledger (its seal names spend #{seal.seq})."
                     )
-                with _immediate(conn):
-                    migrated = cls._prepare(conn)
-            enrolment = cls._read_enrolment(conn, directory, seal)
+                with immediate(conn):
+                    migrated = prepare(conn)
+            enrolment = read_enrolment(conn, directory, seal)
             ledger = cls(directory, conn, enrolment, quotas)
         try:
             if seal is None and not migrated:
-                raise _owner_must_act(
+                raise owner_must_act(
                     directory, f"has no seal ({SEAL_FILE}): it may be a copy or a restore that lacks spends."
                 )
             if migrated:
@@ -562,19 +259,6 @@ class BudgetLedger:
             ledger.close()
             raise
         return ledger
-
-    @staticmethod
-    def _read_enrolment(conn: sqlite3.Connection, directory: Path | None = None, seal: Seal | None = None) -> Enrolment:
-        row = conn.execute(
-            "SELECT client_id, filter_kind, epsilon, delta, orders, run_quota, enrolled_at FROM enrolment"
-        ).fetchone()
-        if row is None:
-            raise _owner_must_act(
-                directory or Path("."),
-                "holds no enrolment"
-                + (f", but this device was enrolled (its seal names spend #{seal.seq})." if seal else "."),
-            )
-        return Enrolment(row[0], row[1], row[2], row[3], tuple(json.loads(row[4])), row[5], row[6])
 
     def close(self) -> None:
         with self._lock:
@@ -587,11 +271,11 @@ class BudgetLedger:
             try:
                 seal = read_seal(self.directory)
             except SealError as err:
-                raise _owner_must_act(self.directory, f"has a damaged seal ({err}).") from err
+                raise owner_must_act(self.directory, f"has a damaged seal ({err}).") from err
             if seal is None:
-                raise _owner_must_act(self.directory, f"has lost its seal ({SEAL_FILE}).")
+                raise owner_must_act(self.directory, f"has lost its seal ({SEAL_FILE}).")
         if seal.ledger_id != self._ledger_id:
-            raise _owner_must_act(
+            raise owner_must_act(
                 self.directory, "is not the database its seal was written for (it was replaced or re-created)."
             )
         if seal.seq == 0:
@@ -601,7 +285,7 @@ class BudgetLedger:
         ).fetchone()
         if row is None or tuple(row) != (seal.run_id, seal.round_id, seal.created_at, seal.state_after):
             last = self._conn.execute("SELECT MAX(seq) FROM spends").fetchone()[0] or 0
-            raise _owner_must_act(
+            raise owner_must_act(
                 self.directory,
                 (
                     f"has lost spends it had committed: its seal names spend #{seal.seq} (run {seal.run_id!r}, "
@@ -637,27 +321,27 @@ class BudgetLedger:
 
     def _last_state_locked(self, run_id: str | None) -> tuple[np.ndarray, np.ndarray]:
         life = self._conn.execute("SELECT state_after FROM spends ORDER BY seq DESC LIMIT 1").fetchone()
-        state = _floats(life[0]) if life else self.filter.initial_state()
+        state = floats(life[0]) if life else self.filter.initial_state()
         run_state = self.filter.initial_state()
         if run_id is not None:
             run = self._conn.execute(
                 "SELECT run_state_after FROM spends WHERE run_id=? ORDER BY seq DESC LIMIT 1", (run_id,)
             ).fetchone()
             if run:
-                run_state = _floats(run[0])
+                run_state = floats(run[0])
         return state, run_state
 
     def _coordinator_state_locked(self, federation: str) -> np.ndarray:
         row = self._conn.execute(
             "SELECT coordinator_state_after FROM spends WHERE coordinator=? ORDER BY seq DESC LIMIT 1", (federation,)
         ).fetchone()
-        return _floats(row[0]) if row else self.filter.initial_state()
+        return floats(row[0]) if row else self.filter.initial_state()
 
     def _window_state_locked(self, since: float) -> np.ndarray:
         """Every charge recorded at or after ``since``, re-added with upward rounding."""
         state = self.filter.initial_state()
         for (charge,) in self._conn.execute("SELECT charge FROM spends WHERE created_at >= ? ORDER BY seq", (since,)):
-            state = self.filter.spend(state, _floats(charge))
+            state = self.filter.spend(state, floats(charge))
         return state
 
     def state(self) -> np.ndarray:
@@ -686,7 +370,40 @@ class BudgetLedger:
             rows = self._conn.execute(
                 sql + (" WHERE run_id=? ORDER BY seq" if run_id else " ORDER BY seq"), (run_id,) if run_id else ()
             ).fetchall()
-        return [SpendRecord(*r[:9], _floats(r[9]), _floats(r[10]), _floats(r[11]), r[12], r[13]) for r in rows]
+        return [
+            SpendRecord(
+                seq=seq,
+                run_id=run,
+                round_id=round_id,
+                status=status,
+                sensitivity=sensitivity,
+                noise_std=noise_std,
+                noise_multiplier=z,
+                clip=clip,
+                placement=placement,
+                charge=floats(charge),
+                state_after=floats(state),
+                run_state_after=floats(run_state),
+                created_at=created,
+                coordinator=fed,
+            )
+            for (
+                seq,
+                run,
+                round_id,
+                status,
+                sensitivity,
+                noise_std,
+                z,
+                clip,
+                placement,
+                charge,
+                state,
+                run_state,
+                created,
+                fed,
+            ) in rows
+        ]
 
     def has_release(self, run_id: str, round_id: int) -> bool:
         """Whether this (run, round) was already answered (one indexed lookup)."""
@@ -786,10 +503,10 @@ class BudgetLedger:
                     except sqlite3.Error:
                         pass  # the original error says more
                 if isinstance(err, sqlite3.Error):
-                    _raise_storage_error(self.directory, err)
+                    raise_storage_error(self.directory, err)
                 raise
             if reservation.recorded:
                 try:
                     self._seal_latest()
                 except (OSError, sqlite3.Error) as err:
-                    _raise_storage_error(self.directory, err)
+                    raise_storage_error(self.directory, err)

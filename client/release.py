@@ -16,7 +16,8 @@ from functools import cached_property
 
 import numpy as np
 
-from fedfilter.client.ledger import INT64_MAX, BudgetLedger
+from fedfilter.client.ledger import BudgetLedger
+from fedfilter.client.ledger_schema import INT64_MAX
 from fedfilter.client.mechanism import (
     NOISE_STD_RANGE,
     add_grid_noise,
@@ -143,7 +144,7 @@ def validate_request(spec: RoundSpec, policy: ClientPolicy) -> None:
     if c is None or c <= 0:
         problems.append(f"clip must be a finite number > 0. Found {short_repr(spec.clip)}.")
         c = None
-    m = spec.min_reports
+    m: int | None = spec.min_reports
     if not _int_in(m, 1, policy.max_min_reports):
         problems.append(
             f"min_reports must be an integer in [1, {policy.max_min_reports}] (this device's "

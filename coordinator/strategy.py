@@ -52,7 +52,6 @@ from flwr.serverapp.strategy import Result, Strategy
 from fedfilter.client.release import RoundSpec
 from fedfilter.client.round_rules import added_noise_std, model_step, reports_needed
 from fedfilter.client.wire import ARRAYS_RECORD, REQUEST_RECORD, request_proto, request_record
-from fedfilter.coordinator.filtered_mean import FilteredMeanStrategy
 from fedfilter.coordinator.public_ledger import PublicLedger
 from fedfilter.coordinator.replies import (
     RoundTally,
@@ -67,7 +66,6 @@ from fedfilter.protos import fedfilter_pb2
 __all__ = [
     "IndividualFilterStrategy",
     "RoundOutcome",
-    "FilteredMeanStrategy",
     "RoundTally",
     "classify_reply",
     "plain_mean",

@@ -2,12 +2,17 @@
 
     fedfilter demo --clients 10 --rounds 5 --out runs/demo [--task digits] [--seed 0]
 
-Runs Flower's Simulation Engine (``flwr.simulation.run_simulation``, Ray bound to 127.0.0.1, one
-CPU per client) with the built-in ServerApp and ClientApp. Every simulated device gets its own
-budget ledger under ``OUT/devices/<id>`` and a personal epsilon drawn log-uniformly from
-``[--eps-min, --eps-max]`` (delta 1e-5), written into that node's own config; the coordinator
-never sees it. During the run a progress bar follows the coordinator's *public* ledger
-(``OUT/public_ledger.sqlite``). After the run the demo plays the part of the device owners: it
+Runs the built-in app (``fedfilter/app``) on Flower's Simulation Engine the way a user would:
+``flwr run fedfilter/app flwrrun --stream`` against a SuperLink started here in simulation mode on
+127.0.0.1 (``fedfilter.simulation_link``; Ray bound to 127.0.0.1, one CPU per client), with the
+demo's settings as ``--run-config`` overrides of the app's ``[tool.flwr.app.config]``. Every
+simulated device is enrolled up front with its own budget ledger under ``OUT/devices/<id>`` and a
+personal epsilon drawn log-uniformly from ``[--eps-min, --eps-max]`` (delta 1e-5). Those settings
+go into ``OUT/device-settings.json`` (keyed by partition-id), which the devices find through
+``FEDFILTER_DEVICE_SETTINGS`` in the SuperLink's environment (``fedfilter.client.device_settings``);
+the coordinator never sees it. During the run a progress bar follows the coordinator's *public*
+ledger (``OUT/public_ledger.sqlite``) and the run's own log lines are streamed. After the run the
+demo plays the part of the device owners: it
 opens each device's ledger to count, per round, the clients that still had budget and contributed
 their data. Those counts are printed and plotted here, next to the public accuracy; they were
 never sent to the coordinator (exhausted clients keep sending pure noise, which looks the same).
@@ -15,40 +20,48 @@ Timing protection is off by default here (``--reply-hold-s 0``: a held reply wou
 actor that serves many nodes in turn); the demo prints so, and its guarantee then excludes timing.
 
 Outputs: ``OUT/summary.json``, ``OUT/rounds.png``, ``OUT/public_ledger.sqlite``,
-``OUT/devices/<id>/budget_ledger.sqlite``. Device ledgers are lifelong: running the demo again
+``OUT/devices/<id>/budget_ledger.sqlite``, ``OUT/device-settings.json``, Flower's logs in
+``OUT/flower/logs``. Every process the demo starts is stopped at the end, also on Ctrl-C.
+Device ledgers are lifelong: running the demo again
 with the same ``--out`` continues from what each device has already spent, with the budget it was
 enrolled with.
 
-Flower, Ray and torch are imported only when the command runs.
+Flower, Ray and torch are imported only by the processes the command starts.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
-import logging
 import math
-import os
+import re
 import secrets
+import signal
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
+from fedfilter.app.config import APP_DIR, app_defaults, resolve_config
+
 # Demo defaults, chosen (docs/results.md) so that with 10 clients x 5 rounds on digits some
-# clients run out of budget while the accuracy of the global model visibly rises.
+# clients run out of budget while the accuracy of the global model visibly rises. The app's own
+# settings come from its one place (fedfilter/app/pyproject.toml); the budget draw is the demo's.
+_APP = app_defaults()
 DEFAULTS = {
-    "noise_multiplier": 0.5,  # sigma; also the devices' minimum (ClientPolicy default)
-    "clip": 0.4,  # C, about the norm of a 2-epoch update of the digits MLP
-    "local_epochs": 2,
-    "lr": 0.1,
-    "server_lr": 1.0,
+    "noise_multiplier": _APP["noise-multiplier"],
+    "clip": _APP["clip"],
+    "local_epochs": _APP["local-epochs"],
+    "lr": _APP["lr"],
+    "server_lr": _APP["server-lr"],
     # A full-norm round at sigma = 0.5 costs mu_t^2 = 4 (gdp filter, delta 1e-5): eps 10 (mu 2.0)
     # pays for 1 such round, eps 60 (mu 7.56) for 14.
     "eps_min": 10.0,
     "eps_max": 60.0,
     "delta": 1e-5,
 }
+RUN_TIMEOUT_S, ROUND_TIMEOUT_S = 300.0, 120.0  # the whole `flwr run`: start-up plus per round
 
 
 def register(subparsers: Any) -> None:
@@ -62,7 +75,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--clients", type=int, default=10, help="number of simulated devices (default 10)")
     p.add_argument("--rounds", type=int, default=5, help="federated rounds (default 5)")
     p.add_argument("--out", required=True, help="output folder (device ledgers, public ledger, summary)")
-    p.add_argument("--task", default="digits", help="built-in task (default digits)")
+    p.add_argument("--task", default=_APP["task"], help=f"built-in task (default {_APP['task']})")
     p.add_argument("--seed", type=int, default=0, help="seed of budgets, model and sampling (default 0)")
     p.add_argument("--noise-multiplier", type=float, default=DEFAULTS["noise_multiplier"])
     p.add_argument("--clip", type=float, default=DEFAULTS["clip"])
@@ -193,30 +206,74 @@ def _plot(path: Path, rounds: list[int], contributing: list[int], accuracy: list
     ax2.set_ylabel("test accuracy")
     ax2.set_ylim(0, 1)
     handles = ax.get_legend_handles_labels()[0] + ax2.get_legend_handles_labels()[0]
-    ax.legend(handles, [h.get_label() for h in handles], loc="lower left", fontsize=8)
+    ax.legend(handles=handles, loc="lower left", fontsize=8)  # labels from the artists
     ax.set_title(f"fedfilter demo: {n} clients with individual budgets")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
 
+def run_config_overrides(args: argparse.Namespace, run_id: str, ledger_path: Path) -> dict[str, Any]:
+    """The demo's ``--run-config`` overrides of the app's ``[tool.flwr.app.config]`` (checked here)."""
+    overrides = {
+        "run-name": run_id,
+        "num-rounds": args.rounds,
+        "min-available-nodes": args.clients,
+        "noise-multiplier": float(args.noise_multiplier),
+        "clip": float(args.clip),
+        "placement": "local",
+        "local-epochs": args.local_epochs,
+        "lr": float(args.lr),
+        "server-lr": float(args.server_lr),
+        "task": args.task,
+        "num-clients": args.clients,
+        "seed": args.seed,
+        "public-ledger": str(ledger_path),
+    }
+    resolve_config(overrides, source="demo run-config")  # unknown keys or wrong types: refused here
+    return overrides
+
+
+_SHOWN = re.compile(r"fedfilter (round|mod)|ERROR|Traceback|Exception")
+
+
+def _stream_line(verbose: bool):
+    """Show the run's own log lines above the progress bar: the coordinator's rounds and problems, or all."""
+    from tqdm import tqdm
+
+    def show(line: str) -> None:
+        if verbose or _SHOWN.search(line):
+            tqdm.write(f"  | {line}")
+
+    return show
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt():
+    """SIGTERM ends the demo like Ctrl-C does: through the SuperLink's teardown."""
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    in_main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, interrupt) if in_main else None
+    try:
+        yield
+    finally:
+        if in_main:
+            signal.signal(signal.SIGTERM, previous)
+
+
 def _run(args: argparse.Namespace) -> int:
     _check(args)
-    # Ray must listen on 127.0.0.1 only: set before Ray is imported (FLOWER_NOTES.md).
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
 
-    from flwr.simulation import run_simulation
-
-    if not args.verbose:  # after the import: importing flwr sets its logger to DEBUG
-        logging.getLogger("flwr").setLevel(logging.WARNING)
-
-    from fedfilter.app.client_app import make_client_app
-    from fedfilter.app.server_app import make_server_app
+    from fedfilter.client.device_settings import write_device_settings
     from fedfilter.client.ledger_report import device_report
     from fedfilter.client.reply_timing import timing_protection
     from fedfilter.coordinator.public_ledger import PublicLedger
+    from fedfilter.simulation_link import SimulationLink
 
     budgets = draw_budgets(args.clients, args.eps_min, args.eps_max, args.seed)
     devices = device_configs(
@@ -226,25 +283,11 @@ def _run(args: argparse.Namespace) -> int:
         min_noise_multiplier=min(0.5, args.noise_multiplier),
         reply_hold_s=args.reply_hold_s,
     )
+    # The simulation runner's file of device settings (what --node-config holds on a real device).
+    settings_file = write_device_settings(out / "device-settings.json", devices)
     run_id = f"demo-{time.strftime('%Y%m%dT%H%M%S')}-{secrets.token_hex(2)}"
     ledger_path = out / "public_ledger.sqlite"
-    server = make_server_app(
-        {
-            "run-name": run_id,
-            "num-rounds": args.rounds,
-            "min-available-nodes": args.clients,
-            "noise-multiplier": args.noise_multiplier,
-            "clip": args.clip,
-            "placement": "local",
-            "local-epochs": args.local_epochs,
-            "lr": args.lr,
-            "server-lr": args.server_lr,
-            "task": args.task,
-            "num-clients": args.clients,
-            "seed": args.seed,
-            "public-ledger": str(ledger_path),
-        }
-    )
+    overrides = run_config_overrides(args, run_id, ledger_path)
     print(f"fedfilter demo: {args.clients} clients x {args.rounds} rounds on {args.task!r}, run {run_id}")
     print(
         f"  personal budgets: epsilon log-uniform on [{args.eps_min:g}, {args.eps_max:g}], delta "
@@ -257,18 +300,37 @@ def _run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     follower = threading.Thread(target=_follow, args=(ledger_path, run_id, args.rounds, stop), daemon=True)
     started = time.monotonic()
-    follower.start()
+    echo = (lambda line: print(f"  {line}", flush=True)) if args.verbose else None
+    # Every process started here (SuperLink, flwr-simulation, Ray, flwr run) stops when the
+    # context exits, also on Ctrl-C, SIGTERM or an error (fedfilter.deploy_local.FlowerCluster.close).
     try:
-        run_simulation(
-            server_app=server,
-            client_app=make_client_app(devices),
-            num_supernodes=args.clients,
-            backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}},
-        )
-    finally:
-        stop.set()
-        follower.join()
+        with (
+            _sigterm_as_interrupt(),
+            SimulationLink(
+                out / "flower", num_supernodes=args.clients, device_settings=settings_file, echo=echo
+            ) as link,
+        ):
+            follower.start()
+            try:
+                result = link.run_app(
+                    APP_DIR,
+                    run_config=overrides,
+                    timeout=RUN_TIMEOUT_S + ROUND_TIMEOUT_S * args.rounds,
+                    on_line=_stream_line(args.verbose),
+                )
+            finally:
+                stop.set()
+                if follower.is_alive():
+                    follower.join()
+    except KeyboardInterrupt:
+        print("\nfedfilter demo: interrupted; every process it started was stopped", flush=True)
+        return 130
     elapsed = time.monotonic() - started
+    if not result.ok:
+        last = "\n".join(result.output.rstrip().splitlines()[-15:])
+        raise RuntimeError(
+            f"the Flower run ended {result.status!r} ({result.details}); logs in {link.logs_dir}:\n{last}"
+        )
 
     # The coordinator's view: public records only.
     with PublicLedger(ledger_path, read_only=True) as public:

@@ -5,23 +5,12 @@ handler is an ordinary Flower handler: it loads this node's partition, trains ``
 epochs of plain SGD and returns the new weights (and, like any Flower app, ``num-examples``).
 ``individual_filter_mod`` turns that into a filtered, noisy update and drops every metric.
 
-Training settings are read from the train message's ``"config"`` ConfigRecord first (the
-coordinator sends them each round, which also works under ``run_simulation``, where the run
-config is empty), then from ``context.run_config``, then the defaults below:
-
-================  =======  ==================================================================
-key               default  meaning
-================  =======  ==================================================================
-task              digits   a task of ``fedfilter.app.task`` (the built-in tasks)
-num-clients       10       partitions of the data set (simulation: ``num-partitions`` wins)
-partition         iid      ``iid`` or ``dirichlet``
-alpha             0.5      Dirichlet concentration
-partition-seed    0        seed of the split
-local-epochs      2        epochs of local SGD per round
-lr                0.1      local learning rate
-batch-size        32       local batch size
-server-round      0        used only to vary the local shuffling seed per round
-================  =======  ==================================================================
+Training settings (``TRAIN_KEYS``) are read from the train message's ``"config"`` ConfigRecord
+first (the coordinator sends them each round), then from ``context.run_config``, then the app's
+defaults in ``fedfilter/app/pyproject.toml`` ``[tool.flwr.app.config]`` (``fedfilter.app.config``):
+``task``, ``num-clients`` (simulation: ``num-partitions`` wins), ``partition`` (``iid`` or
+``dirichlet``), ``alpha``, ``partition-seed``, ``local-epochs``, ``lr``, ``batch-size``. The
+message may also carry ``server-round`` (only varies the local shuffling seed per round).
 
 The node's data: ``partition-id`` (and in deployment ``data-dir``, the root of the offline data
 sets) from ``context.node_config``. Imports stay light at module level: in the Deployment Engine
@@ -36,29 +25,23 @@ from typing import Any
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
+from fedfilter.app.config import resolve_config
 from fedfilter.client.flower_mod import individual_filter_mod, simulated_device_config_mod
 
-__all__ = ["app", "make_client_app", "train", "TRAIN_DEFAULTS"]
+__all__ = ["app", "make_client_app", "train", "TRAIN_KEYS"]
 
-TRAIN_DEFAULTS: dict[str, Any] = {
-    "task": "digits",
-    "num-clients": 10,
-    "partition": "iid",
-    "alpha": 0.5,
-    "partition-seed": 0,
-    "local-epochs": 2,
-    "lr": 0.1,
-    "batch-size": 32,
-    "server-round": 0,
-}
+# The run-config keys the ClientApp uses (defaults: fedfilter/app/pyproject.toml).
+TRAIN_KEYS = ("task", "num-clients", "partition", "alpha", "partition-seed", "local-epochs", "lr", "batch-size")
+ROUND_KEY = "server-round"
 
 
 def _settings(msg: Message, context: Context) -> dict[str, Any]:
-    sent = msg.content.config_records.get("config") or {}
-    out = {}
-    for key, default in TRAIN_DEFAULTS.items():
-        value = sent.get(key, context.run_config.get(key, default))
-        out[key] = type(default)(value)
+    sent = dict(msg.content.config_records.get("config") or {})
+    server_round = sent.pop(ROUND_KEY, 0)
+    if isinstance(server_round, bool) or not isinstance(server_round, int):
+        raise ValueError(f"train config {ROUND_KEY!r} must be an int. Found {server_round!r}.")
+    out = resolve_config(context.run_config, sent, keys=TRAIN_KEYS, source="run-config or train config")
+    out[ROUND_KEY] = server_round
     return out
 
 

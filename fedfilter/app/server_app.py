@@ -13,7 +13,8 @@ Messages live longer than a round (``message-ttl-s`` > ``round-timeout-s``), so 
 silently discard the replies of clients that have already spent budget.
 
 Run config (``[tool.flwr.app.config]``, ``flwr run --run-config``; ``make_server_app(overrides)``
-under ``run_simulation``, whose run config is empty): ``SERVER_DEFAULTS`` below, in kebab-case.
+under ``run_simulation``, whose run config is empty): ``SERVER_DEFAULTS``, read from the app's
+``pyproject.toml`` by ``fedfilter.app.config``.
 """
 
 from __future__ import annotations
@@ -29,34 +30,13 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg, FedAvgM
 
+from fedfilter.app.config import app_defaults
 from fedfilter.coordinator.strategy import IndividualFilterStrategy
 
 __all__ = ["app", "make_server_app", "run", "SERVER_DEFAULTS", "server_config", "inner_strategy"]
 
-SERVER_DEFAULTS: dict[str, Any] = {
-    "run-name": "",  # the run-id clients see and the public ledger keys on; default flwr-<run id>
-    "num-rounds": 5,
-    "fraction-train": 1.0,
-    "min-available-nodes": 2,  # wait up to node-wait-s for this many nodes; then go on with those connected
-    "node-wait-s": 60.0,
-    "round-timeout-s": 300.0,  # bounded wait for one round's replies
-    "message-ttl-s": 0.0,  # 0: 2 * round-timeout-s + 60
-    "noise-multiplier": 0.5,
-    "clip": 0.4,
-    "placement": "local",
-    "min-reports": 1,
-    "server-lr": 1.0,  # 1: FedAvg; otherwise FedAvgM(server_learning_rate=server-lr, server_momentum=0)
-    "local-epochs": 2,
-    "lr": 0.1,
-    "batch-size": 32,
-    "task": "digits",
-    "num-clients": 10,
-    "partition": "iid",
-    "alpha": 0.5,
-    "partition-seed": 0,
-    "seed": 0,  # the initial model (sampling is the inner Flower strategy's own)
-    "public-ledger": "fedfilter_public.sqlite",
-}
+# The run config and its defaults: fedfilter/app/pyproject.toml [tool.flwr.app.config], the one place.
+SERVER_DEFAULTS: dict[str, Any] = app_defaults()
 # Sent to every client with each train message (the ClientApp's training settings).
 _TRAIN_KEYS = ("task", "num-clients", "partition", "alpha", "partition-seed", "local-epochs", "lr", "batch-size")
 

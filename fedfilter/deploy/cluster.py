@@ -76,7 +76,8 @@ class FlowerCluster:
 
     ``tls=False`` starts the SuperLink with ``--insecure`` (still bound to 127.0.0.1 only);
     ``simulation=True`` adds ``--simulation`` (Flower's Simulation Engine: no SuperNodes, no
-    node authentication); ``superlink_args`` are further flags for ``flower-superlink``.
+    node authentication); ``superlink_args`` are further flags for ``flower-superlink`` and
+    ``superlink_env`` further environment variables for it.
     """
 
     def __init__(
@@ -88,6 +89,7 @@ class FlowerCluster:
         tls: bool = True,
         simulation: bool = False,
         superlink_args: Sequence[str] = (),
+        superlink_env: Mapping[str, str] | None = None,
         grace_s: float = 10.0,
         echo: Callable[[str], None] | None = None,
     ):
@@ -96,6 +98,7 @@ class FlowerCluster:
         self.root = Path(root).resolve()
         self.connection, self.node_auth, self.grace_s = connection, node_auth, grace_s
         self.use_tls, self.simulation, self.superlink_args = tls, simulation, list(superlink_args)
+        self.superlink_env = dict(superlink_env or {})
         self.echo = echo or (lambda line: None)
         self.tls_dir, self.home = self.root / "tls", self.root / "flwr-home"
         self.keys_dir, self.logs_dir = self.root / "keys", self.root / "logs"
@@ -155,7 +158,7 @@ class FlowerCluster:
                 "flower-superlink",
                 argv,
                 log_path=self.logs_dir / "superlink.log",
-                env=flower_env(self.home),
+                env=self.superlink_environment(),
                 cwd=self.home,
             )
         )
@@ -165,6 +168,11 @@ class FlowerCluster:
         features += ["SuperNode authentication"] if self.node_auth else []
         features += ["simulation"] if self.simulation else []
         self.echo(f"SuperLink listening on {self.address} ({', '.join(features)}); log {self.superlink.log_path}")
+
+    def superlink_environment(self) -> dict[str, str]:
+        """The SuperLink's environment: ``flower_env`` plus ``superlink_env`` (in simulation, what
+        ``flwr-simulation`` and its Ray workers inherit)."""
+        return {**flower_env(self.home), **self.superlink_env}
 
     def write_connection(self) -> Path:
         """``[superlink.NAME]`` in the CLI's ``FLWR_HOME/config.toml``, made the default."""

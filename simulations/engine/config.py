@@ -81,7 +81,7 @@ class EngineConfig:
         clients asked each round (``fraction < 1`` draws from the engine's own generator, which
         is not the ServerApp's node sampling).
     server_lr
-        The coordinator's step: ``w <- w + server_lr * mean(reports)`` (``FilteredMeanStrategy.step``).
+        The coordinator's step: ``w <- w + server_lr * mean(reports)`` (``fedfilter.client.round_rules.model_step``).
     seed
         Initial model (``torch.manual_seed(seed)`` then ``task.model_fn()``, as the ServerApp)
         and every noise stream (``client_noise_seed``, ``aggregate_noise_rng``).

@@ -1,10 +1,13 @@
 """End-to-end tests on Flower's Simulation Engine (Ray on 127.0.0.1): slow, three simulations.
 
 1. A probe coordinator (a ServerApp written here, which keeps every reply it gets) drives the
-   built-in ClientApp on 10 simulated devices with mixed budgets and after-exhaustion modes for 4
-   rounds, then sends malicious requests: too little noise, NaN, a replayed round id.
+   built-in ClientApp (``fedfilter.app.client_app:app``, its device settings from the file that
+   FEDFILTER_DEVICE_SETTINGS names, as under ``flwr run``) on 10 simulated devices with mixed
+   budgets and after-exhaustion modes for 4 rounds, then sends malicious requests: too little
+   noise, NaN, a replayed round id.
 2. The same devices in a new run (new Flower run, same ledger directories): spends carry over.
-3. ``fedfilter demo`` with 10 clients x 3 rounds: summary, plot and public ledger.
+3. ``fedfilter demo`` with 10 clients x 3 rounds through ``flwr run`` and its own simulation
+   SuperLink: summary, plot, public ledger, and no process of it left afterwards.
 """
 
 from __future__ import annotations
@@ -12,6 +15,9 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
+import subprocess
+import sys
 import time
 from dataclasses import replace
 
@@ -50,9 +56,9 @@ def _devices(root):
 def _probe_server(captured: dict, run_id: str, rounds: int, malicious: bool):
     """A ServerApp that keeps every reply (for the test only; the real one keeps none)."""
     from flwr.serverapp import ServerApp
+    from probe_coordinator import FilteredMeanStrategy
 
     from fedfilter.client.wire import STATUS_RECORD
-    from fedfilter.coordinator.strategy import FilteredMeanStrategy
 
     app = ServerApp()
 
@@ -114,12 +120,14 @@ def _probe_server(captured: dict, run_id: str, rounds: int, malicious: bool):
     return app
 
 
-def _simulate(server_app, devices):
+def _simulate(server_app):
+    """The probe coordinator against the built-in ClientApp as ``flwr run`` loads it (no simulated
+    device mod): each Ray worker finds its device through FEDFILTER_DEVICE_SETTINGS, inherited."""
     from flwr.simulation import run_simulation
 
-    from fedfilter.app.client_app import make_client_app
+    from fedfilter.app.client_app import app
 
-    run_simulation(server_app=server_app, client_app=make_client_app(devices), num_supernodes=N, backend_config=BACKEND)
+    run_simulation(server_app=server_app, client_app=app, num_supernodes=N, backend_config=BACKEND)
 
 
 def _ledgers(devices):
@@ -140,13 +148,18 @@ def _ledgers(devices):
 
 @pytest.fixture(scope="module")
 def probe(tmp_path_factory):
+    from fedfilter.client.device_settings import ENV_VAR, write_device_settings
+
     root = tmp_path_factory.mktemp("probe")
     devices = _devices(root)
+    settings_file = write_device_settings(root / "device-settings.json", devices)
     first, second = {}, {}
     started = time.monotonic()
-    _simulate(_probe_server(first, "probe-1", rounds=4, malicious=True), devices)
-    after_first = _ledgers(devices)
-    _simulate(_probe_server(second, "probe-2", rounds=1, malicious=False), devices)
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv(ENV_VAR, str(settings_file))  # before Ray starts: its workers inherit it
+        _simulate(_probe_server(first, "probe-1", rounds=4, malicious=True))
+        after_first = _ledgers(devices)
+        _simulate(_probe_server(second, "probe-2", rounds=1, malicious=False))
     after_second = _ledgers(devices)
     return {
         "first": first,
@@ -243,6 +256,47 @@ def demo(tmp_path_factory):
     return out, time.monotonic() - started
 
 
+def _processes_inside(folder, settle_s: float = 15.0) -> list[str]:
+    """Live processes whose working directory is under ``folder`` (Linux /proc), as ``pid: cmdline``.
+
+    Waits up to ``settle_s`` for processes that were already killed to finish exiting (on a loaded
+    machine that takes a moment); whatever is still there then is a leak.
+    """
+    deadline = time.monotonic() + settle_s
+    while True:
+        found = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                cwd = os.readlink(f"/proc/{entry}/cwd")
+                with open(f"/proc/{entry}/stat") as handle:
+                    state = handle.read().rsplit(")", 1)[1].split()[0]
+                with open(f"/proc/{entry}/cmdline", "rb") as handle:
+                    cmdline = handle.read().replace(b"\0", b" ").decode(errors="replace")[:160]
+            except OSError:
+                continue
+            if state != "Z" and (cwd == str(folder) or cwd.startswith(str(folder) + os.sep)):
+                found.append(f"{entry}: {cmdline}")
+        if not found or time.monotonic() >= deadline:
+            return found
+        time.sleep(0.5)
+
+
+def test_demo_runs_through_flwr_run_and_stops_every_process_it_started(demo):
+    out, _ = demo
+    logs = out / "flower" / "logs"
+    superlink = (logs / "superlink.log").read_text()
+    assert "Starting the SuperLink Control HTTP API on 127.0.0.1:" in superlink  # loopback only
+    run_log = (logs / "flwr-run.log").read_text()
+    assert "Successfully started run" in run_log and f"({N} simulated SuperNodes)" in run_log
+    assert _processes_inside(out) == []
+    # The devices' settings reached every Ray worker: each device spent from its own ledger.
+    settings = json.loads((out / "device-settings.json").read_text())
+    assert sorted(int(k) for k in settings) == list(range(N))
+    assert (out / "device-settings.json").stat().st_mode & 0o077 == 0
+
+
 def test_demo_summary_every_client_within_its_budget(demo):
     out, wall = demo
     summary = json.loads((out / "summary.json").read_text())
@@ -280,3 +334,30 @@ def test_public_ledger_has_no_per_client_budget_or_example_count(demo):
         assert set(rec.metrics) == {"accuracy", "loss"}
         assert rec.clients_sampled == N and rec.reports_received + rec.markers_received <= N
         assert math.isfinite(rec.aggregate_norm)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_an_interrupted_demo_stops_every_process_it_started(tmp_path, sig):
+    out = tmp_path / "demo"
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "fedfilter", "demo", "--clients", "3", "--rounds", "50", "--out", str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as at a terminal
+    )
+    run_log = out / "flower" / "logs" / "flwr-run.log"
+    try:
+        deadline = time.monotonic() + 120
+        while not (run_log.exists() and "Starting Flower Simulation" in run_log.read_text()):
+            assert demo.poll() is None and time.monotonic() < deadline, demo.stdout.read() if demo.poll() else ""
+            time.sleep(0.5)
+        assert len(_processes_inside(out, settle_s=0)) >= 3  # SuperLink, SuperExec, flwr run, flwr-simulation...
+        demo.send_signal(sig)
+        output, _ = demo.communicate(timeout=60)
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+    assert demo.returncode == 130, output
+    assert "every process it started was stopped" in output
+    assert _processes_inside(out) == []

@@ -14,23 +14,20 @@ import pytest
 from test_flower_mod import Handler, context, spec, train_message
 
 from fedfilter.cli import main as cli_main
-from fedfilter.client import flower_mod
+from fedfilter.client import device_ledgers
 from fedfilter.client.flower_mod import individual_filter_mod
-from fedfilter.client.ledger import (
-    LEDGER_FILE,
-    BudgetLedger,
-    LedgerUnavailableError,
-    LedgerWriteError,
-)
+from fedfilter.client.ledger import BudgetLedger
+from fedfilter.client.ledger_schema import LEDGER_FILE
 from fedfilter.client.ledger_seal import SEAL_FILE
+from fedfilter.client.ledger_storage import LedgerUnavailableError, LedgerWriteError
 from fedfilter.client.privacy.filters import make_filter
 from fedfilter.client.release import FilteredClient, RoundSpec
 
 
 def restart_device() -> None:
     """A device restart: the mod's process-wide cache of open ledgers is gone."""
-    for key, entry in list(flower_mod._ledgers.items()):
-        flower_mod._forget_ledger(key, entry)
+    for key, entry in list(device_ledgers._ledgers.items()):
+        device_ledgers.forget_ledger(key, entry)
 
 
 def serve(ctx, rounds, run_id="run-a", handler=None):
@@ -276,7 +273,7 @@ def test_a_schema_1_copy_of_a_sealed_ledger_is_refused(tmp_path):
 
 def test_a_full_disk_through_the_mod_is_logged_as_such_and_releases_nothing(served, caplog):
     ledger_dir, ctx = served
-    (entry,) = flower_mod._ledgers.values()  # the device's open ledger
+    (entry,) = device_ledgers._ledgers.values()  # the device's open ledger
     conn = entry.ledger._conn
     conn.execute(f"PRAGMA max_page_count={conn.execute('PRAGMA page_count').fetchone()[0]}")
     with caplog.at_level(logging.ERROR, logger="fedfilter.client"):

@@ -10,7 +10,9 @@ import pytest
 from test_flower_mod import Handler, context, records, spec, train_message
 
 from fedfilter.client.flower_mod import individual_filter_mod
-from fedfilter.client.ledger import DAY_S, BudgetLedger, Quotas
+from fedfilter.client.ledger import BudgetLedger
+from fedfilter.client.ledger_quota import Quotas
+from fedfilter.client.ledger_schema import DAY_S
 from fedfilter.client.release import FilteredClient, RoundSpec
 
 RUNS = 20

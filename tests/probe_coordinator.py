@@ -1,7 +1,8 @@
 """A hand-driven round, without Flower's Strategy loop: for probes and tests that build raw messages.
 
-The built-in ServerApp and Flower users run ``fedfilter.coordinator.strategy.IndividualFilterStrategy``
-(a Flower ``Strategy`` wrapper). This class stays for code that drives rounds message by message
+Test scaffolding, not part of the package: the built-in ServerApp and Flower users run
+``fedfilter.coordinator.strategy.IndividualFilterStrategy`` (a Flower ``Strategy`` wrapper). This
+class is for code that drives rounds message by message
 (``tests/cli/test_flower_simulation.py``'s probe coordinator sends deliberately bad requests, which
 the wrapper refuses to build; ``tests/client/test_flower_mod.py``). It samples
 ``ceil(fraction * n)`` nodes, builds the train messages with the round request, tallies replies

@@ -1,0 +1,197 @@
+"""The device owner's settings (``context.node_config``), parsed and checked, and enrolment.
+
+The coordinator cannot set any of these: in the Deployment Engine they come from
+``flower-supernode --node-config``; in the Simulation Engine from ``simulated_device_config_mod``
+(``fedfilter.client.flower_mod``).
+
+Device settings (``context.node_config``; in the Deployment Engine from
+``flower-supernode --node-config "ledger-dir='/var/lib/fedfilter' budget-epsilon=8.0 ..."``):
+
+=======================  ========  ==========================================================
+key                      default   meaning
+=======================  ========  ==========================================================
+``ledger-dir``           required  directory of the device's budget ledger, enrolled by its owner
+                                   beforehand (``fedfilter ledger enrol``; ``enrol_device``)
+``budget-epsilon``       (none)    if given, the enrolment must match it (with ``budget-delta``,
+                                   ``filter``, ``run-quota``, ``client-id``); never enrols
+``budget-delta``         1e-5      personal delta
+``filter``               gdp       ``gdp``, ``zcdp`` or ``rdp``
+``run-quota``            1.0       share of the lifetime budget one run may spend
+``client-id``            dir name  name stored in the ledger at enrolment
+``federation``           default   the coordinator this device serves; every run is charged to it
+``coordinator-quota``    1.0       share of the lifetime budget that federation may ever spend
+``daily-quota``          1.0       share of the lifetime budget spent in any 24 hours
+``min-noise-multiplier`` 0.5       smallest noise multiplier this device accepts
+``after-exhaustion``     noise-only  ``noise-only`` or ``leave``
+``allow-distributed``    false     accept ``placement = "distributed"`` (needs SecAgg)
+``max-min-reports``      100       largest ``min-reports`` accepted (each distributed report
+                                   carries 1/sqrt(m) of the accounted noise)
+``noise-seed``           (none)    reproducible noise for tests ONLY: whoever knows it can
+                                   subtract the noise. Default: OS cryptographic randomness.
+``reply-hold-s``         60        every reply after the ledger is touched leaves at arrival
+                                   + a whole multiple of this (``client/reply_timing.py``);
+                                   0 turns timing protection off (simulations only)
+=======================  ========  ==========================================================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fedfilter.client.ledger import BudgetLedger
+from fedfilter.client.ledger_quota import Quotas
+from fedfilter.client.release import AFTER_EXHAUSTION, ClientPolicy
+
+NODE_CONFIG_KEYS = (
+    "ledger-dir",
+    "budget-epsilon",
+    "budget-delta",
+    "filter",
+    "run-quota",
+    "client-id",
+    "federation",
+    "coordinator-quota",
+    "daily-quota",
+    "min-noise-multiplier",
+    "after-exhaustion",
+    "allow-distributed",
+    "max-min-reports",
+    "noise-seed",
+    "reply-hold-s",
+)
+
+
+@dataclass(frozen=True)
+class DeviceConfig:
+    """The device owner's settings, read from ``context.node_config`` only."""
+
+    ledger_dir: Path
+    budget_epsilon: float | None
+    budget_delta: float
+    filter_kind: str
+    run_quota: float
+    client_id: str
+    policy: ClientPolicy
+    noise_seed: int | None
+    quotas: Quotas
+
+    def open_ledger(self) -> BudgetLedger:
+        """Open the enrolled ledger; never enrol (fail closed: a lost ledger is no fresh budget).
+
+        With ``budget-epsilon`` set, the enrolment must be the one the settings describe.
+        """
+        ledger = BudgetLedger.open(self.ledger_dir, quotas=self.quotas)
+        if self.budget_epsilon is not None:
+            e = ledger.enrolment
+            stored = (e.client_id, e.filter_kind, e.epsilon, e.delta, e.run_quota)
+            wanted = (self.client_id, self.filter_kind, self.budget_epsilon, self.budget_delta, self.run_quota)
+            if stored != wanted:
+                ledger.close()
+                names = ("client-id", "filter", "budget-epsilon", "budget-delta", "run-quota")
+                diffs = [f"{n}: enrolled {a!r}, node-config {b!r}" for n, a, b in zip(names, stored, wanted) if a != b]
+                raise ValueError(
+                    f"the ledger at {self.ledger_dir} is enrolled with a different budget ({'; '.join(diffs)})."
+                )
+        return ledger
+
+    def enrol(self) -> BudgetLedger:
+        """The owner's act, once, before the device serves rounds (see ``enrol_device``)."""
+        if self.budget_epsilon is None:
+            raise ValueError("node-config 'budget-epsilon' is required to enrol the device.")
+        return BudgetLedger.enrol(
+            self.ledger_dir,
+            client_id=self.client_id,
+            epsilon=self.budget_epsilon,
+            delta=self.budget_delta,
+            filter_kind=self.filter_kind,
+            run_quota=self.run_quota,
+            quotas=self.quotas,
+        )
+
+
+def _as_float(value: Any) -> float:
+    if isinstance(value, bool):
+        raise TypeError
+    return float(value)  # int, float, or a numeric string from --node-config
+
+
+def _as_bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "false", "1", "0", "yes", "no"):
+        return value.strip().lower() in ("true", "1", "yes")
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    raise TypeError
+
+
+def _as_int(value: Any) -> int:
+    if isinstance(value, bool):
+        raise TypeError
+    if isinstance(value, float) and not value.is_integer():
+        raise TypeError
+    return int(value)
+
+
+def device_config(node_config: Mapping[str, Any]) -> DeviceConfig:
+    """Parse the device's settings; ``ValueError`` lists every problem at once."""
+    problems: list[str] = []
+
+    def get(key, convert, default):
+        if key not in node_config:
+            return default
+        value = node_config[key]
+        try:
+            return convert(value)
+        except (TypeError, ValueError):
+            problems.append(f"node-config {key!r} has an invalid value {value!r}.")
+            return default
+
+    ledger_dir = node_config.get("ledger-dir")
+    if not (isinstance(ledger_dir, str) and ledger_dir.strip()):
+        problems.append(f"node-config 'ledger-dir' must name the device's ledger directory. Found {ledger_dir!r}.")
+        ledger_dir = "."
+    epsilon = get("budget-epsilon", _as_float, None)
+    delta = get("budget-delta", _as_float, 1e-5)
+    filter_kind = str(node_config.get("filter", "gdp"))
+    run_quota = get("run-quota", _as_float, 1.0)
+    client_id = str(node_config.get("client-id", "") or Path(ledger_dir).resolve().name)
+    min_z = get("min-noise-multiplier", _as_float, ClientPolicy.min_noise_multiplier)
+    after = str(node_config.get("after-exhaustion", ClientPolicy.after_exhaustion))
+    if after not in AFTER_EXHAUSTION:
+        problems.append(f"node-config 'after-exhaustion' must be one of {AFTER_EXHAUSTION}. Found {after!r}.")
+        after = ClientPolicy.after_exhaustion
+    allow_distributed = get("allow-distributed", _as_bool, False)
+    federation = str(node_config.get("federation", Quotas.federation))
+    coordinator_quota = get("coordinator-quota", _as_float, Quotas.coordinator)
+    daily_quota = get("daily-quota", _as_float, Quotas.daily)
+    max_m = get("max-min-reports", _as_int, ClientPolicy.max_min_reports)
+    seed = get("noise-seed", _as_int, None)
+    policy: ClientPolicy | None = None
+    quotas: Quotas | None = None
+    try:
+        policy = ClientPolicy(
+            min_noise_multiplier=min_z,
+            after_exhaustion=after,
+            allow_distributed=allow_distributed,
+            max_min_reports=max_m,
+        )
+    except ValueError as err:
+        problems.append(str(err))
+    try:
+        quotas = Quotas(federation=federation, coordinator=coordinator_quota, daily=daily_quota)
+    except ValueError as err:
+        problems.append(f"node-config 'federation', 'coordinator-quota' or 'daily-quota': {err}")
+    if problems or policy is None or quotas is None:
+        raise ValueError("invalid fedfilter device config: " + " ".join(problems))
+    return DeviceConfig(Path(ledger_dir), epsilon, delta, filter_kind, run_quota, client_id, policy, seed, quotas)
+
+
+def enrol_device(node_config: Mapping[str, Any]) -> None:
+    """Enrol a device from its settings (``budget-epsilon`` etc.): the owner's act, done once
+    before its SuperNode starts (simulations and tests do it up front). Idempotent for the same
+    budget; refuses a device whose ledger was lost (see ``BudgetLedger.enrol``)."""
+    device_config(node_config).enrol().close()

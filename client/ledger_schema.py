@@ -1,0 +1,168 @@
+"""The ledger's SQLite schema and its rows: tables, append-only triggers, migration, and reading them.
+
+The enrolment row and every spend row are append-only (the triggers abort any UPDATE or DELETE);
+floats are stored as JSON text that round-trips a float64 exactly. ``connect`` opens a database
+in WAL mode with ``synchronous=FULL`` (a COMMIT is on disk when it returns).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sqlite3
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from fedfilter.client.ledger_seal import SEAL_FILE, Seal
+from fedfilter.client.ledger_storage import LedgerUnavailableError, owner_must_act
+from fedfilter.client.privacy.filters import FILTER_KINDS
+
+LEDGER_FILE = "budget_ledger.sqlite"
+LEDGER_FILES = (LEDGER_FILE, LEDGER_FILE + "-wal", LEDGER_FILE + "-shm", SEAL_FILE)
+SCHEMA_VERSION = 2  # 2: coordinator columns, ledger id and seal
+STATUSES = ("contributed", "noise-only", "left")
+INT64_MAX = 2**63 - 1  # SQLite's integers are int64: a larger round id would raise OverflowError
+DAY_S = 86400.0
+RECOVER = ("reseal", "replace")
+
+SCHEMA_TABLES = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS enrolment (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    client_id TEXT NOT NULL, filter_kind TEXT NOT NULL,
+    epsilon REAL NOT NULL, delta REAL NOT NULL, orders TEXT NOT NULL,
+    run_quota REAL NOT NULL, enrolled_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS spends (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    run_id TEXT NOT NULL, round_id INTEGER NOT NULL, status TEXT NOT NULL,
+    sensitivity REAL NOT NULL, noise_std REAL NOT NULL, noise_multiplier REAL NOT NULL,
+    clip REAL NOT NULL, placement TEXT NOT NULL,
+    charge TEXT NOT NULL, state_after TEXT NOT NULL, run_state_after TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    coordinator TEXT NOT NULL DEFAULT '', coordinator_state_after TEXT NOT NULL DEFAULT '[]',
+    UNIQUE (run_id, round_id));
+CREATE TRIGGER IF NOT EXISTS enrolment_no_update BEFORE UPDATE ON enrolment
+    BEGIN SELECT RAISE(ABORT, 'the enrolment (personal budget) is immutable'); END;
+CREATE TRIGGER IF NOT EXISTS enrolment_no_delete BEFORE DELETE ON enrolment
+    BEGIN SELECT RAISE(ABORT, 'the enrolment (personal budget) is immutable'); END;
+CREATE TRIGGER IF NOT EXISTS spends_no_update BEFORE UPDATE ON spends
+    BEGIN SELECT RAISE(ABORT, 'spends are append-only'); END;
+CREATE TRIGGER IF NOT EXISTS spends_no_delete BEFORE DELETE ON spends
+    BEGIN SELECT RAISE(ABORT, 'spends are append-only'); END;
+"""
+# Schema 1 ledgers gain the coordinator columns (their old spends count for no coordinator, and
+# in full for the lifetime budget).
+MIGRATE_1_TO_2 = (
+    "ALTER TABLE spends ADD COLUMN coordinator TEXT NOT NULL DEFAULT ''",
+    "ALTER TABLE spends ADD COLUMN coordinator_state_after TEXT NOT NULL DEFAULT '[]'",
+)
+SCHEMA_INDEXES = """
+CREATE INDEX IF NOT EXISTS spends_by_coordinator ON spends (coordinator);
+CREATE INDEX IF NOT EXISTS spends_by_time ON spends (created_at);
+"""
+
+
+@dataclass(frozen=True)
+class Enrolment:
+    client_id: str
+    filter_kind: str
+    epsilon: float
+    delta: float
+    orders: tuple[float, ...]
+    run_quota: float  # share of the lifetime budget one run may spend, in (0, 1]
+    enrolled_at: float
+
+
+@dataclass(frozen=True)
+class SpendRecord:
+    seq: int
+    run_id: str
+    round_id: int
+    status: str
+    sensitivity: float
+    noise_std: float
+    noise_multiplier: float
+    clip: float
+    placement: str
+    charge: np.ndarray
+    state_after: np.ndarray
+    run_state_after: np.ndarray
+    created_at: float
+    coordinator: str = ""  # the federation charged ("" for spends written before schema 2)
+
+
+def floats_json(values) -> str:
+    # repr round-trips a float64 exactly.
+    return json.dumps([float(v) for v in np.atleast_1d(values)])
+
+
+def floats(text: str) -> np.ndarray:
+    return np.array(json.loads(text), dtype=np.float64)
+
+
+def check_enrolment_args(client_id, epsilon, delta, filter_kind, run_quota) -> None:
+    problems = []
+    if not (isinstance(client_id, str) and client_id.strip()):
+        problems.append(f"client_id must be a non-empty string. Found {client_id!r}.")
+    if not (isinstance(epsilon, (int, float)) and math.isfinite(epsilon) and epsilon > 0):
+        problems.append(f"epsilon must be a finite number > 0. Found {epsilon!r}.")
+    if not (isinstance(delta, (int, float)) and 0 < delta < 1):
+        problems.append(f"delta must be a number in (0, 1). Found {delta!r}.")
+    if filter_kind not in FILTER_KINDS:
+        problems.append(f"filter must be one of {', '.join(FILTER_KINDS)}. Found {filter_kind!r}.")
+    if not (isinstance(run_quota, (int, float)) and math.isfinite(run_quota) and 0 < run_quota <= 1):
+        problems.append(f"run_quota must be a fraction in (0, 1]. Found {run_quota!r}.")
+    if problems:
+        raise ValueError(" ".join(problems))
+
+
+def connect(path: Path) -> sqlite3.Connection:
+    conn = sqlite3.connect(path, isolation_level=None, timeout=60.0, check_same_thread=False)
+    try:
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=FULL")
+        conn.execute("PRAGMA busy_timeout=60000")
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def prepare(conn: sqlite3.Connection) -> bool:
+    """Create or migrate the schema (inside the caller's transaction); True if migrated from 1."""
+    for stmt in SCHEMA_TABLES.split(";\n"):
+        if stmt.strip():
+            conn.execute(stmt)
+    row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+    migrated = row is not None and row[0] == "1"
+    if migrated:
+        for stmt in MIGRATE_1_TO_2:
+            conn.execute(stmt)
+        conn.execute("UPDATE meta SET value=? WHERE key='schema_version'", (str(SCHEMA_VERSION),))
+    elif row is not None and row[0] != str(SCHEMA_VERSION):
+        raise LedgerUnavailableError(
+            f"the budget ledger has schema version {row[0]!r}, which this "
+            f"fedfilter (schema {SCHEMA_VERSION}) does not know."
+        )
+    for stmt in SCHEMA_INDEXES.split(";\n"):
+        if stmt.strip():
+            conn.execute(stmt)
+    conn.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+    conn.execute("INSERT OR IGNORE INTO meta VALUES ('ledger_id', ?)", (uuid.uuid4().hex,))
+    return migrated
+
+
+def read_enrolment(conn: sqlite3.Connection, directory: Path | None = None, seal: Seal | None = None) -> Enrolment:
+    row = conn.execute(
+        "SELECT client_id, filter_kind, epsilon, delta, orders, run_quota, enrolled_at FROM enrolment"
+    ).fetchone()
+    if row is None:
+        raise owner_must_act(
+            directory or Path("."),
+            "holds no enrolment"
+            + (f", but this device was enrolled (its seal names spend #{seal.seq})." if seal else "."),
+        )
+    return Enrolment(row[0], row[1], row[2], row[3], tuple(json.loads(row[4])), row[5], row[6])

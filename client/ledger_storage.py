@@ -1,0 +1,100 @@
+"""How the budget ledger fails: its errors, and SQLite or disk errors named for what they are.
+
+A full or read-only disk is a ``LedgerWriteError`` naming the disk; a damaged database is a
+``LedgerUnavailableError`` that tells the owner what to do (fail closed: nothing is released).
+Also the two context managers every write path uses (one transaction; close on failure).
+"""
+
+from __future__ import annotations
+
+import errno
+import shutil
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+
+class ReplayError(RuntimeError):
+    """This (run, round) was already released once; a second release is refused."""
+
+
+class LedgerError(RuntimeError):
+    """The budget ledger cannot be used; nothing was spent or released."""
+
+
+class LedgerUnavailableError(LedgerError):
+    """Missing, never enrolled, damaged or rolled back: the device refuses rounds until its owner acts."""
+
+
+class LedgerWriteError(LedgerError):
+    """The disk refused a write (full, read-only, I/O error); the round was not released."""
+
+
+def owner_must_act(directory: Path, what: str) -> LedgerUnavailableError:
+    return LedgerUnavailableError(
+        f"the budget ledger at {directory} {what} Every round is refused until the device's owner acts: "
+        f"restore the ledger's files, or run `fedfilter ledger enrol --dir {directory} ... --recover reseal` "
+        "(accept the database as it is now) or `--recover replace` (start a new ledger, a fresh budget; "
+        "the old files are kept in a lost-* folder)."
+    )
+
+
+def raise_storage_error(directory: Path, err: BaseException):
+    """Re-raise ``err`` as what the disk said, if it is about the disk; else as it is."""
+    translated = storage_error(directory, err)
+    if translated is err:
+        raise err
+    raise translated from err
+
+
+def storage_error(directory: Path, err: BaseException) -> BaseException:
+    """Name what the disk said; a full or read-only disk must not look like a logic error."""
+    code = getattr(err, "sqlite_errorcode", None)  # SQLite's result code (Python >= 3.11)
+    primary = code & 0xFF if isinstance(code, int) else None
+    text, errno_ = str(err).lower(), getattr(err, "errno", None)
+    if primary in (11, 26) or "malformed" in text or "not a database" in text:  # CORRUPT, NOTADB
+        return owner_must_act(directory, f"is damaged ({err}).")
+    if primary == 13 or errno_ in (errno.ENOSPC, errno.EDQUOT) or "disk is full" in text:  # SQLITE_FULL
+        kind = "the disk holding it is full"
+    elif primary == 8 or errno_ in (errno.EROFS, errno.EACCES, errno.EPERM) or "readonly" in text:
+        kind = "it is on a read-only disk or lacks write permission"  # SQLITE_READONLY
+    elif primary == 10 or "disk i/o" in text:  # SQLITE_IOERR
+        kind = "the disk reported an I/O error"
+    elif isinstance(err, OSError):
+        kind = "the disk refused the write"
+    else:
+        return err
+    try:
+        free = f"; {shutil.disk_usage(directory).free} bytes free there"
+    except OSError:
+        free = ""
+    return LedgerWriteError(
+        f"cannot write the budget ledger at {directory}: {kind} ({err}{free}). Nothing was released this round."
+    )
+
+
+@contextmanager
+def immediate(conn: sqlite3.Connection) -> Iterator[None]:
+    """One write transaction: committed if the block completes, rolled back if it raises."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+
+
+@contextmanager
+def closed_on_failure(conn: sqlite3.Connection, directory: Path) -> Iterator[None]:
+    """Close ``conn`` if the block raises; an SQLite error is reported as the storage error it is."""
+    try:
+        yield
+    except sqlite3.Error as err:
+        conn.close()
+        raise_storage_error(directory, err)
+    except BaseException:
+        conn.close()
+        raise
