@@ -121,23 +121,19 @@ def test_offline_task_splits_the_digits_without_overlap():
 
 
 # --- flwr run against a SuperLink in simulation mode ---------------------------------------------
-def _flwr_run(app: Path, root: Path, run_config: dict):
+def _flwr_run(app: Path, root: Path, run_config: dict, device_settings: Path | None = None) -> Path:
     """``flwr run APP CONNECTION --stream`` as a Flower user types it, against a
-    ``flower-superlink --insecure --simulation`` on 127.0.0.1 (``fedfilter.deploy``), which is
-    stopped with everything it started before this returns. The SuperLink, and so the ServerApp's
-    relative paths, work in ``root / "flwr-home"``."""
-    from fedfilter.deploy.cluster import FlowerCluster
+    ``flower-superlink --insecure --simulation`` on 127.0.0.1 (``fedfilter.simulation_link``) whose
+    environment names ``device_settings``; everything started is stopped before this returns. The
+    SuperLink, and so the ServerApp's relative paths, work in the returned directory."""
+    from fedfilter.simulation_link import SimulationLink
 
-    with FlowerCluster(root, tls=False, node_auth=False, simulation=True) as link:
-        result = link.run_app(
-            app,
-            run_config=run_config,
-            federation_config={"num-supernodes": NUM_DEVICES, "client-resources-num-cpus": 1},
-            timeout=RUN_TIMEOUT_S,
-        )
+    with SimulationLink(root, num_supernodes=NUM_DEVICES, num_cpus=1, device_settings=device_settings) as link:
+        result = link.run_app(app, run_config=run_config, timeout=RUN_TIMEOUT_S)
+        workdir = link.home
     # `flwr run` exits 0 even when the ServerApp raised: the status is the SuperLink's.
     assert result.ok, f"{result.status}: {result.details}\n{result.output[-3000:]}"
-    return root / "flwr-home"
+    return workdir
 
 
 @pytest.mark.slow
@@ -150,17 +146,6 @@ def test_offline_flower_template_runs_under_flwr_run(tmp_path):
 
 # Personal budgets, on the device side only: tiny (spent in round 1, then pure noise), middle, large.
 BUDGETS = {0: 0.3, 1: 2.0, 2: 50.0}
-
-
-def _fedfilter_api_missing() -> str | None:
-    """The wrapper strategy and the simulated devices' settings file are being built in parallel."""
-    from fedfilter.coordinator import strategy
-
-    if not hasattr(strategy, "IndividualFilterStrategy"):
-        return "fedfilter.coordinator.strategy.IndividualFilterStrategy is not on this branch yet"
-    if importlib.util.find_spec("fedfilter.client.device_settings") is None:
-        return "fedfilter.client.device_settings (FEDFILTER_DEVICE_SETTINGS) is not on this branch yet"
-    return None
 
 
 def _enrol_devices(root: Path) -> tuple[Path, dict[int, dict]]:
@@ -185,16 +170,14 @@ def _enrol_devices(root: Path) -> tuple[Path, dict[int, dict]]:
 
 
 @pytest.mark.slow
-def test_fedfilter_example_runs_under_flwr_run_with_personal_budgets(tmp_path, monkeypatch):
-    if reason := _fedfilter_api_missing():
-        pytest.skip(reason)
+def test_fedfilter_example_runs_under_flwr_run_with_personal_budgets(tmp_path):
     from fedfilter.client.ledger import BudgetLedger
     from fedfilter.coordinator.public_ledger import PublicLedger
 
     settings_file, settings = _enrol_devices(tmp_path / "machine")
-    # Set on the machine running the simulation; the SuperLink and its Ray workers inherit it.
-    monkeypatch.setenv("FEDFILTER_DEVICE_SETTINGS", str(settings_file))
-    link_dir = _flwr_run(FEDFILTER_APP, tmp_path / "link", {"num-server-rounds": NUM_ROUNDS})
+    # FEDFILTER_DEVICE_SETTINGS is set for the SuperLink on the machine running the simulation (its
+    # Ray workers inherit it); the coordinator's run config cannot name it.
+    link_dir = _flwr_run(FEDFILTER_APP, tmp_path / "link", {"num-server-rounds": NUM_ROUNDS}, settings_file)
 
     # The coordinator's public ledger: 2 rounds, every sampled device reported (a device whose
     # budget is spent answers with pure noise, indistinguishable from a report).
