@@ -45,6 +45,7 @@ from fedfilter.client.ledger_schema import (
     LEDGER_FILE,
     LEDGER_FILES,
     RECOVER,
+    SPEND_RECORD_SQL,
     Enrolment,
     SpendRecord,
     check_enrolment_args,
@@ -52,6 +53,7 @@ from fedfilter.client.ledger_schema import (
     floats,
     prepare,
     read_enrolment,
+    spend_record,
 )
 from fedfilter.client.ledger_seal import SEAL_FILE, Seal, SealError, move_aside, read_seal, write_seal
 from fedfilter.client.ledger_storage import (
@@ -362,48 +364,10 @@ class BudgetLedger:
             return self._window_state_locked((self.clock() if now is None else now) - DAY_S)
 
     def records(self, run_id: str | None = None) -> list[SpendRecord]:
-        sql = (
-            "SELECT seq, run_id, round_id, status, sensitivity, noise_std, noise_multiplier, clip,"
-            " placement, charge, state_after, run_state_after, created_at, coordinator FROM spends"
-        )
+        where = " WHERE run_id=? ORDER BY seq" if run_id else " ORDER BY seq"
         with self._lock:
-            rows = self._conn.execute(
-                sql + (" WHERE run_id=? ORDER BY seq" if run_id else " ORDER BY seq"), (run_id,) if run_id else ()
-            ).fetchall()
-        return [
-            SpendRecord(
-                seq=seq,
-                run_id=run,
-                round_id=round_id,
-                status=status,
-                sensitivity=sensitivity,
-                noise_std=noise_std,
-                noise_multiplier=z,
-                clip=clip,
-                placement=placement,
-                charge=floats(charge),
-                state_after=floats(state),
-                run_state_after=floats(run_state),
-                created_at=created,
-                coordinator=fed,
-            )
-            for (
-                seq,
-                run,
-                round_id,
-                status,
-                sensitivity,
-                noise_std,
-                z,
-                clip,
-                placement,
-                charge,
-                state,
-                run_state,
-                created,
-                fed,
-            ) in rows
-        ]
+            rows = self._conn.execute(SPEND_RECORD_SQL + where, (run_id,) if run_id else ()).fetchall()
+        return [spend_record(row) for row in rows]
 
     def has_release(self, run_id: str, round_id: int) -> bool:
         """Whether this (run, round) was already answered (one indexed lookup)."""

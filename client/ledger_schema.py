@@ -94,6 +94,33 @@ class SpendRecord:
     coordinator: str = ""  # the federation charged ("" for spends written before schema 2)
 
 
+SPEND_RECORD_SQL = (
+    "SELECT seq, run_id, round_id, status, sensitivity, noise_std, noise_multiplier, clip,"
+    " placement, charge, state_after, run_state_after, created_at, coordinator FROM spends"
+)
+
+
+def spend_record(row: tuple) -> SpendRecord:
+    """A row of ``SPEND_RECORD_SQL`` as a ``SpendRecord`` (float vectors decoded from JSON)."""
+    seq, run, round_id, status, sensitivity, noise_std, z, clip, placement, charge, state, run_state, created, fed = row
+    return SpendRecord(
+        seq=seq,
+        run_id=run,
+        round_id=round_id,
+        status=status,
+        sensitivity=sensitivity,
+        noise_std=noise_std,
+        noise_multiplier=z,
+        clip=clip,
+        placement=placement,
+        charge=floats(charge),
+        state_after=floats(state),
+        run_state_after=floats(run_state),
+        created_at=created,
+        coordinator=fed,
+    )
+
+
 def floats_json(values) -> str:
     # repr round-trips a float64 exactly.
     return json.dumps([float(v) for v in np.atleast_1d(values)])
