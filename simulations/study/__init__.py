@@ -7,6 +7,7 @@ PNG plots (``report.write_outputs``). Example files: ``simulations/configs/smoke
 ``simulations/configs/dropout_full.toml``.
 """
 
-from fedfilter.simulations.study.config import StudyConfig, StudyConfigError, load_study, parse_study
+from fedfilter.simulations.study.config import StudyConfigError, load_study, parse_study
+from fedfilter.simulations.study.specs import StudyConfig
 
 __all__ = ["StudyConfig", "StudyConfigError", "load_study", "parse_study"]

@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 
 from fedfilter.client.privacy.filters import exhausted
-from fedfilter.simulations.study.config import DataSpec, RunSpec, StudyConfig
 from fedfilter.simulations.study.groups import Grouping, make_grouping
+from fedfilter.simulations.study.specs import DataSpec, RunSpec, StudyConfig
 
 RESULTS_SCHEMA = "fedfilter.study.dropout.v1"
 

@@ -343,7 +343,7 @@ def test_reproduce_mnist_skips_a_cell_another_worker_holds(tmp_path):
 def test_reproduce_mnist_privacy_check_names_a_run_over_budget():
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("reproduce_mnist", BENCH / "reproduce_mnist.py")
+    spec = importlib.util.spec_from_file_location("reproduce_mnist_report", BENCH / "reproduce_mnist_report.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     row = lambda spent, deficit, trial: {
