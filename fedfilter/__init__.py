@@ -16,9 +16,19 @@ Also here: ``BudgetLedger`` (a device's durable budget), ``make_filter`` (the fi
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+
+# In a source checkout the folders that pyproject's package-dir installs as fedfilter.client,
+# fedfilter.coordinator, fedfilter.protos and fedfilter.simulations sit beside this one: look for
+# them there too, so that a checkout always imports its own code (a copy on PYTHONPATH, a git
+# worktree, the mutation benchmark's mutated copy), never another checkout's editable install.
+# An installed wheel has them inside this folder and no pyproject.toml beside it.
+_checkout = Path(__file__).resolve().parent.parent
+if (_checkout / "pyproject.toml").is_file() and (_checkout / "client" / "__init__.py").is_file():
+    __path__.append(str(_checkout))
 
 # name -> module that defines it
 _PUBLIC = {

@@ -29,3 +29,18 @@ def test_import_fedfilter_loads_neither_flower_nor_torch():
     code = "import sys, fedfilter; print(' '.join(m for m in ('flwr', 'torch', 'numpy') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == ""
+
+
+def test_a_copy_of_the_checkout_imports_its_own_code(tmp_path):
+    # The mutation benchmark and git worktrees run a copy of the sources: its fedfilter.client must be
+    # the copy's client/, not the editable install's.
+    import shutil
+    from pathlib import Path
+
+    root = Path(fedfilter.__file__).resolve().parents[1]
+    for name in ("fedfilter", "client", "coordinator", "protos", "simulations"):
+        shutil.copytree(root / name, tmp_path / name, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(root / "pyproject.toml", tmp_path / "pyproject.toml")
+    code = "import fedfilter.client.ledger as m, fedfilter.coordinator.strategy as s; print(m.__file__, s.__file__)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == [str(tmp_path / "client" / "ledger.py"), str(tmp_path / "coordinator" / "strategy.py")]
