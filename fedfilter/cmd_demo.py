@@ -302,7 +302,7 @@ def _run(args: argparse.Namespace) -> int:
     started = time.monotonic()
     echo = (lambda line: print(f"  {line}", flush=True)) if args.verbose else None
     # Every process started here (SuperLink, flwr-simulation, Ray, flwr run) stops when the
-    # context exits, also on Ctrl-C, SIGTERM or an error (fedfilter.deploy_local.FlowerCluster.close).
+    # context exits, also on Ctrl-C, SIGTERM or an error (fedfilter.deploy.cluster.FlowerCluster.close).
     try:
         with (
             _sigterm_as_interrupt(),
