@@ -30,6 +30,7 @@ import importlib
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from types import ModuleType
 
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
@@ -128,7 +129,7 @@ def chacha_mask_gen(seed: bytes, num_range: int, dimensions_list: Sequence[tuple
     return output
 
 
-def _flower_modules() -> list[object]:
+def _flower_modules() -> list[ModuleType]:
     modules = [importlib.import_module(name) for name in _FLOWER_MODULES]
     for module in modules:
         if not hasattr(module, _ATTRIBUTE):

@@ -194,6 +194,18 @@ def test_installer_is_idempotent_and_restorable():
     assert _module(CLIENT_MOD).pseudo_rand_gen is original
 
 
+def test_installer_also_replaces_other_flower_importers(monkeypatch):
+    # A future flwr module that does `from ...secaggplus_utils import pseudo_rand_gen` is found by scanning.
+    import types
+
+    importer = types.ModuleType("flwr.some_future_importer")
+    importer.pseudo_rand_gen = _flower_generator()
+    monkeypatch.setitem(sys.modules, importer.__name__, importer)
+    with cryptographic_masks():
+        assert importer.pseudo_rand_gen is chacha_mask_gen
+    assert importer.pseudo_rand_gen is _flower_generator()
+
+
 # --- end to end: Flower's SecAgg+ in the Simulation Engine with the override on both sides -------------
 
 E2E_CLIENTS = 4
