@@ -49,10 +49,10 @@ only proven guarantee is the RDP curve above, which is not of the Gaussian form 
 determine the trade-off curve; converting RDP to GDP is lossy and not what the GDP filter assumes).
 Charging Skellam releases to the GDP filter as ``sqrt(L2^2 / mu)``-GDP, as for Gaussian noise,
 would therefore rest on an unproven claim. (The exact divergences computed here are often BELOW
-the Gaussian curve, e.g. 0.019997 < 0.02 at mu = 50, k = 1, alpha = 2; that is still no GDP proof.)
-The Rényi filter (papers/004
-Theorem 4.3) holds for any sequence of mechanisms with an RDP bound at each order, so Skellam
-charges go through the ``rdp`` filter with the curve of ``device_rdp_curve``.
+the Gaussian curve, e.g. 0.019997 < 0.02 at mu = 50, k = 1, alpha = 2; that is still no GDP
+proof.) The Rényi filter (papers/004 Theorem 4.3) holds for any sequence of mechanisms with an RDP
+bound at each order, so Skellam charges go through the ``rdp`` filter with the curve of
+``device_rdp_curve``.
 """
 
 from __future__ import annotations

@@ -47,13 +47,31 @@ def test_exact_matches_high_precision_brute_force(mu, k, alpha):
     assert skellam_rdp_exact([k], mu, alpha) == pytest.approx(_mp_divergence(k, mu, alpha), rel=1e-11, abs=1e-14)
 
 
-@pytest.mark.parametrize("mu", [0.5, 7.3, 120.0])
+@pytest.mark.parametrize("mu", [0.5, 7.3, 120.0, 3000.0])
 def test_log_pmf_table_matches_scipy(mu):
-    ys = np.arange(0, 60)
+    ys = np.arange(0, 60) if mu < 1000 else np.arange(0, 400, 7)
     ref = skellam.logpmf(ys, mu / 2, mu / 2)  # scipy's Sk(mu1, mu2) has variance mu1 + mu2
     ok = np.isfinite(ref) & (ref > -600)
     assert ok.sum() > 20
-    np.testing.assert_allclose(skellam_log_pmf_table(mu, 59)[ok], ref[ok], rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(skellam_log_pmf_table(mu, int(ys[-1]))[ys][ok], ref[ok], rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize(("k", "mu", "alpha", "width"), [(3, 2.0, 4.0, 8), (1, 0.5, 1.5, 3), (5, 3.0, 12.0, 60)])
+def test_tail_bound_covers_the_left_out_terms(k, mu, alpha, width):
+    # The proof in _tail_bounds, checked against the actual tail at 50 digits.
+    from fedfilter.client.privacy.skellam import _tail_bounds
+
+    log_bound = _tail_bounds(k, mu, alpha, right=width, left=width)
+    assert math.isfinite(log_bound)
+    with mpmath.workdps(50):
+        m, a = mpmath.mpf(mu), mpmath.mpf(alpha)
+
+        def f(x: int):
+            q = lambda y: mpmath.exp(-m) * mpmath.besseli(abs(y), m)  # noqa: E731
+            return q(x - k) ** a * q(x) ** (1 - a)
+
+        tail = mpmath.fsum(f(x) for x in range(width + 1, 400)) + mpmath.fsum(f(x) for x in range(-400, -width))
+        assert float(mpmath.log(tail)) <= log_bound
 
 
 def test_exact_is_additive_over_coordinates_and_sign_free():
@@ -190,3 +208,10 @@ def test_released_variance_is_threshold_times_share_rounded_down():
 def test_bad_input_names_the_field(call, field):
     with pytest.raises(ValueError, match=field):
         call()
+
+
+def test_tail_bound_refuses_a_window_it_cannot_prove():
+    from fedfilter.client.privacy.skellam import _tail_bounds
+
+    # Here the terms past x = 14 still grow (ratio > 1): no geometric bound, so no claim.
+    assert _tail_bounds(5, 3.0, 12.0, right=14, left=14) == math.inf
