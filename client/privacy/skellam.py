@@ -230,7 +230,7 @@ def device_epsilon(
     k_int: Sequence[int] | np.ndarray, mu_total: float, delta: float, orders: Sequence[float] = DEFAULT_ORDERS
 ) -> float:
     """(epsilon at ``delta``) of one release, at the best order, by ``renyi.epsilon_from_rdp``."""
-    return epsilon_from_rdp(orders, device_rdp_curve(k_int, mu_total, orders), delta)
+    return epsilon_from_rdp(orders, device_rdp_curve(k_int, mu_total, orders).tolist(), delta)
 
 
 def released_variance(mu_share: float, threshold: int) -> float:
