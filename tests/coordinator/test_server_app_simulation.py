@@ -1,5 +1,6 @@
 """The built-in ServerApp (IndividualFilterStrategy around FedAvg) and ClientApp under Flower's
-Simulation Engine (Ray on 127.0.0.1): slow, one simulation of 5 devices x 3 rounds.
+Simulation Engine through ``flwr run`` (a SuperLink on 127.0.0.1, Ray in its own processes, devices
+from a device-settings file): slow, one simulation of 5 devices x 3 rounds.
 
 One device has a tiny budget and leaves once it is spent, so the public ledger must show a marker
 and the devices' own ledgers must stay within their budgets.
@@ -7,25 +8,19 @@ and the devices' own ledgers must stay within their budgets.
 
 from __future__ import annotations
 
-import os
-
 import pytest
-
-os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # Ray on 127.0.0.1 only (before Ray starts)
 
 pytestmark = pytest.mark.slow
 
 N, ROUNDS, RUN = 5, 3, "server-app-e2e"
-BACKEND = {"client_resources": {"num_cpus": 1, "num_gpus": 0.0}}
 
 
 @pytest.fixture(scope="module")
 def simulated(tmp_path_factory):
-    from flwr.simulation import run_simulation
-
-    from fedfilter.app.client_app import make_client_app
-    from fedfilter.app.server_app import make_server_app
+    from fedfilter.client.device_settings import write_device_settings
     from fedfilter.client.flower_mod import enrol_device
+    from fedfilter.deploy.command import BUILTIN_APP_DIR
+    from fedfilter.simulation_link import SimulationLink
 
     root = tmp_path_factory.mktemp("e2e")
     devices = {}
@@ -40,20 +35,22 @@ def simulated(tmp_path_factory):
         }
         enrol_device(devices[i])
     ledger_path = root / "public.sqlite"
-    server = make_server_app(
-        {
-            "run-name": RUN,
-            "num-rounds": ROUNDS,
-            "min-available-nodes": N,
-            "noise-multiplier": 1.0,
-            "clip": 0.5,
-            "local-epochs": 1,
-            "num-clients": N,
-            "round-timeout-s": 120.0,
-            "public-ledger": str(ledger_path),
-        }
-    )
-    run_simulation(server_app=server, client_app=make_client_app(devices), num_supernodes=N, backend_config=BACKEND)
+    run_config = {
+        "run-name": RUN,
+        "num-rounds": ROUNDS,
+        "min-available-nodes": N,
+        "noise-multiplier": 1.0,
+        "clip": 0.5,
+        "local-epochs": 1,
+        "num-clients": N,
+        "round-timeout-s": 120.0,
+        "public-ledger": str(ledger_path),
+    }
+    settings = write_device_settings(root / "device-settings.json", devices)
+    # Ray runs in the SuperLink's processes, not in this one: a fresh Ray for this run.
+    with SimulationLink(root / "flower", num_supernodes=N, device_settings=settings) as link:
+        result = link.run_app(BUILTIN_APP_DIR, run_config=run_config, timeout=300)
+    assert result.ok, (result.status, result.details, result.output[-2000:])
     return devices, ledger_path
 
 
