@@ -40,6 +40,16 @@ What the mod does with each message (DESIGN.md sections 1 and 2):
   arrival, ``created_at`` and ``ttl`` do not depend on the data or the budget
   (``client/reply_timing.py``). Refusals before that depend only on the request and the settings,
   and are answered at once.
+  **Under SecAgg+** (``ClientApp(mods=[secure_aggregation_mod, individual_filter_mod])``,
+  ``client/secagg_device.py``): in the stage where Flower's ``secaggplus_mod`` masks this mod's reply,
+  and only there, the request must be ``distributed`` (``local`` is refused; without that mod
+  ``distributed`` is refused, whatever the node config), the coordinator's SecAgg+ setup must pass
+  ``secagg_grid.check_secagg_state`` and the device's filter must be ``rdp``: else the error names the
+  field and value and nothing is trained, spent or released. The release is Skellam noise on SecAgg+'s
+  integer grid (``client/release_distributed.py``), and the reply is the legacy layout
+  ``secaggplus_mod`` reads: the encoded report (masked by the mod), ``num_examples = 1``, no metric,
+  status OK. A ``leave`` device whose budget is spent answers with an error and drops out of the
+  round. The reply hold applies as above.
 * **evaluate**: refused with an error ``Message``. Loss and accuracy on a client's private data
   are data-dependent releases that carry no noise and are not accounted by the filter, with or
   without ``num-examples``; the coordinator evaluates on held-out data instead.

@@ -116,3 +116,39 @@ def test_min_reports_beyond_the_owners_cap_is_refused_under_secure_aggregation(t
 
 def test_node_ids_are_the_devices(tmp_path):
     assert node_id(0) == 100  # the harness's numbering, which the tests above rely on
+
+
+def test_too_few_neighbours_are_refused_before_training_not_after(tmp_path):
+    """secaggplus_mod checks the neighbours only after the inner handler trained (and spent): the
+    device's layer checks first."""
+    from flwr.app import ConfigRecord, Context, RecordDict
+    from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, RECORD_KEY_STATE, Key
+
+    from fedfilter.client.secagg_device import secure_aggregation_mod
+
+    msg = train_message(spec(placement="distributed", m=3))
+    msg.content[RECORD_KEY_CONFIGS] = ConfigRecord(
+        {Key.STAGE: Stage.COLLECT_MASKED_VECTORS, Key.CIPHERTEXT_LIST: [b"x", b"y"], Key.SOURCE_LIST: [1, 2]}
+    )
+    state = RecordDict({RECORD_KEY_STATE: ConfigRecord({"current_stage": Stage.SHARE_KEYS, "threshold": 5})})
+    ctx = Context(run_id=7, node_id=42, node_config={}, state=state, run_config={})
+    called = []
+    reply = secure_aggregation_mod(msg, ctx, lambda m, c: called.append(m))
+    assert reply.has_error() and "3 nodes shared keys" in reply.error.reason and "threshold 5" in reply.error.reason
+    assert called == []
+
+
+def test_messages_without_secagg_configs_pass_through_unmarked(tmp_path):
+    from fedfilter.client.secagg_device import reply_masked, secure_aggregation_mod
+
+    seen = []
+
+    def inner(m, c):
+        seen.append(reply_masked())
+        return individual_filter_mod(m, c, Handler())
+
+    ctx = context(tmp_path)
+    reply = secure_aggregation_mod(train_message(spec()), ctx, inner)  # a local round: served as before
+    assert seen == [False] and not reply.has_error() and records(tmp_path)[0][0].placement == "local"
+    reply = secure_aggregation_mod(train_message(spec(2, placement="distributed", m=3)), ctx, inner)
+    assert seen == [False, False] and reply.has_error() and "needs secure aggregation" in reply.error.reason
