@@ -15,7 +15,7 @@ import numpy as np
 from fedfilter.client.privacy import pure_dp
 from fedfilter.client.privacy.filters import GaussianFilter, make_filter
 from fedfilter.client.privacy.renyi import epsilon_from_rdp
-from fedfilter.client.privacy.rounding import up
+from fedfilter.client.privacy.rounding import mul_up, up
 
 MAX_PLANNED_ROUNDS = 10_000_000
 BASELINE_KINDS = ("basic", "advanced")
@@ -81,7 +81,13 @@ def plan_epsilon(kind: str, *, noise_multiplier: float, rounds: int, delta: floa
     state = filt.initial_state()
     for _ in range(rounds):
         state = filt.spend(state, charge)
-    eps = filt.epsilon_spent(state)
+    if kind == "rdp":
+        # Gaussian-only rounds are (alpha, alpha rho)-RDP at every order, so the smallest budget whose
+        # filter admits them reads the best order (epsilon_spent reads one filter's alpha* only, which
+        # a state holding Skellam charges needs; see filters.py).
+        eps = epsilon_from_rdp(filt.orders, mul_up(np.asarray(filt.orders), state[0]), delta)
+    else:
+        eps = filt.epsilon_spent(state)
     if kind == "rdp":  # dp_accounting's fixed composition: k rounds at order alpha cost k alpha / (2 z^2)
         per_order = np.asarray(filt.orders) * rounds / (2.0 * noise_multiplier**2)
         fixed = epsilon_from_rdp(filt.orders, up(per_order * (1 + 2.0**-50)), delta)  # 4 roundings
