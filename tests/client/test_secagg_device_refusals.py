@@ -94,7 +94,7 @@ def test_a_gdp_device_refuses_distributed_rounds(tmp_path, monkeypatch):
     [
         # The sum's noise (std sqrt(n mu_share) grid steps) would wrap around SecAgg+'s range.
         (1.0, 2**16, ["noise_multiplier=1.0", "too large for the quantization range target_range=65536"]),
-        (3000.0, None, ["noise_multiplier=3000.0", "above the sampler's 2**34"]),
+        (3000.0, None, ["noise_multiplier=3000.0", "above the sampler's 2**32"]),
     ],
 )
 def test_request_numbers_without_a_usable_grid_are_refused(tmp_path, monkeypatch, z, q, words):

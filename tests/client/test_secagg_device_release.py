@@ -18,7 +18,7 @@ from fedfilter.client.privacy.filters import rdp_order
 from fedfilter.client.privacy.rounding import down
 from fedfilter.client.privacy.skellam import integer_norms, l2_up, skellam_charge
 from fedfilter.client.release import ClientPolicy, RoundSpec, RoundSpecError
-from fedfilter.client.release_distributed import release_skellam, skellam_grid
+from fedfilter.client.release_distributed import MAX_MU_SHARE, release_skellam, skellam_grid
 from fedfilter.client.secagg_grid import grid_step, secaggplus_settings
 
 POLICY = ClientPolicy(allow_distributed=True)
@@ -52,6 +52,12 @@ def test_the_grid_is_public_arithmetic_of_the_request():
     assert g.mu_total == float(down(ratio * ratio)) and g.mu_total <= ratio * ratio
     assert g.mu_share * 4 >= g.mu_total and g.mu_share == np.nextafter(g.mu_total / 4, np.inf)
     assert g.noise_std == math.sqrt(g.mu_share) * g.gamma
+
+
+def test_the_share_cap_is_the_samplers():
+    from fedfilter.client import skellam_noise
+
+    assert MAX_MU_SHARE == skellam_noise._MU_MAX
 
 
 def test_the_charge_is_the_skellam_charge_at_the_snapped_updates_norms(tmp_path):
