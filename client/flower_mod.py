@@ -207,6 +207,10 @@ def _reply(msg: Message, status: str, keys: list[str], arrays: list[np.ndarray] 
     return Message(content, reply_to=msg)
 
 
+class _RefusedBeforeTraining(RoundSpecError):
+    """A request the device can judge only with its ledger open, refused before any training."""
+
+
 @dataclass(frozen=True)
 class _Outcome:
     release: Any  # client.release.Release, or client.release_distributed.SkellamRelease under SecAgg+
@@ -232,7 +236,7 @@ def _filtered_release(
     if ledger.has_release(spec.run_id, spec.round_id):
         return None
     if grid is not None and ledger.filter.kind != "rdp":  # refused before training: nothing spent
-        raise RoundSpecError(
+        raise _RefusedBeforeTraining(
             "round request refused: distributed (Skellam) releases are accounted by the rdp filter; "
             f"this device's filter is {ledger.filter.kind!r}."
         )
@@ -347,7 +351,7 @@ def _filter_round(msg: Message, context: Context, call_next, hold: ReplyHold) ->
                 if entry.closed:
                     continue
                 outcome = _filtered_release(entry.ledger, device, spec, msg, context, call_next, keys, received, grid)
-        except RoundSpecError as err:  # refused before training
+        except _RefusedBeforeTraining as err:
             return _error(msg, f"fedfilter: {err} Nothing was trained, spent or released.")
         except ReplayError as err:  # a concurrent duplicate of this round got there first
             return _error(msg, f"fedfilter: round request refused: {err}")

@@ -22,6 +22,12 @@ The rule, written once (``release_skellam``; the simulation engine mirrors it), 
 * Only then: ``y = k + Sk(mu_share)`` per floating-point array (integer buffers carry no data and
   are released as 0), and the report ``encode_report(y, q)``.
 
+Trust. As for any distributed noise, the accounting assumes the other reports in the sum come from
+honest devices that received the same request (so each adds at least ``mu_share``), and a SecAgg+
+coordinator that follows the protocol (honest but curious: it unmasks only sums of at least ``t``
+reports). Devices that add less noise, or a coordinator that sends different requests to different
+devices, can leave the sum with less noise than accounted; the public ledger records the request.
+
 Only the ``rdp`` filter accounts Skellam releases (``privacy/skellam.py`` explains why the Gaussian-DP
 filter does not).
 """

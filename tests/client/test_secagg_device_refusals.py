@@ -66,6 +66,12 @@ def test_local_placement_is_refused_under_secure_aggregation(tmp_path, monkeypat
         ({**secaggplus_settings(5), "quantization_range": 2**30, "clipping_range": 2.0**29}, 3, 3, ["sample_num"]),
         ({**secaggplus_settings(5), "clipping_range": 10.0}, 3, 3, ["clipping_range must be target_range / 2"]),
         ({**secaggplus_settings(5), "modulus_range": 2**31}, 3, 3, ["sample_num * target_range"]),
+        (
+            {**secaggplus_settings(5), "quantization_range": 3 * 2**20, "clipping_range": 1.5 * 2**20},
+            3,
+            3,
+            ["target_range (quantization range) must be a power of two", "3145728"],
+        ),
     ],
 )
 def test_each_secagg_setup_problem_is_refused_before_training(
