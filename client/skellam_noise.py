@@ -97,9 +97,10 @@ def _tail_bounds(mu: float, n: int, prec: int) -> tuple[list[int], list[int]]:
     r_hat = min(max(1.0 / (2.0 * n / mu + _turan_lower(n + 1, mu)), 2.0**-30), 1 - 2.0**-30)
     steps = int(math.ceil((prec + 2) * math.log(2) / (-2 * math.log(r_hat)))) + 4
     v0 = n + steps
-    lo = int(math.ldexp(_turan_lower(v0 + 1, mu), prec))  # floor of a lower bound of r_{v0}
+    lo_num, lo_den = _turan_lower(v0 + 1, mu).as_integer_ratio()  # a lower bound of r_{v0}, exactly
     hi_f = 1.0 / (2.0 * (v0 + 1) / mu + _turan_lower(v0 + 2, mu)) * (1 + _START_WIDEN)
-    hi = int(math.ceil(math.ldexp(hi_f, prec)))
+    hi_num, hi_den = hi_f.as_integer_ratio()
+    lo, hi = (lo_num << prec) // lo_den, -(-(hi_num << prec) // hi_den)
     two_p = one * one
     r_lo, r_hi = [0] * (n + 1), [0] * (n + 1)
     for v in range(v0, 0, -1):  # (lo, hi) brackets r_v; compute r_{v-1}
@@ -180,10 +181,11 @@ def _exact_magnitude(mu: float, w: int, stream: NoiseStream) -> int:
     numer, bits = w, 64
     while True:
         numer, bits = (numer << 64) | int(stream.uint64(1)[0]), bits + 64
-        # n reaches below p (Bernstein, with room for the tail bound's slack ~ mu / n); the decision
-        # itself checks m' < n, and a table that ends above p is extended before more bits are drawn.
-        log_inv_p = (bits - numer.bit_length() + 1) * math.log(2) + 2 + math.log1p(mu)
-        n = _table_size(mu, log_inv_p)
+        if numer == 0:
+            continue  # p < 2**-bits: below every S(j) we could resolve yet
+        # n with S(n) (Bernstein) and so the tail slack (~ S(n) mu / n) far below the 2**-bits of the
+        # interval; the decision itself checks m' < n, and a table ending above p is extended.
+        n = _table_size(mu, (bits + 8) * math.log(2) + math.log1p(mu))
         while True:
             prec = bits + 64 + 2 * n.bit_length()
             lower, upper = _tail_bounds(mu, n, prec)
