@@ -32,18 +32,21 @@ rounded outward (``float(int)`` is correctly rounded; one ``nextafter`` covers i
 exact above the subnormal range, and bounds below it are 0 or ``2**-P``-multiples ``>= 2**-P``).
 
 Fast path (``skellam_noise``): the float64 bounds ``L_j <= S(j) <= H_j`` for ``j = 1..n`` at ``P = 192``
-(widths ~ ``n 2**-190``, far below the ``2**-64`` of a stream word), both non-increasing in ``j``. For
-``p`` in ``(p_lo, p_hi)``: ``m = #{j: L_j >= p_hi}`` and ``m' = #{j: H_j > p_lo}``; if ``m = m' < n`` then
+(widths below ``2**-80``, mostly the slack of the tail bound beyond ``n``; far below the ``2**-64`` of a
+stream word), both non-increasing in ``j``. For
+``p`` in ``(p_lo, p_hi)``: ``m = #{j: L_j >= p_hi}`` (one binary search) and ``m' = #{j: H_j > p_lo}``; if
+``m = m' < n`` (checked as ``H_{m+1} <= p_lo``) then
 ``S(j) >= L_j >= p_hi > p`` for ``j <= m`` and ``S(j) <= H_{m+1} <= p_lo < p`` for ``j > m`` (also beyond
 the table, ``S`` decreasing): the sample is ``+-m``. ``n`` is set by Bernstein's inequality ``S(j) <=
-exp(-j^2 / (2 (mu + j/3)))`` (sub-gamma Poisson differences) so that ``S(n) < 2**-66``: only the first
-word ``0`` or ``2**64 - 1`` (probability ``2**-63``) or an interval holding some ``S(j)`` (probability
-``~ n 2**-64``) goes to the exact path. ``n`` only affects speed, never the distribution.
+exp(-j^2 / (2 (mu + j/3)))`` (sub-gamma Poisson differences) so that ``S(n) < 2**-66 / (1 + mu)``: only the
+first word ``0`` or ``2**64 - 1`` (probability ``2**-63``) or an interval meeting some ``[L_j, H_j]``
+(probability ``~ n 2**-64``) goes to the exact path. ``n`` only affects speed, never the distribution.
 
 Exact path (``_exact_magnitude``): draw 64 more bits, recompute the integer bounds at a precision ``P``
 that grows with the bits and for ``n`` covering ``p``, and decide by exact integer comparisons, until
-decided (terminates with probability 1). Its time, like the fast path's, depends only on the random bits
-and ``mu``, never on the data; ``add_skellam_noise`` only shifts the data by the noise.
+decided (terminates with probability 1). Each round rebuilds the bounds (~1 s at ``mu = 1e7``), which at
+the probabilities above never shows in practice. Its time, like the fast path's, depends only on the
+random bits and ``mu``, never on the data; ``add_skellam_noise`` only shifts the data by the noise.
 
 Assumptions: the stream's words are uniform and independent (ChaCha20); IEEE float64 with correct
 rounding of ``+ - * / sqrt`` (for the two start floats and the table conversion); the Turán inequality and
@@ -161,8 +164,10 @@ def skellam_noise(mu: float, size: int, stream: NoiseStream) -> np.ndarray:
     p_lo = np.nextafter(hi32 * _TWO32 + lo32 * _TWO64, 0.0)
     p_hi = np.nextafter(hi32 * _TWO32 + (lo32 + 1.0) * _TWO64, 1.0)
     m = n - np.searchsorted(low, p_hi, side="left")  # #{j: L_j >= p_hi}
-    m_prime = n - np.searchsorted(high, p_lo, side="right")  # #{j: H_j > p_lo}
-    decided = (m == m_prime) & (m_prime < n)
+    # m' = #{j: H_j > p_lo} >= m (H_j >= L_j >= p_hi > p_lo for j <= m); m' = m < n iff H_{m+1} <= p_lo
+    # (H non-increasing in j). high is reversed: H_{m+1} is high[n - m - 1].
+    decided = m < n
+    decided[decided] = high[n - 1 - m[decided]] <= p_lo[decided]
     m = np.where(decided, m, 0).astype(np.int64)
     for i in np.flatnonzero(~decided):
         m[i] = _exact_magnitude(mu, int(w[i]), stream)
