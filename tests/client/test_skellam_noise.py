@@ -186,7 +186,7 @@ def test_add_skellam_noise_only_shifts_the_data():
     assert np.array_equal(np.concatenate([a.ravel() for a in out1]), flat)
 
 
-@pytest.mark.parametrize("bad", [0.0, -1.0, math.nan, math.inf, -math.inf, 2.0**34 * 2, 1e300, "3", True])
+@pytest.mark.parametrize("bad", [0.0, -1.0, math.nan, math.inf, -math.inf, 2.0**32 * 2, 1e300, "3", True])
 def test_bad_mu_is_refused_naming_mu(bad):
     with pytest.raises(ValueError, match=r"mu .*Found"):
         sn.skellam_noise(bad, 10, NoiseStream.from_seed("bad"))
