@@ -68,6 +68,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 from scipy.special import gammaln, ive, logsumexp
@@ -274,7 +275,8 @@ def integer_norms(k_arrays) -> tuple:
     """
     rows = isinstance(k_arrays, np.ndarray) and k_arrays.ndim >= 2
     parts = [k_arrays] if isinstance(k_arrays, np.ndarray) else list(k_arrays)
-    l1_total, l2sq_total = 0, 0
+    l1_total: Any = 0  # a Python int per device, or an int64 array with one entry per client row
+    l2sq_total: Any = 0
     for i, part in enumerate(parts):
         arr = np.asarray(part)
         if arr.size and not np.issubdtype(arr.dtype, np.integer):
