@@ -320,8 +320,8 @@ def l2_up(l2_squared):
         raise ValueError(f"l2_squared must be integers in [0, 2**53). Found dtype {arr.dtype}, values {arr!r}.")
     f = arr.astype(np.float64)
     s = np.sqrt(f)
-    r = np.rint(s)
-    return np.where(r * r == f, r, up(s))
+    rs = np.rint(s)
+    return np.where(rs * rs == f, rs, up(s))
 
 
 def l1_cap(l2, dim):
