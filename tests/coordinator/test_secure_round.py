@@ -294,3 +294,12 @@ def test_a_sum_of_fewer_than_min_reports_is_never_released_even_if_secagg_unmask
     secure = secure_round.SecureSum(sampled=10, reports=4, aggregate=total[:1], quantization_range=2**28)
     mean, reason = secure_round.released_mean(secure, template=global_arrays(), clip=CLIP, min_reports=4)
     assert mean is None and "shapes" in reason
+
+
+def test_the_server_app_samples_at_least_min_reports_nodes_in_distributed_placement():
+    from fedfilter.app.server_app import inner_strategy, server_config
+
+    cfg = server_config({"placement": "distributed", "min-reports": 4, "fraction-train": 0.1})
+    assert inner_strategy(cfg, min_available_nodes=10).min_train_nodes == 4
+    assert inner_strategy(cfg, min_available_nodes=3).min_train_nodes == 3  # never more than are connected
+    assert inner_strategy(server_config({"min-reports": 4}), min_available_nodes=10).min_train_nodes == 1
