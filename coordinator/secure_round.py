@@ -105,11 +105,11 @@ class _SampledNodes(LegacyStrategy):
     def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
         return None
 
-    def configure_fit(self, server_round, parameters, client_manager):  # type: ignore[no-untyped-def]
+    def configure_fit(self, server_round, parameters, client_manager):
         # The fit instructions are replaced by the Message-API content after setup (_MessageApiSecAggPlus).
         return [(proxy, FitIns(parameters, {})) for proxy in self.proxies]
 
-    def aggregate_fit(self, server_round, results, failures):  # type: ignore[no-untyped-def]
+    def aggregate_fit(self, server_round, results, failures):
         # Flower (1.41.0, unmask_stage) sets every result's parameters to the one unmasked aggregate.
         if results:
             self.aggregate = parameters_to_ndarrays(results[0][1].parameters)
@@ -117,20 +117,20 @@ class _SampledNodes(LegacyStrategy):
             self.unit_weights = all(fitres.num_examples == 1 for _, fitres in results)
         return None, {}
 
-    def configure_evaluate(self, server_round, parameters, client_manager):  # type: ignore[no-untyped-def]
+    def configure_evaluate(self, server_round, parameters, client_manager):
         return []
 
-    def aggregate_evaluate(self, server_round, results, failures):  # type: ignore[no-untyped-def]
+    def aggregate_evaluate(self, server_round, results, failures):
         return None, {}
 
-    def evaluate(self, server_round, parameters):  # type: ignore[no-untyped-def]
+    def evaluate(self, server_round, parameters):
         return None
 
 
 class _MessageApiSecAggPlus(SecAggPlusWorkflow):
     """Flower's SecAgg+ workflow, sending the Message-API content given per node in its masked stage."""
 
-    def __init__(self, contents: Mapping[int, RecordDict], **kwargs) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, contents: Mapping[int, RecordDict], **kwargs) -> None:
         super().__init__(**kwargs)
         self.contents = dict(contents)
         self.masked_vectors = 0
@@ -140,7 +140,7 @@ class _MessageApiSecAggPlus(SecAggPlusWorkflow):
         ok = super().setup_stage(grid, context, state)
         # Override (flwr 1.41.0): collect_masked_vectors_stage sends state.nid_to_fitins[nid] (plus its
         # protocol config) to each node; send the inner strategy's messages instead of legacy FitIns.
-        if set(state.nid_to_fitins) != set(self.contents):
+        if state.nid_to_fitins and set(state.nid_to_fitins) != set(self.contents):
             raise RuntimeError("SecAgg+ sampled other nodes than the inner strategy.")
         state.nid_to_fitins = {nid: self.contents[nid] for nid in state.nid_to_fitins}
         self.threshold = state.threshold
@@ -162,7 +162,11 @@ def run_secure_round(
     num_shares: int | float = 1.0,
     timeout: float | None = None,
 ) -> SecureSum:
-    """Run Flower's SecAgg+ once over the nodes in ``contents`` (node id -> train message content)."""
+    """Run Flower's SecAgg+ once over the nodes in ``contents`` (node id -> train message content).
+
+    ``timeout`` bounds each of the four stages' waits (Flower's own rule), so a round takes at most
+    about four times it; Flower builds the stages' messages with its default TTL (12 h).
+    """
     out = SecureSum(sampled=len(contents))
     if len(contents) < 2:
         out.reason = f"SecAgg+ needs at least 2 sampled nodes. Found {len(contents)}."
@@ -181,11 +185,19 @@ def run_secure_round(
     context = LegacyContext(base, config=ServerConfig(num_rounds=1), strategy=adapter)
     context.state.config_records[_MAIN_CONFIGS_RECORD] = ConfigRecord({_CURRENT_ROUND: int(server_round)})
     context.state.array_records[_MAIN_PARAMS_RECORD] = ArrayRecord()
+    failure = ""
     with cryptographic_masks():
-        workflow(grid, context)
+        try:
+            workflow(grid, context)
+        except (KeyError, TypeError, ValueError, IndexError) as err:
+            # flwr 1.41.0 indexes replies without checking them: a malformed reply raises. The round is
+            # then not released (nothing reached aggregate_fit), and one bad node cannot stop the run.
+            failure = f"SecAgg+ failed on a malformed reply ({type(err).__name__}: {err})"
     out.masked_vectors = workflow.masked_vectors
     out.threshold = workflow.threshold
-    if adapter.aggregate is None:
+    if failure:
+        out.reason = failure
+    elif adapter.aggregate is None:
         out.reason = f"SecAgg+ halted: fewer than its threshold {workflow.threshold} nodes stayed"
     elif not adapter.unit_weights:
         out.reason = "a report's weight (num_examples) is not 1: the unmasked sum cannot be decoded"

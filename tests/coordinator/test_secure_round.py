@@ -303,3 +303,29 @@ def test_the_server_app_samples_at_least_min_reports_nodes_in_distributed_placem
     assert inner_strategy(cfg, min_available_nodes=10).min_train_nodes == 4
     assert inner_strategy(cfg, min_available_nodes=3).min_train_nodes == 3  # never more than are connected
     assert inner_strategy(server_config({"min-reports": 4}), min_available_nodes=10).min_train_nodes == 1
+
+
+def test_a_malformed_masked_reply_fails_the_round_not_the_run(decoded):
+    from flwr.app import ConfigRecord, RecordDict
+
+    reports = integer_reports()
+    seen = {}
+    apps = {nid: make_app(reports, seen) for nid in NODES}
+    honest = apps[105]
+
+    def malformed(msg, ctxt):
+        if stage_of(msg) == COLLECT:  # a reply without the masked parameters Flower indexes
+            return Message(RecordDict({RECORD_KEY_CONFIGS: ConfigRecord({})}), reply_to=msg)
+        return honest(msg, ctxt)
+
+    apps[105] = malformed
+    grid = LoopbackGrid(apps)
+    inner = FedAvg(min_available_nodes=10)
+    spy = Spy(inner)
+    strategy = IndividualFilterStrategy(
+        inner, noise_multiplier=1.0, clip=CLIP, placement="distributed", min_reports=4, run_name="r"
+    )
+    result = strategy.start(grid=grid, initial_arrays=as_record(global_arrays()), num_rounds=2, timeout=60)
+    assert not decoded and not spy.handed and len(result.arrays) == 0
+    assert not strategy.last_outcome.released and "malformed" in strategy.last_outcome.reasons[0]
+    assert not secagg_masks.cryptographic_masks_installed()
