@@ -68,7 +68,13 @@ from fedfilter.coordinator.replies import (
     report_norm_bound,
     tally_replies,
 )
-from fedfilter.coordinator.secure_round import SecureSum, check_num_shares, released_mean, run_secure_round
+from fedfilter.coordinator.secure_round import (
+    SecureSum,
+    check_num_shares,
+    reconstruction_threshold,
+    released_mean,
+    run_secure_round,
+)
 from fedfilter.protos import fedfilter_pb2
 
 __all__ = [
@@ -196,6 +202,9 @@ class IndividualFilterStrategy(Strategy):
         log(INFO, "\t│\t├── Noise multiplier: %s | Clip: %s", self.noise_multiplier, self.clip)
         log(INFO, "\t│\t├── Placement: %s | min-reports: %d", self.placement, self.min_reports)
         log(INFO, "\t│\t├── Noise std per report: %.6g", self.per_client_noise_std())
+        if self.placement == "distributed":
+            threshold, shares = reconstruction_threshold(self.min_reports), self.secagg_num_shares
+            log(INFO, "\t│\t├── Secure aggregation: SecAgg+ (threshold %d, shares %s)", threshold, shares)
         log(INFO, "\t│\t└── Public ledger: %s", self.public_ledger if self.public_ledger is not None else "(none)")
         self.strategy.summary()
 
