@@ -40,6 +40,16 @@ What the mod does with each message (DESIGN.md sections 1 and 2):
   arrival, ``created_at`` and ``ttl`` do not depend on the data or the budget
   (``client/reply_timing.py``). Refusals before that depend only on the request and the settings,
   and are answered at once.
+  **Under SecAgg+** (``ClientApp(mods=[secure_aggregation_mod, individual_filter_mod])``,
+  ``client/secagg_device.py``): in the stage where Flower's ``secaggplus_mod`` masks this mod's reply,
+  and only there, the request must be ``distributed`` (``local`` is refused; without that mod
+  ``distributed`` is refused, whatever the node config), the coordinator's SecAgg+ setup must pass
+  ``secagg_grid.check_secagg_state`` and the device's filter must be ``rdp``: else the error names the
+  field and value and nothing is trained, spent or released. The release is Skellam noise on SecAgg+'s
+  integer grid (``client/release_distributed.py``), and the reply is the legacy layout
+  ``secaggplus_mod`` reads: the encoded report (masked by the mod), ``num_examples = 1``, no metric,
+  status OK. A ``leave`` device whose budget is spent answers with an error and drops out of the
+  round. The reply hold applies as above.
 * **evaluate**: refused with an error ``Message``. Loss and accuracy on a client's private data
   are data-dependent releases that carry no noise and are not accounted by the filter, with or
   without ``num-examples``; the coordinator evaluates on held-out data instead.
@@ -61,7 +71,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -81,7 +91,9 @@ from fedfilter.client.release import (
     RoundSpecError,
     validate_request,
 )
+from fedfilter.client.release_distributed import SkellamGrid, release_skellam
 from fedfilter.client.reply_timing import ReplyHold, reply_hold_s
+from fedfilter.client.secagg_device import masked_report_content, reply_masked, secagg_round_grid
 from fedfilter.client.wire import (
     ARRAYS_RECORD,
     REQUEST_RECORD,
@@ -195,9 +207,13 @@ def _reply(msg: Message, status: str, keys: list[str], arrays: list[np.ndarray] 
     return Message(content, reply_to=msg)
 
 
+class _RefusedBeforeTraining(RoundSpecError):
+    """A request the device can judge only with its ledger open, refused before any training."""
+
+
 @dataclass(frozen=True)
 class _Outcome:
-    release: Any  # client.release.Release
+    release: Any  # client.release.Release, or client.release_distributed.SkellamRelease under SecAgg+
     update: list[np.ndarray]
     floating: list[int]  # indices of the floating-point arrays (the only ones released)
 
@@ -211,15 +227,33 @@ def _filtered_release(
     call_next,
     keys: list[str],
     received: list[np.ndarray],
+    grid: SkellamGrid | None = None,
 ) -> _Outcome | None:
-    """Train, filter, spend durably and noise one round; ``None`` if the round was answered before."""
+    """Train, filter, spend durably and noise one round; ``None`` if the round was answered before.
+
+    ``grid``: the round is masked by SecAgg+ (``secure_aggregation_mod``): a Skellam release.
+    """
     if ledger.has_release(spec.run_id, spec.round_id):
         return None
+    if grid is not None and ledger.filter.kind != "rdp":  # refused before training: nothing spent
+        raise _RefusedBeforeTraining(
+            "round request refused: distributed (Skellam) releases are accounted by the rdp filter; "
+            f"this device's filter is {ledger.filter.kind!r}."
+        )
     # Always train, whatever the budget: a noise-only reply must take as long as a real one.
     update = _inner_update(call_next, msg, context, keys, received)
     if update is None:
         update = [np.zeros_like(a) for a in received]
     floating = [i for i, a in enumerate(received) if np.issubdtype(a.dtype, np.floating)]
+    if grid is not None:
+        policy = replace(device.policy, allow_distributed=True)  # the mark, checked by the caller
+        try:
+            skellam = release_skellam(ledger, policy, spec, update, grid, noise_seed=device.noise_seed)
+        except NonFiniteUpdateError:
+            log.error("fedfilter mod: the update holds NaN or inf; releasing a zero update instead")
+            zeros = [np.zeros_like(a) for a in update]
+            skellam = release_skellam(ledger, policy, spec, zeros, grid, noise_seed=device.noise_seed)
+        return _Outcome(skellam, update, floating)
     filtered = FilteredClient(ledger, device.policy, noise_seed=device.noise_seed)
     try:
         release = filtered.release(spec, [update[i] for i in floating])
@@ -271,12 +305,18 @@ def _filter_round(msg: Message, context: Context, call_next, hold: ReplyHold) ->
             "the device's log); nothing was trained, spent or released.",
         )
 
-    # 2. The coordinator's request: refused before any training or spending.
+    # 2. The coordinator's request: refused before any training or spending. Distributed placement
+    # only when this reply will be masked by SecAgg+ (the mark of secure_aggregation_mod, which runs
+    # before this mod on the device), and then nothing else.
+    masked = reply_masked()
+    grid: SkellamGrid | None = None
     try:
         spec = round_spec_from_record(msg.content.config_records.get(REQUEST_RECORD))
-        validate_request(spec, device.policy)
+        validate_request(spec, replace(device.policy, allow_distributed=masked))
+        if masked:
+            grid = secagg_round_grid(spec, context)
     except RoundSpecError as err:
-        return _error(msg, f"fedfilter: {err}")
+        return _error(msg, f"fedfilter: {err} Nothing was trained, spent or released.")
     array_records = list(msg.content.array_records.items())
     if len(array_records) != 1:
         return _error(
@@ -310,7 +350,9 @@ def _filter_round(msg: Message, context: Context, call_next, hold: ReplyHold) ->
             with entry.lock:  # one message at a time per device ledger in this process
                 if entry.closed:
                     continue
-                outcome = _filtered_release(entry.ledger, device, spec, msg, context, call_next, keys, received)
+                outcome = _filtered_release(entry.ledger, device, spec, msg, context, call_next, keys, received, grid)
+        except _RefusedBeforeTraining as err:
+            return _error(msg, f"fedfilter: {err} Nothing was trained, spent or released.")
         except ReplayError as err:  # a concurrent duplicate of this round got there first
             return _error(msg, f"fedfilter: round request refused: {err}")
         except LedgerError as err:  # lost spends, a full or read-only disk: nothing was released
@@ -332,6 +374,10 @@ def _filter_round(msg: Message, context: Context, call_next, hold: ReplyHold) ->
             f"{spec.run_id!r} was already answered; a repeated round gets no second release.",
         )
 
+    if grid is not None:  # under SecAgg+: the legacy layout secaggplus_mod masks, constants besides
+        if outcome.release.status == "left":  # an error drops this device from the SecAgg+ round
+            return _error(msg, "fedfilter: this device's budget is spent and it leaves (after-exhaustion='leave').")
+        return Message(masked_report_content(outcome.release.report), reply_to=msg)
     if outcome.release.status == "left":
         return _reply(msg, STATUS_LEFT, keys, None)
     out = list(outcome.update)
