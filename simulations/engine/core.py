@@ -164,9 +164,9 @@ class Engine:
             return ~self._distributed.exhausted(clients)
         return ~exhausted(self.allowance(clients), self.config.clip, self.config.exhausted_below)
 
-    def _skellam_spend(self, client: int, rule, charge: np.ndarray, l1: int, l2_squared: int) -> None:
-        """One client's distributed spend (``ClientRule.spend``: admits, then both filters); the norms are
-        passed for tests that record them."""
+    def _skellam_spend(self, client: int, rule, charge: np.ndarray, k: list[np.ndarray]) -> None:
+        """One client's distributed spend (``ClientRule.spend``: admits, then both filters); its integer
+        update ``k`` is passed for tests that recompute the charge."""
         self.state[client], self.run_state[client] = rule.spend(self.state[client], self.run_state[client], charge)
 
     def _spend(self, clients: np.ndarray, norms: np.ndarray) -> None:

@@ -88,8 +88,7 @@ class DistributedPlacement:
             for j, c in enumerate(chunk):
                 rule = self.rules[e.group[c]]
                 k = rule.snap(e.layout.views(updates[j]), allow_active[a + j], clipped=vectorised)
-                charge, l1, l2sq = rule.charge(k)
-                e._skellam_spend(int(c), rule, charge, l1, l2sq)
+                e._skellam_spend(int(c), rule, rule.charge(k)[0], k)
                 if per_client:
                     stream = client_noise_stream(cfg.seed, int(c), cfg.run_id, round_id)
                     k = per_client_noisy(k, rule.p.mu_share, stream)
