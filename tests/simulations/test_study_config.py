@@ -13,6 +13,7 @@ GOOD = """
 name = "t"
 rounds = 3
 seeds = [0, 1]
+filter = "rdp"
 
 [federation]
 noise_multiplier = 1.0
