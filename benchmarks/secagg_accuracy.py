@@ -45,10 +45,13 @@ sys.path.insert(0, str(ROOT))
 
 def distributed_mechanism() -> str:
     """What the engine adds in distributed placement (read from its source, not assumed)."""
+    import importlib.util
+
     from fedfilter.simulations.engine import core
 
-    source = inspect.getsource(core)
-    return "Skellam shares on the SecAgg+ integer grid" if "skellam" in source.lower() else "Gaussian shares"
+    skellam = importlib.util.find_spec("fedfilter.simulations.engine.skellam_round") is not None
+    skellam = skellam and "distributed_round" in inspect.getsource(core)
+    return "Skellam shares on the SecAgg+ integer grid" if skellam else "Gaussian shares"
 
 
 def run_one(args, placement: str, epsilon: float, seed: int) -> dict:

@@ -23,7 +23,9 @@ secure-aggregation protocol itself (``benchmarks/flower_overhead.py`` measures t
 
 Printed per federation size: median seconds per round for each variant, their ratio, and the split
 into client compute (summed over the clients, per client-round) and everything else (server
-workflow, wire format), as measured around each ClientApp call.
+workflow, wire format), as measured around each ClientApp call; then the seconds per secure round
+spent inside Flower's SecAgg+ primitives (Shamir split on the clients and combine on the server,
+pycryptodome's pure-Python GF(2^128) arithmetic; ECDH key agreement; share encryption; masks).
 """
 
 from __future__ import annotations
@@ -123,6 +125,52 @@ def _strategy(weights_ref: list, clip: float, q: int, sent: dict):
     )
 
 
+# Flower's SecAgg+ primitives, timed where its client mod and server workflow call them.
+_PRIMITIVES = {
+    "flwr.client.mod.secure_aggregation.secaggplus_mod": (
+        "create_shares",
+        "generate_shared_key",
+        "encrypt",
+        "decrypt",
+        "pseudo_rand_gen",
+    ),
+    "flwr.server.workflow.secure_aggregation.secaggplus_workflow": (
+        "combine_shares",
+        "generate_shared_key",
+        "pseudo_rand_gen",
+    ),
+}
+
+
+def time_primitives(spent: dict[str, float]):
+    """Wrap each primitive (after the mask generator was installed) to add its wall time to ``spent``;
+    returns a function that puts the originals back."""
+    import importlib
+
+    undo = []
+    for module_name, names in _PRIMITIVES.items():
+        module = importlib.import_module(module_name)
+        side = "server" if "workflow" in module_name else "client"
+        for name in names:
+            original = getattr(module, name)
+
+            def timed(*a, _f=original, _key=f"{side} {name}", **kw):
+                started = time.perf_counter()
+                try:
+                    return _f(*a, **kw)
+                finally:
+                    spent[_key] += time.perf_counter() - started
+
+            setattr(module, name, timed)
+            undo.append((module, name, original))
+
+    def restore() -> None:
+        for module, name, original in undo:
+            setattr(module, name, original)
+
+    return restore
+
+
 def run_size(n: int, args) -> dict:
     import numpy as np
     import torch
@@ -140,6 +188,8 @@ def run_size(n: int, args) -> dict:
     from fedfilter.client.secagg_masks import use_cryptographic_masks
 
     use_cryptographic_masks()  # both sides run in this process: one install covers them
+    primitive_s: dict[str, float] = defaultdict(float)
+    restore = time_primitives(primitive_s)
     torch.set_num_threads(1)
     torch.manual_seed(0)
     task = load_task("digits", n)
@@ -177,6 +227,7 @@ def run_size(n: int, args) -> dict:
     cfg = ConfigRecord({Key.START_TIME: time.time()})
     context.state.config_records[MAIN_CONFIGS_RECORD] = cfg
     times: dict[str, list[float]] = {"plain": [], "secagg": []}
+    primitives_timed: dict[str, float] = defaultdict(float)
     per_client: dict[str, list[float]] = {"plain": [], "secagg": []}
     round_id = 0
     try:
@@ -186,13 +237,15 @@ def run_size(n: int, args) -> dict:
                 cfg[Key.CURRENT_ROUND] = round_id
                 current["variant"], strategy.secagg = variant, variant == "secagg"
                 strategy.on_fit_config_fn = lambda r, v=variant: {"secagg": v == "secagg", "q": q, "round": r}
-                before = client_time[variant]
+                before, before_primitives = client_time[variant], dict(primitive_s)
                 started = time.perf_counter()
                 (secagg if variant == "secagg" else default_fit_workflow)(grid, context)
                 elapsed = time.perf_counter() - started
                 if timed:
                     times[variant].append(elapsed)
                     per_client[variant].append((client_time[variant] - before) / n)
+                    for key, value in primitive_s.items():
+                        primitives_timed[key] += (value - before_primitives.get(key, 0.0)) / args.rounds
         # the messages each node got in a secure round: 4 stages; in a plain one: 1
         stages = sorted(
             {
@@ -202,6 +255,7 @@ def run_size(n: int, args) -> dict:
             }
         )
     finally:
+        restore()
         stop.set()
         thread.join()
     set_weights(model, ref[0])
@@ -222,6 +276,8 @@ def run_size(n: int, args) -> dict:
         "rounds_timed": args.rounds,
         "secagg_stages": stages,
         "accuracy_after": float(accuracy),
+        # mean seconds per secure round inside each SecAgg+ primitive (all clients, or the server)
+        "primitive_s_per_round": {k: round(v, 4) for k, v in sorted(primitives_timed.items())},
         "unmasked_sums_checked": sum(1 for r in sent.values() if r),
     }
 
@@ -258,6 +314,9 @@ def main(argv: list[str] | None = None) -> int:
             f"{row['secagg_rest_s_per_round']:.3f} |",
             flush=True,
         )
+    for row in rows:
+        shown = ", ".join(f"{k} {v:.3f}" for k, v in row["primitive_s_per_round"].items())
+        print(f"# {row['clients']} clients, s per SecAgg+ round inside Flower's primitives: {shown}")
     print(f"# load average {os.getloadavg()[0]:.1f} at the end")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2) + "\n")
