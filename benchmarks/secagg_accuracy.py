@@ -21,6 +21,9 @@ mechanism the engine ran is printed (Gaussian shares on main; Skellam shares on 
 the engine speaks it); the Flower path runs Skellam shares over SecAgg+ (``fedfilter demo
 --placement distributed``).
 
+    # several noise multipliers run before: one table and one plot of final accuracy against epsilon
+    python benchmarks/secagg_accuracy.py --from out/z1 out/z2 out/z4 --out docs/results_secagg
+
 Writes ``OUT/secagg_accuracy.json`` and ``OUT/secagg_accuracy.png`` (test accuracy per round, one
 line per placement and budget) and prints a markdown table: final and best accuracy, rounds in
 which some client still contributed data, the largest spent epsilon over the budget (at most 1 for
@@ -125,6 +128,61 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
     plt.close(fig)
 
 
+def summarise(folders: list[Path], out: Path) -> None:
+    """Final accuracy against epsilon for every (placement, z) of earlier runs, and the best z of each
+    placement per epsilon; writes ``OUT/secagg_accuracy_summary.json`` and ``.png``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = []
+    for folder in folders:
+        payload = json.loads((Path(folder) / "secagg_accuracy.json").read_text())
+        z = payload["settings"]["noise_multiplier"]
+        runs += [{**r, "z": z, "mechanism": payload["distributed_mechanism"]} for r in payload["runs"]]
+    mechanisms = sorted({r["mechanism"] for r in runs})
+    print(f"# distributed noise in the engine: {', '.join(mechanisms)}")
+    print("| epsilon | placement | " + " | ".join(f"z = {z:g}" for z in sorted({r["z"] for r in runs})) + " | best |")
+    print("|---:|---|" + "---:|" * (len({r["z"] for r in runs}) + 1))
+    best = []
+    zs = sorted({r["z"] for r in runs})
+    for eps in sorted({r["epsilon"] for r in runs}):
+        for placement in ("local", "distributed"):
+            cells, top = [], None
+            for z in zs:
+                hit = [r for r in runs if (r["epsilon"], r["placement"], r["z"]) == (eps, placement, z)]
+                acc = statistics.mean(r["final_accuracy"] for r in hit) if hit else None
+                cells.append("-" if acc is None else f"{acc:.3f}")
+                if acc is not None and (top is None or acc > top[0]):
+                    top = (acc, z)
+            if top is not None:
+                best.append({"epsilon": eps, "placement": placement, "accuracy": top[0], "z": top[1]})
+            shown = "-" if top is None else f"{top[0]:.3f} (z = {top[1]:g})"
+            print(f"| {eps:g} | {placement} | " + " | ".join(cells) + f" | {shown} |")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "secagg_accuracy_summary.json").write_text(json.dumps({"runs": runs, "best": best}, indent=2) + "\n")
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    for placement, colour in (("distributed", "#d62728"), ("local", "#3182bd")):
+        for z, style in zip(zs, (":", "-.", "--", "-", "-")):
+            pts = sorted(
+                (r["epsilon"], r["final_accuracy"]) for r in runs if r["placement"] == placement and r["z"] == z
+            )
+            if pts:
+                ax.plot(*zip(*pts), style, color=colour, marker="o", ms=3, lw=1, label=f"{placement}, z = {z:g}")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("personal epsilon (every client; rdp filter, delta 1e-5)")
+    ax.set_ylabel("final test accuracy")
+    ax.set_ylim(0, 1)
+    ax.axhline(0.1, color="grey", lw=0.5)
+    ax.legend(fontsize=7, ncol=2, loc="upper left")
+    ax.set_title("digits, 100 clients: local vs distributed noise at equal budgets", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(out / "secagg_accuracy_summary.png", dpi=120)
+    plt.close(fig)
+    print(f"# wrote {out / 'secagg_accuracy_summary.json'} and {out / 'secagg_accuracy_summary.png'}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--clients", type=int, default=100)
@@ -138,7 +196,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eval-every", type=int, default=5)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--out", type=Path, default=Path("out/secagg_accuracy"))
+    parser.add_argument("--from", dest="folders", type=Path, nargs="+", default=None, help="summarise earlier OUTs")
     args = parser.parse_args(argv)
+    if args.folders:
+        summarise(args.folders, args.out)
+        return 0
     args.out.mkdir(parents=True, exist_ok=True)
     import torch
 

@@ -52,7 +52,14 @@ from pathlib import Path
 from typing import Any
 
 from fedfilter.app.config import APP_DIR, app_defaults, resolve_config
-from fedfilter.demo_report import DELTA, follow_public_ledger, guarantee_text, placement_text, plot_rounds
+from fedfilter.demo_report import (
+    DELTA,
+    clip_share_per_round,
+    follow_public_ledger,
+    guarantee_text,
+    placement_text,
+    plot_rounds,
+)
 
 # Demo defaults, chosen (docs/results.md) so that with 10 clients x 5 rounds on digits some
 # clients run out of budget while the accuracy of the global model visibly rises. The app's own
@@ -375,19 +382,25 @@ def _run(args: argparse.Namespace) -> int:
     clients = [device_report(Path(devices[i]["ledger-dir"]), run_id) for i in range(args.clients)]
     rounds = [int(r.round_id) for r in records]
     contributing = [sum(r in c["contributed_rounds"] for c in clients) for r in rounds]
+    ledger_dirs = [Path(devices[i]["ledger-dir"]) for i in range(args.clients)]
+    clip_share = clip_share_per_round(ledger_dirs, run_id, rounds, args.clip)
     # A round below the SecAgg+ threshold is not released: the model, and its accuracy, stay as they were.
     accuracy = [float(r.metrics["accuracy"]) if "accuracy" in r.metrics else None for r in records]
     released = [bool(r.released) for r in records]
 
     print()
-    print(f"{'round':>5}  {'reports':>7}  {'markers':>7}  {'released':>8}  {'contributing*':>13}  {'accuracy':>8}")
-    for rec, k, acc in zip(records, contributing, accuracy):
+    print(
+        f"{'round':>5}  {'reports':>7}  {'markers':>7}  {'released':>8}  {'contributing*':>13}  "
+        f"{'norm/clip*':>10}  {'accuracy':>8}"
+    )
+    for rec, k, share, acc in zip(records, contributing, clip_share, accuracy):
         shown = "-" if acc is None else f"{acc:.3f}"
         print(
             f"{rec.round_id:>5}  {rec.reports_received:>7}  {rec.markers_received:>7}  "
-            f"{'yes' if rec.released else 'no':>8}  {k:>13}  {shown:>8}"
+            f"{'yes' if rec.released else 'no':>8}  {k:>13}  {share:>10.3f}  {shown:>8}"
         )
     print("  * from the devices' own ledgers after the run; the coordinator never learns it.")
+    print("    norm/clip: the mean norm the devices put in, over the clip (0 when none sent data).")
     print()
     print(f"{'client':>10}  {'budget eps':>10}  {'spent eps':>10}  exhausted in round")
     for c in clients:
@@ -414,6 +427,7 @@ def _run(args: argparse.Namespace) -> int:
         "final_accuracy": next((a for a in reversed(accuracy) if a is not None), float("nan")),
         "accuracy_per_round": accuracy,
         "contributing_per_round": contributing,
+        "clip_share_per_round": clip_share,
         "settings": {
             "task": args.task,
             "clients": args.clients,
@@ -437,6 +451,6 @@ def _run(args: argparse.Namespace) -> int:
         "wall_time_s": round(elapsed, 1),
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    plot_rounds(out / "rounds.png", rounds, contributing, accuracy, args.clients, args.placement)
+    plot_rounds(out / "rounds.png", rounds, contributing, accuracy, args.clients, args.placement, clip_share)
     print(f"\nwrote {out / 'summary.json'}, {out / 'rounds.png'} ({elapsed:.0f} s)")
     return 0

@@ -41,8 +41,35 @@ def follow_public_ledger(ledger_path: Path, run_id: str, total: int, stop: threa
             reader.close()
 
 
+def clip_share_per_round(ledger_dirs: list[Path], run_id: str, rounds: list[int], clip: float) -> list[float]:
+    """Per round, the mean over the devices of the norm each put in (the ledger's ``sensitivity`` of a
+    ``contributed`` record) over the clip: 1 when every device sent a full-norm update, 0 when none sent
+    data. Read from the devices' own ledgers after the run (the coordinator never learns it). With
+    distributed noise a device's allowance shrinks round by round as its budget runs out, long before
+    its ledger calls it exhausted; this is where that shows."""
+    from fedfilter.client.ledger import BudgetLedger
+
+    total = dict.fromkeys(rounds, 0.0)
+    for ledger_dir in ledger_dirs:
+        ledger = BudgetLedger.open(ledger_dir)
+        try:
+            for record in ledger.records(run_id):
+                if record.status == "contributed" and int(record.round_id) in total:
+                    total[int(record.round_id)] += float(record.sensitivity)
+        finally:
+            ledger.close()
+    n = max(len(ledger_dirs), 1)
+    return [total[r] / (n * clip) for r in rounds]
+
+
 def plot_rounds(
-    path: Path, rounds: list[int], contributing: list[int], accuracy: list[float | None], n: int, placement: str
+    path: Path,
+    rounds: list[int],
+    contributing: list[int],
+    accuracy: list[float | None],
+    n: int,
+    placement: str,
+    clip_share: list[float] | None = None,
 ) -> None:
     import matplotlib
 
@@ -58,7 +85,9 @@ def plot_rounds(
     ax2 = ax.twinx()
     shown = [(r, a) for r, a in zip(rounds, accuracy) if a is not None]  # released rounds only
     ax2.plot([r for r, _ in shown], [a for _, a in shown], "o-", color="#d62728", label="test accuracy (public ledger)")
-    ax2.set_ylabel("test accuracy")
+    if clip_share is not None:
+        ax2.plot(rounds, clip_share, "s--", color="#3182bd", label="mean norm put in / clip (device ledgers)")
+    ax2.set_ylabel("test accuracy; share of the clip")
     ax2.set_ylim(0, 1)
     handles = ax.get_legend_handles_labels()[0] + ax2.get_legend_handles_labels()[0]
     ax.legend(handles=handles, loc="lower left", fontsize=8)  # labels from the artists

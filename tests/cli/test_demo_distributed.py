@@ -124,6 +124,7 @@ def test_distributed_demo_runs_through_secagg_and_keeps_every_device_within_budg
     assert isinstance(summary["final_accuracy"], float) and 0 <= summary["final_accuracy"] <= 1
     assert "SecAgg+" in summary["guarantee"]
     assert len(summary["clients"]) == N
+    put_in = [0.0] * ROUNDS  # the norms the devices put in, per round, read here from their ledgers
     for index, client in enumerate(summary["clients"]):
         assert 0 < client["spent_epsilon"] <= client["budget_epsilon"]
         ledger = BudgetLedger.open(out / "devices" / str(index))
@@ -133,8 +134,14 @@ def test_distributed_demo_runs_through_secagg_and_keeps_every_device_within_budg
             records = ledger.records(summary["run_id"])
             assert [r.round_id for r in records] == list(range(1, ROUNDS + 1))
             assert {r.placement for r in records} == {"distributed"}
+            for r in records:
+                put_in[r.round_id - 1] += r.sensitivity if r.status == "contributed" else 0.0
         finally:
             ledger.close()
+    clip = summary["settings"]["clip"]
+    assert summary["clip_share_per_round"] == pytest.approx([p / (N * clip) for p in put_in], rel=1e-12)
+    assert all(0 <= share <= 1 for share in summary["clip_share_per_round"])
+    assert summary["clip_share_per_round"][0] > 0  # round 1: every device had budget for data
     assert (out / "rounds.png").stat().st_size > 1000
 
 
