@@ -20,17 +20,25 @@ rdp: a Gaussian release is ``(alpha, alpha mu_t^2 / 2)``-RDP at every order alph
 Proposition 7), so every order's Rényi loss is ``alpha * rho`` with the same ``rho``, and "some
 order within its budget B_alpha" (B_alpha: the largest RDP value that converts to (epsilon, delta)
 at order alpha, ``renyi.rdp_budgets``) is the single threshold ``rho <= rho* = max_alpha B_alpha /
-alpha``, whatever the data. Let alpha* be the maximising order: it depends only on (epsilon, delta)
+alpha``. Let alpha* be the maximising order (``rdp_order``): it depends only on (epsilon, delta)
 and the grid, so it is fixed before any release. ``rho <= rho*`` is exactly papers/004 Theorem
-4.3's filter F_{alpha*, B_alpha*} (``sum_t alpha* mu_t^2 / 2 <= alpha* rho* = B_alpha*``), so the
+4.3's filter F_{alpha*, B_alpha*} (``sum_t alpha* mu_t^2 / 2 <= alpha* rho* <= B_alpha*``), so the
 transcript is (alpha*, B_alpha*)-RDP and converts (Canonne, Kamath and Steinke 2020, Proposition
-12, the conversion of ``renyi.epsilon_from_rdp``) to (epsilon, delta) at the FULL delta. By Remark
-4.4's argument the same rule is Theorem 4.3's rule at every order at once, so the transcript is in
-fact (alpha, alpha rho*)-RDP for every alpha > 1; the guarantee needs alpha* only, and no union
-bound over orders is paid. (A union bound, delta / number of orders, is only needed when the orders'
-losses are not proportional, e.g. subsampled mechanisms; this filter only ever charges Gaussians.)
-This admits exactly what dp_accounting's ``RdpAccountant`` certifies for the same rounds fixed in
-advance, up to rounding.
+12, the conversion of ``renyi.epsilon_from_rdp``) to (epsilon, delta) at the FULL delta; no union
+bound over orders is paid. Where rho* comes from the KL shortcut (``renyi.gaussian_rho_budget``),
+alpha* is the smallest order: Theorem 4.3 at alpha_min with B = alpha_min rho* bounds the
+transcript's D_alpha_min, KL <= D_alpha_min (Rényi divergences are non-decreasing in the order),
+and KL <= -log(1 - delta^2) is (0, delta)-DP by Bretagnolle-Huber.
+
+The filter's state may also hold non-Gaussian charges: a Skellam release (``skellam.py``) is
+(alpha, eps(alpha))-RDP with eps not proportional to alpha, and it is charged ``eps(alpha*) /
+alpha*`` (rounded up) in the same rho units. Theorem 4.3 at alpha* still applies (``sum_t
+eps_t(alpha*) <= alpha* rho``), but then the transcript is RDP at alpha* ONLY, not at every
+order; ``epsilon_spent`` therefore converts the state at alpha* alone (with the KL shortcut taken
+from alpha* rho, which bounds KL too). For Gaussian-only states this is an upper bound on the
+best-order reading (equal to it at the budget, where alpha* is the best order), and for mixed
+states it is the only valid one. This admits exactly what dp_accounting's ``RdpAccountant``
+certifies for the same Gaussian rounds fixed in advance, up to rounding.
 
 The filters never hold mutable state: ``spend`` returns the new state. Losses round up and
 allowances round down (``fedfilter.client.privacy.rounding``), so no sequence of floating-point operations
@@ -195,9 +203,9 @@ class GaussianFilter:
             eps = gaussian_dp.epsilon_for_mu(float(np.sqrt(state[0]) * (1 + 2.0**-51)), self.delta)
         elif self.kind == "zcdp":
             eps = zcdp.epsilon_from_zcdp(float(state[0]), self.delta)
-        else:  # order alpha's Rényi loss is alpha * rho (rounded up), converted at the full delta
-            rdp = mul_up(np.asarray(self.orders), state[0])
-            eps = renyi.epsilon_from_rdp(self.orders, rdp, self.delta)
+        else:  # the transcript is (alpha*, alpha* rho)-RDP (only at alpha* if it holds Skellam charges)
+            order = rdp_order(self)
+            eps = renyi.epsilon_from_rdp([order], [float(mul_up(order, state[0]))], self.delta)
         # A state this filter admits is certified by its own budget, so the exact answer is at
         # most ``self.epsilon``; the upward-rounded conversion may overshoot that by a few ulps.
         return min(eps, float(self.epsilon)) if self.within_budget(state) else eps
@@ -223,6 +231,24 @@ def rdp_filter(epsilon: float, delta: float, orders: Sequence[float] | None = No
     orders_arr = renyi.check_orders(renyi.DEFAULT_ORDERS if orders is None else orders)
     rho = renyi.gaussian_rho_budget(orders_arr, epsilon, delta)
     return GaussianFilter("rdp", epsilon, delta, np.array([0.5]), np.array([rho]), tuple(float(a) for a in orders_arr))
+
+
+def rdp_order(filt: GaussianFilter) -> float:
+    """alpha*: the order at which the rdp filter's threshold rho* is attained (see the module docstring).
+
+    The largest order of the grid with ``B_alpha / alpha == rho*`` (any such order is valid; a larger
+    one charges Skellam releases less, their discreteness term being divided by alpha), or the
+    smallest order where rho* is the KL shortcut's (Theorem 4.3 at alpha_min gives D_alpha_min <=
+    alpha_min rho* and KL <= D_alpha_min). Computed from (epsilon, delta, orders), not the budget,
+    so a run quota (``scaled``) keeps its lifetime filter's order. Raises for gdp and zcdp.
+    """
+    if filt.kind != "rdp":
+        raise ValueError(f"filter {filt.kind!r} has no Rényi order: only filter='rdp' charges at an order.")
+    orders = np.asarray(filt.orders, dtype=np.float64)
+    rho = renyi.gaussian_rho_budget(orders, filt.epsilon, filt.delta)
+    per_order = down(renyi.rdp_budgets(orders, filt.epsilon, filt.delta) / orders)
+    hits = orders[(per_order >= rho) & (per_order > 0)]
+    return float(np.max(hits)) if hits.size else float(np.min(orders))
 
 
 def make_filter(kind: str, epsilon: float, delta: float, orders: Sequence[float] | None = None) -> GaussianFilter:

@@ -3,6 +3,16 @@
 A "full-norm round" releases an update clipped to norm exactly C with noise std ``z * C``, so
 every round costs ``mu_t = 1/z``. The counts come from running the very filter the client runs
 (the same rounding), so the planner never promises a round the ledger would refuse.
+
+Distributed placement (issue 15, ``plan_distributed_rounds`` / ``plan_distributed_epsilon``):
+A full-norm round releases the clipped update snapped to the integer grid of step ``gamma =
+grid_step(C)`` (``client/secagg_grid.py``), so ``||k||_2 <= C / gamma`` and, in the worst case,
+``||k||_1 = l1_cap(C / gamma, dim)``, plus Skellam noise of variance ``mu`` per coordinate on the
+released sum of at least ``min_reports`` reports. The device charges the rdp filter
+``skellam_charge`` at the filter's order alpha* (papers/004 Theorem 4.3; Agarwal, Kairouz, Liu 2021
+Theorem 3.5), and the counts here run that very charge through the filter's own rounding, so the
+planner never promises a round the ledger would refuse. Only the rdp filter is valid for Skellam
+noise (``skellam.py``).
 """
 
 from __future__ import annotations
@@ -13,9 +23,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from fedfilter.client.privacy import pure_dp
-from fedfilter.client.privacy.filters import GaussianFilter, make_filter
-from fedfilter.client.privacy.renyi import epsilon_from_rdp
-from fedfilter.client.privacy.rounding import up
+from fedfilter.client.privacy.filters import GaussianFilter, make_filter, rdp_order
+from fedfilter.client.privacy.renyi import DEFAULT_ORDERS, epsilon_from_rdp
+from fedfilter.client.privacy.rounding import down, mul_up, up
+from fedfilter.client.privacy.skellam import l1_cap, released_variance, skellam_rho
+from fedfilter.client.secagg_grid import grid_step
 
 MAX_PLANNED_ROUNDS = 10_000_000
 BASELINE_KINDS = ("basic", "advanced")
@@ -37,9 +49,13 @@ class RoundsPlan:
 
 
 def _run_full_rounds(filt: GaussianFilter, noise_multiplier: float, limit: int) -> tuple[np.ndarray, int]:
-    """Spend full-norm charges while the filter admits them: a scalar loop with the same rounding
-    as ``GaussianFilter.spend`` (``add_up``) and ``within_budget`` (``<=``)."""
-    charge = float(filt.charge(sensitivity=1.0, noise_std=noise_multiplier)[0])
+    """Spend full-norm charges while the filter admits them."""
+    return _run_charges(filt, float(filt.charge(sensitivity=1.0, noise_std=noise_multiplier)[0]), limit)
+
+
+def _run_charges(filt: GaussianFilter, charge: float, limit: int) -> tuple[np.ndarray, int]:
+    """Spend ``charge`` while the filter admits it: a scalar loop with the same rounding as
+    ``GaussianFilter.spend`` (``add_up``) and ``within_budget`` (``<=``)."""
     s, b, k = 0.0, float(filt.budget[0]), 0
     while k < limit:
         nxt = math.nextafter(s + charge, math.inf)
@@ -81,7 +97,13 @@ def plan_epsilon(kind: str, *, noise_multiplier: float, rounds: int, delta: floa
     state = filt.initial_state()
     for _ in range(rounds):
         state = filt.spend(state, charge)
-    eps = filt.epsilon_spent(state)
+    if kind == "rdp":
+        # Gaussian-only rounds are (alpha, alpha rho)-RDP at every order, so the smallest budget whose
+        # filter admits them reads the best order (epsilon_spent reads one filter's alpha* only, which
+        # a state holding Skellam charges needs; see filters.py).
+        eps = epsilon_from_rdp(filt.orders, mul_up(np.asarray(filt.orders), state[0]), delta)
+    else:
+        eps = filt.epsilon_spent(state)
     if kind == "rdp":  # dp_accounting's fixed composition: k rounds at order alpha cost k alpha / (2 z^2)
         per_order = np.asarray(filt.orders) * rounds / (2.0 * noise_multiplier**2)
         fixed = epsilon_from_rdp(filt.orders, up(per_order * (1 + 2.0**-50)), delta)  # 4 roundings
@@ -151,3 +173,148 @@ def _baseline_rounds(kind: str, epsilon: float, delta: float, mu: float) -> int:
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if feasible(mid, epsilon, delta, mu) else (lo, mid)
     return lo
+
+
+# --- placement 'distributed': Skellam noise over SecAgg+ (issue 15) ----------------------------------
+
+GAUSSIAN_ONLY_KINDS = ("gdp", "zcdp")
+
+
+def _check_setting(clip: float, min_reports: int, dim: int) -> None:
+    problems = []
+    if not (isinstance(clip, (int, float)) and math.isfinite(clip) and clip > 0):
+        problems.append(f"clip must be a finite number > 0. Found {clip!r}.")
+    if isinstance(min_reports, bool) or not isinstance(min_reports, int) or min_reports < 1:
+        problems.append(f"min_reports must be an integer >= 1. Found {min_reports!r}.")
+    if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
+        problems.append(f"dim (the model size) must be an integer >= 1. Found {dim!r}.")
+    if problems:
+        raise ValueError(" ".join(problems))
+
+
+def check_distributed_filter(kind: str) -> None:
+    """Refuse the Gaussian-only filters for Skellam releases (``skellam.py``'s docstring)."""
+    if kind in GAUSSIAN_ONLY_KINDS:
+        raise ValueError(
+            f"filter={kind!r}: placement 'distributed' (Skellam noise over SecAgg+) needs filter='rdp'; "
+            "the gdp and zcdp filters are valid for Gaussian noise only."
+        )
+    if kind != "rdp":
+        raise ValueError(f"filter must be 'rdp' for placement 'distributed'. Found {kind!r}.")
+
+
+def distributed_mu(noise_multiplier: float, clip: float, min_reports: int) -> float:
+    """The Skellam variance per coordinate a release carries, in grid units: ``mu_total = (z C /
+    gamma)^2`` rounded down, each of ``min_reports`` shares ``up(mu_total / t)``, and the least
+    variance of their sum (``released_variance``), whichever is smaller."""
+    _check_z(noise_multiplier)
+    _check_setting(clip, min_reports, 1)
+    ratio = down(noise_multiplier * (clip / grid_step(clip)))  # clip / gamma is exact (gamma = 2**k)
+    mu_total = float(down(ratio * ratio))
+    return min(mu_total, released_variance(float(up(mu_total / min_reports)), min_reports))
+
+
+@dataclass(frozen=True)
+class DistributedPlan:
+    epsilon: float
+    delta: float
+    noise_multiplier: float
+    clip: float
+    min_reports: int
+    dim: int
+    order: float  # alpha*, where the rdp filter's threshold holds and Skellam charges are taken
+    mu: float  # Skellam variance per coordinate of a release (grid units)
+    l2: float  # C / gamma: a full-norm update's L2 norm on the grid
+    l1: float  # l1_cap(l2, dim): the worst-case L1 norm
+    charge: float  # one full-norm round, in rho units
+    rounds: int  # full-norm rounds admitted
+
+
+def _full_round(filt, noise_multiplier: float, clip: float, min_reports: int, dim: int):
+    mu = distributed_mu(noise_multiplier, clip, min_reports)
+    l2 = clip / grid_step(clip)
+    l1 = float(l1_cap(l2, dim))
+    order = rdp_order(filt)
+    return order, mu, l2, l1, float(skellam_rho(l1, l2, mu, order))
+
+
+def plan_distributed_rounds(
+    *,
+    epsilon: float,
+    delta: float,
+    noise_multiplier: float,
+    clip: float,
+    min_reports: int,
+    dim: int,
+    kind: str = "rdp",
+    orders=None,
+) -> DistributedPlan:
+    """Full-norm Skellam rounds a fresh client's rdp filter admits (worst-case L1 every round)."""
+    check_distributed_filter(kind)
+    _check_z(noise_multiplier)
+    _check_setting(clip, min_reports, dim)
+    filt = make_filter("rdp", epsilon, delta, orders)
+    order, mu, l2, l1, charge = _full_round(filt, noise_multiplier, clip, min_reports, dim)
+    _, rounds = _run_charges(filt, charge, MAX_PLANNED_ROUNDS)
+    if rounds >= MAX_PLANNED_ROUNDS:
+        raise ValueError(
+            f"more than {MAX_PLANNED_ROUNDS} rounds; noise_multiplier={noise_multiplier} is too large to plan."
+        )
+    return DistributedPlan(epsilon, delta, noise_multiplier, clip, min_reports, dim, order, mu, l2, l1, charge, rounds)
+
+
+def plan_distributed_epsilon(
+    *,
+    rounds: int,
+    delta: float,
+    noise_multiplier: float,
+    clip: float,
+    min_reports: int,
+    dim: int,
+    kind: str = "rdp",
+    orders=None,
+) -> dict:
+    """The smallest budget epsilon (found by bisection, 60 steps) whose rdp filter admits ``rounds``
+    full-norm Skellam rounds; the answer is itself checked (its filter admits them).
+
+    Also ``fixed_composition_epsilon``: the same rounds fixed in advance, their Skellam RDP curve
+    composed at every order and converted at the best one (no filter; a reference, often a little
+    lower, as a filter holds one order fixed before the run).
+    """
+    check_distributed_filter(kind)
+    _check_z(noise_multiplier)
+    _check_setting(clip, min_reports, dim)
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or not 1 <= rounds < MAX_PLANNED_ROUNDS:
+        raise ValueError(f"rounds must be an integer in [1, {MAX_PLANNED_ROUNDS}). Found {rounds!r}.")
+
+    def admits(eps: float) -> bool:
+        filt = make_filter("rdp", eps, delta, orders)
+        charge = _full_round(filt, noise_multiplier, clip, min_reports, dim)[4]
+        return _run_charges(filt, charge, rounds)[1] >= rounds
+
+    hi = 1.0
+    while not admits(hi):
+        hi *= 2
+        if hi > 1e6:
+            raise ValueError(f"no epsilon up to 1e6 admits {rounds} rounds at noise_multiplier={noise_multiplier}.")
+    lo = 0.0
+    for _ in range(60):  # hi is always a checked, admitting epsilon
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if admits(mid) else (mid, hi)
+    orders_arr = np.asarray(DEFAULT_ORDERS if orders is None else orders, dtype=np.float64)
+    mu = distributed_mu(noise_multiplier, clip, min_reports)
+    l2 = clip / grid_step(clip)
+    per_order = up(skellam_rho(float(l1_cap(l2, dim)), l2, mu, orders_arr) * orders_arr * rounds * (1 + 2.0**-48))
+    return {
+        "filter": "rdp",
+        "placement": "distributed",
+        "noise_multiplier": noise_multiplier,
+        "clip": clip,
+        "min_reports": min_reports,
+        "dim": dim,
+        "rounds": rounds,
+        "delta": delta,
+        "epsilon": hi,
+        "order": rdp_order(make_filter("rdp", hi, delta, orders)),
+        "fixed_composition_epsilon": epsilon_from_rdp(orders_arr, per_order, delta),
+    }

@@ -63,3 +63,29 @@ def test_readme_rounds_table_is_the_commands_output():
     out = run(*cmd.split()[2:])
     assert out.returncode == 0, out.stderr
     assert shown.strip() == out.stdout.strip()
+
+
+def test_distributed_rounds_and_epsilon_round_trip():
+    """--placement distributed plans Skellam rounds with the rdp filter (its default there)."""
+    common = ("--delta", "1e-5", "--noise-multiplier", "20", "--placement", "distributed", "--dim", "1000000")
+    out = run("rounds", "--epsilon", "1", *common, "--min-reports", "10", "--json")
+    assert out.returncode == 0, out.stderr
+    plan = json.loads(out.stdout)
+    assert plan["filter"] == "rdp" and plan["placement"] == "distributed" and plan["order"] == 18.0
+    assert 0 < plan["rounds"] <= plan["gaussian_rounds"]
+    eps = json.loads(run("epsilon", "--rounds", str(plan["rounds"]), *common, "--min-reports", "10", "--json").stdout)
+    assert eps["epsilon"] <= 1.0
+    back = run("rounds", "--epsilon", repr(eps["epsilon"]), *common, "--min-reports", "10", "--json")
+    assert json.loads(back.stdout)["rounds"] == plan["rounds"]
+    text = run("rounds", "--epsilon", "1", *common)
+    assert text.returncode == 0 and "Skellam" in text.stdout and f"rounds    {plan['rounds']}" in text.stdout
+
+
+def test_distributed_refuses_gaussian_only_filters_and_needs_dim():
+    for kind in ("gdp", "zcdp"):
+        out = run("rounds", "--epsilon", "1", "--delta", "1e-5", "--noise-multiplier", "20",
+                  "--placement", "distributed", "--dim", "10", "--filter", kind)  # fmt: skip
+        assert out.returncode == 2 and "Traceback" not in out.stderr
+        assert f"filter='{kind}'" in out.stderr and "needs filter='rdp'" in out.stderr
+    out = run("epsilon", "--rounds", "3", "--delta", "1e-5", "--noise-multiplier", "20", "--placement", "distributed")
+    assert out.returncode == 2 and "needs --dim" in out.stderr and "Traceback" not in out.stderr
