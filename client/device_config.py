@@ -23,9 +23,12 @@ key                      default   meaning
 ``daily-quota``          1.0       share of the lifetime budget spent in any 24 hours
 ``min-noise-multiplier`` 0.5       smallest noise multiplier this device accepts
 ``after-exhaustion``     noise-only  ``noise-only`` or ``leave``
-``allow-distributed``    false     accept ``placement = "distributed"`` (needs SecAgg)
+``allow-distributed``    (none)    no effect (kept so old configs still parse): a device serves
+                                   ``placement = "distributed"`` exactly when its reply is masked by
+                                   SecAgg+, i.e. its ClientApp lists ``secure_aggregation_mod``
+                                   before ``individual_filter_mod`` (``client/secagg_device.py``)
 ``max-min-reports``      100       largest ``min-reports`` accepted (each distributed report
-                                   carries 1/sqrt(m) of the accounted noise)
+                                   carries 1/m of the accounted noise variance)
 ``noise-seed``           (none)    reproducible noise for tests ONLY: whoever knows it can
                                    subtract the noise. Default: OS cryptographic randomness.
 ``reply-hold-s``         60        every reply after the ledger is touched leaves at arrival
@@ -36,6 +39,7 @@ key                      default   meaning
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,6 +66,9 @@ NODE_CONFIG_KEYS = (
     "noise-seed",
     "reply-hold-s",
 )
+
+log = logging.getLogger("fedfilter.client")
+_warned_allow_distributed = False
 
 
 @dataclass(frozen=True)
@@ -164,7 +171,8 @@ def device_config(node_config: Mapping[str, Any]) -> DeviceConfig:
     if after not in AFTER_EXHAUSTION:
         problems.append(f"node-config 'after-exhaustion' must be one of {AFTER_EXHAUSTION}. Found {after!r}.")
         after = ClientPolicy.after_exhaustion
-    allow_distributed = get("allow-distributed", _as_bool, False)
+    if get("allow-distributed", _as_bool, False):
+        _warn_allow_distributed()
     federation = str(node_config.get("federation", Quotas.federation))
     coordinator_quota = get("coordinator-quota", _as_float, Quotas.coordinator)
     daily_quota = get("daily-quota", _as_float, Quotas.daily)
@@ -176,7 +184,6 @@ def device_config(node_config: Mapping[str, Any]) -> DeviceConfig:
         policy = ClientPolicy(
             min_noise_multiplier=min_z,
             after_exhaustion=after,
-            allow_distributed=allow_distributed,
             max_min_reports=max_m,
         )
     except ValueError as err:
@@ -188,6 +195,17 @@ def device_config(node_config: Mapping[str, Any]) -> DeviceConfig:
     if problems or policy is None or quotas is None:
         raise ValueError("invalid fedfilter device config: " + " ".join(problems))
     return DeviceConfig(Path(ledger_dir), epsilon, delta, filter_kind, run_quota, client_id, policy, seed, quotas)
+
+
+def _warn_allow_distributed() -> None:
+    global _warned_allow_distributed
+    if not _warned_allow_distributed:
+        _warned_allow_distributed = True
+        log.warning(
+            "fedfilter: node-config 'allow-distributed' has no effect: this device serves distributed "
+            "placement exactly when its ClientApp runs secure_aggregation_mod before individual_filter_mod "
+            "(SecAgg+ masks its reply)."
+        )
 
 
 def enrol_device(node_config: Mapping[str, Any]) -> None:

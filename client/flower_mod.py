@@ -61,7 +61,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -81,7 +81,9 @@ from fedfilter.client.release import (
     RoundSpecError,
     validate_request,
 )
+from fedfilter.client.release_distributed import SkellamGrid, release_skellam
 from fedfilter.client.reply_timing import ReplyHold, reply_hold_s
+from fedfilter.client.secagg_device import masked_report_content, reply_masked, secagg_round_grid
 from fedfilter.client.wire import (
     ARRAYS_RECORD,
     REQUEST_RECORD,
@@ -197,7 +199,7 @@ def _reply(msg: Message, status: str, keys: list[str], arrays: list[np.ndarray] 
 
 @dataclass(frozen=True)
 class _Outcome:
-    release: Any  # client.release.Release
+    release: Any  # client.release.Release, or client.release_distributed.SkellamRelease under SecAgg+
     update: list[np.ndarray]
     floating: list[int]  # indices of the floating-point arrays (the only ones released)
 
@@ -211,15 +213,33 @@ def _filtered_release(
     call_next,
     keys: list[str],
     received: list[np.ndarray],
+    grid: SkellamGrid | None = None,
 ) -> _Outcome | None:
-    """Train, filter, spend durably and noise one round; ``None`` if the round was answered before."""
+    """Train, filter, spend durably and noise one round; ``None`` if the round was answered before.
+
+    ``grid``: the round is masked by SecAgg+ (``secure_aggregation_mod``): a Skellam release.
+    """
     if ledger.has_release(spec.run_id, spec.round_id):
         return None
+    if grid is not None and ledger.filter.kind != "rdp":  # refused before training: nothing spent
+        raise RoundSpecError(
+            "round request refused: distributed (Skellam) releases are accounted by the rdp filter; "
+            f"this device's filter is {ledger.filter.kind!r}."
+        )
     # Always train, whatever the budget: a noise-only reply must take as long as a real one.
     update = _inner_update(call_next, msg, context, keys, received)
     if update is None:
         update = [np.zeros_like(a) for a in received]
     floating = [i for i, a in enumerate(received) if np.issubdtype(a.dtype, np.floating)]
+    if grid is not None:
+        policy = replace(device.policy, allow_distributed=True)  # the mark, checked by the caller
+        try:
+            skellam = release_skellam(ledger, policy, spec, update, grid, noise_seed=device.noise_seed)
+        except NonFiniteUpdateError:
+            log.error("fedfilter mod: the update holds NaN or inf; releasing a zero update instead")
+            zeros = [np.zeros_like(a) for a in update]
+            skellam = release_skellam(ledger, policy, spec, zeros, grid, noise_seed=device.noise_seed)
+        return _Outcome(skellam, update, floating)
     filtered = FilteredClient(ledger, device.policy, noise_seed=device.noise_seed)
     try:
         release = filtered.release(spec, [update[i] for i in floating])
@@ -271,12 +291,18 @@ def _filter_round(msg: Message, context: Context, call_next, hold: ReplyHold) ->
             "the device's log); nothing was trained, spent or released.",
         )
 
-    # 2. The coordinator's request: refused before any training or spending.
+    # 2. The coordinator's request: refused before any training or spending. Distributed placement
+    # only when this reply will be masked by SecAgg+ (the mark of secure_aggregation_mod, which runs
+    # before this mod on the device), and then nothing else.
+    masked = reply_masked()
+    grid: SkellamGrid | None = None
     try:
         spec = round_spec_from_record(msg.content.config_records.get(REQUEST_RECORD))
-        validate_request(spec, device.policy)
+        validate_request(spec, replace(device.policy, allow_distributed=masked))
+        if masked:
+            grid = secagg_round_grid(spec, context)
     except RoundSpecError as err:
-        return _error(msg, f"fedfilter: {err}")
+        return _error(msg, f"fedfilter: {err} Nothing was trained, spent or released.")
     array_records = list(msg.content.array_records.items())
     if len(array_records) != 1:
         return _error(
@@ -310,7 +336,9 @@ def _filter_round(msg: Message, context: Context, call_next, hold: ReplyHold) ->
             with entry.lock:  # one message at a time per device ledger in this process
                 if entry.closed:
                     continue
-                outcome = _filtered_release(entry.ledger, device, spec, msg, context, call_next, keys, received)
+                outcome = _filtered_release(entry.ledger, device, spec, msg, context, call_next, keys, received, grid)
+        except RoundSpecError as err:  # refused before training
+            return _error(msg, f"fedfilter: {err} Nothing was trained, spent or released.")
         except ReplayError as err:  # a concurrent duplicate of this round got there first
             return _error(msg, f"fedfilter: round request refused: {err}")
         except LedgerError as err:  # lost spends, a full or read-only disk: nothing was released
@@ -332,6 +360,10 @@ def _filter_round(msg: Message, context: Context, call_next, hold: ReplyHold) ->
             f"{spec.run_id!r} was already answered; a repeated round gets no second release.",
         )
 
+    if grid is not None:  # under SecAgg+: the legacy layout secaggplus_mod masks, constants besides
+        if outcome.release.status == "left":  # an error drops this device from the SecAgg+ round
+            return _error(msg, "fedfilter: this device's budget is spent and it leaves (after-exhaustion='leave').")
+        return Message(masked_report_content(outcome.release.report), reply_to=msg)
     if outcome.release.status == "left":
         return _reply(msg, STATUS_LEFT, keys, None)
     out = list(outcome.update)

@@ -59,7 +59,8 @@ class ClientPolicy:
     min_noise_multiplier: float = 0.5
     after_exhaustion: str = "noise-only"
     # Distributed noise is private only against observers of a sum of >= m reports (secure
-    # aggregation); a device accepts it only when its owner says so.
+    # aggregation). The Flower mod sets this from its own mod order (secure_aggregation_mod's mark),
+    # never from a setting; direct callers of the core API (the simulation engine) set it themselves.
     allow_distributed: bool = False
     # Below this share of the clip the remaining allowance is treated as spent. A round clipped to
     # 1e-3 C costs 1e-6 of a full round: stopping there wastes nothing measurable, and it keeps the
@@ -154,7 +155,10 @@ def validate_request(spec: RoundSpec, policy: ClientPolicy) -> None:
     if spec.placement not in PLACEMENTS:
         problems.append(f"placement must be one of {PLACEMENTS}. Found {short_repr(spec.placement)}.")
     elif spec.placement == "distributed" and not policy.allow_distributed:
-        problems.append("placement='distributed' needs secure aggregation, which this device's policy does not allow.")
+        problems.append(
+            "placement='distributed' needs secure aggregation: this device serves it only when SecAgg+ masks "
+            "its reply (secure_aggregation_mod before individual_filter_mod)."
+        )
     if z is not None and c is not None:
         # The accounted std and the share actually added must lie in the noise grid's range
         # (client.mechanism.noise_grid): an overflow to inf, or a std too small for float32 reports,

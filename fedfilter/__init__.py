@@ -6,6 +6,7 @@ The public API, as a Flower app uses it (the pair mirrors Flower's own ``fixedcl
     from fedfilter import individual_filter_mod, IndividualFilterStrategy
 
     client_app = ClientApp(mods=[individual_filter_mod])                 # on every device
+    # distributed noise over Flower's SecAgg+: ClientApp(mods=[secure_aggregation_mod, individual_filter_mod])
     strategy = IndividualFilterStrategy(FedAvg(), noise_multiplier=1.0, clip=0.5)  # on the server
 
 Also here: ``BudgetLedger`` (a device's durable budget), ``make_filter`` (the filters) and
@@ -34,6 +35,7 @@ if (_checkout / "pyproject.toml").is_file() and (_checkout / "client" / "__init_
 _PUBLIC = {
     "individual_filter_mod": "fedfilter.client.flower_mod",
     "enrol_device": "fedfilter.client.flower_mod",
+    "secure_aggregation_mod": "fedfilter.client.secagg_device",
     "IndividualFilterStrategy": "fedfilter.coordinator.strategy",
     "BudgetLedger": "fedfilter.client.ledger",
     "make_filter": "fedfilter.client.privacy.filters",
@@ -46,6 +48,7 @@ __all__ = [
     "individual_filter_mod",
     "make_filter",
     "plan_rounds",
+    "secure_aggregation_mod",
     "__version__",
 ]
 
@@ -54,6 +57,7 @@ if TYPE_CHECKING:
     from fedfilter.client.ledger import BudgetLedger
     from fedfilter.client.privacy.filters import make_filter
     from fedfilter.client.privacy.planner import plan_rounds
+    from fedfilter.client.secagg_device import secure_aggregation_mod
     from fedfilter.coordinator.strategy import IndividualFilterStrategy
 
 

@@ -3,7 +3,10 @@
 ``app`` is what ``[tool.flwr.app.components] clientapp = "fedfilter.app.client_app:app"`` loads. Its train
 handler is an ordinary Flower handler: it loads this node's partition, trains ``local-epochs``
 epochs of plain SGD and returns the new weights (and, like any Flower app, ``num-examples``).
-``individual_filter_mod`` turns that into a filtered, noisy update and drops every metric.
+``individual_filter_mod`` turns that into a filtered, noisy update and drops every metric. Before it
+runs ``secure_aggregation_mod`` (Flower's SecAgg+ client with sound masks): in a round the coordinator
+runs through SecAgg+, the filter releases Skellam noise on SecAgg+'s integer grid (``distributed``
+placement) and the report reaches the coordinator only masked; other rounds pass through it unchanged.
 
 Training settings (``TRAIN_KEYS``) are read from the train message's ``"config"`` ConfigRecord
 first (the coordinator sends them each round), then from ``context.run_config``, then the app's
@@ -27,6 +30,7 @@ from flwr.clientapp import ClientApp
 
 from fedfilter.app.config import resolve_config
 from fedfilter.client.flower_mod import individual_filter_mod, simulated_device_config_mod
+from fedfilter.client.secagg_device import secure_aggregation_mod
 
 __all__ = ["app", "make_client_app", "train", "TRAIN_KEYS"]
 
@@ -107,7 +111,9 @@ def train(msg: Message, context: Context) -> Message:
 def make_client_app(devices: Mapping[int, Mapping[str, Any]] | None = None) -> ClientApp:
     """The built-in ClientApp; ``devices`` (partition-id -> node-config) only in simulation."""
     mods = [simulated_device_config_mod(devices)] if devices else []
-    client_app = ClientApp(mods=mods + [individual_filter_mod])
+    # The order is the device's own: secure_aggregation_mod marks the reply it will mask, and only
+    # then does individual_filter_mod serve distributed placement.
+    client_app = ClientApp(mods=mods + [secure_aggregation_mod, individual_filter_mod])
     client_app.train()(train)
     return client_app
 

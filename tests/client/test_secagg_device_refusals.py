@@ -1,0 +1,118 @@
+"""A device refuses, before training and with nothing spent, every distributed round it cannot serve
+soundly: no SecAgg+ layer on the device, a local round under SecAgg+, a SecAgg+ setup that would make
+Flower's quantization inexact or release sums of fewer than min-reports reports, a filter that cannot
+account Skellam noise, and request numbers that give no usable grid."""
+
+from __future__ import annotations
+
+import pytest
+from flwr.common.secure_aggregation.secaggplus_constants import Stage
+from test_flower_mod import Handler, context, records, spec, train_message
+from test_secagg_device import RUN, node_id, run_round
+
+from fedfilter.client.flower_mod import individual_filter_mod
+from fedfilter.client.ledger import BudgetLedger
+from fedfilter.client.release import RoundSpec
+from fedfilter.client.secagg_grid import secaggplus_settings
+
+
+def assert_refused_before_training(tmp_path, result, n, *words):
+    collect = [r for r in result.grid.received if r._stage == Stage.COLLECT_MASKED_VECTORS]
+    assert len(collect) == n and all(r.has_error() for r in collect)
+    for reply in collect:
+        for w in words:
+            assert w in reply.error.reason, (w, reply.error.reason)
+        assert "Nothing was trained, spent or released" in reply.error.reason
+    assert result.trainer.calls == []  # nothing trained
+    assert result.captured.y == {}  # no noise drawn, nothing released
+    assert not result.strategy.aggregated  # Flower's workflow halts: nothing unmasked
+    for i in range(n):
+        ledger = BudgetLedger.open(tmp_path / f"dev{i}")
+        try:
+            assert ledger.records() == []  # nothing spent
+        finally:
+            ledger.close()
+
+
+@pytest.mark.parametrize("node", [{}, {"allow-distributed": True}])
+def test_distributed_is_refused_without_secure_aggregation_mod_whatever_the_node_config(tmp_path, node):
+    handler = Handler()
+    reply = individual_filter_mod(train_message(spec(placement="distributed", m=4)), context(tmp_path, **node), handler)
+    assert reply.has_error() and "placement='distributed' needs secure aggregation" in reply.error.reason
+    assert handler.calls == 0 and records(tmp_path)[0] == []
+
+
+def test_a_device_without_secure_aggregation_mod_serves_no_secagg_round(tmp_path, monkeypatch):
+    n = 4
+    over = {i: {"allow-distributed": True} for i in range(n)}
+    result = run_round(tmp_path, monkeypatch, n, threshold=3, node_over=over, mods=[individual_filter_mod])
+    assert all(r.has_error() for r in result.grid.received)  # refused at the first stage already
+    assert result.trainer.calls == [] and result.captured.y == {} and not result.strategy.aggregated
+
+
+def test_local_placement_is_refused_under_secure_aggregation(tmp_path, monkeypatch):
+    n = 4
+    local = RoundSpec(RUN, 1, 1.0, 1.0, placement="local", min_reports=1)
+    result = run_round(tmp_path, monkeypatch, n, threshold=3, spec=local)
+    assert_refused_before_training(tmp_path, result, n, "placement='local'", "secure aggregation")
+
+
+@pytest.mark.parametrize(
+    "settings, threshold, min_reports, words",
+    [
+        # Flower's defaults: max_weight=1000 (a 1000 times coarser step), clipping_range=8.0.
+        ({}, 3, 3, ["max_weight must be 1.0", "Found 1000", "clipping_range"]),
+        (secaggplus_settings(5), 3, 4, ["threshold 3", "below min-reports 4"]),
+        ({**secaggplus_settings(5), "quantization_range": 2**30, "clipping_range": 2.0**29}, 3, 3, ["sample_num"]),
+        ({**secaggplus_settings(5), "clipping_range": 10.0}, 3, 3, ["clipping_range must be target_range / 2"]),
+        ({**secaggplus_settings(5), "modulus_range": 2**31}, 3, 3, ["sample_num * target_range"]),
+    ],
+)
+def test_each_secagg_setup_problem_is_refused_before_training(
+    tmp_path, monkeypatch, settings, threshold, min_reports, words
+):
+    n = 5
+    request = RoundSpec(RUN, 1, 1.0, 1.0, placement="distributed", min_reports=min_reports)
+    result = run_round(tmp_path, monkeypatch, n, spec=request, threshold=threshold, settings=settings)
+    assert_refused_before_training(tmp_path, result, n, "secure aggregation refused", *words)
+
+
+def test_a_gdp_device_refuses_distributed_rounds(tmp_path, monkeypatch):
+    n = 4
+    over = {i: {"filter": "gdp"} for i in range(n)}
+    result = run_round(tmp_path, monkeypatch, n, threshold=3, node_over=over)
+    assert_refused_before_training(
+        tmp_path,
+        result,
+        n,
+        "distributed (Skellam) releases are accounted by the rdp filter; this device's filter is 'gdp'",
+    )
+
+
+@pytest.mark.parametrize(
+    "z, q, words",
+    [
+        # The sum's noise (std sqrt(n mu_share) grid steps) would wrap around SecAgg+'s range.
+        (1.0, 2**16, ["noise_multiplier=1.0", "too large for the quantization range target_range=65536"]),
+        (3000.0, None, ["noise_multiplier=3000.0", "above the sampler's 2**34"]),
+    ],
+)
+def test_request_numbers_without_a_usable_grid_are_refused(tmp_path, monkeypatch, z, q, words):
+    n = 4
+    request = RoundSpec(RUN, 1, z, 1.0, placement="distributed", min_reports=3)
+    settings = secaggplus_settings(n)
+    if q is not None:
+        settings = {**settings, "quantization_range": q, "clipping_range": float(q // 2)}
+    result = run_round(tmp_path, monkeypatch, n, spec=request, threshold=3, settings=settings)
+    assert_refused_before_training(tmp_path, result, n, *words)
+
+
+def test_min_reports_beyond_the_owners_cap_is_refused_under_secure_aggregation(tmp_path, monkeypatch):
+    n = 4
+    over = {i: {"max-min-reports": 2} for i in range(n)}
+    result = run_round(tmp_path, monkeypatch, n, threshold=3, node_over=over)
+    assert_refused_before_training(tmp_path, result, n, "min_reports", "max-min-reports")
+
+
+def test_node_ids_are_the_devices(tmp_path):
+    assert node_id(0) == 100  # the harness's numbering, which the tests above rely on
