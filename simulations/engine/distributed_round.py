@@ -19,7 +19,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from fedfilter.client.round_rules import reports_needed
-from fedfilter.client.secagg_grid import quantization_range
 from fedfilter.simulations.engine.norms import clip_rows
 from fedfilter.simulations.engine.seeds import aggregate_noise_stream, client_noise_stream
 from fedfilter.simulations.engine.skellam_round import (
@@ -47,7 +46,7 @@ class DistributedPlacement:
     def __init__(self, engine):
         cfg = engine.config
         self.engine = engine
-        request = (cfg.noise_multiplier, cfg.clip, cfg.min_reports)
+        request = (cfg.noise_multiplier, cfg.clip, cfg.min_reports, engine.n_sampled)
         self.params = SkellamRound.from_request(*request, engine.filters[0])  # alpha aside, the same for all
         self.rules = [
             ClientRule(SkellamRound.from_request(*request, f), f, rf, cfg.clip, engine.layout.dim)
@@ -83,8 +82,8 @@ class DistributedPlacement:
             bad = ~np.isfinite(np.einsum("ij->i", updates, dtype=np.float64))
             updates[bad] = 0.0  # client.flower_mod: a non-finite update is released as a zero update
             vectorised = cfg.norms != "device"
-            if vectorised:  # the same guarantee as clip_to_norm: certified norm <= L2_allow * gamma
-                clip_rows(updates, allow_active[a : a + len(chunk)] * self.params.gamma)
+            if vectorised:  # the same guarantee as clip_to_norm: certified norm <= the clip bound
+                clip_rows(updates, self.rules[0].clip_bound(allow_active[a : a + len(chunk)]))
             for j, c in enumerate(chunk):
                 rule = self.rules[e.group[c]]
                 k = rule.snap(e.layout.views(updates[j]), allow_active[a + j], clipped=vectorised)
@@ -105,6 +104,6 @@ class DistributedPlacement:
             total += aggregate_skellam(n, self.params.mu_share, dim, stream)
         mean = None
         if n and n >= reports_needed("distributed", cfg.min_reports):
-            q = quantization_range(len(clients))  # SecAgg+ is set up for the clients asked
-            mean = wrap_centred(total, q).astype(np.float64) * self.params.gamma / n
+            # SecAgg+ is set up for the clients asked (q = quantization_range(len(clients))).
+            mean = wrap_centred(total, self.params.q).astype(np.float64) * self.params.gamma / n
         return DistributedOutcome(out, active, reporting, mean)

@@ -84,8 +84,8 @@ num_clients = 10
 
 def test_round_numbers_carry_at_least_the_accounted_noise():
     for z, clip, m in [(1.0, 0.5, 4), (0.7, 3.0, 10), (2.0, 1e-3, 1)]:
-        p = SkellamRound.from_request(z, clip, m, make_filter("rdp", 1.0, 1e-5))
-        assert p.gamma == grid_step(clip)
+        p = SkellamRound.from_request(z, clip, m, 20, make_filter("rdp", 1.0, 1e-5))
+        assert p.gamma == grid_step(clip) and p.q == quantization_range(20)
         assert p.mu_total <= (z * clip / p.gamma) ** 2  # rounded down: never more noise than there is
         assert p.mu_total > (z * clip / p.gamma) ** 2 * (1 - 1e-12)
         assert p.mu_share * m >= p.mu_total  # m shares carry at least mu_total
@@ -169,3 +169,10 @@ def test_wrap_centred_is_the_sum_mod_q_centred():
     q = 16
     total = np.array([-9, -8, -1, 0, 7, 8, 23, -25], dtype=np.int64)
     assert wrap_centred(total, q).tolist() == [7, -8, -1, 0, 7, -8, 7, 7]
+
+
+def test_a_round_a_device_would_refuse_is_refused_up_front(digits):
+    # The noise of the sum of 10 reports must fit SecAgg+'s range (the device's skellam_grid): z = 2**20
+    # gives a share of about 2**66 grid steps squared, beyond the sampler and the range.
+    with pytest.raises(ValueError, match="noise_multiplier=1048576.0"):
+        Engine(config(noise_multiplier=2.0**20), task=digits)
