@@ -17,13 +17,20 @@ update from its own budget and replies with a noisy *update* (or a ``left`` mark
   arrays); the wrapper adds the round request (``fedfilter.client.wire.request_record``) to each,
   and remembers the nodes asked and the global arrays.
 * ``aggregate_train``: replies are sorted into reports, markers and dropped
-  (``fedfilter.coordinator.replies``; a bad reply never fails the round). A round with no report, or
-  a ``distributed`` round with fewer than ``min_reports`` (fewer reports carry less than the
-  accounted noise, DESIGN.md section 1), is dropped: ``None`` arrays, the model stays. Otherwise the
-  round releases the plain mean of the reports, and the inner strategy gets exactly that: one reply
+  (``fedfilter.coordinator.replies``; a bad reply never fails the round). A round with no report is
+  dropped: ``None`` arrays, the model stays. Otherwise the round releases the plain mean of the
+  reports, and the inner strategy gets exactly that: one reply
   holding ``global + mean`` in the model's dtypes and a MetricRecord whose weight is the constant 1
   (no example count exists here). FedAvg's result is then the plain-mean step bitwise; FedAvgM,
   FedAdam, FedYogi, FedAdagrad apply their server step to the mean update.
+* ``distributed`` placement runs each training round through Flower's SecAgg+
+  (``fedfilter.coordinator.secure_round``): ``configure_train`` keeps the messages (and returns none
+  for Flower's loop to send), ``aggregate_train`` sends them inside SecAgg+'s masked-vector stage and
+  gets only the sum of the devices' integer reports. The round is released only when that sum holds
+  at least ``min_reports`` reports (fewer would carry less than the accounted noise, DESIGN.md
+  section 1; SecAgg+ itself halts below its threshold, which is ``min_reports``); then the mean is
+  ``decode_sum(sum) * grid_step(clip) / n`` and the inner strategy steps as for local rounds. The
+  coordinator never holds an individual report.
 * ``configure_evaluate`` sends nothing: a client's loss on its private data would be an
   unaccounted release. Evaluate held-out data on the server through ``start(evaluate_fn=...)``.
 * the public record: one ``PublicRoundRecord`` per round (request, counts, released, the norm of
@@ -60,6 +67,13 @@ from fedfilter.coordinator.replies import (
     plain_mean,
     report_norm_bound,
     tally_replies,
+)
+from fedfilter.coordinator.secure_round import (
+    SecureSum,
+    check_num_shares,
+    reconstruction_threshold,
+    released_mean,
+    run_secure_round,
 )
 from fedfilter.protos import fedfilter_pb2
 
@@ -100,7 +114,8 @@ class IndividualFilterStrategy(Strategy):
     names that look per-client). ``run_name`` is the run id the devices account under (default
     ``flwr-<Flower run id>``). ``message_ttl_s`` sets the TTL of every train message (default:
     Flower's, 12 h); it must exceed the round timeout, or Flower discards replies of clients that
-    have already spent budget.
+    have already spent budget. ``secagg_num_shares`` (distributed placement): the SecAgg+ share count,
+    a fraction of the sampled nodes (default 1.0: all) or an odd integer above ``min_reports``.
     """
 
     def __init__(
@@ -115,6 +130,7 @@ class IndividualFilterStrategy(Strategy):
         run_name: str | None = None,
         public_config: Mapping[str, Any] | None = None,
         message_ttl_s: float | None = None,
+        secagg_num_shares: int | float = 1.0,
     ) -> None:
         problems = []
         if not isinstance(strategy, Strategy):
@@ -136,6 +152,11 @@ class IndividualFilterStrategy(Strategy):
         inner_key = getattr(strategy, "arrayrecord_key", ARRAYS_RECORD)
         if inner_key != ARRAYS_RECORD:
             problems.append(f"the inner strategy's arrayrecord_key must be {ARRAYS_RECORD!r}. Found {inner_key!r}.")
+        if not problems:
+            try:
+                check_num_shares(secagg_num_shares, min_reports)
+            except ValueError as err:
+                problems.append(str(err))
         if problems:
             raise ValueError(" ".join(problems))
         self.strategy = strategy
@@ -147,6 +168,7 @@ class IndividualFilterStrategy(Strategy):
         self.run_name = run_name
         self.public_config = dict(public_config) if public_config is not None else None
         self.message_ttl_s = message_ttl_s
+        self.secagg_num_shares = secagg_num_shares
         self.last_outcome: RoundOutcome | None = None
         self._asked: list[int] = []
         self._keys: list[str] = []
@@ -156,6 +178,10 @@ class IndividualFilterStrategy(Strategy):
         self._started_at = 0.0
         self._pending: fedfilter_pb2.PublicRoundRecord | None = None
         self._evaluate_refusal_logged = False
+        # Distributed placement: the messages SecAgg+ delivers in its masked stage, and where to send them.
+        self._secure_messages: list[Message] = []
+        self._grid: Grid | None = None
+        self._round_timeout: float | None = None
 
     def __repr__(self) -> str:
         return f"IndividualFilterStrategy({self.strategy!r})"
@@ -176,6 +202,9 @@ class IndividualFilterStrategy(Strategy):
         log(INFO, "\t│\t├── Noise multiplier: %s | Clip: %s", self.noise_multiplier, self.clip)
         log(INFO, "\t│\t├── Placement: %s | min-reports: %d", self.placement, self.min_reports)
         log(INFO, "\t│\t├── Noise std per report: %.6g", self.per_client_noise_std())
+        if self.placement == "distributed":
+            threshold, shares = reconstruction_threshold(self.min_reports), self.secagg_num_shares
+            log(INFO, "\t│\t├── Secure aggregation: SecAgg+ (threshold %d, shares %s)", threshold, shares)
         log(INFO, "\t│\t└── Public ledger: %s", self.public_ledger if self.public_ledger is not None else "(none)")
         self.strategy.summary()
 
@@ -210,6 +239,12 @@ class IndividualFilterStrategy(Strategy):
             if self.message_ttl_s is not None:
                 msg.metadata.ttl = float(self.message_ttl_s)
         self._asked = [int(m.metadata.dst_node_id) for m in messages]
+        if self.placement == "distributed":
+            if len(set(self._asked)) != len(self._asked):
+                raise RuntimeError(f"the inner strategy addressed a node twice: {sorted(self._asked)}.")
+            # Sent by aggregate_train inside SecAgg+'s masked-vector stage, never in the clear.
+            self._secure_messages, self._grid = messages, grid
+            return []
         return messages
 
     def aggregate_train(
@@ -219,6 +254,8 @@ class IndividualFilterStrategy(Strategy):
         if self._spec is None or self._spec.round_id != server_round:
             raise RuntimeError(f"aggregate_train(server_round={server_round}) without configure_train for that round.")
         replies = list(replies)
+        if self.placement == "distributed":
+            return self._aggregate_secure(server_round, replies)
         bound = report_norm_bound(
             clip=self.clip, noise_std=self.per_client_noise_std(), dim=sum(int(t.size) for t in self._template)
         )
@@ -236,21 +273,46 @@ class IndividualFilterStrategy(Strategy):
             mean = plain_mean(tally.reports, self._template)
             outcome.released = True
             outcome.aggregate_norm = l2_norm(mean)
-            arrays = self._inner_aggregate(server_round, replies, tally, mean)
-        self._finish_round(outcome)
-        metrics = MetricRecord(
-            {
-                "reports-received": outcome.reports,
-                "markers-received": outcome.markers,
-                "replies-dropped": outcome.dropped,
-                "released": int(outcome.released),
-            }
-        )
-        return arrays, metrics
+            first = next(m for m in replies if int(m.metadata.src_node_id) == tally.report_sources[0])
+            arrays = self._inner_aggregate(server_round, first, mean)
+        return arrays, self._finish_round(outcome)
 
-    def _inner_aggregate(
-        self, server_round: int, replies: list[Message], tally: RoundTally, mean: list[np.ndarray]
-    ) -> ArrayRecord:
+    def _aggregate_secure(
+        self, server_round: int, stray: list[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """A distributed round: SecAgg+ over the kept messages, then the release rule on the sum."""
+        messages, self._secure_messages = self._secure_messages, []
+        if self._grid is None:
+            raise RuntimeError("a distributed round needs configure_train's grid.")
+        secure: SecureSum = run_secure_round(
+            self._grid,
+            {int(m.metadata.dst_node_id): m.content for m in messages},
+            server_round=server_round,
+            min_reports=self.min_reports,
+            num_shares=self.secagg_num_shares,
+            timeout=self._round_timeout,
+        )
+        n = secure.reports
+        outcome = RoundOutcome(
+            round_id=server_round,
+            sampled=secure.sampled,
+            reports=n,
+            dropped=secure.sampled - n + len(stray),
+            reasons=[secure.reason] if secure.reason else [],
+        )
+        if stray:
+            outcome.reasons.append("a reply outside secure aggregation in a distributed round")
+        arrays: ArrayRecord | None = None
+        mean, reason = released_mean(secure, template=self._template, clip=self.clip, min_reports=self.min_reports)
+        if reason:
+            outcome.reasons.append(reason)
+        if mean is not None:
+            outcome.released = True
+            outcome.aggregate_norm = l2_norm(mean)
+            arrays = self._inner_aggregate(server_round, messages[0], mean)
+        return arrays, self._finish_round(outcome)
+
+    def _inner_aggregate(self, server_round: int, carrier: Message, mean: list[np.ndarray]) -> ArrayRecord:
         """The inner strategy's step from the released aggregate: one reply, ``global + mean``, weight 1.
 
         The inner strategy sees what the round releases (DESIGN.md section 1), not the reports one by
@@ -269,10 +331,10 @@ class IndividualFilterStrategy(Strategy):
                 "metrics": MetricRecord({weight_key: AGGREGATE_WEIGHT}),
             }
         )
-        # Flower's strategies read a reply's metadata only to log errors; the first report's will do. A
-        # shallow copy with new content leaves the reply itself untouched.
-        first = next(m for m in replies if int(m.metadata.src_node_id) == tally.report_sources[0])
-        released = copy(first)
+        # Flower's strategies read a reply's metadata only to log errors; the carrier's (a reply, or in
+        # distributed rounds an instruction: no single reply exists) will do. A shallow copy with new
+        # content leaves the carrier itself untouched.
+        released = copy(carrier)
         released.content = content
         arrays, _ = self.strategy.aggregate_train(server_round, [released])
         if arrays is None:
@@ -293,7 +355,7 @@ class IndividualFilterStrategy(Strategy):
             out[key] = Array(np.array(a, dtype=like.dtype, order="C"))
         return ArrayRecord(out)
 
-    def _finish_round(self, outcome: RoundOutcome) -> None:
+    def _finish_round(self, outcome: RoundOutcome) -> MetricRecord:
         self.last_outcome = outcome
         assert self._spec is not None
         self._pending = fedfilter_pb2.PublicRoundRecord(
@@ -320,6 +382,14 @@ class IndividualFilterStrategy(Strategy):
         )
         for reason in sorted(set(outcome.reasons)):
             log(WARNING, "fedfilter round %d: dropped a reply: %s", outcome.round_id, reason)
+        return MetricRecord(
+            {
+                "reports-received": outcome.reports,
+                "markers-received": outcome.markers,
+                "replies-dropped": outcome.dropped,
+                "released": int(outcome.released),
+            }
+        )
 
     # -- evaluation: refused on clients --
 
@@ -359,6 +429,7 @@ class IndividualFilterStrategy(Strategy):
                 "replies whose clients have already spent budget."
             )
         run_id = self.run_id(grid)
+        self._round_timeout = float(timeout)
         ledger, owned = self._open_ledger()
         started_run = False
         self._pending = None
@@ -371,7 +442,8 @@ class IndividualFilterStrategy(Strategy):
 
         try:
             if ledger is not None:
-                ledger.start_run(run_id, self._run_config())
+                # Whether the coordinator saw only sums (SecAgg+) or each noisy report, with every run.
+                ledger.start_run(run_id, {**self._run_config(), "secure-aggregation": self.placement == "distributed"})
                 started_run = True
             return super().start(
                 grid,

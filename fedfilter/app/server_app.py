@@ -6,8 +6,10 @@ As in Flower's templates, ``run`` reads the run config, builds the model and hel
 rate when ``server-lr`` is not 1, without momentum: ``w + server-lr * mean``), wraps it in
 ``fedfilter.coordinator.strategy.IndividualFilterStrategy`` and calls ``strategy.start``: per round
 the wrapper adds the round request, checks every reply, hands the inner strategy the plain mean of
-the valid noisy updates, and appends one ``PublicRoundRecord`` (with the server-side evaluation on
-the task's test data) to the public ledger. Nothing per client is written anywhere.
+the valid noisy updates (in ``distributed`` placement, the only distributed path: runs the round
+through Flower's SecAgg+ and releases the mean of the unmasked sum only,
+``fedfilter.coordinator.secure_round``), and appends one ``PublicRoundRecord`` (with the server-side
+evaluation on the task's test data) to the public ledger. Nothing per client is written anywhere.
 
 Messages live longer than a round (``message-ttl-s`` > ``round-timeout-s``), so Flower does not
 silently discard the replies of clients that have already spent budget.
@@ -74,11 +76,21 @@ def _wait_for_nodes(grid: Grid, wanted: int, wait_s: float) -> int:
 
 
 def inner_strategy(cfg: Mapping[str, Any], min_available_nodes: int) -> FedAvg:
-    """The Flower strategy the filter wraps: FedAvg, or FedAvgM's server learning rate without momentum."""
+    """The Flower strategy the filter wraps: FedAvg, or FedAvgM's server learning rate without momentum.
+
+    In distributed placement every round samples at least ``min-reports`` nodes (and 2, SecAgg+'s
+    minimum) when that many are connected: a smaller sample can never be released.
+    """
+    min_train = 1
+    if cfg["placement"] == "distributed":
+        min_train = min(max(cfg["min-reports"], 2), min_available_nodes)
+        if min_train < cfg["min-reports"]:
+            message = "fedfilter: %d nodes connected, fewer than min-reports=%d: no distributed round can be released"
+            log(WARNING, message, min_available_nodes, cfg["min-reports"])
     common = dict(
         fraction_train=cfg["fraction-train"],
         fraction_evaluate=0.0,  # client-side evaluation is refused (IndividualFilterStrategy.configure_evaluate)
-        min_train_nodes=1,
+        min_train_nodes=min_train,
         min_evaluate_nodes=0,
         min_available_nodes=min_available_nodes,
     )

@@ -236,20 +236,21 @@ def test_fedavgm_server_learning_rate_scales_the_mean_step():
     assert arrays["steps"].numpy() == 5 and arrays["steps"].numpy().dtype == np.int64
 
 
-def test_a_distributed_round_below_min_reports_is_dropped_and_the_inner_strategy_never_sees_it():
+def test_a_distributed_round_sends_nothing_in_the_clear_and_never_aggregates_a_plain_reply():
+    # Distributed rounds go through SecAgg+ (tests/coordinator/test_secure_round.py): configure_train
+    # hands Flower's loop no message to send, and a reply outside SecAgg+ is dropped, never averaged.
     inner = SpyFedAvg(min_available_nodes=1, min_train_nodes=1)
     strategy = wrap(inner, placement="distributed", min_reports=3)
-    messages, _ = configure(strategy)
-    msg = by_node(messages)
-    # Each report carries 1/sqrt(3) of the noise: its norm bound is tighter.
-    arrays, metrics = strategy.aggregate_train(1, [report(msg[11], noisy_update(1, 0.2)), marker(msg[12])])
+    grid = FakeGrid(client=lambda msg: None)  # no node answers SecAgg+'s setup: the protocol halts
+    messages, _ = configure(strategy, grid=grid)
+    assert messages == []
+    stray = Message(RecordDict(), dst_node_id=11, message_type=MessageType.TRAIN)
+    arrays, metrics = strategy.aggregate_train(1, [report(stray, noisy_update(1, 0.2))])
     assert arrays is None and metrics["released"] == 0 and not inner.handed
-    assert strategy.last_outcome.aggregate_norm == 0.0
-    messages, _ = configure(strategy, round_id=2)
-    msg = by_node(messages)
-    replies = [report(msg[n], noisy_update(n, 0.2)) for n in (11, 12, 13)]
-    arrays, metrics = strategy.aggregate_train(2, replies)
-    assert arrays is not None and metrics["released"] == 1 and len(inner.handed) == 1
+    outcome = strategy.last_outcome
+    assert (outcome.sampled, outcome.reports, outcome.dropped, outcome.aggregate_norm) == (10, 0, 11, 0.0)
+    # Only SecAgg+'s setup went out, and it carries no model and no round request.
+    assert all(set(m.content.keys()) == {"secaggplus_configs"} for m in grid.sent[0])
 
 
 def test_a_round_without_reports_is_dropped():
@@ -372,14 +373,14 @@ def test_start_writes_one_public_record_per_round_like_the_server_app(tmp_path):
 
 def test_start_without_evaluate_fn_still_records_rounds_and_a_dropped_round_keeps_the_model(tmp_path):
     path = tmp_path / "public.sqlite"
-    strategy = wrap(placement="distributed", min_reports=3, public_ledger=str(path))
-    grid = FakeGrid(nodes=[11, 12], client=_client())
+    strategy = wrap(public_ledger=str(path))
+    grid = FakeGrid(nodes=[11, 12], client=_client(fail_nodes=(11,), leave_nodes=(12,)))
     initial = as_record(global_arrays())
     result = strategy.start(grid=grid, initial_arrays=initial, num_rounds=1, timeout=60)
     assert len(result.arrays) == 0  # never released: Flower's Result keeps no arrays
     with PublicLedger(path, read_only=True) as ledger:
         (record,) = ledger.records("run-w")
-    assert (record.reports_received, record.released, record.aggregate_norm) == (2, False, 0.0)
+    assert (record.reports_received, record.released, record.aggregate_norm) == (0, False, 0.0)
     assert dict(record.metrics) == {}
 
 
