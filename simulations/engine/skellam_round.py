@@ -30,7 +30,7 @@ from fedfilter.client.privacy.filters import GaussianFilter, exhausted, rdp_orde
 from fedfilter.client.privacy.skellam import integer_norms, l2_up, skellam_allowance, skellam_charge
 from fedfilter.client.release import RoundSpec
 from fedfilter.client.release_distributed import _CLIP_SLACK as CLIP_SLACK  # the device's own constant
-from fedfilter.client.release_distributed import skellam_grid
+from fedfilter.client.release_distributed import MAX_MU_SHARE, skellam_grid
 from fedfilter.client.round_rules import accounted_noise_std
 from fedfilter.client.secagg_grid import quantization_range
 from fedfilter.client.skellam_noise import add_skellam_noise, skellam_noise
@@ -117,13 +117,21 @@ class ClientRule:
 
 
 def aggregate_skellam(n_reports: int, mu_share: float, dim: int, stream) -> np.ndarray:
-    """One draw of the noise in a sum of ``n_reports`` shares: ``Sk(n * mu_share)`` per coordinate.
+    """The noise in a sum of ``n_reports`` shares, ``Sk(n * mu_share)`` per coordinate, in as few draws
+    as the sampler's cap allows (``MAX_MU_SHARE``: each draw covers at most that much variance).
 
     Independent Skellams add (Sk(a) + Sk(b) = Sk(a + b), Agarwal, Kairouz, Liu 2021), so this is the
-    exact distribution of the sum of the reports' shares; ``n * mu_share`` rounds in float64 by at most
+    exact distribution of the sum of the reports' shares; ``k * mu_share`` rounds in float64 by at most
     half an ulp (a relative 1e-16 of the variance), the one difference from per-report draws.
     """
-    return skellam_noise(float(n_reports) * float(mu_share), int(dim), stream)
+    n, mu = int(n_reports), float(mu_share)
+    per_draw = max(1, int(MAX_MU_SHARE // mu))  # >= 1: a device refuses shares above the cap
+    total = np.zeros(int(dim), dtype=np.int64)
+    while n > 0:
+        k = min(n, per_draw)
+        total += skellam_noise(float(k) * mu, int(dim), stream)
+        n -= k
+    return total
 
 
 def per_client_noisy(k: list[np.ndarray], mu_share: float, stream) -> list[np.ndarray]:

@@ -176,3 +176,21 @@ def test_a_round_a_device_would_refuse_is_refused_up_front(digits):
     # gives a share of about 2**66 grid steps squared, beyond the sampler and the range.
     with pytest.raises(ValueError, match="noise_multiplier=1048576.0"):
         Engine(config(noise_multiplier=2.0**20), task=digits)
+
+
+def test_an_aggregate_draw_beyond_the_samplers_cap_is_split_into_exact_parts(monkeypatch):
+    import fedfilter.simulations.engine.skellam_round as sr
+    from fedfilter.client.noise import NoiseStream
+
+    calls = []
+    real = sr.skellam_noise
+
+    def spy(mu, size, stream):
+        calls.append(mu)
+        return real(mu, size, stream)
+
+    monkeypatch.setattr(sr, "skellam_noise", spy)
+    monkeypatch.setattr(sr, "MAX_MU_SHARE", 100.0)
+    x = sr.aggregate_skellam(7, 30.0, 20_000, NoiseStream.from_seed("t"))
+    assert calls == [90.0, 90.0, 30.0]  # 3 + 3 + 1 shares: variance 7 * 30 in all
+    assert abs(x.var() / 210.0 - 1) < 0.05 and abs(x.mean()) < 0.5
