@@ -3,8 +3,9 @@
 Per client, ``fedfilter.simulations.engine.skellam_round.ClientRule`` (the device's steps); then the
 sum the coordinator unmasks: the reporting clients' integer reports added, wrapped mod ``q`` (the
 quantization range SecAgg+ is set up with for the clients asked), released only with at least
-``min_reports`` reports. A spent ``leave`` client drops out of the SecAgg+ round (no report); a spent
-``noise-only`` client reports its Skellam share alone.
+``min_reports`` reports and SecAgg+'s threshold (``coordinator.secure_round.reconstruction_threshold``).
+A spent ``leave`` client drops out of the SecAgg+ round (no report); a spent ``noise-only`` client
+reports its Skellam share alone. ``reports_seen`` counts the masked reports sent, released or not.
 
 Noise (``noise_draw``): ``per-client`` draws each report's share ``Sk(mu_share)`` from the client's own
 stream (``client_noise_stream``, as its device with ``noise-seed`` would), so the integer sum is
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fedfilter.client.round_rules import reports_needed
+from fedfilter.coordinator.secure_round import reconstruction_threshold
 from fedfilter.simulations.engine.norms import clip_rows
 from fedfilter.simulations.engine.seeds import aggregate_noise_stream, client_noise_stream
 from fedfilter.simulations.engine.skellam_round import (
@@ -48,6 +50,9 @@ class DistributedPlacement:
         self.engine = engine
         request = (cfg.noise_multiplier, cfg.clip, cfg.min_reports, engine.n_sampled)
         self.params = SkellamRound.from_request(*request, engine.filters[0])  # alpha aside, the same for all
+        # SecAgg+ unmasks only sums of >= its threshold (max(m, 2): Flower reads a threshold of 1 as "all
+        # shares"), and the coordinator releases only sums of >= min_reports.
+        self.threshold = max(reports_needed("distributed", cfg.min_reports), reconstruction_threshold(cfg.min_reports))
         self.rules = [
             ClientRule(SkellamRound.from_request(*request, f), f, rf, cfg.clip, engine.layout.dim)
             for f, rf in zip(engine.filters, engine.run_filters)
@@ -103,7 +108,7 @@ class DistributedPlacement:
             stream = aggregate_noise_stream(cfg.seed, cfg.run_id, round_id)
             total += aggregate_skellam(n, self.params.mu_share, dim, stream)
         mean = None
-        if n and n >= reports_needed("distributed", cfg.min_reports):
+        if n >= self.threshold:
             # SecAgg+ is set up for the clients asked (q = quantization_range(len(clients))).
             mean = wrap_centred(total, self.params.q).astype(np.float64) * self.params.gamma / n
         return DistributedOutcome(out, active, reporting, mean)

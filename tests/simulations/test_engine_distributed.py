@@ -194,3 +194,10 @@ def test_an_aggregate_draw_beyond_the_samplers_cap_is_split_into_exact_parts(mon
     x = sr.aggregate_skellam(7, 30.0, 20_000, NoiseStream.from_seed("t"))
     assert calls == [90.0, 90.0, 30.0]  # 3 + 3 + 1 shares: variance 7 * 30 in all
     assert abs(x.var() / 210.0 - 1) < 0.05 and abs(x.mean()) < 0.5
+
+
+def test_a_single_report_is_never_released_since_secagg_needs_two(digits):
+    # min_reports = 1: Flower's SecAgg+ threshold is still 2 (it reads 1 as "all shares").
+    engine = Engine(config(epsilon=[4.0] + [1e-4] * 9, after_exhaustion="leave", min_reports=1, rounds=1), task=digits)
+    r = engine.step()
+    assert r.reports_seen == 1 and not r.released
