@@ -187,11 +187,15 @@ class Engine:
             self.run_state[rows] = run_filt.spend(self.run_state[rows], charge)
 
     # --- one round ------------------------------------------------------------------------------
+    @property
+    def n_sampled(self) -> int:
+        """Clients asked per round."""
+        return self.n if self._sampler is None else max(1, math.ceil(self.config.fraction * self.n))
+
     def _sample(self) -> np.ndarray:
         if self._sampler is None:
             return np.arange(self.n)
-        k = max(1, math.ceil(self.config.fraction * self.n))
-        return np.sort(self._sampler.choice(self.n, size=k, replace=False))
+        return np.sort(self._sampler.choice(self.n, size=self.n_sampled, replace=False))
 
     def _updates(self, clients: np.ndarray) -> np.ndarray:
         """Flat float32 updates ``(len(clients), dim)`` before clipping."""

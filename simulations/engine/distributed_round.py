@@ -3,8 +3,9 @@
 Per client, ``fedfilter.simulations.engine.skellam_round.ClientRule`` (the device's steps); then the
 sum the coordinator unmasks: the reporting clients' integer reports added, wrapped mod ``q`` (the
 quantization range SecAgg+ is set up with for the clients asked), released only with at least
-``min_reports`` reports. A spent ``leave`` client drops out of the SecAgg+ round (no report); a spent
-``noise-only`` client reports its Skellam share alone.
+``min_reports`` reports and SecAgg+'s threshold (``coordinator.secure_round.reconstruction_threshold``).
+A spent ``leave`` client drops out of the SecAgg+ round (no report); a spent ``noise-only`` client
+reports its Skellam share alone. ``reports_seen`` counts the masked reports sent, released or not.
 
 Noise (``noise_draw``): ``per-client`` draws each report's share ``Sk(mu_share)`` from the client's own
 stream (``client_noise_stream``, as its device with ``noise-seed`` would), so the integer sum is
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fedfilter.client.round_rules import reports_needed
-from fedfilter.client.secagg_grid import quantization_range
+from fedfilter.coordinator.secure_round import reconstruction_threshold
 from fedfilter.simulations.engine.norms import clip_rows
 from fedfilter.simulations.engine.seeds import aggregate_noise_stream, client_noise_stream
 from fedfilter.simulations.engine.skellam_round import (
@@ -47,8 +48,11 @@ class DistributedPlacement:
     def __init__(self, engine):
         cfg = engine.config
         self.engine = engine
-        request = (cfg.noise_multiplier, cfg.clip, cfg.min_reports)
+        request = (cfg.noise_multiplier, cfg.clip, cfg.min_reports, engine.n_sampled)
         self.params = SkellamRound.from_request(*request, engine.filters[0])  # alpha aside, the same for all
+        # SecAgg+ unmasks only sums of >= its threshold (max(m, 2): Flower reads a threshold of 1 as "all
+        # shares"), and the coordinator releases only sums of >= min_reports.
+        self.threshold = max(reports_needed("distributed", cfg.min_reports), reconstruction_threshold(cfg.min_reports))
         self.rules = [
             ClientRule(SkellamRound.from_request(*request, f), f, rf, cfg.clip, engine.layout.dim)
             for f, rf in zip(engine.filters, engine.run_filters)
@@ -83,8 +87,8 @@ class DistributedPlacement:
             bad = ~np.isfinite(np.einsum("ij->i", updates, dtype=np.float64))
             updates[bad] = 0.0  # client.flower_mod: a non-finite update is released as a zero update
             vectorised = cfg.norms != "device"
-            if vectorised:  # the same guarantee as clip_to_norm: certified norm <= L2_allow * gamma
-                clip_rows(updates, allow_active[a : a + len(chunk)] * self.params.gamma)
+            if vectorised:  # the same guarantee as clip_to_norm: certified norm <= the clip bound
+                clip_rows(updates, self.rules[0].clip_bound(allow_active[a : a + len(chunk)]))
             for j, c in enumerate(chunk):
                 rule = self.rules[e.group[c]]
                 k = rule.snap(e.layout.views(updates[j]), allow_active[a + j], clipped=vectorised)
@@ -104,7 +108,7 @@ class DistributedPlacement:
             stream = aggregate_noise_stream(cfg.seed, cfg.run_id, round_id)
             total += aggregate_skellam(n, self.params.mu_share, dim, stream)
         mean = None
-        if n and n >= reports_needed("distributed", cfg.min_reports):
-            q = quantization_range(len(clients))  # SecAgg+ is set up for the clients asked
-            mean = wrap_centred(total, q).astype(np.float64) * self.params.gamma / n
+        if n >= self.threshold:
+            # SecAgg+ is set up for the clients asked (q = quantization_range(len(clients))).
+            mean = wrap_centred(total, self.params.q).astype(np.float64) * self.params.gamma / n
         return DistributedOutcome(out, active, reporting, mean)

@@ -84,8 +84,8 @@ num_clients = 10
 
 def test_round_numbers_carry_at_least_the_accounted_noise():
     for z, clip, m in [(1.0, 0.5, 4), (0.7, 3.0, 10), (2.0, 1e-3, 1)]:
-        p = SkellamRound.from_request(z, clip, m, make_filter("rdp", 1.0, 1e-5))
-        assert p.gamma == grid_step(clip)
+        p = SkellamRound.from_request(z, clip, m, 20, make_filter("rdp", 1.0, 1e-5))
+        assert p.gamma == grid_step(clip) and p.q == quantization_range(20)
         assert p.mu_total <= (z * clip / p.gamma) ** 2  # rounded down: never more noise than there is
         assert p.mu_total > (z * clip / p.gamma) ** 2 * (1 - 1e-12)
         assert p.mu_share * m >= p.mu_total  # m shares carry at least mu_total
@@ -169,3 +169,35 @@ def test_wrap_centred_is_the_sum_mod_q_centred():
     q = 16
     total = np.array([-9, -8, -1, 0, 7, 8, 23, -25], dtype=np.int64)
     assert wrap_centred(total, q).tolist() == [7, -8, -1, 0, 7, -8, 7, 7]
+
+
+def test_a_round_a_device_would_refuse_is_refused_up_front(digits):
+    # The noise of the sum of 10 reports must fit SecAgg+'s range (the device's skellam_grid): z = 2**20
+    # gives a share of about 2**66 grid steps squared, beyond the sampler and the range.
+    with pytest.raises(ValueError, match="noise_multiplier=1048576.0"):
+        Engine(config(noise_multiplier=2.0**20), task=digits)
+
+
+def test_an_aggregate_draw_beyond_the_samplers_cap_is_split_into_exact_parts(monkeypatch):
+    import fedfilter.simulations.engine.skellam_round as sr
+    from fedfilter.client.noise import NoiseStream
+
+    calls = []
+    real = sr.skellam_noise
+
+    def spy(mu, size, stream):
+        calls.append(mu)
+        return real(mu, size, stream)
+
+    monkeypatch.setattr(sr, "skellam_noise", spy)
+    monkeypatch.setattr(sr, "MAX_MU_SHARE", 100.0)
+    x = sr.aggregate_skellam(7, 30.0, 20_000, NoiseStream.from_seed("t"))
+    assert calls == [90.0, 90.0, 30.0]  # 3 + 3 + 1 shares: variance 7 * 30 in all
+    assert abs(x.var() / 210.0 - 1) < 0.05 and abs(x.mean()) < 0.5
+
+
+def test_a_single_report_is_never_released_since_secagg_needs_two(digits):
+    # min_reports = 1: Flower's SecAgg+ threshold is still 2 (it reads 1 as "all shares").
+    engine = Engine(config(epsilon=[4.0] + [1e-4] * 9, after_exhaustion="leave", min_reports=1, rounds=1), task=digits)
+    r = engine.step()
+    assert r.reports_seen == 1 and not r.released
