@@ -40,6 +40,16 @@ What the mod does with each message (DESIGN.md sections 1 and 2):
   arrival, ``created_at`` and ``ttl`` do not depend on the data or the budget
   (``client/reply_timing.py``). Refusals before that depend only on the request and the settings,
   and are answered at once.
+  **Under SecAgg+** (``ClientApp(mods=[secure_aggregation_mod, individual_filter_mod])``,
+  ``client/secagg_device.py``): in the stage where Flower's ``secaggplus_mod`` masks this mod's reply,
+  and only there, the request must be ``distributed`` (``local`` is refused; without that mod
+  ``distributed`` is refused, whatever the node config), the coordinator's SecAgg+ setup must pass
+  ``secagg_grid.check_secagg_state`` and the device's filter must be ``rdp``: else the error names the
+  field and value and nothing is trained, spent or released. The release is Skellam noise on SecAgg+'s
+  integer grid (``client/release_distributed.py``), and the reply is the legacy layout
+  ``secaggplus_mod`` reads: the encoded report (masked by the mod), ``num_examples = 1``, no metric,
+  status OK. A ``leave`` device whose budget is spent answers with an error and drops out of the
+  round. The reply hold applies as above.
 * **evaluate**: refused with an error ``Message``. Loss and accuracy on a client's private data
   are data-dependent releases that carry no noise and are not accounted by the filter, with or
   without ``num-examples``; the coordinator evaluates on held-out data instead.
@@ -197,6 +207,10 @@ def _reply(msg: Message, status: str, keys: list[str], arrays: list[np.ndarray] 
     return Message(content, reply_to=msg)
 
 
+class _RefusedBeforeTraining(RoundSpecError):
+    """A request the device can judge only with its ledger open, refused before any training."""
+
+
 @dataclass(frozen=True)
 class _Outcome:
     release: Any  # client.release.Release, or client.release_distributed.SkellamRelease under SecAgg+
@@ -222,7 +236,7 @@ def _filtered_release(
     if ledger.has_release(spec.run_id, spec.round_id):
         return None
     if grid is not None and ledger.filter.kind != "rdp":  # refused before training: nothing spent
-        raise RoundSpecError(
+        raise _RefusedBeforeTraining(
             "round request refused: distributed (Skellam) releases are accounted by the rdp filter; "
             f"this device's filter is {ledger.filter.kind!r}."
         )
@@ -337,7 +351,7 @@ def _filter_round(msg: Message, context: Context, call_next, hold: ReplyHold) ->
                 if entry.closed:
                     continue
                 outcome = _filtered_release(entry.ledger, device, spec, msg, context, call_next, keys, received, grid)
-        except RoundSpecError as err:  # refused before training
+        except _RefusedBeforeTraining as err:
             return _error(msg, f"fedfilter: {err} Nothing was trained, spent or released.")
         except ReplayError as err:  # a concurrent duplicate of this round got there first
             return _error(msg, f"fedfilter: round request refused: {err}")

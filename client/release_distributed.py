@@ -22,6 +22,12 @@ The rule, written once (``release_skellam``; the simulation engine mirrors it), 
 * Only then: ``y = k + Sk(mu_share)`` per floating-point array (integer buffers carry no data and
   are released as 0), and the report ``encode_report(y, q)``.
 
+Trust. As for any distributed noise, the accounting assumes the other reports in the sum come from
+honest devices that received the same request (so each adds at least ``mu_share``), and a SecAgg+
+coordinator that follows the protocol (honest but curious: it unmasks only sums of at least ``t``
+reports). Devices that add less noise, or a coordinator that sends different requests to different
+devices, can leave the sum with less noise than accounted; the public ledger records the request.
+
 Only the ``rdp`` filter accounts Skellam releases (``privacy/skellam.py`` explains why the Gaussian-DP
 filter does not).
 """
@@ -50,8 +56,9 @@ __all__ = ["SkellamGrid", "SkellamRelease", "skellam_grid", "release_skellam", "
 # The released sum's noise must stay well inside SecAgg+'s range [-q/2, q/2): beyond it the sum wraps
 # and the round is useless (equally private, but the device would pay for nothing).
 WRAP_SIGMAS = 8.0
-# The largest share variance the exact sampler draws from (client/skellam_noise.py).
-MAX_MU_SHARE = 2.0**34
+# The largest share variance the exact sampler draws from (client/skellam_noise.py checks it too; a
+# test keeps the two equal).
+MAX_MU_SHARE = 2.0**32
 # The clip bound is shrunk by this factor so that the charge at the snapped update's rounded-up L2
 # never exceeds the allowance's (a few ulps of slack; nothing measurable is lost).
 _CLIP_SLACK = 1.0 - 2.0**-30
@@ -93,7 +100,7 @@ def skellam_grid(spec: RoundSpec, *, target_range: int, sample_num: int) -> Skel
     elif mu_share > MAX_MU_SHARE:
         problems.append(
             f"noise_multiplier={z!r} / min_reports={m} give each report a Skellam variance of {mu_share!r} grid "
-            f"steps squared (step {gamma!r}), above the sampler's 2**34."
+            f"steps squared (step {gamma!r}), above the sampler's 2**32."
         )
     else:
         # The sum of n reports carries Sk(n mu_share): it must fit SecAgg+'s range [-q/2, q/2).

@@ -31,6 +31,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from contextvars import ContextVar
+from typing import cast
 
 import numpy as np
 from flwr.app import Context, Error, Message, RecordDict
@@ -142,7 +143,9 @@ def secagg_round_grid(spec: RoundSpec, context: Context) -> SkellamGrid:
     problems = check_secagg_state(state if state is not None else {}, int(spec.min_reports))
     if problems or state is None:
         raise RoundSpecError("secure aggregation refused: " + " ".join(problems or ["no SecAgg+ state."]))
-    return skellam_grid(spec, target_range=int(state["target_range"]), sample_num=int(state["sample_num"]))
+    # check_secagg_state has established that both are ints; the casts tell the type checker.
+    q, n = cast(int, state["target_range"]), cast(int, state["sample_num"])
+    return skellam_grid(spec, target_range=q, sample_num=n)
 
 
 def masked_report_content(report: list[np.ndarray]) -> RecordDict:

@@ -298,3 +298,10 @@ def test_the_unmasked_sum_is_exactly_the_sum_of_the_reports(tmp_path, monkeypatc
 def _mu_total(z: float, clip: float) -> float:
     ratio = z * clip / grid_step(clip)
     return float(down(ratio * ratio))
+
+
+def test_the_builtin_client_app_runs_the_secagg_layer_before_the_filter():
+    from fedfilter.app.client_app import make_client_app
+
+    mods = make_client_app()._mods
+    assert mods.index(secure_aggregation_mod) == mods.index(individual_filter_mod) - 1

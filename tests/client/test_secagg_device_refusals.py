@@ -66,6 +66,12 @@ def test_local_placement_is_refused_under_secure_aggregation(tmp_path, monkeypat
         ({**secaggplus_settings(5), "quantization_range": 2**30, "clipping_range": 2.0**29}, 3, 3, ["sample_num"]),
         ({**secaggplus_settings(5), "clipping_range": 10.0}, 3, 3, ["clipping_range must be target_range / 2"]),
         ({**secaggplus_settings(5), "modulus_range": 2**31}, 3, 3, ["sample_num * target_range"]),
+        (
+            {**secaggplus_settings(5), "quantization_range": 3 * 2**20, "clipping_range": 1.5 * 2**20},
+            3,
+            3,
+            ["target_range (quantization range) must be a power of two", "3145728"],
+        ),
     ],
 )
 def test_each_secagg_setup_problem_is_refused_before_training(
@@ -94,7 +100,7 @@ def test_a_gdp_device_refuses_distributed_rounds(tmp_path, monkeypatch):
     [
         # The sum's noise (std sqrt(n mu_share) grid steps) would wrap around SecAgg+'s range.
         (1.0, 2**16, ["noise_multiplier=1.0", "too large for the quantization range target_range=65536"]),
-        (3000.0, None, ["noise_multiplier=3000.0", "above the sampler's 2**34"]),
+        (3000.0, None, ["noise_multiplier=3000.0", "above the sampler's 2**32"]),
     ],
 )
 def test_request_numbers_without_a_usable_grid_are_refused(tmp_path, monkeypatch, z, q, words):
@@ -116,3 +122,39 @@ def test_min_reports_beyond_the_owners_cap_is_refused_under_secure_aggregation(t
 
 def test_node_ids_are_the_devices(tmp_path):
     assert node_id(0) == 100  # the harness's numbering, which the tests above rely on
+
+
+def test_too_few_neighbours_are_refused_before_training_not_after(tmp_path):
+    """secaggplus_mod checks the neighbours only after the inner handler trained (and spent): the
+    device's layer checks first."""
+    from flwr.app import ConfigRecord, Context, RecordDict
+    from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, RECORD_KEY_STATE, Key
+
+    from fedfilter.client.secagg_device import secure_aggregation_mod
+
+    msg = train_message(spec(placement="distributed", m=3))
+    msg.content[RECORD_KEY_CONFIGS] = ConfigRecord(
+        {Key.STAGE: Stage.COLLECT_MASKED_VECTORS, Key.CIPHERTEXT_LIST: [b"x", b"y"], Key.SOURCE_LIST: [1, 2]}
+    )
+    state = RecordDict({RECORD_KEY_STATE: ConfigRecord({"current_stage": Stage.SHARE_KEYS, "threshold": 5})})
+    ctx = Context(run_id=7, node_id=42, node_config={}, state=state, run_config={})
+    called = []
+    reply = secure_aggregation_mod(msg, ctx, lambda m, c: called.append(m))
+    assert reply.has_error() and "3 nodes shared keys" in reply.error.reason and "threshold 5" in reply.error.reason
+    assert called == []
+
+
+def test_messages_without_secagg_configs_pass_through_unmarked(tmp_path):
+    from fedfilter.client.secagg_device import reply_masked, secure_aggregation_mod
+
+    seen = []
+
+    def inner(m, c):
+        seen.append(reply_masked())
+        return individual_filter_mod(m, c, Handler())
+
+    ctx = context(tmp_path)
+    reply = secure_aggregation_mod(train_message(spec()), ctx, inner)  # a local round: served as before
+    assert seen == [False] and not reply.has_error() and records(tmp_path)[0][0].placement == "local"
+    reply = secure_aggregation_mod(train_message(spec(2, placement="distributed", m=3)), ctx, inner)
+    assert seen == [False, False] and reply.has_error() and "needs secure aggregation" in reply.error.reason

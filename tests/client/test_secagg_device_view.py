@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 from flwr.common import bytes_to_ndarray
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key, Stage
+from secagg_loopback import stage_of
 from test_secagg_device import DTYPES, KEYS, RUN, ledger_records, node_config, node_id, run_round
 
 from fedfilter.client.flower_mod import enrol_device
@@ -114,3 +115,25 @@ def test_collect_stage_replies_hold_the_legacy_layout_secaggplus_mod_reads(tmp_p
         assert reply.content["fitres.status"]["code"] == 0
         assert reply.content[RECORD_KEY_CONFIGS].keys() == {Key.MASKED_PARAMETERS}
     assert {r._stage for r in result.grid.received} == set(Stage.all())
+
+
+def test_the_reply_hold_applies_under_secure_aggregation(tmp_path, monkeypatch):
+    import time
+
+    n, hold = 3, 0.4
+    over = {i: {"reply-hold-s": hold} for i in range(n)}
+    timings = []
+    original = run_round.__globals__["secure_aggregation_mod"]
+
+    def timed(msg, ctx, call_next):
+        stage, start = stage_of(msg), time.monotonic()
+        out = original(msg, ctx, call_next)
+        if stage == Stage.COLLECT_MASKED_VECTORS:
+            timings.append(time.monotonic() - start)
+        return out
+
+    from fedfilter.client.flower_mod import individual_filter_mod
+
+    result = run_round(tmp_path, monkeypatch, n, threshold=2, node_over=over, mods=[timed, individual_filter_mod])
+    assert result.strategy.aggregated and len(result.collect_replies()) == n
+    assert len(timings) == n and min(timings) >= hold
