@@ -32,23 +32,27 @@ rounded outward (``float(int)`` is correctly rounded; one ``nextafter`` covers i
 exact above the subnormal range, and bounds below it are 0 or ``2**-P``-multiples ``>= 2**-P``).
 
 Fast path (``skellam_noise``): the float64 bounds ``L_j <= S(j) <= H_j`` for ``j = 1..n`` at ``P = 192``
-(widths ~ ``n 2**-190``, far below the ``2**-64`` of a stream word), both non-increasing in ``j``. For
-``p`` in ``(p_lo, p_hi)``: ``m = #{j: L_j >= p_hi}`` and ``m' = #{j: H_j > p_lo}``; if ``m = m' < n`` then
+(widths below ``2**-80``, mostly the slack of the tail bound beyond ``n``; far below the ``2**-64`` of a
+stream word), both non-increasing in ``j``. For
+``p`` in ``(p_lo, p_hi)``: ``m = #{j: L_j >= p_hi}`` (one binary search) and ``m' = #{j: H_j > p_lo}``; if
+``m = m' < n`` (checked as ``H_{m+1} <= p_lo``) then
 ``S(j) >= L_j >= p_hi > p`` for ``j <= m`` and ``S(j) <= H_{m+1} <= p_lo < p`` for ``j > m`` (also beyond
 the table, ``S`` decreasing): the sample is ``+-m``. ``n`` is set by Bernstein's inequality ``S(j) <=
-exp(-j^2 / (2 (mu + j/3)))`` (sub-gamma Poisson differences) so that ``S(n) < 2**-66``: only the first
-word ``0`` or ``2**64 - 1`` (probability ``2**-63``) or an interval holding some ``S(j)`` (probability
-``~ n 2**-64``) goes to the exact path. ``n`` only affects speed, never the distribution.
+exp(-j^2 / (2 (mu + j/3)))`` (sub-gamma Poisson differences) so that ``S(n) < 2**-66 / (1 + mu)``: only the
+first word ``0`` or ``2**64 - 1`` (probability ``2**-63``) or an interval meeting some ``[L_j, H_j]``
+(probability ``~ n 2**-64``) goes to the exact path. ``n`` only affects speed, never the distribution.
 
 Exact path (``_exact_magnitude``): draw 64 more bits, recompute the integer bounds at a precision ``P``
 that grows with the bits and for ``n`` covering ``p``, and decide by exact integer comparisons, until
-decided (terminates with probability 1). Its time, like the fast path's, depends only on the random bits
-and ``mu``, never on the data; ``add_skellam_noise`` only shifts the data by the noise.
+decided (terminates with probability 1). Each round rebuilds the bounds (~1 s at ``mu = 1e7``), which at
+the probabilities above never shows in practice. Its time, like the fast path's, depends only on the
+random bits and ``mu``, never on the data; ``add_skellam_noise`` only shifts the data by the noise.
 
 Assumptions: the stream's words are uniform and independent (ChaCha20); IEEE float64 with correct
 rounding of ``+ - * / sqrt`` (for the two start floats and the table conversion); the Turán inequality and
-the Bessel recurrence (classical). ``mu`` is capped at ``2**34`` (~``1.7e10``): the table then has ~1.3e6
-entries and takes seconds to build; larger values are refused rather than stalling a device.
+the Bessel recurrence (classical). ``mu`` is capped at ``2**32`` (~``4.3e9``, above the ``6.7e7 z^2`` of
+issue 15 for ``z <= 8`` even with ``t = 1``): the table then has ~7.6e5 entries and took 5 s and ~210 MB
+to build on the development machine; larger values are refused rather than stalling a device.
 """
 
 from __future__ import annotations
@@ -60,7 +64,7 @@ import numpy as np
 
 from fedfilter.client.noise import NoiseStream
 
-_MU_MAX = 2.0**34
+_MU_MAX = 2.0**32
 _TABLE_BITS = 192  # fixed-point precision of the cached table's exact bounds
 _START_WIDEN = 2.0**-40  # relative widening of the two float start values (a few ulps of error)
 _TWO32, _TWO64 = 2.0**-32, 2.0**-64
@@ -71,7 +75,7 @@ def _check_mu(mu: float) -> float:
         raise ValueError(f"mu (the Skellam variance per coordinate) must be a number. Found {mu!r}.")
     value = float(mu)
     if not (math.isfinite(value) and 0.0 < value <= _MU_MAX):
-        raise ValueError(f"mu (the Skellam variance per coordinate) must be finite, > 0 and <= 2**34. Found {mu!r}.")
+        raise ValueError(f"mu (the Skellam variance per coordinate) must be finite, > 0 and <= 2**32. Found {mu!r}.")
     return value
 
 
@@ -109,21 +113,28 @@ def _tail_bounds(mu: float, n: int, prec: int) -> tuple[list[int], list[int]]:
         lo, hi = two_p // (t_hi + hi), -(-two_p // (t_lo + lo))
         if v - 1 <= n:
             r_lo[v - 1], r_hi[v - 1] = lo, hi
-    if r_hi[n] >= one:
+    r_n_hi = r_hi[n]
+    if r_n_hi >= one:
         raise ValueError(f"mu={mu!r}: the tail bound needs r_n < 1; found an upper bound >= 1 (n={n}).")
-    p_lo, p_hi = [one] * (n + 1), [one] * (n + 1)  # 2**prec * P(y), P(0) = 1
-    for y in range(n):
-        p_lo[y + 1] = p_lo[y] * r_lo[y] >> prec
-        p_hi[y + 1] = -(-p_hi[y] * r_hi[y] >> prec)
-    tail_hi = -(-p_hi[n] * r_hi[n] // (one - r_hi[n]))  # >= 2**prec sum_{y>n} P(y)
-    suf_lo, suf_hi = [0] * (n + 2), [0] * (n + 2)  # 2**prec sum_{y=j}^{n} P(y)
+    # In place (memory: two lists of n + 1 integers), each list becomes in turn 2**prec times
+    # P(y) = prod_{v<y} r_v, then sum_{y=j}^{n} P(y), then S(j): lower bounds in ``lo_list``, upper in ``hi_list``.
+    lo_list, hi_list = r_lo, r_hi
+    prod_lo = prod_hi = one
+    for y in range(n + 1):
+        r_y_lo, r_y_hi = lo_list[y], hi_list[y]
+        lo_list[y], hi_list[y] = prod_lo, prod_hi
+        prod_lo, prod_hi = prod_lo * r_y_lo >> prec, -(-prod_hi * r_y_hi >> prec)
+    tail_hi = -(-hi_list[n] * r_n_hi // (one - r_n_hi))  # >= 2**prec sum_{y>n} P(y), as r_y <= r_n
+    acc_lo = acc_hi = 0
     for y in range(n, -1, -1):
-        suf_lo[y], suf_hi[y] = suf_lo[y + 1] + p_lo[y], suf_hi[y + 1] + p_hi[y]
-    z_lo = 2 * suf_lo[0] - one  # 2**prec Z, Z = 1 + 2 sum_{y>=1} P(y)
-    z_hi = 2 * (suf_hi[0] + tail_hi) - one
-    lower = [(suf_lo[j] << prec) // z_hi for j in range(n + 1)]
-    upper = [-(-((suf_hi[j] + tail_hi) << prec) // z_lo) for j in range(n + 1)]
-    return lower, upper
+        acc_lo, acc_hi = acc_lo + lo_list[y], acc_hi + hi_list[y]
+        lo_list[y], hi_list[y] = acc_lo, acc_hi
+    z_lo = 2 * lo_list[0] - one  # 2**prec Z, Z = 1 + 2 sum_{y>=1} P(y) = 2 sum_{y>=0} P(y) - 1
+    z_hi = 2 * (hi_list[0] + tail_hi) - one
+    for j in range(n + 1):
+        lo_list[j] = (lo_list[j] << prec) // z_hi
+        hi_list[j] = -(-((hi_list[j] + tail_hi) << prec) // z_lo)
+    return lo_list, hi_list
 
 
 def _to_float_down(values: list[int], prec: int) -> np.ndarray:
@@ -161,8 +172,10 @@ def skellam_noise(mu: float, size: int, stream: NoiseStream) -> np.ndarray:
     p_lo = np.nextafter(hi32 * _TWO32 + lo32 * _TWO64, 0.0)
     p_hi = np.nextafter(hi32 * _TWO32 + (lo32 + 1.0) * _TWO64, 1.0)
     m = n - np.searchsorted(low, p_hi, side="left")  # #{j: L_j >= p_hi}
-    m_prime = n - np.searchsorted(high, p_lo, side="right")  # #{j: H_j > p_lo}
-    decided = (m == m_prime) & (m_prime < n)
+    # m' = #{j: H_j > p_lo} >= m (H_j >= L_j >= p_hi > p_lo for j <= m); m' = m < n iff H_{m+1} <= p_lo
+    # (H non-increasing in j). high is reversed: H_{m+1} is high[n - m - 1].
+    decided = m < n
+    decided[decided] = high[n - 1 - m[decided]] <= p_lo[decided]
     m = np.where(decided, m, 0).astype(np.int64)
     for i in np.flatnonzero(~decided):
         m[i] = _exact_magnitude(mu, int(w[i]), stream)
