@@ -170,6 +170,10 @@ def _check(args: argparse.Namespace) -> None:
     problems = []
     if args.placement not in PLACEMENTS:
         problems.append(f"--placement must be one of {', '.join(PLACEMENTS)}. Found {args.placement!r}.")
+    if args.placement == "distributed" and args.clients < 2:
+        problems.append(
+            f"--placement distributed needs --clients >= 2 (SecAgg+ unmasks no single report). Found {args.clients}."
+        )
     if args.placement == "distributed" and not 1 <= args.min_reports <= args.clients:
         problems.append(f"--min-reports must be in [1, --clients={args.clients}]. Found {args.min_reports}.")
     if args.placement == "local" and args.min_reports != 1:

@@ -93,6 +93,11 @@ class DeployOptions:
             problems.append(f"--filter must be one of {', '.join(FILTER_KINDS)}. Found {self.filter_kind!r}.")
         if self.placement not in PLACEMENTS:
             problems.append(f"--placement must be one of {', '.join(PLACEMENTS)}. Found {self.placement!r}.")
+        elif self.placement == "distributed" and isinstance(self.clients, int) and self.clients < 2:
+            problems.append(
+                f"--placement distributed needs --clients >= 2 (SecAgg+ unmasks no single report). "
+                f"Found {self.clients}."
+            )
         elif self.placement == "distributed" and self.filter != "rdp":
             problems.append(
                 f"--placement distributed needs --filter rdp (the filter that accounts the Skellam sum). "

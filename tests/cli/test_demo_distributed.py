@@ -52,6 +52,7 @@ def test_distributed_defaults_threshold_budgets_and_run_config(tmp_path):
         (("--clients", "4", "--placement", "distributed", "--min-reports", "5"), ["--min-reports", "5"]),
         (("--clients", "4", "--placement", "distributed", "--min-reports", "0"), ["--min-reports", "0"]),
         (("--clients", "4", "--min-reports", "2"), ["distributed only", "2"]),
+        (("--clients", "1", "--placement", "distributed"), ["--clients >= 2", "1"]),
         (("--clients", "4", "--placement", "distributed", "--noise-multiplier", "0"), ["--noise-multiplier"]),
     ],
 )

@@ -288,6 +288,7 @@ def test_distributed_placement_enrols_rdp_sets_the_threshold_and_refuses_what_wo
         "distributed only": DeployOptions(clients=3, min_reports=2),
         "--run-config may not set": DeployOptions(clients=3, run_config={"placement": "distributed"}),
         "--placement must be": DeployOptions(clients=3, placement="central"),
+        "--clients >= 2": DeployOptions(clients=1, placement="distributed"),
     }
     for words, opts in bad.items():
         with pytest.raises(ValueError, match=words):
