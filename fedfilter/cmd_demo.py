@@ -1,6 +1,7 @@
 """``fedfilter demo``: a small Flower simulation in which clients with different budgets drop out.
 
     fedfilter demo --clients 10 --rounds 5 --out runs/demo [--task digits] [--seed 0]
+    fedfilter demo --placement distributed --out runs/demo-sa [--min-reports M]
 
 Runs the built-in app (``fedfilter/app``) on Flower's Simulation Engine the way a user would:
 ``flwr run fedfilter/app flwrrun --stream`` against a SuperLink started here in simulation mode on
@@ -18,6 +19,13 @@ their data. Those counts are printed and plotted here, next to the public accura
 never sent to the coordinator (exhausted clients keep sending pure noise, which looks the same).
 Timing protection is off by default here (``--reply-hold-s 0``: a held reply would block a Ray
 actor that serves many nodes in turn); the demo prints so, and its guarantee then excludes timing.
+
+``--placement distributed`` runs the same app with distributed noise over Flower's SecAgg+: every
+device masks its report (``secaggplus_mod`` around the filter mod) and adds only its Skellam share
+of the noise, the coordinator unmasks only the sum of at least ``--min-reports`` reports (the
+SecAgg+ reconstruction threshold; default ``ceil(clients / 2)``) and never releases a round with
+fewer. The devices are enrolled with the Renyi filter (``rdp``), which accounts the Skellam
+mechanism; the defaults (noise multiplier, budget range) are the distributed ones below.
 
 Outputs: ``OUT/summary.json``, ``OUT/rounds.png``, ``OUT/public_ledger.sqlite``,
 ``OUT/devices/<id>/budget_ledger.sqlite``, ``OUT/device-settings.json``, Flower's logs in
@@ -44,6 +52,14 @@ from pathlib import Path
 from typing import Any
 
 from fedfilter.app.config import APP_DIR, app_defaults, resolve_config
+from fedfilter.demo_report import (
+    DELTA,
+    clip_share_per_round,
+    follow_public_ledger,
+    guarantee_text,
+    placement_text,
+    plot_rounds,
+)
 
 # Demo defaults, chosen (docs/results.md) so that with 10 clients x 5 rounds on digits some
 # clients run out of budget while the accuracy of the global model visibly rises. The app's own
@@ -59,8 +75,17 @@ DEFAULTS = {
     # pays for 1 such round, eps 60 (mu 7.56) for 14.
     "eps_min": 10.0,
     "eps_max": 60.0,
-    "delta": 1e-5,
+    "delta": DELTA,
 }
+PLACEMENTS = ("local", "distributed")
+# Distributed placement: sigma = z C is the std of the SUM (not of each report), so budgets 5-8
+# times smaller still leave room for several rounds. With 10 clients x 5 rounds on digits, z = 1 and
+# epsilon log-uniform on [2, 16] (rdp filter, delta 1e-5), 3 to 8 clients run out of budget by round
+# 5 (vectorised engine, docs/results.md "Distributed noise over SecAgg+").
+DISTRIBUTED_DEFAULTS = {"noise_multiplier": 1.0, "eps_min": 2.0, "eps_max": 16.0}
+# The filter that accounts each placement's mechanism: the exact Gaussian-DP filter for Gaussian
+# noise; the Renyi filter for the Skellam sum (the gdp filter is not valid for it).
+FILTER_OF_PLACEMENT = {"local": "gdp", "distributed": "rdp"}
 RUN_TIMEOUT_S, ROUND_TIMEOUT_S = 300.0, 120.0  # the whole `flwr run`: start-up plus per round
 
 
@@ -77,13 +102,42 @@ def register(subparsers: Any) -> None:
     p.add_argument("--out", required=True, help="output folder (device ledgers, public ledger, summary)")
     p.add_argument("--task", default=_APP["task"], help=f"built-in task (default {_APP['task']})")
     p.add_argument("--seed", type=int, default=0, help="seed of budgets, model and sampling (default 0)")
-    p.add_argument("--noise-multiplier", type=float, default=DEFAULTS["noise_multiplier"])
-    p.add_argument("--clip", type=float, default=DEFAULTS["clip"])
     p.add_argument(
-        "--eps-min", type=float, default=DEFAULTS["eps_min"], help="smallest personal epsilon (log-uniform draw)"
+        "--placement",
+        choices=PLACEMENTS,
+        default="local",
+        help="local: every report carries the full noise; distributed: Skellam shares summed by SecAgg+ "
+        "(the coordinator sees only the sum of >= --min-reports reports; devices use the rdp filter)",
     )
     p.add_argument(
-        "--eps-max", type=float, default=DEFAULTS["eps_max"], help="largest personal epsilon (log-uniform draw)"
+        "--min-reports",
+        type=int,
+        default=None,
+        metavar="M",
+        help="distributed: the SecAgg+ threshold, the fewest reports a released round has; each share is "
+        "calibrated to it (default ceil(clients / 2))",
+    )
+    p.add_argument(
+        "--noise-multiplier",
+        type=float,
+        default=None,
+        help=f"z, noise std z * clip (default {DEFAULTS['noise_multiplier']:g}; distributed: "
+        f"{DISTRIBUTED_DEFAULTS['noise_multiplier']:g}, the std of the sum)",
+    )
+    p.add_argument("--clip", type=float, default=DEFAULTS["clip"])
+    p.add_argument(
+        "--eps-min",
+        type=float,
+        default=None,
+        help=f"smallest personal epsilon, log-uniform draw (default {DEFAULTS['eps_min']:g}; "
+        f"distributed: {DISTRIBUTED_DEFAULTS['eps_min']:g})",
+    )
+    p.add_argument(
+        "--eps-max",
+        type=float,
+        default=None,
+        help=f"largest personal epsilon (default {DEFAULTS['eps_max']:g}; distributed: "
+        f"{DISTRIBUTED_DEFAULTS['eps_max']:g})",
     )
     p.add_argument("--after-exhaustion", choices=("noise-only", "leave"), default="noise-only")
     p.add_argument("--local-epochs", type=int, default=DEFAULTS["local_epochs"])
@@ -101,8 +155,31 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=_run)
 
 
+def placement_defaults(args: argparse.Namespace) -> argparse.Namespace:
+    """Fill in what the user left unset with the placement's defaults (in place; returned)."""
+    table = {**DEFAULTS, **(DISTRIBUTED_DEFAULTS if args.placement == "distributed" else {})}
+    for name in ("noise_multiplier", "eps_min", "eps_max"):
+        if getattr(args, name) is None:
+            setattr(args, name, table[name])
+    if args.min_reports is None:
+        args.min_reports = math.ceil(args.clients / 2) if args.placement == "distributed" else 1
+    return args
+
+
 def _check(args: argparse.Namespace) -> None:
     problems = []
+    if args.placement not in PLACEMENTS:
+        problems.append(f"--placement must be one of {', '.join(PLACEMENTS)}. Found {args.placement!r}.")
+    if args.placement == "distributed" and args.clients < 2:
+        problems.append(
+            f"--placement distributed needs --clients >= 2 (SecAgg+ unmasks no single report). Found {args.clients}."
+        )
+    if args.placement == "distributed" and not 1 <= args.min_reports <= args.clients:
+        problems.append(f"--min-reports must be in [1, --clients={args.clients}]. Found {args.min_reports}.")
+    if args.placement == "local" and args.min_reports != 1:
+        problems.append(f"--min-reports applies to --placement distributed only. Found {args.min_reports}.")
+    if not (math.isfinite(args.noise_multiplier) and args.noise_multiplier > 0):
+        problems.append(f"--noise-multiplier must be a finite number > 0. Found {args.noise_multiplier}.")
     if args.clients < 1:
         problems.append(f"--clients must be >= 1. Found {args.clients}.")
     if args.rounds < 1:
@@ -132,12 +209,14 @@ def device_configs(
     after_exhaustion: str,
     min_noise_multiplier: float = 0.5,
     reply_hold_s: float = 0.0,
+    filter_kind: str = "gdp",
 ) -> dict[int, dict]:
     """Each simulated node's own node-config (what ``--node-config`` would hold on a real device).
 
     A device already enrolled under ``out/devices/<id>`` keeps the budget it was enrolled with.
     ``reply_hold_s`` is set explicitly: 0 (timing protection off) keeps the simulation fast, where
-    a held reply would block a Ray actor that serves many nodes in turn.
+    a held reply would block a Ray actor that serves many nodes in turn. ``filter_kind`` is the
+    filter a NEW device is enrolled with (``FILTER_OF_PLACEMENT``); an enrolled one keeps its own.
     """
     from fedfilter.client.flower_mod import enrol_device
     from fedfilter.client.ledger import LEDGER_FILE, BudgetLedger
@@ -145,72 +224,23 @@ def device_configs(
     table = {}
     for i, eps in enumerate(budgets):
         ledger_dir = out / "devices" / str(i)
-        delta = DEFAULTS["delta"]
+        delta, kind = DEFAULTS["delta"], filter_kind
         if (ledger_dir / LEDGER_FILE).exists():
             ledger = BudgetLedger.open(ledger_dir)
-            eps, delta = ledger.enrolment.epsilon, ledger.enrolment.delta
+            eps, delta, kind = ledger.enrolment.epsilon, ledger.enrolment.delta, ledger.enrolment.filter_kind
             ledger.close()
         table[i] = {
             "ledger-dir": str(ledger_dir),
             "client-id": f"client-{i}",
             "budget-epsilon": float(eps),
             "budget-delta": float(delta),
+            "filter": kind,
             "after-exhaustion": after_exhaustion,
             "min-noise-multiplier": float(min_noise_multiplier),
             "reply-hold-s": float(reply_hold_s),
         }
         enrol_device(table[i])  # each device's owner enrols it once, up front: the mod never does
     return table
-
-
-def _follow(ledger_path: Path, run_id: str, total: int, stop: threading.Event) -> None:
-    """Advance a progress bar as the coordinator appends public records."""
-    from tqdm import tqdm
-
-    from fedfilter.coordinator.public_ledger import PublicLedger
-
-    with tqdm(total=total, desc="rounds", unit="round") as bar:
-        reader = None
-        while not stop.is_set():
-            try:
-                if reader is None and ledger_path.exists():
-                    reader = PublicLedger(ledger_path, read_only=True)
-                if reader is not None and reader.has_run(run_id):
-                    records = reader.records(run_id)
-                    if len(records) > bar.n:
-                        bar.set_postfix(accuracy=f"{records[-1].metrics['accuracy']:.3f}", refresh=False)
-                        bar.update(len(records) - bar.n)
-            except Exception:  # noqa: BLE001 - a busy or half-created file: try again shortly
-                pass
-            stop.wait(0.3)
-        if reader is not None:
-            if reader.has_run(run_id):
-                bar.update(len(reader.records(run_id)) - bar.n)
-            reader.close()
-
-
-def _plot(path: Path, rounds: list[int], contributing: list[int], accuracy: list[float], n: int) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.4, 4.0))
-    ax.bar(rounds, contributing, color="#9ecae1", label="clients contributing data (device ledgers)")
-    ax.set_xlabel("round")
-    ax.set_ylabel("clients contributing data")
-    ax.set_ylim(0, max(n, 1) * 1.05)
-    ax.set_xticks(rounds)
-    ax2 = ax.twinx()
-    ax2.plot(rounds, accuracy, "o-", color="#d62728", label="test accuracy (public ledger)")
-    ax2.set_ylabel("test accuracy")
-    ax2.set_ylim(0, 1)
-    handles = ax.get_legend_handles_labels()[0] + ax2.get_legend_handles_labels()[0]
-    ax.legend(handles=handles, loc="lower left", fontsize=8)  # labels from the artists
-    ax.set_title(f"fedfilter demo: {n} clients with individual budgets")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 def run_config_overrides(args: argparse.Namespace, run_id: str, ledger_path: Path) -> dict[str, Any]:
@@ -221,7 +251,8 @@ def run_config_overrides(args: argparse.Namespace, run_id: str, ledger_path: Pat
         "min-available-nodes": args.clients,
         "noise-multiplier": float(args.noise_multiplier),
         "clip": float(args.clip),
-        "placement": "local",
+        "placement": args.placement,
+        "min-reports": args.min_reports,
         "local-epochs": args.local_epochs,
         "lr": float(args.lr),
         "server-lr": float(args.server_lr),
@@ -264,7 +295,21 @@ def _sigterm_as_interrupt():
             signal.signal(signal.SIGTERM, previous)
 
 
+def check_device_filters(devices: dict[int, dict], placement: str) -> None:
+    """Distributed placement needs devices enrolled with the rdp filter (the Skellam mechanism's
+    accountant): a device enrolled earlier under ``--out`` with another filter is refused here."""
+    if placement != "distributed":
+        return
+    wrong = {i: d["filter"] for i, d in devices.items() if d["filter"] != FILTER_OF_PLACEMENT["distributed"]}
+    if wrong:
+        raise ValueError(
+            f"--placement distributed needs every device enrolled with filter 'rdp'; devices {sorted(wrong)} "
+            f"under --out were enrolled with {sorted(set(wrong.values()))}: use a new --out."
+        )
+
+
 def _run(args: argparse.Namespace) -> int:
+    placement_defaults(args)
     _check(args)
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -282,7 +327,9 @@ def _run(args: argparse.Namespace) -> int:
         after_exhaustion=args.after_exhaustion,
         min_noise_multiplier=min(0.5, args.noise_multiplier),
         reply_hold_s=args.reply_hold_s,
+        filter_kind=FILTER_OF_PLACEMENT[args.placement],
     )
+    check_device_filters(devices, args.placement)
     # The simulation runner's file of device settings (what --node-config holds on a real device).
     settings_file = write_device_settings(out / "device-settings.json", devices)
     run_id = f"demo-{time.strftime('%Y%m%dT%H%M%S')}-{secrets.token_hex(2)}"
@@ -292,13 +339,13 @@ def _run(args: argparse.Namespace) -> int:
     print(
         f"  personal budgets: epsilon log-uniform on [{args.eps_min:g}, {args.eps_max:g}], delta "
         f"{DEFAULTS['delta']:g}; noise multiplier {args.noise_multiplier:g}, clip {args.clip:g}, "
-        f"local noise, after exhaustion: {args.after_exhaustion}"
+        f"{placement_text(args)}, after exhaustion: {args.after_exhaustion}"
     )
     timing = timing_protection(args.reply_hold_s)
     print(f"  timing protection: {timing}")
 
     stop = threading.Event()
-    follower = threading.Thread(target=_follow, args=(ledger_path, run_id, args.rounds, stop), daemon=True)
+    follower = threading.Thread(target=follow_public_ledger, args=(ledger_path, run_id, args.rounds, stop), daemon=True)
     started = time.monotonic()
     echo = (lambda line: print(f"  {line}", flush=True)) if args.verbose else None
     # Every process started here (SuperLink, flwr-simulation, Ray, flwr run) stops when the
@@ -339,30 +386,31 @@ def _run(args: argparse.Namespace) -> int:
     clients = [device_report(Path(devices[i]["ledger-dir"]), run_id) for i in range(args.clients)]
     rounds = [int(r.round_id) for r in records]
     contributing = [sum(r in c["contributed_rounds"] for c in clients) for r in rounds]
-    accuracy = [float(r.metrics["accuracy"]) for r in records]
+    ledger_dirs = [Path(devices[i]["ledger-dir"]) for i in range(args.clients)]
+    clip_share = clip_share_per_round(ledger_dirs, run_id, rounds, args.clip)
+    # A round below the SecAgg+ threshold is not released: the model, and its accuracy, stay as they were.
+    accuracy = [float(r.metrics["accuracy"]) if "accuracy" in r.metrics else None for r in records]
+    released = [bool(r.released) for r in records]
 
     print()
-    print(f"{'round':>5}  {'reports':>7}  {'markers':>7}  {'contributing*':>13}  {'accuracy':>8}")
-    for rec, k in zip(records, contributing):
+    print(
+        f"{'round':>5}  {'reports':>7}  {'markers':>7}  {'released':>8}  {'contributing*':>13}  "
+        f"{'norm/clip*':>10}  {'accuracy':>8}"
+    )
+    for rec, k, share, acc in zip(records, contributing, clip_share, accuracy):
+        shown = "-" if acc is None else f"{acc:.3f}"
         print(
-            f"{rec.round_id:>5}  {rec.reports_received:>7}  {rec.markers_received:>7}  {k:>13}  "
-            f"{rec.metrics['accuracy']:>8.3f}"
+            f"{rec.round_id:>5}  {rec.reports_received:>7}  {rec.markers_received:>7}  "
+            f"{'yes' if rec.released else 'no':>8}  {k:>13}  {share:>10.3f}  {shown:>8}"
         )
     print("  * from the devices' own ledgers after the run; the coordinator never learns it.")
+    print("    norm/clip: the mean norm the devices put in, over the clip (0 when none sent data).")
     print()
     print(f"{'client':>10}  {'budget eps':>10}  {'spent eps':>10}  exhausted in round")
     for c in clients:
         ex = "-" if c["exhausted_round"] is None else str(c["exhausted_round"])
         print(f"{c['client_id']:>10}  {c['budget_epsilon']:>10.2f}  {c['spent_epsilon']:>10.3f}  {ex}")
-    guarantee = (
-        "each client: (budget_epsilon, {d:g})-DP over its whole lifetime for everything the "
-        "coordinator sees (local Gaussian noise, gdp filter; exhausted clients send pure noise)"
-        if args.after_exhaustion == "noise-only"
-        else "each client: (budget_epsilon, {d:g})-DP for its reports; in leave mode the round in "
-        "which it leaves is visible and depends on its data (not covered)"
-    ).format(d=DEFAULTS["delta"])
-    if args.reply_hold_s == 0:
-        guarantee += "; reply timing is not covered: timing protection is off in this simulation"
+    guarantee = guarantee_text(args)
     print(f"\nguarantee: {guarantee}")
 
     for c in clients:
@@ -372,12 +420,18 @@ def _run(args: argparse.Namespace) -> int:
         "run_id": run_id,
         "rounds_completed": len(records),
         "public_ledger": str(ledger_path),
+        "placement": args.placement,
+        # Distributed rounds run through SecAgg+: the coordinator unmasks only the sum of the reports.
+        "secure_aggregation": args.placement == "distributed",
+        "released_rounds": sum(released),
+        "released_per_round": released,
         "clients": [
             {k: c[k] for k in ("client_id", "budget_epsilon", "spent_epsilon", "exhausted_round")} for c in clients
         ],
-        "final_accuracy": accuracy[-1] if accuracy else float("nan"),
+        "final_accuracy": next((a for a in reversed(accuracy) if a is not None), float("nan")),
         "accuracy_per_round": accuracy,
         "contributing_per_round": contributing,
+        "clip_share_per_round": clip_share,
         "settings": {
             "task": args.task,
             "clients": args.clients,
@@ -385,7 +439,9 @@ def _run(args: argparse.Namespace) -> int:
             "seed": args.seed,
             "noise_multiplier": args.noise_multiplier,
             "clip": args.clip,
-            "placement": "local",
+            "placement": args.placement,
+            "min_reports": args.min_reports,
+            "filter": FILTER_OF_PLACEMENT[args.placement],
             "local_epochs": args.local_epochs,
             "lr": args.lr,
             "server_lr": args.server_lr,
@@ -399,6 +455,6 @@ def _run(args: argparse.Namespace) -> int:
         "wall_time_s": round(elapsed, 1),
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    _plot(out / "rounds.png", rounds, contributing, accuracy, args.clients)
+    plot_rounds(out / "rounds.png", rounds, contributing, accuracy, args.clients, args.placement, clip_share)
     print(f"\nwrote {out / 'summary.json'}, {out / 'rounds.png'} ({elapsed:.0f} s)")
     return 0

@@ -1,7 +1,8 @@
 """``fedfilter deploy-local``: the app on a real Flower Deployment Engine, all on 127.0.0.1.
 
     fedfilter deploy-local --clients N [--rounds R] [--out DIR] [--app-dir DIR]
-                           [--budgets 1,2,4] [--delta 1e-5] [--filter gdp]
+                           [--budgets 1,2,4] [--delta 1e-5] [--filter gdp|rdp|zcdp]
+                           [--placement local|distributed] [--min-reports M]
                            [--after-exhaustion noise-only|leave] [--min-noise-multiplier S]
                            [--data-dir DIR] [--run-config "k=v ..."] [--reply-hold-s S]
                            [--timeout S] [--verbose]
@@ -9,6 +10,9 @@
 Starts a SuperLink (TLS, SuperNode authentication), registers one key per device, starts one
 SuperNode per device with its own budget ledger under OUT/devices/<i>, runs the app with
 ``flwr run``, stops every process, and writes OUT/summary.json. See docs/deployment.md.
+``--placement distributed`` runs distributed rounds: Skellam noise shares summed by SecAgg+
+(the devices' ``rdp`` filter accounts them; a round with fewer than ``--min-reports`` reports,
+default ``ceil(clients / 2)``, is never unmasked nor released).
 """
 
 from __future__ import annotations
@@ -66,9 +70,24 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--filter",
         dest="filter_kind",
-        default="gdp",
+        default=None,
         metavar="KIND",
-        help="privacy filter of every device: gdp, rdp or zcdp (default gdp)",
+        help="privacy filter of every device: gdp, rdp or zcdp (default gdp; rdp with --placement distributed)",
+    )
+    parser.add_argument(
+        "--placement",
+        choices=("local", "distributed"),
+        default="local",
+        help="local: every report carries the full noise; distributed: Skellam noise shares summed by "
+        "SecAgg+ (default local)",
+    )
+    parser.add_argument(
+        "--min-reports",
+        type=int,
+        default=None,
+        metavar="M",
+        help="distributed: the SecAgg+ threshold, the fewest reports a round is released from "
+        "(default ceil(clients / 2))",
     )
     parser.add_argument(
         "--after-exhaustion",
@@ -126,6 +145,8 @@ def _deploy(args: argparse.Namespace) -> int:
         budgets=args.budgets,
         delta=args.delta,
         filter_kind=args.filter_kind,
+        placement=args.placement,
+        min_reports=args.min_reports,
         after_exhaustion=args.after_exhaustion,
         min_noise_multiplier=args.min_noise_multiplier,
         data_dir=args.data_dir,

@@ -10,7 +10,9 @@ authentication switched on, but every process bound to 127.0.0.1:
 4. one ECDSA P-384 key per SuperNode, each registered with ``flwr supernode register``;
 5. one ``flower-supernode`` per device, whose ``--node-config`` names the device's own budget
    ledger directory (``OUT/devices/<i>``), client id and personal budget;
-6. ``flwr run APP_DIR CONNECTION --stream``, bounded by a timeout;
+6. ``flwr run APP_DIR CONNECTION --stream``, bounded by a timeout (``placement = "distributed"``:
+   rounds of Skellam noise shares summed by SecAgg+, which the built-in app runs when the run
+   config says so; every device is then enrolled with the ``rdp`` filter);
 7. every process torn down (SIGTERM to its process group, SIGKILL after a grace period), also on
    Ctrl-C, SIGTERM or failure; then ``OUT/summary.json`` from the devices' own ledgers and the
    coordinator's public ledger.
@@ -33,6 +35,11 @@ from fedfilter.deploy.flower_config import app_run_config
 from fedfilter.deploy.processes import DeploymentError
 
 AFTER_EXHAUSTION = ("noise-only", "leave")
+PLACEMENTS = ("local", "distributed")
+# The filter each placement's devices are enrolled with unless --filter says otherwise: the exact
+# Gaussian-DP filter for local Gaussian noise; the Renyi filter, the one that accounts the Skellam
+# sum, for distributed noise over SecAgg+ (which refuses any other).
+DEFAULT_FILTER = {"local": "gdp", "distributed": "rdp"}
 # The built-in Flower app directory (fedfilter/app: its pyproject.toml and components).
 BUILTIN_APP_DIR = Path(__file__).resolve().parents[1] / "app"
 
@@ -45,8 +52,10 @@ class DeployOptions:
     app_dir: Path = BUILTIN_APP_DIR
     budgets: tuple[float, ...] = (1.0, 2.0, 4.0)  # cycled over the devices
     delta: float = 1e-5
-    filter_kind: str = "gdp"
+    filter_kind: str | None = None  # None: DEFAULT_FILTER[placement]
     after_exhaustion: str = "noise-only"
+    placement: str = "local"
+    min_reports: int | None = None  # distributed: the SecAgg+ threshold; None: ceil(clients / 2)
     min_noise_multiplier: float | None = None
     data_dir: Path | None = None  # root of the offline data sets on every device
     run_config: dict[str, Any] = field(default_factory=dict)  # extra --run-config overrides
@@ -58,6 +67,18 @@ class DeployOptions:
     grace_s: float = 10.0
     verbose: bool = False
 
+    @property
+    def filter(self) -> str:
+        """The filter every device is enrolled with."""
+        return self.filter_kind if self.filter_kind is not None else DEFAULT_FILTER.get(self.placement, "gdp")
+
+    @property
+    def reports_needed(self) -> int:
+        """The fewest reports a released round has (the run config's ``min-reports``)."""
+        if self.min_reports is not None:
+            return self.min_reports
+        return math.ceil(self.clients / 2) if self.placement == "distributed" and isinstance(self.clients, int) else 1
+
     def check(self) -> None:
         problems = []
         if isinstance(self.clients, bool) or not isinstance(self.clients, int) or self.clients < 1:
@@ -68,8 +89,30 @@ class DeployOptions:
             problems.append(f"--budgets must be finite epsilons > 0. Found {self.budgets!r}.")
         from fedfilter.client.privacy.filters import FILTER_KINDS
 
-        if self.filter_kind not in FILTER_KINDS:
+        if self.filter not in FILTER_KINDS:
             problems.append(f"--filter must be one of {', '.join(FILTER_KINDS)}. Found {self.filter_kind!r}.")
+        if self.placement not in PLACEMENTS:
+            problems.append(f"--placement must be one of {', '.join(PLACEMENTS)}. Found {self.placement!r}.")
+        elif self.placement == "distributed" and isinstance(self.clients, int) and self.clients < 2:
+            problems.append(
+                f"--placement distributed needs --clients >= 2 (SecAgg+ unmasks no single report). "
+                f"Found {self.clients}."
+            )
+        elif self.placement == "distributed" and self.filter != "rdp":
+            problems.append(
+                f"--placement distributed needs --filter rdp (the filter that accounts the Skellam sum). "
+                f"Found {self.filter!r}."
+            )
+        m = self.min_reports
+        if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m < 1):
+            problems.append(f"--min-reports must be an integer >= 1. Found {m!r}.")
+        elif m is not None and self.placement != "distributed" and m != 1:
+            problems.append(f"--min-reports applies to --placement distributed only. Found {m!r}.")
+        elif m is not None and isinstance(self.clients, int) and m > self.clients:
+            problems.append(f"--min-reports must be at most --clients={self.clients}. Found {m!r}.")
+        clash = sorted({"placement", "min-reports"} & set(self.run_config))
+        if clash:
+            problems.append(f"--run-config may not set {clash}: use --placement and --min-reports.")
         if not 0 < self.delta < 1:
             problems.append(f"--delta must be in (0, 1). Found {self.delta!r}.")
         if self.after_exhaustion not in AFTER_EXHAUSTION:
@@ -101,7 +144,7 @@ def device_node_config(index: int, options: DeployOptions, ledger_dir: Path) -> 
         "client-id": f"device-{index}",
         "budget-epsilon": float(options.budgets[index % len(options.budgets)]),
         "budget-delta": float(options.delta),
-        "filter": options.filter_kind,
+        "filter": options.filter,
         "after-exhaustion": options.after_exhaustion,
         "partition-id": index,
         "num-partitions": options.clients,
@@ -118,6 +161,7 @@ def device_node_config(index: int, options: DeployOptions, ledger_dir: Path) -> 
 ROUNDS_KEYS = ("num-rounds", "num-server-rounds")
 PUBLIC_LEDGER_KEYS = ("public-ledger",)
 MIN_NODES_KEY = "min-available-nodes"
+PLACEMENT_KEY, MIN_REPORTS_KEY = "placement", "min-reports"
 PUBLIC_LEDGER_FILE = "public_ledger.sqlite"
 
 
@@ -139,6 +183,11 @@ def build_run_config(app_config: Mapping[str, Any], options: DeployOptions, publ
         overrides[ledger_key] = str(public_ledger)
     if MIN_NODES_KEY in app_config:  # the coordinator waits for every device before round 1
         overrides[MIN_NODES_KEY] = options.clients
+    if options.placement != "local" or PLACEMENT_KEY in app_config:
+        for key, value in ((PLACEMENT_KEY, options.placement), (MIN_REPORTS_KEY, options.reports_needed)):
+            if key not in app_config:
+                raise ValueError(f"the app declares no {key!r} in [tool.flwr.app.config]: cannot set --placement.")
+            overrides[key] = value
     unknown = sorted(set(options.run_config) - set(app_config))
     if unknown:
         raise ValueError(
@@ -175,6 +224,16 @@ class LedgerProgress:
                             self.echo(format_record(record))
         except Exception:  # a ledger still being created: try again on the next tick
             pass
+
+
+def released_rounds(path: Path, run_id: str | None) -> int:
+    """How many rounds of ``run_id`` the coordinator's public ledger marks released."""
+    if run_id is None or not path.is_file():
+        return 0
+    from fedfilter.coordinator.public_ledger import PublicLedger
+
+    with PublicLedger(path, read_only=True) as ledger:
+        return sum(bool(r.released) for r in ledger.records(run_id))
 
 
 def deploy_local(options: DeployOptions, echo: Callable[[str], None] = print) -> int:
@@ -254,6 +313,7 @@ def deploy_local(options: DeployOptions, echo: Callable[[str], None] = print) ->
 
     # What the device owners read from their own ledgers (the same report as `fedfilter demo`).
     public = public_summary(public_ledger, old_runs)
+    released = released_rounds(public_ledger, public["run_id"])
     clients = [
         device_report(devices_dir / str(i), public["run_id"])
         for i in range(options.clients)
@@ -266,6 +326,10 @@ def deploy_local(options: DeployOptions, echo: Callable[[str], None] = print) ->
         "status": result.status if result else ("interrupted" if error == "interrupted" else "failed"),
         "error": error if error != "interrupted" else None,
         "rounds_completed": public["rounds_completed"],
+        "placement": options.placement,
+        # Distributed rounds run through SecAgg+: the coordinator unmasks only the sum of the reports.
+        "secure_aggregation": options.placement == "distributed",
+        "released_rounds": released,
         "public_ledger": str(public_ledger),
         "clients": clients,
         "final_accuracy": public["final_accuracy"],
@@ -275,7 +339,9 @@ def deploy_local(options: DeployOptions, echo: Callable[[str], None] = print) ->
             "app_dir": str(app_dir),
             "budgets": list(options.budgets),
             "delta": options.delta,
-            "filter": options.filter_kind,
+            "filter": options.filter,
+            "placement": options.placement,
+            "min_reports": options.reports_needed,
             "after_exhaustion": options.after_exhaustion,
             "min_noise_multiplier": options.min_noise_multiplier,
             "run_config": run_config,

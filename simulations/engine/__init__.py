@@ -14,7 +14,7 @@ Public API
     task / num_clients / partition / alpha / partition_seed, client_mode (``auto``,
     ``single-example``, ``multi-example``), epsilon (one value or one per client), delta,
     filter_kind (``gdp``, ``zcdp``, ``rdp``), run_quota, noise_multiplier, clip, placement
-    (``local``, ``distributed``), min_reports, after_exhaustion (``noise-only``, ``leave``; one
+    (``local``, ``distributed`` (rdp only), ``central``), min_reports, after_exhaustion (``noise-only``, ``leave``; one
     value or one per client), exhausted_below, noise_draw (``per-client``, ``aggregate``),
     rounds, fraction, local_epochs, lr, batch_size, server_lr, seed, run_id, model_fn,
     eval_every, group_by (``label``, ``client``, ``none``), norms (``device``, ``vectorised``,
@@ -66,6 +66,14 @@ Agreement with the Flower path, precisely
 * threads: ``torch_threads`` sets torch's (the fast mode's GEMMs and convolutions use both cores);
   a run is bitwise repeatable for the same thread count (on this machine also across 1 and 2).
 * ``fraction < 1`` samples with the engine's own generator, not the ServerApp's.
+* ``distributed`` placement: each client's release is the device's Skellam rule
+  (``fedfilter.simulations.engine.skellam_round.ClientRule``: Gaussian allowance -> Skellam allowance
+  -> clip -> snap toward zero on the SecAgg+ grid -> charge at the exact integer norms -> spend, the
+  device's functions in the device's order), so filter states are bitwise a device's; with
+  ``noise_draw="per-client"`` each integer report is bitwise the device's, and the integer sum (hence
+  the mean) is exact whatever the order. ``norms="fast"`` falls back to ``vectorised`` there.
+* ``central`` placement has no device counterpart: papers/004's trusted curator (private GD), used by
+  ``fedfilter.simulations.reproduce``.
 """
 
 from fedfilter.simulations.engine.config import EngineConfig, EngineResult, RoundRecord

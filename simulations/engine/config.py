@@ -20,6 +20,8 @@ from fedfilter.client.round_rules import accounted_noise_std, added_noise_std
 CLIENT_MODES = ("auto", "single-example", "multi-example")
 NOISE_DRAWS = ("per-client", "aggregate")
 NORMS = ("device", "vectorised", "fast")
+# The devices' placements, and "central": papers/004's trusted curator, which no device runs.
+ENGINE_PLACEMENTS = (*PLACEMENTS, "central")
 GROUP_BY = ("label", "client", "none")
 
 
@@ -36,8 +38,14 @@ class EngineConfig:
         filter), ``zcdp`` (papers/004 Theorem 4.9) or ``rdp``.
     noise_multiplier, clip, placement, min_reports
         The coordinator's request (``fedfilter.client.release.RoundSpec``): accounted noise std is
-        ``noise_multiplier * clip``; in ``distributed`` placement each client adds
-        ``noise_multiplier * clip / sqrt(min_reports)`` and a round with fewer reports is dropped.
+        ``sigma = noise_multiplier * clip``. ``local``: each report carries Gaussian noise of std sigma
+        (the device's float-safe rounded Gaussian). ``distributed``: the device's Skellam mechanism on
+        the SecAgg+ grid (``fedfilter.simulations.engine.skellam_round``): each report carries
+        ``Sk(mu_share)``, ``mu_share = mu_total / min_reports`` (rounded up), ``mu_total = (sigma /
+        gamma)**2`` (rounded down) in grid units, the coordinator sees only the sum mod q, and a
+        round with fewer than ``min_reports`` reports is not released; needs ``filter_kind="rdp"``.
+        ``central`` (simulation only; papers/004's private GD): the coordinator sums the clipped
+        updates and adds one ``N(0, sigma^2 I)`` draw; needs ``noise_draw="aggregate"``.
     after_exhaustion
         ``noise-only`` (keeps sending pure-noise reports) or ``leave`` (sends a marker); one value
         or one per client.
@@ -152,8 +160,18 @@ class EngineConfig:
             problems.append(f"client_mode must be one of {CLIENT_MODES}. Found {self.client_mode!r}.")
         if self.filter_kind not in FILTER_KINDS:
             problems.append(f"filter_kind must be one of {FILTER_KINDS}. Found {self.filter_kind!r}.")
-        if self.placement not in PLACEMENTS:
-            problems.append(f"placement must be one of {PLACEMENTS}. Found {self.placement!r}.")
+        if self.placement not in ENGINE_PLACEMENTS:
+            problems.append(f"placement must be one of {ENGINE_PLACEMENTS}. Found {self.placement!r}.")
+        if self.placement == "distributed" and self.filter_kind != "rdp":
+            problems.append(
+                "placement='distributed' runs Skellam noise on the SecAgg+ grid, which only the rdp filter "
+                f"accounts (devices refuse it otherwise): filter_kind must be 'rdp'. Found {self.filter_kind!r}."
+            )
+        if self.placement == "central" and self.noise_draw != "aggregate":
+            problems.append(
+                "placement='central' adds the coordinator's one draw to the sum, so it needs "
+                f"noise_draw='aggregate'. Found noise_draw={self.noise_draw!r}."
+            )
         if self.noise_draw not in NOISE_DRAWS:
             problems.append(f"noise_draw must be one of {NOISE_DRAWS}. Found {self.noise_draw!r}.")
         if self.norms not in NORMS:
@@ -188,7 +206,11 @@ class EngineConfig:
 
     @property
     def added_std(self) -> float:
-        """The noise std each client adds (``fedfilter.client.release.FilteredClient.release``)."""
+        """The Gaussian noise std each client adds in local placement
+        (``fedfilter.client.release.FilteredClient.release``); distributed reports carry Skellam noise
+        (``fedfilter.simulations.engine.skellam_round.SkellamRound``), central ones none."""
+        if self.placement != "local":
+            raise ValueError(f"added_std is the local placement's Gaussian std. Found placement={self.placement!r}.")
         return added_noise_std(float(self.noise_multiplier), float(self.clip), self.placement, self.min_reports)
 
 

@@ -12,8 +12,14 @@ Per round, for the clients asked (``FilteredClient.release`` for each, in vector
    certified norms and the clipped sum layer by layer (``fedfilter.simulations.engine.layerwise``);
 3. ``filt.charge`` / ``filt.admits`` / ``filt.spend`` on all rows at once;
 4. noise: per client with the device's generator, or one aggregate draw (``noise_draw``);
-5. the coordinator: plain mean of the reports, dropped in ``distributed`` placement below
-   ``min_reports`` reports, then ``w + server_lr * mean`` (``fedfilter.coordinator.strategy``).
+5. the coordinator: plain mean of the reports, then ``w + server_lr * mean``
+   (``fedfilter.coordinator.strategy``).
+
+``distributed`` placement runs the device's other mechanism instead: Skellam noise on the SecAgg+
+integer grid, charged to the rdp filter at alpha*, and the coordinator's mean from the wrapped
+integer sum of at least ``min_reports`` reports (``fedfilter.simulations.engine.distributed_round``).
+``central`` placement (simulation only, no device runs it) is papers/004's trusted curator: the clipped
+updates are summed in the clear and one ``N(0, (z C)^2 I)`` draw is added to the sum.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from fedfilter.client.mechanism import add_grid_noise, certified_norm, clip_to_n
 from fedfilter.client.privacy.filters import GaussianFilter, exhausted, make_filter, round_allowance
 from fedfilter.client.round_rules import model_step, reports_needed
 from fedfilter.simulations.engine.config import EngineConfig, EngineResult, RoundRecord
+from fedfilter.simulations.engine.distributed_round import DistributedPlacement
 from fedfilter.simulations.engine.layerwise import LayerwiseClippedSum, supported
 from fedfilter.simulations.engine.norms import clip_rows
 from fedfilter.simulations.engine.seeds import aggregate_noise_rng, client_noise_stream, sampling_rng
@@ -120,12 +127,16 @@ class Engine:
         self._fast = None
         if cfg.norms == "fast":
             self.fast_fallback = (
-                "multi-example clients' updates come from local SGD"
+                "distributed placement needs each client's integer update on the SecAgg+ grid (its Skellam "
+                "charge is at its exact integer norms), which the fast mode never forms"
+                if cfg.placement == "distributed"
+                else "multi-example clients' updates come from local SGD"
                 if mode != "single-example"
                 else supported(self.model)
             )
             if self.fast_fallback is None:
                 self._fast = LayerwiseClippedSum(self.model, self.task.loss)
+        self._distributed = DistributedPlacement(self) if cfg.placement == "distributed" else None
 
     # --- privacy: the filters, vectorised over clients ------------------------------------------
     def allowance(self, clients: np.ndarray) -> np.ndarray:
@@ -146,6 +157,18 @@ class Engine:
                 )
         return out
 
+    def has_budget(self, clients: np.ndarray) -> np.ndarray:
+        """True where a client would still contribute data this round (the placement's exhaustion rule:
+        the Gaussian allowance, or in distributed placement the Skellam one on the integer grid)."""
+        if self._distributed is not None:
+            return ~self._distributed.exhausted(clients)
+        return ~exhausted(self.allowance(clients), self.config.clip, self.config.exhausted_below)
+
+    def _skellam_spend(self, client: int, rule, charge: np.ndarray, k: list[np.ndarray]) -> None:
+        """One client's distributed spend (``ClientRule.spend``: admits, then both filters); its integer
+        update ``k`` is passed for tests that recompute the charge."""
+        self.state[client], self.run_state[client] = rule.spend(self.state[client], self.run_state[client], charge)
+
     def _spend(self, clients: np.ndarray, norms: np.ndarray) -> None:
         """Charge, check and spend for ``clients`` (``FilteredClient.release``, all rows at once)."""
         cfg = self.config
@@ -164,11 +187,15 @@ class Engine:
             self.run_state[rows] = run_filt.spend(self.run_state[rows], charge)
 
     # --- one round ------------------------------------------------------------------------------
+    @property
+    def n_sampled(self) -> int:
+        """Clients asked per round."""
+        return self.n if self._sampler is None else max(1, math.ceil(self.config.fraction * self.n))
+
     def _sample(self) -> np.ndarray:
         if self._sampler is None:
             return np.arange(self.n)
-        k = max(1, math.ceil(self.config.fraction * self.n))
-        return np.sort(self._sampler.choice(self.n, size=k, replace=False))
+        return np.sort(self._sampler.choice(self.n, size=self.n_sampled, replace=False))
 
     def _updates(self, clients: np.ndarray) -> np.ndarray:
         """Flat float32 updates ``(len(clients), dim)`` before clipping."""
@@ -222,17 +249,15 @@ class Engine:
             norms[j] = norm
         return norms
 
-    def step(self) -> RoundRecord:
-        """Run one round and return its record (the model is updated in place)."""
-        cfg, started = self.config, time.perf_counter()
-        self.round_id += 1
-        clients = self._sample()
+    def _gaussian_round(self, clients: np.ndarray):
+        """Local (and central) placement: Gaussian noise on the float grid, the Gaussian filters.
+
+        Returns ``(out, active, reporting, mean)``: who had nothing left, who contributed data, who
+        sent pure noise, and the mean the coordinator steps with (None if not released)."""
+        cfg = self.config
         allow = self.allowance(clients)
         out = exhausted(allow, cfg.clip, cfg.exhausted_below)
-        newly = clients[out & (self.exhausted_round[clients] < 0)]
-        self.exhausted_round[newly] = self.round_id
         active, reporting = clients[~out], clients[out & ~self.leave[clients]]
-
         total = np.zeros(self.layout.dim, dtype=np.float64)
         norms = np.zeros(len(active))
         allow_active = allow[~out]
@@ -262,18 +287,34 @@ class Engine:
 
         reports = len(active) + len(reporting)
         if not per_client and reports:
-            # One draw for the sum: the sum of `reports` independent N(0, s^2 I) reports is exactly
-            # N(0, reports * s^2 I), in local and distributed placement alike (in distributed
-            # placement s = z C / sqrt(m), so m reports carry the full N(0, (z C)^2 I)). Only the
-            # aggregate is formed, never the individual reports. A device's float-safe report is the
-            # Gaussian rounded to a grid 2**16 times finer than s (client/noise.py): its variance is
-            # about s^2 (1 + 2**-32 / 12), a difference this simulated draw leaves out.
+            # One draw for the sum. Local: the sum of `reports` independent N(0, s^2 I) reports is
+            # exactly N(0, reports * s^2 I), s = z C; only the aggregate is formed, never the
+            # individual reports. A device's float-safe report is the Gaussian rounded to a grid 2**16
+            # times finer than s (client/noise.py): its variance is about s^2 (1 + 2**-32 / 12), a
+            # difference this simulated draw leaves out. Central: the coordinator's one N(0, (z C)^2 I).
+            std = cfg.accounted_std if cfg.placement == "central" else cfg.added_std * math.sqrt(reports)
             rng = aggregate_noise_rng(cfg.seed, cfg.run_id, self.round_id)
-            total += rng.normal(0.0, cfg.added_std * math.sqrt(reports), size=self.layout.dim)
-        released = reports >= reports_needed(cfg.placement, cfg.min_reports)
+            total += rng.normal(0.0, std, size=self.layout.dim)
+        if reports < reports_needed(cfg.placement, cfg.min_reports):
+            return out, active, reporting, None
+        return out, active, reporting, (total / reports).astype(np.float32)  # coordinator.strategy.plain_mean
+
+    def step(self) -> RoundRecord:
+        """Run one round and return its record (the model is updated in place)."""
+        cfg, started = self.config, time.perf_counter()
+        self.round_id += 1
+        clients = self._sample()
+        if self._distributed is not None:
+            outcome = self._distributed.run(clients, self.round_id)
+            out, active, reporting, mean = outcome.out, outcome.active, outcome.reporting, outcome.mean
+        else:
+            out, active, reporting, mean = self._gaussian_round(clients)
+        newly = clients[out & (self.exhausted_round[clients] < 0)]
+        self.exhausted_round[newly] = self.round_id
+        reports = len(active) + len(reporting)
+        released = mean is not None
         agg_norm = 0.0
-        if released:
-            mean = (total / reports).astype(np.float32)  # coordinator.strategy.plain_mean
+        if mean is not None:
             agg_norm = float(np.sqrt(np.sum(np.square(mean, dtype=np.float64))))
             self.weights = model_step(self.weights, self.layout.views(mean), cfg.server_lr)
 

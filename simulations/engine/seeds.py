@@ -45,3 +45,9 @@ def aggregate_noise_rng(seed: int, run_id: str, round_id: int) -> np.random.Gene
 def sampling_rng(seed: int, run_id: str) -> np.random.Generator:
     """The generator the engine samples clients with when ``fraction < 1``."""
     return make_rng(int.from_bytes(_digest("fedfilter.engine.sampling", int(seed), run_id)[:16], "little"))
+
+
+def aggregate_noise_stream(seed: int, run_id: str, round_id: int) -> NoiseStream:
+    """The stream of the one Skellam draw per distributed round (``noise_draw="aggregate"``): a
+    ChaCha20 stream like a device's, keyed apart from every client's (simulation only)."""
+    return NoiseStream.from_seed("fedfilter.engine.aggregate-skellam", int(seed), run_id, int(round_id))

@@ -4,9 +4,9 @@ Both run on the vectorised engine with one single-example client per training po
 
 * a client reports ``-grad loss(theta; X_i)`` clipped to ``min(C, allowance)`` (the allowance is
   Algorithm 7's ``sqrt(B_norm - sum_j ||g_j||^2)`` in the filter's units);
-* placement ``distributed`` with ``min_reports = n`` and one aggregate noise draw: the sum
-  carries exactly ``N(0, sigma^2 C^2 I)``, as in Algorithms 6 and 7 (every client keeps
-  reporting, exhausted ones with pure noise, so the sum is always over ``n`` reports);
+* placement ``central`` (the engine's trusted curator): the clipped updates are summed and one
+  ``N(0, sigma^2 C^2 I)`` draw is added, as in Algorithms 6 and 7 (every client keeps reporting,
+  exhausted ones a zero update, so the sum is always over ``n`` reports);
 * the coordinator divides by ``n`` and steps ``theta <- theta - eta * mean``.
 
 With the filter's budget equal to ``k`` full-norm steps (``B_norm = k C^2``), every clip during
@@ -193,7 +193,7 @@ def engine_config(
         filter_kind=setting.filter_kind,
         noise_multiplier=setting.sigma,
         clip=setting.clip,
-        placement="distributed",
+        placement="central",
         min_reports=n,
         after_exhaustion="noise-only",
         noise_draw="aggregate",

@@ -30,6 +30,7 @@ from fedfilter.simulations.study.config_checks import (
     check_distribution,
     check_federation,
     check_min_reports,
+    check_placement_filter,
     check_study,
     check_sweep,
 )
@@ -62,6 +63,7 @@ def parse_study(text: str, source: str = "<config>") -> StudyConfig:
 
     # Cross-checks between tables (see check_min_reports).
     check_min_reports(c, federation, sweep, datas)
+    check_placement_filter(c, study, sweep)
     if c.problems:
         raise StudyConfigError(source, c.problems)
     return StudyConfig(

@@ -297,7 +297,7 @@ def check_min_reports(c: Checker, federation: dict, sweep: dict, datas: dict[str
     if "distributed" in sweep.get("noise", []) and _is_int(m) and m < 2:
         c.problems.append(
             f"federation.min_reports must be >= 2 when sweep.noise includes 'distributed' "
-            f"(each client adds 1/sqrt(min_reports) of the noise). Found {m!r}."
+            f"(each client adds 1/min_reports of the noise variance). Found {m!r}."
         )
     if _is_int(m) and "distributed" in sweep.get("noise", []):
         for name in sweep.get("data", []):
@@ -312,3 +312,14 @@ def check_min_reports(c: Checker, federation: dict, sweep: dict, datas: dict[str
                     f"[data.{name}] (fraction {frac:g} of {d.num_clients}): every distributed round would "
                     f"be dropped. Found min_reports = {m!r}."
                 )
+
+
+def check_placement_filter(c: Checker, study: dict, sweep: dict) -> None:
+    """Distributed noise is Skellam on the SecAgg+ grid, which only the rdp filter accounts (devices
+    refuse it under gdp or zcdp); the study's one filter then serves its local runs too, so local and
+    distributed runs spend the same kind of budget."""
+    if "distributed" in sweep.get("noise", []) and study.get("filter") in FILTER_KINDS and study["filter"] != "rdp":
+        c.problems.append(
+            "study.filter must be 'rdp' when sweep.noise includes 'distributed' (distributed noise is Skellam "
+            f"on the SecAgg+ grid, accounted by the rdp filter only). Found filter = {study['filter']!r}."
+        )

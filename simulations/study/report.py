@@ -22,10 +22,12 @@ MODE_NOTES = """\
 * **leave**: an exhausted client answers with a "left" marker. The coordinator sees the departure,
   and the round of departure depends on the client's data (its update norms): the guarantee does
   not cover that signal.
-* **local** noise: every report carries the full noise (local DP). **distributed**: each client adds
-  1/sqrt(min_reports) of it, so only the sum of at least `min_reports` reports is private; in a real
-  deployment this needs secure aggregation, and a round with fewer reports is dropped (column
-  "released"). Distributed mode is simulation-only until SecAgg+ is wired in.
+* **local** noise: every report carries the full Gaussian noise (local DP). **distributed**: each
+  device snaps its clipped update to SecAgg+'s integer grid and adds a Skellam share of 1/min_reports
+  of the noise variance; SecAgg+ reveals only the sum of at least `min_reports` reports, which carries
+  the full noise, and a round with fewer reports is not released (column "released"). Each device is
+  charged the Skellam mechanism's Rényi loss at its actual integer update, by the rdp filter (as the
+  devices and `fedfilter.simulations.engine.skellam_round` do).
 """
 
 COLUMN_NOTES = """\

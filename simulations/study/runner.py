@@ -20,7 +20,6 @@ from typing import Any
 
 import numpy as np
 
-from fedfilter.client.privacy.filters import exhausted
 from fedfilter.simulations.study.groups import Grouping, make_grouping
 from fedfilter.simulations.study.specs import DataSpec, RunSpec, StudyConfig
 
@@ -124,7 +123,7 @@ def run_one(
     everyone = np.arange(task.num_clients)
 
     def budget_left(clients: np.ndarray) -> np.ndarray:
-        return ~exhausted(engine.allowance(clients), ec.clip, ec.exhausted_below)
+        return engine.has_budget(clients)  # the placement's own exhaustion rule (Gaussian or Skellam)
 
     # A client's filter state changes only when it contributes, so after the first full check only
     # the rows that changed this round are read again (the allowance is one call per distinct budget).

@@ -23,14 +23,14 @@ def test_the_defaults_are_the_apps_toml_table():
 def test_server_client_and_demo_read_the_same_table():
     from fedfilter.app.client_app import TRAIN_KEYS
     from fedfilter.app.server_app import SERVER_DEFAULTS, server_config
-    from fedfilter.cmd_demo import DEFAULTS, register
+    from fedfilter.cmd_demo import DEFAULTS, placement_defaults, register
 
     table = _toml_table()
     assert SERVER_DEFAULTS == table and server_config({}) == table
     assert set(TRAIN_KEYS) <= set(table)
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers())
-    args = parser.parse_args(["demo", "--out", "x"])
+    args = placement_defaults(parser.parse_args(["demo", "--out", "x"]))  # local placement's defaults
     assert (args.noise_multiplier, args.clip, args.local_epochs, args.lr, args.server_lr, args.task) == (
         table["noise-multiplier"],
         table["clip"],

@@ -260,3 +260,91 @@ def test_deployment_run_under_tls_and_node_auth_keeps_every_device_within_budget
         # epsilon is converted from the filter state rounding up, so a budget spent exactly
         # reads a few ulp above it: the tolerance `fedfilter demo` checks too
         assert client["spent_epsilon"] <= client["budget_epsilon"] * (1 + 1e-9)
+
+
+# --- distributed placement (Skellam shares over SecAgg+) -----------------------------------------
+
+
+def test_distributed_placement_enrols_rdp_sets_the_threshold_and_refuses_what_would_break_it(tmp_path):
+    options = DeployOptions(clients=5, placement="distributed")
+    options.check()
+    assert (options.filter, options.reports_needed) == ("rdp", 3)  # ceil(5 / 2)
+    from fedfilter.deploy.command import device_node_config
+
+    assert device_node_config(0, options, tmp_path)["filter"] == "rdp"
+    app = {"num-rounds": 5, "placement": "local", "min-reports": 1, "min-available-nodes": 2}
+    assert build_run_config(app, options, tmp_path / "l.sqlite") == {
+        "num-rounds": 2,
+        "min-available-nodes": 5,
+        "placement": "distributed",
+        "min-reports": 3,
+    }
+    assert build_run_config(app, DeployOptions(clients=5), tmp_path)["placement"] == "local"
+    with pytest.raises(ValueError, match="declares no 'placement'"):
+        build_run_config({"num-rounds": 5}, options, tmp_path)
+    bad = {
+        "--filter rdp": DeployOptions(clients=3, placement="distributed", filter_kind="gdp"),
+        "at most --clients=3": DeployOptions(clients=3, placement="distributed", min_reports=4),
+        "distributed only": DeployOptions(clients=3, min_reports=2),
+        "--run-config may not set": DeployOptions(clients=3, run_config={"placement": "distributed"}),
+        "--placement must be": DeployOptions(clients=3, placement="central"),
+        "--clients >= 2": DeployOptions(clients=1, placement="distributed"),
+    }
+    for words, opts in bad.items():
+        with pytest.raises(ValueError, match=words):
+            opts.check()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_distributed_rounds_under_tls_and_node_auth_release_sums_and_keep_devices_within_budget(tmp_path):
+    """>= 3 SuperNodes, each its own process (its ClientApps install the cryptographic masks through
+    the secure aggregation mod; the ServerApp through the strategy), 2 distributed rounds."""
+    from fedfilter.client.ledger import BudgetLedger
+    from fedfilter.coordinator.public_ledger import PublicLedger
+
+    out, clients, rounds = tmp_path / "deploy", 3, 2
+    lines: list[str] = []
+    code = deploy_local(
+        DeployOptions(
+            clients=clients,
+            rounds=rounds,
+            out=out,
+            app_dir=REPO / "fedfilter" / "app",
+            budgets=(2.0, 4.0, 8.0),
+            placement="distributed",
+            reply_hold_s=0.0,
+            timeout_s=480.0,
+            connect_timeout_s=60.0,
+            grace_s=5.0,
+        ),
+        echo=lines.append,
+    )
+    log = "\n".join(lines)
+    assert code == 0, log
+    _assert_nothing_left(out)
+
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "finished:completed", log
+    assert summary["placement"] == "distributed" and summary["secure_aggregation"] is True
+    assert summary["settings"]["tls"] and summary["settings"]["supernode_auth"]
+    assert summary["settings"]["filter"] == "rdp" and summary["settings"]["min_reports"] == 2
+    assert summary["rounds_completed"] == rounds and summary["released_rounds"] >= 1, log
+    with PublicLedger(Path(summary["public_ledger"]), read_only=True) as public:
+        records = public.records(summary["run_id"])
+        config = json.loads([r for r in public.runs() if r.run_id == summary["run_id"]][0].config_json)
+    assert config["placement"] == "distributed"
+    for rec in records:
+        assert rec.clients_sampled == clients
+        assert (not rec.released) or rec.reports_received >= 2
+    assert sum(bool(r.released) for r in records) == summary["released_rounds"]
+    for index, client in enumerate(summary["clients"]):
+        ledger = BudgetLedger.open(out / "devices" / str(index))
+        try:
+            assert ledger.enrolment.filter_kind == "rdp"
+            assert {r.placement for r in ledger.records(summary["run_id"])} == {"distributed"}
+            assert len(ledger.records(summary["run_id"])) == rounds
+            assert bool(ledger.filter.within_budget(ledger.recomputed_state()))
+        finally:
+            ledger.close()
+        assert client["spent_epsilon"] <= client["budget_epsilon"] * (1 + 1e-9)

@@ -9,12 +9,13 @@ certified norms) and then calls it unchanged. Every client's sensitivities are c
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from fractions import Fraction
 
 import numpy as np
 import pytest
-from budget_reference import check_spends, exact_mu2, weights
+from budget_reference import check_spends, exact_mu2, rdp_epsilon, weights
 
 from fedfilter.client.privacy.filters import make_filter
 from fedfilter.simulations.engine import Engine, EngineConfig
@@ -98,3 +99,95 @@ def test_engine_states_and_sensitivities_stay_within_budget_by_independent_accou
                 assert Fraction(float(after[j])) >= Fraction(float(before[j])) + cost, (k, i, j)
                 assert Fraction(float(after[j])) >= total[j], (k, i, j)
         assert np.array_equal(rows[-1][2], engine.state[k])
+
+
+class RecordingDistributedEngine(Engine):
+    """Records, per client, each distributed spend's integer update norms and the states around it."""
+
+    def __init__(self, config, task=None):
+        super().__init__(config, task=task)
+        self.rows: dict[int, list[tuple[int, int, np.ndarray, np.ndarray]]] = defaultdict(list)
+
+    def _skellam_spend(self, client, rule, charge, k):
+        before = self.state[client].copy()
+        super()._skellam_spend(client, rule, charge, k)
+        ints = [int(v) for a in k for v in np.asarray(a).ravel()]  # Python integers: exact norms
+        l1, l2sq = sum(abs(v) for v in ints), sum(v * v for v in ints)
+        self.rows[client].append((l1, l2sq, before, self.state[client].copy()))
+
+
+def akl_rdp(l1: int, l2sq: int, mu: Fraction, order: int) -> Fraction:
+    """Agarwal, Kairouz, Liu 2021 (arXiv 2110.04995) Corollary 3.6 at an integer order, exactly: the
+    RDP of ``k + Sk(mu)`` for an integer k with norms l1 and sqrt(l2sq) (the formula uses l2 squared)."""
+    a = Fraction(order)
+    gaussian = a * l2sq / (2 * mu)
+    discrete = min(((2 * a - 1) * l2sq + 6 * l1) / (4 * mu * mu), Fraction(3 * l1) / (2 * mu))
+    return gaussian + discrete if l2sq else Fraction(0)
+
+
+def akl_rdp_at(l1: int, l2sq: int, mu: Fraction, alpha: float) -> Fraction:
+    """An upper bound on the RDP at a real order alpha from the integer orders around it, exactly:
+    ``(a - 1) D_a`` is convex in ``a`` (van Erven and Harremoes 2014), so with ``n = floor(alpha)``,
+    ``t = alpha - n``: ``D_alpha <= ((1 - t)(n - 1) D_n + t n D_(n+1)) / (alpha - 1)`` (n >= 2), and
+    ``D_alpha <= D_2`` below 2 (monotone in the order)."""
+    a = Fraction(alpha)
+    n = math.floor(a)
+    if n < 2:
+        return akl_rdp(l1, l2sq, mu, 2)
+    t = a - n
+    return ((1 - t) * (n - 1) * akl_rdp(l1, l2sq, mu, n) + t * n * akl_rdp(l1, l2sq, mu, n + 1)) / (a - 1)
+
+
+@pytest.mark.parametrize("norms", ["device", "vectorised"])
+def test_distributed_states_are_the_skellam_charges_at_the_actual_integer_norms(digits, norms):
+    """Each client's lifetime state is the sum of its rounds' Skellam RDP at alpha* (computed here
+    exactly from the integer updates' norms), divided by alpha*: never below it, and above it only by
+    the rounding up of each charge and sum; and that RDP converts to at most the client's epsilon."""
+    from fedfilter.client.privacy.filters import rdp_order  # the order is the filter's choice, fixed in advance
+
+    eps = [0.5, 1.0, 1.5, 2.0, 3.0, 0.5, 1.0, 1.5, 2.0, 8.0]
+    cfg = EngineConfig(
+        task="digits",
+        num_clients=N,
+        epsilon=eps,
+        delta=DELTA,
+        filter_kind="rdp",
+        placement="distributed",
+        min_reports=4,
+        noise_multiplier=3.0,
+        clip=0.1,
+        rounds=5,
+        local_epochs=1,
+        lr=0.5,
+        group_by="none",
+        torch_threads=1,
+        noise_draw="aggregate",
+        eval_every=100,
+        norms=norms,
+    )
+    engine = RecordingDistributedEngine(cfg, task=digits)
+    for _ in range(cfg.rounds):
+        engine.step()
+    gamma = engine._distributed.params.gamma
+    mu = Fraction(engine._distributed.params.mu_total)
+    # The variance the charges assume is at most the request's (float z * C, squared in grid units), and
+    # min_reports shares carry at least it (fewer reports are never released).
+    assert mu <= (Fraction(cfg.accounted_std) / Fraction(gamma)) ** 2
+    assert Fraction(engine._distributed.params.mu_share) * cfg.min_reports >= mu
+    spent_most = 0
+    for k in range(N):
+        filt = make_filter("rdp", eps[k], DELTA)
+        alpha = rdp_order(filt)
+        rows = engine.rows[k]
+        assert rows, f"client {k} never contributed"
+        total = Fraction(0)
+        for l1, l2sq, before, after in rows:
+            cost = akl_rdp_at(l1, l2sq, mu, alpha) / Fraction(alpha)
+            total += cost
+            assert Fraction(float(after[0])) >= Fraction(float(before[0])) + cost
+        state = Fraction(float(engine.state[k, 0]))
+        assert total <= state <= total * (1 + Fraction(1, 10**9)) + Fraction(1, 10**300)
+        # The filter's guarantee, converted independently at alpha* (Canonne-Kamath-Steinke Prop. 12).
+        assert rdp_epsilon([total * Fraction(alpha)], [alpha], DELTA) <= eps[k] * (1 + 1e-12)
+        spent_most += state >= Fraction(float(filt.budget[0])) * Fraction(99, 100)
+    assert spent_most >= 6, "the budgets did not bind"

@@ -65,16 +65,12 @@ def test_noise_only_clients_are_reports_and_leave_clients_are_not(digits):
 
 
 @pytest.mark.parametrize("draw", ["per-client", "aggregate"])
-@pytest.mark.parametrize("placement,m", [("local", 1), ("distributed", N)])
-def test_aggregate_noise_std(digits, draw, placement, m):
+def test_aggregate_noise_std(digits, draw):
     # A budget so small that every client is exhausted from round 1: the round's mean is pure
-    # noise, sum of N reports each N(0, s^2) with s = zC (local) or zC/sqrt(m) (distributed),
-    # so the mean has std s / sqrt(N).
-    z, c = 3.0, 0.5
-    engine = Engine(
-        config(epsilon=1e-4, noise_multiplier=z, clip=c, placement=placement, min_reports=m, noise_draw=draw, rounds=1),
-        task=digits,
-    )
+    # noise, sum of N reports each N(0, s^2) with s = zC, so the mean has std s / sqrt(N).
+    # (Distributed placement: tests/simulations/test_engine_distributed.py.)
+    z, c, m = 3.0, 0.5, 1
+    engine = Engine(config(epsilon=1e-4, noise_multiplier=z, clip=c, noise_draw=draw, rounds=1), task=digits)
     before = np.concatenate([w.ravel() for w in engine.weights]).astype(np.float64)
     record = engine.step()
     assert record.contributing == 0 and record.reports_seen == N and record.released
@@ -87,7 +83,10 @@ def test_aggregate_noise_std(digits, draw, placement, m):
 
 def test_distributed_round_below_min_reports_is_dropped(digits):
     engine = Engine(
-        config(epsilon=1e-4, placement="distributed", min_reports=N, after_exhaustion="leave", rounds=1), task=digits
+        config(
+            epsilon=1e-4, placement="distributed", filter_kind="rdp", min_reports=N, after_exhaustion="leave", rounds=1
+        ),
+        task=digits,
     )
     before = [w.copy() for w in engine.weights]
     record = engine.step()

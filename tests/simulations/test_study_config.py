@@ -1,6 +1,7 @@
 """Dropout-study config: every problem reported at once, budgets drawn as stated."""
 
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,6 +14,7 @@ GOOD = """
 name = "t"
 rounds = 3
 seeds = [0, 1]
+filter = "rdp"
 
 [federation]
 noise_multiplier = 1.0
@@ -208,3 +210,9 @@ def test_cli_reports_config_errors_and_dry_run(tmp_path, capsys):
     assert "epsilon_i = 4 x lognormal(median 1, sigma 0.8)" in out
     assert main(["study", "dropout", "--config", str(tmp_path / "missing.toml"), "--dry-run"]) == 2
     assert "is not a file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("path", sorted(Path(__file__).parents[2].joinpath("simulations", "configs").glob("*.toml")))
+def test_the_shipped_study_configs_parse(path):
+    study = parse_study(path.read_text())
+    assert study.filter == "rdp" or "distributed" not in study.sweep["noise"]

@@ -71,7 +71,7 @@ def test_no_client_spends_more_than_its_budget(study):
         assert run["budget"]["distribution"] == "epsilon_i = 0.5 x two-level(1 w.p. 0.75, 40 w.p. 0.25)"
         # ground truth "with budget" agrees with the filters: a client with budget 0.5 has at most a
         # fraction of one full-norm round (mu_B < 1 at z = 1), so it is out after its first round
-        small = make_filter("gdp", 0.5, 1e-5)
+        small = make_filter("rdp", 0.5, 1e-5)
         assert small.allowance(small.initial_state(), noise_std=1.0) < 1.0
         n_small = sum(e == 0.5 for e in run["budget"]["epsilon_per_client"])
         assert run["with_budget_per_round"][-1] <= run["num_clients"] - n_small

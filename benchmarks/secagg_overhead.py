@@ -1,0 +1,327 @@
+"""Seconds per round with and without Flower's SecAgg+, same clients, same model, same run.
+
+    python benchmarks/secagg_overhead.py [--clients 10 20 50] [--rounds 3] [--warmup 1] [--num-shares 1.0]
+
+Where: in-process rounds through ``tests/secagg_loopback.py``'s ``LoopbackGrid`` (every message goes
+through Flower's wire format to an in-process ClientApp, one node after the other; no Ray, no
+network), so a round's time is the whole federation's compute: every client's and the server's.
+Flower's real protocol code runs on both sides: the legacy ``DefaultWorkflow`` fit round
+(``default_fit_workflow``) for the plain rounds, ``SecAggPlusWorkflow`` (setup, share keys, collect
+masked vectors, unmask) with ``secaggplus_mod`` on the clients for the secure rounds, both with
+fedfilter's cryptographic mask generator installed (``fedfilter.client.secagg_masks``) and with the
+integer grid of distributed placement (``fedfilter.client.secagg_grid``: ``secaggplus_settings``,
+``encode_report``, ``decode_sum``), reconstruction threshold ``ceil(clients / 2)``.
+
+The clients: the built-in digits task, ``local-epochs`` epochs of SGD (``fedfilter.app.task``), the
+update clipped to C = 0.4 and snapped toward zero on the grid (``mechanism.snap_toward_zero``); a plain
+client sends ``k * step`` in float32, a secure one ``encode_report(k, q)`` under SecAgg+ masks. The
+coordinator decodes and applies the mean (``w + mean``) in both (and checks that every unmasked
+sum equals the sum of the integer reports the clients sent, exactly), so the model trains the same way
+whichever variant a round uses; plain and secure rounds alternate (after ``--warmup`` untimed rounds
+of each), so machine load hits both alike. No noise and no accounting: this is the cost of the
+secure-aggregation protocol itself (``benchmarks/flower_overhead.py`` measures the filter's).
+
+Printed per federation size: median seconds per round for each variant, their ratio, and the split
+into client compute (summed over the clients, per client-round) and everything else (server
+workflow, wire format), as measured around each ClientApp call; then the seconds per secure round
+spent inside Flower's SecAgg+ primitives (Shamir split on the clients and combine on the server,
+pycryptodome's pure-Python GF(2^128) arithmetic; ECDH key agreement; share encryption; masks).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))  # secagg_loopback (a test helper, as flower_overhead uses probe_coordinator)
+
+CLIP = 0.4
+
+
+def _client_app(task, pid_of: dict, sent: dict, clip: float, local_epochs: int, lr: float):
+    """A legacy NumPyClient per node (what SecAgg+ needs); ``config["secagg"]`` picks the encoding."""
+    import numpy as np
+    from flwr.client import NumPyClient
+    from flwr.clientapp import ClientApp
+
+    from fedfilter.app.task import local_update, set_weights
+    from fedfilter.client.mechanism import snap_toward_zero
+    from fedfilter.client.secagg_grid import encode_report, grid_step
+
+    step = grid_step(clip)
+
+    class Client(NumPyClient):
+        def __init__(self, pid: int):
+            self.pid = pid
+
+        def fit(self, parameters, config):
+            model = task.model_fn()
+            set_weights(model, parameters)
+            x, y = task.train_data[self.pid]
+            local_update(model, x, y, epochs=local_epochs, lr=lr, batch_size=32, seed=int(config["round"]) + self.pid)
+            new = [v.detach().numpy().astype(np.float64) for v in model.state_dict().values()]
+            delta = [n - np.asarray(p, dtype=np.float64) for n, p in zip(new, parameters)]
+            norm = math.sqrt(sum(float(np.sum(d * d)) for d in delta))
+            scale = min(1.0, clip / norm) if norm > 0 else 1.0
+            k = snap_toward_zero([d * scale for d in delta], step)  # int64 multiples of step
+            if config["secagg"]:
+                sent[int(config["round"])].append(k)  # the benchmark's own check of the unmasked sum
+                return encode_report(k, int(config["q"])), 1, {}
+            return [(ki * step).astype(np.float32) for ki in k], 1, {}
+
+    def client_fn(ctx):
+        return Client(pid_of[ctx.node_id]).to_client()
+
+    from flwr.client.mod import secaggplus_mod
+
+    # The same client, bare for plain rounds and inside secaggplus_mod for secure ones.
+    return ClientApp(client_fn=client_fn), ClientApp(client_fn=client_fn, mods=[secaggplus_mod])
+
+
+def _strategy(weights_ref: list, clip: float, q: int, sent: dict):
+    """Legacy FedAvg whose aggregate is ``w + mean(update)``; under SecAgg+ the mean is decoded exactly."""
+    import numpy as np
+    from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
+    from flwr.server.strategy import FedAvg
+
+    from fedfilter.client.secagg_grid import decode_sum, grid_step
+
+    step = grid_step(clip)
+
+    class MeanUpdate(FedAvg):
+        secagg = False
+
+        def aggregate_fit(self, server_round, results, failures):
+            if not results:
+                return None, {}
+            if self.secagg:  # one unmasked sum, handed over once per active node
+                n = len(results)
+                total = decode_sum(parameters_to_ndarrays(results[0][1].parameters), n, q)
+                expected = [np.sum([k[i] for k in sent[server_round]], axis=0) for i in range(len(total))]
+                if len(sent[server_round]) != n or any(not np.array_equal(t, e) for t, e in zip(total, expected)):
+                    raise RuntimeError(f"round {server_round}: the unmasked sum is not the sum of the integer reports")
+                mean = [t.astype(np.float64) * step / n for t in total]
+            else:
+                updates = [parameters_to_ndarrays(r.parameters) for _, r in results]
+                mean = [np.mean([u[i].astype(np.float64) for u in updates], axis=0) for i in range(len(updates[0]))]
+            weights_ref[0] = [(w + m).astype(w.dtype) for w, m in zip(weights_ref[0], mean)]
+            return ndarrays_to_parameters(weights_ref[0]), {}
+
+    return MeanUpdate(
+        fraction_fit=1.0,
+        fraction_evaluate=0.0,
+        min_fit_clients=1,
+        min_evaluate_clients=0,
+        min_available_clients=1,
+    )
+
+
+# Flower's SecAgg+ primitives, timed where its client mod and server workflow call them.
+_PRIMITIVES = {
+    "flwr.client.mod.secure_aggregation.secaggplus_mod": (
+        "create_shares",
+        "generate_shared_key",
+        "encrypt",
+        "decrypt",
+        "pseudo_rand_gen",
+    ),
+    "flwr.server.workflow.secure_aggregation.secaggplus_workflow": (
+        "combine_shares",
+        "generate_shared_key",
+        "pseudo_rand_gen",
+    ),
+}
+
+
+def time_primitives(spent: dict[str, float]):
+    """Wrap each primitive (after the mask generator was installed) to add its wall time to ``spent``;
+    returns a function that puts the originals back."""
+    import importlib
+
+    undo = []
+    for module_name, names in _PRIMITIVES.items():
+        module = importlib.import_module(module_name)
+        side = "server" if "workflow" in module_name else "client"
+        for name in names:
+            original = getattr(module, name)
+
+            def timed(*a, _f=original, _key=f"{side} {name}", **kw):
+                started = time.perf_counter()
+                try:
+                    return _f(*a, **kw)
+                finally:
+                    spent[_key] += time.perf_counter() - started
+
+            setattr(module, name, timed)
+            undo.append((module, name, original))
+
+    def restore() -> None:
+        for module, name, original in undo:
+            setattr(module, name, original)
+
+    return restore
+
+
+def run_size(n: int, args) -> dict:
+    import numpy as np
+    import torch
+    from flwr.app import ArrayRecord, ConfigRecord, Context, RecordDict
+    from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
+    from flwr.server import LegacyContext, ServerConfig
+    from flwr.server.compat.app_utils import start_update_client_manager_thread
+    from flwr.server.workflow import SecAggPlusWorkflow
+    from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD, Key
+    from flwr.server.workflow.default_workflows import default_fit_workflow
+    from secagg_loopback import LoopbackGrid
+
+    from fedfilter.app.task import evaluate, get_weights, load_task, set_weights
+    from fedfilter.client.secagg_grid import secaggplus_settings
+    from fedfilter.client.secagg_masks import use_cryptographic_masks
+
+    use_cryptographic_masks()  # both sides run in this process: one install covers them
+    primitive_s: dict[str, float] = defaultdict(float)
+    restore = time_primitives(primitive_s)
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    task = load_task("digits", n)
+    model = task.model_fn()
+    weights = [np.asarray(w) for w in get_weights(model)]
+    nodes = [1000 + i for i in range(n)]
+    pid_of = {nid: i for i, nid in enumerate(nodes)}
+    settings = secaggplus_settings(n)
+    q = settings["quantization_range"]
+    sent: dict[int, list] = defaultdict(list)  # round -> the integer reports the secure clients sent
+    plain_app, secure_app = _client_app(task, pid_of, sent, CLIP, args.local_epochs, args.lr)
+    client_time = {"plain": 0.0, "secagg": 0.0}
+    current = {"variant": "plain"}
+
+    def node_app(msg, ctx):
+        started = time.perf_counter()
+        app = secure_app if RECORD_KEY_CONFIGS in msg.content.config_records else plain_app
+        reply = app(msg, ctx)
+        client_time[current["variant"]] += time.perf_counter() - started
+        return reply
+
+    grid = LoopbackGrid({nid: node_app for nid in nodes})
+    threshold = math.ceil(n / 2)
+    secagg = SecAggPlusWorkflow(num_shares=args.num_shares, reconstruction_threshold=threshold, **settings)
+    ref = [weights]
+    strategy = _strategy(ref, CLIP, q, sent)
+    context = LegacyContext(
+        Context(run_id=7, node_id=1, node_config={}, state=RecordDict(), run_config={}),
+        config=ServerConfig(num_rounds=1),
+        strategy=strategy,
+    )
+    thread, stop, done = start_update_client_manager_thread(grid, context.client_manager)
+    done.wait()
+    context.state.array_records[MAIN_PARAMS_RECORD] = ArrayRecord(weights)
+    cfg = ConfigRecord({Key.START_TIME: time.time()})
+    context.state.config_records[MAIN_CONFIGS_RECORD] = cfg
+    times: dict[str, list[float]] = {"plain": [], "secagg": []}
+    primitives_timed: dict[str, float] = defaultdict(float)
+    per_client: dict[str, list[float]] = {"plain": [], "secagg": []}
+    round_id = 0
+    try:
+        for timed in [False] * args.warmup + [True] * args.rounds:
+            for variant in ("plain", "secagg"):
+                round_id += 1
+                cfg[Key.CURRENT_ROUND] = round_id
+                current["variant"], strategy.secagg = variant, variant == "secagg"
+                strategy.on_fit_config_fn = lambda r, v=variant: {"secagg": v == "secagg", "q": q, "round": r}
+                before, before_primitives = client_time[variant], dict(primitive_s)
+                started = time.perf_counter()
+                (secagg if variant == "secagg" else default_fit_workflow)(grid, context)
+                elapsed = time.perf_counter() - started
+                if timed:
+                    times[variant].append(elapsed)
+                    per_client[variant].append((client_time[variant] - before) / n)
+                    for key, value in primitive_s.items():
+                        primitives_timed[key] += (value - before_primitives.get(key, 0.0)) / args.rounds
+        # the messages each node got in a secure round: 4 stages; in a plain one: 1
+        stages = sorted(
+            {
+                str(m.content.config_records[RECORD_KEY_CONFIGS]["stage"])
+                for m in grid.sent
+                if RECORD_KEY_CONFIGS in m.content.config_records
+            }
+        )
+    finally:
+        restore()
+        stop.set()
+        thread.join()
+    set_weights(model, ref[0])
+    _, accuracy = evaluate(model, *task.test_data, loss_fn=task.loss)
+    plain, sec = statistics.median(times["plain"]), statistics.median(times["secagg"])
+    return {
+        "clients": n,
+        "threshold": threshold,
+        "num_shares": args.num_shares,
+        "quantization_range": q,
+        "plain_s_per_round": plain,
+        "secagg_s_per_round": sec,
+        "ratio": sec / plain,
+        "plain_client_s_per_client_round": statistics.median(per_client["plain"]),
+        "secagg_client_s_per_client_round": statistics.median(per_client["secagg"]),
+        "plain_rest_s_per_round": plain - n * statistics.median(per_client["plain"]),
+        "secagg_rest_s_per_round": sec - n * statistics.median(per_client["secagg"]),
+        "rounds_timed": args.rounds,
+        "secagg_stages": stages,
+        "accuracy_after": float(accuracy),
+        # mean seconds per secure round inside each SecAgg+ primitive (all clients, or the server)
+        "primitive_s_per_round": {k: round(v, 4) for k, v in sorted(primitives_timed.items())},
+        "unmasked_sums_checked": sum(1 for r in sent.values() if r),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--clients", type=int, nargs="+", default=[10, 20, 50])
+    parser.add_argument("--rounds", type=int, default=3, help="timed rounds of each variant (default 3)")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed rounds of each variant first (default 1)")
+    parser.add_argument("--num-shares", type=float, default=1.0, help="SecAgg+ num_shares, a share of the nodes")
+    parser.add_argument("--local-epochs", type=int, default=2)
+    parser.add_argument("--lr", type=float, default=0.1)
+    parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
+    args = parser.parse_args(argv)
+    import torch
+
+    print(
+        f"# {platform.node()} {platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
+        f"python {platform.python_version()}; in-process LoopbackGrid rounds (no Ray), digits MLP"
+    )
+    print(
+        "| clients | threshold | plain s/round | SecAgg+ s/round | ratio | client ms/client-round plain / SecAgg+ "
+        "| rest s/round plain / SecAgg+ |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    rows = []
+    for n in args.clients:
+        row = run_size(n, args)
+        rows.append(row)
+        print(
+            f"| {n} | {row['threshold']} | {row['plain_s_per_round']:.3f} | {row['secagg_s_per_round']:.3f} | "
+            f"{row['ratio']:.2f} | {1e3 * row['plain_client_s_per_client_round']:.1f} / "
+            f"{1e3 * row['secagg_client_s_per_client_round']:.1f} | {row['plain_rest_s_per_round']:.3f} / "
+            f"{row['secagg_rest_s_per_round']:.3f} |",
+            flush=True,
+        )
+    for row in rows:
+        shown = ", ".join(f"{k} {v:.3f}" for k, v in row["primitive_s_per_round"].items())
+        print(f"# {row['clients']} clients, s per SecAgg+ round inside Flower's primitives: {shown}")
+    print(f"# load average {os.getloadavg()[0]:.1f} at the end")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,139 @@
+"""Distributed placement in the engine: Skellam noise on the SecAgg+ integer grid, as devices run it.
+
+A device in ``distributed`` placement (``fedfilter.client.release_distributed.release_skellam``) does,
+per round, inside its ledger transaction:
+
+1. ``a_G = tx.allowance(noise_std=sigma, clip=C)`` (the Gaussian allowance, min over every quota);
+   ``g = filt.charge(sensitivity=a_G, noise_std=sigma)``; ``L2_allow = skellam_allowance(g, ...)``:
+   the largest integer-grid L2 norm whose worst-case Skellam charge is at most ``g``;
+2. exhausted when ``L2_allow * gamma <= exhausted_below * C``;
+3. clip to ``L2_allow * gamma`` (a few ulps short), snap toward zero on ``gamma = grid_step(C)`` (integer ``k``), exact
+   integer norms, ``charge = skellam_charge(filt, l1, l2_up(l2sq), mu_total)``, admits, spend;
+4. after the commit: ``y = k + Sk(mu_share)``, wrapped mod ``q`` for SecAgg+.
+
+``ClientRule`` is that rule for one client, with the device's functions in the device's order, so
+the engine's filter states are bitwise a device's. ``SkellamRound`` holds the public numbers of a
+round, from the device's own ``skellam_grid`` (so the engine refuses what a device would).
+
+The coordinator unmasks only ``sum_i y_i mod q`` (``fedfilter.client.secagg_grid.decode_sum``), and
+only when at least ``min_reports`` reports are in; its mean is ``sum * gamma / n``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from fedfilter.client.mechanism import clip_to_norm, snap_toward_zero
+from fedfilter.client.privacy.filters import GaussianFilter, exhausted, rdp_order
+from fedfilter.client.privacy.skellam import integer_norms, l2_up, skellam_allowance, skellam_charge
+from fedfilter.client.release import RoundSpec
+from fedfilter.client.release_distributed import _CLIP_SLACK as CLIP_SLACK  # the device's own constant
+from fedfilter.client.release_distributed import MAX_MU_SHARE, skellam_grid
+from fedfilter.client.round_rules import accounted_noise_std
+from fedfilter.client.secagg_grid import quantization_range
+from fedfilter.client.skellam_noise import add_skellam_noise, skellam_noise
+
+__all__ = ["SkellamRound", "ClientRule", "wrap_centred", "aggregate_skellam"]
+
+
+@dataclass(frozen=True)
+class SkellamRound:
+    """The public numbers of one distributed round, from the request (z, C, m), SecAgg+'s setup for
+    the clients asked, and the filter's order: the device's ``skellam_grid``, plus alpha*."""
+
+    sigma: float  # the accounted std of the released SUM (model units): z * C
+    gamma: float  # the SecAgg+ grid step, grid_step(C)
+    mu_total: float  # the sum's Skellam variance per coordinate, in grid units, rounded down
+    mu_share: float  # each report's share, mu_total / m rounded up (m reports carry >= mu_total)
+    q: int  # SecAgg+'s quantization range for the clients asked
+    alpha: float  # the rdp filter's order alpha*, where Skellam releases are charged
+
+    @classmethod
+    def from_request(
+        cls, noise_multiplier: float, clip: float, min_reports: int, n_sampled: int, filt: GaussianFilter
+    ) -> SkellamRound:
+        """Raises ``RoundSpecError`` (a ValueError) naming the values where a device would refuse the
+        round: no usable variance, a share beyond the sampler, or a sum that would wrap SecAgg+'s range."""
+        spec = RoundSpec("engine", 0, float(noise_multiplier), float(clip), "distributed", int(min_reports))
+        q = quantization_range(int(n_sampled))
+        grid = skellam_grid(spec, target_range=q, sample_num=int(n_sampled))
+        sigma = accounted_noise_std(float(noise_multiplier), float(clip))
+        return cls(sigma, grid.gamma, grid.mu_total, grid.mu_share, q, rdp_order(filt))
+
+
+def wrap_centred(total: np.ndarray, q: int) -> np.ndarray:
+    """``total mod q`` centred in ``[-q/2, q/2)``: what ``decode_sum`` returns for integer reports
+    whose sum is ``total`` (SecAgg+ sums ``(y_i mod q) - q/2`` modulo a multiple of ``q``)."""
+    half = q // 2
+    return np.mod(np.asarray(total, dtype=np.int64) + half, q) - half
+
+
+class ClientRule:
+    """One client's distributed release without the ledger: the device's steps, the device's order.
+
+    ``state`` / ``run_state`` play ``tx.state`` / ``tx.run_state``; the engine has no other quota.
+    """
+
+    def __init__(self, params: SkellamRound, filt: GaussianFilter, run_filt: GaussianFilter, clip: float, dim: int):
+        self.p, self.filt, self.run_filt, self.clip, self.dim = params, filt, run_filt, float(clip), int(dim)
+
+    def l2_allowance(self, a_gauss: np.ndarray) -> np.ndarray:
+        """``L2_allow`` (grid units) for each client's Gaussian allowance ``a_G`` (model units)."""
+        p = self.p
+        g = self.filt.charge(sensitivity=a_gauss, noise_std=p.sigma)
+        return np.asarray(
+            skellam_allowance(g, mu_total=p.mu_total, alpha=p.alpha, dim=self.dim, max_l2=a_gauss / p.gamma),
+            dtype=np.float64,
+        ).reshape(np.shape(a_gauss))
+
+    def exhausted(self, l2_allow: np.ndarray, exhausted_below: float) -> np.ndarray:
+        return exhausted(np.asarray(l2_allow) * self.p.gamma, self.clip, exhausted_below)
+
+    def clip_bound(self, l2_allow):
+        """The norm a contributing client clips to: ``L2_allow * gamma``, a few ulps short (the device's
+        slack, so the charge at the snapped update's rounded-up L2 stays within the allowance)."""
+        return np.asarray(l2_allow, dtype=np.float64) * self.p.gamma * CLIP_SLACK
+
+    def snap(self, arrays: list[np.ndarray], l2_allow: float, *, clipped: bool = False) -> list[np.ndarray]:
+        """Clip to ``clip_bound`` (unless the caller already did, with the same guarantee: certified
+        norm <= that bound) and snap toward zero on the grid: the integer update ``k``."""
+        if not clipped:
+            arrays, _ = clip_to_norm(arrays, float(self.clip_bound(l2_allow)))
+        return snap_toward_zero(arrays, self.p.gamma)
+
+    def charge(self, k: list[np.ndarray]) -> tuple[np.ndarray, int, int]:
+        """``(charge, l1, l2_squared)`` at the integer update's exact norms (the filter's units)."""
+        l1, l2sq = integer_norms(k)
+        charge = np.asarray(skellam_charge(self.filt, l1, float(l2_up(l2sq)), self.p.mu_total), dtype=np.float64)
+        return charge.reshape(self.filt.dim), int(l1), int(l2sq)
+
+    def spend(self, state: np.ndarray, run_state: np.ndarray, charge: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``tx.admits`` (defence in depth) then both spends, exactly as the device records them."""
+        if not (bool(self.filt.admits(state, charge)) and bool(self.run_filt.admits(run_state, charge))):
+            raise RuntimeError("internal error: a snapped update's Skellam charge exceeds its allowance; nothing spent")
+        return self.filt.spend(state, charge), self.run_filt.spend(run_state, charge)
+
+
+def aggregate_skellam(n_reports: int, mu_share: float, dim: int, stream) -> np.ndarray:
+    """The noise in a sum of ``n_reports`` shares, ``Sk(n * mu_share)`` per coordinate, in as few draws
+    as the sampler's cap allows (``MAX_MU_SHARE``: each draw covers at most that much variance).
+
+    Independent Skellams add (Sk(a) + Sk(b) = Sk(a + b), Agarwal, Kairouz, Liu 2021), so this is the
+    exact distribution of the sum of the reports' shares; ``k * mu_share`` rounds in float64 by at most
+    half an ulp (a relative 1e-16 of the variance), the one difference from per-report draws.
+    """
+    n, mu = int(n_reports), float(mu_share)
+    per_draw = max(1, int(MAX_MU_SHARE // mu))  # >= 1: a device refuses shares above the cap
+    total = np.zeros(int(dim), dtype=np.int64)
+    while n > 0:
+        k = min(n, per_draw)
+        total += skellam_noise(float(k) * mu, int(dim), stream)
+        n -= k
+    return total
+
+
+def per_client_noisy(k: list[np.ndarray], mu_share: float, stream) -> list[np.ndarray]:
+    """``y = k + Sk(mu_share)``: the device's integer report before its SecAgg+ encoding."""
+    return add_skellam_noise(k, mu_share, stream)

@@ -1,0 +1,151 @@
+"""The engine's distributed placement against the Flower path under SecAgg+, same seeds.
+
+The reference is the real code path without the transport: ``IndividualFilterStrategy`` (placement
+``distributed``) runs each round through Flower's ``SecAggPlusWorkflow`` over ``tests/secagg_loopback.py``,
+whose nodes are the built-in ClientApp's ``train`` handler under the device's own mods
+``[secure_aggregation_mod, individual_filter_mod]`` with a device ``node_config`` (own rdp ledger on disk,
+own budget, ``noise-seed``). The engine (``noise_draw="per-client"``) must reproduce every device's
+lifetime and run filter states bitwise, what the coordinator saw (reports in each sum, released), and
+the model: the integer sum of the reports is exact whatever the order, so the mean is too.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from flwr.app import Array, ArrayRecord, ConfigRecord
+from flwr.clientapp import ClientApp
+from flwr.serverapp.strategy import FedAvg
+from flwr.supercore.task_identity import TaskIdentity
+from secagg_loopback import LoopbackGrid
+
+from fedfilter.app.client_app import train as client_train
+from fedfilter.client.flower_mod import enrol_device, individual_filter_mod
+from fedfilter.client.ledger import BudgetLedger
+from fedfilter.client.secagg_device import secure_aggregation_mod
+from fedfilter.coordinator.strategy import IndividualFilterStrategy
+from fedfilter.simulations.engine import EngineConfig, run_engine
+from fedfilter.simulations.engine.seeds import client_noise_seed
+from fedfilter.simulations.tasks.registry import load_task
+from fedfilter.simulations.tasks.training import get_weights
+
+N, ROUNDS, SEED, RUN = 10, 4, 7, "conformance-sa"
+Z, CLIP, M = 3.0, 0.1, 4
+# At z = 3 a full-clip round costs rho = 1/18 and digits updates (lr 0.5) are about the clip: budgets
+# from spent-before-round-1 (1e-4) to a few rounds' worth; noise-only and leave alternate.
+EPSILONS = [1e-4, 0.5, 1.0, 2.0, 8.0, 1e-4, 0.5, 1.0, 2.0, 8.0]
+AFTER = ["noise-only", "leave"] * 5
+TRAIN = {
+    "task": "digits",
+    "num-clients": N,
+    "partition": "iid",
+    "alpha": 0.5,
+    "partition-seed": 0,
+    "local-epochs": 1,
+    "lr": 0.5,
+    "batch-size": 32,
+}
+
+
+def flower_reference(tmp_path):
+    torch.set_num_threads(1)
+    torch.manual_seed(SEED)
+    model = load_task("digits", num_clients=1).model_fn()
+    keys, weights = list(model.state_dict().keys()), get_weights(model)
+    app = ClientApp(mods=[secure_aggregation_mod, individual_filter_mod])  # the built-in app's own order
+    app.train()(client_train)
+    configs = {
+        100 + k: {
+            "partition-id": k,
+            "num-partitions": N,
+            "ledger-dir": str(tmp_path / f"dev{k}"),
+            "client-id": f"dev{k}",
+            "budget-epsilon": EPSILONS[k],
+            "budget-delta": 1e-5,
+            "filter": "rdp",
+            "after-exhaustion": AFTER[k],
+            "noise-seed": client_noise_seed(SEED, k),
+            "reply-hold-s": 0,
+        }
+        for k in range(N)
+    }
+    for cfg in configs.values():
+        enrol_device(cfg)  # the owner's act, up front: the mod never enrols
+    grid = LoopbackGrid({nid: app for nid in configs}, configs, run_id=1)
+    strategy = IndividualFilterStrategy(
+        FedAvg(min_available_nodes=N, fraction_evaluate=0.0),
+        noise_multiplier=Z,
+        clip=CLIP,
+        placement="distributed",
+        min_reports=M,
+        run_name=RUN,
+    )
+    seen = []
+
+    def after_round(server_round, arrays):
+        if server_round > 0:
+            o = strategy.last_outcome
+            seen.append(((o.reports, o.released), [arrays[k].numpy().copy() for k in keys]))
+        return None
+
+    initial = ArrayRecord({k: Array(np.array(w, order="C")) for k, w in zip(keys, weights)})
+    strategy.start(
+        grid, initial, num_rounds=ROUNDS, timeout=600, train_config=ConfigRecord(dict(TRAIN)), evaluate_fn=after_round
+    )
+    states, run_states, statuses = [], [], []
+    for k in range(N):
+        ledger = BudgetLedger.open(tmp_path / f"dev{k}")
+        try:
+            states.append(ledger.state())
+            run_states.append(ledger.run_state(RUN))
+            statuses.append([r.status for r in ledger.records(RUN)])
+        finally:
+            ledger.close()
+    return np.array(states), np.array(run_states), statuses, seen
+
+
+def test_engine_matches_the_flower_secagg_path_bitwise(tmp_path, monkeypatch):
+    for name, value in (("_run_id", 1), ("_node_id", 1), ("_task_id", 1)):
+        monkeypatch.setattr(TaskIdentity, name, value)  # restored after the loopback grid sets them
+    states, run_states, statuses, seen = flower_reference(tmp_path)
+    assert len(seen) == ROUNDS
+
+    result = run_engine(
+        EngineConfig(
+            task="digits",
+            num_clients=N,
+            epsilon=EPSILONS,
+            delta=1e-5,
+            filter_kind="rdp",
+            noise_multiplier=Z,
+            clip=CLIP,
+            placement="distributed",
+            min_reports=M,
+            after_exhaustion=AFTER,
+            rounds=ROUNDS,
+            local_epochs=1,
+            lr=0.5,
+            batch_size=32,
+            seed=SEED,
+            run_id=RUN,
+            noise_draw="per-client",
+            group_by="none",
+            torch_threads=1,
+        )
+    )
+
+    # Per-client spending: bitwise, every round recorded as distributed.
+    assert result.state.tobytes() == states.tobytes()
+    assert result.run_state.tobytes() == run_states.tobytes()
+    assert (states[:, 0] > 0).sum() == 8  # every budget but the two spent ones paid something
+    flat = [s for row in statuses for s in row]
+    assert "noise-only" in flat and "left" in flat and "contributed" in flat
+    for k in range(N):
+        first = next((i + 1 for i, s in enumerate(statuses[k]) if s != "contributed"), -1)
+        assert result.exhausted_round[k] == first
+    # What the coordinator saw: the number of reports in each sum, and whether it was released.
+    assert [(r.reports_seen, r.released) for r in result.rounds] == [counts for counts, _ in seen]
+    # The model: the integer sum is exact, so the released mean and the step are the coordinator's.
+    _, final = seen[-1]
+    for a, b in zip(result.weights, final):
+        np.testing.assert_array_equal(a, b)
