@@ -136,6 +136,7 @@ def run(grid: Grid, context: Context, overrides: Mapping[str, Any] | None = None
         clip=cfg["clip"],
         placement=cfg["placement"],
         min_reports=cfg["min-reports"],
+        secagg_num_shares=cfg["num-shares"],
         public_ledger=cfg["public-ledger"],
         run_name=cfg["run-name"] or f"flwr-{context.run_id}",
         public_config={k: v for k, v in cfg.items() if k not in ("public-ledger", "run-name")},
