@@ -33,6 +33,7 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg, FedAvgM
 
 from fedfilter.app.config import app_defaults
+from fedfilter.coordinator.secure_round import check_num_shares
 from fedfilter.coordinator.strategy import IndividualFilterStrategy
 
 __all__ = ["app", "make_server_app", "run", "SERVER_DEFAULTS", "server_config", "inner_strategy"]
@@ -116,6 +117,12 @@ def run(grid: Grid, context: Context, overrides: Mapping[str, Any] | None = None
             f"message-ttl-s={ttl} must exceed round-timeout-s={cfg['round-timeout-s']}: a "
             "shorter TTL discards replies whose clients have already spent budget."
         )
+
+    if cfg["placement"] == "distributed":
+        try:  # before any node is waited for or model built
+            check_num_shares(cfg["num-shares"], cfg["min-reports"])
+        except ValueError as err:
+            raise ValueError(f"run-config 'num-shares': {err}") from None
 
     torch.set_num_threads(1)
     torch.manual_seed(cfg["seed"])

@@ -29,6 +29,8 @@ def test_server_lr_one_is_fedavg_and_any_other_is_fedavgm_without_momentum():
         ({"fraction-train": 0.0}, "fraction-train"),
         ({"server-lr": -1.0}, "server-lr"),
         ({"num-rounds": "many"}, "num-rounds"),
+        ({"placement": "distributed", "min-reports": 3, "num-shares": 4}, "num-shares"),  # even: Flower crashes
+        ({"placement": "distributed", "min-reports": 3, "num-shares": 1.5}, "num-shares"),
     ],
 )
 def test_bad_run_config_is_refused_by_name_before_any_round(run_config, field):
