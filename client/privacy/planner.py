@@ -316,5 +316,5 @@ def plan_distributed_epsilon(
         "delta": delta,
         "epsilon": hi,
         "order": rdp_order(make_filter("rdp", hi, delta, orders)),
-        "fixed_composition_epsilon": epsilon_from_rdp(orders_arr, per_order, delta),
+        "fixed_composition_epsilon": epsilon_from_rdp(orders_arr.tolist(), per_order.tolist(), delta),
     }

@@ -68,6 +68,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 from scipy.special import gammaln, ive, logsumexp
@@ -274,7 +275,8 @@ def integer_norms(k_arrays) -> tuple:
     """
     rows = isinstance(k_arrays, np.ndarray) and k_arrays.ndim >= 2
     parts = [k_arrays] if isinstance(k_arrays, np.ndarray) else list(k_arrays)
-    l1_total, l2sq_total = 0, 0
+    l1_total: Any = 0  # a Python int per device, or an int64 array with one entry per client row
+    l2sq_total: Any = 0
     for i, part in enumerate(parts):
         arr = np.asarray(part)
         if arr.size and not np.issubdtype(arr.dtype, np.integer):
@@ -318,8 +320,8 @@ def l2_up(l2_squared):
         raise ValueError(f"l2_squared must be integers in [0, 2**53). Found dtype {arr.dtype}, values {arr!r}.")
     f = arr.astype(np.float64)
     s = np.sqrt(f)
-    r = np.rint(s)
-    return np.where(r * r == f, r, up(s))
+    rs = np.rint(s)
+    return np.where(rs * rs == f, rs, up(s))
 
 
 def l1_cap(l2, dim):

@@ -245,16 +245,21 @@ def ledger_records(tmp_path, i):
 
 
 # --- the exact integer sum -------------------------------------------------------------------
-@pytest.mark.parametrize("dropped", [(), (node_id(1), node_id(4))])
-def test_the_unmasked_sum_is_exactly_the_sum_of_the_reports(tmp_path, monkeypatch, dropped):
-    n, t = 8, 5
-    result = run_round(
-        tmp_path,
-        monkeypatch,
-        n,
-        threshold=t,
-        drop=lambda stage, nid: stage == Stage.COLLECT_MASKED_VECTORS and nid in dropped,
-    )
+@pytest.mark.parametrize(
+    "n, dropped, late",
+    [
+        (8, (), ()),
+        (8, (node_id(1), node_id(4)), ()),  # dropped after the masks were shared: their reports are lost
+        (10, (node_id(0), node_id(9)), (node_id(5),)),  # and one more drops out while unmasking
+    ],
+)
+def test_the_unmasked_sum_is_exactly_the_sum_of_the_reports(tmp_path, monkeypatch, n, dropped, late):
+    t = 5
+
+    def drop(stage, nid):
+        return (stage == Stage.COLLECT_MASKED_VECTORS and nid in dropped) or (stage == Stage.UNMASK and nid in late)
+
+    result = run_round(tmp_path, monkeypatch, n, threshold=t, drop=drop)
     assert result.strategy.aggregated and len(result.strategy.results) == n - len(dropped)
     q = result.settings["quantization_range"]
     aggregated = parameters_to_ndarrays(result.strategy.results[0][1].parameters)
@@ -305,3 +310,24 @@ def test_the_builtin_client_app_runs_the_secagg_layer_before_the_filter():
 
     mods = make_client_app()._mods
     assert mods.index(secure_aggregation_mod) == mods.index(individual_filter_mod) - 1
+
+
+def test_a_round_below_the_threshold_is_never_unmasked_and_costs_each_device_its_charge_only(tmp_path, monkeypatch):
+    n, t = 6, 5
+    dropped = {node_id(0), node_id(2)}  # after the masks were shared: 4 reports < t = 5
+    result = run_round(
+        tmp_path,
+        monkeypatch,
+        n,
+        threshold=t,
+        drop=lambda stage, nid: stage == Stage.COLLECT_MASKED_VECTORS and nid in dropped,
+    )
+    assert not result.strategy.aggregated  # Flower's workflow halts: no sum is unmasked
+    assert not any(r._stage == Stage.UNMASK for r in result.grid.received)
+    mu_total = _mu_total(1.0, 1.0)
+    for i in range(n):
+        records, filt, state = ledger_records(tmp_path, i)
+        (rec,) = records  # one round, one charge: the charge of its own report, nothing more
+        l1, l2sq = integer_norms(result.captured.k[node_id(i)])
+        np.testing.assert_array_equal(rec.charge, skellam_charge(filt, l1, l2_up(l2sq), mu_total))
+        np.testing.assert_array_equal(state, filt.spend(np.zeros_like(state), rec.charge))
