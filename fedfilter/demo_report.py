@@ -121,7 +121,8 @@ def guarantee_text(args: argparse.Namespace) -> str:
             f"each client: (budget_epsilon, {d:g})-DP over its whole lifetime for everything the "
             f"coordinator sees (Skellam shares masked by SecAgg+: only the sum of >= {args.min_reports} reports "
             "is unmasked, and it carries at least the accounted noise; rdp filter; exhausted clients send "
-            "pure noise)"
+            "pure noise), provided the coordinator follows the SecAgg+ protocol and the other devices add "
+            "their shares"
         )
     else:
         text = (

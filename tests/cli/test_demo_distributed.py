@@ -92,6 +92,7 @@ def test_the_guarantee_names_secure_aggregation_and_the_threshold_only_when_dist
 
     dist = guarantee_text(_args("--clients", "6", "--placement", "distributed"))
     assert "SecAgg+" in dist and ">= 3 reports" in dist and "rdp filter" in dist
+    assert "follows the SecAgg+ protocol" in dist  # the trust it rests on is printed with it
     local = guarantee_text(_args("--clients", "6"))
     assert "SecAgg+" not in local and "local Gaussian noise" in local
 
