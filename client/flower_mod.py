@@ -84,6 +84,7 @@ from fedfilter.client.device_settings import DeviceSettingsError, with_device_se
 from fedfilter.client.ledger import BudgetLedger
 from fedfilter.client.ledger_storage import LedgerError, ReplayError
 from fedfilter.client.mechanism import NonFiniteUpdateError
+from fedfilter.client.mod_once import once_per_message
 from fedfilter.client.npy_codec import decode, encode
 from fedfilter.client.release import (
     FilteredClient,
@@ -264,6 +265,7 @@ def _filtered_release(
 
 
 # --- the mods --------------------------------------------------------------------------------
+@once_per_message  # the device runtime puts it around every approved app, which may list it too
 def individual_filter_mod(msg: Message, context: Context, call_next: Callable[[Message, Context], Message]) -> Message:
     """Wrap a ClientApp's training with the device's individual privacy filter (see module doc)."""
     hold = ReplyHold()  # the clock starts when the message reaches the device's mod

@@ -42,6 +42,7 @@ from flwr.common.constant import ErrorCode
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, RECORD_KEY_STATE, Key, Stage
 from flwr.compat.common.recorddict_compat import fitres_to_recorddict
 
+from fedfilter.client.mod_once import once_per_message
 from fedfilter.client.release import RoundSpec, RoundSpecError
 from fedfilter.client.release_distributed import SkellamGrid, skellam_grid
 from fedfilter.client.secagg_grid import check_secagg_state
@@ -92,6 +93,7 @@ def _too_few_neighbours(msg: Message, context: Context) -> str | None:
     return None
 
 
+@once_per_message  # the device runtime puts it around every approved app, which may list it too
 def secure_aggregation_mod(msg: Message, context: Context, call_next: Callable[[Message, Context], Message]) -> Message:
     """Run Flower's SecAgg+ client protocol around the inner handler, marking its reply as masked."""
     if msg.metadata.message_type != MessageType.TRAIN or not msg.has_content():

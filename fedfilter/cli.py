@@ -16,6 +16,8 @@ COMMAND_MODULES = [
     "fedfilter.cmd_reports",  # reports serve / watch
     "fedfilter.cmd_demo",  # demo (Flower simulation)
     "fedfilter.cmd_deploy",  # deploy-local
+    "fedfilter.cmd_apps",  # apps approve / list / revoke (the device owner's)
+    "fedfilter.cmd_supernode",  # supernode (the device owner's Flower SuperNode)
     "fedfilter.cmd_study",  # study dropout
     "fedfilter.cmd_audit",  # audit (canary devices through the real mod)
 ]
@@ -33,7 +35,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    passthrough = getattr(args, "passthrough", None)
+    if passthrough is None and extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if passthrough is not None:  # a command that hands the flags it does not know to another program
+        setattr(args, passthrough, extra)
     try:
         return int(args.func(args) or 0)
     except (ValueError, FileNotFoundError) as err:  # bad input: one clear line, no traceback

@@ -1,6 +1,6 @@
 """``fedfilter deploy-local``: the app on a real Flower Deployment Engine, all on 127.0.0.1.
 
-    fedfilter deploy-local --clients N [--rounds R] [--out DIR] [--app-dir DIR]
+    fedfilter deploy-local --clients N [--rounds R] [--out DIR] [--app-dir DIR] [--approve-app DIR ...]
                            [--budgets 1,2,4] [--delta 1e-5] [--filter gdp|rdp|zcdp]
                            [--placement local|distributed] [--min-reports M]
                            [--after-exhaustion noise-only|leave] [--min-noise-multiplier S]
@@ -8,7 +8,9 @@
                            [--timeout S] [--verbose]
 
 Starts a SuperLink (TLS, SuperNode authentication), registers one key per device, starts one
-SuperNode per device with its own budget ledger under OUT/devices/<i>, runs the app with
+SuperNode per device through the owner's command ``fedfilter supernode`` with its own budget ledger
+under OUT/devices/<i> and its own owner's state directory OUT/owners/<i> (approving the
+``--approve-app`` apps, default the ``--app-dir`` app), runs the app with
 ``flwr run``, stops every process, and writes OUT/summary.json. See docs/deployment.md.
 ``--placement distributed`` runs distributed rounds: Skellam noise shares summed by SecAgg+
 (the devices' ``rdp`` filter accounts them; a round with fewer than ``--min-reports`` reports,
@@ -58,6 +60,15 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument(
         "--app-dir", type=Path, default=None, help="a Flower app directory (default: the built-in app, fedfilter/app)"
+    )
+    parser.add_argument(
+        "--approve-app",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="an app every simulated device owner approves (repeatable; default: the --app-dir app). "
+        "Devices run only approved apps",
     )
     parser.add_argument(
         "--budgets",
@@ -142,6 +153,7 @@ def _deploy(args: argparse.Namespace) -> int:
         rounds=args.rounds,
         out=args.out,
         app_dir=args.app_dir or BUILTIN_APP_DIR,
+        approve_apps=tuple(args.approve_app),
         budgets=args.budgets,
         delta=args.delta,
         filter_kind=args.filter_kind,

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fedfilter.client.owner_state import STATE_DIR_ENV
 from fedfilter.deploy.flower_config import write_connection, write_flat_toml
 from fedfilter.deploy.processes import (
     LOOPBACK,
@@ -246,19 +247,30 @@ class FlowerCluster:
         private_key: Path | None,
         node_config: Mapping[str, Any] | None = None,
         extra_args: Sequence[str] = (),
+        owner_state_dir: Path | None = None,
+        device_args: Sequence[str] = (),
     ) -> SuperNodeHandle:
-        """A ``flower-supernode`` with its own ``FLWR_HOME`` and Runtime API port.
+        """A SuperNode with its own ``FLWR_HOME`` and Runtime API port.
 
-        ``node_config`` is written to ``supernodes/<name>/node-config.toml`` and passed as
-        ``--node-config FILE`` (no quoting pitfalls for paths). Does not wait: see
-        ``wait_online``.
+        With ``owner_state_dir`` it is the device owner's command, ``fedfilter supernode`` (Flower's
+        SuperNode plus the device's runtime: only the apps approved in that state directory run, inside
+        the device's filter; ``device_args`` are its own flags, e.g. ``--secure-aggregation``); without,
+        Flower's plain ``flower-supernode``. ``node_config`` is written to
+        ``supernodes/<name>/node-config.toml`` and passed as ``--node-config FILE`` (no quoting
+        pitfalls for paths). Does not wait: see ``wait_online``.
         """
         if self.simulation:
             raise DeploymentError("a simulation SuperLink runs its own simulated nodes: start no SuperNode")
         home = self.root / "supernodes" / name
         home.mkdir(parents=True, exist_ok=True)
         (port,) = free_ports(1)
-        argv = [tool("flower-supernode"), "--superlink", self.address]
+        env = flower_env(home / "flwr-home")
+        if owner_state_dir is not None:
+            env[STATE_DIR_ENV] = str(owner_state_dir)
+            argv = [sys.executable, "-m", "fedfilter", "supernode", *device_args]
+        else:
+            argv = [tool("flower-supernode")]
+        argv += ["--superlink", self.address]
         argv += ["--root-certificates", str(self.tls.ca_cert)] if self.tls is not None else ["--insecure"]
         argv += ["--host", LOOPBACK, "--port", str(port)]
         if private_key is not None:
@@ -272,7 +284,7 @@ class FlowerCluster:
                 f"flower-supernode {name}",
                 argv,
                 log_path=self.logs_dir / f"supernode-{name}.log",
-                env=flower_env(home / "flwr-home"),
+                env=env,
                 cwd=home,
             )
         )

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -50,6 +51,8 @@ class DeployOptions:
     rounds: int = 2
     out: Path = Path("out/deploy")
     app_dir: Path = BUILTIN_APP_DIR
+    # The apps every simulated device owner approves (`fedfilter apps approve`); empty: app_dir only.
+    approve_apps: tuple[Path, ...] = ()
     budgets: tuple[float, ...] = (1.0, 2.0, 4.0)  # cycled over the devices
     delta: float = 1e-5
     filter_kind: str | None = None  # None: DEFAULT_FILTER[placement]
@@ -71,6 +74,11 @@ class DeployOptions:
     def filter(self) -> str:
         """The filter every device is enrolled with."""
         return self.filter_kind if self.filter_kind is not None else DEFAULT_FILTER.get(self.placement, "gdp")
+
+    @property
+    def approved_apps(self) -> tuple[Path, ...]:
+        """What each device's owner approves: ``--approve-app``, else the app submitted."""
+        return tuple(Path(p).resolve() for p in (self.approve_apps or (self.app_dir,)))
 
     @property
     def reports_needed(self) -> int:
@@ -133,6 +141,9 @@ class DeployOptions:
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 problems.append(f"{name} must be a finite number > 0. Found {value!r}.")
+        for app in self.approve_apps:
+            if not (Path(app).is_dir() or Path(app).suffix == ".fab" and Path(app).is_file()):
+                problems.append(f"--approve-app must be an app directory or a .fab file. Found {str(app)!r}.")
         if problems:
             raise ValueError(" ".join(problems))
 
@@ -198,6 +209,37 @@ def build_run_config(app_config: Mapping[str, Any], options: DeployOptions, publ
     return overrides
 
 
+OWNERS_DIR = "owners"  # OUT/owners/<i>: each simulated device owner's state directory
+_REFUSED = re.compile(r"refused app ([0-9a-f]{64}): not approved")
+
+
+def approve_owner_apps(owners: Path, options: DeployOptions) -> list[str]:
+    """Every simulated owner's list of approved apps, exactly ``options.approved_apps`` (rewritten)."""
+    from fedfilter.client.app_approval import APPROVED_FILE, approve
+
+    entries = []
+    for index in range(options.clients):
+        path = owners / str(index) / APPROVED_FILE
+        path.unlink(missing_ok=True)  # this invocation's owners approve exactly what it says
+        entries = [approve(app, path) for app in options.approved_apps]
+    return [f"{Path(e.source).name} ({e.hash[:12]})" for e in entries]
+
+
+def refused_apps(logs: Path, clients: int) -> dict[str, list[str]]:
+    """The apps each device refused, read from its own log (a local trial shows both sides)."""
+    out = {}
+    for index in range(clients):
+        name = f"device-{index}"
+        try:
+            text = (logs / f"supernode-{name}.log").read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            continue
+        hashes = sorted(set(_REFUSED.findall(text)))
+        if hashes:
+            out[name] = hashes
+    return out
+
+
 class LedgerProgress:
     """Prints each new round of the coordinator's public ledger (read-only, polled), skipping
     the runs of earlier invocations (``old_runs``)."""
@@ -241,6 +283,7 @@ def deploy_local(options: DeployOptions, echo: Callable[[str], None] = print) ->
 
     Every process is stopped before this returns, whatever happened (Ctrl-C included).
     """
+    from fedfilter.client.app_approval import APPROVE_HINT, TRUST_TEXT
     from fedfilter.client.flower_mod import enrol_device
     from fedfilter.client.ledger import LEDGER_FILE
     from fedfilter.client.ledger_report import device_report
@@ -259,6 +302,8 @@ def deploy_local(options: DeployOptions, echo: Callable[[str], None] = print) ->
     # lost ledger fails closed instead of starting over.
     for index in range(options.clients):
         enrol_device(device_node_config(index, options, devices_dir / str(index)))
+    # ... and approves the apps it runs, in its own state directory (never the coordinator's say).
+    approvals = approve_owner_apps(out / OWNERS_DIR, options)
     started = time.monotonic()
     result: RunResult | None = None
     error: str | None = None
@@ -270,6 +315,7 @@ def deploy_local(options: DeployOptions, echo: Callable[[str], None] = print) ->
     progress = LedgerProgress(public_ledger, show, old_runs)
     timing = timing_protection(options.reply_hold_s)
     show(f"timing protection: {timing}")
+    show(f"device owners approved: {'; '.join(approvals)} ({TRUST_TEXT})")
     try:
         with FlowerCluster(out, grace_s=options.grace_s, echo=show) as cluster:
             handles = []
@@ -280,7 +326,16 @@ def deploy_local(options: DeployOptions, echo: Callable[[str], None] = print) ->
                 ledger_dir = devices_dir / str(index)
                 ledger_dir.mkdir(parents=True, exist_ok=True)
                 config = device_node_config(index, options, ledger_dir)
-                handles.append(cluster.start_supernode(name, private_key=private_key, node_config=config))
+                handles.append(
+                    cluster.start_supernode(
+                        name,
+                        private_key=private_key,
+                        node_config=config,
+                        owner_state_dir=out / OWNERS_DIR / str(index),
+                        # Distributed placement is the owner's choice too: these owners enable it.
+                        device_args=["--secure-aggregation"] if options.placement == "distributed" else [],
+                    )
+                )
                 show(
                     f"{name}: key registered (node {node_id}), budget epsilon "
                     f"{config['budget-epsilon']:g}, ledger {ledger_dir}"
@@ -310,6 +365,12 @@ def deploy_local(options: DeployOptions, echo: Callable[[str], None] = print) ->
         error = str(err)
         show(f"deployment failed: {err}")
     # Leaving the cluster's context stopped every process, on every path above.
+    refused = refused_apps(out / "logs", options.clients)
+    for name, hashes in refused.items():
+        show(
+            f"{name} refused app {', '.join(hashes)}: not approved by its owner (nothing installed, imported, "
+            f"trained or spent; the owner approves with `{APPROVE_HINT}`)"
+        )
 
     # What the device owners read from their own ledgers (the same report as `fedfilter demo`).
     public = public_summary(public_ledger, old_runs)
@@ -330,6 +391,7 @@ def deploy_local(options: DeployOptions, echo: Callable[[str], None] = print) ->
         # Distributed rounds run through SecAgg+: the coordinator unmasks only the sum of the reports.
         "secure_aggregation": options.placement == "distributed",
         "released_rounds": released,
+        "refused_apps": refused,
         "public_ledger": str(public_ledger),
         "clients": clients,
         "final_accuracy": public["final_accuracy"],
@@ -337,6 +399,7 @@ def deploy_local(options: DeployOptions, echo: Callable[[str], None] = print) ->
             "clients": options.clients,
             "rounds": options.rounds,
             "app_dir": str(app_dir),
+            "approved_apps": [str(p) for p in options.approved_apps],
             "budgets": list(options.budgets),
             "delta": options.delta,
             "filter": options.filter,
