@@ -66,6 +66,9 @@ class DeployOptions:
     # fast; real devices default to client.reply_timing.DEFAULT_REPLY_HOLD_S. The output says which.
     reply_hold_s: float = 0.0
     timeout_s: float = 600.0
+    # False: Flower's plain flower-supernode (a fresh flwr-clientapp per message, no approval, no
+    # enforced filter). Only the baseline of benchmarks/deployed_round.py; the CLI has no such flag.
+    device_runtime: bool = True
     connect_timeout_s: float = 60.0
     grace_s: float = 10.0
     verbose: bool = False
@@ -331,7 +334,7 @@ def deploy_local(options: DeployOptions, echo: Callable[[str], None] = print) ->
                         name,
                         private_key=private_key,
                         node_config=config,
-                        owner_state_dir=out / OWNERS_DIR / str(index),
+                        owner_state_dir=out / OWNERS_DIR / str(index) if options.device_runtime else None,
                         # Distributed placement is the owner's choice too: these owners enable it.
                         device_args=["--secure-aggregation"] if options.placement == "distributed" else [],
                     )

@@ -1,0 +1,135 @@
+"""A deployed round before and after the device's own runtime, against the training inside it.
+
+    python benchmarks/deployed_round.py [--clients 3] [--rounds 4] [--out DIR]
+
+Runs the built-in app on the digits task twice through ``fedfilter deploy-local`` (TLS, SuperNode
+authentication, local placement, reply hold off), each on a fresh local deployment:
+
+* ``flower``:    Flower's plain ``flower-supernode`` (before): a fresh ``flwr-clientapp`` process per
+                 message (torch import, data load, ledger open every round; no approval check);
+* ``fedfilter``: the owner's command ``fedfilter supernode`` (after): the approved app stays loaded
+                 in the run's worker between messages.
+
+A round's time is the coordinator's own (the public ledger's ``wall_time_s``: from sending the round
+to having aggregated the replies). The training inside it is measured in this process: the built-in
+train handler on each device's partition with the same settings, after one untimed call (imports and
+data load), the slowest device counted (the round waits for it). Printed per variant: the first round
+(cold in both variants) and the mean of the later rounds, each with its ratio to the training and the
+seconds above it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+
+def training_seconds(clients: int, repeats: int = 3) -> float:
+    """The slowest device's time in the built-in train handler (warm), as a deployed device runs it."""
+    import numpy as np
+    from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, Metadata, RecordDict
+
+    from fedfilter.app.client_app import train
+    from fedfilter.app.config import app_defaults
+    from fedfilter.app.task import get_weights, load_task
+
+    defaults = app_defaults()
+    task = load_task(defaults["task"], clients, defaults["partition"], defaults["alpha"], defaults["partition-seed"])
+    model = task.model_fn()
+    keys = list(model.state_dict().keys())
+    arrays = ArrayRecord({k: Array(np.array(w, order="C")) for k, w in zip(keys, get_weights(model))})
+    config = ConfigRecord({"server-round": 1})
+    worst = 0.0
+    for pid in range(clients):
+        context = Context(
+            run_id=1,
+            node_id=pid,
+            node_config={"partition-id": pid, "num-partitions": clients},
+            state=RecordDict(),
+            run_config={},
+        )
+        times = []
+        for attempt in range(repeats + 1):
+            meta = Metadata(
+                run_id=1,
+                message_id=f"m{pid}-{attempt}",
+                src_node_id=0,
+                dst_node_id=pid,
+                reply_to_message_id="",
+                group_id="1",
+                created_at=time.time(),
+                ttl=3600.0,
+                message_type="train",
+            )
+            msg = Message(content=RecordDict({"arrays": arrays, "config": config}), metadata=meta)
+            started = time.perf_counter()
+            train(msg, context)
+            if attempt:  # the first call imports torch and loads the data
+                times.append(time.perf_counter() - started)
+        worst = max(worst, statistics.median(times))
+    return worst
+
+
+def deployed_rounds(variant: str, out: Path, clients: int, rounds: int) -> list[float]:
+    from fedfilter.coordinator.public_ledger import PublicLedger
+    from fedfilter.deploy.command import PUBLIC_LEDGER_FILE, DeployOptions, deploy_local
+
+    lines: list[str] = []
+    code = deploy_local(
+        DeployOptions(
+            clients=clients,
+            rounds=rounds,
+            out=out,
+            budgets=(64.0,),  # every round a contributing round
+            reply_hold_s=0.0,
+            device_runtime=variant == "fedfilter",
+            timeout_s=900.0,
+            connect_timeout_s=120.0,
+        ),
+        echo=lines.append,
+    )
+    if code != 0:
+        raise SystemExit(f"{variant}: deploy-local failed:\n" + "\n".join(lines[-20:]))
+    summary = json.loads((out / "summary.json").read_text())
+    with PublicLedger(out / PUBLIC_LEDGER_FILE, read_only=True) as ledger:
+        return [float(r.wall_time_s) for r in ledger.records(summary["run_id"])]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--clients", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--out", type=Path, default=None, help="where the deployments write (default: a temp dir)")
+    args = parser.parse_args()
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    root = args.out or Path(tempfile.mkdtemp(prefix="deployed-round-"))
+    training = training_seconds(args.clients)
+    results = {"clients": args.clients, "rounds": args.rounds, "training_s": training, "cpus": os.cpu_count()}
+    print(f"training inside a round (slowest of {args.clients} devices, warm): {training:.3f} s")
+    for variant in ("flower", "fedfilter"):
+        walls = deployed_rounds(variant, root / variant, args.clients, args.rounds)
+        later = statistics.mean(walls[1:]) if len(walls) > 1 else float("nan")
+        results[variant] = {"round_wall_s": walls, "first_s": walls[0], "later_mean_s": later}
+        print(
+            f"{variant:9s}: round 1 {walls[0]:6.2f} s ({walls[0] / training:5.1f} x training, "
+            f"+{walls[0] - training:5.2f} s); rounds 2-{len(walls)} mean {later:6.2f} s "
+            f"({later / training:5.1f} x training, +{later - training:5.2f} s)"
+        )
+    results["machine"] = f"{platform.machine()} {platform.python_version()}"
+    (root / "deployed_round.json").write_text(json.dumps(results, indent=2) + "\n")
+    print(f"written to {root / 'deployed_round.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
