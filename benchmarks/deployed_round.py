@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import statistics
 import sys
 import tempfile
@@ -80,6 +81,18 @@ def training_seconds(clients: int, repeats: int = 3) -> float:
     return worst
 
 
+_TASK = re.compile(r"fedfilter device: task \S+ in ([0-9.]+) s")
+
+
+def device_task_seconds(out: Path) -> list[float]:
+    """Each message's time inside the device's runtime (pull, approval, app and filter, push), from
+    the devices' own logs (the ``fedfilter`` variant only)."""
+    found = []
+    for log in sorted((out / "logs").glob("supernode-device-*.log")):
+        found += [float(x) for x in _TASK.findall(log.read_text(errors="replace"))]
+    return found
+
+
 def deployed_rounds(variant: str, out: Path, clients: int, rounds: int) -> list[float]:
     from fedfilter.coordinator.public_ledger import PublicLedger
     from fedfilter.deploy.command import PUBLIC_LEDGER_FILE, DeployOptions, deploy_local
@@ -109,6 +122,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--clients", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--variants", default="flower,fedfilter", help="which to run (default both)")
     parser.add_argument("--out", type=Path, default=None, help="where the deployments write (default: a temp dir)")
     args = parser.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -116,10 +130,17 @@ def main() -> int:
     training = training_seconds(args.clients)
     results = {"clients": args.clients, "rounds": args.rounds, "training_s": training, "cpus": os.cpu_count()}
     print(f"training inside a round (slowest of {args.clients} devices, warm): {training:.3f} s")
-    for variant in ("flower", "fedfilter"):
+    for variant in args.variants.split(","):
         walls = deployed_rounds(variant, root / variant, args.clients, args.rounds)
         later = statistics.mean(walls[1:]) if len(walls) > 1 else float("nan")
         results[variant] = {"round_wall_s": walls, "first_s": walls[0], "later_mean_s": later}
+        tasks = device_task_seconds(root / variant)
+        if tasks:
+            results[variant]["device_task_s"] = tasks
+            print(
+                f"{variant:9s}: time inside the device's runtime per message: first {max(tasks):.2f} s, "
+                f"median {statistics.median(tasks):.3f} s ({len(tasks)} messages)"
+            )
         print(
             f"{variant:9s}: round 1 {walls[0]:6.2f} s ({walls[0] / training:5.1f} x training, "
             f"+{walls[0] - training:5.2f} s); rounds 2-{len(walls)} mean {later:6.2f} s "

@@ -154,6 +154,7 @@ class Worker:
         )
         heartbeat = HeartbeatSender(make_task_heartbeat_fn_http(client))
         heartbeat.start()
+        started = time.perf_counter()
         context = message = reply = None
         status, details = SubStatus.FAILED, "fedfilter: the task failed"
         try:
@@ -192,6 +193,8 @@ class Worker:
             push_task_output(client=client, context=context, sub_status=status, details=details)
             heartbeat.stop()
             client.close()
+            # Local only (the device's log): what benchmarks/deployed_round.py reads.
+            log.info("fedfilter device: task %s in %.3f s", status, time.perf_counter() - started)
 
     def serve(self, lines: Any) -> None:
         """One token per line until the launcher closes the pipe."""

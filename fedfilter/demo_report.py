@@ -131,4 +131,6 @@ def guarantee_text(args: argparse.Namespace) -> str:
         )
     if args.reply_hold_s == 0:
         text += "; reply timing is not covered: timing protection is off in this simulation"
-    return text
+    from fedfilter.client.app_approval import TRUST_TEXT
+
+    return f"{text}; {TRUST_TEXT}"

@@ -264,3 +264,15 @@ def test_the_cli_hands_unknown_flags_only_to_supernode(capsys):
     assert args.secure_aggregation and extra == ["--superlink", "x:1"]
     with pytest.raises(SystemExit):
         main(["apps", "list", "--superlink", "x"])
+
+
+def test_every_printed_guarantee_names_what_a_device_trusts():
+    import argparse
+
+    from fedfilter.client.app_approval import TRUST_TEXT
+    from fedfilter.demo_report import guarantee_text
+
+    for placement in ("local", "distributed"):
+        args = argparse.Namespace(placement=placement, after_exhaustion="noise-only", min_reports=2, reply_hold_s=0)
+        assert guarantee_text(args).endswith(TRUST_TEXT)
+    assert "approved" in TRUST_TEXT and "nothing the coordinator sends" in TRUST_TEXT
