@@ -35,8 +35,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 
-def training_seconds(clients: int, repeats: int = 3) -> float:
-    """The slowest device's time in the built-in train handler (warm), as a deployed device runs it."""
+def training_seconds(clients: int, repeats: int = 3, *, filtered: bool = False) -> float:
+    """The slowest device's time in the built-in train handler (warm), as a deployed device runs it;
+    ``filtered``: through the device's own mods (``device_handler``: the filter, a durable spend on a
+    ledger in a temporary directory), i.e. everything a warm message costs but Flower's transport."""
     import numpy as np
     from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, Metadata, RecordDict
 
@@ -50,15 +52,29 @@ def training_seconds(clients: int, repeats: int = 3) -> float:
     keys = list(model.state_dict().keys())
     arrays = ArrayRecord({k: Array(np.array(w, order="C")) for k, w in zip(keys, get_weights(model))})
     config = ConfigRecord({"server-round": 1})
+    handler = train
+    if filtered:
+        from fedfilter.app.client_app import app
+        from fedfilter.client.device_app import device_handler
+
+        handler = device_handler(app, secure_aggregation=False)
+    ledgers = Path(tempfile.mkdtemp(prefix="deployed-round-ledgers-"))
     worst = 0.0
     for pid in range(clients):
-        context = Context(
-            run_id=1,
-            node_id=pid,
-            node_config={"partition-id": pid, "num-partitions": clients},
-            state=RecordDict(),
-            run_config={},
-        )
+        node_config = {"partition-id": pid, "num-partitions": clients}
+        if filtered:
+            from fedfilter.client.flower_mod import enrol_device
+
+            node_config.update(
+                {
+                    "ledger-dir": str(ledgers / str(pid)),
+                    "client-id": f"d{pid}",
+                    "budget-epsilon": 64.0,
+                    "reply-hold-s": 0,
+                }
+            )
+            enrol_device(node_config)
+        context = Context(run_id=1, node_id=pid, node_config=node_config, state=RecordDict(), run_config={})
         times = []
         for attempt in range(repeats + 1):
             meta = Metadata(
@@ -72,9 +88,16 @@ def training_seconds(clients: int, repeats: int = 3) -> float:
                 ttl=3600.0,
                 message_type="train",
             )
-            msg = Message(content=RecordDict({"arrays": arrays, "config": config}), metadata=meta)
+            content = RecordDict({"arrays": arrays, "config": config})
+            if filtered:
+                from fedfilter.client.release import RoundSpec
+                from fedfilter.client.wire import REQUEST_RECORD, request_record
+
+                spec = RoundSpec(run_id="bench", round_id=attempt + 1, noise_multiplier=0.5, clip=0.4)
+                content[REQUEST_RECORD] = request_record(spec)
+            msg = Message(content=content, metadata=meta)
             started = time.perf_counter()
-            train(msg, context)
+            handler(msg, context)
             if attempt:  # the first call imports torch and loads the data
                 times.append(time.perf_counter() - started)
         worst = max(worst, statistics.median(times))
@@ -122,15 +145,27 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--clients", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=4)
-    parser.add_argument("--variants", default="flower,fedfilter", help="which to run (default both)")
+    parser.add_argument(
+        "--variants", default="flower,fedfilter", help="which to run (default both; '' = only the in-process timings)"
+    )
     parser.add_argument("--out", type=Path, default=None, help="where the deployments write (default: a temp dir)")
     args = parser.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     root = args.out or Path(tempfile.mkdtemp(prefix="deployed-round-"))
+    root.mkdir(parents=True, exist_ok=True)
     training = training_seconds(args.clients)
-    results = {"clients": args.clients, "rounds": args.rounds, "training_s": training, "cpus": os.cpu_count()}
+    filtered = training_seconds(args.clients, filtered=True)
+    results = {
+        "clients": args.clients,
+        "rounds": args.rounds,
+        "training_s": training,
+        "filtered_in_process_s": filtered,
+        "cpus": os.cpu_count(),
+        "load_average": os.getloadavg()[0],
+    }
     print(f"training inside a round (slowest of {args.clients} devices, warm): {training:.3f} s")
-    for variant in args.variants.split(","):
+    print(f"the same through the device's filter, in one process (no Flower transport): {filtered:.3f} s")
+    for variant in [v for v in args.variants.split(",") if v]:
         walls = deployed_rounds(variant, root / variant, args.clients, args.rounds)
         later = statistics.mean(walls[1:]) if len(walls) > 1 else float("nan")
         results[variant] = {"round_wall_s": walls, "first_s": walls[0], "later_mean_s": later}
