@@ -41,6 +41,7 @@ FORMAT_VERSION = 1
 APPROVE_HINT = "fedfilter apps approve APP_DIR_OR_FAB"
 # The shortest hash prefix `revoke` accepts (64 hex digits in full).
 MIN_PREFIX = 8
+MAX_PYPROJECT_BYTES = 1 << 20
 
 # What every guarantee the CLI prints says the device trusts (item 7 of issue 21): one place.
 TRUST_TEXT = (
@@ -93,6 +94,9 @@ def fab_components(fab: bytes) -> dict[str, str]:
 
     try:
         with zipfile.ZipFile(io.BytesIO(fab)) as archive:
+            size = archive.getinfo("pyproject.toml").file_size
+            if size > MAX_PYPROJECT_BYTES:  # read before approval: no decompression bomb
+                raise ApprovalError(f"the FAB's pyproject.toml is {size} bytes, above {MAX_PYPROJECT_BYTES}")
             config = tomllib.loads(archive.read("pyproject.toml").decode("utf-8"))
     except (zipfile.BadZipFile, KeyError, UnicodeDecodeError, tomllib.TOMLDecodeError) as err:
         raise ApprovalError(f"the FAB has no readable pyproject.toml: {err}") from None

@@ -233,7 +233,8 @@ class Launcher:
         for attempt in range(2):
             worker = self._worker(run_id)
             try:
-                assert worker.stdin is not None
+                if worker.stdin is None:
+                    raise BrokenPipeError("the worker has no input pipe")
                 worker.stdin.write(token + "\n")
                 worker.stdin.flush()
                 return

@@ -179,3 +179,12 @@ def test_the_fab_pyproject_is_read_in_memory(tmp_path):
     assert app_approval.fab_components(fab)["clientapp"] == "hostile_reader.client_app:app"
     with pytest.raises(ApprovalError, match="pyproject"):
         app_approval.fab_components(b"not a zip")
+
+
+def test_a_pyproject_bomb_is_refused_before_it_is_decompressed():
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("pyproject.toml", b"#" * (app_approval.MAX_PYPROJECT_BYTES + 1))
+    with pytest.raises(ApprovalError, match="bytes, above"):
+        app_approval.fab_components(buffer.getvalue())
+    assert decide(buffer.getvalue(), []).approved is False
