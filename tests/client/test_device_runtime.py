@@ -276,3 +276,13 @@ def test_every_printed_guarantee_names_what_a_device_trusts():
         args = argparse.Namespace(placement=placement, after_exhaustion="noise-only", min_reports=2, reply_hold_s=0)
         assert guarantee_text(args).endswith(TRUST_TEXT)
     assert "approved" in TRUST_TEXT and "nothing the coordinator sends" in TRUST_TEXT
+
+
+def test_a_tls_runtime_api_needs_its_ca_and_the_worker_uses_it():
+    with pytest.raises(ValueError, match="--ssl-ca-certfile"):
+        device_runtime.run_supernode(
+            ["--ssl-certfile", "rt.pem", "--ssl-keyfile", "rt.key"], secure_aggregation=False, allow_message_types=()
+        )
+    settings = device_runtime.RuntimeSettings("127.0.0.1:9094", insecure=False, root_certificates="ca.crt")
+    argv = settings.worker_argv(parent_pid=1)
+    assert argv[argv.index("--root-certificates") + 1] == "ca.crt" and "--insecure" not in argv
