@@ -60,6 +60,7 @@ def test_split_bound_against_enumeration_of_every_removed_set(n):
     for half in range(1, (n - 1) // 2 + 1):
         neighbours = flower_neighbours(list(range(n)), 2 * half + 1)
         worst = Fraction(0)
+        worst_pairs = Fraction(0)
         for r in range(n + 1):
             split_count = 0
             pair_sum = 0
@@ -76,8 +77,11 @@ def test_split_bound_against_enumeration_of_every_removed_set(n):
                 total += 1
             exact = Fraction(split_count, total)
             worst = max(worst, exact)
+            worst_pairs = max(worst_pairs, Fraction(pair_sum, total))
             bound = split_probability_bound(n, half, r)
             assert bound >= worst, (n, half, r, bound, worst)
+            # the shipped bound is the largest second moment over counts up to r, exactly
+            assert bound == min(Fraction(1), worst_pairs), (n, half, r)
             # the closed form of E[N(N-1)]/2 is exact at a single count r
             if 2 * half <= r <= n - 2 and n >= 2 * half + 2:
                 single = Fraction(n * (n - 2 * half - 1), 2) * Fraction(
@@ -165,13 +169,16 @@ def test_defaults_scale_to_a_thousand_devices():
 
 
 def test_honest_coordinator_delta_adds_failures_rounded_up():
-    delta = 1e-5
-    betas = [PRIVACY_FAILURE_TARGET] * 1000 + [0.1**20, 3e-17]
-    got = honest_coordinator_delta(delta, betas)
-    exact = Fraction(delta) + sum(Fraction(b) for b in betas)
-    assert Fraction(got) >= exact
-    assert got == math.nextafter(float(exact), 0) or got == float(exact) or got == math.nextafter(float(exact), 1)
-    assert honest_coordinator_delta(delta, []) == delta
+    rounded_down_somewhere = False
+    for delta in (1e-5, 1e-6, 3e-7, 1e-9):
+        for betas in ([PRIVACY_FAILURE_TARGET] * 1000, [1e-17], [3e-17, 1e-20], [0.1**20] * 7):
+            got = honest_coordinator_delta(delta, betas)
+            exact = Fraction(delta) + sum(Fraction(b) for b in betas)
+            assert Fraction(got) >= exact
+            assert got <= math.nextafter(float(exact), 1.0)  # and no looser than one step
+            rounded_down_somewhere |= Fraction(float(exact)) < exact
+    assert rounded_down_somewhere  # the cases exercise the upward step
+    assert honest_coordinator_delta(1e-5, []) == 1e-5
     assert honest_coordinator_delta(0.5, [0.6]) == 1.0
 
 
