@@ -76,7 +76,7 @@ class SecAggGraph:
     """A SecAgg+ neighbourhood size and threshold with its accounted failure probabilities.
 
     ``num_shares`` (k) is odd, or equal to ``n`` for the full graph; ``threshold`` (t) satisfies
-    ``k // 2 < t < k`` (or ``t <= k`` for a full graph of 2 nodes, never chosen). ``failure_probability``
+    ``k // 2 < t < k`` when ``choose_graph`` picked it. ``failure_probability``
     bounds, per round, the probability that the coordinator learns more than the sum of all honest
     surviving reports (split or reveal), rounded up; ``abort_probability`` bounds the probability
     that the round cannot be unmasked.
