@@ -116,3 +116,25 @@ def test_a_coordinator_running_flowers_primitives_fails_the_round(monkeypatch):
     assert out.aggregate is None and out.reports == 0
     assert "Duplicate share" in out.reason
     assert not secagg_masks.cryptographic_masks_installed()
+
+
+def test_the_default_sparse_graph_gives_each_node_k_holders_and_unmasks_the_exact_sum():
+    from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key
+
+    nodes = list(range(500, 524))
+    reports = _reports(nodes, seed=4)
+    graph = secure_round.round_graph(len(nodes), 12)
+    assert graph.num_shares < len(nodes)  # sparse: k holders per node, not all 24
+    apps = {nid: _app(reports, [_install]) for nid in nodes}
+    grid = LoopbackGrid(apps, drop=lambda stage, nid: stage == "collect_masked_vectors" and nid == 511)
+    out = secure_round.run_secure_round(grid, {n: RecordDict() for n in nodes}, server_round=1, min_reports=12)
+    assert (out.num_shares, out.failure_probability) == (graph.num_shares, graph.failure_probability)
+    setup = [m for m in grid.sent if m.content.config_records[RECORD_KEY_CONFIGS].get(Key.STAGE) == "setup"]
+    assert {m.content.config_records[RECORD_KEY_CONFIGS][Key.SHARE_NUMBER] for m in setup} == {graph.num_shares}
+    assert {m.content.config_records[RECORD_KEY_CONFIGS][Key.THRESHOLD] for m in setup} == {graph.threshold}
+    share_keys = [m for m in grid.sent if m.content.config_records[RECORD_KEY_CONFIGS].get(Key.STAGE) == "share_keys"]
+    assert {len(m.content.config_records[RECORD_KEY_CONFIGS]) - 1 for m in share_keys} == {graph.num_shares}
+    assert out.reason == "" and out.reports == len(nodes) - 1
+    sums = decode_sum(out.aggregate, out.reports, out.quantization_range)
+    for i, got in enumerate(sums):
+        np.testing.assert_array_equal(got, sum(reports[n][i] for n in nodes if n != 511))
