@@ -338,7 +338,8 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(row)
         print(
             f"| {n} | {row['num_shares']} | {row['threshold']} | {row['plain_s_per_round']:.3f} | "
-            f"{row['secagg_s_per_round']:.3f} | {row['ratio']:.2f} | {1e3 * row['plain_client_s_per_client_round']:.1f} / "
+            f"{row['secagg_s_per_round']:.3f} | {row['ratio']:.2f} | "
+            f"{1e3 * row['plain_client_s_per_client_round']:.1f} / "
             f"{1e3 * row['secagg_client_s_per_client_round']:.1f} | {row['plain_rest_s_per_round']:.3f} / "
             f"{row['secagg_rest_s_per_round']:.3f} | {row['server_unmask_s']:.3f} |",
             flush=True,
