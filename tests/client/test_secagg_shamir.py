@@ -56,7 +56,9 @@ def test_any_threshold_shares_reconstruct_as_with_flowers_sharing(threshold, num
     rng = random.Random(threshold * 1000 + num)
     for secret in _secrets():
         ours = create_shares(secret, threshold, num)
-        assert len(ours) == num == len(flower_shamir.create_shares(secret, threshold, num))
+        assert len(ours) == num
+        if num <= 21:  # Flower's gives as many shares for the same arguments (slow beyond that)
+            assert len(flower_shamir.create_shares(secret, threshold, num)) == num
         for _ in range(3):
             subset = rng.sample(ours, rng.randint(threshold, num))
             assert combine_shares(subset) == secret
