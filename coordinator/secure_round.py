@@ -147,7 +147,7 @@ def round_graph(
         raise ValueError(f"n_sampled must be >= 2 for SecAgg+. Found {n_sampled!r}.")
     shares = check_num_shares(num_shares, m)
     if n == 2:  # no neighbourhood to choose, and no bound (its graph_failure_probability needs k >= 3)
-        return RoundGraph(num_shares=2, threshold=2, failure_probability=1.0)
+        return RoundGraph(num_shares=2, threshold=reconstruction_threshold(m), failure_probability=1.0)
     if shares == AUTO_SHARES:
         try:
             chosen = choose_graph(n, dropout_rate=dropout_rate, corrupt_rate=corrupt_rate)
@@ -167,6 +167,8 @@ def round_graph(
         k, t = n, max(reconstruction_threshold(m), n // 2 + 1)
     if fewest_released_reports(n, k, t) < m:
         raise ValueError(f"min_reports {m} exceeds what SecAgg+ can guarantee among {n} sampled nodes.")
+    if t > n:  # fewer sampled than min_reports: Flower halts after its setup stage, nothing is unmasked
+        return RoundGraph(num_shares=k, threshold=t, failure_probability=1.0)
     failure = graph_failure_probability(n, k, t, dropout_rate=dropout_rate, corrupt_rate=corrupt_rate)
     return RoundGraph(num_shares=k, threshold=t, failure_probability=failure)
 

@@ -18,7 +18,7 @@ from fedfilter.client.secagg_neighbourhood import (
     check_secagg_graph,
     fewest_released_reports,
 )
-from fedfilter.coordinator.secure_round import round_graph
+from fedfilter.coordinator.secure_round import RoundGraph, round_graph
 
 
 def _flower_ring(n: int, k: int) -> dict[int, set[int]]:
@@ -90,6 +90,9 @@ def test_round_graph_keeps_explicit_choices_and_raises_t_to_the_released_floor()
     assert weak.failure_probability > PRIVACY_FAILURE_TARGET and "secagg-max-failure-probability" in problems[0]
     with pytest.raises(ValueError, match="secagg_num_shares"):
         round_graph(10, 3, "many")
+    # Fewer sampled than min_reports: a graph Flower halts on (t > n), not an error that ends the run.
+    assert round_graph(3, 4) == round_graph(3, 4, 1.0) == RoundGraph(3, 4, 1.0)
+    assert round_graph(2, 3) == RoundGraph(2, 3, 1.0)
 
 
 def test_the_owners_policy_is_checked_and_bad_policies_are_refused_by_name():

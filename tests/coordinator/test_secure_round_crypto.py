@@ -138,3 +138,9 @@ def test_the_default_sparse_graph_gives_each_node_k_holders_and_unmasks_the_exac
     sums = decode_sum(out.aggregate, out.reports, out.quantization_range)
     for i, got in enumerate(sums):
         np.testing.assert_array_equal(got, sum(reports[n][i] for n in nodes if n != 511))
+
+
+def test_fewer_sampled_than_min_reports_halts_the_round_without_ending_the_run():
+    nodes = [600, 601, 602]
+    out = _run(nodes, _reports(nodes), min_reports=4, num_shares="auto")
+    assert out.aggregate is None and out.reports == 0 and "halted" in out.reason
