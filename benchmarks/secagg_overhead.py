@@ -28,7 +28,9 @@ into client compute (summed over the clients, per client-round) and everything e
 workflow, wire format), as measured around each ClientApp call; the server's seconds in the unmask
 stage (its wall time minus the clients' time inside it: Shamir combine, mask regeneration,
 dequantization); then the seconds per secure round spent inside SecAgg+'s primitives (Shamir split on
-the clients and combine on the server; ECDH key agreement; share encryption; masks), and the peak
+the clients and combine on the server; ECDH key agreement; share encryption; masks), the CPU seconds
+of each variant's round and of the server's unmasking (``time.process_time``: the whole in-process
+federation's CPU, which the load of other jobs on the machine does not inflate), and the peak
 resident memory of the process.
 """
 
@@ -213,13 +215,15 @@ def run_size(n: int, args) -> dict:
     sent: dict[int, list] = defaultdict(list)  # round -> the integer reports the secure clients sent
     plain_app, secure_app = _client_app(task, pid_of, sent, CLIP, args.local_epochs, args.lr)
     client_time = {"plain": 0.0, "secagg": 0.0}
+    client_cpu = {"plain": 0.0, "secagg": 0.0}  # CPU seconds (process_time): robust to machine load
     current = {"variant": "plain"}
 
     def node_app(msg, ctx):
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         app = secure_app if RECORD_KEY_CONFIGS in msg.content.config_records else plain_app
         reply = app(msg, ctx)
         client_time[current["variant"]] += time.perf_counter() - started
+        client_cpu[current["variant"]] += time.process_time() - cpu_started
         return reply
 
     grid = LoopbackGrid({nid: node_app for nid in nodes})
@@ -228,14 +232,17 @@ def run_size(n: int, args) -> dict:
     shares = 1.0 if graph.num_shares == n else graph.num_shares  # as run_secure_round passes it to Flower
     secagg = SecAggPlusWorkflow(num_shares=shares, reconstruction_threshold=threshold, **settings)
     unmask_s: list[float] = []
+    unmask_cpu_s: list[float] = []
     original_unmask = secagg.unmask_stage
 
     def timed_unmask(grid_, context_, state_):
         started, clients_before = time.perf_counter(), client_time["secagg"]
+        cpu_started, clients_cpu_before = time.process_time(), client_cpu["secagg"]
         try:
             return original_unmask(grid_, context_, state_)
         finally:
             unmask_s.append(time.perf_counter() - started - (client_time["secagg"] - clients_before))
+            unmask_cpu_s.append(time.process_time() - cpu_started - (client_cpu["secagg"] - clients_cpu_before))
 
     secagg.unmask_stage = timed_unmask
     ref = [weights]
@@ -251,6 +258,7 @@ def run_size(n: int, args) -> dict:
     cfg = ConfigRecord({Key.START_TIME: time.time()})
     context.state.config_records[MAIN_CONFIGS_RECORD] = cfg
     times: dict[str, list[float]] = {"plain": [], "secagg": []}
+    cpu_times: dict[str, list[float]] = {"plain": [], "secagg": []}
     primitives_timed: dict[str, float] = defaultdict(float)
     per_client: dict[str, list[float]] = {"plain": [], "secagg": []}
     round_id = 0
@@ -262,11 +270,12 @@ def run_size(n: int, args) -> dict:
                 current["variant"], strategy.secagg = variant, variant == "secagg"
                 strategy.on_fit_config_fn = lambda r, v=variant: {"secagg": v == "secagg", "q": q, "round": r}
                 before, before_primitives = client_time[variant], dict(primitive_s)
-                started = time.perf_counter()
+                started, cpu_started = time.perf_counter(), time.process_time()
                 (secagg if variant == "secagg" else default_fit_workflow)(grid, context)
-                elapsed = time.perf_counter() - started
+                elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu_started
                 if timed:
                     times[variant].append(elapsed)
+                    cpu_times[variant].append(cpu)
                     per_client[variant].append((client_time[variant] - before) / n)
                     for key, value in primitive_s.items():
                         primitives_timed[key] += (value - before_primitives.get(key, 0.0)) / args.rounds
@@ -291,6 +300,10 @@ def run_size(n: int, args) -> dict:
         "num_shares": graph.num_shares,
         "failure_probability": graph.failure_probability,
         "server_unmask_s": statistics.median(unmask_s[-args.rounds :]),
+        "server_unmask_cpu_s": statistics.median(unmask_cpu_s[-args.rounds :]),
+        "plain_cpu_s_per_round": statistics.median(cpu_times["plain"]),
+        "secagg_cpu_s_per_round": statistics.median(cpu_times["secagg"]),
+        "cpu_ratio": statistics.median(cpu_times["secagg"]) / statistics.median(cpu_times["plain"]),
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "quantization_range": q,
         "plain_s_per_round": plain,
@@ -347,7 +360,11 @@ def main(argv: list[str] | None = None) -> int:
     for row in rows:
         shown = ", ".join(f"{k} {v:.3f}" for k, v in row["primitive_s_per_round"].items())
         print(f"# {row['clients']} clients, s per SecAgg+ round inside its primitives: {shown}")
-        print(f"#   peak RSS {row['peak_rss_mib']:.0f} MiB, unmasked sums checked {row['unmasked_sums_checked']}")
+        print(
+            f"#   CPU s/round plain {row['plain_cpu_s_per_round']:.3f}, SecAgg+ {row['secagg_cpu_s_per_round']:.3f} "
+            f"(ratio {row['cpu_ratio']:.2f}); server unmask CPU s {row['server_unmask_cpu_s']:.3f}; peak RSS "
+            f"{row['peak_rss_mib']:.0f} MiB; unmasked sums checked {row['unmasked_sums_checked']}"
+        )
     print(f"# load average {os.getloadavg()[0]:.1f} at the end")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2) + "\n")
