@@ -166,6 +166,10 @@ def with_device_settings(node_config: Mapping[str, Any], environ: Mapping[str, s
             else "the settings do not fit together (see the device's log)"
         )
         raise DeviceSettingsError(f"{where}: {err}", f"{where}: {public}.") from None
+    # On a Ray cluster a partition may run on another node each round: one ledger for it, or none.
+    from fedfilter.client.ledger_root import check_ledger_root
+
+    check_ledger_root(pid, merged["ledger-dir"])
     return merged
 
 

@@ -201,6 +201,17 @@ def _tails(population: int, marked: int, draws: int) -> list[Fraction]:
     return tails
 
 
+def dropouts_accounted(n: int, num_shares: int, dropped: int, *, dropout_rate: float) -> bool:
+    """Whether the failure bound covers a round in which ``dropped`` of the ``n`` nodes set up sent
+    no masked input. The bound assumes at most ``ceil(dropout_rate * n)`` such nodes on a sparse
+    graph (a full graph cannot split), so an honest coordinator unmasks nothing beyond that: the
+    one rule the coordinator and the engine both apply."""
+    _check_graph(n, num_shares, 1)
+    if isinstance(dropped, bool) or not isinstance(dropped, int) or not 0 <= dropped <= n:
+        raise ValueError(f"dropped must be an integer in [0, n={n}]. Found {dropped!r}.")
+    return num_shares >= n or dropped <= _rate_count("dropout_rate", dropout_rate, n)
+
+
 def _threshold_for(n: int, k: int, corrupt_tails: list[Fraction]) -> int | None:
     """The smallest ``t`` with ``k // 2 < t < k`` and ``P(some node has >= 2t - k corrupt holders)``
     within target (Bell et al. Section 4: a forked drop-out view then cannot yield both shares)."""

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-_ARRAYS = ("state", "run_state", "exhausted_round")
+_ARRAYS = ("state", "run_state", "exhausted_round", "graph_rounds")
 
 
 def save_checkpoint(path: str | Path, snapshot: dict, meta: dict) -> None:
@@ -21,7 +21,7 @@ def save_checkpoint(path: str | Path, snapshot: dict, meta: dict) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     rest = {k: v for k, v in snapshot.items() if k not in _ARRAYS and k != "weights"}
-    arrays = {k: snapshot[k] for k in _ARRAYS}
+    arrays = {k: snapshot[k] for k in _ARRAYS if k in snapshot}
     arrays.update({f"weights_{i}": w for i, w in enumerate(snapshot["weights"])})
     text = json.dumps({"meta": meta, "snapshot": rest, "weights": len(snapshot["weights"])})
     tmp = path.with_name(path.name + ".tmp")
@@ -38,7 +38,8 @@ def load_checkpoint(path: str | Path) -> tuple[dict, dict]:
         doc = json.loads(str(z["json"]))
         snapshot = dict(doc["snapshot"])
         for k in _ARRAYS:
-            snapshot[k] = z[k].copy()
+            if k in z.files:  # graph_rounds: absent from checkpoints older than the SecAgg+ graph
+                snapshot[k] = z[k].copy()
         snapshot["weights"] = [z[f"weights_{i}"].copy() for i in range(doc["weights"])]
     return snapshot, doc["meta"]
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from fedfilter.client.privacy.filters import FILTER_KINDS
+from fedfilter.client.privacy.secagg_graph import SecAggGraph, honest_coordinator_delta
 from fedfilter.client.release import AFTER_EXHAUSTION, PLACEMENTS, ClientPolicy
 from fedfilter.client.round_rules import accounted_noise_std, added_noise_std
 
@@ -23,6 +24,7 @@ NORMS = ("device", "vectorised", "fast")
 # The devices' placements, and "central": papers/004's trusted curator, which no device runs.
 ENGINE_PLACEMENTS = (*PLACEMENTS, "central")
 GROUP_BY = ("label", "client", "none")
+SECAGG_GRAPHS = ("full", "sparse")
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,15 @@ class EngineConfig:
         round with fewer than ``min_reports`` reports is not released; needs ``filter_kind="rdp"``.
         ``central`` (simulation only; papers/004's private GD): the coordinator sums the clipped
         updates and adds one ``N(0, sigma^2 I)`` draw; needs ``noise_draw="aggregate"``.
+    secagg_graph, secagg_dropout_rate, secagg_corrupt_rate
+        Distributed placement: the SecAgg+ neighbourhoods (``fedfilter.client.privacy.secagg_graph``).
+        ``full``: Flower's full graph (every asked client holds a share of every other's secrets,
+        threshold ``max(min_reports, 2)``); ``sparse``: ``choose_graph(n_asked, ...)`` on Flower's ring
+        over a permutation drawn per round. Either way a round is released only when the simulated
+        ring can be unmasked (every client keeps ``threshold`` reporting holders) and it has
+        ``min_reports`` reports, and each client's guarantee against an honest coordinator adds the
+        graph's failure probability under the assumed rates for every distributed round it reported
+        in (``EngineResult.honest_coordinator_delta``).
     after_exhaustion
         ``noise-only`` (keeps sending pure-noise reports) or ``leave`` (sends a marker); one value
         or one per client.
@@ -117,6 +128,9 @@ class EngineConfig:
     clip: float = 1.0
     placement: str = "local"
     min_reports: int = 1
+    secagg_graph: str = "full"
+    secagg_dropout_rate: float = 0.1
+    secagg_corrupt_rate: float = 0.0
     after_exhaustion: str | Sequence[str] = "noise-only"
     exhausted_below: float = ClientPolicy.exhausted_below  # the device's default
     noise_draw: str = "per-client"
@@ -172,6 +186,12 @@ class EngineConfig:
                 "placement='central' adds the coordinator's one draw to the sum, so it needs "
                 f"noise_draw='aggregate'. Found noise_draw={self.noise_draw!r}."
             )
+        if self.secagg_graph not in SECAGG_GRAPHS:
+            problems.append(f"secagg_graph must be one of {SECAGG_GRAPHS}. Found {self.secagg_graph!r}.")
+        for name in ("secagg_dropout_rate", "secagg_corrupt_rate"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1:
+                problems.append(f"{name} must be a number in [0, 1). Found {v!r}.")
         if self.noise_draw not in NOISE_DRAWS:
             problems.append(f"noise_draw must be one of {NOISE_DRAWS}. Found {self.noise_draw!r}.")
         if self.norms not in NORMS:
@@ -247,6 +267,21 @@ class EngineResult:
     run_state: np.ndarray  # (n_clients, dim) this run's states (the run quota's filter)
     weights: list[np.ndarray] = field(repr=False)  # final model, state_dict order
     group_accuracy: dict[str, float] | None = None  # at the last evaluation
+    graph: SecAggGraph | None = None  # distributed placement: the SecAgg+ graph every round ran on
+    graph_rounds: np.ndarray | None = None  # int64: distributed rounds each client reported in
+
+    def honest_coordinator_delta(self) -> np.ndarray:
+        """Each client's delta against an honest coordinator: ``delta`` plus its graph's failure
+        probability for every distributed round it reported in (``secagg_graph.honest_coordinator_delta``,
+        the rule a device applies); ``delta`` itself in the other placements."""
+        n = len(self.client_ids)
+        if self.graph is None or self.graph_rounds is None:
+            return np.full(n, self.config.delta)
+        out = np.empty(n)
+        beta = self.graph.failure_probability
+        for count in np.unique(self.graph_rounds):
+            out[self.graph_rounds == count] = honest_coordinator_delta(self.config.delta, [beta] * int(count))
+        return out
 
     @property
     def accuracy(self) -> list[float | None]:

@@ -137,6 +137,7 @@ class Engine:
             if self.fast_fallback is None:
                 self._fast = LayerwiseClippedSum(self.model, self.task.loss)
         self._distributed = DistributedPlacement(self) if cfg.placement == "distributed" else None
+        self.graph_rounds = np.zeros(n, dtype=np.int64)  # distributed rounds each client reported in
 
     # --- privacy: the filters, vectorised over clients ------------------------------------------
     def allowance(self, clients: np.ndarray) -> np.ndarray:
@@ -307,6 +308,9 @@ class Engine:
         if self._distributed is not None:
             outcome = self._distributed.run(clients, self.round_id)
             out, active, reporting, mean = outcome.out, outcome.active, outcome.reporting, outcome.mean
+            # a masked report sent is a round whose graph may fail for this client (released or not)
+            self.graph_rounds[active] += 1
+            self.graph_rounds[reporting] += 1
         else:
             out, active, reporting, mean = self._gaussian_round(clients)
         newly = clients[out & (self.exhausted_round[clients] < 0)]
@@ -387,6 +391,7 @@ class Engine:
             "state": self.state.copy(),
             "run_state": self.run_state.copy(),
             "exhausted_round": self.exhausted_round.copy(),
+            "graph_rounds": self.graph_rounds.copy(),
             "records": [asdict(r) for r in self.records],
             "last_groups": self.last_groups,
             "sampler": None if self._sampler is None else self._sampler.bit_generator.state,
@@ -405,6 +410,13 @@ class Engine:
         self.state = np.array(snap["state"], dtype=self.state.dtype)
         self.run_state = np.array(snap["run_state"], dtype=self.run_state.dtype)
         self.exhausted_round = np.array(snap["exhausted_round"], dtype=np.int64)
+        if "graph_rounds" in snap:
+            self.graph_rounds = np.array(snap["graph_rounds"], dtype=np.int64)
+        elif self._distributed is not None and self.round_id:
+            raise ValueError(
+                "checkpoint 'graph_rounds' is missing: it predates the SecAgg+ graph's accounting; "
+                "rerun the distributed run from round 0."
+            )
         self.records = [RoundRecord(**r) for r in snap["records"]]
         self.last_groups = snap["last_groups"]
         if snap["sampler"] is not None:
@@ -433,6 +445,8 @@ class Engine:
             run_state=self.run_state.copy(),
             weights=[w.copy() for w in self.weights],
             group_accuracy=self.last_groups,
+            graph=None if self._distributed is None else self._distributed.graph,
+            graph_rounds=None if self._distributed is None else self.graph_rounds.copy(),
         )
 
 

@@ -3,7 +3,7 @@
 Per client, ``fedfilter.simulations.engine.skellam_round.ClientRule`` (the device's steps); then the
 sum the coordinator unmasks: the reporting clients' integer reports added, wrapped mod ``q`` (the
 quantization range SecAgg+ is set up with for the clients asked), released only with at least
-``min_reports`` reports and SecAgg+'s threshold (``coordinator.secure_round.reconstruction_threshold``).
+``min_reports`` reports and when SecAgg+ can unmask it on its graph (``SecAggRing``).
 A spent ``leave`` client drops out of the SecAgg+ round (no report); a spent ``noise-only`` client
 reports its Skellam share alone. ``reports_seen`` counts the masked reports sent, released or not.
 
@@ -19,10 +19,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fedfilter.client.privacy.secagg_graph import (
+    SecAggGraph,
+    choose_graph,
+    dropouts_accounted,
+    graph_abort_probability,
+    graph_failure_probability,
+)
 from fedfilter.client.round_rules import reports_needed
 from fedfilter.coordinator.secure_round import reconstruction_threshold
 from fedfilter.simulations.engine.norms import clip_rows
-from fedfilter.simulations.engine.seeds import aggregate_noise_stream, client_noise_stream
+from fedfilter.simulations.engine.seeds import aggregate_noise_stream, client_noise_stream, graph_rng
 from fedfilter.simulations.engine.skellam_round import (
     ClientRule,
     SkellamRound,
@@ -30,6 +37,43 @@ from fedfilter.simulations.engine.skellam_round import (
     per_client_noisy,
     wrap_centred,
 )
+
+
+def ring_unmasks(reporting_in_ring_order: np.ndarray, num_shares: int, threshold: int) -> bool:
+    """Whether SecAgg+ can unmask a round on Flower's ring (``SecAggPlusWorkflow.setup_stage``).
+
+    Node ``i`` of the ring holds shares of the nodes at offsets ``-h..h`` (``h = num_shares // 2``,
+    itself included; the whole ring when ``num_shares`` reaches it). The coordinator needs, for
+    every node, ``threshold`` shares from reporting holders: the self-mask seed of a reporting node,
+    the mask key of one that dropped out after sharing its keys (a spent ``leave`` device drops at
+    the masked-input stage). For a dropped node its own share is missing anyway, so both needs read
+    "at least ``threshold`` reporting nodes among offsets ``-h..h``".
+    """
+    r = np.asarray(reporting_in_ring_order, dtype=np.int64)
+    n = len(r)
+    half = num_shares // 2
+    if 2 * half + 1 >= n:
+        return bool(r.sum() >= threshold)
+    padded = np.concatenate([r[-half:], r, r[:half]])
+    window = np.convolve(padded, np.ones(2 * half + 1, dtype=np.int64), mode="valid")
+    return bool(window.min() >= threshold)
+
+
+def round_graph(cfg, n_asked: int) -> SecAggGraph:
+    """The SecAgg+ graph of a distributed round with ``n_asked`` clients (``cfg.secagg_graph``)."""
+    rates = {"dropout_rate": cfg.secagg_dropout_rate, "corrupt_rate": cfg.secagg_corrupt_rate}
+    if cfg.secagg_graph == "sparse":
+        return choose_graph(n_asked, **rates)
+    # Flower's full graph as the coordinator sets it up today: every node, threshold max(m, 2).
+    t = reconstruction_threshold(cfg.min_reports)
+    if n_asked < 3:
+        return SecAggGraph(n_asked, t, 0.0, 0.0)  # no third node to collude or to hold a share
+    return SecAggGraph(
+        n_asked,
+        t,
+        graph_failure_probability(n_asked, n_asked, t, **rates),
+        graph_abort_probability(n_asked, n_asked, t, dropout_rate=cfg.secagg_dropout_rate),
+    )
 
 
 @dataclass
@@ -50,9 +94,10 @@ class DistributedPlacement:
         self.engine = engine
         request = (cfg.noise_multiplier, cfg.clip, cfg.min_reports, engine.n_sampled)
         self.params = SkellamRound.from_request(*request, engine.filters[0])  # alpha aside, the same for all
-        # SecAgg+ unmasks only sums of >= its threshold (max(m, 2): Flower reads a threshold of 1 as "all
-        # shares"), and the coordinator releases only sums of >= min_reports.
-        self.threshold = max(reports_needed("distributed", cfg.min_reports), reconstruction_threshold(cfg.min_reports))
+        # The coordinator releases only sums of >= min_reports, and SecAgg+ unmasks only when every node
+        # keeps `threshold` reporting share holders on this graph (full: max(m, 2), since Flower reads
+        # a threshold of 1 as "all shares").
+        self.graph = round_graph(cfg, engine.n_sampled)
         self.rules = [
             ClientRule(SkellamRound.from_request(*request, f), f, rf, cfg.clip, engine.layout.dim)
             for f, rf in zip(engine.filters, engine.run_filters)
@@ -108,7 +153,18 @@ class DistributedPlacement:
             stream = aggregate_noise_stream(cfg.seed, cfg.run_id, round_id)
             total += aggregate_skellam(n, self.params.mu_share, dim, stream)
         mean = None
-        if n >= self.threshold:
+        if n >= reports_needed("distributed", cfg.min_reports) and self.unmasks(clients, active, reporting, round_id):
             # SecAgg+ is set up for the clients asked (q = quantization_range(len(clients))).
             mean = wrap_centred(total, self.params.q).astype(np.float64) * self.params.gamma / n
         return DistributedOutcome(out, active, reporting, mean)
+
+    def unmasks(self, clients: np.ndarray, active: np.ndarray, reporting: np.ndarray, round_id: int) -> bool:
+        """SecAgg+ on this round's ring: the asked clients in an order drawn per round, unmasked only
+        when the drop-outs are within the graph's assumption and every node keeps enough holders."""
+        cfg = self.engine.config
+        sent = np.isin(clients, active) | np.isin(clients, reporting)
+        n, dropped = len(clients), int(len(clients) - sent.sum())
+        if n >= 3 and not dropouts_accounted(n, self.graph.num_shares, dropped, dropout_rate=cfg.secagg_dropout_rate):
+            return False  # more drop-outs than the graph's failure bound assumes: nothing is unmasked
+        order = graph_rng(cfg.seed, cfg.run_id, round_id).permutation(n)
+        return ring_unmasks(sent[order], self.graph.num_shares, self.graph.threshold)

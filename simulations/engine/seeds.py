@@ -42,6 +42,11 @@ def aggregate_noise_rng(seed: int, run_id: str, round_id: int) -> np.random.Gene
     )
 
 
+def graph_rng(seed: int, run_id: str, round_id: int) -> np.random.Generator:
+    """The generator of one distributed round's SecAgg+ ring order (Flower shuffles with its own)."""
+    return make_rng(int.from_bytes(_digest("fedfilter.engine.graph", int(seed), run_id, int(round_id))[:16], "little"))
+
+
 def sampling_rng(seed: int, run_id: str) -> np.random.Generator:
     """The generator the engine samples clients with when ``fraction < 1``."""
     return make_rng(int.from_bytes(_digest("fedfilter.engine.sampling", int(seed), run_id)[:16], "little"))

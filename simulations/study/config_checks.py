@@ -37,6 +37,7 @@ DATA_KEYS = {
     "max_examples_per_client",
     "max_test_examples",
     "fraction",
+    "min_reports",
 }
 # [federation] keys and their checks; passed to simulations.engine.EngineConfig under the same names.
 FEDERATION_KEYS: dict[str, tuple[type, str]] = {
@@ -53,6 +54,9 @@ FEDERATION_KEYS: dict[str, tuple[type, str]] = {
     "client_mode": (str, "auto|single-example|multi-example"),
     "noise_draw": (str, "per-client|aggregate"),
     "chunk_size": (int, "positive"),
+    "secagg_graph": (str, "full|sparse"),
+    "secagg_dropout_rate": (float, "unit"),
+    "secagg_corrupt_rate": (float, "unit"),
 }
 FEDERATION_DEFAULTS: dict[str, Any] = {"noise_multiplier": 1.0, "clip": 1.0, "fraction": 1.0, "min_reports": 1}
 
@@ -243,6 +247,11 @@ def check_data(c: Checker, name: str, t) -> DataSpec | None:
         c.number(f"{key}.fraction", t["fraction"], kind="fraction")
         ok &= len(c.problems) == before
         caps["fraction"] = float(t["fraction"]) if _is_num(t["fraction"]) else t["fraction"]
+    if "min_reports" in t:
+        before = len(c.problems)
+        c.number(f"{key}.min_reports", t["min_reports"], kind="positive", integer=True)
+        ok &= len(c.problems) == before
+        caps["min_reports"] = t["min_reports"]
     groups = t.get("groups", "label" if task in LABEL_TASKS else "size")
     if groups not in GROUPINGS:
         c.bad(f"{key}.groups", groups, f"one of {', '.join(GROUPINGS)}")
@@ -293,22 +302,28 @@ def check_min_reports(c: Checker, federation: dict, sweep: dict, datas: dict[str
     """Cross-checks between tables: distributed noise needs min_reports >= 2 to mean anything, and a
     round with fewer than min_reports reports is dropped: it must be reachable with the clients asked
     per round."""
-    m = federation.get("min_reports")
-    if "distributed" in sweep.get("noise", []) and _is_int(m) and m < 2:
+    shared = federation.get("min_reports")
+    if "distributed" in sweep.get("noise", []) and _is_int(shared) and shared < 2:
         c.problems.append(
             f"federation.min_reports must be >= 2 when sweep.noise includes 'distributed' "
-            f"(each client adds 1/min_reports of the noise variance). Found {m!r}."
+            f"(each client adds 1/min_reports of the noise variance). Found {shared!r}."
         )
-    if _is_int(m) and "distributed" in sweep.get("noise", []):
+    if "distributed" in sweep.get("noise", []):
         for name in sweep.get("data", []):
             d = datas.get(name) if isinstance(name, str) else None
+            m = shared if d is None or d.min_reports is None else d.min_reports
+            where = "federation.min_reports" if d is None or d.min_reports is None else f"data.{name}.min_reports"
+            if d is not None and d.min_reports is not None and d.min_reports < 2:
+                c.problems.append(f"{where} must be >= 2 for distributed runs. Found {m!r}.")
+            if not _is_int(m):
+                continue
             frac = federation.get("fraction") if d is None or d.fraction is None else d.fraction
             if d is None or not (_is_num(frac) and 0 < frac <= 1):
                 continue
             asked = max(1, math.ceil(frac * d.num_clients))  # the engine asks ceil(fraction * n)
             if m > asked:
                 c.problems.append(
-                    f"federation.min_reports = {m} exceeds the {asked} clients asked per round for "
+                    f"{where} = {m} exceeds the {asked} clients asked per round for "
                     f"[data.{name}] (fraction {frac:g} of {d.num_clients}): every distributed round would "
                     f"be dropped. Found min_reports = {m!r}."
                 )

@@ -103,6 +103,8 @@ def run_one(
     fed: dict[str, Any] = dict(study.federation)
     if run.data.fraction is not None:
         fed["fraction"] = run.data.fraction
+    if run.data.min_reports is not None:
+        fed["min_reports"] = run.data.min_reports
     ec = EngineConfig(
         task=run.data.task,
         num_clients=task.num_clients,
@@ -242,14 +244,21 @@ def run_one(
             "final_accuracy_gap": (max(finals.values()) - min(finals.values())) if finals else None,
             "worst_group": min(finals, key=lambda g: finals[g]) if finals else None,
         },
+        # distributed runs: the SecAgg+ graph and the largest delta a client's guarantee against an
+        # honest coordinator carries once the graph's failure probability is added (secagg_graph)
+        "secagg_graph": asdict(res.graph) if res.graph is not None else None,
+        "max_honest_coordinator_delta": float(np.max(res.honest_coordinator_delta())),
         "final_accuracy": per_round["accuracy"][-1],
         "peak_accuracy": max([acc0] + per_round["accuracy"]),
         "seconds": time.perf_counter() - started,
     }
 
 
-def run_study(study: StudyConfig, out_dir: str | Path, *, progress: bool = True) -> dict:
-    """Run every run of ``study``; write ``results.json``, the PNG plots and ``report.md`` to ``out_dir``."""
+def run_study(study: StudyConfig, out_dir: str | Path, *, progress: bool = True, resume: bool = False) -> dict:
+    """Run every run of ``study``; write ``results.json``, the PNG plots and ``report.md`` to ``out_dir``.
+
+    ``resume``: keep the runs an earlier, interrupted call of the very same study file (same
+    ``config_toml``) already wrote to ``out_dir/results.json`` and run only the others."""
     from tqdm.auto import tqdm
 
     from fedfilter.simulations.study.report import write_outputs
@@ -259,6 +268,11 @@ def run_study(study: StudyConfig, out_dir: str | Path, *, progress: bool = True)
     runs = study.runs()
     tasks: dict[str, tuple] = {}
     records = []
+    done: dict[str, dict] = {}
+    if resume and (out / "results.json").exists():
+        earlier = json.loads((out / "results.json").read_text(encoding="utf-8"))
+        if earlier.get("config_toml") == study.source_text:
+            done = {r["label"]: r for r in earlier.get("runs", [])}
     started = time.perf_counter()
     bar = tqdm(
         total=len(runs) * study.rounds,
@@ -269,6 +283,10 @@ def run_study(study: StudyConfig, out_dir: str | Path, *, progress: bool = True)
     )
     try:
         for i, run in enumerate(runs):
+            if run.label in done:
+                records.append(done[run.label])
+                bar.update(study.rounds)
+                continue
             if run.data.name not in tasks:
                 bar.set_postfix_str(f"loading {run.data.name}")
                 task, full_sizes = _load_task(run.data)

@@ -64,6 +64,7 @@ class DataSpec:
     max_examples_per_client: int | None = None  # random subset of each client's training data
     max_test_examples: int | None = None  # random subset of the test set
     fraction: float | None = None  # share of clients asked per round; None: [federation].fraction
+    min_reports: int | None = None  # fewest reports a distributed round releases; None: [federation]
 
     def describe(self) -> str:
         split = {
@@ -78,6 +79,8 @@ class DataSpec:
             caps.append(f"{self.max_test_examples} test examples")
         if self.fraction is not None:
             caps.insert(0, f"{self.fraction:g} of them asked per round")
+        if self.min_reports is not None:
+            caps.append(f"min_reports {self.min_reports}")
         extra = f"; {', '.join(caps)} (random subsets)" if caps else ""
         return f"{self.task}, {split}, {self.num_clients} clients (groups by {self.groups}){extra}"
 

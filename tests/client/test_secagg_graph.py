@@ -20,6 +20,7 @@ from client.privacy.secagg_graph import (
     PRIVACY_FAILURE_TARGET,
     SecAggGraph,
     choose_graph,
+    dropouts_accounted,
     graph_abort_probability,
     graph_failure_probability,
     honest_coordinator_delta,
@@ -203,3 +204,11 @@ def test_bad_input_names_the_field(call, field):
 def test_impossible_rates_are_refused_with_the_rates_named():
     with pytest.raises(ValueError, match="dropout_rate=0.6"):
         choose_graph(50, dropout_rate=0.6, corrupt_rate=0.3)
+
+
+def test_dropouts_beyond_the_assumed_rate_are_not_accounted_on_a_sparse_graph():
+    assert dropouts_accounted(1000, 79, 100, dropout_rate=0.1)
+    assert not dropouts_accounted(1000, 79, 101, dropout_rate=0.1)
+    assert dropouts_accounted(1000, 1000, 900, dropout_rate=0.1)  # a full graph cannot split
+    with pytest.raises(ValueError, match="dropped"):
+        dropouts_accounted(10, 5, 11, dropout_rate=0.1)
