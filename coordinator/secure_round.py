@@ -42,7 +42,7 @@ from flwr.server.workflow import SecAggPlusWorkflow
 from flwr.server.workflow.secure_aggregation.secaggplus_workflow import WorkflowState
 from flwr.serverapp import Grid
 
-from fedfilter.client.privacy.secagg_graph import choose_graph, graph_failure_probability
+from fedfilter.client.privacy.secagg_graph import choose_graph, dropouts_accounted, graph_failure_probability
 from fedfilter.client.secagg_grid import decode_sum, grid_step, secaggplus_settings
 from fedfilter.client.secagg_masks import cryptographic_masks
 from fedfilter.client.secagg_neighbourhood import DEFAULT_CORRUPT_RATE, DEFAULT_DROPOUT_RATE, fewest_released_reports
@@ -122,6 +122,7 @@ class RoundGraph:
     num_shares: int
     threshold: int
     failure_probability: float
+    dropout_rate: float = DEFAULT_DROPOUT_RATE  # the drop-outs the bound assumes (dropouts_accounted)
 
 
 def round_graph(
@@ -147,7 +148,7 @@ def round_graph(
         raise ValueError(f"n_sampled must be >= 2 for SecAgg+. Found {n_sampled!r}.")
     shares = check_num_shares(num_shares, m)
     if n == 2:  # no neighbourhood to choose, and no bound (its graph_failure_probability needs k >= 3)
-        return RoundGraph(num_shares=2, threshold=reconstruction_threshold(m), failure_probability=1.0)
+        return RoundGraph(2, reconstruction_threshold(m), 1.0, dropout_rate)
     if shares == AUTO_SHARES:
         try:
             chosen = choose_graph(n, dropout_rate=dropout_rate, corrupt_rate=corrupt_rate)
@@ -168,9 +169,9 @@ def round_graph(
     if fewest_released_reports(n, k, t) < m:
         raise ValueError(f"min_reports {m} exceeds what SecAgg+ can guarantee among {n} sampled nodes.")
     if t > n:  # fewer sampled than min_reports: Flower halts after its setup stage, nothing is unmasked
-        return RoundGraph(num_shares=k, threshold=t, failure_probability=1.0)
+        return RoundGraph(k, t, 1.0, dropout_rate)
     failure = graph_failure_probability(n, k, t, dropout_rate=dropout_rate, corrupt_rate=corrupt_rate)
-    return RoundGraph(num_shares=k, threshold=t, failure_probability=failure)
+    return RoundGraph(k, t, failure, dropout_rate)
 
 
 class _SampledNodes(LegacyStrategy):
@@ -213,11 +214,13 @@ class _SampledNodes(LegacyStrategy):
 class _MessageApiSecAggPlus(SecAggPlusWorkflow):
     """Flower's SecAgg+ workflow, sending the Message-API content given per node in its masked stage."""
 
-    def __init__(self, contents: Mapping[int, RecordDict], **kwargs) -> None:
+    def __init__(self, contents: Mapping[int, RecordDict], graph: RoundGraph, **kwargs) -> None:
         super().__init__(**kwargs)
         self.contents = dict(contents)
+        self.graph = graph
         self.masked_vectors = 0
         self.threshold = 0
+        self.unaccounted_dropouts = 0
 
     def setup_stage(self, grid: Grid, context: LegacyContext, state: WorkflowState) -> bool:
         ok = super().setup_stage(grid, context, state)
@@ -233,6 +236,12 @@ class _MessageApiSecAggPlus(SecAggPlusWorkflow):
         ok = super().collect_masked_vectors_stage(grid, context, state)
         # Count only (flwr 1.41.0 leaves the survivors in state.active_node_ids after this stage).
         self.masked_vectors = len(state.active_node_ids)
+        # The graph's failure bound holds for at most its assumed drop-outs: beyond them, unmask nothing.
+        n, dropped = len(state.sampled_node_ids), len(state.sampled_node_ids) - self.masked_vectors
+        k = self.graph.num_shares
+        if ok and n >= 3 and not dropouts_accounted(n, min(k, n), dropped, dropout_rate=self.graph.dropout_rate):
+            self.unaccounted_dropouts = dropped
+            return False
         return ok
 
 
@@ -261,6 +270,7 @@ def run_secure_round(
     adapter = _SampledNodes([GridClientProxy(int(nid), grid, int(grid.run.run_id)) for nid in contents])
     workflow = _MessageApiSecAggPlus(
         contents,
+        graph,
         # The full graph as Flower's fraction 1.0 (an integer k = n with t < k is refused by Flower).
         num_shares=1.0 if graph.num_shares == len(contents) else graph.num_shares,
         reconstruction_threshold=graph.threshold,
@@ -283,6 +293,11 @@ def run_secure_round(
     out.threshold = workflow.threshold
     if failure:
         out.reason = failure
+    elif workflow.unaccounted_dropouts:
+        out.reason = (
+            f"{workflow.unaccounted_dropouts} of {out.sampled} nodes sent no masked input, more than the "
+            f"SecAgg+ graph's failure bound assumes (drop-out rate {graph.dropout_rate}): nothing unmasked"
+        )
     elif adapter.aggregate is None:
         out.reason = f"SecAgg+ halted: fewer than its threshold {workflow.threshold} nodes stayed"
     elif not adapter.unit_weights:

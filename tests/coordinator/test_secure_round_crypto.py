@@ -144,3 +144,23 @@ def test_fewer_sampled_than_min_reports_halts_the_round_without_ending_the_run()
     nodes = [600, 601, 602]
     out = _run(nodes, _reports(nodes), min_reports=4, num_shares="auto")
     assert out.aggregate is None and out.reports == 0 and "halted" in out.reason
+
+
+def test_more_dropouts_than_the_graphs_bound_assumes_unmask_nothing():
+    # 24 nodes: k = 11, t = 7; the bound assumes at most ceil(0.1 * 24) = 3 drop-outs. With 4, every
+    # node still has 7 surviving holders (Flower would unmask), but the coordinator halts.
+    nodes = list(range(700, 724))
+    graph = secure_round.round_graph(len(nodes), 12)
+    assert (graph.num_shares, graph.threshold) == (11, 7)
+    gone = {701, 708, 715, 722}
+
+    def drop(stage, nid):
+        return stage == "collect_masked_vectors" and nid in gone
+
+    out = _run(nodes, _reports(nodes), min_reports=12, num_shares="auto", drop=drop)
+    assert out.aggregate is None and out.masked_vectors == 20
+    assert "more than the SecAgg+ graph's failure bound assumes" in out.reason
+    three = _run(
+        nodes, _reports(nodes), min_reports=12, num_shares="auto", drop=lambda st, nid: drop(st, nid) and nid != 722
+    )
+    assert three.reason == "" and three.reports == 21
