@@ -1,6 +1,6 @@
 """Seconds per round with and without Flower's SecAgg+, same clients, same model, same run.
 
-    python benchmarks/secagg_overhead.py [--clients 10 20 50] [--rounds 3] [--warmup 1] [--num-shares 1.0]
+    python benchmarks/secagg_overhead.py [--clients 10 100 1000] [--rounds 3] [--warmup 1] [--num-shares auto]
 
 Where: in-process rounds through ``tests/secagg_loopback.py``'s ``LoopbackGrid`` (every message goes
 through Flower's wire format to an in-process ClientApp, one node after the other; no Ray, no
@@ -8,9 +8,11 @@ network), so a round's time is the whole federation's compute: every client's an
 Flower's real protocol code runs on both sides: the legacy ``DefaultWorkflow`` fit round
 (``default_fit_workflow``) for the plain rounds, ``SecAggPlusWorkflow`` (setup, share keys, collect
 masked vectors, unmask) with ``secaggplus_mod`` on the clients for the secure rounds, both with
-fedfilter's cryptographic mask generator installed (``fedfilter.client.secagg_masks``) and with the
-integer grid of distributed placement (``fedfilter.client.secagg_grid``: ``secaggplus_settings``,
-``encode_report``, ``decode_sum``), reconstruction threshold ``ceil(clients / 2)``.
+fedfilter's SecAgg+ primitives installed (``fedfilter.client.secagg_masks``: AES-256-CTR masks and
+prime-field Shamir sharing) and with the integer grid of distributed placement
+(``fedfilter.client.secagg_grid``: ``secaggplus_settings``, ``encode_report``, ``decode_sum``), on the
+neighbourhood graph the coordinator ships by default (``coordinator.secure_round.round_graph`` for
+``min-reports = ceil(clients / 2)`` and ``--num-shares``, default ``auto``: the sparse graph).
 
 The clients: the built-in digits task, ``local-epochs`` epochs of SGD (``fedfilter.app.task``), the
 update clipped to C = 0.4 and snapped toward zero on the grid (``mechanism.snap_toward_zero``); a plain
@@ -23,9 +25,13 @@ secure-aggregation protocol itself (``benchmarks/flower_overhead.py`` measures t
 
 Printed per federation size: median seconds per round for each variant, their ratio, and the split
 into client compute (summed over the clients, per client-round) and everything else (server
-workflow, wire format), as measured around each ClientApp call; then the seconds per secure round
-spent inside Flower's SecAgg+ primitives (Shamir split on the clients and combine on the server,
-pycryptodome's pure-Python GF(2^128) arithmetic; ECDH key agreement; share encryption; masks).
+workflow, wire format), as measured around each ClientApp call; the server's seconds in the unmask
+stage (its wall time minus the clients' time inside it: Shamir combine, mask regeneration,
+dequantization); then the seconds per secure round spent inside SecAgg+'s primitives (Shamir split on
+the clients and combine on the server; ECDH key agreement; share encryption; masks), the CPU seconds
+of each variant's round and of the server's unmasking (``time.process_time``: the whole in-process
+federation's CPU, which the load of other jobs on the machine does not inflate), and the peak
+resident memory of the process.
 """
 
 from __future__ import annotations
@@ -125,9 +131,13 @@ def _strategy(weights_ref: list, clip: float, q: int, sent: dict):
     )
 
 
-# Flower's SecAgg+ primitives, timed where its client mod and server workflow call them.
+# SecAgg+'s primitives, timed where Flower's client mod and server workflow call them (fedfilter's Shamir
+# and masks once installed; Flower's key agreement, key (de)serialization and share encryption).
 _PRIMITIVES = {
     "flwr.client.mod.secure_aggregation.secaggplus_mod": (
+        "generate_key_pairs",
+        "bytes_to_private_key",
+        "bytes_to_public_key",
         "create_shares",
         "generate_shared_key",
         "encrypt",
@@ -172,6 +182,8 @@ def time_primitives(spent: dict[str, float]):
 
 
 def run_size(n: int, args) -> dict:
+    import resource
+
     import numpy as np
     import torch
     from flwr.app import ArrayRecord, ConfigRecord, Context, RecordDict
@@ -186,6 +198,7 @@ def run_size(n: int, args) -> dict:
     from fedfilter.app.task import evaluate, get_weights, load_task, set_weights
     from fedfilter.client.secagg_grid import secaggplus_settings
     from fedfilter.client.secagg_masks import use_cryptographic_masks
+    from fedfilter.coordinator.secure_round import round_graph
 
     use_cryptographic_masks()  # both sides run in this process: one install covers them
     primitive_s: dict[str, float] = defaultdict(float)
@@ -202,18 +215,36 @@ def run_size(n: int, args) -> dict:
     sent: dict[int, list] = defaultdict(list)  # round -> the integer reports the secure clients sent
     plain_app, secure_app = _client_app(task, pid_of, sent, CLIP, args.local_epochs, args.lr)
     client_time = {"plain": 0.0, "secagg": 0.0}
+    client_cpu = {"plain": 0.0, "secagg": 0.0}  # CPU seconds (process_time): robust to machine load
     current = {"variant": "plain"}
 
     def node_app(msg, ctx):
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         app = secure_app if RECORD_KEY_CONFIGS in msg.content.config_records else plain_app
         reply = app(msg, ctx)
         client_time[current["variant"]] += time.perf_counter() - started
+        client_cpu[current["variant"]] += time.process_time() - cpu_started
         return reply
 
     grid = LoopbackGrid({nid: node_app for nid in nodes})
-    threshold = math.ceil(n / 2)
-    secagg = SecAggPlusWorkflow(num_shares=args.num_shares, reconstruction_threshold=threshold, **settings)
+    graph = round_graph(n, math.ceil(n / 2), args.num_shares)  # the coordinator's own choice, min-reports n/2
+    threshold = graph.threshold
+    shares = 1.0 if graph.num_shares == n else graph.num_shares  # as run_secure_round passes it to Flower
+    secagg = SecAggPlusWorkflow(num_shares=shares, reconstruction_threshold=threshold, **settings)
+    unmask_s: list[float] = []
+    unmask_cpu_s: list[float] = []
+    original_unmask = secagg.unmask_stage
+
+    def timed_unmask(grid_, context_, state_):
+        started, clients_before = time.perf_counter(), client_time["secagg"]
+        cpu_started, clients_cpu_before = time.process_time(), client_cpu["secagg"]
+        try:
+            return original_unmask(grid_, context_, state_)
+        finally:
+            unmask_s.append(time.perf_counter() - started - (client_time["secagg"] - clients_before))
+            unmask_cpu_s.append(time.process_time() - cpu_started - (client_cpu["secagg"] - clients_cpu_before))
+
+    secagg.unmask_stage = timed_unmask
     ref = [weights]
     strategy = _strategy(ref, CLIP, q, sent)
     context = LegacyContext(
@@ -227,6 +258,7 @@ def run_size(n: int, args) -> dict:
     cfg = ConfigRecord({Key.START_TIME: time.time()})
     context.state.config_records[MAIN_CONFIGS_RECORD] = cfg
     times: dict[str, list[float]] = {"plain": [], "secagg": []}
+    cpu_times: dict[str, list[float]] = {"plain": [], "secagg": []}
     primitives_timed: dict[str, float] = defaultdict(float)
     per_client: dict[str, list[float]] = {"plain": [], "secagg": []}
     round_id = 0
@@ -238,11 +270,12 @@ def run_size(n: int, args) -> dict:
                 current["variant"], strategy.secagg = variant, variant == "secagg"
                 strategy.on_fit_config_fn = lambda r, v=variant: {"secagg": v == "secagg", "q": q, "round": r}
                 before, before_primitives = client_time[variant], dict(primitive_s)
-                started = time.perf_counter()
+                started, cpu_started = time.perf_counter(), time.process_time()
                 (secagg if variant == "secagg" else default_fit_workflow)(grid, context)
-                elapsed = time.perf_counter() - started
+                elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu_started
                 if timed:
                     times[variant].append(elapsed)
+                    cpu_times[variant].append(cpu)
                     per_client[variant].append((client_time[variant] - before) / n)
                     for key, value in primitive_s.items():
                         primitives_timed[key] += (value - before_primitives.get(key, 0.0)) / args.rounds
@@ -264,7 +297,14 @@ def run_size(n: int, args) -> dict:
     return {
         "clients": n,
         "threshold": threshold,
-        "num_shares": args.num_shares,
+        "num_shares": graph.num_shares,
+        "failure_probability": graph.failure_probability,
+        "server_unmask_s": statistics.median(unmask_s[-args.rounds :]),
+        "server_unmask_cpu_s": statistics.median(unmask_cpu_s[-args.rounds :]),
+        "plain_cpu_s_per_round": statistics.median(cpu_times["plain"]),
+        "secagg_cpu_s_per_round": statistics.median(cpu_times["secagg"]),
+        "cpu_ratio": statistics.median(cpu_times["secagg"]) / statistics.median(cpu_times["plain"]),
+        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "quantization_range": q,
         "plain_s_per_round": plain,
         "secagg_s_per_round": sec,
@@ -284,10 +324,12 @@ def run_size(n: int, args) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--clients", type=int, nargs="+", default=[10, 20, 50])
+    parser.add_argument("--clients", type=int, nargs="+", default=[10, 100])
     parser.add_argument("--rounds", type=int, default=3, help="timed rounds of each variant (default 3)")
     parser.add_argument("--warmup", type=int, default=1, help="untimed rounds of each variant first (default 1)")
-    parser.add_argument("--num-shares", type=float, default=1.0, help="SecAgg+ num_shares, a share of the nodes")
+    parser.add_argument(
+        "--num-shares", default="auto", help="SecAgg+ neighbourhoods: auto (default), a share of the nodes, an odd int"
+    )
     parser.add_argument("--local-epochs", type=int, default=2)
     parser.add_argument("--lr", type=float, default=0.1)
     parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
@@ -299,24 +341,30 @@ def main(argv: list[str] | None = None) -> int:
         f"python {platform.python_version()}; in-process LoopbackGrid rounds (no Ray), digits MLP"
     )
     print(
-        "| clients | threshold | plain s/round | SecAgg+ s/round | ratio | client ms/client-round plain / SecAgg+ "
-        "| rest s/round plain / SecAgg+ |"
+        "| clients | shares k | threshold t | plain s/round | SecAgg+ s/round | ratio | client ms/client-round "
+        "plain / SecAgg+ | rest s/round plain / SecAgg+ | server unmask s |"
     )
-    print("|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     rows = []
     for n in args.clients:
         row = run_size(n, args)
         rows.append(row)
         print(
-            f"| {n} | {row['threshold']} | {row['plain_s_per_round']:.3f} | {row['secagg_s_per_round']:.3f} | "
-            f"{row['ratio']:.2f} | {1e3 * row['plain_client_s_per_client_round']:.1f} / "
+            f"| {n} | {row['num_shares']} | {row['threshold']} | {row['plain_s_per_round']:.3f} | "
+            f"{row['secagg_s_per_round']:.3f} | {row['ratio']:.2f} | "
+            f"{1e3 * row['plain_client_s_per_client_round']:.1f} / "
             f"{1e3 * row['secagg_client_s_per_client_round']:.1f} | {row['plain_rest_s_per_round']:.3f} / "
-            f"{row['secagg_rest_s_per_round']:.3f} |",
+            f"{row['secagg_rest_s_per_round']:.3f} | {row['server_unmask_s']:.3f} |",
             flush=True,
         )
     for row in rows:
         shown = ", ".join(f"{k} {v:.3f}" for k, v in row["primitive_s_per_round"].items())
-        print(f"# {row['clients']} clients, s per SecAgg+ round inside Flower's primitives: {shown}")
+        print(f"# {row['clients']} clients, s per SecAgg+ round inside its primitives: {shown}")
+        print(
+            f"#   CPU s/round plain {row['plain_cpu_s_per_round']:.3f}, SecAgg+ {row['secagg_cpu_s_per_round']:.3f} "
+            f"(ratio {row['cpu_ratio']:.2f}); server unmask CPU s {row['server_unmask_cpu_s']:.3f}; peak RSS "
+            f"{row['peak_rss_mib']:.0f} MiB; unmasked sums checked {row['unmasked_sums_checked']}"
+        )
     print(f"# load average {os.getloadavg()[0]:.1f} at the end")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2) + "\n")

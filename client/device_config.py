@@ -29,6 +29,11 @@ key                      default   meaning
                                    before ``individual_filter_mod`` (``client/secagg_device.py``)
 ``max-min-reports``      100       largest ``min-reports`` accepted (each distributed report
                                    carries 1/m of the accounted noise variance)
+``secagg-max-failure-probability``  2**-40  largest per-round probability that a SecAgg+ graph's
+                                   guarantee fails (``client/secagg_neighbourhood.py``), under:
+``secagg-dropout-rate``  0.1       the drop-out rate the device assumes for that bound
+``secagg-corrupt-rate``  0.05      the rate of devices colluding with the coordinator it assumes
+``secagg-min-threshold`` 2         smallest SecAgg+ threshold accepted
 ``noise-seed``           (none)    reproducible noise for tests ONLY: whoever knows it can
                                    subtract the noise. Default: OS cryptographic randomness.
 ``reply-hold-s``         60        every reply after the ledger is touched leaves at arrival
@@ -48,6 +53,7 @@ from typing import Any
 from fedfilter.client.ledger import BudgetLedger
 from fedfilter.client.ledger_quota import Quotas
 from fedfilter.client.release import AFTER_EXHAUSTION, ClientPolicy
+from fedfilter.client.secagg_neighbourhood import SecAggGraphPolicy
 
 NODE_CONFIG_KEYS = (
     "ledger-dir",
@@ -63,6 +69,10 @@ NODE_CONFIG_KEYS = (
     "after-exhaustion",
     "allow-distributed",
     "max-min-reports",
+    "secagg-max-failure-probability",
+    "secagg-dropout-rate",
+    "secagg-corrupt-rate",
+    "secagg-min-threshold",
     "noise-seed",
     "reply-hold-s",
 )
@@ -178,13 +188,24 @@ def device_config(node_config: Mapping[str, Any]) -> DeviceConfig:
     daily_quota = get("daily-quota", _as_float, Quotas.daily)
     max_m = get("max-min-reports", _as_int, ClientPolicy.max_min_reports)
     seed = get("noise-seed", _as_int, None)
+    graph = SecAggGraphPolicy()
     policy: ClientPolicy | None = None
     quotas: Quotas | None = None
+    try:
+        graph = SecAggGraphPolicy(
+            max_failure_probability=get("secagg-max-failure-probability", _as_float, graph.max_failure_probability),
+            dropout_rate=get("secagg-dropout-rate", _as_float, graph.dropout_rate),
+            corrupt_rate=get("secagg-corrupt-rate", _as_float, graph.corrupt_rate),
+            min_threshold=get("secagg-min-threshold", _as_int, graph.min_threshold),
+        )
+    except ValueError as err:
+        problems.append(f"node-config 'secagg-*': {err}")
     try:
         policy = ClientPolicy(
             min_noise_multiplier=min_z,
             after_exhaustion=after,
             max_min_reports=max_m,
+            secagg_graph=graph,
         )
     except ValueError as err:
         problems.append(str(err))

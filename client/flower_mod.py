@@ -316,7 +316,7 @@ def _filter_round(msg: Message, context: Context, call_next, hold: ReplyHold) ->
         spec = round_spec_from_record(msg.content.config_records.get(REQUEST_RECORD))
         validate_request(spec, replace(device.policy, allow_distributed=masked))
         if masked:
-            grid = secagg_round_grid(spec, context)
+            grid = secagg_round_grid(spec, context, device.policy)
     except RoundSpecError as err:
         return _error(msg, f"fedfilter: {err} Nothing was trained, spent or released.")
     array_records = list(msg.content.array_records.items())

@@ -30,6 +30,7 @@ from fedfilter.client.mechanism import (
 from fedfilter.client.noise import NoiseStream, round_noise_stream
 from fedfilter.client.privacy.filters import GaussianFilter, exhausted
 from fedfilter.client.round_rules import accounted_noise_std, added_noise_std
+from fedfilter.client.secagg_neighbourhood import SecAggGraphPolicy
 
 PLACEMENTS = ("local", "distributed")
 AFTER_EXHAUSTION = ("noise-only", "leave")
@@ -70,6 +71,8 @@ class ClientPolicy:
     # Distributed mode trusts secure aggregation to release only sums of >= m reports, and each
     # report carries only 1/sqrt(m) of the accounted noise: the owner caps the m it will believe.
     max_min_reports: int = 100
+    # The owner's limits on SecAgg+ neighbourhood graphs (failure probability per round, threshold).
+    secagg_graph: SecAggGraphPolicy = field(default_factory=SecAggGraphPolicy)
 
     def __post_init__(self):
         problems = []

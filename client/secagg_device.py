@@ -43,7 +43,7 @@ from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFI
 from flwr.compat.common.recorddict_compat import fitres_to_recorddict
 
 from fedfilter.client.mod_once import once_per_message
-from fedfilter.client.release import RoundSpec, RoundSpecError
+from fedfilter.client.release import ClientPolicy, RoundSpec, RoundSpecError
 from fedfilter.client.release_distributed import SkellamGrid, skellam_grid
 from fedfilter.client.secagg_grid import check_secagg_state
 from fedfilter.client.secagg_masks import use_cryptographic_masks
@@ -128,12 +128,13 @@ def secure_aggregation_mod(msg: Message, context: Context, call_next: Callable[[
 
 
 # --- what individual_filter_mod needs under the mark -------------------------------------------
-def secagg_round_grid(spec: RoundSpec, context: Context) -> SkellamGrid:
+def secagg_round_grid(spec: RoundSpec, context: Context, policy: ClientPolicy) -> SkellamGrid:
     """The checks of a request under SecAgg+, before any training; ``RoundSpecError`` names the value.
 
     Under the mark only ``distributed`` is served (a ``local`` float report would be mangled by
     Flower's quantizer), the coordinator's SecAgg+ setup must make Flower's map exact and release
-    only sums of at least ``min_reports`` (``check_secagg_state``), and the request's numbers must
+    only sums of at least ``min_reports`` on a graph within the owner's ``policy``
+    (``check_secagg_state``), and the request's numbers must
     give a usable grid (``skellam_grid``).
     """
     if spec.placement != "distributed":
@@ -142,7 +143,7 @@ def secagg_round_grid(spec: RoundSpec, context: Context) -> SkellamGrid:
             "(SecAgg+ would quantize a float report); a masked round needs placement='distributed'."
         )
     state = context.state.config_records.get(SECAGG_STATE_RECORD)
-    problems = check_secagg_state(state if state is not None else {}, int(spec.min_reports))
+    problems = check_secagg_state(state if state is not None else {}, int(spec.min_reports), policy.secagg_graph)
     if problems or state is None:
         raise RoundSpecError("secure aggregation refused: " + " ".join(problems or ["no SecAgg+ state."]))
     # check_secagg_state has established that both are ints; the casts tell the type checker.

@@ -22,7 +22,8 @@ sum of the shares' variances, and every device's loss is that of ``k + Sk(mu_tot
 
 ``check_secagg_state`` is the device's side of this contract: the coordinator chooses every SecAgg+
 parameter in the setup stage, so the device refuses any that would make Flower's map inexact or the
-released sum smaller than ``min_reports`` reports.
+released sum smaller than ``min_reports`` reports, or a neighbourhood graph outside the owner's limits
+(``fedfilter.client.secagg_neighbourhood``).
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+
+from fedfilter.client.secagg_neighbourhood import SecAggGraphPolicy, check_secagg_graph
 
 __all__ = [
     "GRID_BITS",
@@ -49,6 +52,7 @@ GRID_BITS = 12  # clip / grid_step lies in [2**12, 2**13): snapping moves a coor
 MODULUS_RANGE = 2**32  # Flower's default and largest SecAgg+ modulus
 MAX_WEIGHT = 1.0  # with num_examples = 1, Flower's weight factor is exactly 1.0
 MAX_QUANTIZATION_RANGE = 2**30  # Flower casts quantized values to int32
+DEFAULT_GRAPH_POLICY = SecAggGraphPolicy()
 
 
 def _power_of_two(v: Any) -> bool:
@@ -86,9 +90,12 @@ def secaggplus_settings(n_sampled: int) -> dict[str, Any]:
     }
 
 
-def check_secagg_state(state: Mapping[str, Any], min_reports: int) -> list[str]:
+def check_secagg_state(
+    state: Mapping[str, Any], min_reports: int, graph_policy: SecAggGraphPolicy = DEFAULT_GRAPH_POLICY
+) -> list[str]:
     """Problems with the SecAgg+ parameters the coordinator set up (``secaggplus_mod``'s saved state,
-    ``context.state.config_records["secaggplus_state"]``), for a release needing ``min_reports``."""
+    ``context.state.config_records["secaggplus_state"]``), for a release needing ``min_reports``, under
+    the owner's limits on the neighbourhood graph (``graph_policy``; its defaults when not given)."""
     problems = []
 
     def get(key: str) -> Any:
@@ -112,13 +119,10 @@ def check_secagg_state(state: Mapping[str, Any], min_reports: int) -> list[str]:
             problems.append(f"mod_range {m} must be a multiple of target_range {q}.")
         if n * q >= m:
             problems.append(f"sample_num * target_range must stay below mod_range. Found {n} * {q} >= {m}.")
-        if t < min_reports:
-            problems.append(
-                f"threshold {t} (the fewest reports SecAgg+ releases) is below min-reports {min_reports}: "
-                "a released sum could carry less than the accounted noise."
-            )
         if n < t:
             problems.append(f"sample_num {n} is below threshold {t}.")
+        # The fewest reports an unmasking can hold (>= min_reports) and the owner's graph limits.
+        problems += check_secagg_graph(state, min_reports, graph_policy)
     return problems
 
 

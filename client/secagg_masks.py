@@ -1,26 +1,31 @@
-"""A cryptographic mask generator for Flower's SecAgg+, installed in place of Flower's own.
+"""Fedfilter's SecAgg+ primitives, installed in place of Flower's: AES-CTR masks and prime-field Shamir.
 
-Why: Flower's ``pseudo_rand_gen`` (``flwr.common.secure_aggregation.secaggplus_utils``) XOR-folds the
+Masks. Flower's ``pseudo_rand_gen`` (``flwr.common.secure_aggregation.secaggplus_utils``) XOR-folds the
 shared seed (a 32-byte ECDH key or a 32-byte private seed) to 32 bits and draws the masks with numpy's
 Mersenne Twister. Anyone who can try 2**32 seeds, or who sees enough of the stream, can strip a mask,
 so the masks do not hide a device's report. Upstream: flwrlabs/flower#7522 (fix proposed in #7570).
+``aes_mask_gen`` keeps Flower's signature and output layout (one ``int64`` array per requested shape,
+0-d arrays for ``()``) but keys AES-256-CTR with a domain-separated SHA-256 of the FULL seed and draws
+uniformly in ``[0, num_range)`` by rejection sampling of 32-bit (ranges up to 2**32) or 64-bit words,
+so there is no modulo bias at all. (Flower draws ``randint(0, num_range - 1)``, i.e. in
+``[0, num_range - 2]``: its masks never take the value ``num_range - 1``; masks cancel either way,
+uniformity over Z_m is what the SecAgg+ hiding argument needs.) AES-CTR through ``cryptography`` is
+about 10 times faster than the ChaCha20 generator it replaces (issue 23).
 
-``chacha_mask_gen`` keeps Flower's signature and output layout (one ``int64`` array per requested
-shape, 0-d arrays for ``()``) but keys ChaCha20 with a domain-separated SHA-256 of the FULL seed and
-draws uniformly in ``[0, num_range)`` by rejection sampling of 64-bit words, so there is no modulo
-bias at all. (Flower draws ``randint(0, num_range - 1)``, i.e. in ``[0, num_range - 2]``: its masks
-never take the value ``num_range - 1``; masks cancel either way, uniformity over Z_m is what the
-SecAgg+ hiding argument needs.)
+Shamir. Flower's ``create_shares`` / ``combine_shares`` run pycryptodome's pure-Python GF(2**128)
+arithmetic, most of a secure round's time; ``fedfilter.client.secagg_shamir`` shares over a prime
+field with Python integers, with a share format Flower's combine refuses (and vice versa).
 
-``use_cryptographic_masks()`` replaces the generator in every Flower module that imported it by name
-(the client mod ``secaggplus_mod`` and the server ``secaggplus_workflow``; both must use the same
-generator or the masks do not cancel), so it must run in every process that runs either side: the
-ServerApp and each ClientApp (e.g. in a Ray actor). Checked against flwr 1.41.0 (the module and
-attribute names below and the call sites' ``(seed, num_range, shapes)`` arguments). Remove this module
-once upstream fixes #7522 and fedfilter requires that Flower version.
+``use_cryptographic_masks()`` replaces all three, in every Flower module that imported them by name
+(the client mod ``secaggplus_mod`` and the server ``secaggplus_workflow``; both sides must use the
+same primitives or the masks do not cancel and the shares do not combine), so it must run in every
+process that runs either side: the ServerApp and each ClientApp (e.g. in a Ray actor). A side that
+runs Flower's own fails the round loudly (the Shamir share formats differ) rather than releasing a
+wrong sum. Checked against flwr 1.41.0 and 1.42.0 (the module and attribute names below and the call
+sites' arguments). Remove the mask override once upstream fixes #7522 and fedfilter requires that
+Flower version; the Shamir override when Flower's sharing is fast.
 
-The math (``chacha_mask_gen``) imports only numpy and ``cryptography``; Flower is imported only by the
-installer.
+The math imports only numpy and ``cryptography``; Flower is imported only by the installer.
 """
 
 from __future__ import annotations
@@ -33,30 +38,38 @@ from contextlib import contextmanager
 from types import ModuleType
 
 import numpy as np
-from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+from fedfilter.client import secagg_shamir
 
 # Changing this tag changes every mask: both sides of a federation must run the same version.
-_DOMAIN_TAG = b"fedfilter/secaggplus-mask/chacha20/v1"
-_WORD_BYTES = 8
-_TWO_64 = 1 << 64
+_DOMAIN_TAG = b"fedfilter/secaggplus-mask/aes256ctr/v1"
 # Output is int64, so a value must fit below 2**63.
 _MAX_RANGE = 1 << 63
 
-# Every flwr module that does `from ...secaggplus_utils import pseudo_rand_gen` (flwr 1.41.0), plus the
-# defining module itself so that later `from ... import pseudo_rand_gen` also gets the override.
-_FLOWER_MODULES = (
-    "flwr.common.secure_aggregation.secaggplus_utils",
-    "flwr.client.mod.secure_aggregation.secaggplus_mod",
-    "flwr.server.workflow.secure_aggregation.secaggplus_workflow",
-)
-_ATTRIBUTE = "pseudo_rand_gen"
+# attribute -> (the replacement, every flwr module that imports it by name in flwr 1.41.0 and 1.42.0, the
+# defining module first so that a later `from ... import name` also gets the override).
+_UTILS = "flwr.common.secure_aggregation.secaggplus_utils"
+_SHAMIR = "flwr.common.secure_aggregation.crypto.shamir"
+_CLIENT_MOD = "flwr.client.mod.secure_aggregation.secaggplus_mod"
+_SERVER_WORKFLOW = "flwr.server.workflow.secure_aggregation.secaggplus_workflow"
+_FLOWER_MODULES = (_UTILS, _SHAMIR, _CLIENT_MOD, _SERVER_WORKFLOW)
 
-# module name -> Flower's original generator, while the override is installed.
-_originals: dict[str, object] = {}
+
+def _overrides() -> dict[str, tuple[object, tuple[str, ...]]]:
+    return {
+        "pseudo_rand_gen": (aes_mask_gen, (_UTILS, _CLIENT_MOD, _SERVER_WORKFLOW)),
+        "create_shares": (secagg_shamir.create_shares, (_SHAMIR, _CLIENT_MOD)),
+        "combine_shares": (secagg_shamir.combine_shares, (_SHAMIR, _SERVER_WORKFLOW)),
+    }
+
+
+# (module name, attribute) -> Flower's original, while the override is installed.
+_originals: dict[tuple[str, str], object] = {}
 
 
 def mask_key(seed: bytes) -> bytes:
-    """The 32-byte ChaCha20 key for ``seed``: SHA-256 over a domain tag, the seed's length and the seed."""
+    """The 32-byte AES-256 key for ``seed``: SHA-256 over a domain tag, the seed's length and the seed."""
     if not isinstance(seed, (bytes, bytearray)):
         raise TypeError(f"seed must be bytes, found {type(seed).__name__}.")
     if len(seed) == 0:
@@ -85,33 +98,39 @@ def _check_shapes(dimensions_list: Sequence[tuple[int, ...]]) -> list[tuple[int,
 
 
 def _uniform_below(key: bytes, num_range: int, count: int) -> np.ndarray:
-    """The first ``count`` accepted 64-bit keystream words, each reduced mod ``num_range``.
+    """The first ``count`` accepted keystream words, each reduced mod ``num_range``.
 
-    Rejection sampling (exact): a little-endian 64-bit word w is accepted iff w < limit, the largest
-    multiple of num_range not above 2**64, so w mod num_range is exactly uniform on [0, num_range).
-    A word is rejected with probability (2**64 mod num_range) / 2**64 < num_range / 2**64 (below
-    2**-32 for SecAgg+'s num_range <= 2**32, below 1/2 always). The output is the accepted words in
-    stream order, so it does not depend on how many words each batch reads.
+    Words are little-endian 32-bit when ``num_range <= 2**32`` (SecAgg+'s modulus), else 64-bit.
+    Rejection sampling (exact): a word w is accepted iff w < limit, the largest multiple of num_range
+    not above 2**bits, so w mod num_range is exactly uniform on [0, num_range). A word is rejected with
+    probability (2**bits mod num_range) / 2**bits < 1/2 (zero for a power of two such as 2**32). The
+    output is the accepted words in stream order, so it does not depend on how many words each batch
+    reads.
     """
-    limit = _TWO_64 - (_TWO_64 % num_range)  # in (2**63, 2**64]
-    # ChaCha20 with a 16-byte nonce (32-bit counter 0 || 96-bit nonce 0): the key is unique per seed.
-    encryptor = Cipher(algorithms.ChaCha20(key, bytes(16)), mode=None).encryptor()
+    bits = 32 if num_range <= 1 << 32 else 64
+    word = np.dtype("<u4") if bits == 32 else np.dtype("<u8")
+    span = 1 << bits
+    limit = span - (span % num_range)  # in (2**(bits-1), 2**bits]
+    # AES-256 in CTR mode from counter block 0: the key is unique per seed, so the nonce may be fixed.
+    encryptor = Cipher(algorithms.AES(key), modes.CTR(bytes(16))).encryptor()
+    if limit == span:  # a power-of-two range: every word is accepted (SecAgg+'s 2**32 modulus)
+        values = np.frombuffer(encryptor.update(bytes(count * word.itemsize)), dtype=word).astype(np.int64)
+        return values if num_range == span else values % num_range
     out = np.empty(count, dtype=np.uint64)
     filled = 0
     while filled < count:
         need = count - filled
         batch = need + need // 64 + 16  # a margin so one batch almost always suffices
-        words = np.frombuffer(encryptor.update(bytes(batch * _WORD_BYTES)), dtype="<u8")
-        if limit < _TWO_64:
-            words = words[words < np.uint64(limit)]
+        words = np.frombuffer(encryptor.update(bytes(batch * word.itemsize)), dtype=word).astype(np.uint64)
+        words = words[words < np.uint64(limit)]
         take = min(need, words.size)
         out[filled : filled + take] = words[:take]
         filled += take
     return (out % np.uint64(num_range)).astype(np.int64)
 
 
-def chacha_mask_gen(seed: bytes, num_range: int, dimensions_list: Sequence[tuple[int, ...]]) -> list[np.ndarray]:
-    """Masks uniform on ``[0, num_range)``, one int64 array per shape, from ChaCha20 keyed by ``seed``.
+def aes_mask_gen(seed: bytes, num_range: int, dimensions_list: Sequence[tuple[int, ...]]) -> list[np.ndarray]:
+    """Masks uniform on ``[0, num_range)``, one int64 array per shape, from AES-256-CTR keyed by ``seed``.
 
     Same signature and output layout as flwr 1.41.0's ``pseudo_rand_gen``. The arrays are consecutive
     slices of one stream: the same seed and shapes always give the same masks, on client and server.
@@ -129,53 +148,60 @@ def chacha_mask_gen(seed: bytes, num_range: int, dimensions_list: Sequence[tuple
     return output
 
 
-def _flower_modules() -> list[ModuleType]:
-    modules = [importlib.import_module(name) for name in _FLOWER_MODULES]
-    for module in modules:
-        if not hasattr(module, _ATTRIBUTE):
-            raise RuntimeError(
-                f"{module.__name__} has no {_ATTRIBUTE}: this Flower version differs from the one the "
-                "override was checked against (flwr 1.41.0); review client/secagg_masks.py."
-            )
+def _flower_modules() -> dict[str, ModuleType]:
+    modules = {name: importlib.import_module(name) for name in _FLOWER_MODULES}
+    for attribute, (_, names) in _overrides().items():
+        for name in names:
+            if not hasattr(modules[name], attribute):
+                raise RuntimeError(
+                    f"{name} has no {attribute}: this Flower version differs from the ones the override was "
+                    "checked against (flwr 1.41.0, 1.42.0); review client/secagg_masks.py."
+                )
     return modules
 
 
 def use_cryptographic_masks() -> None:
-    """Replace Flower's SecAgg+ mask generator by ``chacha_mask_gen`` in this process (idempotent).
-
-    Patches the modules listed in ``_FLOWER_MODULES`` and any other loaded ``flwr`` module that holds
-    Flower's original generator under that name.
-    """
+    """Replace Flower's SecAgg+ mask generator and Shamir sharing by fedfilter's in this process
+    (idempotent): in the modules listed in ``_overrides`` and in any other loaded ``flwr`` module that
+    holds Flower's original under the same name."""
     modules = _flower_modules()
-    original = _originals.get(_FLOWER_MODULES[0], getattr(modules[0], _ATTRIBUTE))
-    for name, module in list(sys.modules.items()):
-        if name.startswith("flwr") and module is not None and getattr(module, _ATTRIBUTE, None) is original:
-            modules.append(module)
-    for module in modules:
-        current = getattr(module, _ATTRIBUTE)
-        if current is chacha_mask_gen:
-            continue
-        _originals.setdefault(module.__name__, current)
-        setattr(module, _ATTRIBUTE, chacha_mask_gen)
+    for attribute, (replacement, names) in _overrides().items():
+        original = _originals.get((names[0], attribute), getattr(modules[names[0]], attribute))
+        targets = [modules[name] for name in names]
+        for name, module in list(sys.modules.items()):
+            if name.startswith("flwr") and module is not None and getattr(module, attribute, None) is original:
+                targets.append(module)
+        for module in targets:
+            current = getattr(module, attribute)
+            if current is replacement:
+                continue
+            _originals.setdefault((module.__name__, attribute), current)
+            setattr(module, attribute, replacement)
 
 
 def cryptographic_masks_installed() -> bool:
-    """True when every known Flower call site uses ``chacha_mask_gen``."""
-    return all(getattr(module, _ATTRIBUTE) is chacha_mask_gen for module in _flower_modules())
+    """True when every known Flower call site uses fedfilter's masks and Shamir sharing."""
+    modules = _flower_modules()
+    return all(
+        getattr(modules[name], attribute) is replacement
+        for attribute, (replacement, names) in _overrides().items()
+        for name in names
+    )
 
 
 def restore() -> None:
-    """Put Flower's own generator back wherever ``use_cryptographic_masks`` replaced it (for tests)."""
-    for name, original in list(_originals.items()):
+    """Put Flower's own primitives back wherever ``use_cryptographic_masks`` replaced them (for tests)."""
+    replacements = {attribute: replacement for attribute, (replacement, _) in _overrides().items()}
+    for (name, attribute), original in list(_originals.items()):
         module = sys.modules.get(name)
-        if module is not None and getattr(module, _ATTRIBUTE, None) is chacha_mask_gen:
-            setattr(module, _ATTRIBUTE, original)
-        del _originals[name]
+        if module is not None and getattr(module, attribute, None) is replacements[attribute]:
+            setattr(module, attribute, original)
+        del _originals[(name, attribute)]
 
 
 @contextmanager
 def cryptographic_masks() -> Iterator[None]:
-    """Install the override for the duration of a ``with`` block, then restore Flower's generator."""
+    """Install the override for the duration of a ``with`` block, then restore Flower's primitives."""
     already = cryptographic_masks_installed()
     use_cryptographic_masks()
     try:

@@ -14,10 +14,12 @@ runs SecAgg+ only on its legacy server path, so this module keeps that path an i
   Flower's own, unchanged.
 
 The SecAgg+ parameters: ``secaggplus_settings(n_sampled)`` (exact quantization of integer reports,
-``fedfilter.client.secagg_grid``), ``reconstruction_threshold = max(min_reports, 2)`` (the fewest
-reports an unmasked sum can hold; Flower reads an integer 1 as "all shares", hence at least 2),
-``num_shares`` from ``check_num_shares``. Flower's cryptographically weak mask generator is replaced
-by ``fedfilter.client.secagg_masks`` for the round (devices install the same one).
+``fedfilter.client.secagg_grid``) and the neighbourhood graph ``round_graph`` chooses for the nodes
+sampled (``num_shares`` k and ``threshold`` t; by default the sparse graph of
+``fedfilter.client.privacy.secagg_graph.choose_graph``, raised where needed so that every sum SecAgg+
+can unmask holds at least ``min_reports`` reports, ``fewest_released_reports``). Flower's mask
+generator and Shamir sharing are replaced by ``fedfilter.client.secagg_masks`` for the round
+(devices install the same ones).
 """
 
 from __future__ import annotations
@@ -40,10 +42,23 @@ from flwr.server.workflow import SecAggPlusWorkflow
 from flwr.server.workflow.secure_aggregation.secaggplus_workflow import WorkflowState
 from flwr.serverapp import Grid
 
+from fedfilter.client.privacy.secagg_graph import choose_graph, dropouts_accounted, graph_failure_probability
 from fedfilter.client.secagg_grid import decode_sum, grid_step, secaggplus_settings
 from fedfilter.client.secagg_masks import cryptographic_masks
+from fedfilter.client.secagg_neighbourhood import DEFAULT_CORRUPT_RATE, DEFAULT_DROPOUT_RATE, fewest_released_reports
 
-__all__ = ["SecureSum", "check_num_shares", "reconstruction_threshold", "released_mean", "run_secure_round"]
+__all__ = [
+    "AUTO_SHARES",
+    "RoundGraph",
+    "SecureSum",
+    "check_num_shares",
+    "reconstruction_threshold",
+    "released_mean",
+    "round_graph",
+    "run_secure_round",
+]
+
+AUTO_SHARES = "auto"  # num_shares: the sparse graph choose_graph picks for the number sampled
 
 # The LegacyContext records Flower's SecAgg+ workflow reads (flwr.server.workflow.constant, 1.41.0).
 _MAIN_CONFIGS_RECORD = "config"
@@ -62,13 +77,25 @@ class SecureSum:
     quantization_range: int = 0
     threshold: int = 0
     reason: str = ""  # why there is no usable sum, for the log
+    num_shares: int = 0  # the graph's neighbourhood size k (== sampled: the full graph)
+    failure_probability: float = 1.0  # round_graph's bound for this round's graph
 
 
-def check_num_shares(num_shares: int | float, min_reports: int) -> int | float:
-    """``num_shares`` as ``SecAggPlusWorkflow`` takes it: a fraction in (0, 1] of the sampled nodes,
-    or an odd integer >= 3 above the reconstruction threshold."""
+def check_num_shares(num_shares: int | float | str, min_reports: int) -> int | float | str:
+    """``num_shares`` as the strategy takes it: ``"auto"`` (the sparse graph ``choose_graph`` picks for
+    the number sampled), a fraction in (0, 1] of the sampled nodes, or an odd integer >= 3 (the same
+    as strings, as a run config holds them)."""
+    if isinstance(num_shares, str):
+        if num_shares == AUTO_SHARES:
+            return num_shares
+        try:
+            num_shares = float(num_shares) if "." in num_shares else int(num_shares)
+        except ValueError:
+            raise ValueError(
+                f"secagg_num_shares must be 'auto', a fraction in (0, 1] or an odd integer. Found {num_shares!r}."
+            ) from None
     if isinstance(num_shares, bool) or not isinstance(num_shares, (int, float)):
-        raise ValueError(f"secagg_num_shares must be a number. Found {num_shares!r}.")
+        raise ValueError(f"secagg_num_shares must be 'auto' or a number. Found {num_shares!r}.")
     if isinstance(num_shares, float):
         if not (math.isfinite(num_shares) and 0 < num_shares <= 1):
             raise ValueError(f"secagg_num_shares as a fraction must be in (0, 1]. Found {num_shares!r}.")
@@ -77,17 +104,74 @@ def check_num_shares(num_shares: int | float, min_reports: int) -> int | float:
         # flwr 1.41.0: an even share count below the number sampled makes clients fail (IndexError in
         # _share_keys); 1 and 2 are not share counts.
         raise ValueError(f"secagg_num_shares as an integer must be odd and >= 3. Found {num_shares!r}.")
-    if num_shares <= reconstruction_threshold(min_reports):
-        raise ValueError(
-            f"secagg_num_shares must exceed the reconstruction threshold {reconstruction_threshold(min_reports)} "
-            f"(= min_reports, at least 2). Found {num_shares!r}."
-        )
     return num_shares
 
 
 def reconstruction_threshold(min_reports: int) -> int:
-    """The SecAgg+ threshold: the fewest reports an unmasked sum holds (Flower reads an int 1 as 'all')."""
+    """The full graph's SecAgg+ threshold: the fewest reports an unmasked sum holds (Flower reads an
+    int 1 as 'all')."""
     return max(int(min_reports), 2)
+
+
+@dataclass(frozen=True)
+class RoundGraph:
+    """One round's SecAgg+ neighbourhood: ``num_shares`` holders per node (itself included; == the
+    number sampled for the full graph), ``threshold`` shares to rebuild a secret, and the per-round
+    failure bound of ``graph_failure_probability`` under the coordinator's assumed rates."""
+
+    num_shares: int
+    threshold: int
+    failure_probability: float
+    dropout_rate: float = DEFAULT_DROPOUT_RATE  # the drop-outs the bound assumes (dropouts_accounted)
+
+
+def round_graph(
+    n_sampled: int,
+    min_reports: int,
+    num_shares: int | float | str = AUTO_SHARES,
+    *,
+    dropout_rate: float = DEFAULT_DROPOUT_RATE,
+    corrupt_rate: float = DEFAULT_CORRUPT_RATE,
+) -> RoundGraph:
+    """The graph for ``n_sampled`` nodes (>= 2), the one place the coordinator chooses k and t.
+
+    k: ``choose_graph``'s for ``"auto"`` (the full graph where it finds none, e.g. 3 nodes at the
+    default rates); Flower's rule for a fraction (``round(f n)``, made odd, at least 3); an integer
+    as given, at most n. t: at least 2, above k / 2 (the device's rule for the consistency round),
+    the graph's own (``"auto"``) or ``min_reports`` (full graph), and high enough that every sum
+    SecAgg+ can unmask holds ``min_reports`` reports (``fewest_released_reports(n, k, t) >=
+    min_reports``). When no t < k does that, the full graph with ``t = max(min_reports, n // 2 + 1)``.
+    Devices check all of this again (``check_secagg_state``).
+    """
+    n, m = int(n_sampled), int(min_reports)
+    if n < 2:
+        raise ValueError(f"n_sampled must be >= 2 for SecAgg+. Found {n_sampled!r}.")
+    shares = check_num_shares(num_shares, m)
+    if n == 2:  # no neighbourhood to choose, and no bound (its graph_failure_probability needs k >= 3)
+        return RoundGraph(2, reconstruction_threshold(m), 1.0, dropout_rate)
+    if shares == AUTO_SHARES:
+        try:
+            chosen = choose_graph(n, dropout_rate=dropout_rate, corrupt_rate=corrupt_rate)
+            k, t = chosen.num_shares, chosen.threshold
+        except ValueError:  # too few nodes for the abort target at these rates: the full graph
+            k, t = n, 2
+    elif isinstance(shares, float):  # flwr 1.42 setup_stage's rule for a fraction
+        k = round(shares * n)
+        k = k + 1 if k < n and k % 2 == 0 else k
+        k, t = (n if k <= 2 else min(k, n)), 2
+    else:
+        k, t = min(int(shares), n), 2
+    if k >= n:
+        k, t = n, max(t, reconstruction_threshold(m))
+    t = max(t, 2, k // 2 + 1, -(-m * k // n))  # ceil(m k / n): n t / k >= m
+    if k < n and t >= k:
+        k, t = n, max(reconstruction_threshold(m), n // 2 + 1)
+    if fewest_released_reports(n, k, t) < m:
+        raise ValueError(f"min_reports {m} exceeds what SecAgg+ can guarantee among {n} sampled nodes.")
+    if t > n:  # fewer sampled than min_reports: Flower halts after its setup stage, nothing is unmasked
+        return RoundGraph(k, t, 1.0, dropout_rate)
+    failure = graph_failure_probability(n, k, t, dropout_rate=dropout_rate, corrupt_rate=corrupt_rate)
+    return RoundGraph(k, t, failure, dropout_rate)
 
 
 class _SampledNodes(LegacyStrategy):
@@ -130,11 +214,13 @@ class _SampledNodes(LegacyStrategy):
 class _MessageApiSecAggPlus(SecAggPlusWorkflow):
     """Flower's SecAgg+ workflow, sending the Message-API content given per node in its masked stage."""
 
-    def __init__(self, contents: Mapping[int, RecordDict], **kwargs) -> None:
+    def __init__(self, contents: Mapping[int, RecordDict], graph: RoundGraph, **kwargs) -> None:
         super().__init__(**kwargs)
         self.contents = dict(contents)
+        self.graph = graph
         self.masked_vectors = 0
         self.threshold = 0
+        self.unaccounted_dropouts = 0
 
     def setup_stage(self, grid: Grid, context: LegacyContext, state: WorkflowState) -> bool:
         ok = super().setup_stage(grid, context, state)
@@ -150,6 +236,12 @@ class _MessageApiSecAggPlus(SecAggPlusWorkflow):
         ok = super().collect_masked_vectors_stage(grid, context, state)
         # Count only (flwr 1.41.0 leaves the survivors in state.active_node_ids after this stage).
         self.masked_vectors = len(state.active_node_ids)
+        # The graph's failure bound holds for at most its assumed drop-outs: beyond them, unmask nothing.
+        n, dropped = len(state.sampled_node_ids), len(state.sampled_node_ids) - self.masked_vectors
+        k = self.graph.num_shares
+        if ok and n >= 3 and not dropouts_accounted(n, min(k, n), dropped, dropout_rate=self.graph.dropout_rate):
+            self.unaccounted_dropouts = dropped
+            return False
         return ok
 
 
@@ -159,7 +251,7 @@ def run_secure_round(
     *,
     server_round: int,
     min_reports: int,
-    num_shares: int | float = 1.0,
+    num_shares: int | float | str = AUTO_SHARES,
     timeout: float | None = None,
 ) -> SecureSum:
     """Run Flower's SecAgg+ once over the nodes in ``contents`` (node id -> train message content).
@@ -171,13 +263,17 @@ def run_secure_round(
     if len(contents) < 2:
         out.reason = f"SecAgg+ needs at least 2 sampled nodes. Found {len(contents)}."
         return out
+    graph = round_graph(len(contents), min_reports, num_shares)
+    out.num_shares, out.failure_probability = graph.num_shares, graph.failure_probability
     settings = secaggplus_settings(len(contents))
     out.quantization_range = int(settings["quantization_range"])
     adapter = _SampledNodes([GridClientProxy(int(nid), grid, int(grid.run.run_id)) for nid in contents])
     workflow = _MessageApiSecAggPlus(
         contents,
-        num_shares=check_num_shares(num_shares, min_reports),
-        reconstruction_threshold=reconstruction_threshold(min_reports),
+        graph,
+        # The full graph as Flower's fraction 1.0 (an integer k = n with t < k is refused by Flower).
+        num_shares=1.0 if graph.num_shares == len(contents) else graph.num_shares,
+        reconstruction_threshold=graph.threshold,
         timeout=timeout,
         **settings,
     )
@@ -197,6 +293,11 @@ def run_secure_round(
     out.threshold = workflow.threshold
     if failure:
         out.reason = failure
+    elif workflow.unaccounted_dropouts:
+        out.reason = (
+            f"{workflow.unaccounted_dropouts} of {out.sampled} nodes sent no masked input, more than the "
+            f"SecAgg+ graph's failure bound assumes (drop-out rate {graph.dropout_rate}): nothing unmasked"
+        )
     elif adapter.aggregate is None:
         out.reason = f"SecAgg+ halted: fewer than its threshold {workflow.threshold} nodes stayed"
     elif not adapter.unit_weights:
@@ -206,11 +307,15 @@ def run_secure_round(
         out.aggregate = adapter.aggregate
     log(
         INFO,
-        "fedfilter secure round %d: %d sampled, %d masked vectors, %d in the sum",
+        "fedfilter secure round %d: %d sampled, %d masked vectors, %d in the sum "
+        "(SecAgg+ graph: %d shares, threshold %d, failure probability <= %.3g)",
         server_round,
         out.sampled,
         out.masked_vectors,
         out.reports,
+        graph.num_shares,
+        graph.threshold,
+        graph.failure_probability,
     )
     return out
 

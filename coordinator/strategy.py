@@ -69,9 +69,9 @@ from fedfilter.coordinator.replies import (
     tally_replies,
 )
 from fedfilter.coordinator.secure_round import (
+    AUTO_SHARES,
     SecureSum,
     check_num_shares,
-    reconstruction_threshold,
     released_mean,
     run_secure_round,
 )
@@ -114,8 +114,9 @@ class IndividualFilterStrategy(Strategy):
     names that look per-client). ``run_name`` is the run id the devices account under (default
     ``flwr-<Flower run id>``). ``message_ttl_s`` sets the TTL of every train message (default:
     Flower's, 12 h); it must exceed the round timeout, or Flower discards replies of clients that
-    have already spent budget. ``secagg_num_shares`` (distributed placement): the SecAgg+ share count,
-    a fraction of the sampled nodes (default 1.0: all) or an odd integer above ``min_reports``.
+    have already spent budget. ``secagg_num_shares`` (distributed placement): the SecAgg+ neighbourhood,
+    ``"auto"`` (default: the sparse graph ``secure_round.round_graph`` chooses for the number sampled),
+    a fraction of the sampled nodes (1.0: all) or an odd integer.
     """
 
     def __init__(
@@ -130,7 +131,7 @@ class IndividualFilterStrategy(Strategy):
         run_name: str | None = None,
         public_config: Mapping[str, Any] | None = None,
         message_ttl_s: float | None = None,
-        secagg_num_shares: int | float = 1.0,
+        secagg_num_shares: int | float | str = AUTO_SHARES,
     ) -> None:
         problems = []
         if not isinstance(strategy, Strategy):
@@ -203,8 +204,8 @@ class IndividualFilterStrategy(Strategy):
         log(INFO, "\t│\t├── Placement: %s | min-reports: %d", self.placement, self.min_reports)
         log(INFO, "\t│\t├── Noise std per report: %.6g", self.per_client_noise_std())
         if self.placement == "distributed":
-            threshold, shares = reconstruction_threshold(self.min_reports), self.secagg_num_shares
-            log(INFO, "\t│\t├── Secure aggregation: SecAgg+ (threshold %d, shares %s)", threshold, shares)
+            shares = self.secagg_num_shares
+            log(INFO, "\t│\t├── Secure aggregation: SecAgg+ (neighbourhoods: %s; per round: round_graph)", shares)
         log(INFO, "\t│\t└── Public ledger: %s", self.public_ledger if self.public_ledger is not None else "(none)")
         self.strategy.summary()
 

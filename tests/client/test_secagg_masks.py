@@ -1,4 +1,4 @@
-"""The ChaCha20 mask generator that replaces Flower's 32-bit Mersenne Twister masks in SecAgg+.
+"""The AES-256-CTR mask generator that replaces Flower's 32-bit Mersenne Twister masks in SecAgg+.
 
 Flower's generator is the reference for layout (shapes, dtypes); the weakness it has (flwrlabs/flower#7522)
 is shown with Flower's own function, so these tests fail if the override is not in place.
@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from fedfilter.client import secagg_shamir
 from fedfilter.client.secagg_masks import (
-    chacha_mask_gen,
+    aes_mask_gen,
     cryptographic_masks,
     cryptographic_masks_installed,
     mask_key,
@@ -28,6 +29,7 @@ os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # Ray on 127.0.0.1 only (
 UTILS = "flwr.common.secure_aggregation.secaggplus_utils"
 CLIENT_MOD = "flwr.client.mod.secure_aggregation.secaggplus_mod"
 SERVER_WORKFLOW = "flwr.server.workflow.secure_aggregation.secaggplus_workflow"
+SHAMIR = "flwr.common.secure_aggregation.crypto.shamir"
 SHAPES = [(3, 4), (), (7,), (2, 0, 5), (2, 3, 2)]
 
 
@@ -60,7 +62,7 @@ def _folded_twins():
 def test_layout_matches_flowers_generator():
     seed = os.urandom(32)
     for num_range in (2, 16, 1000, 2**32):
-        ours = chacha_mask_gen(seed, num_range, SHAPES)
+        ours = aes_mask_gen(seed, num_range, SHAPES)
         flowers = _flower_generator()(seed, num_range, SHAPES)
         assert len(ours) == len(flowers) == len(SHAPES)
         for mine, theirs in zip(ours, flowers, strict=True):
@@ -73,7 +75,7 @@ def test_layout_matches_flowers_generator():
 
 def test_top_value_is_reached():
     # Flower draws randint(0, num_range - 1), never num_range - 1; a mask must cover all of Z_m.
-    (masks,) = chacha_mask_gen(os.urandom(32), 4, [(1000,)])
+    (masks,) = aes_mask_gen(os.urandom(32), 4, [(1000,)])
     assert set(np.unique(masks).tolist()) == {0, 1, 2, 3}
     (flowers,) = _flower_generator()(os.urandom(32), 4, [(1000,)])
     assert 3 not in flowers
@@ -81,9 +83,9 @@ def test_top_value_is_reached():
 
 def test_same_seed_same_masks_and_different_seeds_differ():
     seed, other = os.urandom(32), os.urandom(32)
-    first = chacha_mask_gen(seed, 2**32, SHAPES)
-    again = chacha_mask_gen(seed, 2**32, SHAPES)
-    different = chacha_mask_gen(other, 2**32, SHAPES)
+    first = aes_mask_gen(seed, 2**32, SHAPES)
+    again = aes_mask_gen(seed, 2**32, SHAPES)
+    different = aes_mask_gen(other, 2**32, SHAPES)
     for a, b in zip(first, again, strict=True):
         np.testing.assert_array_equal(a, b)
     assert not np.array_equal(first[0], different[0])
@@ -93,8 +95,8 @@ def test_same_seed_same_masks_and_different_seeds_differ():
 def test_masks_do_not_depend_on_batching():
     # Client and server must agree on the masks; the stream is sliced the same way whatever the shapes.
     seed = os.urandom(44)
-    joined = np.concatenate([m.ravel() for m in chacha_mask_gen(seed, 1000, [(5,), (3, 2), ()])])
-    flat = chacha_mask_gen(seed, 1000, [(12,)])[0]
+    joined = np.concatenate([m.ravel() for m in aes_mask_gen(seed, 1000, [(5,), (3, 2), ()])])
+    flat = aes_mask_gen(seed, 1000, [(12,)])[0]
     np.testing.assert_array_equal(joined, flat)
 
 
@@ -115,30 +117,60 @@ def test_key_uses_the_full_seed_and_rejects_bad_input():
     assert mask_key(seed) != mask_key(twin)
     assert mask_key(seed + b"\x00") != mask_key(seed)  # length is part of the key derivation
     with pytest.raises(ValueError, match="seed"):
-        chacha_mask_gen(b"", 16, [(2,)])
+        aes_mask_gen(b"", 16, [(2,)])
     with pytest.raises(TypeError, match="seed"):
-        chacha_mask_gen("text", 16, [(2,)])
+        aes_mask_gen("text", 16, [(2,)])
     with pytest.raises(ValueError, match=r"num_range.*0"):
-        chacha_mask_gen(b"k" * 32, 0, [(2,)])
+        aes_mask_gen(b"k" * 32, 0, [(2,)])
     with pytest.raises(ValueError, match="num_range"):
-        chacha_mask_gen(b"k" * 32, 2**63 + 1, [(2,)])
+        aes_mask_gen(b"k" * 32, 2**63 + 1, [(2,)])
     with pytest.raises(ValueError, match=r"dimensions_list\[1\]"):
-        chacha_mask_gen(b"k" * 32, 16, [(2,), (-1,)])
+        aes_mask_gen(b"k" * 32, 16, [(2,), (-1,)])
 
 
+def test_masks_are_the_aes256_ctr_keystream_of_an_independent_implementation():
+    # pycryptodome's AES in CTR mode (a 128-bit big-endian counter from 0), keyed by mask_key(seed): for
+    # SecAgg+'s modulus 2**32 every little-endian 32-bit word is a mask, in order.
+    from Crypto.Cipher import AES
+
+    seed = os.urandom(32)
+    keystream = AES.new(mask_key(seed), AES.MODE_CTR, nonce=b"", initial_value=0).encrypt(bytes(4 * 1000))
+    expected = np.frombuffer(keystream, dtype="<u4").astype(np.int64)
+    np.testing.assert_array_equal(
+        np.concatenate([m.ravel() for m in aes_mask_gen(seed, 2**32, [(10, 50), (500,)])]), expected
+    )
+    # A range that is not a power of two: the accepted 32-bit words (w < 2**32 - 2**32 mod r), mod r.
+    r = 3 * 10**9
+    words = np.frombuffer(
+        AES.new(mask_key(seed), AES.MODE_CTR, nonce=b"", initial_value=0).encrypt(bytes(4 * 4000)), "<u4"
+    )
+    accepted = words[words < 2**32 - 2**32 % r][:1000].astype(np.int64) % r
+    np.testing.assert_array_equal(aes_mask_gen(seed, r, [(1000,)])[0], accepted)
+
+
+# Each chi-square test below has false-alarm probability 1e-3 under exact uniformity (its p-value is
+# uniform on [0, 1]); the seeds are fixed, so a pass is reproducible and a failure is not flakiness.
 @pytest.mark.parametrize("num_range", [16, 10, 1000])
 def test_uniform_chi_square(num_range):
-    (draws,) = chacha_mask_gen(b"fedfilter chi-square seed 000001", num_range, [(100_000,)])
+    (draws,) = aes_mask_gen(b"fedfilter chi-square seed 000001", num_range, [(100_000,)])
     counts = np.bincount(draws, minlength=num_range)
     assert counts.size == num_range
     assert stats.chisquare(counts).pvalue > 1e-3
+
+
+def test_secaggplus_modulus_is_uniform_in_its_top_bits():
+    (draws,) = aes_mask_gen(b"fedfilter chi-square seed 000003", 2**32, [(200_000,)])
+    counts = np.bincount((draws >> 24).astype(np.int64), minlength=256)
+    assert counts.size == 256 and stats.chisquare(counts).pvalue > 1e-3
+    low = np.bincount((draws & 0xFF).astype(np.int64), minlength=256)
+    assert stats.chisquare(low).pvalue > 1e-3
 
 
 def test_no_modulo_bias_for_a_wide_non_power_of_two_range():
     # num_range = 3 * 2**61: a plain `word mod num_range` would give values below 2**62 three preimages
     # and the others two, i.e. the first 4 of 6 equal bins 3/2 times as likely. Rejection removes that.
     num_range = 3 * 2**61
-    (draws,) = chacha_mask_gen(b"fedfilter chi-square seed 000002", num_range, [(100_000,)])
+    (draws,) = aes_mask_gen(b"fedfilter chi-square seed 000002", num_range, [(100_000,)])
     bins = (draws.astype(np.uint64) // np.uint64(2**60)).astype(np.int64)
     counts = np.bincount(bins, minlength=6)
     assert counts.size == 6
@@ -170,7 +202,7 @@ def test_pairwise_masks_cancel_mod_the_modulus():
     inputs = {nid: rng.integers(0, 2**20, size=(6, 5), dtype=np.int64) for nid in nids}
     with cryptographic_masks():
         generator = _module(CLIENT_MOD).pseudo_rand_gen
-        assert generator is chacha_mask_gen
+        assert generator is aes_mask_gen
         masked = {nid: _pairwise_masked(inputs[nid], nid, keys, public, mod_range, generator) for nid in nids}
     for nid in nids:  # each report alone is masked
         assert not np.array_equal(masked[nid], inputs[nid])
@@ -180,18 +212,33 @@ def test_pairwise_masks_cancel_mod_the_modulus():
 
 def test_installer_is_idempotent_and_restorable():
     original = _flower_generator()
+    create, combine = _module(SHAMIR).create_shares, _module(SHAMIR).combine_shares
     use_cryptographic_masks()
     use_cryptographic_masks()
     assert cryptographic_masks_installed()
     for name in (UTILS, CLIENT_MOD, SERVER_WORKFLOW):
-        assert _module(name).pseudo_rand_gen is chacha_mask_gen
+        assert _module(name).pseudo_rand_gen is aes_mask_gen
+    for name in (SHAMIR, CLIENT_MOD):
+        assert _module(name).create_shares is secagg_shamir.create_shares
+    for name in (SHAMIR, SERVER_WORKFLOW):
+        assert _module(name).combine_shares is secagg_shamir.combine_shares
     restore()
     assert not cryptographic_masks_installed()
     for name in (UTILS, CLIENT_MOD, SERVER_WORKFLOW):
         assert _module(name).pseudo_rand_gen is original
+    assert _module(CLIENT_MOD).create_shares is create and _module(SERVER_WORKFLOW).combine_shares is combine
     with cryptographic_masks():
         assert cryptographic_masks_installed()
     assert _module(CLIENT_MOD).pseudo_rand_gen is original
+    assert _module(CLIENT_MOD).create_shares is create
+
+
+def test_installed_is_false_when_one_call_site_runs_flowers_primitive(monkeypatch):
+    flowers_combine = _module(SHAMIR).combine_shares
+    use_cryptographic_masks()
+    assert cryptographic_masks_installed()
+    monkeypatch.setattr(_module(SERVER_WORKFLOW), "combine_shares", flowers_combine)
+    assert not cryptographic_masks_installed()
 
 
 def test_installer_also_replaces_other_flower_importers(monkeypatch):
@@ -202,7 +249,7 @@ def test_installer_also_replaces_other_flower_importers(monkeypatch):
     importer.pseudo_rand_gen = _flower_generator()
     monkeypatch.setitem(sys.modules, importer.__name__, importer)
     with cryptographic_masks():
-        assert importer.pseudo_rand_gen is chacha_mask_gen
+        assert importer.pseudo_rand_gen is aes_mask_gen
     assert importer.pseudo_rand_gen is _flower_generator()
 
 

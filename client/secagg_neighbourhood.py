@@ -1,0 +1,125 @@
+"""SecAgg+ neighbourhoods as the device checks them: the smallest sum an unmasking can hold, and the owner's
+limits on the graph the coordinator chose (issue 23).
+
+Flower's ``SecAggPlusWorkflow`` (flwr 1.42, ``setup_stage``) puts the ``n`` sampled nodes on a ring and
+gives node ``v`` the ``k`` holders ``N(v)`` at ring offsets ``-k//2 .. k//2`` (itself included; all ``n``
+when ``k >= n``). It goes on after each stage only if every sampled node keeps at least ``t`` surviving
+holders (``_check_threshold``): ``|N(v) & A| >= t`` for every ``v``, ``A`` the nodes whose masked input is
+in the sum. Every node lies in exactly ``k`` of the sets ``N(v)`` (``n`` for the full graph, ``k = n``),
+so summing over ``v`` gives ``k |A| >= n t``: a sum SecAgg+ unmasks holds at least ``ceil(n t / k)``
+reports (``fewest_released_reports``; ``t`` for the full graph). The device's noise share is calibrated
+to ``min_reports`` (each report carries ``mu_total / min_reports``), so it requires
+``ceil(n t / k) >= min_reports``; on the full graph this is the former rule ``t >= min_reports``.
+This holds for a coordinator that follows the protocol (it runs Flower's ring and sends the true ``n``);
+against one that does not, the device's worst-case account holds (DESIGN.md section 5, invariant 8).
+
+The owner's limits (``SecAggGraphPolicy``, node config ``secagg-*``): the probability that the graph's
+guarantee fails in a round (``graph_failure_probability`` of ``fedfilter.client.privacy.secagg_graph``,
+under the owner's assumed drop-out and corruption rates) at most ``max_failure_probability``, and a
+threshold at least ``min_threshold``. ``check_secagg_graph`` is the device's check, called from
+``check_secagg_state``. Pure: no Flower, no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, cast
+
+from fedfilter.client.privacy.secagg_graph import PRIVACY_FAILURE_TARGET, graph_failure_probability
+
+__all__ = [
+    "DEFAULT_DROPOUT_RATE",
+    "DEFAULT_CORRUPT_RATE",
+    "SecAggGraphPolicy",
+    "check_secagg_graph",
+    "fewest_released_reports",
+]
+
+# The rates the coordinator's default graph is chosen for and the device's default policy assumes: at
+# most 10% of the sampled devices drop out before their masked input arrives, at most 5% collude with
+# the coordinator. Both sides use these same numbers by default, so a default device accepts a default
+# coordinator's graph; an owner who assumes more sets its own.
+DEFAULT_DROPOUT_RATE = 0.1
+DEFAULT_CORRUPT_RATE = 0.05
+
+
+def fewest_released_reports(sample_num: int, share_num: int, threshold: int) -> int:
+    """``ceil(n t / k)`` with ``k = min(share_num, n)``: the fewest reports in any sum Flower's SecAgg+
+    unmasks on its ring (module docstring)."""
+    n, k, t = int(sample_num), min(int(share_num), int(sample_num)), int(threshold)
+    if n < 1 or k < 1 or t < 1:
+        raise ValueError(f"sample_num, share_num and threshold must be >= 1. Found {n}, {share_num}, {t}.")
+    return -(-n * t // k)
+
+
+@dataclass(frozen=True)
+class SecAggGraphPolicy:
+    """The device owner's limits on SecAgg+ neighbourhoods (never the coordinator's)."""
+
+    max_failure_probability: float = PRIVACY_FAILURE_TARGET  # per round, under the rates below
+    min_threshold: int = 2
+    dropout_rate: float = DEFAULT_DROPOUT_RATE
+    corrupt_rate: float = DEFAULT_CORRUPT_RATE
+
+    def __post_init__(self) -> None:
+        problems = []
+        p = self.max_failure_probability
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not (math.isfinite(p) and 0 <= p <= 1):
+            problems.append(f"secagg max_failure_probability must be in [0, 1]. Found {p!r}.")
+        t = self.min_threshold
+        if isinstance(t, bool) or not isinstance(t, int) or t < 2:
+            problems.append(f"secagg min_threshold must be an integer >= 2. Found {t!r}.")
+        for name in ("dropout_rate", "corrupt_rate"):
+            r = getattr(self, name)
+            if isinstance(r, bool) or not isinstance(r, (int, float)) or not (math.isfinite(r) and 0 <= r < 1):
+                problems.append(f"secagg {name} must be in [0, 1). Found {r!r}.")
+        if problems:
+            raise ValueError(" ".join(problems))
+
+
+def _int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def check_secagg_graph(state: Mapping[str, Any], min_reports: int, policy: SecAggGraphPolicy) -> list[str]:
+    """Problems with the neighbourhood graph in ``secaggplus_mod``'s saved state (``sample_num``,
+    ``share_num``, ``threshold``) for a release needing ``min_reports``, under the owner's ``policy``."""
+    values = [state.get(key) for key in ("sample_num", "share_num", "threshold")]
+    if not all(_int(v) for v in values):
+        return [f"sample_num, share_num and threshold must be integers. Found {values}."]
+    n, k, t = (cast(int, v) for v in values)
+    if n < 2 or k < 2 or t < 1:
+        return [f"sample_num and share_num must be >= 2 and threshold >= 1. Found {n}, {k}, {t}."]
+    problems = []
+    fewest = fewest_released_reports(n, k, t)
+    if fewest < min_reports:
+        problems.append(
+            f"SecAgg+ could unmask a sum of {fewest} reports (sample_num {n}, share_num {k}, threshold {t}), "
+            f"below min-reports {min_reports}: a released sum could carry less than the accounted noise."
+        )
+    if t < policy.min_threshold:
+        problems.append(f"threshold {t} is below this device's secagg-min-threshold {policy.min_threshold}.")
+    if k > n:
+        problems.append(f"share_num {k} exceeds sample_num {n}.")
+    elif n == 2:
+        failure = 1.0  # two nodes: each learns the other's report from the sum; no neighbourhood bound
+        if failure > policy.max_failure_probability:
+            problems.append("a SecAgg+ round of 2 nodes has no neighbourhood guarantee (failure probability 1).")
+    else:
+        try:
+            failure = graph_failure_probability(
+                n, k, t, dropout_rate=policy.dropout_rate, corrupt_rate=policy.corrupt_rate
+            )
+        except ValueError as err:
+            problems.append(f"the SecAgg+ graph is not one Flower builds: {err}")
+        else:
+            if failure > policy.max_failure_probability:
+                problems.append(
+                    f"the SecAgg+ graph (sample_num {n}, share_num {k}, threshold {t}) fails with probability "
+                    f"up to {failure:.3g} per round, above this device's secagg-max-failure-probability "
+                    f"{policy.max_failure_probability:.3g} (assumed drop-out rate {policy.dropout_rate}, "
+                    f"corrupt rate {policy.corrupt_rate})."
+                )
+    return problems
