@@ -17,8 +17,8 @@ Crash orders (the spend path is: COMMIT, seal, anchor, then the release; ``Budge
   (wasted budget, never lost).
 
 So whatever left the device is covered by the anchor, and the anchor never names a spend the
-database has not committed. The anchor is replaced atomically (temporary file, fsync, rename, fsync
-of the directory) and only forward, under an exclusive ``flock`` so that two copies of one ledger
+database has not committed. The anchor is written durably (two slots written in turn, ``fdatasync``:
+``write_anchor``) and only forward, under an exclusive ``flock`` so that two copies of one ledger
 (two processes) cannot move it backwards.
 
 What it cannot see: a restore of the *whole* machine (ledger and owner's state directory from the
@@ -52,6 +52,7 @@ from fedfilter.client.owner_state import owner_state_dir
 ANCHOR_DIR = "ledger-anchors"  # under the owner's state directory
 OLDER = "older"  # anchor_problem: a ledger written before anchors
 _FORMAT = 1
+_SLOT = 16384  # bytes per slot (two slots per file); the anchor's JSON is far smaller
 
 
 class AnchorError(ValueError):
@@ -82,48 +83,109 @@ def _checksum(body: dict) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
+def _parse_slot(raw: bytes) -> tuple[int, Anchor] | None:
+    """One slot: (generation, anchor); None if it was never written; ``ValueError`` if damaged."""
+    if not raw.strip(b"\0 "):
+        return None
+    body = json.loads(raw.decode())
+    checksum = body.pop("checksum")
+    if body.pop("format") != _FORMAT or checksum != _checksum({**body, "format": _FORMAT}):
+        raise ValueError("checksum or format mismatch")
+    gen = body.pop("gen")
+    anchor = Anchor(**body)
+    if not (isinstance(gen, int) and isinstance(anchor.seq, int) and anchor.seq >= 0):
+        raise ValueError(f"gen and seq must be integers >= 0. Found {gen!r}, {anchor.seq!r}.")
+    return gen, anchor
+
+
+def _slots(raw: bytes, path: Path) -> list[tuple[int, Anchor]]:
+    """The readable slots of an anchor file; ``AnchorError`` if none is (both damaged, or truncated)."""
+    if len(raw) != 2 * _SLOT:
+        raise AnchorError(f"the roll-back anchor {path} is damaged (size {len(raw)}, expected {2 * _SLOT}).")
+    found, errors = [], []
+    for i in (0, 1):
+        try:
+            slot = _parse_slot(raw[i * _SLOT : (i + 1) * _SLOT])
+        except (ValueError, TypeError, KeyError, AttributeError, UnicodeDecodeError) as err:
+            errors.append(f"slot {i}: {err}")
+            continue
+        if slot is not None:
+            found.append(slot)
+    if not found:
+        raise AnchorError(f"the roll-back anchor {path} is damaged ({'; '.join(errors) or 'no slot written'}).")
+    return found
+
+
 def read_anchor(path: Path) -> Anchor | None:
-    """The anchor at ``path``; None if there is none; ``AnchorError`` if it is damaged."""
+    """The anchor at ``path`` (its newest readable slot); None if there is none; ``AnchorError`` if damaged.
+
+    A damaged newest slot with a readable older one is a write cut short by a crash: that spend was
+    never released (the release follows the write), so the older slot is the anchor.
+    """
     try:
-        text = Path(path).read_text()
+        raw = Path(path).read_bytes()
     except FileNotFoundError:
         return None
     except OSError as err:
         raise AnchorError(f"cannot read the roll-back anchor {path}: {err}") from err
-    try:
-        body = json.loads(text)
-        checksum = body.pop("checksum")
-        if body.pop("format") != _FORMAT or checksum != _checksum({**body, "format": _FORMAT}):
-            raise ValueError("checksum or format mismatch")
-        anchor = Anchor(**body)
-        if not (isinstance(anchor.seq, int) and anchor.seq >= 0):
-            raise ValueError(f"seq must be an integer >= 0. Found {anchor.seq!r}.")
-        return anchor
-    except (ValueError, TypeError, KeyError, AttributeError) as err:
-        raise AnchorError(f"the roll-back anchor {path} is damaged ({err}).") from err
+    return max(_slots(raw, path), key=lambda slot: slot[0])[1]
+
+
+def _slot_bytes(anchor: Anchor, gen: int) -> bytes:
+    body = {**asdict(anchor), "gen": gen, "format": _FORMAT}
+    body["checksum"] = _checksum(body)
+    raw = json.dumps(body, sort_keys=True).encode()
+    if len(raw) > _SLOT:
+        raise ValueError(f"the roll-back anchor holds {len(raw)} bytes, more than its slot of {_SLOT}.")
+    return raw.ljust(_SLOT, b" ")
 
 
 def write_anchor(path: Path, anchor: Anchor) -> None:
-    """Replace the anchor atomically and durably (file and directory fsync'd). Callers hold ``locked``."""
+    """Replace the anchor durably; callers hold ``locked``.
+
+    Two fixed slots, written in turn (``pwrite`` + ``fdatasync``, one sync per spend): a write cut
+    short damages only the slot being written, and the other still holds the previous anchor. The
+    file itself is created once, atomically (temporary file, fsync, rename, fsync of the directory).
+    """
     path = Path(path)
-    body = {**asdict(anchor), "format": _FORMAT}
-    body["checksum"] = _checksum(body)
-    # A unique temporary name: two copies of one ledger (different SQLite locks) may race here.
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    if not path.exists():
+        fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(_slot_bytes(anchor, 1) + b"\0" * _SLOT)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        dfd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+        return
+    fd = os.open(path, os.O_RDWR)
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(json.dumps(body, sort_keys=True))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    dfd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
+        raw = os.pread(fd, 2 * _SLOT + 1, 0)
+        # A damaged or short file reaches here only through an owner's act (a device refuses it first).
+        gens = [_slot_gen(raw, i) if len(raw) == 2 * _SLOT else None for i in (0, 1)]
+        gen = max((g for g in gens if g is not None), default=0)
+        target = 1 if gen > 0 and gens[0] == gen else 0  # write over the slot that is not the newest
+        if len(raw) != 2 * _SLOT:
+            os.ftruncate(fd, 2 * _SLOT)
+        os.pwrite(fd, _slot_bytes(anchor, gen + 1), target * _SLOT)
+        os.fdatasync(fd)
     finally:
-        os.close(dfd)
+        os.close(fd)
+
+
+def _slot_gen(raw: bytes, i: int) -> int | None:
+    try:
+        slot = _parse_slot(raw[i * _SLOT : (i + 1) * _SLOT])
+    except (ValueError, TypeError, KeyError, AttributeError, UnicodeDecodeError):
+        return None
+    return None if slot is None else slot[0]
 
 
 @contextmanager

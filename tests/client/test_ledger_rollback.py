@@ -174,8 +174,22 @@ def test_a_damaged_anchor_is_refused(device, caplog):
     ledger_dir, ctx, _ = device
     restart_device()
     path = anchor_path(ledger_dir)
-    path.write_text(path.read_text().replace('"seq": 6', '"seq": 2'))
+    path.write_bytes(path.read_bytes().replace(b'"seq": ', b'"seq": 1'))  # both slots
     assert_refused(ctx, caplog, "damaged roll-back anchor")
+
+
+def test_a_torn_anchor_write_falls_back_to_the_previous_spend(device):
+    # A crash in the middle of writing the newest slot: that spend was never released (the release
+    # follows the write), and the other slot still names the previous one.
+    ledger_dir, _, _ = device
+    restart_device()
+    path = anchor_path(ledger_dir)
+    raw = bytearray(path.read_bytes())
+    newest = raw.index(b'"seq": 6')
+    raw[newest : newest + 8] = b"\0" * 8
+    path.write_bytes(bytes(raw))
+    assert read_anchor(path).seq == 5
+    BudgetLedger.open(ledger_dir).close()
 
 
 def test_another_copy_that_spent_on_its_own_is_refused(device, tmp_path):
