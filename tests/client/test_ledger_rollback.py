@@ -71,6 +71,11 @@ def test_a_restored_backup_of_the_ledger_directory_is_refused_until_the_owner_ac
     assert_refused(ctx, caplog, "behind its roll-back anchor")  # on every later round too
     with pytest.raises(LedgerUnavailableError, match="behind its roll-back anchor"):
         BudgetLedger.open(ledger_dir)
+    # Neither enrolling again nor migrating lifts it: only accepting the restore does.
+    with pytest.raises(LedgerUnavailableError, match="behind its roll-back anchor"):
+        BudgetLedger.enrol(ledger_dir, client_id="alice", epsilon=20.0, delta=1e-5)
+    with pytest.raises(LedgerUnavailableError, match="behind its roll-back anchor"):
+        migrate(ledger_dir)
     # The owner looks first: nothing changes without --confirm, and the budget at risk is named.
     assert cli_main(["ledger", "accept-restore", "--dir", str(ledger_dir)]) == 2
     out = capsys.readouterr().out
