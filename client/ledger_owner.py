@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fedfilter.client.ledger import BudgetLedger
-from fedfilter.client.ledger_anchor import AnchorError, anchor_path, check_anchor, locked, read_anchor, retire_anchor
+from fedfilter.client.ledger_anchor import AnchorError, anchor_path, check_anchor, read_anchor, retire_anchor
 from fedfilter.client.ledger_schema import (
     ANCHORED_KEY,
     LEDGER_FILE,
@@ -53,7 +53,7 @@ class LedgerView:
     database: str  # the database's latest spend and lifetime epsilon spent
     anchored: str  # what the anchor names ("none" or "damaged" included)
     sealed: str  # what the seal names
-    at_risk_epsilon: float | None  # lifetime epsilon the anchor names beyond the database (None: unknown)
+    at_risk_epsilon: float | None  # epsilon the anchor names beyond the database (all of it if another ledger)
 
 
 def _connect(directory: Path) -> sqlite3.Connection:
@@ -101,7 +101,9 @@ def inspect(directory, *, state_dir: Path | None = None) -> LedgerView:
                 f"ledger {anchor.ledger_id}, spend #{anchor.seq}, lifetime epsilon spent {anchor_spent:.4g} "
                 "(as this ledger's filter reads it)"
             )
-            at_risk = max(0.0, anchor_spent - db_spent)
+            # Another ledger (a re-created or older-format database): none of the anchored spends is in it.
+            same = ids is not None and ids[0] == anchor.ledger_id
+            at_risk = max(0.0, anchor_spent - db_spent) if same else anchor_spent
     except AnchorError as err:
         anchored = f"damaged ({err})"
     try:
@@ -148,9 +150,15 @@ def migrate(directory, *, state_dir: Path | None = None) -> tuple[BudgetLedger, 
         if version == "1":
             # Schema 1 had neither seal nor ledger id: a seal, or an anchor naming spends, belongs
             # to a newer ledger that this directory held, so this database is an older copy of it.
-            with locked(anchor_file):
-                anchor = read_anchor(anchor_file)
-            if read_seal(directory) is not None or (anchor is not None and anchor.seq > 0):
+            try:  # a damaged seal or anchor counts as one that names spends
+                anchored = (anchor := read_anchor(anchor_file)) is not None and anchor.seq > 0
+            except AnchorError:
+                anchored = True
+            try:
+                sealed = read_seal(directory) is not None
+            except SealError:
+                sealed = True
+            if sealed or anchored:
                 raise owner_must_act(
                     directory,
                     "is an older copy (schema 1) of a ledger this directory held since (its seal or its roll-back "

@@ -13,7 +13,7 @@ import sqlite3
 
 import pytest
 from test_flower_mod import Handler, context, spec, train_message
-from test_ledger_fail_closed import assert_refused, restart_device
+from test_ledger_fail_closed import _schema_1_ledger, assert_refused, restart_device
 
 from fedfilter.cli import main as cli_main
 from fedfilter.client import device_ledgers
@@ -258,3 +258,17 @@ def owner_state():
     from fedfilter.client.owner_state import owner_state_dir
 
     return owner_state_dir()
+
+
+def test_a_schema_1_ledger_put_in_place_of_a_deleted_one_is_not_migrated_over_its_anchor(device, caplog):
+    # The audit's attack: the ledger and its seal are gone and an old-format ledger takes their place.
+    ledger_dir, ctx, _ = device
+    restart_device()
+    shutil.rmtree(ledger_dir)
+    _schema_1_ledger(ledger_dir)
+    assert_refused(ctx, caplog, "older format")
+    with pytest.raises(LedgerUnavailableError, match="older copy.*accept-restore"):
+        migrate(ledger_dir)
+    view = accept_restore(ledger_dir)  # only the owner's explicit acceptance lifts it
+    assert "spend #6" in view.anchored and view.at_risk_epsilon > 0
+    assert spent(ledger_dir)[0] == 1
