@@ -115,8 +115,7 @@ class BudgetLedger:
         anchor_file: Path | None = None,
     ):
         self.directory, self._conn, self.enrolment = directory, conn, enrolment
-        # The roll-back anchor, in the owner's state directory (client/ledger_anchor.py).
-        self.anchor_file = anchor_file if anchor_file is not None else anchor_path(directory)
+        self.anchor_file = anchor_file or anchor_path(directory)  # in the owner's state directory
         self.quotas = quotas or Quotas()
         self.clock = time.time  # the device's clock (created_at, the daily window); tests may set it
         # Reentrant: reads inside a reservation (same thread) go through the same lock.
@@ -150,10 +149,9 @@ class BudgetLedger:
 
         A device enrolled before (a seal, or an anchor naming spends) whose ledger is missing, damaged
         or rolled back is refused as in ``open``, unless ``recover`` says what the owner chose:
-        ``"reseal"`` accepts the database as it is against its seal (never against its anchor:
-        ``ledger_owner.accept_restore``), ``"replace"`` moves every ledger file into a ``lost-*``
-        folder, retires the anchor and enrols afresh (a new budget). Never migrates
-        (``ledger_owner.migrate``). ``state_dir`` holds the anchor (default: the owner's).
+        ``"reseal"`` accepts the database against its seal (never its anchor: ``ledger_owner``),
+        ``"replace"`` moves the ledger files to a ``lost-*`` folder, retires the anchor and enrols
+        afresh (a new budget). Never migrates. ``state_dir`` holds the anchor (default: the owner's).
         """
         check_enrolment_args(client_id, epsilon, delta, filter_kind, run_quota)
         if recover not in (None, *RECOVER):
