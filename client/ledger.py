@@ -161,10 +161,6 @@ class BudgetLedger:
         filt = make_filter(filter_kind, float(epsilon), float(delta), orders)
         directory = Path(directory)
         anchor_file = anchor_path(directory, state_dir)
-        try:
-            directory.mkdir(parents=True, exist_ok=True)
-        except OSError as err:
-            raise_storage_error(directory, err)
         path = directory / LEDGER_FILE
         if recover == "replace":
             move_aside(directory, list(LEDGER_FILES))
@@ -187,8 +183,9 @@ class BudgetLedger:
         if not has_db:
             refuse_if_spent_here(directory, anchor_file)  # deleting a ledger is no fresh budget
         try:
+            directory.mkdir(parents=True, exist_ok=True)  # only now: a refused enrolment leaves nothing
             conn = connect(path)
-        except sqlite3.Error as err:
+        except (OSError, sqlite3.Error) as err:
             raise_storage_error(directory, err)
         with closed_on_failure(conn, directory):
             version = schema_version(conn)

@@ -241,7 +241,7 @@ def deploy_local(options: DeployOptions, echo: Callable[[str], None] = print) ->
 
     Every process is stopped before this returns, whatever happened (Ctrl-C included).
     """
-    from fedfilter.client.flower_mod import enrol_device
+    from fedfilter.client.device_config import enrol_simulated_device
     from fedfilter.client.ledger import LEDGER_FILE
     from fedfilter.client.ledger_report import device_report
     from fedfilter.client.reply_timing import timing_protection
@@ -258,7 +258,7 @@ def deploy_local(options: DeployOptions, echo: Callable[[str], None] = print) ->
     # Each device's owner enrols it once, before its SuperNode starts: the mod never enrols, so a
     # lost ledger fails closed instead of starting over.
     for index in range(options.clients):
-        enrol_device(device_node_config(index, options, devices_dir / str(index)))
+        enrol_simulated_device(device_node_config(index, options, devices_dir / str(index)))
     started = time.monotonic()
     result: RunResult | None = None
     error: str | None = None

@@ -272,3 +272,36 @@ def test_a_schema_1_ledger_put_in_place_of_a_deleted_one_is_not_migrated_over_it
     view = accept_restore(ledger_dir)  # only the owner's explicit acceptance lifts it
     assert "spend #6" in view.anchored and view.at_risk_epsilon > 0
     assert spent(ledger_dir)[0] == 1
+
+
+def test_a_local_trial_may_reuse_a_deleted_output_folder_an_owner_may_not(device, tmp_path):
+    # The demo and deploy-local simulate their devices' owners in their own output folder: a folder
+    # deleted and used again holds new devices. A real owner's deleted ledger stays refused.
+    from fedfilter.client.device_config import enrol_device, enrol_simulated_device
+
+    ledger_dir, ctx, _ = device
+    restart_device()
+    shutil.rmtree(ledger_dir)
+    with pytest.raises(LedgerUnavailableError, match="roll-back anchor"):
+        enrol_device(ctx.node_config)
+    enrol_simulated_device(ctx.node_config)
+    assert spent(ledger_dir)[0] == 0
+    # An existing folder whose ledger was lost is no new device, for a trial either.
+    (ledger_dir / LEDGER_FILE).unlink()
+    with pytest.raises(LedgerUnavailableError):
+        enrol_simulated_device(ctx.node_config)
+
+
+def test_throw_away_devices_keep_their_anchors_in_their_own_folder(tmp_path, owner_state):
+    from fedfilter.client.owner_state import owner_state_at
+
+    with owner_state_at(tmp_path / "owner") as state:
+        BudgetLedger.enrol(tmp_path / "canary", client_id="c", epsilon=1.0, delta=1e-5).close()
+        assert anchor_path(tmp_path / "canary").parent.parent == state
+    assert owner_state_dir_now() == owner_state and not anchor_path(tmp_path / "canary").exists()
+
+
+def owner_state_dir_now():
+    from fedfilter.client.owner_state import owner_state_dir
+
+    return owner_state_dir()
