@@ -5,8 +5,8 @@ one process (no Ray, no Flower engine) around a trivial train handler, on a real
 
 Each stage is timed by wrapping the function that does it where the mod looks it up (wall time,
 ``perf_counter``); the mod's CPU time (``process_time``) is measured over the whole loop, without
-the wrappers. ``--ledger-root /dev/shm`` puts the ledger on tmpfs, where an fsync costs nothing:
-what remains is the CPU work around the durable commit. The handler adds 0.001 to every weight
+the wrappers. ``--ledger-root /dev/shm`` puts the ledger (and its roll-back anchor) on tmpfs, where
+an fsync costs nothing: what remains is the CPU work around the durable commit. The handler adds 0.001 to every weight
 (it stands for training, which is not measured here: ``flower_overhead.py`` measures whole rounds).
 """
 
@@ -33,11 +33,13 @@ STAGES = [
     ("flower_mod", "_inner_update", "(inner handler + update)"),
     ("release.FilteredClient", "release", "(release)"),
     ("ledger.BudgetLedger", "_check_seal", "seal check (read seal, SELECT its row)"),
+    ("ledger.BudgetLedger", "_check_anchor", "roll-back anchor check (read anchor, SELECT its row)"),
     ("ledger_quota.Reservation", "allowance", "allowance (every cap)"),
     ("release", "clip_to_norm", "clipping (certified norm x2)"),
     ("release", "snap_toward_zero", "snapping to the noise grid"),
     ("ledger_quota.Reservation", "record", "record the spend (INSERT)"),
     ("ledger.BudgetLedger", "_seal_latest", "seal write (fsync file + rename + fsync dir)"),
+    ("ledger", "advance_anchor", "roll-back anchor write (flock, re-check, pwrite + fdatasync)"),
     ("release", "add_grid_noise", "noise (ChaCha20 + exact rounded Gaussian)"),
     ("flower_mod", "_reply", "reply building (encode Arrays)"),
 ]
@@ -71,6 +73,8 @@ def main() -> None:
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # as in a Ray actor (OMP_NUM_THREADS=1)
 
     with tempfile.TemporaryDirectory(prefix="fedfilter-stages-", dir=args.ledger_root) as tmp:
+        # The roll-back anchor beside the ledger (same disk), not in the user's state directory.
+        os.environ["FEDFILTER_STATE_DIR"] = str(Path(tmp) / "owner-state")
         measure(args, Path(tmp))
 
 
@@ -145,8 +149,12 @@ def measure(args, tmp: Path) -> None:
     inner = per.pop("(inner handler + update)") - handler_ms
     per["update (returned - received, checks)"] = inner - per.get("read Arrays (model received, model returned)", 0) / 2
     release = per.pop("(release)")
+    anchor_write = "roll-back anchor write (flock, re-check, pwrite + fdatasync)"
+    per["seal write (fsync file + rename + fsync dir)"] -= per.get(anchor_write, 0)  # the anchor is inside it
     inside = [
         "seal check (read seal, SELECT its row)",
+        "roll-back anchor check (read anchor, SELECT its row)",
+        anchor_write,
         "allowance (every cap)",
         "clipping (certified norm x2)",
         "snapping to the noise grid",

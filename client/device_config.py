@@ -114,7 +114,7 @@ class DeviceConfig:
                 )
         return ledger
 
-    def enrol(self) -> BudgetLedger:
+    def enrol(self, *, recover: str | None = None) -> BudgetLedger:
         """The owner's act, once, before the device serves rounds (see ``enrol_device``)."""
         if self.budget_epsilon is None:
             raise ValueError("node-config 'budget-epsilon' is required to enrol the device.")
@@ -126,6 +126,7 @@ class DeviceConfig:
             filter_kind=self.filter_kind,
             run_quota=self.run_quota,
             quotas=self.quotas,
+            recover=recover,
         )
 
 
@@ -234,3 +235,13 @@ def enrol_device(node_config: Mapping[str, Any]) -> None:
     before its SuperNode starts (simulations and tests do it up front). Idempotent for the same
     budget; refuses a device whose ledger was lost (see ``BudgetLedger.enrol``)."""
     device_config(node_config).enrol().close()
+
+
+def enrol_simulated_device(node_config: Mapping[str, Any]) -> None:
+    """``enrol_device`` for the devices a local trial simulates in its own output folder (the demo,
+    ``deploy-local``). A device whose ledger directory does not exist is a new device, even if this
+    machine's roll-back anchors remember an earlier simulated device at that path (the folder was
+    deleted and is used again): its simulated owner starts a new ledger (``recover="replace"``). An
+    existing directory is enrolled as any owner's device is (a lost ledger fails closed)."""
+    config = device_config(node_config)
+    config.enrol(recover=None if config.ledger_dir.exists() else "replace").close()

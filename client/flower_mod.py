@@ -13,8 +13,11 @@ What the mod does with each message (DESIGN.md sections 1 and 2):
   ``ConfigRecord`` ``"fedfilter.request"`` (``run-id``, ``round-id``, ``noise-multiplier``,
   ``clip``, ``placement``, ``min-reports``) and the device's own settings from
   ``context.node_config`` only (``NODE_CONFIG_KEYS``; the coordinator cannot set them). A request
-  that breaks the device's policy, or repeats a round already released, is answered with an error
-  ``Message`` that names the field and value; nothing is trained, spent or released. Otherwise the
+  that breaks the device's policy, a model with no floating-point values (only integer, bool or
+  complex arrays, or none), or a round already released, is answered with an error ``Message``
+  that names the field and value; nothing is trained, spent or released. A ledger the device
+  cannot use (missing, refused until its owner acts, not writable) is answered with an error that
+  names that kind only (``LedgerError.public``), never its spends or budget. Otherwise the
   inner handler always runs (so a client with no budget left is not faster than one with budget),
   the update ``returned - received`` goes through ``FilteredClient.release`` (clip to the
   allowance, durable spend, then noise), and the reply carries exactly:
@@ -70,6 +73,7 @@ simulation (``client/device_settings.py``; used by ``flwr run``), or, in-process
 from __future__ import annotations
 
 import logging
+import sqlite3
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -82,8 +86,8 @@ from fedfilter.client.device_config import NODE_CONFIG_KEYS, DeviceConfig, devic
 from fedfilter.client.device_ledgers import cached_ledger, forget_ledger
 from fedfilter.client.device_settings import DeviceSettingsError, with_device_settings
 from fedfilter.client.ledger import BudgetLedger
-from fedfilter.client.ledger_storage import LedgerError, ReplayError
-from fedfilter.client.mechanism import NonFiniteUpdateError
+from fedfilter.client.ledger_storage import LedgerError, ReplayError, storage_error
+from fedfilter.client.mechanism import NonFiniteUpdateError, as_float_arrays, floating_indices
 from fedfilter.client.mod_once import once_per_message
 from fedfilter.client.npy_codec import decode, encode
 from fedfilter.client.release import (
@@ -200,6 +204,18 @@ def _inner_update(
     return update
 
 
+def _ledger_cause(device: DeviceConfig, err: BaseException) -> str:
+    """What the error reply says about a ledger failure: its kind only (``LedgerError.public``), never
+    paths, spends or budget (invariant 5); the full message goes to the device's log."""
+    if isinstance(err, sqlite3.Error | OSError):
+        err = storage_error(device.ledger_dir, err)
+    if isinstance(err, LedgerError):
+        return f"{err.public} (details in the device's log)"
+    if isinstance(err, ValueError):
+        return "this device's budget ledger does not match its settings (details in the device's log)"
+    return f"{LedgerError.public} (details in the device's log)"
+
+
 def _reply(msg: Message, status: str, keys: list[str], arrays: list[np.ndarray] | None) -> Message:
     content = RecordDict()
     if arrays is not None:
@@ -245,7 +261,7 @@ def _filtered_release(
     update = _inner_update(call_next, msg, context, keys, received)
     if update is None:
         update = [np.zeros_like(a) for a in received]
-    floating = [i for i, a in enumerate(received) if np.issubdtype(a.dtype, np.floating)]
+    floating = floating_indices(received)
     if grid is not None:
         policy = replace(device.policy, allow_distributed=True)  # the mark, checked by the caller
         try:
@@ -331,6 +347,15 @@ def _filter_round(msg: Message, context: Context, call_next, hold: ReplyHold) ->
         received = [decode(model[k]) for k in keys]
     except Exception as err:  # noqa: BLE001
         return _error(msg, f"fedfilter: the model in the train message cannot be read: {err}")
+    try:  # the model's dtypes are the coordinator's choice: refusing them tells nothing about the device
+        as_float_arrays([received[i] for i in floating_indices(received)])
+    except ValueError:
+        dtypes = sorted({str(a.dtype) for a in received})
+        return _error(
+            msg,
+            "fedfilter: round request refused: the model holds no floating-point values to release "
+            f"({len(received)} array(s), dtypes {dtypes}). Nothing was trained, spent or released.",
+        )
     if (reason := _bind_run(context, spec)) is not None:
         return _error(msg, f"fedfilter: {reason}")
 
@@ -341,13 +366,9 @@ def _filter_round(msg: Message, context: Context, call_next, hold: ReplyHold) ->
     for _ in range(3):  # a ledger closed by another thread between lookup and use is reopened
         try:
             key, entry = cached_ledger(device)
-        except (LedgerError, OSError, ValueError) as err:  # fail closed until the owner acts
+        except (LedgerError, OSError, ValueError, sqlite3.Error) as err:  # fail closed until the owner acts
             log.error("fedfilter mod: cannot open the budget ledger: %s", err)
-            return _error(
-                msg,
-                "fedfilter: this device's budget ledger cannot be opened (details in the "
-                "device's log); nothing was trained, spent or released.",
-            )
+            return _error(msg, f"fedfilter: {_ledger_cause(device, err)}; nothing was trained, spent or released.")
         try:
             with entry.lock:  # one message at a time per device ledger in this process
                 if entry.closed:
@@ -357,14 +378,10 @@ def _filter_round(msg: Message, context: Context, call_next, hold: ReplyHold) ->
             return _error(msg, f"fedfilter: {err} Nothing was trained, spent or released.")
         except ReplayError as err:  # a concurrent duplicate of this round got there first
             return _error(msg, f"fedfilter: round request refused: {err}")
-        except LedgerError as err:  # lost spends, a full or read-only disk: nothing was released
+        except (LedgerError, sqlite3.Error) as err:  # lost spends, a full or read-only disk: nothing released
             log.error("fedfilter mod: the budget ledger failed: %s", err)
             forget_ledger(key, entry)
-            return _error(
-                msg,
-                "fedfilter: this device's budget ledger cannot be used (details in the device's "
-                "log); nothing was released.",
-            )
+            return _error(msg, f"fedfilter: {_ledger_cause(device, err)}; nothing was released.")
         except BaseException:
             forget_ledger(key, entry)
             raise

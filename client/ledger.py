@@ -15,9 +15,11 @@
   already in a transaction would fail, and its ``ROLLBACK`` would undo the other thread's round).
 * Fails closed. Only ``enrol`` (the owner: ``fedfilter ledger enrol``) creates a budget; ``open``
   (what a device does every round) refuses a missing, empty, damaged or rolled-back ledger (one
-  that no longer holds the spend its seal names: a lost ``-wal``, a truncation, an older copy)
-  with ``LedgerUnavailableError`` until the owner acts. A full or read-only disk is reported as
-  ``LedgerWriteError`` naming the disk; nothing is released.
+  that no longer holds the spend its seal names: a lost ``-wal``, a truncation, an older copy; or
+  the spend its roll-back anchor outside the directory names: a restored backup of the whole
+  directory, ``fedfilter.client.ledger_anchor``) and an older format, with ``LedgerUnavailableError``
+  until the owner acts (``fedfilter.client.ledger_owner``: migrate, accept a restore). A full or
+  read-only disk is reported as ``LedgerWriteError`` naming the disk; nothing is released.
 
 The owner's quotas (per coordinator, per day) are in ``fedfilter.client.ledger_quota``; the schema in
 ``fedfilter.client.ledger_schema``; how failures are reported in ``fedfilter.client.ledger_storage``.
@@ -38,13 +40,22 @@ from pathlib import Path
 
 import numpy as np
 
+from fedfilter.client.ledger_anchor import (
+    advance_anchor,
+    anchor_path,
+    check_anchor,
+    refuse_if_spent_here,
+    retire_anchor,
+)
 from fedfilter.client.ledger_quota import Quotas, Reservation
 from fedfilter.client.ledger_schema import (
+    ANCHORED_KEY,
     DAY_S,
     INT64_MAX,
     LEDGER_FILE,
     LEDGER_FILES,
     RECOVER,
+    SCHEMA_VERSION,
     SPEND_RECORD_SQL,
     Enrolment,
     SpendRecord,
@@ -53,18 +64,23 @@ from fedfilter.client.ledger_schema import (
     floats,
     prepare,
     read_enrolment,
+    schema_version,
     spend_record,
 )
-from fedfilter.client.ledger_seal import SEAL_FILE, Seal, SealError, move_aside, read_seal, write_seal
+from fedfilter.client.ledger_seal import SEAL_FILE, Seal, SealError, advance_seal, check_seal, move_aside, read_seal
 from fedfilter.client.ledger_storage import (
     LedgerError,
+    LedgerMissingError,
     LedgerUnavailableError,
     LedgerWriteError,
     ReplayError,
     closed_on_failure,
     immediate,
+    migrate_remedy,
+    older_format,
     owner_must_act,
     raise_storage_error,
+    rollback_remedy,
 )
 from fedfilter.client.privacy.filters import GaussianFilter, make_filter
 
@@ -77,6 +93,7 @@ __all__ = [
     "RECOVER",
     "Enrolment",
     "LedgerError",
+    "LedgerMissingError",
     "LedgerUnavailableError",
     "LedgerWriteError",
     "Quotas",
@@ -89,8 +106,16 @@ __all__ = [
 class BudgetLedger:
     """A device's lifetime budget and every spend against it."""
 
-    def __init__(self, directory: Path, conn: sqlite3.Connection, enrolment: Enrolment, quotas: Quotas | None = None):
+    def __init__(
+        self,
+        directory: Path,
+        conn: sqlite3.Connection,
+        enrolment: Enrolment,
+        quotas: Quotas | None = None,
+        anchor_file: Path | None = None,
+    ):
         self.directory, self._conn, self.enrolment = directory, conn, enrolment
+        self.anchor_file = anchor_file or anchor_path(directory)  # in the owner's state directory
         self.quotas = quotas or Quotas()
         self.clock = time.time  # the device's clock (created_at, the daily window); tests may set it
         # Reentrant: reads inside a reservation (same thread) go through the same lock.
@@ -117,14 +142,16 @@ class BudgetLedger:
         run_quota: float = 1.0,
         quotas: Quotas | None = None,
         recover: str | None = None,
+        state_dir: Path | None = None,
     ) -> BudgetLedger:
         """The owner's act: create the ledger with its personal budget, or open it if enrolled
         with the same one. A different budget for an existing ledger is refused.
 
-        A device enrolled before (its seal is there) whose ledger is missing, damaged or rolled
-        back is refused as in ``open``, unless ``recover`` says what the owner chose: ``"reseal"``
-        accepts the database as it is now, ``"replace"`` moves every ledger file into a
-        ``lost-*`` folder and enrols afresh (a new budget).
+        A device enrolled before (a seal, or an anchor naming spends) whose ledger is missing, damaged
+        or rolled back is refused as in ``open``, unless ``recover`` says what the owner chose:
+        ``"reseal"`` accepts the database against its seal (never its anchor: ``ledger_owner``),
+        ``"replace"`` moves the ledger files to a ``lost-*`` folder, retires the anchor and enrols
+        afresh (a new budget). Never migrates. ``state_dir`` holds the anchor (default: the owner's).
         """
         check_enrolment_args(client_id, epsilon, delta, filter_kind, run_quota)
         if recover not in (None, *RECOVER):
@@ -133,10 +160,11 @@ class BudgetLedger:
         # Build the filter first: an impossible budget fails before anything is written.
         filt = make_filter(filter_kind, float(epsilon), float(delta), orders)
         directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
+        anchor_file = anchor_path(directory, state_dir)
         path = directory / LEDGER_FILE
         if recover == "replace":
             move_aside(directory, list(LEDGER_FILES))
+            retire_anchor(anchor_file)  # kept beside, for the record
         try:
             seal = read_seal(directory)
         except SealError as err:
@@ -145,19 +173,28 @@ class BudgetLedger:
             seal = None
         if seal is not None and recover is None:
             # Enrolled before: open it exactly as the device does (fail closed), writing nothing.
-            ledger = cls.open(directory, quotas=quotas)
+            ledger = cls.open(directory, quotas=quotas, state_dir=state_dir)
             ledger._check_same_budget(client_id, filter_kind, epsilon, delta, filt.orders, run_quota)
             return ledger
-        # From here on there is no seal: a new device, a schema 1 ledger, or the owner's recovery.
-        if recover == "reseal" and not (path.exists() and path.stat().st_size > 0):
+        # From here on there is no seal: a new device, or the owner's recovery.
+        has_db = path.exists() and path.stat().st_size > 0
+        if recover == "reseal" and not has_db:
             raise owner_must_act(directory, "has no database to reseal.")
+        if not has_db:
+            refuse_if_spent_here(directory, anchor_file)  # deleting a ledger is no fresh budget
         try:
+            directory.mkdir(parents=True, exist_ok=True)  # only now: a refused enrolment leaves nothing
             conn = connect(path)
-        except sqlite3.Error as err:
+        except (OSError, sqlite3.Error) as err:
             raise_storage_error(directory, err)
         with closed_on_failure(conn, directory):
+            version = schema_version(conn)
+            if version is not None and version != str(SCHEMA_VERSION):
+                raise owner_must_act(directory, older_format(version), migrate_remedy(directory))
             with immediate(conn):
-                migrated = prepare(conn)
+                prepare(conn)
+                if recover is None and conn.execute("SELECT 1 FROM enrolment").fetchone() is None:
+                    refuse_if_spent_here(directory, anchor_file)  # a re-created database, likewise
                 created = (
                     conn.execute(
                         "INSERT OR IGNORE INTO enrolment VALUES (1,?,?,?,?,?,?,?)",
@@ -173,16 +210,22 @@ class BudgetLedger:
                     ).rowcount
                     == 1
                 )
-            ledger = cls(directory, conn, read_enrolment(conn), quotas)
+                if created:  # a new ledger keeps a roll-back anchor from its first day
+                    conn.execute("INSERT OR REPLACE INTO meta VALUES (?, '1')", (ANCHORED_KEY,))
+            ledger = cls(directory, conn, read_enrolment(conn), quotas, anchor_file)
         try:
             ledger._check_same_budget(client_id, filter_kind, epsilon, delta, filt.orders, run_quota)
             if recover == "reseal":
+                with ledger._lock:  # resealing accepts a lost seal, never a roll-back (an older format may follow)
+                    check_anchor(conn, directory, ledger._ledger_id, anchor_file, ledger.filter, allow_older=True)
                 move_aside(directory, [SEAL_FILE])  # kept for the record
-            elif not (created or migrated):
+                ledger._seal_latest()
+            elif not created:
                 raise owner_must_act(
                     directory, f"has no seal ({SEAL_FILE}): it may be a copy or a restore that lacks spends."
                 )
-            ledger._seal_latest()
+            else:
+                ledger._seal_latest(owner=True)
         except BaseException:
             ledger.close()
             raise
@@ -202,11 +245,13 @@ class BudgetLedger:
             )
 
     @classmethod
-    def open(cls, directory, *, quotas: Quotas | None = None) -> BudgetLedger:
+    def open(cls, directory, *, quotas: Quotas | None = None, state_dir: Path | None = None) -> BudgetLedger:
         """Open an enrolled ledger; ``LedgerUnavailableError`` (fail closed) if it is missing,
-        never enrolled, damaged, or no longer holds the spend its seal names."""
+        never enrolled, damaged, in an older format, or no longer holds the spend its seal or its
+        roll-back anchor (in ``state_dir``, default the owner's state directory) names."""
         directory = Path(directory)
         path = directory / LEDGER_FILE
+        anchor_file = anchor_path(directory, state_dir)
         try:
             seal = read_seal(directory)
         except SealError as err:
@@ -218,7 +263,8 @@ class BudgetLedger:
                     f"is missing or empty, but this device was enrolled "
                     f"(its seal {SEAL_FILE} names spend #{seal.seq}).",
                 )
-            raise LedgerUnavailableError(
+            refuse_if_spent_here(directory, anchor_file)
+            raise LedgerMissingError(
                 f"no budget ledger at {directory}: the device is not enrolled. "
                 f"Its owner enrols it once: `fedfilter ledger enrol --dir {directory} ...`."
             )
@@ -227,39 +273,34 @@ class BudgetLedger:
         except sqlite3.Error as err:
             raise_storage_error(directory, err)
         with closed_on_failure(conn, directory):
-            version = (
-                conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
-                if conn.execute("SELECT 1 FROM sqlite_master WHERE name='meta'").fetchone()
-                else None
-            )
+            version = schema_version(conn)
             if version is None or conn.execute("SELECT 1 FROM sqlite_master WHERE name='enrolment'").fetchone() is None:
                 raise owner_must_act(
                     directory,
                     "holds no enrolment"
                     + (f", but this device was enrolled (its seal names spend #{seal.seq})." if seal else "."),
                 )
-            migrated = False
-            if version[0] == "1":  # schema 1 had no seal: migrate, then seal what is there
-                if seal is not None:  # a schema 2 ledger rolled back to before its migration
+            if version != str(SCHEMA_VERSION):  # migrated only by the owner (ledger_owner.migrate)
+                if version == "1" and seal is not None:  # a schema 2 ledger rolled back to before its migration
                     raise owner_must_act(
-                        directory, f"is an older copy (schema 1) of a sealed ledger (its seal names spend #{seal.seq})."
+                        directory,
+                        f"is an older copy (schema 1) of a sealed ledger (its seal names spend #{seal.seq}).",
+                        rollback_remedy(directory),
                     )
-                with immediate(conn):
-                    migrated = prepare(conn)
+                raise owner_must_act(directory, older_format(version), migrate_remedy(directory))
             enrolment = read_enrolment(conn, directory, seal)
-            ledger = cls(directory, conn, enrolment, quotas)
-        try:
-            if seal is None and not migrated:
-                raise owner_must_act(
-                    directory, f"has no seal ({SEAL_FILE}): it may be a copy or a restore that lacks spends."
-                )
-            if migrated:
-                ledger._seal_latest()
-            else:
-                ledger._check_seal(seal)
-        except BaseException:
-            ledger.close()
-            raise
+            ledger = cls(directory, conn, enrolment, quotas, anchor_file)
+            try:
+                if seal is None:
+                    raise owner_must_act(
+                        directory, f"has no seal ({SEAL_FILE}): it may be a copy or a restore that lacks spends."
+                    )
+                with ledger._lock:
+                    ledger._check_seal(seal)
+                    ledger._check_anchor()
+            except BaseException:
+                ledger.close()
+                raise
         return ledger
 
     def close(self) -> None:
@@ -269,52 +310,26 @@ class BudgetLedger:
     # --- the seal -----------------------------------------------------------------------------
     def _check_seal(self, seal: Seal | None = None) -> None:
         """Refuse a database that no longer holds the spend its seal names (caller holds the lock)."""
-        if seal is None:
-            try:
-                seal = read_seal(self.directory)
-            except SealError as err:
-                raise owner_must_act(self.directory, f"has a damaged seal ({err}).") from err
-            if seal is None:
-                raise owner_must_act(self.directory, f"has lost its seal ({SEAL_FILE}).")
-        if seal.ledger_id != self._ledger_id:
-            raise owner_must_act(
-                self.directory, "is not the database its seal was written for (it was replaced or re-created)."
-            )
-        if seal.seq == 0:
-            return
-        row = self._conn.execute(
-            "SELECT run_id, round_id, created_at, state_after FROM spends WHERE seq=?", (seal.seq,)
-        ).fetchone()
-        if row is None or tuple(row) != (seal.run_id, seal.round_id, seal.created_at, seal.state_after):
-            last = self._conn.execute("SELECT MAX(seq) FROM spends").fetchone()[0] or 0
-            raise owner_must_act(
-                self.directory,
-                (
-                    f"has lost spends it had committed: its seal names spend #{seal.seq} (run {seal.run_id!r}, "
-                    f"round {seal.round_id}), which the database "
-                    f"{'does not hold' if row is None else 'holds differently'} "
-                    f"(it ends at #{last}). A lost -wal file, a truncated database or an older copy."
-                ),
-            )
+        check_seal(self._conn, self.directory, self._ledger_id, seal)
 
-    def _seal_latest(self) -> None:
-        """Seal the latest committed spend, under the write lock so that seals only move forward."""
+    def _seal_latest(self, *, owner: bool = False) -> None:
+        """Seal and anchor the latest committed spend, under the write lock so that both only move
+        forward. ``owner``: an owner's act (enrolment, migration, an accepted restore) that sets the
+        anchor to this database whatever it named before."""
         with self._lock:
             self._conn.execute("BEGIN IMMEDIATE")
             try:
-                row = self._conn.execute(
-                    "SELECT seq, run_id, round_id, created_at, state_after FROM spends ORDER BY seq DESC LIMIT 1"
-                ).fetchone()
-                seal = Seal(self._ledger_id, *row) if row else Seal(self._ledger_id, 0, "", 0, 0.0, "[]")
-                try:
-                    current = read_seal(self.directory)
-                except SealError:
-                    current = None
-                if current is None or current.ledger_id != seal.ledger_id or seal.seq > current.seq:
-                    write_seal(self.directory, seal)
+                advance_seal(self._conn, self.directory, self._ledger_id)
+                # After the seal, before the caller releases anything (ledger_anchor: the crash orders).
+                advance_anchor(self._conn, self.directory, self._ledger_id, self.anchor_file, self.filter, owner=owner)
             finally:
                 if self._conn.in_transaction:
                     self._conn.execute("ROLLBACK")
+
+    # --- the roll-back anchor (client/ledger_anchor.py: what it is, and the crash orders) ----------
+    def _check_anchor(self) -> None:
+        """Refuse a ledger behind or beside its roll-back anchor (caller holds the lock)."""
+        check_anchor(self._conn, self.directory, self._ledger_id, self.anchor_file, self.filter)
 
     # --- reading ------------------------------------------------------------------------------
     def _last_state(self, run_id: str | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -427,7 +442,8 @@ class BudgetLedger:
         block exits, before the caller releases anything.
 
         Raises ``ReplayError`` (nothing written) when this (run, round) was released before,
-        ``LedgerUnavailableError`` when the ledger lost spends it had committed, and
+        ``LedgerUnavailableError`` when the ledger lost spends it had committed (its seal or its
+        roll-back anchor names a spend it does not hold), and
         ``LedgerWriteError`` when the disk refuses the write. An exception inside the block rolls
         back: nothing is spent.
         """
@@ -438,7 +454,10 @@ class BudgetLedger:
         with self._lock:  # held for the whole transaction: threads take turns, processes too (below)
             try:
                 self._conn.execute("BEGIN IMMEDIATE")
+                # Both re-read every round: a cached connection (the mod keeps one) must see a
+                # restore in place (same inode) as well as one that replaced the files.
                 self._check_seal()
+                self._check_anchor()
                 seen = self._conn.execute(
                     "SELECT status FROM spends WHERE run_id=? AND round_id=?", (run_id, round_id)
                 ).fetchone()

@@ -27,6 +27,9 @@ STATUSES = ("contributed", "noise-only", "left")
 INT64_MAX = 2**63 - 1  # SQLite's integers are int64: a larger round id would raise OverflowError
 DAY_S = 86400.0
 RECOVER = ("reseal", "replace")
+# meta key: '1' once the ledger keeps a roll-back anchor outside its directory (client/ledger_anchor.py).
+# A row, not a schema change: ledgers written before anchors lack it and are migrated by the owner.
+ANCHORED_KEY = "anchored"
 
 SCHEMA_TABLES = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -99,6 +102,13 @@ SPEND_RECORD_SQL = (
     " placement, charge, state_after, run_state_after, created_at, coordinator FROM spends"
 )
 
+# Every schema-2 column of a spend row, in a fixed order: what the roll-back anchor's digest covers
+# (listed, not ``*``, so that a column added later does not change the digest of older rows).
+ANCHOR_ROW_SQL = (
+    "SELECT seq, run_id, round_id, status, sensitivity, noise_std, noise_multiplier, clip, placement, charge,"
+    " state_after, run_state_after, created_at, coordinator, coordinator_state_after FROM spends"
+)
+
 
 def spend_record(row: tuple) -> SpendRecord:
     """A row of ``SPEND_RECORD_SQL`` as a ``SpendRecord`` (float vectors decoded from JSON)."""
@@ -158,20 +168,40 @@ def connect(path: Path) -> sqlite3.Connection:
     return conn
 
 
-def prepare(conn: sqlite3.Connection) -> bool:
-    """Create or migrate the schema (inside the caller's transaction); True if migrated from 1."""
+def schema_version(conn: sqlite3.Connection) -> str | None:
+    """The database's schema version as stored (None: no meta table or no version: not a ledger yet)."""
+    if conn.execute("SELECT 1 FROM sqlite_master WHERE name='meta'").fetchone() is None:
+        return None
+    row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+    return None if row is None else str(row[0])
+
+
+def is_anchored(conn: sqlite3.Connection) -> bool:
+    """Whether this ledger keeps a roll-back anchor (``ledger_anchor``); older ledgers are migrated first."""
+    return conn.execute("SELECT 1 FROM meta WHERE key=? AND value='1'", (ANCHORED_KEY,)).fetchone() is not None
+
+
+def prepare(conn: sqlite3.Connection, *, migrate: bool = False) -> bool:
+    """Create the schema, or migrate an older one when ``migrate`` (the owner's command only),
+    inside the caller's transaction; True if migrated from 1. An older schema without ``migrate``
+    raises ``LedgerUnavailableError``: a ledger is never migrated implicitly."""
+    version = schema_version(conn)
+    migrated = version == "1"
+    if migrated and not migrate:
+        raise LedgerUnavailableError(
+            "the budget ledger has an older format (schema 1); only its owner migrates it "
+            "(`fedfilter ledger migrate --dir DIR`)."
+        )
     for stmt in SCHEMA_TABLES.split(";\n"):
         if stmt.strip():
             conn.execute(stmt)
-    row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
-    migrated = row is not None and row[0] == "1"
     if migrated:
         for stmt in MIGRATE_1_TO_2:
             conn.execute(stmt)
         conn.execute("UPDATE meta SET value=? WHERE key='schema_version'", (str(SCHEMA_VERSION),))
-    elif row is not None and row[0] != str(SCHEMA_VERSION):
+    elif version is not None and version != str(SCHEMA_VERSION):
         raise LedgerUnavailableError(
-            f"the budget ledger has schema version {row[0]!r}, which this "
+            f"the budget ledger has schema version {version!r}, which this "
             f"fedfilter (schema {SCHEMA_VERSION}) does not know."
         )
     for stmt in SCHEMA_INDEXES.split(";\n"):

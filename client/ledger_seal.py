@@ -13,9 +13,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sqlite3
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from fedfilter.client.ledger_storage import owner_must_act
 
 SEAL_FILE = "budget_ledger.seal"
 _FORMAT = 1
@@ -77,6 +80,50 @@ def write_seal(directory: Path, seal: Seal) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def check_seal(conn: sqlite3.Connection, directory: Path, ledger_id: str, seal: Seal | None = None) -> None:
+    """Refuse (``LedgerUnavailableError``) a database that no longer holds the spend its seal names
+    (``seal``: as read already, or None to read it now). The ledger calls this under its lock."""
+    if seal is None:
+        try:
+            seal = read_seal(directory)
+        except SealError as err:
+            raise owner_must_act(directory, f"has a damaged seal ({err}).") from err
+        if seal is None:
+            raise owner_must_act(directory, f"has lost its seal ({SEAL_FILE}).")
+    if seal.ledger_id != ledger_id:
+        raise owner_must_act(directory, "is not the database its seal was written for (it was replaced or re-created).")
+    if seal.seq == 0:
+        return
+    row = conn.execute(
+        "SELECT run_id, round_id, created_at, state_after FROM spends WHERE seq=?", (seal.seq,)
+    ).fetchone()
+    if row is None or tuple(row) != (seal.run_id, seal.round_id, seal.created_at, seal.state_after):
+        last = conn.execute("SELECT MAX(seq) FROM spends").fetchone()[0] or 0
+        raise owner_must_act(
+            directory,
+            (
+                f"has lost spends it had committed: its seal names spend #{seal.seq} (run {seal.run_id!r}, "
+                f"round {seal.round_id}), which the database "
+                f"{'does not hold' if row is None else 'holds differently'} "
+                f"(it ends at #{last}). A lost -wal file, a truncated database or an older copy."
+            ),
+        )
+
+
+def advance_seal(conn: sqlite3.Connection, directory: Path, ledger_id: str) -> None:
+    """Seal the latest committed spend if it is newer (caller holds the write lock: seals only move forward)."""
+    row = conn.execute(
+        "SELECT seq, run_id, round_id, created_at, state_after FROM spends ORDER BY seq DESC LIMIT 1"
+    ).fetchone()
+    seal = Seal(ledger_id, *row) if row else Seal(ledger_id, 0, "", 0, 0.0, "[]")
+    try:
+        current = read_seal(directory)
+    except SealError:
+        current = None
+    if current is None or current.ledger_id != seal.ledger_id or seal.seq > current.seq:
+        write_seal(directory, seal)
 
 
 def move_aside(directory: Path, names: list[str]) -> Path | None:

@@ -13,6 +13,7 @@ import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import NoReturn
 
 
 class ReplayError(RuntimeError):
@@ -22,25 +23,58 @@ class ReplayError(RuntimeError):
 class LedgerError(RuntimeError):
     """The budget ledger cannot be used; nothing was spent or released."""
 
+    # What a device may tell the coordinator (the mod's error reply): the kind of failure only, never
+    # paths, spends or budget (invariant 5). The message itself stays in the device's log.
+    public = "this device's budget ledger cannot be used"
+
 
 class LedgerUnavailableError(LedgerError):
-    """Missing, never enrolled, damaged or rolled back: the device refuses rounds until its owner acts."""
+    """Damaged, rolled back, in an older format, or not the ledger enrolled here: refused until its owner acts."""
+
+    public = "this device's budget ledger is refused until its owner acts (damaged, rolled back or an older format)"
+
+
+class LedgerMissingError(LedgerUnavailableError):
+    """No ledger where the device's settings point (not enrolled, or its directory or database is gone)."""
+
+    public = "this device has no budget ledger at its ledger-dir (missing or not enrolled)"
 
 
 class LedgerWriteError(LedgerError):
     """The disk refused a write (full, read-only, I/O error); the round was not released."""
 
+    public = "this device's budget ledger cannot be written (read-only, full or failing disk)"
 
-def owner_must_act(directory: Path, what: str) -> LedgerUnavailableError:
-    return LedgerUnavailableError(
-        f"the budget ledger at {directory} {what} Every round is refused until the device's owner acts: "
+
+def owner_must_act(directory: Path, what: str, remedy: str | None = None) -> LedgerUnavailableError:
+    remedy = remedy or (
         f"restore the ledger's files, or run `fedfilter ledger enrol --dir {directory} ... --recover reseal` "
         "(accept the database as it is now) or `--recover replace` (start a new ledger, a fresh budget; "
         "the old files are kept in a lost-* folder)."
     )
+    return LedgerUnavailableError(
+        f"the budget ledger at {directory} {what} Every round is refused until the device's owner acts: {remedy}"
+    )
 
 
-def raise_storage_error(directory: Path, err: BaseException):
+def older_format(version: str) -> str:
+    return f"has an older format (schema {version}), which only its owner migrates."
+
+
+def migrate_remedy(directory: Path) -> str:
+    return f"run `fedfilter ledger migrate --dir {directory}` once (it keeps every spend)."
+
+
+def rollback_remedy(directory: Path) -> str:
+    """What the owner can do about a ledger its roll-back anchor refuses (``ledger_anchor``)."""
+    return (
+        f"put the device's latest ledger back, or accept this one with `fedfilter ledger accept-restore --dir "
+        f"{directory}` (it shows the budget at risk first), or start a new ledger (a fresh budget) with "
+        f"`fedfilter ledger enrol --dir {directory} ... --recover replace`."
+    )
+
+
+def raise_storage_error(directory: Path, err: BaseException) -> NoReturn:
     """Re-raise ``err`` as what the disk said, if it is about the disk; else as it is."""
     translated = storage_error(directory, err)
     if translated is err:

@@ -22,11 +22,25 @@ class NonFiniteUpdateError(ValueError):
     """The update holds NaN or inf: refused before anything is spent."""
 
 
+def floating_indices(arrays: Sequence[np.ndarray]) -> list[int]:
+    """The arrays a report releases: the floating-point ones. Integer, bool and complex arrays (e.g.
+    BatchNorm's batch counter) are never released: they travel as zeros."""
+    return [i for i, a in enumerate(arrays) if np.issubdtype(np.asarray(a).dtype, np.floating)]
+
+
 def as_float_arrays(update: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """The update's arrays, refused (``ValueError``, before anything is spent) unless every one is
+    floating-point and together they hold at least one value to release."""
     arrays = [np.asarray(a) for a in update]
     for i, a in enumerate(arrays):
         if not np.issubdtype(a.dtype, np.floating):
             raise ValueError(f"update[{i}] must be a floating-point array. Found dtype {a.dtype}.")
+    if sum(a.size for a in arrays) == 0:
+        raise ValueError(
+            "the update must hold at least one floating-point value: a model with only integer, bool or "
+            f"complex arrays, or none, has nothing to release. Found {len(arrays)} floating-point array(s) "
+            f"of shapes {[a.shape for a in arrays]}; nothing was spent."
+        )
     return arrays
 
 

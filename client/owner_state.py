@@ -10,7 +10,8 @@ app bundle, messages) can name it.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 
 STATE_DIR_ENV = "FEDFILTER_STATE_DIR"
@@ -24,3 +25,18 @@ def owner_state_dir(environ: Mapping[str, str] | None = None) -> Path:
         return Path(named).expanduser()
     base = env.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
     return Path(base) / "fedfilter"
+
+
+@contextmanager
+def owner_state_at(path: Path) -> Iterator[Path]:
+    """Throw-away devices of one process (the audit's canaries): their owner's state lives at ``path``
+    for the duration, not in the user's state directory; restored afterwards."""
+    before = os.environ.get(STATE_DIR_ENV)
+    os.environ[STATE_DIR_ENV] = str(path)
+    try:
+        yield Path(path)
+    finally:
+        if before is None:
+            os.environ.pop(STATE_DIR_ENV, None)
+        else:
+            os.environ[STATE_DIR_ENV] = before

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from fedfilter.client.ledger import BudgetLedger
-from fedfilter.client.mechanism import as_float_arrays, check_finite, clip_to_norm, snap_toward_zero
+from fedfilter.client.mechanism import as_float_arrays, check_finite, clip_to_norm, floating_indices, snap_toward_zero
 from fedfilter.client.noise import NoiseStream, round_noise_stream
 from fedfilter.client.privacy.filters import GaussianFilter, exhausted, rdp_order
 from fedfilter.client.privacy.rounding import down, up
@@ -160,7 +160,7 @@ def release_skellam(
             f"this device's filter is {filt.kind!r}."
         )
     arrays = [np.asarray(a) for a in update]
-    floating = [i for i, a in enumerate(arrays) if np.issubdtype(a.dtype, np.floating)]
+    floating = floating_indices(arrays)
     released = as_float_arrays([arrays[i] for i in floating])
     check_finite(released)
     dim = max(1, sum(a.size for a in released))

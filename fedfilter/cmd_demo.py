@@ -218,7 +218,7 @@ def device_configs(
     a held reply would block a Ray actor that serves many nodes in turn. ``filter_kind`` is the
     filter a NEW device is enrolled with (``FILTER_OF_PLACEMENT``); an enrolled one keeps its own.
     """
-    from fedfilter.client.flower_mod import enrol_device
+    from fedfilter.client.device_config import enrol_simulated_device
     from fedfilter.client.ledger import LEDGER_FILE, BudgetLedger
 
     table = {}
@@ -239,7 +239,7 @@ def device_configs(
             "min-noise-multiplier": float(min_noise_multiplier),
             "reply-hold-s": float(reply_hold_s),
         }
-        enrol_device(table[i])  # each device's owner enrols it once, up front: the mod never does
+        enrol_simulated_device(table[i])  # each device's owner enrols it once, up front: the mod never does
     return table
 
 

@@ -1,8 +1,10 @@
-"""``fedfilter ledger show|enrol``: the device owner's view of its lifelong budget.
+"""``fedfilter ledger show|enrol|migrate|accept-restore``: the device owner's view of its lifelong budget.
 
 Enrolment is the owner's act and the only way a device gets a budget: the Flower mod never
 enrols, so a lost ledger is refused until the owner runs ``enrol`` again and says, with
-``--recover``, what to do about what was lost.
+``--recover``, what to do about what was lost. Likewise only the owner migrates an older format
+(``migrate``) or accepts a ledger that is behind its roll-back anchor (``accept-restore``, which
+shows the budget at risk and acts only with ``--confirm``).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import json
 import sys
 
 from fedfilter.client.ledger import RECOVER, BudgetLedger, LedgerError, Quotas
+from fedfilter.client.ledger_owner import accept_restore, inspect, migrate
 from fedfilter.client.privacy.filters import FILTER_KINDS
 
 
@@ -82,6 +85,34 @@ def _enrol(args: argparse.Namespace) -> int:
     return 0
 
 
+@_owner_errors
+def _migrate(args: argparse.Namespace) -> int:
+    ledger, migrated = migrate(args.dir)
+    ledger.close()
+    print(f"{'migrated' if migrated else 'nothing to migrate: already current'}: {args.dir} (every spend kept)")
+    return 0
+
+
+@_owner_errors
+def _accept_restore(args: argparse.Namespace) -> int:
+    view = inspect(args.dir)
+    if view.refused is None:
+        print(f"nothing to accept: the ledger at {args.dir} opens as it is.")
+        return 0
+    at_risk = "unknown (no readable anchor)" if view.at_risk_epsilon is None else f"{view.at_risk_epsilon:.4g}"
+    print(f"refused now: {view.refused}\n")
+    print(f"  database             {view.database}")
+    print(f"  roll-back anchor     {view.anchored}  ({view.anchor_file})")
+    print(f"  seal                 {view.sealed}")
+    print(f"  budget at risk       lifetime epsilon {at_risk}: spent already, and spent again if you accept")
+    if not args.confirm:
+        print("\nnothing changed. To accept this database as the device's ledger, run again with --confirm.")
+        return 2
+    accept_restore(args.dir)
+    print(f"\naccepted: {args.dir} is the device's ledger again (old seal in a lost-* folder, old anchor kept).")
+    return 0
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("ledger", help="a device's lifetime budget ledger")
     lsub = p.add_subparsers(dest="ledger_command", required=True)
@@ -105,3 +136,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "files to a lost-* folder and starts a new ledger (a fresh budget)",
     )
     enrol.set_defaults(func=_enrol)
+    mig = lsub.add_parser("migrate", help="bring a ledger in an older format up to date (keeps every spend)")
+    mig.add_argument("--dir", required=True, help="the device's ledger directory")
+    mig.set_defaults(func=_migrate)
+    acc = lsub.add_parser(
+        "accept-restore",
+        help="accept a ledger that is behind its roll-back anchor (a restored backup): shows the budget at risk",
+    )
+    acc.add_argument("--dir", required=True, help="the device's ledger directory")
+    acc.add_argument("--confirm", action="store_true", help="accept it (without: only show what is at risk)")
+    acc.set_defaults(func=_accept_restore)

@@ -5,6 +5,9 @@ The spender releases a round, then appends the round and the charged mu^2 to ``r
 that the database is intact, that each released round is in the ledger with the charge that was
 logged, and that the ledger's spent covers everything released and stays within the budget.
 Used by tests/client/test_crash.py (50 kills) and benchmarks/crash_soak.py (as many as asked).
+
+``crash_once`` kills the spender at one chosen point of a round instead (after the COMMIT, after the
+seal, after the roll-back anchor; client/ledger_anchor.py lists what each must leave behind).
 """
 
 from __future__ import annotations
@@ -22,13 +25,42 @@ REPO = Path(__file__).resolve().parents[1]
 EPSILON, DELTA = 50.0, 1e-5
 
 
-def spender(directory: str) -> None:
+CRASH_POINTS = ("after-commit", "after-seal", "after-anchor")
+
+
+def _die(*_args, **_kwargs):
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _crash_at(point: str) -> None:
+    """Make the next spend kill this process at ``point`` (no cleanup runs: as a power cut)."""
+    from fedfilter.client import ledger
+
+    if point == "after-commit":
+        ledger.advance_seal = _die  # called right after COMMIT returned
+    elif point == "after-seal":
+        ledger.advance_anchor = _die
+    elif point == "after-anchor":
+        anchor = ledger.advance_anchor
+
+        def anchor_then_die(*args, **kwargs):
+            anchor(*args, **kwargs)
+            _die()
+
+        ledger.advance_anchor = anchor_then_die
+    else:
+        raise ValueError(f"crash point must be one of {CRASH_POINTS}. Found {point!r}.")
+
+
+def spender(directory: str, crash_point: str | None = None) -> None:
     import numpy as np
 
     from fedfilter.client.ledger import BudgetLedger
     from fedfilter.client.release import FilteredClient, RoundSpec
 
     ledger = BudgetLedger.enrol(directory, client_id="crash", epsilon=EPSILON, delta=DELTA)
+    if crash_point is not None:
+        _crash_at(crash_point)
     client = FilteredClient(ledger)
     log = open(Path(directory) / "released.log", "a")
     start = len(ledger.records())
@@ -45,6 +77,7 @@ def spender(directory: str) -> None:
 def audit(directory: Path) -> tuple[int, int]:
     """Return (rounds released, rounds in the ledger); raise AssertionError on any violation."""
     from fedfilter.client.ledger import LEDGER_FILE, BudgetLedger
+    from fedfilter.client.ledger_anchor import anchor_path, read_anchor
 
     conn = sqlite3.connect(directory / LEDGER_FILE)
     assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
@@ -64,12 +97,29 @@ def audit(directory: Path) -> tuple[int, int]:
         assert r in records, f"round {r} was released but the ledger lost its spend"
         assert records[r].sensitivity == s
         spent_released += s * s  # noise std is 1: mu_t^2 = s^2
+    # Whatever left the device is covered by the roll-back anchor (a restore behind it is refused).
+    anchor = read_anchor(anchor_path(directory))
+    assert all(records[r].seq <= anchor.seq for r, _ in released), (anchor, released[-1:])
     state = ledger.state()
     assert state[0] >= spent_released * (1 - 1e-12), (state, spent_released)
     assert ledger.recomputed_state()[0] == state[0]
     assert state[0] <= ledger.filter.budget[0]
     ledger.close()
     return len(released), len(records)
+
+
+def crash_once(directory: Path, point: str) -> int:
+    """Run the spender until it kills itself at ``point`` of its first round; return the exit signal."""
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.run(
+        [sys.executable, str(Path(__file__).resolve()), str(directory), point],
+        stdout=subprocess.PIPE,
+        env=env,
+        cwd=REPO,
+        timeout=120,
+    )
+    assert proc.stdout.strip() == b"ready", proc.stdout
+    return -proc.returncode
 
 
 def run_cycles(directory: Path, cycles: int, max_delay: float = 0.15, seed: int = 0) -> list[tuple[int, int]]:
@@ -96,4 +146,4 @@ def run_cycles(directory: Path, cycles: int, max_delay: float = 0.15, seed: int 
 
 
 if __name__ == "__main__":
-    spender(sys.argv[1])
+    spender(sys.argv[1], *sys.argv[2:3])

@@ -44,6 +44,7 @@ from flwr.common.serde import message_to_proto
 from fedfilter.audit.distinguishers import bits_features
 from fedfilter.client.flower_mod import enrol_device, individual_filter_mod
 from fedfilter.client.ledger import BudgetLedger
+from fedfilter.client.owner_state import owner_state_at
 from fedfilter.client.privacy import gaussian_dp
 from fedfilter.client.release import RoundSpec
 from fedfilter.client.wire import ARRAYS_RECORD, REQUEST_RECORD, STATUS_RECORD, STATUS_REPORT, request_record
@@ -316,8 +317,11 @@ def play(
     run = GameRun(cfg, weights)
     rounds, scale = weights.size, cfg.noise_std * float(np.linalg.norm(weights))
     canary_app, empty_app = make_app(cfg.clip * v), make_app(None)
-    with tempfile.TemporaryDirectory(prefix="fedfilter-audit-", dir=tmp_dir) as tmp:
-        for i in range(trials):
+    with (
+        tempfile.TemporaryDirectory(prefix="fedfilter-audit-", dir=tmp_dir) as tmp,
+        owner_state_at(Path(tmp) / "owner"),
+    ):
+        for i in range(trials):  # (the canaries' roll-back anchors stay in the throw-away folder too)
             seeds = rng.integers(0, 2**63, size=2) if seeded else (None, None)
             # Node ids of one width (varints of 4 bytes), so that ids cannot change a reply's size.
             x = Device(cfg, Path(tmp) / f"{i}-canary", _NODE_BASE + 2 * i, seeds[0])

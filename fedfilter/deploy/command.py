@@ -287,7 +287,8 @@ def deploy_local(options: DeployOptions, echo: Callable[[str], None] = print) ->
     Every process is stopped before this returns, whatever happened (Ctrl-C included).
     """
     from fedfilter.client.app_approval import APPROVE_HINT, TRUST_TEXT
-    from fedfilter.client.flower_mod import enrol_device
+    from fedfilter.client.device_config import enrol_simulated_device
+    from fedfilter.client.owner_state import owner_state_at
     from fedfilter.client.ledger import LEDGER_FILE
     from fedfilter.client.ledger_report import device_report
     from fedfilter.client.reply_timing import timing_protection
@@ -304,7 +305,9 @@ def deploy_local(options: DeployOptions, echo: Callable[[str], None] = print) ->
     # Each device's owner enrols it once, before its SuperNode starts: the mod never enrols, so a
     # lost ledger fails closed instead of starting over.
     for index in range(options.clients):
-        enrol_device(device_node_config(index, options, devices_dir / str(index)))
+        # in its owner's state directory, the one its SuperNode runs with (roll-back anchors live there)
+        with owner_state_at(out / OWNERS_DIR / str(index)):
+            enrol_simulated_device(device_node_config(index, options, devices_dir / str(index)))
     # ... and approves the apps it runs, in its own state directory (never the coordinator's say).
     approvals = approve_owner_apps(out / OWNERS_DIR, options)
     started = time.monotonic()

@@ -473,7 +473,8 @@ def test_a_replaced_ledger_file_is_reopened_not_written_through_a_stale_connecti
     ctx = context(tmp_path, **{"budget-epsilon": 3.0})
     individual_filter_mod(train_message(spec(1, run_id="r1")), ctx, Handler())
     assert len(records(tmp_path)[0]) == 1
-    shutil.rmtree(tmp_path / "ledger")  # the owner wipes the device; a new enrolment follows
+    shutil.rmtree(tmp_path / "ledger")  # the owner wipes the device and starts a new ledger (a fresh budget)
+    BudgetLedger.enrol(tmp_path / "ledger", client_id="alice", epsilon=3.0, delta=1e-5, recover="replace").close()
     ctx = context(tmp_path, **{"budget-epsilon": 3.0})
     reply = individual_filter_mod(train_message(spec(1, run_id="r2")), ctx, Handler())
     assert not reply.has_error()

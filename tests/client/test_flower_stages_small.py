@@ -18,6 +18,7 @@ def test_flower_stages_prints_every_stage(tmp_path):
         timeout=300,
     ).stdout
     assert "digits: 5 rounds" in out and "mod wall time" in out
-    for stage in ("seal write", "transaction (BEGIN IMMEDIATE", "noise (ChaCha20", "reply building", "clipping"):
+    stages = ("seal write", "roll-back anchor write", "roll-back anchor check", "transaction (BEGIN IMMEDIATE")
+    for stage in (*stages, "noise (ChaCha20", "reply building", "clipping"):
         assert stage in out, out
     assert list(tmp_path.iterdir()) == []  # the device's ledger is removed afterwards

@@ -17,6 +17,7 @@ from fedfilter.cli import main as cli_main
 from fedfilter.client import device_ledgers
 from fedfilter.client.flower_mod import individual_filter_mod
 from fedfilter.client.ledger import BudgetLedger
+from fedfilter.client.ledger_owner import migrate
 from fedfilter.client.ledger_schema import LEDGER_FILE
 from fedfilter.client.ledger_seal import SEAL_FILE
 from fedfilter.client.ledger_storage import LedgerUnavailableError, LedgerWriteError
@@ -250,25 +251,33 @@ def _schema_1_ledger(directory):
     conn.close()
 
 
-def test_a_schema_1_ledger_is_migrated_and_sealed_keeping_its_spends(tmp_path):
+def test_a_schema_1_ledger_is_refused_until_its_owner_migrates_it_keeping_its_spends(tmp_path):
     _schema_1_ledger(tmp_path / "old")
-    ledger = BudgetLedger.open(tmp_path / "old")
+    with pytest.raises(LedgerUnavailableError, match="older format.*fedfilter ledger migrate"):
+        BudgetLedger.open(tmp_path / "old")
+    with pytest.raises(LedgerUnavailableError, match="fedfilter ledger migrate"):  # enrol does not migrate either
+        BudgetLedger.enrol(tmp_path / "old", client_id="old", epsilon=4.0, delta=1e-5)
+    assert not (tmp_path / "old" / SEAL_FILE).exists()  # nothing was sealed behind the owner's back
+    ledger, migrated = migrate(tmp_path / "old")
+    assert migrated
     assert ledger.state()[0] >= 0.25 and (tmp_path / "old" / SEAL_FILE).exists()
     FilteredClient(ledger).release(RoundSpec("r2", 0, 1.0, 1.0), [np.ones(3)])
     assert ledger.state()[0] > 0.25 and np.array_equal(ledger.state(), ledger.recomputed_state())
     ledger.close()
-    BudgetLedger.open(tmp_path / "old").close()  # sealed from now on
+    BudgetLedger.open(tmp_path / "old").close()  # sealed and anchored from now on
 
 
 def test_a_schema_1_copy_of_a_sealed_ledger_is_refused(tmp_path):
     _schema_1_ledger(tmp_path / "old")
-    BudgetLedger.open(tmp_path / "old").close()
+    migrate(tmp_path / "old")[0].close()
     seal = (tmp_path / "old" / SEAL_FILE).read_bytes()
     shutil.rmtree(tmp_path / "old")
     _schema_1_ledger(tmp_path / "old")  # the migration (and what followed) was lost
     (tmp_path / "old" / SEAL_FILE).write_bytes(seal)
     with pytest.raises(LedgerUnavailableError, match="older copy"):
         BudgetLedger.open(tmp_path / "old")
+    with pytest.raises(LedgerUnavailableError, match="older copy.*accept-restore"):
+        migrate(tmp_path / "old")
 
 
 def test_a_full_disk_through_the_mod_is_logged_as_such_and_releases_nothing(served, caplog):
