@@ -46,6 +46,13 @@ class EngineConfig:
         round with fewer than ``min_reports`` reports is not released; needs ``filter_kind="rdp"``.
         ``central`` (simulation only; papers/004's private GD): the coordinator sums the clipped
         updates and adds one ``N(0, sigma^2 I)`` draw; needs ``noise_draw="aggregate"``.
+    worst_case_epsilon
+        The device's worst-case budget (``fedfilter.client.worst_case``), at ``delta``: one number or
+        one per client, each at least that client's ``epsilon``; required with ``placement=
+        'distributed'`` (a device without one refuses distributed rounds), where every client also
+        keeps the worst-case account (its share ``Sk(mu_share)`` read alone) and stops contributing
+        when either account is spent. Local placement: the worst-case account is charged the main
+        charges against a budget at least as large, so it never binds and the engine does not keep it.
     after_exhaustion
         ``noise-only`` (keeps sending pure-noise reports) or ``leave`` (sends a marker); one value
         or one per client.
@@ -118,6 +125,7 @@ class EngineConfig:
     placement: str = "local"
     min_reports: int = 1
     after_exhaustion: str | Sequence[str] = "noise-only"
+    worst_case_epsilon: float | Sequence[float] | np.ndarray | None = None
     exhausted_below: float = ClientPolicy.exhausted_below  # the device's default
     noise_draw: str = "per-client"
     norms: str = "device"
@@ -190,6 +198,24 @@ class EngineConfig:
         eps = np.atleast_1d(np.asarray(self.epsilon, dtype=np.float64))
         if not np.all(np.isfinite(eps) & (eps > 0)):
             problems.append(f"epsilon must be finite and > 0 for every client. Found {self.epsilon!r}.")
+        if self.worst_case_epsilon is None:
+            if self.placement == "distributed":
+                problems.append(
+                    "placement='distributed' needs worst_case_epsilon (a device without worst-case-epsilon "
+                    "refuses distributed rounds: client/worst_case.py). Found None."
+                )
+        else:
+            worst = np.atleast_1d(np.asarray(self.worst_case_epsilon, dtype=np.float64))
+            if not (np.all(np.isfinite(worst)) and (worst.size == 1 or worst.shape == eps.shape or eps.size == 1)):
+                problems.append(
+                    "worst_case_epsilon must be finite, one number or one per client. "
+                    f"Found {self.worst_case_epsilon!r}."
+                )
+            elif np.any(worst < eps):
+                problems.append(
+                    "worst_case_epsilon must be at least epsilon for every client (the account against any "
+                    f"coordinator covers every release the main one does). Found {self.worst_case_epsilon!r}."
+                )
         if not (0 < self.fraction <= 1):
             problems.append(f"fraction must be in (0, 1]. Found {self.fraction!r}.")
         if not (0 <= self.exhausted_below < 1):
@@ -247,6 +273,8 @@ class EngineResult:
     run_state: np.ndarray  # (n_clients, dim) this run's states (the run quota's filter)
     weights: list[np.ndarray] = field(repr=False)  # final model, state_dict order
     group_accuracy: dict[str, float] | None = None  # at the last evaluation
+    # (n_clients, dim) the worst-case accounts (distributed placement; None otherwise), bitwise the ledgers'
+    worst_state: np.ndarray | None = field(default=None, repr=False)
 
     @property
     def accuracy(self) -> list[float | None]:
