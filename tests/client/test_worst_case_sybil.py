@@ -98,3 +98,24 @@ def test_a_sybil_coordinator_reads_one_report_and_the_worst_case_account_covers_
     eps_read = epsilon_from_rdp([alpha_w], [float(read_alone)], DELTA)
     assert summary["worst_case"]["spent_epsilon"] >= eps_read
     assert summary["worst_case"]["spent_epsilon"] <= summary["worst_case"]["budget_epsilon"]
+
+
+def test_a_device_without_a_worst_case_budget_refuses_the_secagg_round_before_training(tmp_path, monkeypatch):
+    import test_secagg_device
+    from test_secagg_device_refusals import assert_refused_before_training
+
+    plain = test_secagg_device.node_config
+
+    def without_worst_case(tmp, i, **over):
+        config = plain(tmp, i, **over)
+        config.pop("worst-case-epsilon")
+        return config
+
+    monkeypatch.setattr(test_secagg_device, "node_config", without_worst_case)
+    n = 4
+    for i in range(n):  # the owner enrolled the budget only
+        BudgetLedger.enrol(
+            tmp_path / f"dev{i}", client_id=f"dev{i}", epsilon=8.0, delta=DELTA, filter_kind="rdp"
+        ).close()
+    result = run_round(tmp_path, monkeypatch, n, threshold=3, enrol=False)
+    assert_refused_before_training(tmp_path, result, n, "worst-case-epsilon", "forges the other SecAgg+ peers")
