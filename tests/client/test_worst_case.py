@@ -298,3 +298,44 @@ def test_set_on_an_existing_ledger_past_spends_are_charged_conservatively(tmp_pa
         assert float(recomputed[0]) >= float(rec.worst_charge[0]) > 0
         eps_alone = epsilon_from_rdp([rdp_order(worst)], [float(rec.worst_charge[0]) * rdp_order(worst)], DELTA)
         assert worst.epsilon_spent(recomputed) >= eps_alone
+
+
+def test_the_two_account_allowance_does_the_same_work_whichever_account_binds():
+    """Neither time nor reply may show which account binds: the same calls, in the same order, for a
+    fresh device, one whose main account binds, one whose worst-case account binds, and a spent one."""
+    from test_allowance_constant_work import trace_of
+
+    filt, worst = make_filter("rdp", 8.0, DELTA), make_filter("rdp", 16.0, DELTA)
+    spec = request(0, z=1.0, m=10)
+    grid = skellam_grid(spec, target_range=Q, sample_num=N_SAMPLED)
+    cases = {
+        "fresh": (1.0, 1.0),
+        "main binds": (0.01, 1.0),
+        "worst binds": (1.0, 0.01),
+        "spent": (0.0, 0.0),
+    }
+    traces, results = {}, {}
+    for name, (a_main, a_worst) in cases.items():
+
+        def call(a_main=a_main, a_worst=a_worst):
+            results[name] = float(l2_allowance(filt, a_main, worst, a_worst, sigma=1.0, grid=grid, dim=1000))
+
+        traces[name] = trace_of(call)
+    assert results["main binds"] < results["fresh"] and results["worst binds"] < results["fresh"]
+    assert results["spent"] == 0.0
+    first = traces["fresh"]
+    assert all(t == first for t in traces.values())
+
+
+def test_node_config_worst_case_epsilon_enrols_and_must_match(tmp_path):
+    from fedfilter.client.device_config import device_config, enrol_device
+
+    config = {"ledger-dir": str(tmp_path / "d"), "budget-epsilon": 8.0, "filter": "rdp", "worst-case-epsilon": 40.0}
+    enrol_device(config)
+    ledger = device_config(config).open_ledger()
+    assert ledger.worst_case is not None and ledger.worst_case.epsilon == 40.0
+    ledger.close()
+    with pytest.raises(ValueError, match="worst-case-epsilon 40.0, node-config 50.0"):
+        device_config({**config, "worst-case-epsilon": 50.0}).open_ledger()
+    plain = {k: v for k, v in config.items() if k != "worst-case-epsilon"}
+    device_config(plain).open_ledger().close()  # not given: not checked (the ledger's own is used)
