@@ -71,6 +71,8 @@ def run_one(args, placement: str, epsilon: float, seed: int) -> dict:
         clip=args.clip,
         placement=placement,
         min_reports=args.clients // 2 if placement == "distributed" else 1,
+        # the demo's rule (demo_report.simulated_worst_case_epsilon): min_reports x epsilon
+        worst_case_epsilon=epsilon * (args.clients // 2) if placement == "distributed" else None,
         rounds=args.rounds,
         local_epochs=args.local_epochs,
         lr=args.lr,

@@ -15,6 +15,11 @@ key                      default   meaning
 ``budget-epsilon``       (none)    if given, the enrolment must match it (with ``budget-delta``,
                                    ``filter``, ``run-quota``, ``client-id``); never enrols
 ``budget-delta``         1e-5      personal delta
+``worst-case-epsilon``   (none)    the budget against ANY coordinator (one that forges SecAgg+
+                                   peers), at ``budget-delta``: set at enrolment or by
+                                   ``fedfilter ledger worst-case``; if given, the ledger's must
+                                   match. Without it the device refuses distributed rounds
+                                   (``client/worst_case.py``)
 ``filter``               gdp       ``gdp``, ``zcdp`` or ``rdp``
 ``run-quota``            1.0       share of the lifetime budget one run may spend
 ``client-id``            dir name  name stored in the ledger at enrolment
@@ -59,6 +64,7 @@ NODE_CONFIG_KEYS = (
     "ledger-dir",
     "budget-epsilon",
     "budget-delta",
+    "worst-case-epsilon",
     "filter",
     "run-quota",
     "client-id",
@@ -94,6 +100,7 @@ class DeviceConfig:
     policy: ClientPolicy
     noise_seed: int | None
     quotas: Quotas
+    worst_case_epsilon: float | None = None
 
     def open_ledger(self) -> BudgetLedger:
         """Open the enrolled ledger; never enrol (fail closed: a lost ledger is no fresh budget).
@@ -112,6 +119,14 @@ class DeviceConfig:
                 raise ValueError(
                     f"the ledger at {self.ledger_dir} is enrolled with a different budget ({'; '.join(diffs)})."
                 )
+        if self.worst_case_epsilon is not None:
+            stored_worst = ledger.worst_case.epsilon if ledger.worst_case is not None else None
+            if stored_worst != self.worst_case_epsilon:
+                ledger.close()
+                raise ValueError(
+                    f"the ledger at {self.ledger_dir} has worst-case-epsilon {stored_worst!r}, node-config "
+                    f"{self.worst_case_epsilon!r} (the owner sets it: `fedfilter ledger worst-case`)."
+                )
         return ledger
 
     def enrol(self, *, recover: str | None = None) -> BudgetLedger:
@@ -127,6 +142,7 @@ class DeviceConfig:
             run_quota=self.run_quota,
             quotas=self.quotas,
             recover=recover,
+            worst_case_epsilon=self.worst_case_epsilon,
         )
 
 
@@ -174,6 +190,7 @@ def device_config(node_config: Mapping[str, Any]) -> DeviceConfig:
         ledger_dir = "."
     epsilon = get("budget-epsilon", _as_float, None)
     delta = get("budget-delta", _as_float, 1e-5)
+    worst_case_epsilon = get("worst-case-epsilon", _as_float, None)
     filter_kind = str(node_config.get("filter", "gdp"))
     run_quota = get("run-quota", _as_float, 1.0)
     client_id = str(node_config.get("client-id", "") or Path(ledger_dir).resolve().name)
@@ -216,7 +233,9 @@ def device_config(node_config: Mapping[str, Any]) -> DeviceConfig:
         problems.append(f"node-config 'federation', 'coordinator-quota' or 'daily-quota': {err}")
     if problems or policy is None or quotas is None:
         raise ValueError("invalid fedfilter device config: " + " ".join(problems))
-    return DeviceConfig(Path(ledger_dir), epsilon, delta, filter_kind, run_quota, client_id, policy, seed, quotas)
+    return DeviceConfig(
+        Path(ledger_dir), epsilon, delta, filter_kind, run_quota, client_id, policy, seed, quotas, worst_case_epsilon
+    )
 
 
 def _warn_allow_distributed() -> None:

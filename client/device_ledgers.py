@@ -51,6 +51,7 @@ def cached_ledger(device: DeviceConfig) -> tuple[tuple, _OpenLedger]:
         device.client_id,
         device.budget_epsilon,
         device.budget_delta,
+        device.worst_case_epsilon,
         device.filter_kind,
         device.run_quota,
         device.quotas,

@@ -43,7 +43,15 @@ _cache_lock = threading.Lock()
 
 # Values never repeated in an error reply (the reply reaches the coordinator): a mistyped budget
 # is still the owner's intended budget, and a noise seed is a secret. The device's log has them.
-WITHHELD_KEYS = ("budget-epsilon", "budget-delta", "run-quota", "coordinator-quota", "daily-quota", "noise-seed")
+WITHHELD_KEYS = (
+    "budget-epsilon",
+    "budget-delta",
+    "worst-case-epsilon",
+    "run-quota",
+    "coordinator-quota",
+    "daily-quota",
+    "noise-seed",
+)
 
 
 class DeviceSettingsError(ValueError):

@@ -107,6 +107,7 @@ from fedfilter.client.wire import (
     STATUS_REPORT,
     round_spec_from_record,
 )
+from fedfilter.client.worst_case import WorstCaseMissingError, require_worst_case
 
 __all__ = [
     "individual_filter_mod",
@@ -257,6 +258,11 @@ def _filtered_release(
             "round request refused: distributed (Skellam) releases are accounted by the rdp filter; "
             f"this device's filter is {ledger.filter.kind!r}."
         )
+    if grid is not None:
+        try:
+            require_worst_case(ledger.current_worst_filter())  # refused before training: nothing spent
+        except WorstCaseMissingError as err:
+            raise _RefusedBeforeTraining(str(err)) from None
     # Always train, whatever the budget: a noise-only reply must take as long as a real one.
     update = _inner_update(call_next, msg, context, keys, received)
     if update is None:

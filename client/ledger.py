@@ -23,6 +23,8 @@
 
 The owner's quotas (per coordinator, per day) are in ``fedfilter.client.ledger_quota``; the schema in
 ``fedfilter.client.ledger_schema``; how failures are reported in ``fedfilter.client.ledger_storage``.
+Beside the budget, the owner's worst-case budget (``worst-case-epsilon``, issue 22) and its account,
+what each report costs against a coordinator that breaks SecAgg+: ``fedfilter.client.worst_case``.
 
 Each row stores the filter states after it (lifetime, per run, per coordinator), so the current
 state is one read; ``recomputed_state`` re-adds every charge with upward rounding, for audits.
@@ -59,11 +61,15 @@ from fedfilter.client.ledger_schema import (
     SPEND_RECORD_SQL,
     Enrolment,
     SpendRecord,
+    WorstCase,
     check_enrolment_args,
     connect,
     floats,
+    floats_json,
+    needs_worst_case_columns,
     prepare,
     read_enrolment,
+    read_worst_case,
     schema_version,
     spend_record,
 )
@@ -83,6 +89,7 @@ from fedfilter.client.ledger_storage import (
     rollback_remedy,
 )
 from fedfilter.client.privacy.filters import GaussianFilter, make_filter
+from fedfilter.client.worst_case import check_worst_case_epsilon, past_worst_charge, worst_case_filter
 
 # The ledger's public names, importable from here as before the split (the CLI, the demo, tests).
 __all__ = [
@@ -100,6 +107,7 @@ __all__ = [
     "ReplayError",
     "Reservation",
     "SpendRecord",
+    "WorstCase",
 ]
 
 
@@ -127,6 +135,17 @@ class BudgetLedger:
         self.coordinator_filter: GaussianFilter = self.filter.scaled(self.quotas.coordinator)
         self.daily_filter: GaussianFilter = self.filter.scaled(self.quotas.daily)
         self._ledger_id = conn.execute("SELECT value FROM meta WHERE key='ledger_id'").fetchone()[0]
+        self.worst_case: WorstCase | None = None
+        self.worst_filter: GaussianFilter | None = None  # None: no worst-case budget (local rounds only)
+        self._load_worst_case()
+
+    def _load_worst_case(self) -> None:
+        """(Re)read the owner's worst-case budget: the owner may set it while the device runs."""
+        with self._lock:
+            wc = read_worst_case(self._conn)
+        if wc != self.worst_case:
+            self.worst_filter = None if wc is None else worst_case_filter(self.filter, wc.epsilon)
+            self.worst_case = wc
 
     # --- opening ------------------------------------------------------------------------------
     @classmethod
@@ -143,6 +162,7 @@ class BudgetLedger:
         quotas: Quotas | None = None,
         recover: str | None = None,
         state_dir: Path | None = None,
+        worst_case_epsilon: float | None = None,
     ) -> BudgetLedger:
         """The owner's act: create the ledger with its personal budget, or open it if enrolled
         with the same one. A different budget for an existing ledger is refused.
@@ -152,8 +172,13 @@ class BudgetLedger:
         ``"reseal"`` accepts the database against its seal (never its anchor: ``ledger_owner``),
         ``"replace"`` moves the ledger files to a ``lost-*`` folder, retires the anchor and enrols
         afresh (a new budget). Never migrates. ``state_dir`` holds the anchor (default: the owner's).
+
+        ``worst_case_epsilon``: the owner's budget against any coordinator (``worst_case``), set
+        with the ledger, or added to an enrolled ledger that has none (``set_worst_case``).
         """
         check_enrolment_args(client_id, epsilon, delta, filter_kind, run_quota)
+        if worst_case_epsilon is not None:
+            check_worst_case_epsilon(worst_case_epsilon, epsilon)
         if recover not in (None, *RECOVER):
             raise ValueError(f"recover must be one of {RECOVER} or None. Found {recover!r}.")
         quotas = quotas or Quotas()
@@ -175,6 +200,7 @@ class BudgetLedger:
             # Enrolled before: open it exactly as the device does (fail closed), writing nothing.
             ledger = cls.open(directory, quotas=quotas, state_dir=state_dir)
             ledger._check_same_budget(client_id, filter_kind, epsilon, delta, filt.orders, run_quota)
+            ledger._enrol_worst_case(worst_case_epsilon)
             return ledger
         # From here on there is no seal: a new device, or the owner's recovery.
         has_db = path.exists() and path.stat().st_size > 0
@@ -226,10 +252,72 @@ class BudgetLedger:
                 )
             else:
                 ledger._seal_latest(owner=True)
+            ledger._enrol_worst_case(worst_case_epsilon)
         except BaseException:
             ledger.close()
             raise
         return ledger
+
+    def _enrol_worst_case(self, worst_case_epsilon: float | None) -> None:
+        """At enrolment: set the worst-case budget if the ledger has none; refuse a different one."""
+        if worst_case_epsilon is None:
+            return
+        stored = self.worst_case
+        if stored is None:
+            try:
+                self.set_worst_case(worst_case_epsilon)
+            except BaseException:
+                self.close()
+                raise
+        elif stored.epsilon != float(worst_case_epsilon):
+            self.close()
+            raise ValueError(
+                f"the ledger at {self.directory} has worst-case-epsilon {stored.epsilon!r}, which can never "
+                f"change; requested {float(worst_case_epsilon)!r}."
+            )
+
+    def set_worst_case(self, worst_case_epsilon: float) -> WorstCase:
+        """The owner's act, once: the budget against any coordinator (``fedfilter.client.worst_case``).
+
+        Spends already recorded are charged to it conservatively (``worst_case.past_worst_charge``),
+        in the same transaction; if they exceed it, the account starts spent and the device
+        contributes no more data. Immutable afterwards (a trigger aborts any change).
+        """
+        eps = check_worst_case_epsilon(worst_case_epsilon, self.enrolment.epsilon)
+        worst = worst_case_filter(self.filter, eps)
+        with self._lock:
+            try:
+                self._conn.execute("BEGIN IMMEDIATE")
+                self._check_seal()
+                if read_worst_case(self._conn) is not None:
+                    raise ValueError(
+                        f"the ledger at {self.directory} already has a worst-case budget, which can never change."
+                    )
+                state, last = worst.initial_state(), 0
+                for rec in self.records():
+                    charge = past_worst_charge(
+                        worst,
+                        placement=rec.placement,
+                        charge=rec.charge,
+                        sensitivity=rec.sensitivity,
+                        noise_std=rec.noise_std,
+                        clip=rec.clip,
+                    )
+                    state, last = worst.spend(state, charge), rec.seq
+                self._conn.execute(
+                    "INSERT INTO worst_case VALUES (1,?,?,?,?)", (eps, self.clock(), last, floats_json(state))
+                )
+                self._conn.execute("COMMIT")
+            except BaseException as err:
+                if self._conn.in_transaction:
+                    self._conn.execute("ROLLBACK")
+                if isinstance(err, sqlite3.Error):
+                    raise_storage_error(self.directory, err)
+                raise
+        self._load_worst_case()
+        if self.worst_case is None:
+            raise RuntimeError("internal error: the worst-case budget was not stored")
+        return self.worst_case
 
     def _check_same_budget(self, client_id, filter_kind, epsilon, delta, orders, run_quota) -> None:
         requested = (client_id, filter_kind, float(epsilon), float(delta), tuple(orders), float(run_quota))
@@ -287,6 +375,8 @@ class BudgetLedger:
                         f"is an older copy (schema 1) of a sealed ledger (its seal names spend #{seal.seq}).",
                         rollback_remedy(directory),
                     )
+                raise owner_must_act(directory, older_format(version), migrate_remedy(directory))
+            if needs_worst_case_columns(conn):  # an older format: only its owner migrates it (prepare adds them)
                 raise owner_must_act(directory, older_format(version), migrate_remedy(directory))
             enrolment = read_enrolment(conn, directory, seal)
             ledger = cls(directory, conn, enrolment, quotas, anchor_file)
@@ -347,6 +437,27 @@ class BudgetLedger:
             if run:
                 run_state = floats(run[0])
         return state, run_state
+
+    def _worst_state_locked(self) -> np.ndarray | None:
+        """The worst-case account's state (None without a worst-case budget)."""
+        wc = self.worst_case
+        if wc is None:
+            return None
+        row = self._conn.execute(
+            "SELECT worst_state_after FROM spends WHERE seq > ? ORDER BY seq DESC LIMIT 1", (wc.after_seq,)
+        ).fetchone()
+        return floats(row[0]) if row else wc.initial_state
+
+    def current_worst_filter(self) -> GaussianFilter | None:
+        """The worst-case account's filter as the ledger holds it now (the owner may have just set it)."""
+        self._load_worst_case()
+        return self.worst_filter
+
+    def worst_state(self) -> np.ndarray | None:
+        """The worst-case account's state: what the reports cost against any coordinator."""
+        with self._lock:
+            self._load_worst_case()
+            return self._worst_state_locked()
 
     def _coordinator_state_locked(self, federation: str) -> np.ndarray:
         row = self._conn.execute(
@@ -423,6 +534,17 @@ class BudgetLedger:
         for name, c in coordinators.items():
             c["spent_epsilon"] = self.filter.epsilon_spent(self.coordinator_state(name)) if name else None
         state = self.state()
+        worst_state, wc, wf = self.worst_state(), self.worst_case, self.worst_filter
+        worst = None
+        if wc is not None and wf is not None and worst_state is not None:
+            worst = {
+                "budget_epsilon": wc.epsilon,
+                "budget_delta": e.delta,
+                "spent_epsilon": wf.epsilon_spent(worst_state),
+                "remaining_fraction": float(wf.remaining_fraction(worst_state)),
+                "set_at": wc.set_at,
+                "spends_before": wc.after_seq,  # spends recorded before it was set, charged conservatively
+            }
         return {
             "client_id": e.client_id,
             "filter": e.filter_kind,
@@ -433,6 +555,7 @@ class BudgetLedger:
             "remaining_fraction": float(self.filter.remaining_fraction(state)),
             "runs": list(runs.values()),
             "coordinators": list(coordinators.values()),
+            "worst_case": worst,  # None: no worst-case-epsilon set (the device refuses distributed rounds)
         }
 
     # --- spending -----------------------------------------------------------------------------
@@ -473,7 +596,10 @@ class BudgetLedger:
                     caps.append((self.coordinator_filter, coordinator_state))
                 if self.quotas.daily < 1:
                     caps.append((self.daily_filter, self._window_state_locked(self.clock() - DAY_S)))
-                reservation = Reservation(self, run_id, round_id, state, run_state, coordinator_state, caps)
+                self._load_worst_case()
+                reservation = Reservation(
+                    self, run_id, round_id, state, run_state, coordinator_state, caps, self._worst_state_locked()
+                )
                 try:
                     yield reservation
                 finally:

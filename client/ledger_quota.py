@@ -51,7 +51,9 @@ class Reservation:
     """A round in progress inside the ledger's write transaction (see ``BudgetLedger.reserve``).
 
     ``allowance`` and ``admits`` apply every cap at once: the lifetime budget, the run quota,
-    and the owner's coordinator and daily quotas (``Quotas``).
+    and the owner's coordinator and daily quotas (``Quotas``). The worst-case account
+    (``fedfilter.client.worst_case``) is charged differently (what the report costs alone), so it
+    has its own ``worst_allowance`` and ``worst_admits``; ``record`` takes both charges.
     """
 
     def __init__(
@@ -63,8 +65,11 @@ class Reservation:
         run_state,
         coordinator_state,
         caps: list[tuple[GaussianFilter, np.ndarray]],
+        worst_state: np.ndarray | None = None,
     ):
         self._ledger, self.run_id, self.round_id = ledger, run_id, round_id
+        self.worst_filter: GaussianFilter | None = ledger.worst_filter
+        self.worst_state = worst_state
         self.state, self.run_state, self.coordinator_state = state, run_state, coordinator_state
         self._caps = caps  # (filter, state) pairs beyond the lifetime and run filters
         self.recorded = False
@@ -89,6 +94,18 @@ class Reservation:
         pairs = [(led.filter, self.state), (led.run_filter, self.run_state), *self._caps]
         return all(bool(f.admits(s, charge)) for f, s in pairs)
 
+    def worst_allowance(self, *, noise_std: float, clip: float) -> float:
+        """The largest sensitivity the worst-case account still admits at the noise this device adds,
+        at most ``clip``; ``clip`` without a worst-case budget (local rounds only: nothing to cap)."""
+        if self.worst_filter is None or self.worst_state is None:
+            return float(clip)
+        return float(round_allowance(self.worst_filter, self.worst_state, noise_std=noise_std, clip=clip))
+
+    def worst_admits(self, worst_charge: np.ndarray | None) -> bool:
+        if self.worst_filter is None or self.worst_state is None:
+            return worst_charge is None
+        return worst_charge is not None and bool(self.worst_filter.admits(self.worst_state, worst_charge))
+
     def record(
         self,
         *,
@@ -101,6 +118,7 @@ class Reservation:
         noise_multiplier: float,
         clip: float,
         placement: str,
+        worst_charge: np.ndarray | None = None,
     ) -> None:
         if status not in STATUSES:
             raise ValueError(f"status must be one of {STATUSES}. Found {status!r}.")
@@ -116,10 +134,20 @@ class Reservation:
             raise RuntimeError("internal error: the states after this round do not add up; nothing spent")
         if np.any(charge > 0) and not self.admits(charge):
             raise RuntimeError("internal error: the charge exceeds a budget or quota; nothing spent")
+        worst_after = "[]"
+        if self.worst_filter is not None and self.worst_state is not None:
+            if worst_charge is None:
+                raise RuntimeError("internal error: a round without its worst-case charge; nothing spent")
+            worst_charge = np.asarray(worst_charge, dtype=np.float64)
+            if np.any(worst_charge > 0) and not self.worst_admits(worst_charge):
+                raise RuntimeError("internal error: the worst-case charge exceeds its budget; nothing spent")
+            worst_after = floats_json(self.worst_filter.spend(self.worst_state, worst_charge))
+        elif placement != "local" or worst_charge is not None:
+            raise RuntimeError("internal error: a distributed round without a worst-case budget; nothing spent")
         led._conn.execute(
             "INSERT INTO spends (run_id, round_id, status, sensitivity, noise_std, noise_multiplier,"
             " clip, placement, charge, state_after, run_state_after, created_at, coordinator,"
-            " coordinator_state_after) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            " coordinator_state_after, worst_charge, worst_state_after) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             (
                 self.run_id,
                 self.round_id,
@@ -135,6 +163,8 @@ class Reservation:
                 led.clock(),
                 led.quotas.federation,
                 floats_json(led.filter.spend(self.coordinator_state, charge)),
+                "[]" if worst_after == "[]" else floats_json(worst_charge),
+                worst_after,
             ),
         )
         self.recorded = True

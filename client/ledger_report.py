@@ -35,8 +35,9 @@ def contributed_rounds(records: list[SpendRecord], run_id: str | None) -> list[i
 
 def device_report(ledger_dir: Path, run_id: str | None) -> dict[str, Any]:
     """What a device owner can read from their own ledger about one run (never sent anywhere):
-    client id, budget, lifetime spent epsilon, the round it ran out (or None) and the rounds it
-    contributed to. ``run_id`` None (no run reached the public ledger) reports no rounds."""
+    client id, budget, lifetime spent epsilon, the worst-case budget and its spent epsilon (None
+    without one), the round it ran out (or None) and the rounds it contributed to. ``run_id`` None
+    (no run reached the public ledger) reports no rounds."""
     ledger = BudgetLedger.open(ledger_dir)
     try:
         records = ledger.records(run_id) if run_id is not None else []
@@ -47,10 +48,13 @@ def device_report(ledger_dir: Path, run_id: str | None) -> dict[str, Any]:
         # state is within budget, the true spend is at most the budget, and min() stays an upper bound.
         if bool(ledger.filter.within_budget(ledger.state())):
             spent = min(spent, summary["budget_epsilon"])
+        worst = summary["worst_case"]  # the account against any coordinator (client/worst_case.py)
         return {
             "client_id": summary["client_id"],
             "budget_epsilon": summary["budget_epsilon"],
             "spent_epsilon": spent,
+            "worst_case_epsilon": None if worst is None else worst["budget_epsilon"],
+            "worst_case_spent_epsilon": None if worst is None else worst["spent_epsilon"],
             "exhausted_round": exhausted_round(records, run_id),
             "contributed_rounds": contributed_rounds(records, run_id),
         }

@@ -55,7 +55,21 @@ CREATE TRIGGER IF NOT EXISTS spends_no_update BEFORE UPDATE ON spends
     BEGIN SELECT RAISE(ABORT, 'spends are append-only'); END;
 CREATE TRIGGER IF NOT EXISTS spends_no_delete BEFORE DELETE ON spends
     BEGIN SELECT RAISE(ABORT, 'spends are append-only'); END;
+CREATE TABLE IF NOT EXISTS worst_case (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    epsilon REAL NOT NULL, set_at REAL NOT NULL, after_seq INTEGER NOT NULL, initial_state TEXT NOT NULL);
+CREATE TRIGGER IF NOT EXISTS worst_case_no_update BEFORE UPDATE ON worst_case
+    BEGIN SELECT RAISE(ABORT, 'the worst-case budget is immutable'); END;
+CREATE TRIGGER IF NOT EXISTS worst_case_no_delete BEFORE DELETE ON worst_case
+    BEGIN SELECT RAISE(ABORT, 'the worst-case budget is immutable'); END;
 """
+# The worst-case account (issue 22; ``fedfilter.client.worst_case``), added to schema 2 without a new
+# version: each spend's charge against it and its state after ('[]' for spends written before it was
+# set, which ``worst_case.initial_state`` covers, recomputed conservatively when the owner set it).
+WORST_CASE_COLUMNS = (
+    ("worst_charge", "ALTER TABLE spends ADD COLUMN worst_charge TEXT NOT NULL DEFAULT '[]'"),
+    ("worst_state_after", "ALTER TABLE spends ADD COLUMN worst_state_after TEXT NOT NULL DEFAULT '[]'"),
+)
 # Schema 1 ledgers gain the coordinator columns (their old spends count for no coordinator, and
 # in full for the lifetime budget).
 MIGRATE_1_TO_2 = (
@@ -80,6 +94,16 @@ class Enrolment:
 
 
 @dataclass(frozen=True)
+class WorstCase:
+    """The owner's budget against any coordinator (issue 22; ``fedfilter.client.worst_case``)."""
+
+    epsilon: float  # at the enrolment's delta
+    set_at: float
+    after_seq: int  # spends up to this one predate it: ``initial_state`` accounts them
+    initial_state: np.ndarray
+
+
+@dataclass(frozen=True)
 class SpendRecord:
     seq: int
     run_id: str
@@ -95,11 +119,12 @@ class SpendRecord:
     run_state_after: np.ndarray
     created_at: float
     coordinator: str = ""  # the federation charged ("" for spends written before schema 2)
+    worst_charge: np.ndarray | None = None  # the worst-case account's charge (None: written before it was set)
 
 
 SPEND_RECORD_SQL = (
     "SELECT seq, run_id, round_id, status, sensitivity, noise_std, noise_multiplier, clip,"
-    " placement, charge, state_after, run_state_after, created_at, coordinator FROM spends"
+    " placement, charge, state_after, run_state_after, created_at, coordinator, worst_charge FROM spends"
 )
 
 # Every schema-2 column of a spend row, in a fixed order: what the roll-back anchor's digest covers
@@ -112,7 +137,23 @@ ANCHOR_ROW_SQL = (
 
 def spend_record(row: tuple) -> SpendRecord:
     """A row of ``SPEND_RECORD_SQL`` as a ``SpendRecord`` (float vectors decoded from JSON)."""
-    seq, run, round_id, status, sensitivity, noise_std, z, clip, placement, charge, state, run_state, created, fed = row
+    (
+        seq,
+        run,
+        round_id,
+        status,
+        sensitivity,
+        noise_std,
+        z,
+        clip,
+        placement,
+        charge,
+        state,
+        run_state,
+        created,
+        fed,
+        worst,
+    ) = row
     return SpendRecord(
         seq=seq,
         run_id=run,
@@ -128,6 +169,7 @@ def spend_record(row: tuple) -> SpendRecord:
         run_state_after=floats(run_state),
         created_at=created,
         coordinator=fed,
+        worst_charge=None if worst == "[]" else floats(worst),
     )
 
 
@@ -204,6 +246,7 @@ def prepare(conn: sqlite3.Connection, *, migrate: bool = False) -> bool:
             f"the budget ledger has schema version {version!r}, which this "
             f"fedfilter (schema {SCHEMA_VERSION}) does not know."
         )
+    add_worst_case_columns(conn)
     for stmt in SCHEMA_INDEXES.split(";\n"):
         if stmt.strip():
             conn.execute(stmt)
@@ -223,3 +266,31 @@ def read_enrolment(conn: sqlite3.Connection, directory: Path | None = None, seal
             + (f", but this device was enrolled (its seal names spend #{seal.seq})." if seal else "."),
         )
     return Enrolment(row[0], row[1], row[2], row[3], tuple(json.loads(row[4])), row[5], row[6])
+
+
+def add_worst_case_columns(conn: sqlite3.Connection) -> bool:
+    """Add the worst-case account's columns and table where missing (inside the caller's write
+    transaction); True if anything was added. Additive: older rows keep '[]'."""
+    have = {row[1] for row in conn.execute("PRAGMA table_info(spends)")}
+    added = False
+    for name, stmt in WORST_CASE_COLUMNS:
+        if name not in have:
+            conn.execute(stmt)
+            added = True
+    if conn.execute("SELECT 1 FROM sqlite_master WHERE name='worst_case'").fetchone() is None:
+        for stmt in SCHEMA_TABLES.split(";\n"):
+            if "worst_case" in stmt:
+                conn.execute(stmt)
+        added = True
+    return added
+
+
+def needs_worst_case_columns(conn: sqlite3.Connection) -> bool:
+    have = {row[1] for row in conn.execute("PRAGMA table_info(spends)")}
+    table = conn.execute("SELECT 1 FROM sqlite_master WHERE name='worst_case'").fetchone()
+    return table is None or any(name not in have for name, _ in WORST_CASE_COLUMNS)
+
+
+def read_worst_case(conn: sqlite3.Connection) -> WorstCase | None:
+    row = conn.execute("SELECT epsilon, set_at, after_seq, initial_state FROM worst_case WHERE id=1").fetchone()
+    return None if row is None else WorstCase(row[0], row[1], row[2], floats(row[3]))

@@ -5,6 +5,10 @@ This is papers/004 Algorithm 7 in the local form of Remark 4.6: the client clips
 noise it will add, pays ``(norm / (z C))^2`` (in the filter's units), and once nothing is left
 answers with pure noise (``noise-only``) or an explicit marker (``leave``). The coordinator is not
 trusted: its request is validated against the device owner's policy before anything is spent.
+
+The worst-case account (``fedfilter.client.worst_case``) is charged what the report costs alone, at
+the noise this device adds: in local placement exactly the main charge; a distributed round (Gaussian
+shares, for direct callers) needs a worst-case budget. The allowance is the smaller of the two.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from fedfilter.client.noise import NoiseStream, round_noise_stream
 from fedfilter.client.privacy.filters import GaussianFilter, exhausted
 from fedfilter.client.round_rules import accounted_noise_std, added_noise_std
 from fedfilter.client.secagg_neighbourhood import SecAggGraphPolicy
+from fedfilter.client.worst_case import WorstCaseMissingError, require_worst_case
 
 PLACEMENTS = ("local", "distributed")
 AFTER_EXHAUSTION = ("noise-only", "leave")
@@ -233,18 +238,27 @@ class FilteredClient:
         added_std = added_noise_std(z, clip, spec.placement, spec.min_reports)
         gamma, _ = noise_grid(added_std)  # before anything is spent: an impossible std is refused here
         filt, run_filt = self.ledger.filter, self.ledger.run_filter
+        if spec.placement != "local":
+            try:
+                require_worst_case(self.ledger.current_worst_filter())
+            except WorstCaseMissingError as err:
+                raise RoundSpecError(str(err)) from None
 
         with self.ledger.reserve(spec.run_id, int(spec.round_id)) as tx:
             allowance = tx.allowance(noise_std=accounted_std, clip=clip)  # every budget and quota
+            # ...and the worst-case account, at the noise this report carries alone (local: the same).
+            allowance = min(allowance, tx.worst_allowance(noise_std=added_std, clip=clip))
             spent = bool(exhausted(allowance, clip, self.policy.exhausted_below))
             # The same steps whether or not the budget is spent (their time must not tell): an
             # exhausted client clips to 0, so its snapped update is zero and its charge 0.
             clipped, norm = clip_to_norm(arrays, 0.0 if spent else allowance)
             snapped = snap_toward_zero(clipped, gamma)  # its norm is at most `norm`
             charge = filt.charge(sensitivity=norm, noise_std=accounted_std)
+            worst = tx.worst_filter
+            worst_charge = None if worst is None else worst.charge(sensitivity=norm, noise_std=added_std)
             # Defence in depth: the allowance is admitted by construction. (A spent client's charge
             # is 0; its state may already be past a cap the owner lowered.)
-            admitted = bool(tx.admits(charge))
+            admitted = bool(tx.admits(charge)) and tx.worst_admits(worst_charge)
             if not (admitted or spent):
                 raise RuntimeError("internal error: clipped update exceeds the allowance; nothing spent")
             status = ("left" if self.policy.after_exhaustion == "leave" else "noise-only") if spent else "contributed"
@@ -259,6 +273,7 @@ class FilteredClient:
                 noise_multiplier=z,
                 clip=clip,
                 placement=spec.placement,
+                worst_charge=worst_charge,
             )
         # Committed: the spend is on disk. Only now is anything computed that leaves the device.
         out = None if status == "left" else add_grid_noise(snapped, added_std, self._stream(spec))

@@ -19,14 +19,23 @@ The rule, written once (``release_skellam``; the simulation engine mirrors it), 
   std in model units (``l2 * gamma``, ``sqrt(mu_share) * gamma``). The commit is durable BEFORE any
   noise is drawn. The steps are the same whether or not the budget is spent (an exhausted device
   clips to 0, so ``k = 0`` and its charge is 0).
+* The worst-case account (``fedfilter.client.worst_case``, issue 22): what the report costs ALONE,
+  to a coordinator that forges the other peers and reads it exactly, ``k + Sk(mu_share)``. Its
+  Gaussian allowance ``a_W`` at the share's std ``sqrt(mu_share) gamma``, its charge ``w``, and the
+  largest L2 whose worst-case Skellam charge at ``mu_share`` and the worst-case filter's order is at
+  most ``w``: the round's L2 allowance is the smaller of the two (``l2_allowance``: both bisections
+  always run, so neither the time nor the reply shows which account binds). The update is charged
+  to both, at its exact norms, in the same transaction. A device without a worst-case budget refuses
+  the round before training (``worst_case.require_worst_case``).
 * Only then: ``y = k + Sk(mu_share)`` per floating-point array (integer buffers carry no data and
   are released as 0), and the report ``encode_report(y, q)``.
 
-Trust. As for any distributed noise, the accounting assumes the other reports in the sum come from
+Trust. As for any distributed noise, the main account assumes the other reports in the sum come from
 honest devices that received the same request (so each adds at least ``mu_share``), and a SecAgg+
 coordinator that follows the protocol (honest but curious: it unmasks only sums of at least ``t``
 reports). Devices that add less noise, or a coordinator that sends different requests to different
 devices, can leave the sum with less noise than accounted; the public ledger records the request.
+The worst-case account assumes none of this: it holds against any coordinator.
 
 Only the ``rdp`` filter accounts Skellam releases (``privacy/skellam.py`` explains why the Gaussian-DP
 filter does not).
@@ -50,8 +59,17 @@ from fedfilter.client.release import ClientPolicy, RoundSpec, RoundSpecError, va
 from fedfilter.client.round_rules import accounted_noise_std
 from fedfilter.client.secagg_grid import encode_report, grid_step
 from fedfilter.client.skellam_noise import add_skellam_noise
+from fedfilter.client.worst_case import WorstCaseMissingError, require_worst_case
 
-__all__ = ["SkellamGrid", "SkellamRelease", "skellam_grid", "release_skellam", "WRAP_SIGMAS", "MAX_MU_SHARE"]
+__all__ = [
+    "SkellamGrid",
+    "SkellamRelease",
+    "skellam_grid",
+    "l2_allowance",
+    "release_skellam",
+    "WRAP_SIGMAS",
+    "MAX_MU_SHARE",
+]
 
 # The released sum's noise must stay well inside SecAgg+'s range [-q/2, q/2): beyond it the sum wraps
 # and the round is useless (equally private, but the device would pay for nothing).
@@ -130,6 +148,37 @@ class SkellamRelease:
     filter: GaussianFilter = field(repr=False)
 
 
+def l2_allowance(
+    filt: GaussianFilter,
+    a_gauss,
+    worst: GaussianFilter,
+    a_worst,
+    *,
+    sigma: float,
+    grid: SkellamGrid,
+    dim: int,
+) -> np.ndarray:
+    """The round's integer-grid L2 allowance: the largest L2 whose Skellam charges fit BOTH accounts.
+
+    ``a_gauss``: the Gaussian allowance every main filter admits at the sum's std ``sigma``;
+    ``a_worst``: the worst-case account's at the share's std ``grid.noise_std``. Each is turned into
+    its charge and then into the largest L2 whose worst-case Skellam charge (``skellam_allowance``:
+    ``mu_total`` and the main filter's order; ``mu_share`` and the worst-case filter's order) is at
+    most that charge; the result is the smaller. Both bisections always run (constant work). The
+    device (one row) and the engine (one row per client) both call this.
+    """
+    gaussian = filt.charge(sensitivity=a_gauss, noise_std=sigma)
+    main = skellam_allowance(
+        gaussian, mu_total=grid.mu_total, alpha=rdp_order(filt), dim=dim, max_l2=np.asarray(a_gauss) / grid.gamma
+    )
+    w_std = grid.noise_std
+    worst_gauss = worst.charge(sensitivity=a_worst, noise_std=w_std)
+    alone = skellam_allowance(
+        worst_gauss, mu_total=grid.mu_share, alpha=rdp_order(worst), dim=dim, max_l2=np.asarray(a_worst) / grid.gamma
+    )
+    return np.minimum(main, alone)
+
+
 def _round_stream(noise_seed: int | None, spec: RoundSpec) -> NoiseStream:
     return NoiseStream() if noise_seed is None else round_noise_stream(noise_seed, spec.run_id, spec.round_id)
 
@@ -159,6 +208,10 @@ def release_skellam(
             "round request refused: distributed (Skellam) releases are accounted by the rdp filter; "
             f"this device's filter is {filt.kind!r}."
         )
+    try:
+        require_worst_case(ledger.current_worst_filter())
+    except WorstCaseMissingError as err:
+        raise RoundSpecError(str(err)) from None
     arrays = [np.asarray(a) for a in update]
     floating = floating_indices(arrays)
     released = as_float_arrays([arrays[i] for i in floating])
@@ -167,14 +220,14 @@ def release_skellam(
     z, clip = float(spec.noise_multiplier), float(spec.clip)
     sigma = accounted_noise_std(z, clip)
     gamma, mu_total, mu_share = grid.gamma, grid.mu_total, grid.mu_share
-    alpha = rdp_order(filt)
 
     with ledger.reserve(spec.run_id, int(spec.round_id)) as tx:
+        worst = require_worst_case(tx.worst_filter)
         allowance = tx.allowance(noise_std=sigma, clip=clip)  # every budget and quota, Gaussian units
-        gaussian = filt.charge(sensitivity=allowance, noise_std=sigma)
-        # The largest integer-grid L2 whose worst-case Skellam charge fits the admitted Gaussian one
-        # (constant work whatever the state).
-        l2_allow = float(skellam_allowance(gaussian, mu_total=mu_total, alpha=alpha, dim=dim, max_l2=allowance / gamma))
+        a_worst = tx.worst_allowance(noise_std=grid.noise_std, clip=clip)  # the report alone
+        # The largest integer-grid L2 whose worst-case Skellam charges fit both admitted Gaussian ones
+        # (constant work whatever the state, whichever account binds).
+        l2_allow = float(l2_allowance(filt, allowance, worst, a_worst, sigma=sigma, grid=grid, dim=dim))
         spent = bool(exhausted(l2_allow * gamma, clip, policy.exhausted_below))
         # The same steps whether or not the budget is spent: an exhausted device clips to 0.
         bound = 0.0 if spent else l2_allow * gamma * _CLIP_SLACK
@@ -183,7 +236,8 @@ def release_skellam(
         l1, l2sq = integer_norms(k)
         l2 = float(l2_up(l2sq))
         charge = skellam_charge(filt, l1, l2, mu_total)
-        admitted = bool(tx.admits(charge))
+        worst_charge = skellam_charge(worst, l1, l2, mu_share)  # k + Sk(mu_share), read alone
+        admitted = bool(tx.admits(charge)) and tx.worst_admits(worst_charge)
         if not (admitted or spent):
             raise RuntimeError("internal error: the snapped update's charge exceeds the allowance; nothing spent")
         status = ("left" if policy.after_exhaustion == "leave" else "noise-only") if spent else "contributed"
@@ -198,6 +252,7 @@ def release_skellam(
             noise_multiplier=z,
             clip=clip,
             placement="distributed",
+            worst_charge=worst_charge,
         )
     # Committed: the spend is on disk. Only now is anything computed that leaves the device.
     report = None

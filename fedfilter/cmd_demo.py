@@ -59,6 +59,7 @@ from fedfilter.demo_report import (
     guarantee_text,
     placement_text,
     plot_rounds,
+    simulated_worst_case_epsilon,
 )
 
 # Demo defaults, chosen (docs/results.md) so that with 10 clients x 5 rounds on digits some
@@ -210,6 +211,7 @@ def device_configs(
     min_noise_multiplier: float = 0.5,
     reply_hold_s: float = 0.0,
     filter_kind: str = "gdp",
+    worst_case_reports: int | None = None,
 ) -> dict[int, dict]:
     """Each simulated node's own node-config (what ``--node-config`` would hold on a real device).
 
@@ -217,6 +219,8 @@ def device_configs(
     ``reply_hold_s`` is set explicitly: 0 (timing protection off) keeps the simulation fast, where
     a held reply would block a Ray actor that serves many nodes in turn. ``filter_kind`` is the
     filter a NEW device is enrolled with (``FILTER_OF_PLACEMENT``); an enrolled one keeps its own.
+    ``worst_case_reports`` (distributed placement: ``min_reports``): each device's worst-case-epsilon
+    is ``simulated_worst_case_epsilon(budget, min_reports)``, unless its ledger already has one.
     """
     from fedfilter.client.device_config import enrol_simulated_device
     from fedfilter.client.ledger import LEDGER_FILE, BudgetLedger
@@ -224,10 +228,16 @@ def device_configs(
     table = {}
     for i, eps in enumerate(budgets):
         ledger_dir = out / "devices" / str(i)
-        delta, kind = DEFAULTS["delta"], filter_kind
+        delta, kind, worst = DEFAULTS["delta"], filter_kind, None
+        if worst_case_reports is not None:
+            worst = simulated_worst_case_epsilon(eps, worst_case_reports)
         if (ledger_dir / LEDGER_FILE).exists():
             ledger = BudgetLedger.open(ledger_dir)
             eps, delta, kind = ledger.enrolment.epsilon, ledger.enrolment.delta, ledger.enrolment.filter_kind
+            if ledger.worst_case is not None:
+                worst = ledger.worst_case.epsilon
+            elif worst is not None:
+                worst = simulated_worst_case_epsilon(eps, worst_case_reports or 1)
             ledger.close()
         table[i] = {
             "ledger-dir": str(ledger_dir),
@@ -239,6 +249,8 @@ def device_configs(
             "min-noise-multiplier": float(min_noise_multiplier),
             "reply-hold-s": float(reply_hold_s),
         }
+        if worst is not None:
+            table[i]["worst-case-epsilon"] = float(worst)
         enrol_simulated_device(table[i])  # each device's owner enrols it once, up front: the mod never does
     return table
 
@@ -328,6 +340,7 @@ def _run(args: argparse.Namespace) -> int:
         min_noise_multiplier=min(0.5, args.noise_multiplier),
         reply_hold_s=args.reply_hold_s,
         filter_kind=FILTER_OF_PLACEMENT[args.placement],
+        worst_case_reports=args.min_reports if args.placement == "distributed" else None,
     )
     check_device_filters(devices, args.placement)
     # The simulation runner's file of device settings (what --node-config holds on a real device).
@@ -406,16 +419,23 @@ def _run(args: argparse.Namespace) -> int:
     print("  * from the devices' own ledgers after the run; the coordinator never learns it.")
     print("    norm/clip: the mean norm the devices put in, over the clip (0 when none sent data).")
     print()
-    print(f"{'client':>10}  {'budget eps':>10}  {'spent eps':>10}  exhausted in round")
+    print(f"{'client':>10}  {'budget eps':>10}  {'spent eps':>10}  {'worst eps':>10}  {'spent':>8}  exhausted in round")
     for c in clients:
         ex = "-" if c["exhausted_round"] is None else str(c["exhausted_round"])
-        print(f"{c['client_id']:>10}  {c['budget_epsilon']:>10.2f}  {c['spent_epsilon']:>10.3f}  {ex}")
+        worst = "-" if c["worst_case_epsilon"] is None else f"{c['worst_case_epsilon']:.2f}"
+        worst_spent = "-" if c["worst_case_spent_epsilon"] is None else f"{c['worst_case_spent_epsilon']:.3f}"
+        print(
+            f"{c['client_id']:>10}  {c['budget_epsilon']:>10.2f}  {c['spent_epsilon']:>10.3f}  {worst:>10}  "
+            f"{worst_spent:>8}  {ex}"
+        )
     guarantee = guarantee_text(args)
     print(f"\nguarantee: {guarantee}")
 
     for c in clients:
         if c["spent_epsilon"] > c["budget_epsilon"]:
             raise RuntimeError(f"{c['client_id']} spent {c['spent_epsilon']} > its budget {c['budget_epsilon']}")
+        if c["worst_case_epsilon"] is not None and c["worst_case_spent_epsilon"] > c["worst_case_epsilon"]:
+            raise RuntimeError(f"{c['client_id']} spent {c['worst_case_spent_epsilon']} > its worst-case budget")
     summary = {
         "run_id": run_id,
         "rounds_completed": len(records),
@@ -426,7 +446,18 @@ def _run(args: argparse.Namespace) -> int:
         "released_rounds": sum(released),
         "released_per_round": released,
         "clients": [
-            {k: c[k] for k in ("client_id", "budget_epsilon", "spent_epsilon", "exhausted_round")} for c in clients
+            {
+                k: c[k]
+                for k in (
+                    "client_id",
+                    "budget_epsilon",
+                    "spent_epsilon",
+                    "worst_case_epsilon",
+                    "worst_case_spent_epsilon",
+                    "exhausted_round",
+                )
+            }
+            for c in clients
         ],
         "final_accuracy": next((a for a in reversed(accuracy) if a is not None), float("nan")),
         "accuracy_per_round": accuracy,
@@ -447,6 +478,8 @@ def _run(args: argparse.Namespace) -> int:
             "server_lr": args.server_lr,
             "epsilon_distribution": f"log-uniform[{args.eps_min:g}, {args.eps_max:g}]",
             "delta": DEFAULTS["delta"],
+            # demo_report.simulated_worst_case_epsilon: min_reports x budget (distributed placement)
+            "worst_case_epsilon": "min_reports x budget_epsilon" if args.placement == "distributed" else None,
             "after_exhaustion": args.after_exhaustion,
             "reply_hold_s": args.reply_hold_s,
         },

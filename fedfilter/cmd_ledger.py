@@ -1,10 +1,11 @@
-"""``fedfilter ledger show|enrol|migrate|accept-restore``: the device owner's view of its lifelong budget.
+"""``fedfilter ledger show|enrol|migrate|accept-restore|worst-case``: the device owner's view of its lifelong budget.
 
 Enrolment is the owner's act and the only way a device gets a budget: the Flower mod never
 enrols, so a lost ledger is refused until the owner runs ``enrol`` again and says, with
 ``--recover``, what to do about what was lost. Likewise only the owner migrates an older format
 (``migrate``) or accepts a ledger that is behind its roll-back anchor (``accept-restore``, which
-shows the budget at risk and acts only with ``--confirm``).
+shows the budget at risk and acts only with ``--confirm``). ``worst-case`` adds the budget against
+any coordinator (``client/worst_case.py``) to a ledger enrolled without one.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import sys
 from fedfilter.client.ledger import RECOVER, BudgetLedger, LedgerError, Quotas
 from fedfilter.client.ledger_owner import accept_restore, inspect, migrate
 from fedfilter.client.privacy.filters import FILTER_KINDS
+from fedfilter.client.worst_case import SETTING, guarantee_lines
 
 
 def _owner_errors(func):
@@ -48,6 +50,18 @@ def _show(args: argparse.Namespace) -> int:
     )
     print(f"  spent            epsilon={s['spent_epsilon']:.4f}")
     print(f"  remaining        {s['remaining_fraction']:.1%} of the budget")
+    w = s["worst_case"]
+    if w is None:
+        print(f"  worst case       no {SETTING}: this device refuses distributed rounds")
+    else:
+        print(
+            f"  worst case       epsilon={w['budget_epsilon']:g}  spent epsilon={w['spent_epsilon']:.4f}  "
+            f"remaining {w['remaining_fraction']:.1%}"
+            + (f"  ({w['spends_before']} earlier spends charged conservatively)" if w["spends_before"] else "")
+        )
+    worst_eps = None if w is None else w["budget_epsilon"]
+    for line in guarantee_lines(s["budget_epsilon"], worst_eps, s["budget_delta"]):
+        print(f"  guarantee        {line}")
     if not s["runs"]:
         print("  no runs yet")
         return 0
@@ -75,10 +89,12 @@ def _enrol(args: argparse.Namespace) -> int:
         run_quota=args.run_quota,
         quotas=Quotas(),
         recover=args.recover,
+        worst_case_epsilon=args.worst_case_epsilon,
     )
     note = f" (recovered: {args.recover})" if args.recover else ""
+    worst = "" if args.worst_case_epsilon is None else f" {SETTING}={args.worst_case_epsilon:g}"
     print(
-        f"enrolled {ledger.enrolment.client_id}: epsilon={args.epsilon:g} delta={args.delta:g} "
+        f"enrolled {ledger.enrolment.client_id}: epsilon={args.epsilon:g} delta={args.delta:g}{worst} "
         f"filter={args.filter} in {args.dir}{note}"
     )
     ledger.close()
@@ -113,6 +129,25 @@ def _accept_restore(args: argparse.Namespace) -> int:
     return 0
 
 
+@_owner_errors
+def _worst_case(args: argparse.Namespace) -> int:
+    ledger = BudgetLedger.open(args.dir)
+    try:
+        wc = ledger.set_worst_case(args.epsilon)
+        spent = ledger.summary()["worst_case"]["spent_epsilon"]
+    except ValueError as err:
+        print(f"fedfilter: error: {err}", file=sys.stderr)
+        return 2
+    finally:
+        ledger.close()
+    print(
+        f"{SETTING}={wc.epsilon:g} set for {ledger.enrolment.client_id} in {args.dir}; "
+        f"{wc.after_seq and f'its {wc.after_seq} earlier spends' or 'no earlier spends'} "
+        f"charged conservatively: spent epsilon={spent:.4f}"
+    )
+    return 0
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("ledger", help="a device's lifetime budget ledger")
     lsub = p.add_subparsers(dest="ledger_command", required=True)
@@ -135,6 +170,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "database as it is now (spends it lost are forgotten), 'replace' moves the old "
         "files to a lost-* folder and starts a new ledger (a fresh budget)",
     )
+    enrol.add_argument(
+        "--worst-case-epsilon",
+        type=float,
+        default=None,
+        help="the budget against ANY coordinator, also one that forges SecAgg+ peers and reads one report "
+        "alone (at --delta; at least --epsilon). Needed for distributed rounds; set once, for life",
+    )
     enrol.set_defaults(func=_enrol)
     mig = lsub.add_parser("migrate", help="bring a ledger in an older format up to date (keeps every spend)")
     mig.add_argument("--dir", required=True, help="the device's ledger directory")
@@ -146,3 +188,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     acc.add_argument("--dir", required=True, help="the device's ledger directory")
     acc.add_argument("--confirm", action="store_true", help="accept it (without: only show what is at risk)")
     acc.set_defaults(func=_accept_restore)
+    worst = lsub.add_parser(
+        "worst-case",
+        help=f"set {SETTING} on an enrolled ledger (once, for life): the budget against any coordinator",
+    )
+    worst.add_argument("--dir", required=True)
+    worst.add_argument("--epsilon", type=float, required=True, help="at the ledger's delta; at least its epsilon")
+    worst.set_defaults(func=_worst_case)

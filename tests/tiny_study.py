@@ -14,6 +14,7 @@ noise_multiplier = 1.0
 clip = 1.0
 fraction = 1.0
 min_reports = 2
+worst_case_factor = 2.0
 # Distributed: snapping toward zero leaves a nearly spent client a sliver of allowance that drains
 # slowly (its charge is at the snapped integer norm); out below 2% of the clip, in both placements.
 exhausted_below = 0.02

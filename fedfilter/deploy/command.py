@@ -164,6 +164,10 @@ def device_node_config(index: int, options: DeployOptions, ledger_dir: Path) -> 
         "num-partitions": options.clients,
         "reply-hold-s": float(options.reply_hold_s),
     }
+    if options.placement == "distributed":  # the budget against any coordinator (client/worst_case.py)
+        from fedfilter.demo_report import simulated_worst_case_epsilon
+
+        config["worst-case-epsilon"] = simulated_worst_case_epsilon(config["budget-epsilon"], options.reports_needed)
     if options.min_noise_multiplier is not None:
         config["min-noise-multiplier"] = float(options.min_noise_multiplier)
     if options.data_dir is not None:
@@ -288,10 +292,11 @@ def deploy_local(options: DeployOptions, echo: Callable[[str], None] = print) ->
     """
     from fedfilter.client.app_approval import APPROVE_HINT, TRUST_TEXT
     from fedfilter.client.device_config import enrol_simulated_device
-    from fedfilter.client.owner_state import owner_state_at
     from fedfilter.client.ledger import LEDGER_FILE
     from fedfilter.client.ledger_report import device_report
+    from fedfilter.client.owner_state import owner_state_at
     from fedfilter.client.reply_timing import timing_protection
+    from fedfilter.client.worst_case import guarantee_lines
     from fedfilter.coordinator.public_report import public_run_ids, public_summary
 
     options.check()
@@ -419,17 +424,25 @@ def deploy_local(options: DeployOptions, echo: Callable[[str], None] = print) ->
             "reply_hold_s": options.reply_hold_s,
         },
         "timing_protection": timing,
+        "guarantee": {
+            c["client_id"]: guarantee_lines(c["budget_epsilon"], c["worst_case_epsilon"], options.delta)
+            for c in clients
+        },
         "wall_time_s": round(time.monotonic() - started, 1),
         "logs": str(out / "logs"),
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2, allow_nan=False) + "\n", encoding="utf-8")
     show(f"summary written to {out / 'summary.json'}")
     for client in summary["clients"]:
+        worst = client["worst_case_epsilon"]
         show(
             f"{client['client_id']}: spent epsilon {client['spent_epsilon']:.4g} of "
             f"{client['budget_epsilon']:g}"
+            + ("" if worst is None else f"; worst case {client['worst_case_spent_epsilon']:.4g} of {worst:g}")
             + (f", exhausted in round {client['exhausted_round']}" if client["exhausted_round"] is not None else "")
         )
+        for line in guarantee_lines(client["budget_epsilon"], worst, options.delta):
+            show(f"  guarantee: {line}")
     if error == "interrupted":
         return 130
     return 0 if result is not None and result.ok else 1

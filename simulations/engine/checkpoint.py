@@ -14,14 +14,16 @@ from pathlib import Path
 import numpy as np
 
 _ARRAYS = ("state", "run_state", "exhausted_round", "graph_rounds")
+_OPTIONAL_ARRAYS = ("worst_state",)  # None where the engine keeps none (local placement)
 
 
 def save_checkpoint(path: str | Path, snapshot: dict, meta: dict) -> None:
     """Write ``Engine.snapshot()`` and the caller's JSON-ready ``meta`` to ``path`` atomically."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    rest = {k: v for k, v in snapshot.items() if k not in _ARRAYS and k != "weights"}
+    rest = {k: v for k, v in snapshot.items() if k not in (*_ARRAYS, *_OPTIONAL_ARRAYS) and k != "weights"}
     arrays = {k: snapshot[k] for k in _ARRAYS if k in snapshot}
+    arrays.update({k: snapshot[k] for k in _OPTIONAL_ARRAYS if snapshot.get(k) is not None})
     arrays.update({f"weights_{i}": w for i, w in enumerate(snapshot["weights"])})
     text = json.dumps({"meta": meta, "snapshot": rest, "weights": len(snapshot["weights"])})
     tmp = path.with_name(path.name + ".tmp")
@@ -40,6 +42,8 @@ def load_checkpoint(path: str | Path) -> tuple[dict, dict]:
         for k in _ARRAYS:
             if k in z.files:  # graph_rounds: absent from checkpoints older than the SecAgg+ graph
                 snapshot[k] = z[k].copy()
+        for k in _OPTIONAL_ARRAYS:
+            snapshot[k] = z[k].copy() if k in z.files else None
         snapshot["weights"] = [z[f"weights_{i}"].copy() for i in range(doc["weights"])]
     return snapshot, doc["meta"]
 

@@ -57,6 +57,13 @@ class EngineConfig:
         ``min_reports`` reports, and each client's guarantee against an honest coordinator adds the
         graph's failure probability under the assumed rates for every distributed round it reported
         in (``EngineResult.honest_coordinator_delta``).
+    worst_case_epsilon
+        The device's worst-case budget (``fedfilter.client.worst_case``), at ``delta``: one number or
+        one per client, each at least that client's ``epsilon``; required with ``placement=
+        'distributed'`` (a device without one refuses distributed rounds), where every client also
+        keeps the worst-case account (its share ``Sk(mu_share)`` read alone) and stops contributing
+        when either account is spent. Local placement: the worst-case account is charged the main
+        charges against a budget at least as large, so it never binds and the engine does not keep it.
     after_exhaustion
         ``noise-only`` (keeps sending pure-noise reports) or ``leave`` (sends a marker); one value
         or one per client.
@@ -132,6 +139,7 @@ class EngineConfig:
     secagg_dropout_rate: float = 0.1
     secagg_corrupt_rate: float = 0.0
     after_exhaustion: str | Sequence[str] = "noise-only"
+    worst_case_epsilon: float | Sequence[float] | np.ndarray | None = None
     exhausted_below: float = ClientPolicy.exhausted_below  # the device's default
     noise_draw: str = "per-client"
     norms: str = "device"
@@ -210,6 +218,24 @@ class EngineConfig:
         eps = np.atleast_1d(np.asarray(self.epsilon, dtype=np.float64))
         if not np.all(np.isfinite(eps) & (eps > 0)):
             problems.append(f"epsilon must be finite and > 0 for every client. Found {self.epsilon!r}.")
+        if self.worst_case_epsilon is None:
+            if self.placement == "distributed":
+                problems.append(
+                    "placement='distributed' needs worst_case_epsilon (a device without worst-case-epsilon "
+                    "refuses distributed rounds: client/worst_case.py). Found None."
+                )
+        else:
+            worst = np.atleast_1d(np.asarray(self.worst_case_epsilon, dtype=np.float64))
+            if not (np.all(np.isfinite(worst)) and (worst.size == 1 or worst.shape == eps.shape or eps.size == 1)):
+                problems.append(
+                    "worst_case_epsilon must be finite, one number or one per client. "
+                    f"Found {self.worst_case_epsilon!r}."
+                )
+            elif np.any(worst < eps):
+                problems.append(
+                    "worst_case_epsilon must be at least epsilon for every client (the account against any "
+                    f"coordinator covers every release the main one does). Found {self.worst_case_epsilon!r}."
+                )
         if not (0 < self.fraction <= 1):
             problems.append(f"fraction must be in (0, 1]. Found {self.fraction!r}.")
         if not (0 <= self.exhausted_below < 1):
@@ -282,6 +308,9 @@ class EngineResult:
         for count in np.unique(self.graph_rounds):
             out[self.graph_rounds == count] = honest_coordinator_delta(self.config.delta, [beta] * int(count))
         return out
+
+    # (n_clients, dim) the worst-case accounts (distributed placement; None otherwise), bitwise the ledgers'
+    worst_state: np.ndarray | None = field(default=None, repr=False)
 
     @property
     def accuracy(self) -> list[float | None]:

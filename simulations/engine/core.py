@@ -35,6 +35,7 @@ import torch
 from fedfilter.client.mechanism import add_grid_noise, certified_norm, clip_to_norm, noise_grid, snap_toward_zero
 from fedfilter.client.privacy.filters import GaussianFilter, exhausted, make_filter, round_allowance
 from fedfilter.client.round_rules import model_step, reports_needed
+from fedfilter.client.worst_case import worst_case_filter
 from fedfilter.simulations.engine.config import EngineConfig, EngineResult, RoundRecord
 from fedfilter.simulations.engine.distributed_round import DistributedPlacement
 from fedfilter.simulations.engine.layerwise import LayerwiseClippedSum, supported
@@ -104,11 +105,21 @@ class Engine:
         self.layout = Layout(self.weights)
 
         eps = np.broadcast_to(np.asarray(cfg.epsilon, dtype=np.float64), (n,))
-        values, self.group = np.unique(eps, return_inverse=True)
-        self.filters = [make_filter(cfg.filter_kind, float(e), cfg.delta) for e in values]
+        # One group per distinct (budget, worst-case budget): the worst-case account (client/worst_case.py)
+        # is kept in distributed placement only (in local placement it is charged the main charges
+        # against a budget at least as large, so it never binds).
+        keep_worst = cfg.placement == "distributed" and cfg.worst_case_epsilon is not None
+        worst = np.broadcast_to(np.asarray(cfg.worst_case_epsilon, dtype=np.float64), (n,)) if keep_worst else eps
+        values, group = np.unique(np.stack([eps, worst], axis=1), axis=0, return_inverse=True)
+        self.group = np.asarray(group).reshape(-1)
+        self.filters = [make_filter(cfg.filter_kind, float(e), cfg.delta) for e, _ in values]
         self.run_filters = [f.scaled(cfg.run_quota) for f in self.filters]
+        self.worst_filters = (
+            [worst_case_filter(f, float(w)) for f, (_, w) in zip(self.filters, values)] if keep_worst else None
+        )
         self.state = self.filters[0].initial_state(n)
         self.run_state = self.filters[0].initial_state(n)
+        self.worst_state = self.filters[0].initial_state(n) if keep_worst else None
         after = np.broadcast_to(np.asarray(cfg.after_exhaustion, dtype=object), (n,))
         self.leave = np.array([a == "leave" for a in after], dtype=bool)
         self.exhausted_round = np.full(n, -1, dtype=np.int64)
@@ -165,10 +176,28 @@ class Engine:
             return ~self._distributed.exhausted(clients)
         return ~exhausted(self.allowance(clients), self.config.clip, self.config.exhausted_below)
 
-    def _skellam_spend(self, client: int, rule, charge: np.ndarray, k: list[np.ndarray]) -> None:
-        """One client's distributed spend (``ClientRule.spend``: admits, then both filters); its integer
+    def worst_allowance(self, clients: np.ndarray, noise_std: float) -> np.ndarray:
+        """What each client's worst-case account still admits at its share's std (``tx.worst_allowance``)."""
+        out = np.zeros(len(clients))
+        if self.worst_filters is None or self.worst_state is None:
+            raise RuntimeError("internal error: no worst-case accounts (distributed placement keeps them)")
+        groups = self.group[clients]
+        for g, filt in enumerate(self.worst_filters):
+            at = groups == g
+            if at.any():
+                out[at] = round_allowance(
+                    filt, self.worst_state[clients[at]], noise_std=noise_std, clip=self.config.clip
+                )
+        return out
+
+    def _skellam_spend(self, client: int, rule, charges: tuple[np.ndarray, np.ndarray], k: list[np.ndarray]) -> None:
+        """One client's distributed spend (``ClientRule.spend``: admits, then every account); its integer
         update ``k`` is passed for tests that recompute the charge."""
-        self.state[client], self.run_state[client] = rule.spend(self.state[client], self.run_state[client], charge)
+        if self.worst_state is None:
+            raise RuntimeError("internal error: no worst-case accounts (distributed placement keeps them)")
+        self.state[client], self.run_state[client], self.worst_state[client] = rule.spend(
+            self.state[client], self.run_state[client], self.worst_state[client], charges
+        )
 
     def _spend(self, clients: np.ndarray, norms: np.ndarray) -> None:
         """Charge, check and spend for ``clients`` (``FilteredClient.release``, all rows at once)."""
@@ -390,6 +419,7 @@ class Engine:
             "weights": [w.copy() for w in self.weights],
             "state": self.state.copy(),
             "run_state": self.run_state.copy(),
+            "worst_state": None if self.worst_state is None else self.worst_state.copy(),
             "exhausted_round": self.exhausted_round.copy(),
             "graph_rounds": self.graph_rounds.copy(),
             "records": [asdict(r) for r in self.records],
@@ -409,6 +439,12 @@ class Engine:
         self.weights = [np.array(w, dtype=np.float32) for w in snap["weights"]]
         self.state = np.array(snap["state"], dtype=self.state.dtype)
         self.run_state = np.array(snap["run_state"], dtype=self.run_state.dtype)
+        if self.worst_state is not None:
+            if snap.get("worst_state") is None:
+                raise ValueError(
+                    "checkpoint 'worst_state': this engine keeps worst-case accounts; the checkpoint has none."
+                )
+            self.worst_state = np.array(snap["worst_state"], dtype=self.worst_state.dtype)
         self.exhausted_round = np.array(snap["exhausted_round"], dtype=np.int64)
         if "graph_rounds" in snap:
             self.graph_rounds = np.array(snap["graph_rounds"], dtype=np.int64)
@@ -447,6 +483,7 @@ class Engine:
             group_accuracy=self.last_groups,
             graph=None if self._distributed is None else self._distributed.graph,
             graph_rounds=None if self._distributed is None else self.graph_rounds.copy(),
+            worst_state=None if self.worst_state is None else self.worst_state.copy(),
         )
 
 

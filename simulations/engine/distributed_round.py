@@ -98,21 +98,25 @@ class DistributedPlacement:
         # keeps `threshold` reporting share holders on this graph (full: max(m, 2), since Flower reads
         # a threshold of 1 as "all shares").
         self.graph = round_graph(cfg, engine.n_sampled)
+        if engine.worst_filters is None:
+            raise ValueError("distributed placement needs worst_case_epsilon (EngineConfig). Found None.")
         self.rules = [
-            ClientRule(SkellamRound.from_request(*request, f), f, rf, cfg.clip, engine.layout.dim)
-            for f, rf in zip(engine.filters, engine.run_filters)
+            ClientRule(SkellamRound.from_request(*request, f), f, rf, cfg.clip, engine.layout.dim, w)
+            for f, rf, w in zip(engine.filters, engine.run_filters, engine.worst_filters)
         ]
 
     def l2_allowance(self, clients: np.ndarray) -> np.ndarray:
-        """Each client's ``L2_allow`` (grid units), from the Gaussian allowance its ledger would give."""
+        """Each client's ``L2_allow`` (grid units), from the Gaussian allowances its ledger would give
+        (the main account's at sigma, the worst-case account's at the share's std)."""
         e = self.engine
         a_gauss = e.allowance(clients)
+        a_worst = e.worst_allowance(clients, self.rules[0].grid.noise_std)  # gamma, mu_share: the same for all
         out = np.zeros(len(clients))
         groups = e.group[clients]
         for g, rule in enumerate(self.rules):
             at = groups == g
             if at.any():
-                out[at] = rule.l2_allowance(a_gauss[at])
+                out[at] = rule.l2_allowance(a_gauss[at], a_worst[at])
         return out
 
     def exhausted(self, clients: np.ndarray) -> np.ndarray:

@@ -57,6 +57,9 @@ FEDERATION_KEYS: dict[str, tuple[type, str]] = {
     "secagg_graph": (str, "full|sparse"),
     "secagg_dropout_rate": (float, "unit"),
     "secagg_corrupt_rate": (float, "unit"),
+    # Distributed runs: each client's worst-case-epsilon is this times its epsilon (client/worst_case.py);
+    # required when sweep.noise includes 'distributed' (the runner passes worst_case_epsilon).
+    "worst_case_factor": (float, "positive"),
 }
 FEDERATION_DEFAULTS: dict[str, Any] = {"noise_multiplier": 1.0, "clip": 1.0, "fraction": 1.0, "min_reports": 1}
 
@@ -303,6 +306,13 @@ def check_min_reports(c: Checker, federation: dict, sweep: dict, datas: dict[str
     round with fewer than min_reports reports is dropped: it must be reachable with the clients asked
     per round."""
     shared = federation.get("min_reports")
+    factor = federation.get("worst_case_factor")
+    if "distributed" in sweep.get("noise", []) and not (_is_num(factor) and factor >= 1):
+        c.problems.append(
+            "federation.worst_case_factor must be a number >= 1 when sweep.noise includes 'distributed': each "
+            "client's worst-case-epsilon (its budget against a coordinator that forges SecAgg+ peers and reads "
+            f"one report alone) is that times its epsilon; a device without one refuses. Found {factor!r}."
+        )
     if "distributed" in sweep.get("noise", []) and _is_int(shared) and shared < 2:
         c.problems.append(
             f"federation.min_reports must be >= 2 when sweep.noise includes 'distributed' "

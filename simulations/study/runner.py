@@ -105,6 +105,9 @@ def run_one(
         fed["fraction"] = run.data.fraction
     if run.data.min_reports is not None:
         fed["min_reports"] = run.data.min_reports
+    factor = fed.pop("worst_case_factor", None)
+    if run.noise == "distributed" and factor is not None:  # the study's rule (config_checks.check_min_reports)
+        fed["worst_case_epsilon"] = np.asarray(eps, dtype=np.float64) * float(factor)
     ec = EngineConfig(
         task=run.data.task,
         num_clients=task.num_clients,

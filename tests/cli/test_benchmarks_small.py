@@ -357,3 +357,12 @@ def test_reproduce_mnist_privacy_check_names_a_run_over_budget():
     assert failed.startswith("**Privacy check FAILED**")
     assert "['eps 0.3 tuned paper #1']" in failed and "['eps 0.3 tuned paper #2']" in failed
     assert "#0" not in failed
+
+
+def test_worst_case_epsilon_small():
+    """One device, two distributed rounds: both accounts spent, the worst case within m x epsilon."""
+    out = _run("worst_case_epsilon.py", "--epsilons", "8", "--min-reports", "10", "--dim", "100", "--max-rounds", "2")
+    last = [line for line in out.splitlines() if line.startswith("|")][-1]  # one row, after |---:| lines
+    eps, m, worst, rounds, _main, alone, _stopped = (c.strip() for c in last.strip("|").split("|"))
+    assert (eps, m, worst, rounds) == ("8", "10", "80", "2")
+    assert 0 < float(alone) <= 80

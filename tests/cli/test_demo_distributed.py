@@ -92,7 +92,10 @@ def test_the_guarantee_names_secure_aggregation_and_the_threshold_only_when_dist
 
     dist = guarantee_text(_args("--clients", "6", "--placement", "distributed"))
     assert "SecAgg+" in dist and ">= 3 reports" in dist and "rdp filter" in dist
-    assert "follows the SecAgg+ protocol" in dist  # the trust it rests on is printed with it
+    # Both guarantees, each with what it trusts (issue 22): the main one trusts SecAgg+ and genuine
+    # peers, the worst-case one (min_reports x the budget, enforced by each device) nothing.
+    assert "against a coordinator that runs SecAgg+ with genuine devices" in dist
+    assert "(worst_case_epsilon = 3 x budget_epsilon, 1e-05)-DP against any coordinator" in dist
     local = guarantee_text(_args("--clients", "6"))
     assert "SecAgg+" not in local and "local Gaussian noise" in local
 
@@ -129,6 +132,8 @@ def test_distributed_demo_runs_through_secagg_and_keeps_every_device_within_budg
     put_in = [0.0] * ROUNDS  # the norms the devices put in, per round, read here from their ledgers
     for index, client in enumerate(summary["clients"]):
         assert 0 < client["spent_epsilon"] <= client["budget_epsilon"]
+        assert client["worst_case_epsilon"] >= math.ceil(N / 2) * client["budget_epsilon"] * (1 - 1e-12)
+        assert 0 < client["worst_case_spent_epsilon"] <= client["worst_case_epsilon"]
         ledger = BudgetLedger.open(out / "devices" / str(index))
         try:
             assert ledger.enrolment.filter_kind == "rdp"

@@ -345,6 +345,9 @@ def test_distributed_rounds_under_tls_and_node_auth_release_sums_and_keep_device
             assert {r.placement for r in ledger.records(summary["run_id"])} == {"distributed"}
             assert len(ledger.records(summary["run_id"])) == rounds
             assert bool(ledger.filter.within_budget(ledger.recomputed_state()))
+            assert ledger.worst_case is not None and ledger.worst_case.epsilon == client["worst_case_epsilon"]
         finally:
             ledger.close()
         assert client["spent_epsilon"] <= client["budget_epsilon"] * (1 + 1e-9)
+        assert client["worst_case_spent_epsilon"] <= client["worst_case_epsilon"]
+        assert "against any coordinator" in summary["guarantee"][client["client_id"]][1]

@@ -95,7 +95,7 @@ def _noise_sample(client, spec, n_rounds=1):
 @pytest.mark.parametrize("placement,m", [("local", 1), ("distributed", 16)])
 def test_measured_noise_std(tmp_path, placement, m):
     """The noise added is N(0, (zC)^2) locally and N(0, (zC)^2 / m) per share when distributed."""
-    ledger = BudgetLedger.enrol(tmp_path, client_id="dev", epsilon=1.0, delta=1e-5)
+    ledger = BudgetLedger.enrol(tmp_path, client_id="dev", epsilon=1.0, delta=1e-5, worst_case_epsilon=1000.0)
     client = FilteredClient(ledger, ClientPolicy(allow_distributed=True), noise_seed=11)
     z, c = 2.0, 0.75
     sample = _noise_sample(client, lambda t: RoundSpec("r", t, z, c, placement=placement, min_reports=m), 5)

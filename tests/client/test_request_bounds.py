@@ -42,7 +42,7 @@ def test_out_of_range_requests_are_refused_by_the_core_api(tmp_path, request_spe
 
 
 def test_the_bounds_themselves_are_accepted(tmp_path):
-    ledger = BudgetLedger.enrol(tmp_path, client_id="d", epsilon=1.0, delta=1e-5)
+    ledger = BudgetLedger.enrol(tmp_path, client_id="d", epsilon=1.0, delta=1e-5, worst_case_epsilon=1000.0)
     client = FilteredClient(ledger, DISTRIBUTED)
     assert client.release(RoundSpec("r", INT64_MAX, 1.0, 1.0), [np.ones(3)]).status == "contributed"
     rel = client.release(RoundSpec("r" * 256, 0, 1.0, 1.0, placement="distributed", min_reports=50), [np.ones(3)])

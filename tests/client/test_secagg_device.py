@@ -85,6 +85,7 @@ def node_config(tmp_path, i: int, **over) -> dict:
         "client-id": f"dev{i}",
         "budget-epsilon": 8.0,
         "budget-delta": 1e-5,
+        "worst-case-epsilon": 1000.0,  # large: these tests are about the main account (worst case: test_worst_case*)
         "filter": "rdp",
         "reply-hold-s": 0,
         "noise-seed": 1000 + i,

@@ -34,9 +34,16 @@ def grid_for(spec: RoundSpec):
     return skellam_grid(spec, target_range=Q, sample_num=N_SAMPLED)
 
 
-def enrol(tmp_path, name="dev", *, epsilon=4.0, kind="rdp", run_quota=1.0) -> BudgetLedger:
+def enrol(tmp_path, name="dev", *, epsilon=4.0, kind="rdp", run_quota=1.0, worst=1000.0) -> BudgetLedger:
+    # A worst-case budget that does not bind: these tests are about the main account (test_worst_case*).
     return BudgetLedger.enrol(
-        tmp_path / name, client_id=name, epsilon=epsilon, delta=1e-5, filter_kind=kind, run_quota=run_quota
+        tmp_path / name,
+        client_id=name,
+        epsilon=epsilon,
+        delta=1e-5,
+        filter_kind=kind,
+        run_quota=run_quota,
+        worst_case_epsilon=worst,
     )
 
 
@@ -158,7 +165,7 @@ def test_a_crash_between_the_commit_and_the_reply_leaves_the_spend(tmp_path):
         from fedfilter.client.secagg_grid import secaggplus_settings
 
         ledger = BudgetLedger.enrol({str(tmp_path / "dev")!r}, client_id="dev", epsilon=4.0, delta=1e-5,
-                                    filter_kind="rdp")
+                                    filter_kind="rdp", worst_case_epsilon=1000.0)
         rd.add_skellam_noise = lambda *a, **k: os._exit(9)
         spec = RoundSpec("run-c", 0, 1.0, 1.0, placement="distributed", min_reports=5)
         grid = rd.skellam_grid(spec, target_range=secaggplus_settings(10)["quantization_range"], sample_num=10)

@@ -40,6 +40,7 @@ def simulated(tmp_path_factory):
             "ledger-dir": str(root / "devices" / str(i)),
             "client-id": f"client-{i}",
             "budget-epsilon": 20.0,
+            "worst-case-epsilon": 1000.0,  # does not bind: this test is about the main account
             "budget-delta": 1e-5,
             "filter": "rdp",  # Skellam releases are accounted by the rdp filter
             "after-exhaustion": "leave",

@@ -34,6 +34,9 @@ Z, CLIP, M = 3.0, 0.1, 4
 # At z = 3 a full-clip round costs rho = 1/18 and digits updates (lr 0.5) are about the clip: budgets
 # from spent-before-round-1 (1e-4) to a few rounds' worth; noise-only and leave alternate.
 EPSILONS = [1e-4, 0.5, 1.0, 2.0, 8.0, 1e-4, 0.5, 1.0, 2.0, 8.0]
+# Each device's worst-case-epsilon (its share read alone, 1/M of the sum's variance): 2x binds before the
+# main budget for some devices, 40x for none; the engine keeps both accounts bitwise as the ledgers do.
+WORST = [2 * e for e in EPSILONS[:5]] + [40 * e for e in EPSILONS[5:]]
 AFTER = ["noise-only", "leave"] * 5
 TRAIN = {
     "task": "digits",
@@ -61,6 +64,7 @@ def flower_reference(tmp_path):
             "ledger-dir": str(tmp_path / f"dev{k}"),
             "client-id": f"dev{k}",
             "budget-epsilon": EPSILONS[k],
+            "worst-case-epsilon": WORST[k],
             "budget-delta": 1e-5,
             "filter": "rdp",
             "after-exhaustion": AFTER[k],
@@ -92,22 +96,23 @@ def flower_reference(tmp_path):
     strategy.start(
         grid, initial, num_rounds=ROUNDS, timeout=600, train_config=ConfigRecord(dict(TRAIN)), evaluate_fn=after_round
     )
-    states, run_states, statuses = [], [], []
+    states, run_states, worst_states, statuses = [], [], [], []
     for k in range(N):
         ledger = BudgetLedger.open(tmp_path / f"dev{k}")
         try:
             states.append(ledger.state())
             run_states.append(ledger.run_state(RUN))
+            worst_states.append(ledger.worst_state())
             statuses.append([r.status for r in ledger.records(RUN)])
         finally:
             ledger.close()
-    return np.array(states), np.array(run_states), statuses, seen
+    return np.array(states), np.array(run_states), np.array(worst_states), statuses, seen
 
 
 def test_engine_matches_the_flower_secagg_path_bitwise(tmp_path, monkeypatch):
     for name, value in (("_run_id", 1), ("_node_id", 1), ("_task_id", 1)):
         monkeypatch.setattr(TaskIdentity, name, value)  # restored after the loopback grid sets them
-    states, run_states, statuses, seen = flower_reference(tmp_path)
+    states, run_states, worst_states, statuses, seen = flower_reference(tmp_path)
     assert len(seen) == ROUNDS
 
     result = run_engine(
@@ -115,6 +120,7 @@ def test_engine_matches_the_flower_secagg_path_bitwise(tmp_path, monkeypatch):
             task="digits",
             num_clients=N,
             epsilon=EPSILONS,
+            worst_case_epsilon=WORST,
             delta=1e-5,
             filter_kind="rdp",
             noise_multiplier=Z,
@@ -137,6 +143,9 @@ def test_engine_matches_the_flower_secagg_path_bitwise(tmp_path, monkeypatch):
     # Per-client spending: bitwise, every round recorded as distributed.
     assert result.state.tobytes() == states.tobytes()
     assert result.run_state.tobytes() == run_states.tobytes()
+    assert result.worst_state is not None and result.worst_state.tobytes() == worst_states.tobytes()
+    # The worst-case account bound for some devices: they stopped with most of the main budget left.
+    assert any(result.exhausted_round[k] > 0 and result.spent_fraction[k] < 0.5 for k in range(N))
     assert (states[:, 0] > 0).sum() == 8  # every budget but the two spent ones paid something
     flat = [s for row in statuses for s in row]
     assert "noise-only" in flat and "left" in flat and "contributed" in flat

@@ -34,6 +34,7 @@ def config(**kw) -> EngineConfig:
         num_clients=N,
         filter_kind="rdp",
         placement="distributed",
+        worst_case_epsilon=1000.0,  # does not bind: these tests are about the main account
         min_reports=4,
         noise_multiplier=3.0,
         clip=0.1,
@@ -66,6 +67,7 @@ rounds = 2
 filter = "zcdp"
 [federation]
 min_reports = 2
+worst_case_factor = 2.0
 [sweep]
 budget_level = [1.0]
 heterogeneity = ["f"]
@@ -201,3 +203,29 @@ def test_a_single_report_is_never_released_since_secagg_needs_two(digits):
     engine = Engine(config(epsilon=[4.0] + [1e-4] * 9, after_exhaustion="leave", min_reports=1, rounds=1), task=digits)
     r = engine.step()
     assert r.reports_seen == 1 and not r.released
+
+
+def test_study_needs_a_worst_case_factor_for_distributed_runs():
+    text = """
+[study]
+rounds = 2
+filter = "rdp"
+[federation]
+min_reports = 2
+[sweep]
+budget_level = [1.0]
+heterogeneity = ["f"]
+noise = ["distributed"]
+data = ["d"]
+[heterogeneity.f]
+distribution = "fixed"
+[data.d]
+task = "digits"
+num_clients = 10
+"""
+    with pytest.raises(StudyConfigError, match="federation.worst_case_factor must be a number >= 1"):
+        parse_study(text)
+    with pytest.raises(ValueError, match="needs worst_case_epsilon"):
+        config(epsilon=1.0, worst_case_epsilon=None)
+    with pytest.raises(ValueError, match="worst_case_epsilon must be at least epsilon"):
+        config(epsilon=[1.0] * N, worst_case_epsilon=0.5)

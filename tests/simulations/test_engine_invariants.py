@@ -84,7 +84,13 @@ def test_aggregate_noise_std(digits, draw):
 def test_distributed_round_below_min_reports_is_dropped(digits):
     engine = Engine(
         config(
-            epsilon=1e-4, placement="distributed", filter_kind="rdp", min_reports=N, after_exhaustion="leave", rounds=1
+            epsilon=1e-4,
+            worst_case_epsilon=1e-3,
+            placement="distributed",
+            filter_kind="rdp",
+            min_reports=N,
+            after_exhaustion="leave",
+            rounds=1,
         ),
         task=digits,
     )

@@ -65,6 +65,7 @@ def config(**kw) -> EngineConfig:
         after_exhaustion=["leave" if i % 3 == 0 else "noise-only" for i in range(N)],
         secagg_graph="sparse",
         secagg_dropout_rate=0.2,
+        worst_case_epsilon=1000.0,  # does not bind: these tests are about the graph
     )
     return EngineConfig(**{**base, **kw})
 

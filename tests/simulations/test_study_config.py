@@ -20,6 +20,7 @@ filter = "rdp"
 noise_multiplier = 1.0
 fraction = 0.5
 min_reports = 4
+worst_case_factor = 4.0
 
 [sweep]
 budget_level = [1.0, 4.0]
