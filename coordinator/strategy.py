@@ -244,6 +244,7 @@ class IndividualFilterStrategy(Strategy):
         self._started_at = 0.0
         self._pending: fedfilter_pb2.PublicRoundRecord | None = None
         self._evaluate_refusal_logged = False
+        self._run_shown: str | None = None  # the run id start() records under, shown with the ledger's path
         # Distributed placement: the messages SecAgg+ delivers in its masked stage, and where to send them.
         self._secure_messages: list[Message] = []
         self._grid: Grid | None = None
@@ -298,9 +299,8 @@ class IndividualFilterStrategy(Strategy):
         """Where the public ledger is written: an absolute path (``deploy-local`` reads it from the log)."""
         if self.public_ledger is None:
             return "(none)"
-        if isinstance(self.public_ledger, PublicLedger):
-            return str(self.public_ledger.path.resolve())
-        return str(Path(self.public_ledger).resolve())
+        path = self.public_ledger.path if isinstance(self.public_ledger, PublicLedger) else Path(self.public_ledger)
+        return str(path.resolve()) + (f" (run {self._run_shown})" if self._run_shown else "")
 
     def _say_evaluation_refused(self) -> None:
         """Once, at the start: client-side evaluation is not sent, and why."""
@@ -531,6 +531,7 @@ class IndividualFilterStrategy(Strategy):
                 "replies whose clients have already spent budget."
             )
         run_id = self.run_id(grid)
+        self._run_shown = run_id
         self._round_timeout = float(timeout)
         ledger, owned = self._open_ledger()
         started_run = False
