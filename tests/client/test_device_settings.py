@@ -263,3 +263,26 @@ def test_a_mismatch_names_what_differs_and_no_value(tmp_path, monkeypatch, caplo
     assert "3.5" not in reason and "3.0" not in reason and "phone-0" not in reason
     assert "phone-0" in caplog.text and "3.5" in caplog.text
     assert _spent(tmp_path / "0") == 0
+
+
+def test_a_mismatch_reply_is_the_same_whatever_the_budget_spent(tmp_path, monkeypatch):
+    # The reply reaches the coordinator: it may depend on the owner's settings, not on the budget state.
+    from fedfilter.client.ledger import BudgetLedger as Ledger
+
+    reasons = []
+    for name, spend in (("fresh", False), ("spent", True)):
+        Ledger.enrol(tmp_path / name, client_id="device-0", epsilon=3.0, delta=1e-5).close()
+        entry = {"ledger-dir": str(tmp_path / name), "budget-epsilon": 3.0, "reply-hold-s": 0}
+        if spend:  # a round spent under the right settings first
+            path = write_device_settings(tmp_path / f"{name}-ok.json", {0: entry})
+            monkeypatch.setenv(ENV_VAR, str(path))
+            assert not individual_filter_mod(
+                train_message(spec(1)), _sim_context({"partition-id": 0}), Handler()
+            ).has_error()
+            assert _spent(tmp_path / name) > 0
+        path = write_device_settings(tmp_path / f"{name}.json", {0: {**entry, "budget-epsilon": 5.0}})
+        monkeypatch.setenv(ENV_VAR, str(path))
+        reply = individual_filter_mod(train_message(spec(2)), _sim_context({"partition-id": 0}), Handler())
+        assert reply.has_error()
+        reasons.append(reply.error.reason)
+    assert reasons[0] == reasons[1] and "'budget-epsilon'" in reasons[0]
