@@ -22,7 +22,8 @@ key                      default   meaning
                                    (``client/worst_case.py``)
 ``filter``               gdp       ``gdp``, ``zcdp`` or ``rdp``
 ``run-quota``            1.0       share of the lifetime budget one run may spend
-``client-id``            dir name  name stored in the ledger at enrolment
+``client-id``            (enrolled) name stored in the ledger at enrolment (there: default the
+                                   directory's name); if given, the enrolment must match it
 ``federation``           default   the coordinator this device serves; every run is charged to it
 ``coordinator-quota``    1.0       share of the lifetime budget that federation may ever spend
 ``daily-quota``          1.0       share of the lifetime budget spent in any 24 hours
@@ -96,7 +97,7 @@ class DeviceConfig:
     budget_delta: float
     filter_kind: str
     run_quota: float
-    client_id: str
+    client_id: str | None  # None: whatever the ledger was enrolled with (a default cannot mismatch)
     policy: ClientPolicy
     noise_seed: int | None
     quotas: Quotas
@@ -110,22 +111,24 @@ class DeviceConfig:
         ledger = BudgetLedger.open(self.ledger_dir, quotas=self.quotas)
         if self.budget_epsilon is not None:
             e = ledger.enrolment
-            stored = (e.client_id, e.filter_kind, e.epsilon, e.delta, e.run_quota)
-            wanted = (self.client_id, self.filter_kind, self.budget_epsilon, self.budget_delta, self.run_quota)
-            if stored != wanted:
+            pairs = (
+                ("client-id", e.client_id, self.client_id),
+                ("filter", e.filter_kind, self.filter_kind),
+                ("budget-epsilon", e.epsilon, self.budget_epsilon),
+                ("budget-delta", e.delta, self.budget_delta),
+                ("run-quota", e.run_quota, self.run_quota),
+            )
+            # A key the node-config leaves out of client-id is not compared: its default is the enrolment.
+            diffs = [(n, a, b) for n, a, b in pairs if b is not None and a != b]
+            if diffs:
                 ledger.close()
-                names = ("client-id", "filter", "budget-epsilon", "budget-delta", "run-quota")
-                diffs = [f"{n}: enrolled {a!r}, node-config {b!r}" for n, a, b in zip(names, stored, wanted) if a != b]
-                raise ValueError(
-                    f"the ledger at {self.ledger_dir} is enrolled with a different budget ({'; '.join(diffs)})."
-                )
+                raise EnrolmentMismatch(self.ledger_dir, diffs)
         if self.worst_case_epsilon is not None:
             stored_worst = ledger.worst_case.epsilon if ledger.worst_case is not None else None
             if stored_worst != self.worst_case_epsilon:
                 ledger.close()
-                raise ValueError(
-                    f"the ledger at {self.ledger_dir} has worst-case-epsilon {stored_worst!r}, node-config "
-                    f"{self.worst_case_epsilon!r} (the owner sets it: `fedfilter ledger worst-case`)."
+                raise EnrolmentMismatch(
+                    self.ledger_dir, [("worst-case-epsilon", stored_worst, self.worst_case_epsilon)]
                 )
         return ledger
 
@@ -135,7 +138,7 @@ class DeviceConfig:
             raise ValueError("node-config 'budget-epsilon' is required to enrol the device.")
         return BudgetLedger.enrol(
             self.ledger_dir,
-            client_id=self.client_id,
+            client_id=self.client_id or self.ledger_dir.resolve().name,
             epsilon=self.budget_epsilon,
             delta=self.budget_delta,
             filter_kind=self.filter_kind,
@@ -143,6 +146,23 @@ class DeviceConfig:
             quotas=self.quotas,
             recover=recover,
             worst_case_epsilon=self.worst_case_epsilon,
+        )
+
+
+class EnrolmentMismatch(ValueError):
+    """The node-config describes another enrolment than the ledger holds.
+
+    ``str(err)`` has the values (the device's log); ``err.public`` names only the keys that differ,
+    which depend on the owner's settings, never on the data or the budget spent.
+    """
+
+    def __init__(self, ledger_dir: Path, diffs: list[tuple[str, Any, Any]]):
+        detail = "; ".join(f"{n}: enrolled {a!r}, node-config {b!r}" for n, a, b in diffs)
+        super().__init__(f"the ledger at {ledger_dir} is enrolled with other settings than this node's ({detail}).")
+        names = ", ".join(repr(n) for n, _, _ in diffs)
+        self.public = (
+            f"this device's settings differ from its ledger's enrolment in {names} (values in the device's "
+            "log): its owner corrects the settings to match `fedfilter ledger show`."
         )
 
 
@@ -193,7 +213,7 @@ def device_config(node_config: Mapping[str, Any]) -> DeviceConfig:
     worst_case_epsilon = get("worst-case-epsilon", _as_float, None)
     filter_kind = str(node_config.get("filter", "gdp"))
     run_quota = get("run-quota", _as_float, 1.0)
-    client_id = str(node_config.get("client-id", "") or Path(ledger_dir).resolve().name)
+    client_id = str(node_config.get("client-id", "")) or None
     min_z = get("min-noise-multiplier", _as_float, ClientPolicy.min_noise_multiplier)
     after = str(node_config.get("after-exhaustion", ClientPolicy.after_exhaustion))
     if after not in AFTER_EXHAUSTION:

@@ -82,7 +82,13 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, RecordDict
 from flwr.common.constant import ErrorCode
 
-from fedfilter.client.device_config import NODE_CONFIG_KEYS, DeviceConfig, device_config, enrol_device
+from fedfilter.client.device_config import (
+    NODE_CONFIG_KEYS,
+    DeviceConfig,
+    EnrolmentMismatch,
+    device_config,
+    enrol_device,
+)
 from fedfilter.client.device_ledgers import cached_ledger, forget_ledger
 from fedfilter.client.device_settings import DeviceSettingsError, with_device_settings
 from fedfilter.client.ledger import BudgetLedger
@@ -372,6 +378,9 @@ def _filter_round(msg: Message, context: Context, call_next, hold: ReplyHold) ->
     for _ in range(3):  # a ledger closed by another thread between lookup and use is reopened
         try:
             key, entry = cached_ledger(device)
+        except EnrolmentMismatch as err:  # the owner's settings against the enrolment: names only
+            log.error("fedfilter mod: %s", err)
+            return _error(msg, f"fedfilter: {err.public} Nothing was trained, spent or released.")
         except (LedgerError, OSError, ValueError, sqlite3.Error) as err:  # fail closed until the owner acts
             log.error("fedfilter mod: cannot open the budget ledger: %s", err)
             return _error(msg, f"fedfilter: {_ledger_cause(device, err)}; nothing was trained, spent or released.")

@@ -32,7 +32,13 @@ update from its own budget and replies with a noisy *update* (or a ``left`` mark
   ``decode_sum(sum) * grid_step(clip) / n`` and the inner strategy steps as for local rounds. The
   coordinator never holds an individual report.
 * ``configure_evaluate`` sends nothing: a client's loss on its private data would be an
-  unaccounted release. Evaluate held-out data on the server through ``start(evaluate_fn=...)``.
+  unaccounted release (said once, in the summary at the start). Evaluate held-out data on the
+  server through ``start(evaluate_fn=...)``.
+* the inner strategy must aggregate by a weighted mean (``MEAN_STRATEGIES``: FedAvg, FedAvgM,
+  FedProx and FedOpt's family); Flower's others (FedMedian, FedTrimmedAvg, Krum, MultiKrum,
+  Bulyan, QFedAvg, the XGBoost and DP strategies: ``NOT_A_MEAN``) are refused with the reason; a
+  custom one is wrapped with a warning that says what its ``aggregate_train`` gets. The summary
+  prints the ledger's absolute path and "Weighted by: nothing" (Flower's says 'num-examples').
 * the public record: one ``PublicRoundRecord`` per round (request, counts, released, the norm of
   the mean noisy update, the server-side metrics of that round, wall times) when ``public_ledger``
   is given. Nothing per client is kept or written.
@@ -40,6 +46,7 @@ update from its own budget and replies with a noisy *update* (or a ``left`` mark
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -52,8 +59,9 @@ from typing import Any
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.app.constants import DEFAULT_TTL
-from flwr.common.logger import log
+from flwr.common.logger import FLOWER_LOGGER, log
 from flwr.serverapp import Grid
+from flwr.serverapp import strategy as flwr_strategies
 from flwr.serverapp.strategy import Result, Strategy
 
 from fedfilter.client.release import RoundSpec
@@ -88,6 +96,62 @@ __all__ = [
 
 # The weight of the one reply the inner strategy gets: a constant, never an example count.
 AGGREGATE_WEIGHT = 1
+
+# Flower strategies (flwr.serverapp.strategy, 1.41 and 1.42) whose aggregate is not a weighted mean of
+# the replies' arrays. Wrapped, each would get the one reply a round releases (below) and silently
+# become a plain-mean step: refused, with what each would have done.
+_SECOND_MECHANISM = "adds Flower's central DP noise on top (a second, unaccounted mechanism)"
+NOT_A_MEAN = {
+    "FedMedian": "takes the coordinate-wise median of the replies",
+    "FedTrimmedAvg": "takes a trimmed mean of the replies",
+    "Krum": "selects the reply closest to the others",
+    "MultiKrum": "averages the replies closest to the others",
+    "Bulyan": "selects replies by Krum and takes a trimmed mean of them",
+    "QFedAvg": "weights the replies by the clients' training losses (private, un-noised: the device drops them)",
+    "FedXgbBagging": "aggregates XGBoost trees, not arrays",
+    "FedXgbCyclic": "takes one client's XGBoost trees at a time",
+    "DifferentialPrivacyServerSideFixedClipping": _SECOND_MECHANISM,
+    "DifferentialPrivacyClientSideFixedClipping": "expects clipping by Flower's fixedclipping_mod (the device clips)",
+    "DifferentialPrivacyServerSideAdaptiveClipping": _SECOND_MECHANISM,
+    "DifferentialPrivacyClientSideAdaptiveClipping": "reads each client's clipping bit (a metric the device drops)",
+}
+# Flower's strategies whose aggregate_train is a weighted mean of the replies (FedOpt's family then
+# steps a server optimizer on it): with one reply of weight 1 they mean exactly what they say.
+MEAN_STRATEGIES = ("FedAvg", "FedAvgM", "FedProx", "FedOpt", "FedAdam", "FedYogi", "FedAdagrad")
+USE_INSTEAD = (
+    "wrap FedAvg (the plain mean of the noisy reports), or FedAvgM, FedProx, FedAdam, FedYogi or FedAdagrad "
+    "(a server step on that mean); each report's influence is already bounded by the clip"
+)
+
+
+def check_inner_strategy(strategy: Strategy) -> str | None:
+    """Why ``strategy`` cannot be wrapped (a Flower strategy whose aggregate is not a mean), or ``None``."""
+    for name, what in NOT_A_MEAN.items():
+        cls = getattr(flwr_strategies, name, None)
+        if isinstance(cls, type) and isinstance(strategy, cls):
+            return (
+                f"the inner strategy {type(strategy).__name__} {what}; wrapped, it would get one reply per "
+                f"round (the released plain mean of the noisy reports) and mean something else: {USE_INSTEAD}."
+            )
+    return None
+
+
+def is_mean_strategy(strategy: Strategy) -> bool:
+    """Whether the inner aggregate_train is one of Flower's weighted means (not overridden)."""
+    own = type(strategy).aggregate_train
+    return any(
+        own is getattr(getattr(flwr_strategies, name, None), "aggregate_train", None) for name in MEAN_STRATEGIES
+    )
+
+
+class _NoExampleWeights(logging.Filter):
+    """Rewrites the inner summary's "Weighted by: 'num-examples'": no reply here carries a count."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.msg, str) and "Weighted by" in record.msg:
+            record.msg = "\t\t├── Weighted by: nothing (fedfilter: one reply, the plain mean of the valid reports)"
+            record.args = ()
+        return True
 
 
 @dataclass
@@ -153,6 +217,8 @@ class IndividualFilterStrategy(Strategy):
         inner_key = getattr(strategy, "arrayrecord_key", ARRAYS_RECORD)
         if inner_key != ARRAYS_RECORD:
             problems.append(f"the inner strategy's arrayrecord_key must be {ARRAYS_RECORD!r}. Found {inner_key!r}.")
+        if not problems and (why := check_inner_strategy(strategy)) is not None:
+            problems.append(why)
         if not problems:
             try:
                 check_num_shares(secagg_num_shares, min_reports)
@@ -179,10 +245,21 @@ class IndividualFilterStrategy(Strategy):
         self._started_at = 0.0
         self._pending: fedfilter_pb2.PublicRoundRecord | None = None
         self._evaluate_refusal_logged = False
+        self._run_shown: str | None = None  # the run id start() records under, shown with the ledger's path
         # Distributed placement: the messages SecAgg+ delivers in its masked stage, and where to send them.
         self._secure_messages: list[Message] = []
         self._grid: Grid | None = None
         self._round_timeout: float | None = None
+        if not is_mean_strategy(strategy):
+            log(
+                WARNING,
+                "fedfilter: %s is not one of Flower's mean strategies (%s): its aggregate_train gets one reply "
+                "per round, global + the plain mean of the valid noisy reports with weight %d; if it aggregates "
+                "by anything but a weighted mean, it means something else here.",
+                type(strategy).__name__,
+                ", ".join(MEAN_STRATEGIES),
+                AGGREGATE_WEIGHT,
+            )
 
     def __repr__(self) -> str:
         return f"IndividualFilterStrategy({self.strategy!r})"
@@ -206,8 +283,39 @@ class IndividualFilterStrategy(Strategy):
         if self.placement == "distributed":
             shares = self.secagg_num_shares
             log(INFO, "\t│\t├── Secure aggregation: SecAgg+ (neighbourhoods: %s; per round: round_graph)", shares)
-        log(INFO, "\t│\t└── Public ledger: %s", self.public_ledger if self.public_ledger is not None else "(none)")
-        self.strategy.summary()
+        log(INFO, "\t│\t├── Public ledger: %s", self._public_ledger_shown())
+        log(
+            INFO,
+            "\t│\t└── Aggregate: plain mean of the valid noisy reports, one reply of weight 1 to the inner strategy",
+        )
+        self._say_evaluation_refused()
+        filtered = _NoExampleWeights()
+        FLOWER_LOGGER.addFilter(filtered)
+        try:
+            self.strategy.summary()
+        finally:
+            FLOWER_LOGGER.removeFilter(filtered)
+
+    def _public_ledger_shown(self) -> str:
+        """Where the public ledger is written: an absolute path (``deploy-local`` reads it from the log)."""
+        if self.public_ledger is None:
+            return "(none)"
+        path = self.public_ledger.path if isinstance(self.public_ledger, PublicLedger) else Path(self.public_ledger)
+        return str(path.resolve()) + (f" (run {self._run_shown})" if self._run_shown else "")
+
+    def _say_evaluation_refused(self) -> None:
+        """Once, at the start: client-side evaluation is not sent, and why."""
+        if self._evaluate_refusal_logged:
+            return
+        self._evaluate_refusal_logged = True
+        asked = getattr(self.strategy, "fraction_evaluate", 0.0)
+        log(
+            WARNING if isinstance(asked, (int, float)) and asked > 0 else INFO,
+            "fedfilter: client-side evaluation is refused (the inner strategy's fraction_evaluate=%s is not "
+            "used): a client's loss or accuracy on its private data would be an un-noised release outside its "
+            "budget. Evaluate held-out data on the server with start(evaluate_fn=...).",
+            asked,
+        )
 
     # -- training --
 
@@ -321,8 +429,8 @@ class IndividualFilterStrategy(Strategy):
         and user code in the inner strategy may log what it gets. ``global + mean`` is the round rule
         ``model_step`` with rate 1, so FedAvg's result is the plain mean step bitwise (its weighted
         mean of one reply multiplies by exactly 1.0) and FedAvgM, FedAdam, FedYogi, ... apply their
-        server step to the mean update. Per-client aggregators (median, Krum, trimmed mean) are not
-        meaningful here: they see one reply.
+        server step to the mean update. Per-client aggregators (median, Krum, trimmed mean) would see
+        one reply and mean something else: the constructor refuses them (``NOT_A_MEAN``).
         """
         weight_key = getattr(self.strategy, "weighted_by_key", "num-examples")
         stepped = model_step(self._template, mean, 1.0)
@@ -398,13 +506,7 @@ class IndividualFilterStrategy(Strategy):
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         """Nothing: a client's metrics on its private data would be a release the filter cannot account."""
-        if not self._evaluate_refusal_logged:
-            log(
-                INFO,
-                "fedfilter: client-side evaluation is not sent (unaccounted release of private data); "
-                "evaluate held-out data on the server with start(evaluate_fn=...)",
-            )
-            self._evaluate_refusal_logged = True
+        self._say_evaluation_refused()  # said in summary() at the start; here if summary() was skipped
         return []
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
@@ -430,6 +532,7 @@ class IndividualFilterStrategy(Strategy):
                 "replies whose clients have already spent budget."
             )
         run_id = self.run_id(grid)
+        self._run_shown = run_id
         self._round_timeout = float(timeout)
         ledger, owned = self._open_ledger()
         started_run = False

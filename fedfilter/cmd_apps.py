@@ -24,13 +24,15 @@ def register(subparsers: Any) -> None:
     )
     sub = parser.add_subparsers(dest="apps_command", required=True)
     approve = sub.add_parser("approve", help="approve an app directory or a .fab file")
-    approve.add_argument("path", type=Path, metavar="PATH")
+    approve.add_argument(
+        "path", type=Path, metavar="PATH", help="an app directory (the FAB `flwr run` builds from it) or a .fab file"
+    )
     approve.set_defaults(func=_approve)
     listing = sub.add_parser("list", help="list the approved apps")
-    listing.add_argument("--json", action="store_true")
+    listing.add_argument("--json", action="store_true", help="print the approved apps as JSON")
     listing.set_defaults(func=_list)
     revoke = sub.add_parser("revoke", help="revoke an approval by its hash")
-    revoke.add_argument("hash", metavar="HASH")
+    revoke.add_argument("hash", metavar="HASH", help="the approved FAB hash, or at least its first 8 hex digits")
     revoke.set_defaults(func=_revoke)
 
 

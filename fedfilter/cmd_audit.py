@@ -70,7 +70,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "reply vs a contributing one).",
     )
     p.add_argument("--epsilon", type=float, required=True, help="claimed per-device budget epsilon")
-    p.add_argument("--delta", type=float, default=1e-5)
+    p.add_argument("--delta", type=float, default=1e-5, help="claimed per-device delta (default %(default)s)")
     p.add_argument("--trials", type=int, default=1000, help="pairs of canary devices (one per world) per model dtype")
     p.add_argument("--out", required=True, help="directory for audit.json, audit.png, audit_trials.npz")
     p.add_argument(
@@ -79,7 +79,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--rounds", type=int, default=3, help="full-norm rounds that exhaust the budget (sets the noise multiplier)"
     )
-    p.add_argument("--filter", choices=["gdp", "zcdp", "rdp"], default="gdp")
+    p.add_argument("--filter", choices=["gdp", "zcdp", "rdp"], default="gdp", help="the canaries' privacy filter")
     p.add_argument("--alpha", type=float, default=0.05, help="1 - confidence of every bound")
     p.add_argument(
         "--threshold",
@@ -105,5 +105,5 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--json", action="store_true", help="print one JSON object (the table goes to stderr)")
     p.add_argument("--strict", action="store_true", help="exit 1 if a bound exceeds the claim or exhaustion shows")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=_audit)

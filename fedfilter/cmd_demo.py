@@ -125,7 +125,9 @@ def register(subparsers: Any) -> None:
         help=f"z, noise std z * clip (default {DEFAULTS['noise_multiplier']:g}; distributed: "
         f"{DISTRIBUTED_DEFAULTS['noise_multiplier']:g}, the std of the sum)",
     )
-    p.add_argument("--clip", type=float, default=DEFAULTS["clip"])
+    p.add_argument(
+        "--clip", type=float, default=DEFAULTS["clip"], help="clip norm C of each update (default %(default)s)"
+    )
     p.add_argument(
         "--eps-min",
         type=float,
@@ -140,10 +142,25 @@ def register(subparsers: Any) -> None:
         help=f"largest personal epsilon (default {DEFAULTS['eps_max']:g}; distributed: "
         f"{DISTRIBUTED_DEFAULTS['eps_max']:g})",
     )
-    p.add_argument("--after-exhaustion", choices=("noise-only", "leave"), default="noise-only")
-    p.add_argument("--local-epochs", type=int, default=DEFAULTS["local_epochs"])
-    p.add_argument("--lr", type=float, default=DEFAULTS["lr"])
-    p.add_argument("--server-lr", type=float, default=DEFAULTS["server_lr"])
+    p.add_argument(
+        "--after-exhaustion",
+        choices=("noise-only", "leave"),
+        default="noise-only",
+        help="what a device whose budget is spent sends: pure noise (hides the exhaustion) or a 'left' marker",
+    )
+    p.add_argument(
+        "--local-epochs",
+        type=int,
+        default=DEFAULTS["local_epochs"],
+        help="local epochs per round (default %(default)s)",
+    )
+    p.add_argument("--lr", type=float, default=DEFAULTS["lr"], help="the devices' learning rate (default %(default)s)")
+    p.add_argument(
+        "--server-lr",
+        type=float,
+        default=DEFAULTS["server_lr"],
+        help="the server's step on the mean (default %(default)s)",
+    )
     p.add_argument(
         "--reply-hold-s",
         type=float,

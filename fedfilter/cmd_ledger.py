@@ -153,14 +153,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     lsub = p.add_subparsers(dest="ledger_command", required=True)
     show = lsub.add_parser("show", help="lifetime budget, spent, remaining and spending per run")
     show.add_argument("--dir", required=True, help="the device's ledger directory")
-    show.add_argument("--json", action="store_true")
+    show.add_argument("--json", action="store_true", help="print a JSON object")
     show.set_defaults(func=_show)
     enrol = lsub.add_parser("enrol", help="set the device's personal budget (once, for life)")
-    enrol.add_argument("--dir", required=True)
-    enrol.add_argument("--client-id", required=True)
-    enrol.add_argument("--epsilon", type=float, required=True)
-    enrol.add_argument("--delta", type=float, required=True)
-    enrol.add_argument("--filter", choices=list(FILTER_KINDS), default="gdp")
+    enrol.add_argument("--dir", required=True, help="the device's ledger directory (on persistent storage)")
+    enrol.add_argument("--client-id", required=True, help="the device's name, stored in its ledger")
+    enrol.add_argument("--epsilon", type=float, required=True, help="the device's personal lifetime budget epsilon")
+    enrol.add_argument("--delta", type=float, required=True, help="the device's personal delta (e.g. 1e-5)")
+    enrol.add_argument(
+        "--filter",
+        choices=list(FILTER_KINDS),
+        default="gdp",
+        help="the privacy filter: gdp (Gaussian DP, the most rounds), zcdp, or rdp (Renyi; distributed "
+        "noise needs it) (default %(default)s)",
+    )
     enrol.add_argument("--run-quota", type=float, default=1.0, help="share of the budget one run may spend")
     enrol.add_argument(
         "--recover",
@@ -192,6 +198,6 @@ def register(sub: argparse._SubParsersAction) -> None:
         "worst-case",
         help=f"set {SETTING} on an enrolled ledger (once, for life): the budget against any coordinator",
     )
-    worst.add_argument("--dir", required=True)
+    worst.add_argument("--dir", required=True, help="the device's ledger directory")
     worst.add_argument("--epsilon", type=float, required=True, help="at the ledger's delta; at least its epsilon")
     worst.set_defaults(func=_worst_case)

@@ -189,8 +189,8 @@ def _placement_arguments(p: argparse.ArgumentParser) -> None:
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("rounds", help="how many full-norm rounds a fresh client admits")
-    p.add_argument("--epsilon", type=float, required=True)
-    p.add_argument("--delta", type=float, required=True)
+    p.add_argument("--epsilon", type=float, required=True, help="the client's personal lifetime budget epsilon")
+    p.add_argument("--delta", type=float, required=True, help="the client's personal delta (e.g. 1e-5)")
     p.add_argument("--noise-multiplier", type=float, required=True, help="z: noise std is z * C")
     p.add_argument(
         "--filter",
@@ -203,12 +203,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_rounds)
 
     e = sub.add_parser("epsilon", help="the budget a planned run of full-norm rounds needs")
-    e.add_argument("--noise-multiplier", type=float, required=True)
-    e.add_argument("--rounds", type=int, required=True)
-    e.add_argument("--delta", type=float, required=True)
+    e.add_argument("--noise-multiplier", type=float, required=True, help="z: noise std is z * C")
+    e.add_argument("--rounds", type=int, required=True, help="full-norm rounds the run should afford")
+    e.add_argument("--delta", type=float, required=True, help="the client's personal delta (e.g. 1e-5)")
     e.add_argument(
         "--filter", choices=list(FILTER_KINDS), default=None, help="default gdp (rdp with --placement distributed)"
     )
-    e.add_argument("--json", action="store_true")
+    e.add_argument("--json", action="store_true", help="print a JSON object")
     _placement_arguments(e)
     e.set_defaults(func=_epsilon)

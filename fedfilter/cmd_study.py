@@ -4,11 +4,37 @@ from __future__ import annotations
 
 import argparse
 import sys
+from importlib import resources
+from pathlib import Path
+
+# The study files installed with fedfilter (package data of fedfilter.simulations).
+PACKAGED = resources.files("fedfilter.simulations") / "configs"
+
+
+def packaged_configs() -> dict[str, Path]:
+    """Name (file stem) -> path of every study file installed with fedfilter."""
+    return {Path(f.name).stem: Path(str(f)) for f in PACKAGED.iterdir() if f.name.endswith(".toml")}
+
+
+def study_config(value: str) -> Path:
+    """``--config``: a study file, or the name of a packaged one (``smoke``, ``smoke.toml``)."""
+    path = Path(value)
+    if path.is_file():
+        return path
+    packaged = packaged_configs()
+    name = path.stem if path.suffix == ".toml" and path.parent == Path(".") else value
+    if name in packaged:
+        return packaged[name]
+    raise ValueError(
+        f"--config {value!r} is neither a file nor a packaged study (packaged: {', '.join(sorted(packaged))}; "
+        f"in {PACKAGED})."
+    )
 
 
 def _dropout(args: argparse.Namespace) -> int:
     from fedfilter.simulations.study.config import load_study
 
+    args.config = str(study_config(args.config))
     study = load_study(args.config)  # StudyConfigError (a ValueError) lists every problem
     runs = study.runs()
     if args.dry_run:
@@ -49,13 +75,15 @@ def _report(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("study", help="studies of how clients drop out (vectorised engine)")
     studies = p.add_subparsers(dest="study", required=True)
+    names = ", ".join(sorted(packaged_configs()))
     d = studies.add_parser(
         "dropout",
         help="sweep budgets, heterogeneity, modes and data; write results.json, report.md and plots",
-        description="Run every point of a TOML study (see simulations/configs/smoke.toml) and write "
-        "OUT/results.json, OUT/report.md and PNG plots.",
+        description="Run every point of a TOML study and write OUT/results.json, OUT/report.md and PNG "
+        f"plots. Studies installed with fedfilter: {names} (e.g. --config smoke; the files are in "
+        f"{PACKAGED}: copy one to start your own).",
     )
-    d.add_argument("--config", required=True, help="study TOML file")
+    d.add_argument("--config", required=True, help=f"a study TOML file, or a packaged study's name ({names})")
     d.add_argument("--out", help="output folder (created if missing)")
     d.add_argument("--dry-run", action="store_true", help="check the config and list the runs, run nothing")
     d.add_argument("--no-progress", action="store_true", help="no progress bar")

@@ -8,9 +8,9 @@
 
 writes the connection to that ``FLWR_HOME/config.toml`` (``[superlink.flwrrun]``, ``insecure``),
 and runs the app against it with the simulation's size as ``flwr run ... --federation-config``
-(``num-supernodes``, ``client-resources-num-cpus``; Flower 1.41 wants both as integers).
+(``num-supernodes``, ``client-resources-num-cpus``; Flower 1.41 and 1.42 want both as integers).
 The ``options.`` table of a connection is deprecated in
-Flower 1.41, and ``[tool.flwr.federations]`` in an app's ``pyproject.toml`` is no longer read:
+Flower 1.41 and 1.42, and ``[tool.flwr.federations]`` in an app's ``pyproject.toml`` is no longer read:
 ``flwr run`` migrates it into ``config.toml`` and comments it out.
 
 Simulated nodes get only ``partition-id``/``num-partitions`` from Flower. Their device settings

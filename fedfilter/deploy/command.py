@@ -247,13 +247,36 @@ def refused_apps(logs: Path, clients: int) -> dict[str, list[str]]:
     return out
 
 
+# The strategy's summary names where the app writes its public ledger and the run it records
+# (coordinator/strategy.py: "Public ledger: /abs/path (run ID)"); `flwr run --stream` shows it.
+ANNOUNCED_LEDGER = re.compile(r"Public ledger: (?P<path>/[^\x1b]*?) \(run (?P<run>[^()\x1b]+)\)")
+
+
 class LedgerProgress:
     """Prints each new round of the coordinator's public ledger (read-only, polled), skipping
-    the runs of earlier invocations (``old_runs``)."""
+    the runs of earlier invocations (``old_runs``).
+
+    ``see(line)`` follows the ledger the app announces in its log: an app that writes its ledger
+    elsewhere than ``path`` (its own ``public_ledger=...``, relative to the ServerApp's working
+    directory) is found wherever that is, and only the announced run counts.
+    """
 
     def __init__(self, path: Path, echo: Callable[[str], None], old_runs: Sequence[str] = ()):
         self.path, self.echo, self.old_runs = path, echo, set(old_runs)
         self.shown: set[tuple[str, int]] = set()
+        self.run_id: str | None = None  # the run the app announced, once seen
+
+    def see(self, line: str) -> None:
+        if self.run_id is not None or (match := ANNOUNCED_LEDGER.search(line)) is None:
+            return
+        from fedfilter.coordinator.public_report import public_run_ids
+
+        self.path, self.run_id = Path(match["path"]), match["run"].strip()
+        try:
+            runs = public_run_ids(self.path)
+        except Exception:  # a ledger being created: only the announced run counts anyway
+            runs = []
+        self.old_runs = {run for run in runs if run != self.run_id}
 
     def tick(self) -> None:
         if not self.path.is_file():
@@ -264,7 +287,7 @@ class LedgerProgress:
         try:
             with PublicLedger(self.path, read_only=True) as ledger:
                 for run in ledger.runs():
-                    if run.run_id in self.old_runs:
+                    if run.run_id in self.old_runs or (self.run_id is not None and run.run_id != self.run_id):
                         continue
                     for record in ledger.records(run.run_id):
                         key = (record.run_id, int(record.round_id))
@@ -358,6 +381,7 @@ def deploy_local(options: DeployOptions, echo: Callable[[str], None] = print) ->
             )
 
             def on_line(line: str) -> None:
+                progress.see(line)
                 if options.verbose or "ERROR" in line or STARTED_RUN.search(line):
                     show(f"flwr run | {line}")
 
@@ -384,6 +408,14 @@ def deploy_local(options: DeployOptions, echo: Callable[[str], None] = print) ->
         )
 
     # What the device owners read from their own ledgers (the same report as `fedfilter demo`).
+    if progress.run_id is not None:  # the app said where its ledger is: read that one
+        public_ledger = progress.path
+        old_runs = sorted(run for run in public_run_ids(public_ledger) if run != progress.run_id)
+    elif not any(k in app_config for k in PUBLIC_LEDGER_KEYS):
+        show(
+            "no public ledger found: the app declares no 'public-ledger' run-config key and its log named "
+            "none (IndividualFilterStrategy(..., public_ledger=PATH) prints it): rounds_completed is 0"
+        )
     public = public_summary(public_ledger, old_runs)
     released = released_rounds(public_ledger, public["run_id"])
     clients = [

@@ -120,3 +120,9 @@ def test_the_installed_wheel_imports_only_as_fedfilter(wheel: Path, tmp_path: Pa
     for line in where.stdout.split():
         assert Path(line).resolve().is_relative_to(site_dir.resolve()), f"imported from outside the wheel: {line}"
     assert "usage: fedfilter" in _run([str(bin_dir / "fedfilter"), "--help"], tmp_path, env).stdout
+    # A pip user finds the packaged studies by name, and the help names where they are installed.
+    dry = _run([str(bin_dir / "fedfilter"), "study", "dropout", "--config", "smoke", "--dry-run"], tmp_path, env)
+    config = Path(dry.stdout.split(":", 1)[0])
+    assert config.name == "smoke.toml" and config.resolve().is_relative_to(site_dir.resolve()), dry.stdout
+    helped = _run([str(bin_dir / "fedfilter"), "study", "dropout", "--help"], tmp_path, env).stdout
+    assert "smoke" in helped and str(site_dir.resolve()) in " ".join(helped.split()).replace("- ", "-")
