@@ -77,6 +77,7 @@ from typing import Any
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, RecordDict
 from flwr.common.constant import ErrorCode
+from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
 
 from fedfilter.client.device_config import NODE_CONFIG_KEYS, DeviceConfig, device_config, enrol_device
 from fedfilter.client.device_ledgers import cached_ledger, forget_ledger
@@ -85,6 +86,7 @@ from fedfilter.client.ledger import BudgetLedger
 from fedfilter.client.ledger_storage import LedgerError, ReplayError
 from fedfilter.client.mechanism import NonFiniteUpdateError
 from fedfilter.client.npy_codec import decode, encode
+from fedfilter.client.refusals import refusal_reason
 from fedfilter.client.release import (
     FilteredClient,
     RoundSpec,
@@ -125,7 +127,9 @@ def _category(msg: Message) -> str:
     return msg.metadata.message_type.split(".", 1)[0]
 
 
-def _error(msg: Message, reason: str) -> Message:
+def _error(msg: Message, code: str, text: str) -> Message:
+    """An error reply whose reason is ``fedfilter[<code>]: <text>`` (``client/refusals.py``)."""
+    reason = refusal_reason(code, text)
     log.warning("fedfilter mod: %s", reason)
     return Message(Error(code=ERROR_CODE, reason=reason), reply_to=msg)
 
@@ -238,7 +242,8 @@ def _filtered_release(
     if grid is not None and ledger.filter.kind != "rdp":  # refused before training: nothing spent
         raise _RefusedBeforeTraining(
             "round request refused: distributed (Skellam) releases are accounted by the rdp filter; "
-            f"this device's filter is {ledger.filter.kind!r}."
+            f"this device's filter is {ledger.filter.kind!r}.",
+            code="filter-not-rdp",
         )
     # Always train, whatever the budget: a noise-only reply must take as long as a real one.
     update = _inner_update(call_next, msg, context, keys, received)
@@ -280,12 +285,22 @@ def _filter_round(msg: Message, context: Context, call_next, hold: ReplyHold) ->
     if category == "evaluate":
         return _error(
             msg,
-            "fedfilter: evaluation on a client's private data is refused: loss and "
+            "evaluate-refused",
+            "evaluation on a client's private data is refused: loss and "
             "accuracy on it are un-noised releases outside the privacy filter. Evaluate "
             "the global model on held-out data at the coordinator.",
         )
     if category != "train":
         return call_next(msg, context)
+    if RECORD_KEY_CONFIGS in msg.content.config_records and not reply_masked():
+        # secure_aggregation_mod strips SecAgg+'s configs before this mod sees a masked stage: here
+        # it is missing, or listed after this mod.
+        return _error(
+            msg,
+            "secagg-mod-order",
+            "a SecAgg+ message reached individual_filter_mod outside secure_aggregation_mod: list it first, "
+            "ClientApp(mods=[secure_aggregation_mod, individual_filter_mod]). Nothing was trained, spent or released.",
+        )
 
     # 1. The device's own settings. Their details stay on the device: the reason sent is generic.
     try:
@@ -296,12 +311,13 @@ def _filter_round(msg: Message, context: Context, call_next, hold: ReplyHold) ->
         hold_s = reply_hold_s(node_config)
     except DeviceSettingsError as err:  # the simulation runner's file: say where (budget values stay here)
         log.error("fedfilter mod: %s", err)
-        return _error(msg, f"fedfilter: {err.public} Nothing was trained, spent or released.")
+        return _error(msg, "device-settings", f"{err.public} Nothing was trained, spent or released.")
     except ValueError as err:
         log.error("fedfilter mod: %s", err)
         return _error(
             msg,
-            "fedfilter: this device's privacy settings are missing or invalid (details in "
+            "device-settings",
+            "this device's privacy settings are missing or invalid (details in "
             "the device's log); nothing was trained, spent or released.",
         )
 
@@ -316,21 +332,22 @@ def _filter_round(msg: Message, context: Context, call_next, hold: ReplyHold) ->
         if masked:
             grid = secagg_round_grid(spec, context)
     except RoundSpecError as err:
-        return _error(msg, f"fedfilter: {err} Nothing was trained, spent or released.")
+        return _error(msg, err.code, f"{err} Nothing was trained, spent or released.")
     array_records = list(msg.content.array_records.items())
     if len(array_records) != 1:
         return _error(
             msg,
-            f"fedfilter: a train message must hold exactly one ArrayRecord (the model). Found {len(array_records)}.",
+            "bad-model",
+            f"a train message must hold exactly one ArrayRecord (the model). Found {len(array_records)}.",
         )
     model = array_records[0][1]
     keys = list(model.keys())
     try:
         received = [decode(model[k]) for k in keys]
     except Exception as err:  # noqa: BLE001
-        return _error(msg, f"fedfilter: the model in the train message cannot be read: {err}")
+        return _error(msg, "bad-model", f"the model in the train message cannot be read: {err}")
     if (reason := _bind_run(context, spec)) is not None:
-        return _error(msg, f"fedfilter: {reason}")
+        return _error(msg, "run-id-changed", reason)
 
     # From here the reply depends on the ledger (budget state, replays) and on training: every
     # reply, refusals included, waits for the owner's hold (client/reply_timing.py).
@@ -343,8 +360,9 @@ def _filter_round(msg: Message, context: Context, call_next, hold: ReplyHold) ->
             log.error("fedfilter mod: cannot open the budget ledger: %s", err)
             return _error(
                 msg,
-                "fedfilter: this device's budget ledger cannot be opened (details in the "
-                "device's log); nothing was trained, spent or released.",
+                "not-enrolled",
+                "this device's budget ledger cannot be opened: not enrolled, or lost or damaged (details "
+                "in the device's log); nothing was trained, spent or released.",
             )
         try:
             with entry.lock:  # one message at a time per device ledger in this process
@@ -352,16 +370,16 @@ def _filter_round(msg: Message, context: Context, call_next, hold: ReplyHold) ->
                     continue
                 outcome = _filtered_release(entry.ledger, device, spec, msg, context, call_next, keys, received, grid)
         except _RefusedBeforeTraining as err:
-            return _error(msg, f"fedfilter: {err} Nothing was trained, spent or released.")
+            return _error(msg, err.code, f"{err} Nothing was trained, spent or released.")
         except ReplayError as err:  # a concurrent duplicate of this round got there first
-            return _error(msg, f"fedfilter: round request refused: {err}")
+            return _error(msg, "replay", f"round request refused: {err}")
         except LedgerError as err:  # lost spends, a full or read-only disk: nothing was released
             log.error("fedfilter mod: the budget ledger failed: %s", err)
             forget_ledger(key, entry)
             return _error(
                 msg,
-                "fedfilter: this device's budget ledger cannot be used (details in the device's "
-                "log); nothing was released.",
+                "ledger-failed",
+                "this device's budget ledger cannot be used (details in the device's log); nothing was released.",
             )
         except BaseException:
             forget_ledger(key, entry)
@@ -370,13 +388,14 @@ def _filter_round(msg: Message, context: Context, call_next, hold: ReplyHold) ->
     if outcome is None:
         return _error(
             msg,
-            f"fedfilter: round request refused: round-id={spec.round_id} of run-id="
+            "replay",
+            f"round request refused: round-id={spec.round_id} of run-id="
             f"{spec.run_id!r} was already answered; a repeated round gets no second release.",
         )
 
     if grid is not None:  # under SecAgg+: the legacy layout secaggplus_mod masks, constants besides
         if outcome.release.status == "left":  # an error drops this device from the SecAgg+ round
-            return _error(msg, "fedfilter: this device's budget is spent and it leaves (after-exhaustion='leave').")
+            return _error(msg, "left", "this device's budget is spent and it leaves (after-exhaustion='leave').")
         return Message(masked_report_content(outcome.release.report), reply_to=msg)
     if outcome.release.status == "left":
         return _reply(msg, STATUS_LEFT, keys, None)
