@@ -19,6 +19,9 @@ import numpy as np
 
 from fedfilter.client.privacy.federation_plan import TARGET_NOISE_TO_CLIP, plan_federation
 from fedfilter.client.privacy.filters import FILTER_KINDS
+from fedfilter.client.release import ClientPolicy
+
+DEFAULT_MIN_Z = ClientPolicy.min_noise_multiplier  # a device's min-noise-multiplier unless its owner sets one
 
 
 def count_parameters(model: Any) -> int:
@@ -81,7 +84,14 @@ def _option(name: str, o: dict[str, Any]) -> list[str]:
         f"    noise norm {o['mean_noise_norm']:.4g} ({o['noise_to_clip']:.2g} x clip); "
         f"{o['rounds']} rounds need epsilon {o['epsilon_needed']:.4g} (delta {o['delta']:g}, {o['filter']} filter); "
         f"a device with epsilon {o['epsilon']:g} affords {o['rounds_afforded']} full-clip rounds",
-    ]
+    ] + (
+        [
+            f"    devices refuse a noise multiplier below their min-noise-multiplier ({DEFAULT_MIN_Z:g} unless "
+            "their owners lower it)"
+        ]
+        if o["noise_multiplier"] < DEFAULT_MIN_Z
+        else []
+    )
 
 
 def _plan(args: argparse.Namespace) -> int:

@@ -157,11 +157,15 @@ def _devices_needed(s: dict[str, Any], z: float, placement: str, target: float) 
     scale = z * chi_mean(s["dim"]) / target  # local: n >= scale^2; distributed (m = n): n >= scale
     n = max(1, math.ceil(scale**2 if placement == "local" else scale))
     changes = lambda n: dict(devices=n, placement=placement, noise_multiplier=z, min_reports=n)  # noqa: E731
-    while n > 1 and _noise(s, **changes(n - 1)) <= target * s["clip"]:
-        n -= 1
-    while _noise(s, **changes(n)) > target * s["clip"]:
-        n += 1
-    return n
+    # The closed form is exact up to rounding: a few steps settle it (never an open-ended search).
+    for _ in range(100):
+        if n > 1 and _noise(s, **changes(n - 1)) <= target * s["clip"]:
+            n -= 1
+        elif _noise(s, **changes(n)) > target * s["clip"]:
+            n += 1
+        else:
+            return n
+    raise RuntimeError(f"internal error: the devices needed did not settle near {n} for {s}.")
 
 
 def _dim_allowed(s: dict[str, Any], target: float) -> int:
