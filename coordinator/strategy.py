@@ -44,8 +44,7 @@ import math
 import time
 from collections.abc import Callable, Iterable, Mapping
 from copy import copy
-from dataclasses import dataclass, field
-from logging import INFO, WARNING
+from logging import INFO
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +55,6 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
-from fedfilter.client.privacy.federation_plan import mean_noise_norm
 from fedfilter.client.release import RoundSpec
 from fedfilter.client.round_rules import added_noise_std, model_step, reports_needed
 from fedfilter.client.wire import ARRAYS_RECORD, REQUEST_RECORD, request_proto, request_record
@@ -64,12 +62,12 @@ from fedfilter.coordinator.public_ledger import PublicLedger
 from fedfilter.coordinator.replies import (
     RoundTally,
     classify_reply,
-    describe_refusals,
     l2_norm,
     plain_mean,
     report_norm_bound,
     tally_replies,
 )
+from fedfilter.coordinator.run_log import NothingReleasedError, RoundOutcome, RunLog
 from fedfilter.coordinator.secure_round import (
     SecureSum,
     check_num_shares,
@@ -91,30 +89,6 @@ __all__ = [
 
 # The weight of the one reply the inner strategy gets: a constant, never an example count.
 AGGREGATE_WEIGHT = 1
-
-
-@dataclass
-class RoundOutcome:
-    """One round's public facts (counts only; nothing per client)."""
-
-    round_id: int
-    sampled: int
-    reports: int = 0
-    markers: int = 0
-    dropped: int = 0
-    released: bool = False
-    aggregate_norm: float = 0.0
-    expected_noise_norm: float = 0.0  # of the released mean (round rules, reports count); 0 if not released
-    reasons: list[str] = field(default_factory=list)
-    refusals: dict[str, int] = field(default_factory=dict)  # device refusal code -> replies
-
-
-class NothingReleasedError(RuntimeError):
-    """A run in which no round was released: nothing was learned, and no model is returned.
-
-    Raised by ``IndividualFilterStrategy.start`` after the public ledger is closed, so that the
-    ServerApp fails (``flwr run`` reports the run as failed) and saves no untouched model.
-    """
 
 
 class IndividualFilterStrategy(Strategy):
@@ -191,10 +165,7 @@ class IndividualFilterStrategy(Strategy):
         self._started_at = 0.0
         self._pending: fedfilter_pb2.PublicRoundRecord | None = None
         self._evaluate_refusal_logged = False
-        self._noise_warned = False
-        self._released_rounds = 0
-        self._refusal_totals: dict[str, int] = {}
-        self._drop_reasons: set[str] = set()
+        self._run_log = self._new_run_log()
         # Distributed placement: the messages SecAgg+ delivers in its masked stage, and where to send them.
         self._secure_messages: list[Message] = []
         self._grid: Grid | None = None
@@ -214,17 +185,10 @@ class IndividualFilterStrategy(Strategy):
     def expected_noise_norm(self, reports: int) -> float:
         """The expected norm of the noise in the mean of ``reports`` reports (public: the request, the
         model's size and the count), over the floating-point coordinates the devices release."""
-        dim = sum(int(t.size) for t in self._template if np.issubdtype(t.dtype, np.floating))
-        if dim == 0:
-            return 0.0
-        return mean_noise_norm(
-            noise_multiplier=self.noise_multiplier,
-            clip=self.clip,
-            placement=self.placement,
-            min_reports=self.min_reports,
-            devices=reports,
-            dim=dim,
-        )
+        return self._run_log.expected_noise_norm(self._template, reports)
+
+    def _new_run_log(self) -> RunLog:
+        return RunLog(self.noise_multiplier, self.clip, self.placement, self.min_reports)
 
     def run_id(self, grid: Grid) -> str:
         return self.run_name or f"flwr-{grid.run.run_id}"
@@ -406,49 +370,7 @@ class IndividualFilterStrategy(Strategy):
             expected_noise_norm=outcome.expected_noise_norm,
             started_at_unix=self._started_at,
         )
-        log(
-            INFO,
-            "fedfilter round %d: %d sampled, %d reports, %d markers, %d dropped, released=%s",
-            outcome.round_id,
-            outcome.sampled,
-            outcome.reports,
-            outcome.markers,
-            outcome.dropped,
-            outcome.released,
-        )
-        if outcome.released:
-            log(
-                INFO,
-                "fedfilter round %d: released mean norm %.4g; expected noise norm %.4g (clip %g bounds the signal)",
-                outcome.round_id,
-                outcome.aggregate_norm,
-                outcome.expected_noise_norm,
-                self.clip,
-            )
-            if outcome.expected_noise_norm > self.clip and not self._noise_warned:
-                self._noise_warned = True
-                log(
-                    WARNING,
-                    "fedfilter: the released mean is mostly noise: its expected noise norm %.4g exceeds the clip %g, "
-                    "the most the devices' signal can be. Plan settings that learn with `fedfilter plan --devices %d "
-                    "--params %d --noise-multiplier %g --clip %g --placement %s ...` (more devices per round, "
-                    "distributed placement, fewer parameters, or a smaller noise multiplier).",
-                    outcome.expected_noise_norm,
-                    self.clip,
-                    outcome.reports,
-                    sum(int(t.size) for t in self._template if np.issubdtype(t.dtype, np.floating)),
-                    self.noise_multiplier,
-                    self.clip,
-                    self.placement,
-                )
-        for line in describe_refusals(outcome.refusals):
-            log(WARNING, "fedfilter round %d: %s", outcome.round_id, line)
-        for reason in sorted(set(outcome.reasons)):
-            log(WARNING, "fedfilter round %d: dropped a reply: %s", outcome.round_id, reason)
-        self._released_rounds += int(outcome.released)
-        for code, n in outcome.refusals.items():
-            self._refusal_totals[code] = self._refusal_totals.get(code, 0) + n
-        self._drop_reasons.update(outcome.reasons)
+        self._run_log.round(outcome, self._template)
         return MetricRecord(
             {
                 "reports-received": outcome.reports,
@@ -500,7 +422,7 @@ class IndividualFilterStrategy(Strategy):
         ledger, owned = self._open_ledger()
         started_run = False
         self._pending = None
-        self._released_rounds, self._refusal_totals, self._drop_reasons = 0, {}, set()
+        self._run_log = self._new_run_log()
 
         def evaluate_and_record(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
             metrics = evaluate_fn(server_round, arrays) if evaluate_fn is not None else None
@@ -528,20 +450,10 @@ class IndividualFilterStrategy(Strategy):
                     ledger.finish_run(run_id)
                 if owned:
                     ledger.close()
-        if num_rounds >= 1 and self._released_rounds == 0:
-            raise NothingReleasedError(self._nothing_released_message(run_id, num_rounds))
+        failure = self._run_log.nothing_released(run_id, num_rounds)
+        if failure is not None:
+            raise NothingReleasedError(failure)
         return result
-
-    def _nothing_released_message(self, run_id: str, num_rounds: int) -> str:
-        why = describe_refusals(self._refusal_totals) + [f"dropped: {r}" for r in sorted(self._drop_reasons)]
-        if not why:
-            why = ["no device replied with a report (none sampled, all left, or the replies timed out)"]
-        if self.placement == "distributed":
-            why.append(f"a distributed round needs at least min_reports={self.min_reports} reports")
-        return (
-            f"fedfilter: no round of run {run_id!r} was released in {num_rounds} round(s), so nothing was learned "
-            "and no model is returned. Over the run: " + "; ".join(why) + "."
-        )
 
     def _open_ledger(self) -> tuple[PublicLedger | None, bool]:
         if self.public_ledger is None or isinstance(self.public_ledger, PublicLedger):

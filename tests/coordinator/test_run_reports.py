@@ -153,3 +153,30 @@ def test_a_round_with_some_refusals_is_released_and_counted(tmp_path, caplog):
     outcome = strategy.last_outcome
     assert outcome.released and outcome.reports == 3 and outcome.refusals == {"no-filter-mod": 1}
     assert "1 refused: no-filter-mod" in caplog.text
+
+
+def test_an_older_public_ledger_gains_the_column_and_keeps_its_records(tmp_path):
+    import sqlite3
+
+    from fedfilter.coordinator import public_ledger
+    from fedfilter.protos import fedfilter_pb2
+
+    path = tmp_path / "old.sqlite"
+    conn = sqlite3.connect(path)  # the schema as released before expected_noise_norm existed
+    conn.executescript(public_ledger._SCHEMA + f"PRAGMA user_version={public_ledger.SCHEMA_VERSION};")
+    conn.execute("INSERT INTO runs (run_id, created_at_unix, config_json) VALUES ('old', 1.0, '{}')")
+    conn.commit()
+    conn.close()
+    with PublicLedger(path) as ledger:
+        record = fedfilter_pb2.PublicRoundRecord(
+            run_id="old", round_id=1, clients_sampled=2, reports_received=2, released=True,
+            aggregate_norm=3.0, expected_noise_norm=2.5,
+        )  # fmt: skip
+        ledger.append(record)
+        assert ledger.records("old")[0].expected_noise_norm == 2.5
+        bad = fedfilter_pb2.PublicRoundRecord(run_id="old", round_id=2, expected_noise_norm=float("nan"))
+        with pytest.raises(ValueError, match="expected_noise_norm must be finite"):
+            ledger.append(bad)
+    conn = sqlite3.connect(path)
+    assert conn.execute("SELECT expected_noise_norm FROM records").fetchall() == [(2.5,)]
+    conn.close()
