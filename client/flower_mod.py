@@ -81,6 +81,7 @@ from typing import Any
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, RecordDict
 from flwr.common.constant import ErrorCode
+from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
 
 from fedfilter.client.device_config import (
     NODE_CONFIG_KEYS,
@@ -92,10 +93,17 @@ from fedfilter.client.device_config import (
 from fedfilter.client.device_ledgers import cached_ledger, forget_ledger
 from fedfilter.client.device_settings import DeviceSettingsError, with_device_settings
 from fedfilter.client.ledger import BudgetLedger
-from fedfilter.client.ledger_storage import LedgerError, ReplayError, storage_error
+from fedfilter.client.ledger_storage import (
+    LedgerError,
+    LedgerMissingError,
+    LedgerUnavailableError,
+    ReplayError,
+    storage_error,
+)
 from fedfilter.client.mechanism import NonFiniteUpdateError, as_float_arrays, floating_indices
 from fedfilter.client.mod_once import once_per_message
 from fedfilter.client.npy_codec import decode, encode
+from fedfilter.client.refusals import refusal_reason
 from fedfilter.client.release import (
     FilteredClient,
     RoundSpec,
@@ -137,7 +145,9 @@ def _category(msg: Message) -> str:
     return msg.metadata.message_type.split(".", 1)[0]
 
 
-def _error(msg: Message, reason: str) -> Message:
+def _error(msg: Message, code: str, text: str) -> Message:
+    """An error reply whose reason is ``fedfilter[<code>]: <text>`` (``client/refusals.py``)."""
+    reason = refusal_reason(code, text)
     log.warning("fedfilter mod: %s", reason)
     return Message(Error(code=ERROR_CODE, reason=reason), reply_to=msg)
 
@@ -223,6 +233,17 @@ def _ledger_cause(device: DeviceConfig, err: BaseException) -> str:
     return f"{LedgerError.public} (details in the device's log)"
 
 
+def _ledger_code(err: BaseException) -> str:
+    """The refusal code of a ledger failure, by its kind (``client/refusals.py``)."""
+    if isinstance(err, LedgerMissingError):
+        return "not-enrolled"
+    if isinstance(err, LedgerUnavailableError):
+        return "ledger-refused"
+    if isinstance(err, ValueError):
+        return "device-settings"
+    return "ledger-failed"
+
+
 def _reply(msg: Message, status: str, keys: list[str], arrays: list[np.ndarray] | None) -> Message:
     content = RecordDict()
     if arrays is not None:
@@ -262,7 +283,8 @@ def _filtered_release(
     if grid is not None and ledger.filter.kind != "rdp":  # refused before training: nothing spent
         raise _RefusedBeforeTraining(
             "round request refused: distributed (Skellam) releases are accounted by the rdp filter; "
-            f"this device's filter is {ledger.filter.kind!r}."
+            f"this device's filter is {ledger.filter.kind!r}.",
+            code="filter-not-rdp",
         )
     if grid is not None:
         try:
@@ -310,12 +332,22 @@ def _filter_round(msg: Message, context: Context, call_next, hold: ReplyHold) ->
     if category == "evaluate":
         return _error(
             msg,
-            "fedfilter: evaluation on a client's private data is refused: loss and "
+            "evaluate-refused",
+            "evaluation on a client's private data is refused: loss and "
             "accuracy on it are un-noised releases outside the privacy filter. Evaluate "
             "the global model on held-out data at the coordinator.",
         )
     if category != "train":
         return call_next(msg, context)
+    if RECORD_KEY_CONFIGS in msg.content.config_records and not reply_masked():
+        # secure_aggregation_mod strips SecAgg+'s configs before this mod sees a masked stage: here
+        # it is missing, or listed after this mod.
+        return _error(
+            msg,
+            "secagg-mod-order",
+            "a SecAgg+ message reached individual_filter_mod outside secure_aggregation_mod: list it first, "
+            "ClientApp(mods=[secure_aggregation_mod, individual_filter_mod]). Nothing was trained, spent or released.",
+        )
 
     # 1. The device's own settings. Their details stay on the device: the reason sent is generic.
     try:
@@ -326,12 +358,13 @@ def _filter_round(msg: Message, context: Context, call_next, hold: ReplyHold) ->
         hold_s = reply_hold_s(node_config)
     except DeviceSettingsError as err:  # the simulation runner's file: say where (budget values stay here)
         log.error("fedfilter mod: %s", err)
-        return _error(msg, f"fedfilter: {err.public} Nothing was trained, spent or released.")
+        return _error(msg, "device-settings", f"{err.public} Nothing was trained, spent or released.")
     except ValueError as err:
         log.error("fedfilter mod: %s", err)
         return _error(
             msg,
-            "fedfilter: this device's privacy settings are missing or invalid (details in "
+            "device-settings",
+            "this device's privacy settings are missing or invalid (details in "
             "the device's log); nothing was trained, spent or released.",
         )
 
@@ -346,30 +379,32 @@ def _filter_round(msg: Message, context: Context, call_next, hold: ReplyHold) ->
         if masked:
             grid = secagg_round_grid(spec, context, device.policy)
     except RoundSpecError as err:
-        return _error(msg, f"fedfilter: {err} Nothing was trained, spent or released.")
+        return _error(msg, err.code, f"{err} Nothing was trained, spent or released.")
     array_records = list(msg.content.array_records.items())
     if len(array_records) != 1:
         return _error(
             msg,
-            f"fedfilter: a train message must hold exactly one ArrayRecord (the model). Found {len(array_records)}.",
+            "bad-model",
+            f"a train message must hold exactly one ArrayRecord (the model). Found {len(array_records)}.",
         )
     model = array_records[0][1]
     keys = list(model.keys())
     try:
         received = [decode(model[k]) for k in keys]
     except Exception as err:  # noqa: BLE001
-        return _error(msg, f"fedfilter: the model in the train message cannot be read: {err}")
+        return _error(msg, "bad-model", f"the model in the train message cannot be read: {err}")
     try:  # the model's dtypes are the coordinator's choice: refusing them tells nothing about the device
         as_float_arrays([received[i] for i in floating_indices(received)])
     except ValueError:
         dtypes = sorted({str(a.dtype) for a in received})
         return _error(
             msg,
-            "fedfilter: round request refused: the model holds no floating-point values to release "
+            "no-float-model",
+            "round request refused: the model holds no floating-point values to release "
             f"({len(received)} array(s), dtypes {dtypes}). Nothing was trained, spent or released.",
         )
     if (reason := _bind_run(context, spec)) is not None:
-        return _error(msg, f"fedfilter: {reason}")
+        return _error(msg, "run-id-changed", reason)
 
     # From here the reply depends on the ledger (budget state, replays) and on training: every
     # reply, refusals included, waits for the owner's hold (client/reply_timing.py).
@@ -380,23 +415,25 @@ def _filter_round(msg: Message, context: Context, call_next, hold: ReplyHold) ->
             key, entry = cached_ledger(device)
         except EnrolmentMismatch as err:  # the owner's settings against the enrolment: names only
             log.error("fedfilter mod: %s", err)
-            return _error(msg, f"fedfilter: {err.public} Nothing was trained, spent or released.")
+            return _error(msg, "device-settings", f"{err.public} Nothing was trained, spent or released.")
         except (LedgerError, OSError, ValueError, sqlite3.Error) as err:  # fail closed until the owner acts
             log.error("fedfilter mod: cannot open the budget ledger: %s", err)
-            return _error(msg, f"fedfilter: {_ledger_cause(device, err)}; nothing was trained, spent or released.")
+            return _error(
+                msg, _ledger_code(err), f"{_ledger_cause(device, err)}; nothing was trained, spent or released."
+            )
         try:
             with entry.lock:  # one message at a time per device ledger in this process
                 if entry.closed:
                     continue
                 outcome = _filtered_release(entry.ledger, device, spec, msg, context, call_next, keys, received, grid)
         except _RefusedBeforeTraining as err:
-            return _error(msg, f"fedfilter: {err} Nothing was trained, spent or released.")
+            return _error(msg, err.code, f"{err} Nothing was trained, spent or released.")
         except ReplayError as err:  # a concurrent duplicate of this round got there first
-            return _error(msg, f"fedfilter: round request refused: {err}")
+            return _error(msg, "replay", f"round request refused: {err}")
         except (LedgerError, sqlite3.Error) as err:  # lost spends, a full or read-only disk: nothing released
             log.error("fedfilter mod: the budget ledger failed: %s", err)
             forget_ledger(key, entry)
-            return _error(msg, f"fedfilter: {_ledger_cause(device, err)}; nothing was released.")
+            return _error(msg, _ledger_code(err), f"{_ledger_cause(device, err)}; nothing was released.")
         except BaseException:
             forget_ledger(key, entry)
             raise
@@ -404,13 +441,14 @@ def _filter_round(msg: Message, context: Context, call_next, hold: ReplyHold) ->
     if outcome is None:
         return _error(
             msg,
-            f"fedfilter: round request refused: round-id={spec.round_id} of run-id="
+            "replay",
+            f"round request refused: round-id={spec.round_id} of run-id="
             f"{spec.run_id!r} was already answered; a repeated round gets no second release.",
         )
 
     if grid is not None:  # under SecAgg+: the legacy layout secaggplus_mod masks, constants besides
         if outcome.release.status == "left":  # an error drops this device from the SecAgg+ round
-            return _error(msg, "fedfilter: this device's budget is spent and it leaves (after-exhaustion='leave').")
+            return _error(msg, "left", "this device's budget is spent and it leaves (after-exhaustion='leave').")
         return Message(masked_report_content(outcome.release.report), reply_to=msg)
     if outcome.release.status == "left":
         return _reply(msg, STATUS_LEFT, keys, None)

@@ -43,7 +43,14 @@ MAX_RUN_ID_CHARS = 256  # a run-id is stored with every spend: a huge one would 
 
 
 class RoundSpecError(ValueError):
-    """The coordinator's round request breaks the client's policy; nothing was spent."""
+    """The coordinator's round request breaks the client's policy; nothing was spent.
+
+    ``code``: the refusal code the device's error reply starts with (``client/refusals.py``).
+    """
+
+    def __init__(self, message: str, *, code: str = "request-refused") -> None:
+        super().__init__(message)
+        self.code = code
 
 
 @dataclass(frozen=True)
@@ -134,8 +141,11 @@ def validate_request(spec: RoundSpec, policy: ClientPolicy) -> None:
     Everything the round will compute from the request is bounded here, before any training:
     integers fit SQLite's int64, the noise std ``z * C`` (and the distributed share
     ``z * C / sqrt(m)``) is a finite, normal float, and ``m`` is at most the owner's cap.
+    The error's code: ``bad-request`` if any value is malformed or out of range, else the first
+    policy the request breaks.
     """
-    problems = []
+    problems: list[str] = []
+    policy_codes: list[str] = []  # the problems that are the device's policy, not a malformed request
     if not (isinstance(spec.run_id, str) and 0 < len(spec.run_id) <= MAX_RUN_ID_CHARS):
         problems.append(
             f"run_id must be a non-empty string of at most {MAX_RUN_ID_CHARS} characters. "
@@ -149,6 +159,7 @@ def validate_request(spec: RoundSpec, policy: ClientPolicy) -> None:
         z = None
     elif z < policy.min_noise_multiplier:
         problems.append(f"noise_multiplier={z!r} is below this device's minimum {policy.min_noise_multiplier!r}.")
+        policy_codes.append("noise-below-minimum")
     c = _finite(spec.clip)
     if c is None or c <= 0:
         problems.append(f"clip must be a finite number > 0. Found {short_repr(spec.clip)}.")
@@ -163,6 +174,7 @@ def validate_request(spec: RoundSpec, policy: ClientPolicy) -> None:
     if spec.placement not in PLACEMENTS:
         problems.append(f"placement must be one of {PLACEMENTS}. Found {short_repr(spec.placement)}.")
     elif spec.placement == "distributed" and not policy.allow_distributed:
+        policy_codes.append("needs-secure-aggregation")
         problems.append(
             "placement='distributed' needs secure aggregation: this device serves it only when SecAgg+ masks "
             "its reply (secure_aggregation_mod before individual_filter_mod)."
@@ -186,7 +198,8 @@ def validate_request(spec: RoundSpec, policy: ClientPolicy) -> None:
                     f"in [2**-100, 2**100]. Found {share!r}."
                 )
     if problems:
-        raise RoundSpecError("round request refused: " + " ".join(problems))
+        code = policy_codes[0] if len(policy_codes) == len(problems) else "bad-request"
+        raise RoundSpecError("round request refused: " + " ".join(problems), code=code)
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["accounted_noise_std", "added_noise_std", "reports_needed", "model_step"]
+__all__ = ["accounted_noise_std", "added_noise_std", "released_mean_noise_std", "reports_needed", "model_step"]
 
 
 def accounted_noise_std(noise_multiplier: float, clip: float) -> float:
@@ -44,3 +44,14 @@ def model_step(weights: Sequence[np.ndarray], mean: Sequence[np.ndarray], server
         (np.asarray(w).astype(np.float64) + server_lr * np.asarray(m).astype(np.float64)).astype(np.asarray(w).dtype)
         for w, m in zip(weights, mean)
     ]
+
+
+def released_mean_noise_std(
+    noise_multiplier: float, clip: float, placement: str, min_reports: int, reports: int
+) -> float:
+    """The noise std per coordinate of the released mean of ``reports`` reports: each carries
+    ``added_noise_std`` independently, so the mean carries ``added_noise_std / sqrt(reports)``
+    (``z C / sqrt(n)`` local; ``z C / sqrt(n m)`` distributed, ``z C / n`` when ``n = m``)."""
+    if isinstance(reports, bool) or not isinstance(reports, int) or reports < 1:
+        raise ValueError(f"reports must be an integer >= 1. Found {reports!r}.")
+    return added_noise_std(noise_multiplier, clip, placement, min_reports) / math.sqrt(reports)

@@ -63,13 +63,17 @@ def request_record(spec: RoundSpec) -> ConfigRecord:
 def round_spec_from_record(record: ConfigRecord | None) -> RoundSpec:
     """Read a ``RoundSpec`` from the request record; ``RoundSpecError`` names every bad key."""
     if record is None:
-        raise RoundSpecError(f"round request refused: the message has no ConfigRecord {REQUEST_RECORD!r}.")
+        raise RoundSpecError(
+            f"round request refused: the message has no ConfigRecord {REQUEST_RECORD!r}; is the server's "
+            "strategy wrapped in fedfilter's IndividualFilterStrategy?",
+            code="no-request",
+        )
     problems = [f"{REQUEST_RECORD}[{k!r}] is missing." for k in REQUEST_KEYS if k not in record]
     for key, kind in _REQUEST_TYPES.items():
         if key in record and (isinstance(record[key], bool) or not isinstance(record[key], kind)):
             problems.append(f"{REQUEST_RECORD}[{key!r}] has the wrong type. Found {short_repr(record[key])}.")
     if problems:
-        raise RoundSpecError("round request refused: " + " ".join(problems))
+        raise RoundSpecError("round request refused: " + " ".join(problems), code="bad-request")
     # Numbers go through as sent (no float(): a huge int would overflow); validate_request bounds them.
     # The casts only tell the type checker what the isinstance checks above established.
     return RoundSpec(

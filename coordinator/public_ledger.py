@@ -62,6 +62,9 @@ CREATE TABLE IF NOT EXISTS records (
     PRIMARY KEY (run_id, round_id)
 ) WITHOUT ROWID;
 """
+# Columns added after a schema version was released: (name, declaration). Added to an existing file
+# when a writer opens it (old readers ignore them; the record blob holds every field anyway).
+_ADDED_COLUMNS = (("expected_noise_norm", "REAL NOT NULL DEFAULT 0"),)
 
 
 def looks_per_client(name: str) -> bool:
@@ -154,6 +157,10 @@ class PublicLedger:
                     )
                 for statement in filter(str.strip, _SCHEMA.split(";")):
                     self._conn.execute(statement)
+                have = {row[1] for row in self._conn.execute("PRAGMA table_info(records)")}
+                for name, declaration in _ADDED_COLUMNS:
+                    if name not in have:
+                        self._conn.execute(f"ALTER TABLE records ADD COLUMN {name} {declaration}")
                 self._conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
                 self._conn.execute("COMMIT")
             except BaseException:
@@ -247,7 +254,7 @@ class PublicLedger:
                 self._conn.execute(
                     "INSERT INTO records (run_id, round_id, clients_sampled, reports_received, "
                     "markers_received, replies_dropped, released, aggregate_norm, "
-                    "finished_at_unix, record) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    "finished_at_unix, record, expected_noise_norm) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (
                         record.run_id,
                         record.round_id,
@@ -259,6 +266,7 @@ class PublicLedger:
                         record.aggregate_norm,
                         record.finished_at_unix,
                         blob,
+                        record.expected_noise_norm,
                     ),
                 )
                 self._conn.execute("COMMIT")
@@ -376,6 +384,8 @@ def _validate_record(record: fedfilter_pb2.PublicRoundRecord) -> None:
         )
     if not math.isfinite(record.aggregate_norm) or record.aggregate_norm < 0:
         raise ValueError(f"aggregate_norm must be finite and >= 0, got {record.aggregate_norm}")
+    if not math.isfinite(record.expected_noise_norm) or record.expected_noise_norm < 0:
+        raise ValueError(f"expected_noise_norm must be finite and >= 0, got {record.expected_noise_norm}")
     if not record.released and record.aggregate_norm != 0:
         raise ValueError(
             f"aggregate_norm {record.aggregate_norm} given for a round that was not released; "

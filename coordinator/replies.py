@@ -25,9 +25,28 @@ import numpy as np
 from flwr.app import Message
 
 from fedfilter.client.mechanism import reply_dtype
+from fedfilter.client.refusals import REFUSALS, refusal_code
 from fedfilter.client.wire import ARRAYS_RECORD, STATUS_LEFT, STATUS_RECORD, STATUS_REPORT
 
-__all__ = ["RoundTally", "classify_reply", "plain_mean", "report_norm_bound", "tally_replies", "l2_norm"]
+__all__ = [
+    "RoundTally",
+    "classify_reply",
+    "plain_mean",
+    "report_norm_bound",
+    "tally_replies",
+    "l2_norm",
+    "refusal_of",
+    "describe_refusals",
+]
+
+# Refusals the coordinator recognises without a device's code (the device runs no fedfilter mod).
+NO_FILTER_MOD = "no-filter-mod"
+_COORDINATOR_REFUSALS = {
+    NO_FILTER_MOD: (
+        "replies without fedfilter's status: the device's ClientApp lacks the filter, "
+        "ClientApp(mods=[individual_filter_mod])"
+    ),
+}
 
 # A report is noise of standard deviation s per coordinate plus at most `clip` of signal. Its norm
 # exceeds clip + s (sqrt(d) + t) with probability at most exp(-t^2 / 2) (Gaussian concentration of
@@ -50,6 +69,7 @@ class RoundTally:
     markers: int = 0
     dropped: int = 0
     reasons: list[str] = field(default_factory=list)  # why replies were dropped, for the log
+    refusals: dict[str, int] = field(default_factory=dict)  # refusal code -> replies (public counts)
 
 
 def classify_reply(
@@ -134,5 +154,32 @@ def tally_replies(
             out.markers += 1
         else:
             out.dropped += 1
-            out.reasons.append(reason)
+            code = refusal_of(msg)
+            if code is not None:
+                out.refusals[code] = out.refusals.get(code, 0) + 1
+            else:
+                out.reasons.append(reason)
     return out
+
+
+def refusal_of(msg: Message) -> str | None:
+    """The refusal a dropped reply stands for: the device's code (``client/refusals.py``), Flower's
+    error code for other errors, ``no-filter-mod`` for a reply without fedfilter's status; ``None``
+    for a malformed report (logged by its reason instead)."""
+    if msg.has_error():
+        return refusal_code(msg.error.reason) or f"flower-error-{msg.error.code}"
+    status_record = msg.content.config_records.get(STATUS_RECORD)
+    if status_record is None:
+        return NO_FILTER_MOD
+    return None
+
+
+def describe_refusals(counts: dict[str, int]) -> list[str]:
+    """One line per refusal code, most frequent first: ``"10 refused: not-enrolled (what it means, the fix)"``."""
+    lines = []
+    for code, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])):
+        meaning = REFUSALS.get(code) or _COORDINATOR_REFUSALS.get(code)
+        if meaning is None and code.startswith("flower-error-"):
+            meaning = "Flower's error reply (the ClientApp raised, the reply expired or the node is gone)"
+        lines.append(f"{n} refused: {code} ({meaning or 'unknown code'})")
+    return lines

@@ -51,7 +51,6 @@ import math
 import time
 from collections.abc import Callable, Iterable, Mapping
 from copy import copy
-from dataclasses import dataclass, field
 from logging import INFO, WARNING
 from pathlib import Path
 from typing import Any
@@ -76,6 +75,7 @@ from fedfilter.coordinator.replies import (
     report_norm_bound,
     tally_replies,
 )
+from fedfilter.coordinator.run_log import NothingReleasedError, RoundOutcome, RunLog
 from fedfilter.coordinator.secure_round import (
     AUTO_SHARES,
     SecureSum,
@@ -87,6 +87,7 @@ from fedfilter.protos import fedfilter_pb2
 
 __all__ = [
     "IndividualFilterStrategy",
+    "NothingReleasedError",
     "RoundOutcome",
     "RoundTally",
     "classify_reply",
@@ -152,20 +153,6 @@ class _NoExampleWeights(logging.Filter):
             record.msg = "\t\t├── Weighted by: nothing (fedfilter: one reply, the plain mean of the valid reports)"
             record.args = ()
         return True
-
-
-@dataclass
-class RoundOutcome:
-    """One round's public facts (counts only; nothing per client)."""
-
-    round_id: int
-    sampled: int
-    reports: int = 0
-    markers: int = 0
-    dropped: int = 0
-    released: bool = False
-    aggregate_norm: float = 0.0
-    reasons: list[str] = field(default_factory=list)
 
 
 class IndividualFilterStrategy(Strategy):
@@ -246,6 +233,7 @@ class IndividualFilterStrategy(Strategy):
         self._pending: fedfilter_pb2.PublicRoundRecord | None = None
         self._evaluate_refusal_logged = False
         self._run_shown: str | None = None  # the run id start() records under, shown with the ledger's path
+        self._run_log = self._new_run_log()
         # Distributed placement: the messages SecAgg+ delivers in its masked stage, and where to send them.
         self._secure_messages: list[Message] = []
         self._grid: Grid | None = None
@@ -271,6 +259,14 @@ class IndividualFilterStrategy(Strategy):
 
     def reports_needed(self) -> int:
         return reports_needed(self.placement, self.min_reports)
+
+    def expected_noise_norm(self, reports: int) -> float:
+        """The expected norm of the noise in the mean of ``reports`` reports (public: the request, the
+        model's size and the count), over the floating-point coordinates the devices release."""
+        return self._run_log.expected_noise_norm(self._template, reports)
+
+    def _new_run_log(self) -> RunLog:
+        return RunLog(self.noise_multiplier, self.clip, self.placement, self.min_reports)
 
     def run_id(self, grid: Grid) -> str:
         return self.run_name or f"flwr-{grid.run.run_id}"
@@ -376,12 +372,14 @@ class IndividualFilterStrategy(Strategy):
             markers=tally.markers,
             dropped=tally.dropped,
             reasons=tally.reasons,
+            refusals=tally.refusals,
         )
         arrays: ArrayRecord | None = None
         if tally.reports and len(tally.reports) >= self.reports_needed():
             mean = plain_mean(tally.reports, self._template)
             outcome.released = True
             outcome.aggregate_norm = l2_norm(mean)
+            outcome.expected_noise_norm = self.expected_noise_norm(len(tally.reports))
             first = next(m for m in replies if int(m.metadata.src_node_id) == tally.report_sources[0])
             arrays = self._inner_aggregate(server_round, first, mean)
         return arrays, self._finish_round(outcome)
@@ -418,6 +416,7 @@ class IndividualFilterStrategy(Strategy):
         if mean is not None:
             outcome.released = True
             outcome.aggregate_norm = l2_norm(mean)
+            outcome.expected_noise_norm = self.expected_noise_norm(n)
             arrays = self._inner_aggregate(server_round, messages[0], mean)
         return arrays, self._finish_round(outcome)
 
@@ -477,20 +476,10 @@ class IndividualFilterStrategy(Strategy):
             replies_dropped=outcome.dropped,
             released=outcome.released,
             aggregate_norm=outcome.aggregate_norm if math.isfinite(outcome.aggregate_norm) else 0.0,
+            expected_noise_norm=outcome.expected_noise_norm,
             started_at_unix=self._started_at,
         )
-        log(
-            INFO,
-            "fedfilter round %d: %d sampled, %d reports, %d markers, %d dropped, released=%s",
-            outcome.round_id,
-            outcome.sampled,
-            outcome.reports,
-            outcome.markers,
-            outcome.dropped,
-            outcome.released,
-        )
-        for reason in sorted(set(outcome.reasons)):
-            log(WARNING, "fedfilter round %d: dropped a reply: %s", outcome.round_id, reason)
+        self._run_log.round(outcome, self._template)
         return MetricRecord(
             {
                 "reports-received": outcome.reports,
@@ -537,6 +526,7 @@ class IndividualFilterStrategy(Strategy):
         ledger, owned = self._open_ledger()
         started_run = False
         self._pending = None
+        self._run_log = self._new_run_log()
 
         def evaluate_and_record(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
             metrics = evaluate_fn(server_round, arrays) if evaluate_fn is not None else None
@@ -549,7 +539,7 @@ class IndividualFilterStrategy(Strategy):
                 # Whether the coordinator saw only sums (SecAgg+) or each noisy report, with every run.
                 ledger.start_run(run_id, {**self._run_config(), "secure-aggregation": self.placement == "distributed"})
                 started_run = True
-            return super().start(
+            result = super().start(
                 grid,
                 initial_arrays,
                 num_rounds=num_rounds,
@@ -564,6 +554,10 @@ class IndividualFilterStrategy(Strategy):
                     ledger.finish_run(run_id)
                 if owned:
                     ledger.close()
+        failure = self._run_log.nothing_released(run_id, num_rounds)
+        if failure is not None:
+            raise NothingReleasedError(failure)
+        return result
 
     def _open_ledger(self) -> tuple[PublicLedger | None, bool]:
         if self.public_ledger is None or isinstance(self.public_ledger, PublicLedger):

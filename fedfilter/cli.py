@@ -12,6 +12,7 @@ import sys
 
 COMMAND_MODULES = [
     "fedfilter.cmd_planner",  # rounds, epsilon
+    "fedfilter.cmd_plan",  # plan (the federation: noise in the mean, rounds afforded)
     "fedfilter.cmd_ledger",  # ledger show / enrol
     "fedfilter.cmd_reports",  # reports serve / watch
     "fedfilter.cmd_demo",  # demo (Flower simulation)

@@ -37,7 +37,7 @@ class RoundRequest(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., round_id: _Optional[int] = ..., noise_multiplier: _Optional[float] = ..., clip: _Optional[float] = ..., placement: _Optional[_Union[NoisePlacement, str]] = ..., min_reports: _Optional[int] = ..., local_epochs: _Optional[int] = ..., learning_rate: _Optional[float] = ...) -> None: ...
 
 class PublicRoundRecord(_message.Message):
-    __slots__ = ("run_id", "round_id", "request", "clients_sampled", "reports_received", "markers_received", "replies_dropped", "released", "aggregate_norm", "metrics", "started_at_unix", "finished_at_unix", "wall_time_s")
+    __slots__ = ("run_id", "round_id", "request", "clients_sampled", "reports_received", "markers_received", "replies_dropped", "released", "aggregate_norm", "metrics", "started_at_unix", "finished_at_unix", "wall_time_s", "expected_noise_norm")
     class MetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -58,6 +58,7 @@ class PublicRoundRecord(_message.Message):
     STARTED_AT_UNIX_FIELD_NUMBER: _ClassVar[int]
     FINISHED_AT_UNIX_FIELD_NUMBER: _ClassVar[int]
     WALL_TIME_S_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_NOISE_NORM_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     round_id: int
     request: RoundRequest
@@ -71,7 +72,8 @@ class PublicRoundRecord(_message.Message):
     started_at_unix: float
     finished_at_unix: float
     wall_time_s: float
-    def __init__(self, run_id: _Optional[str] = ..., round_id: _Optional[int] = ..., request: _Optional[_Union[RoundRequest, _Mapping]] = ..., clients_sampled: _Optional[int] = ..., reports_received: _Optional[int] = ..., markers_received: _Optional[int] = ..., replies_dropped: _Optional[int] = ..., released: _Optional[bool] = ..., aggregate_norm: _Optional[float] = ..., metrics: _Optional[_Mapping[str, float]] = ..., started_at_unix: _Optional[float] = ..., finished_at_unix: _Optional[float] = ..., wall_time_s: _Optional[float] = ...) -> None: ...
+    expected_noise_norm: float
+    def __init__(self, run_id: _Optional[str] = ..., round_id: _Optional[int] = ..., request: _Optional[_Union[RoundRequest, _Mapping]] = ..., clients_sampled: _Optional[int] = ..., reports_received: _Optional[int] = ..., markers_received: _Optional[int] = ..., replies_dropped: _Optional[int] = ..., released: _Optional[bool] = ..., aggregate_norm: _Optional[float] = ..., metrics: _Optional[_Mapping[str, float]] = ..., started_at_unix: _Optional[float] = ..., finished_at_unix: _Optional[float] = ..., wall_time_s: _Optional[float] = ..., expected_noise_norm: _Optional[float] = ...) -> None: ...
 
 class GetRecordsRequest(_message.Message):
     __slots__ = ("run_id",)

@@ -318,3 +318,39 @@ def plan_distributed_epsilon(
         "order": rdp_order(make_filter("rdp", hi, delta, orders)),
         "fixed_composition_epsilon": epsilon_from_rdp(orders_arr.tolist(), per_order.tolist(), delta),
     }
+
+
+def rounds_admitted(
+    kind: str,
+    *,
+    epsilon: float,
+    delta: float,
+    noise_multiplier: float,
+    limit: int,
+    placement: str = "local",
+    clip: float = 1.0,
+    min_reports: int = 1,
+    dim: int = 1,
+    orders=None,
+) -> int:
+    """Full-norm rounds a fresh client's filter admits, counted up to ``limit`` (so it stays cheap
+    where ``plan_rounds`` would count millions): ``min(rounds, limit)``."""
+    _check_z(noise_multiplier)
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit < MAX_PLANNED_ROUNDS:
+        raise ValueError(f"limit must be an integer in [1, {MAX_PLANNED_ROUNDS}). Found {limit!r}.")
+    if placement == "distributed":
+        check_distributed_filter(kind)
+        _check_setting(clip, min_reports, dim)
+        filt = make_filter("rdp", epsilon, delta, orders)
+        charge = _full_round(filt, noise_multiplier, clip, min_reports, dim)[4]
+        return _run_charges(filt, charge, limit)[1]
+    if kind in BASELINE_KINDS:
+        return min(plan_rounds(kind, epsilon=epsilon, delta=delta, noise_multiplier=noise_multiplier).rounds, limit)
+    return _run_full_rounds(make_filter(kind, epsilon, delta, orders), noise_multiplier, limit)[1]
+
+
+def admits_rounds(kind: str, *, rounds: int, **setting) -> bool:
+    """Whether a fresh client's filter admits ``rounds`` full-norm rounds (``rounds_admitted``'s settings)."""
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or not 1 <= rounds < MAX_PLANNED_ROUNDS:
+        raise ValueError(f"rounds must be an integer in [1, {MAX_PLANNED_ROUNDS}). Found {rounds!r}.")
+    return rounds_admitted(kind, limit=rounds, **setting) >= rounds

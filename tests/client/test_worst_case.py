@@ -335,7 +335,7 @@ def test_node_config_worst_case_epsilon_enrols_and_must_match(tmp_path):
     ledger = device_config(config).open_ledger()
     assert ledger.worst_case is not None and ledger.worst_case.epsilon == 40.0
     ledger.close()
-    with pytest.raises(ValueError, match="worst-case-epsilon 40.0, node-config 50.0"):
+    with pytest.raises(ValueError, match="worst-case-epsilon: enrolled 40.0, node-config 50.0"):
         device_config({**config, "worst-case-epsilon": 50.0}).open_ledger()
     plain = {k: v for k, v in config.items() if k != "worst-case-epsilon"}
     device_config(plain).open_ledger().close()  # not given: not checked (the ledger's own is used)

@@ -94,6 +94,7 @@ def test_record_fields_as_specified() -> None:
         "started_at_unix",
         "finished_at_unix",
         "wall_time_s",
+        "expected_noise_norm",
     ]
     request = fedfilter_pb2.RoundRequest.DESCRIPTOR
     assert [f.name for f in request.fields] == [

@@ -24,7 +24,7 @@ from flwr.app import Array, ArrayRecord, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.common import bytes_to_ndarray
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key
-from flwr.serverapp.strategy import FedAvg
+from flwr.serverapp.strategy import FedAvg, Result
 from secagg_loopback import LoopbackGrid, stage_of
 
 import fedfilter.client.release_distributed as release_distributed
@@ -40,7 +40,7 @@ from fedfilter.client.skellam_noise import add_skellam_noise
 from fedfilter.client.wire import ARRAYS_RECORD, REQUEST_RECORD, round_spec_from_record
 from fedfilter.coordinator import secure_round
 from fedfilter.coordinator.public_ledger import PublicLedger
-from fedfilter.coordinator.strategy import IndividualFilterStrategy
+from fedfilter.coordinator.strategy import IndividualFilterStrategy, NothingReleasedError
 
 KEYS = ["w", "b"]
 SHAPES = [(20, 40), (40,)]  # 840 coordinates: enough for an empirical look at the noise's variance
@@ -144,7 +144,10 @@ def run_federation(
         secagg_num_shares=num_shares,
     )
     initial = ArrayRecord({k: Array(a) for k, a in zip(KEYS, initial_model())})
-    fed.result = fed.strategy.start(grid=fed.grid, initial_arrays=initial, num_rounds=rounds, timeout=60)
+    try:
+        fed.result = fed.strategy.start(grid=fed.grid, initial_arrays=initial, num_rounds=rounds, timeout=60)
+    except NothingReleasedError:  # no round released: what Flower's loop returned holds no arrays
+        fed.result = Result()
     return fed
 
 

@@ -371,14 +371,18 @@ def test_start_writes_one_public_record_per_round_like_the_server_app(tmp_path):
         np.testing.assert_array_equal(result.arrays[key].numpy(), want)
 
 
-def test_start_without_evaluate_fn_still_records_rounds_and_a_dropped_round_keeps_the_model(tmp_path):
+def test_start_without_evaluate_fn_still_records_rounds_and_a_run_with_no_release_fails(tmp_path):
+    from fedfilter.coordinator.strategy import NothingReleasedError
+
     path = tmp_path / "public.sqlite"
     strategy = wrap(public_ledger=str(path))
     grid = FakeGrid(nodes=[11, 12], client=_client(fail_nodes=(11,), leave_nodes=(12,)))
     initial = as_record(global_arrays())
-    result = strategy.start(grid=grid, initial_arrays=initial, num_rounds=1, timeout=60)
-    assert len(result.arrays) == 0  # never released: Flower's Result keeps no arrays
+    # Never released: Flower's Result would hold no arrays, and a server app would save an empty model.
+    with pytest.raises(NothingReleasedError, match="no round of run 'run-w' was released in 1 round"):
+        strategy.start(grid=grid, initial_arrays=initial, num_rounds=1, timeout=60)
     with PublicLedger(path, read_only=True) as ledger:
+        assert ledger.is_finished("run-w")
         (record,) = ledger.records("run-w")
     assert (record.reports_received, record.released, record.aggregate_norm) == (0, False, 0.0)
     assert dict(record.metrics) == {}

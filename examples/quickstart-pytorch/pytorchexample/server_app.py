@@ -23,7 +23,7 @@ def main(grid: Grid, context: Context) -> None:
     arrays = ArrayRecord(Net().state_dict())
 
     strategy = IndividualFilterStrategy(
-        FedAvg(fraction_evaluate=fraction_evaluate), noise_multiplier=1.0, clip=1.0, public_ledger="public_ledger.db"
+        FedAvg(fraction_evaluate=fraction_evaluate), noise_multiplier=0.0061, clip=10, public_ledger="public_ledger.db"
     )
 
     # Run the strategy for `num_rounds` rounds

@@ -1,0 +1,182 @@
+"""What the operator reads at run time (issue 24): the released mean's norm against the noise norm
+it should carry, refusals counted by code with the fix to make, and a run that released nothing
+failing with the reason. The devices are the real ``individual_filter_mod`` called in-process
+behind a fake Grid (no Flower engine); ``tests/cli/test_example_app.py`` runs the same through
+``flwr run``."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.serverapp.strategy import FedAvg
+from flwr.supercore.task_identity import TaskIdentity
+from test_strategy_wrapper import FakeGrid
+
+from fedfilter.client.flower_mod import enrol_device, individual_filter_mod
+from fedfilter.client.privacy.federation_plan import plan_federation
+from fedfilter.coordinator.public_ledger import PublicLedger
+from fedfilter.coordinator.strategy import IndividualFilterStrategy, NothingReleasedError
+
+NODES = [11, 12, 13, 14]
+DIM = 4000  # coordinates: the norm of the mean's noise then varies by about 1% around its mean
+Z, CLIP = 0.5, 1.0
+
+
+@pytest.fixture(autouse=True)
+def _task_identity(monkeypatch):
+    monkeypatch.setattr(TaskIdentity, "_run_id", 7)
+    monkeypatch.setattr(TaskIdentity, "_node_id", 1)
+    monkeypatch.setattr(TaskIdentity, "_task_id", 1)
+
+
+def _zero_update(msg, ctx):
+    """Training that changes nothing: the report is pure noise (and costs nothing)."""
+    return Message(RecordDict({"arrays": msg.content["arrays"]}), reply_to=msg)
+
+
+def _devices(root, *, enrol=True, **settings):
+    """A reply function for FakeGrid: each node is a device running the real mod."""
+    contexts = {}
+    for node in NODES:
+        config = {
+            "ledger-dir": str(root / str(node)),
+            "client-id": f"d{node}",
+            "budget-epsilon": 8.0,
+            "budget-delta": 1e-5,
+            "reply-hold-s": 0,
+            **settings,
+        }
+        if enrol:
+            enrol_device(config)
+        contexts[node] = Context(run_id=7, node_id=node, node_config=config, state=RecordDict(), run_config={})
+
+    def reply(msg):
+        return individual_filter_mod(msg, contexts[msg.metadata.dst_node_id], _zero_update)
+
+    return reply
+
+
+def _start(strategy, client, rounds=2):
+    arrays = ArrayRecord({"w": Array(np.zeros(DIM, np.float32))})
+    return strategy.start(
+        grid=FakeGrid(nodes=NODES, client=client),
+        initial_arrays=arrays,
+        num_rounds=rounds,
+        timeout=60,
+        train_config=ConfigRecord({"lr": 0.1}),
+    )
+
+
+def _wrap(tmp_path, **kwargs):
+    inner = FedAvg(min_available_nodes=len(NODES), fraction_evaluate=0.0)
+    return IndividualFilterStrategy(
+        inner, noise_multiplier=Z, clip=CLIP, run_name="r", public_ledger=str(tmp_path / "public.sqlite"), **kwargs
+    )
+
+
+def test_the_planners_noise_figure_is_what_a_real_run_of_zero_updates_measures(tmp_path, caplog):
+    caplog.set_level(logging.INFO)
+    _start(_wrap(tmp_path), _devices(tmp_path / "devices"))
+    plan = plan_federation(
+        devices=len(NODES), dim=DIM, noise_multiplier=Z, clip=CLIP, epsilon=8.0, delta=1e-5, rounds=2
+    )
+    with PublicLedger(tmp_path / "public.sqlite", read_only=True) as ledger:
+        records = ledger.records("r")
+    assert [r.released for r in records] == [True, True]
+    for record in records:
+        # The public record's figure is the planner's, and the measured norm of the released mean
+        # (zero updates: pure noise) lies within 5% of it (its spread is about 1% here).
+        assert record.expected_noise_norm == pytest.approx(plan["mean_noise_norm"], rel=1e-12)
+        assert record.aggregate_norm == pytest.approx(record.expected_noise_norm, rel=0.05)
+    assert plan["noise_dominates"] is True  # 0.5 * sqrt(4000 / 4) = 15.8 against a clip of 1
+    logged = caplog.text
+    assert logged.count("released mean norm") == 2 and "expected noise norm 15.8" in logged
+    assert logged.count("the released mean is mostly noise") == 1  # warned once, not per round
+    assert "fedfilter plan --devices 4 --params 4000" in logged
+
+
+def test_a_quiet_mean_is_not_called_noise(tmp_path, caplog):
+    caplog.set_level(logging.INFO)
+    # 0.02 * sqrt(4000 / 4) = 0.63 < clip 1 (the ratio does not depend on the clip: only on z, d, n).
+    strategy = IndividualFilterStrategy(FedAvg(min_available_nodes=len(NODES)), noise_multiplier=0.02, clip=1.0)
+    _start(strategy, _devices(tmp_path / "devices", **{"min-noise-multiplier": 0.02}), rounds=1)
+    assert strategy.last_outcome.released and strategy.last_outcome.expected_noise_norm < 1.0
+    assert "mostly noise" not in caplog.text
+
+
+def test_devices_not_enrolled_are_counted_and_the_run_fails_with_the_fix(tmp_path, caplog):
+    caplog.set_level(logging.WARNING)
+    with pytest.raises(NothingReleasedError) as err:
+        _start(_wrap(tmp_path), _devices(tmp_path / "devices", enrol=False))
+    message = str(err.value)
+    assert "no round of run 'r' was released in 2 round(s)" in message
+    assert "8 refused: not-enrolled" in message and "fedfilter ledger enrol" in message  # 4 devices x 2 rounds
+    assert caplog.text.count("4 refused: not-enrolled") == 2  # per round, as it happens
+    with PublicLedger(tmp_path / "public.sqlite", read_only=True) as ledger:
+        assert ledger.is_finished("r")
+        assert [(r.released, r.replies_dropped, r.expected_noise_norm) for r in ledger.records("r")] == [
+            (False, 4, 0.0),
+            (False, 4, 0.0),
+        ]
+
+
+def test_noise_below_the_devices_minimum_says_raise_the_multiplier(tmp_path):
+    with pytest.raises(NothingReleasedError, match="refused: noise-below-minimum .*raise noise_multiplier"):
+        _start(_wrap(tmp_path), _devices(tmp_path / "devices", **{"min-noise-multiplier": 1.0}), rounds=1)
+
+
+def test_devices_without_the_mod_are_told_apart_and_the_fix_named(tmp_path):
+    def plain_client_app(msg):  # a ClientApp without individual_filter_mod: the template's reply
+        content = RecordDict({"arrays": msg.content["arrays"], "metrics": MetricRecord({"num-examples": 10})})
+        return Message(content, reply_to=msg)
+
+    with pytest.raises(NothingReleasedError) as err:
+        _start(_wrap(tmp_path), plain_client_app, rounds=1)
+    assert "4 refused: no-filter-mod" in str(err.value)
+    assert "ClientApp(mods=[individual_filter_mod])" in str(err.value)
+
+
+def test_a_round_with_some_refusals_is_released_and_counted(tmp_path, caplog):
+    caplog.set_level(logging.WARNING)
+    good = _devices(tmp_path / "good")
+    strategy = _wrap(tmp_path)
+
+    def mixed(msg):
+        if msg.metadata.dst_node_id == NODES[0]:
+            return Message(RecordDict({"arrays": msg.content["arrays"]}), reply_to=msg)  # no mod
+        return good(msg)
+
+    _start(strategy, mixed, rounds=1)
+    outcome = strategy.last_outcome
+    assert outcome.released and outcome.reports == 3 and outcome.refusals == {"no-filter-mod": 1}
+    assert "1 refused: no-filter-mod" in caplog.text
+
+
+def test_an_older_public_ledger_gains_the_column_and_keeps_its_records(tmp_path):
+    import sqlite3
+
+    from fedfilter.coordinator import public_ledger
+    from fedfilter.protos import fedfilter_pb2
+
+    path = tmp_path / "old.sqlite"
+    conn = sqlite3.connect(path)  # the schema as released before expected_noise_norm existed
+    conn.executescript(public_ledger._SCHEMA + f"PRAGMA user_version={public_ledger.SCHEMA_VERSION};")
+    conn.execute("INSERT INTO runs (run_id, created_at_unix, config_json) VALUES ('old', 1.0, '{}')")
+    conn.commit()
+    conn.close()
+    with PublicLedger(path) as ledger:
+        record = fedfilter_pb2.PublicRoundRecord(
+            run_id="old", round_id=1, clients_sampled=2, reports_received=2, released=True,
+            aggregate_norm=3.0, expected_noise_norm=2.5,
+        )  # fmt: skip
+        ledger.append(record)
+        assert ledger.records("old")[0].expected_noise_norm == 2.5
+        bad = fedfilter_pb2.PublicRoundRecord(run_id="old", round_id=2, expected_noise_norm=float("nan"))
+        with pytest.raises(ValueError, match="expected_noise_norm must be finite"):
+            ledger.append(bad)
+    conn = sqlite3.connect(path)
+    assert conn.execute("SELECT expected_noise_norm FROM records").fetchall() == [(2.5,)]
+    conn.close()
