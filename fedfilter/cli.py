@@ -18,6 +18,7 @@ COMMAND_MODULES = [
     "fedfilter.cmd_deploy",  # deploy-local
     "fedfilter.cmd_study",  # study dropout
     "fedfilter.cmd_audit",  # audit (canary devices through the real mod)
+    "fedfilter.cmd_odometer",  # odometer (privacy loss so far, valid at any moment)
 ]
 
 

@@ -63,7 +63,7 @@ def _check_delta_g(delta_g: float, *, upper: float = 1.0) -> None:
         raise ValueError(f"delta_g must be in (0, {upper:.6g}). Found {delta_g!r}.")
 
 
-def _check_losses(name: str, values: Sequence[float]) -> list[float]:
+def check_losses(name: str, values: Sequence[float]) -> list[float]:
     out = [float(v) for v in values]
     bad = [v for v in out if not (math.isfinite(v) and v >= 0)]
     if bad:
@@ -73,13 +73,13 @@ def _check_losses(name: str, values: Sequence[float]) -> list[float]:
 
 def basic_odometer(epsilons: Sequence[float]) -> float:
     """papers/003 Theorem 3.4: ``COMP(eps_1, 0, ..., eps_k, 0) = sum eps_i`` (valid at delta_g = 0)."""
-    eps = _check_losses("epsilons", epsilons)
+    eps = check_losses("epsilons", epsilons)
     return _up(math.fsum(eps)) if eps else 0.0
 
 
 def advanced_branch(epsilons: Sequence[float], n: int) -> int:
     """11 where papers/003 Theorem 6.5's ``sum eps_i^2`` lies in [1/n^2, 1], else 12."""
-    eps = _check_losses("epsilons", epsilons)
+    eps = check_losses("epsilons", epsilons)
     if not (isinstance(n, int) and n >= 2):
         raise ValueError(f"n must be an integer >= 2 (Theorem 6.5 takes log(n) and log2(n)). Found {n!r}.")
     sum_sq = math.fsum(e * e for e in eps)
@@ -119,8 +119,8 @@ def lemma33_odometer(
     ``inf`` once ``sum 2 delta_i / (eps_i e^eps_i) > delta_g'``, else the pure-DP odometer
     (valid at delta_g) at ``(2 eps_1, ..., 2 eps_k)``. A step with delta_i = 0 charges nothing.
     """
-    eps = _check_losses("epsilons", epsilons)
-    dels = _check_losses("deltas", deltas)
+    eps = check_losses("epsilons", epsilons)
+    dels = check_losses("deltas", deltas)
     if len(eps) != len(dels):
         raise ValueError(f"deltas must have one entry per epsilon. Found {len(dels)} for {len(eps)}.")
     if not (isinstance(delta_g_prime, (int, float)) and 0 <= delta_g_prime < 1):
