@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from fedfilter.client.ledger import BudgetLedger, SpendRecord
+from fedfilter.client.privacy.odometer import filter_odometer
 
 CONTRIBUTED = "contributed"  # of ledger.STATUSES; "noise-only" and "left" mean it had run out
 
@@ -56,3 +57,15 @@ def device_report(ledger_dir: Path, run_id: str | None) -> dict[str, Any]:
         }
     finally:
         ledger.close()
+
+
+def odometer_report(ledger: BudgetLedger, federations: list[str | None]) -> dict[str, Any]:
+    """The odometer (papers/003 Definition 3.2) of the device's lifetime spend and of each
+    federation's, at the ledger's delta: a bound on the privacy loss so far that holds at every
+    moment, also if the device stops now. The filter's guarantee is its budget while it keeps it."""
+    filt = ledger.filter
+    return {
+        "epsilon": filter_odometer(filt, ledger.state()),
+        "delta": filt.delta,
+        "coordinators": {name: filter_odometer(filt, ledger.coordinator_state(name)) for name in federations if name},
+    }

@@ -43,8 +43,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
+import numpy as np
+
+from fedfilter.client.privacy.filters import GaussianFilter, rdp_order
 from fedfilter.client.privacy.pure_dp import lemma33_delta_charge
-from fedfilter.client.privacy.rounding import up
+from fedfilter.client.privacy.rounding import mul_up, up
 
 # Relative slack added to every float formula: far above its few-ulp rounding error, far below
 # any precision that matters (the tests check each value against mpmath at 50 digits).
@@ -183,3 +186,22 @@ def rdp_odometer(sum_rdp: float, order: float, delta_g: float) -> float:
     if not (math.isfinite(order) and order > 1):
         raise ValueError(f"order must be a finite number > 1. Found {order!r}.")
     return _up(r + -math.log(delta_g) / (order - 1))
+
+
+def filter_odometer(filt: GaussianFilter, state) -> float:
+    """The odometer of a ledger's filter state, at the filter's delta (rounded up).
+
+    gdp: the state is ``sum mu_t^2``. zcdp: ``sum mu_t^2 / 2`` of Gaussian releases only (Skellam
+    needs rdp), so ``2 rho`` is the same sum. rdp: ``rho`` with ``alpha* rho`` bounding the Rényi
+    loss at alpha* (Gaussian and Skellam charges alike), read at alpha* only (module docstring).
+    """
+    arr = np.asarray(state, dtype=np.float64).reshape(-1)
+    if arr.size != 1:
+        raise ValueError(f"state must hold one value (one client). Found {arr.size} values.")
+    value = float(arr[0])
+    if filt.kind == "gdp":
+        return gdp_odometer(value, filt.delta)
+    if filt.kind == "zcdp":
+        return gdp_odometer(float(mul_up(2.0, value)), filt.delta)
+    order = rdp_order(filt)
+    return rdp_odometer(float(mul_up(order, value)), order, filt.delta)
