@@ -36,7 +36,8 @@ def contributed_rounds(records: list[SpendRecord], run_id: str | None) -> list[i
 
 def device_report(ledger_dir: Path, run_id: str | None) -> dict[str, Any]:
     """What a device owner can read from their own ledger about one run (never sent anywhere):
-    client id, budget, lifetime spent epsilon, the round it ran out (or None) and the rounds it
+    client id, budget, lifetime spent epsilon (the filter's readout), the lifetime odometer (at the
+    ledger's delta), the round it ran out (or None) and the rounds it
     contributed to. ``run_id`` None (no run reached the public ledger) reports no rounds."""
     ledger = BudgetLedger.open(ledger_dir)
     try:
@@ -52,6 +53,8 @@ def device_report(ledger_dir: Path, run_id: str | None) -> dict[str, Any]:
             "client_id": summary["client_id"],
             "budget_epsilon": summary["budget_epsilon"],
             "spent_epsilon": spent,
+            # Valid at any moment (papers/003 Definition 3.2), also if the device stops now.
+            "odometer_epsilon": filter_odometer(ledger.filter, ledger.state()),
             "exhausted_round": exhausted_round(records, run_id),
             "contributed_rounds": contributed_rounds(records, run_id),
         }

@@ -54,6 +54,7 @@ from typing import Any
 from fedfilter.app.config import APP_DIR, app_defaults, resolve_config
 from fedfilter.demo_report import (
     DELTA,
+    ODOMETER_TEXT,
     clip_share_per_round,
     follow_public_ledger,
     guarantee_text,
@@ -406,12 +407,16 @@ def _run(args: argparse.Namespace) -> int:
     print("  * from the devices' own ledgers after the run; the coordinator never learns it.")
     print("    norm/clip: the mean norm the devices put in, over the clip (0 when none sent data).")
     print()
-    print(f"{'client':>10}  {'budget eps':>10}  {'spent eps':>10}  exhausted in round")
+    print(f"{'client':>10}  {'budget eps':>10}  {'spent eps':>10}  {'odometer':>9}  exhausted in round")
     for c in clients:
         ex = "-" if c["exhausted_round"] is None else str(c["exhausted_round"])
-        print(f"{c['client_id']:>10}  {c['budget_epsilon']:>10.2f}  {c['spent_epsilon']:>10.3f}  {ex}")
+        print(
+            f"{c['client_id']:>10}  {c['budget_epsilon']:>10.2f}  {c['spent_epsilon']:>10.3f}  "
+            f"{c['odometer_epsilon']:>9.3f}  {ex}"
+        )
     guarantee = guarantee_text(args)
     print(f"\nguarantee: {guarantee}")
+    print(f"odometer: {ODOMETER_TEXT}")
 
     for c in clients:
         if c["spent_epsilon"] > c["budget_epsilon"]:
@@ -426,7 +431,8 @@ def _run(args: argparse.Namespace) -> int:
         "released_rounds": sum(released),
         "released_per_round": released,
         "clients": [
-            {k: c[k] for k in ("client_id", "budget_epsilon", "spent_epsilon", "exhausted_round")} for c in clients
+            {k: c[k] for k in ("client_id", "budget_epsilon", "spent_epsilon", "odometer_epsilon", "exhausted_round")}
+            for c in clients
         ],
         "final_accuracy": next((a for a in reversed(accuracy) if a is not None), float("nan")),
         "accuracy_per_round": accuracy,
@@ -452,6 +458,7 @@ def _run(args: argparse.Namespace) -> int:
         },
         "timing_protection": timing,
         "guarantee": guarantee,
+        "odometer": ODOMETER_TEXT,
         "wall_time_s": round(elapsed, 1),
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
