@@ -72,3 +72,12 @@ def odometer_report(ledger: BudgetLedger, federations: list[str | None]) -> dict
         "delta": filt.delta,
         "coordinators": {name: filter_odometer(filt, ledger.coordinator_state(name)) for name in federations if name},
     }
+
+
+def odometer_text(delta: float) -> str:
+    """Which of a report's numbers is the guarantee, in the words the summaries keep."""
+    return (
+        f"odometer_epsilon bounds each client's privacy loss so far at delta {delta:g}, valid at every moment "
+        "(also if the client stops now); spent_epsilon is the filter's readout, not a guarantee: while the "
+        "client keeps its filter, its guarantee is budget_epsilon"
+    )

@@ -54,7 +54,6 @@ from typing import Any
 from fedfilter.app.config import APP_DIR, app_defaults, resolve_config
 from fedfilter.demo_report import (
     DELTA,
-    ODOMETER_TEXT,
     clip_share_per_round,
     follow_public_ledger,
     guarantee_text,
@@ -316,7 +315,7 @@ def _run(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
 
     from fedfilter.client.device_settings import write_device_settings
-    from fedfilter.client.ledger_report import device_report
+    from fedfilter.client.ledger_report import device_report, odometer_text
     from fedfilter.client.reply_timing import timing_protection
     from fedfilter.coordinator.public_ledger import PublicLedger
     from fedfilter.simulation_link import SimulationLink
@@ -416,7 +415,7 @@ def _run(args: argparse.Namespace) -> int:
         )
     guarantee = guarantee_text(args)
     print(f"\nguarantee: {guarantee}")
-    print(f"odometer: {ODOMETER_TEXT}")
+    print(f"odometer: {odometer_text(DELTA)}")
 
     for c in clients:
         if c["spent_epsilon"] > c["budget_epsilon"]:
@@ -458,7 +457,7 @@ def _run(args: argparse.Namespace) -> int:
         },
         "timing_protection": timing,
         "guarantee": guarantee,
-        "odometer": ODOMETER_TEXT,
+        "odometer": odometer_text(DELTA),
         "wall_time_s": round(elapsed, 1),
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")

@@ -108,13 +108,6 @@ def placement_text(args: argparse.Namespace) -> str:
     return "local noise (gdp filter)"
 
 
-ODOMETER_TEXT = (
-    f"odometer_epsilon bounds each client's privacy loss so far at delta {DELTA:g}, valid at every moment "
-    "(also if the client stops now); spent_epsilon is the filter's readout, not a guarantee: while the "
-    "client keeps its filter, its guarantee is budget_epsilon"
-)
-
-
 def guarantee_text(args: argparse.Namespace) -> str:
     """What each device's budget covers, in the words the summary keeps."""
     d = DELTA

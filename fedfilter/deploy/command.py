@@ -243,7 +243,7 @@ def deploy_local(options: DeployOptions, echo: Callable[[str], None] = print) ->
     """
     from fedfilter.client.flower_mod import enrol_device
     from fedfilter.client.ledger import LEDGER_FILE
-    from fedfilter.client.ledger_report import device_report
+    from fedfilter.client.ledger_report import device_report, odometer_text
     from fedfilter.client.reply_timing import timing_protection
     from fedfilter.coordinator.public_report import public_run_ids, public_summary
 
@@ -332,6 +332,7 @@ def deploy_local(options: DeployOptions, echo: Callable[[str], None] = print) ->
         "released_rounds": released,
         "public_ledger": str(public_ledger),
         "clients": clients,
+        "odometer": odometer_text(options.delta),
         "final_accuracy": public["final_accuracy"],
         "settings": {
             "clients": options.clients,

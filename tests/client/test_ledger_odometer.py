@@ -48,3 +48,18 @@ def test_filter_odometer_reads_each_kind_at_or_above_the_filter():
         assert filter_odometer(filt, state) >= filt.epsilon_spent(state)
     with pytest.raises(ValueError, match="state"):
         filter_odometer(make_filter("gdp", 1.0, 1e-5), np.zeros(2))
+
+
+def test_device_report_carries_the_odometer_and_the_summary_says_which_is_the_guarantee(tmp_path):
+    from fedfilter.client.ledger_report import device_report, odometer_text
+
+    client = FilteredClient(BudgetLedger.enrol(tmp_path, client_id="d", epsilon=1.0, delta=1e-6))
+    for r in range(30):  # past its budget: the filter stops it, the odometer keeps the honest total
+        client.release(RoundSpec("run-y", r, 2.0, 1.0), [np.ones(8) * 0.2])
+    state = client.ledger.state()
+    client.ledger.close()
+    rep = device_report(tmp_path, "run-y")
+    assert rep["spent_epsilon"] <= 1.0 < rep["odometer_epsilon"] == gdp_odometer(float(state[0]), 1e-6)
+    assert rep["exhausted_round"] is not None
+    text = odometer_text(1e-6)
+    assert "1e-06" in text and "valid at every moment" in text and "guarantee is budget_epsilon" in text
