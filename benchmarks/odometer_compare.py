@@ -41,7 +41,7 @@ def theorem65_via_lemma33(mu: float, rounds: int, delta: float, n: int) -> float
         mid = (lo + hi) / 2
         lo, hi = (lo, mid) if charge(mid) <= share else (mid, hi)
     eps = [hi] * rounds
-    return odo.lemma33_odometer(lambda e: odo.advanced_odometer(e, share, n), eps, [1e-300] * rounds, share)
+    return odo.lemma33_odometer(lambda e: odo.advanced_odometer(e, delta_g=share, n=n), eps, [1e-300] * rounds, share)
 
 
 def main() -> None:
@@ -61,8 +61,8 @@ def main() -> None:
         mu = 1 / sigma
         v = rounds * mu * mu
         spent = epsilon_for_mu(math.sqrt(v), args.delta)
-        gdp = odo.gdp_odometer(v, args.delta)
-        rdp = odo.rdp_odometer(alpha * v / 2, alpha, args.delta)
+        gdp = odo.gdp_odometer(v, delta_g=args.delta)
+        rdp = odo.rdp_odometer(alpha * v / 2, order=alpha, delta_g=args.delta)
         thm = theorem65_via_lemma33(mu, rounds, args.delta, args.n)
         print(f"| {sigma:g} | {rounds} | {v:.3g} | {spent:.3f} | {gdp:.3f} | {rdp:.3f} | {thm:.3f} |")
 

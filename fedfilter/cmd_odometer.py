@@ -51,7 +51,7 @@ def odometer_value(args: argparse.Namespace) -> dict:
             out["branch"] = odo.advanced_branch(eps if args.deltas is None else [2 * e for e in eps], n)
 
             def advanced(values: list[float]) -> float:
-                return odo.advanced_odometer(values, args.delta_g, n)
+                return odo.advanced_odometer(values, delta_g=args.delta_g, n=n)
 
             pure = advanced
 
@@ -66,14 +66,19 @@ def odometer_value(args: argparse.Namespace) -> dict:
         total = 0.0
         for mu in mus:
             total = float(add_up(total, square_up(mu)))
-        out.update(rounds=len(mus), sum_mu_sq=total, epsilon=odo.gdp_odometer(total, args.delta_g))
+        out.update(rounds=len(mus), sum_mu_sq=total, epsilon=odo.gdp_odometer(total, delta_g=args.delta_g))
     elif kind == "rdp":
         losses = odo.check_losses("--rdp", _floats("--rdp", _need(args, "--rdp", kind)))
         order = _need(args, "--order", kind)
         total = 0.0
         for r in losses:
             total = float(add_up(total, r))
-        out.update(rounds=len(losses), order=order, sum_rdp=total, epsilon=odo.rdp_odometer(total, order, args.delta_g))
+        out.update(
+            rounds=len(losses),
+            order=order,
+            sum_rdp=total,
+            epsilon=odo.rdp_odometer(total, order=order, delta_g=args.delta_g),
+        )
     else:
         raise ValueError(f"--kind must be one of {', '.join(KINDS)}. Found {kind!r}.")
     return out

@@ -89,7 +89,7 @@ def advanced_branch(epsilons: Sequence[float], n: int) -> int:
     return 11 if 1 / n**2 <= sum_sq <= 1 else 12
 
 
-def advanced_odometer(epsilons: Sequence[float], delta_g: float, n: int) -> float:
+def advanced_odometer(epsilons: Sequence[float], *, delta_g: float, n: int) -> float:
     """papers/003 Theorem 6.5 (advanced privacy odometer), rounded up; delta_g in (0, 1/e).
 
     Equation (11), where ``sum eps_i^2`` lies in [1/n^2, 1]:
@@ -144,8 +144,8 @@ def gdp_level(j: int, first_level: float = GDP_FIRST_LEVEL, ratio: float = GDP_R
 
 def gdp_odometer(
     sum_mu_sq: float,
-    delta_g: float,
     *,
+    delta_g: float,
     first_level: float = GDP_FIRST_LEVEL,
     ratio: float = GDP_RATIO,
 ) -> float:
@@ -173,7 +173,7 @@ def gdp_odometer(
     return _up(v / 2 + best)
 
 
-def rdp_odometer(sum_rdp: float, order: float, delta_g: float) -> float:
+def rdp_odometer(sum_rdp: float, *, order: float, delta_g: float) -> float:
     """``sum eps_t(alpha) + log(1/delta_g)/(alpha - 1)``: a bound on the loss at every round at once
     (Ville on the supermartingale M_t of papers/004's proof of Theorem 3.1 at the one order alpha), rounded up.
 
@@ -200,8 +200,8 @@ def filter_odometer(filt: GaussianFilter, state) -> float:
         raise ValueError(f"state must hold one value (one client). Found {arr.size} values.")
     value = float(arr[0])
     if filt.kind == "gdp":
-        return gdp_odometer(value, filt.delta)
+        return gdp_odometer(value, delta_g=filt.delta)
     if filt.kind == "zcdp":
-        return gdp_odometer(float(mul_up(2.0, value)), filt.delta)
+        return gdp_odometer(float(mul_up(2.0, value)), delta_g=filt.delta)
     order = rdp_order(filt)
-    return rdp_odometer(float(mul_up(order, value)), order, filt.delta)
+    return rdp_odometer(float(mul_up(order, value)), order=order, delta_g=filt.delta)

@@ -28,12 +28,12 @@ def test_ledger_show_json_has_the_odometer_of_the_ledgers_state(tmp_path, capsys
     odo = data["odometer"]
     filt = make_filter(kind, 2.0, 1e-5)
     if kind == "gdp":
-        assert odo["epsilon"] == gdp_odometer(float(state[0]), 1e-5)
+        assert odo["epsilon"] == gdp_odometer(float(state[0]), delta_g=1e-5)
     elif kind == "zcdp":
-        assert odo["epsilon"] >= gdp_odometer(2 * float(state[0]), 1e-5)
+        assert odo["epsilon"] >= gdp_odometer(2 * float(state[0]), delta_g=1e-5)
     else:
         alpha = rdp_order(filt)
-        assert odo["epsilon"] >= rdp_odometer(alpha * float(state[0]), alpha, 1e-5)
+        assert odo["epsilon"] >= rdp_odometer(alpha * float(state[0]), order=alpha, delta_g=1e-5)
     assert odo["delta"] == 1e-5 and odo["epsilon"] >= data["spent_epsilon"] > 0
     # one federation ("default"), which spent everything: its odometer is the device's
     assert odo["coordinators"] == {"default": odo["epsilon"]}
@@ -59,7 +59,7 @@ def test_device_report_carries_the_odometer_and_the_summary_says_which_is_the_gu
     state = client.ledger.state()
     client.ledger.close()
     rep = device_report(tmp_path, "run-y")
-    assert rep["spent_epsilon"] <= 1.0 < rep["odometer_epsilon"] == gdp_odometer(float(state[0]), 1e-6)
+    assert rep["spent_epsilon"] <= 1.0 < rep["odometer_epsilon"] == gdp_odometer(float(state[0]), delta_g=1e-6)
     assert rep["exhausted_round"] is not None
     text = odometer_text(1e-6)
     assert "1e-06" in text and "valid at every moment" in text and "guarantee is budget_epsilon" in text

@@ -63,7 +63,7 @@ def _close_above(value, exact):
 )
 def test_advanced_odometer_is_equations_11_and_12(eps, delta_g, n, branch):
     assert odo.advanced_branch(eps, n) == branch
-    _close_above(odo.advanced_odometer(eps, delta_g, n), _mp_advanced(eps, delta_g, n))
+    _close_above(odo.advanced_odometer(eps, delta_g=delta_g, n=n), _mp_advanced(eps, delta_g, n))
 
 
 def test_basic_odometer_is_the_sum():
@@ -82,22 +82,22 @@ def test_lemma33_doubles_epsilons_and_halts_on_the_delta_charge():
 
 @pytest.mark.parametrize("v", [0.0, 1e-4, 0.37, 2.0, 55.0])
 def test_gdp_odometer_against_mpmath(v):
-    _close_above(odo.gdp_odometer(v, 1e-5), _mp_gdp(v, 1e-5))
+    _close_above(odo.gdp_odometer(v, delta_g=1e-5), _mp_gdp(v, 1e-5))
 
 
 def test_rdp_odometer_against_mpmath():
     exact = mpmath.mpf("1.25") + mpmath.log(1 / mpmath.mpf("1e-6")) / (mpmath.mpf(12) - 1)
-    _close_above(odo.rdp_odometer(1.25, 12.0, 1e-6), exact)
+    _close_above(odo.rdp_odometer(1.25, order=12.0, delta_g=1e-6), exact)
 
 
 @pytest.mark.parametrize(
     "call, field",
     [
-        (lambda: odo.advanced_odometer([0.1], 0.5, 100), "delta_g"),
-        (lambda: odo.advanced_odometer([0.1], 1e-6, 1), "n"),
+        (lambda: odo.advanced_odometer([0.1], delta_g=0.5, n=100), "delta_g"),
+        (lambda: odo.advanced_odometer([0.1], delta_g=1e-6, n=1), "n"),
         (lambda: odo.basic_odometer([-0.1]), "epsilons"),
-        (lambda: odo.gdp_odometer(float("nan"), 1e-6), "sum_mu_sq"),
-        (lambda: odo.rdp_odometer(1.0, 1.0, 1e-6), "order"),
+        (lambda: odo.gdp_odometer(float("nan"), delta_g=1e-6), "sum_mu_sq"),
+        (lambda: odo.rdp_odometer(1.0, order=1.0, delta_g=1e-6), "order"),
         (lambda: odo.lemma33_odometer(odo.basic_odometer, [0.1], [], 0.1), "deltas"),
     ],
 )
@@ -129,7 +129,7 @@ def _chase(m, v):
 def test_gdp_odometer_bounds_the_realized_loss_of_adaptive_sequences():
     delta_g = 0.05
     ls, vs = _adaptive_paths(_chase)
-    bound = np.vectorize(lambda x: odo.gdp_odometer(float(x), delta_g))(vs)
+    bound = np.vectorize(lambda x: odo.gdp_odometer(float(x), delta_g=delta_g))(vs)
     failed = np.mean(np.any(ls > bound, axis=0))
     assert failed <= delta_g  # the odometer: every round at once
     # Not vacuous: half its deviation term (the part above V/2) fails far more often than delta_g.
@@ -143,7 +143,7 @@ def test_gdp_odometer_bounds_the_realized_loss_of_adaptive_sequences():
 def test_rdp_odometer_bounds_the_realized_loss_of_adaptive_sequences():
     delta_g, order = 0.05, 8.0
     ls, vs = _adaptive_paths(_chase, seed=11)
-    bound = np.vectorize(lambda x: odo.rdp_odometer(float(order * x / 2), order, delta_g))(vs)
+    bound = np.vectorize(lambda x: odo.rdp_odometer(float(order * x / 2), order=order, delta_g=delta_g))(vs)
     assert np.mean(np.any(ls > bound, axis=0)) <= delta_g
 
 
@@ -158,19 +158,19 @@ def test_every_odometer_is_monotone_in_every_epsilon(eps, i, bump):
     more = list(eps)
     more[i] += bump
     assert odo.basic_odometer(more) >= odo.basic_odometer(eps)
-    assert odo.advanced_odometer(more, 1e-6, 1000) >= odo.advanced_odometer(eps, 1e-6, 1000)
+    assert odo.advanced_odometer(more, delta_g=1e-6, n=1000) >= odo.advanced_odometer(eps, delta_g=1e-6, n=1000)
     s, s_more = sum(e * e for e in eps), sum(e * e for e in more)
-    assert odo.gdp_odometer(s_more, 1e-6) >= odo.gdp_odometer(s, 1e-6)
-    assert odo.rdp_odometer(s_more, 10.0, 1e-6) >= odo.rdp_odometer(s, 10.0, 1e-6)
+    assert odo.gdp_odometer(s_more, delta_g=1e-6) >= odo.gdp_odometer(s, delta_g=1e-6)
+    assert odo.rdp_odometer(s_more, order=10.0, delta_g=1e-6) >= odo.rdp_odometer(s, order=10.0, delta_g=1e-6)
 
 
 @pytest.mark.parametrize("mus", [[0.3] * 10, [0.1, 0.5, 0.2], [1.5], [0.05] * 200])
 def test_never_below_the_filter_readout_on_fixed_histories(mus):
     delta = 1e-5
     v = sum(m * m for m in mus)
-    assert odo.gdp_odometer(v, delta) >= epsilon_for_mu(math.sqrt(v), delta)
+    assert odo.gdp_odometer(v, delta_g=delta) >= epsilon_for_mu(math.sqrt(v), delta)
     filt = rdp_filter(4.0, delta)
     alpha = rdp_order(filt)
     rho = np.array([v / 2])
-    assert odo.rdp_odometer(alpha * v / 2, alpha, delta) >= filt.epsilon_spent(rho)
-    assert gdp_filter(4.0, delta).epsilon_spent(np.array([v])) <= odo.gdp_odometer(v, delta)
+    assert odo.rdp_odometer(alpha * v / 2, order=alpha, delta_g=delta) >= filt.epsilon_spent(rho)
+    assert gdp_filter(4.0, delta).epsilon_spent(np.array([v])) <= odo.gdp_odometer(v, delta_g=delta)
