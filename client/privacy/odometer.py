@@ -160,6 +160,8 @@ def gdp_odometer(
         raise ValueError(f"sum_mu_sq must be a finite number >= 0. Found {sum_mu_sq!r}.")
     if not (math.isfinite(first_level) and first_level > 0 and math.isfinite(ratio) and ratio > 1):
         raise ValueError(f"levels need first_level > 0 and ratio > 1. Found {first_level!r}, {ratio!r}.")
+    if v == 0:  # no release carried data: every mu_t = 0, so M_k = 0 and the loss is exactly 0
+        return 0.0
     best = math.inf
     for j in range(MAX_LEVELS):
         b_j, w_j = gdp_level(j, first_level, ratio)
@@ -185,6 +187,8 @@ def rdp_odometer(sum_rdp: float, *, order: float, delta_g: float) -> float:
         raise ValueError(f"sum_rdp must be a finite number >= 0. Found {sum_rdp!r}.")
     if not (math.isfinite(order) and order > 1):
         raise ValueError(f"order must be a finite number > 1. Found {order!r}.")
+    if r == 0:  # every step had D_alpha = 0: its output does not depend on the data, the loss is 0
+        return 0.0
     return _up(r + -math.log(delta_g) / (order - 1))
 
 

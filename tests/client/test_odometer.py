@@ -80,7 +80,12 @@ def test_lemma33_doubles_epsilons_and_halts_on_the_delta_charge():
     assert pure_dp.lemma33_delta_charge(0.1, 1e-7) >= 2e-7 / (0.1 * math.exp(0.1))
 
 
-@pytest.mark.parametrize("v", [0.0, 1e-4, 0.37, 2.0, 55.0])
+def test_no_data_released_is_no_loss():
+    assert odo.gdp_odometer(0.0, delta_g=1e-6) == 0.0 == odo.rdp_odometer(0.0, order=4.0, delta_g=1e-6)
+    assert odo.gdp_odometer(1e-300, delta_g=1e-6) > 0 and odo.rdp_odometer(1e-300, order=4.0, delta_g=1e-6) > 0
+
+
+@pytest.mark.parametrize("v", [1e-4, 0.37, 2.0, 55.0])
 def test_gdp_odometer_against_mpmath(v):
     _close_above(odo.gdp_odometer(v, delta_g=1e-5), _mp_gdp(v, 1e-5))
 
