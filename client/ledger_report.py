@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from fedfilter.client.ledger import BudgetLedger, SpendRecord
+from fedfilter.client.privacy.odometer import filter_odometer
 
 CONTRIBUTED = "contributed"  # of ledger.STATUSES; "noise-only" and "left" mean it had run out
 
@@ -35,9 +36,10 @@ def contributed_rounds(records: list[SpendRecord], run_id: str | None) -> list[i
 
 def device_report(ledger_dir: Path, run_id: str | None) -> dict[str, Any]:
     """What a device owner can read from their own ledger about one run (never sent anywhere):
-    client id, budget, lifetime spent epsilon, the worst-case budget and its spent epsilon (None
-    without one), the round it ran out (or None) and the rounds it contributed to. ``run_id`` None
-    (no run reached the public ledger) reports no rounds."""
+    client id, budget, lifetime spent epsilon (the filter's readout), the lifetime odometer (at the
+    ledger's delta), the worst-case budget and its spent epsilon (None without one), the round it ran
+    out (or None) and the rounds it contributed to. ``run_id`` None (no run reached the public ledger)
+    reports no rounds."""
     ledger = BudgetLedger.open(ledger_dir)
     try:
         records = ledger.records(run_id) if run_id is not None else []
@@ -55,8 +57,31 @@ def device_report(ledger_dir: Path, run_id: str | None) -> dict[str, Any]:
             "spent_epsilon": spent,
             "worst_case_epsilon": None if worst is None else worst["budget_epsilon"],
             "worst_case_spent_epsilon": None if worst is None else worst["spent_epsilon"],
+            # Valid at any moment (papers/003 Definition 3.2), also if the device stops now.
+            "odometer_epsilon": filter_odometer(ledger.filter, ledger.state()),
             "exhausted_round": exhausted_round(records, run_id),
             "contributed_rounds": contributed_rounds(records, run_id),
         }
     finally:
         ledger.close()
+
+
+def odometer_report(ledger: BudgetLedger, federations: list[str | None]) -> dict[str, Any]:
+    """The odometer (papers/003 Definition 3.2) of the device's lifetime spend and of each
+    federation's, at the ledger's delta: a bound on the privacy loss so far that holds at every
+    moment, also if the device stops now. The filter's guarantee is its budget while it keeps it."""
+    filt = ledger.filter
+    return {
+        "epsilon": filter_odometer(filt, ledger.state()),
+        "delta": filt.delta,
+        "coordinators": {name: filter_odometer(filt, ledger.coordinator_state(name)) for name in federations if name},
+    }
+
+
+def odometer_text(delta: float) -> str:
+    """Which of a report's numbers is the guarantee, in the words the summaries keep."""
+    return (
+        f"odometer_epsilon bounds each client's privacy loss so far at delta {delta:g}, valid at every moment "
+        "(also if the client stops now); spent_epsilon is the filter's readout, not a guarantee: while the "
+        "client keeps its filter, its guarantee is budget_epsilon"
+    )

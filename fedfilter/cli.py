@@ -21,6 +21,7 @@ COMMAND_MODULES = [
     "fedfilter.cmd_supernode",  # supernode (the device owner's Flower SuperNode)
     "fedfilter.cmd_study",  # study dropout
     "fedfilter.cmd_audit",  # audit (canary devices through the real mod)
+    "fedfilter.cmd_odometer",  # odometer (privacy loss so far, valid at any moment)
 ]
 
 

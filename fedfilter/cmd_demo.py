@@ -344,7 +344,7 @@ def _run(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
 
     from fedfilter.client.device_settings import write_device_settings
-    from fedfilter.client.ledger_report import device_report
+    from fedfilter.client.ledger_report import device_report, odometer_text
     from fedfilter.client.reply_timing import timing_protection
     from fedfilter.coordinator.public_ledger import PublicLedger
     from fedfilter.simulation_link import SimulationLink
@@ -436,17 +436,21 @@ def _run(args: argparse.Namespace) -> int:
     print("  * from the devices' own ledgers after the run; the coordinator never learns it.")
     print("    norm/clip: the mean norm the devices put in, over the clip (0 when none sent data).")
     print()
-    print(f"{'client':>10}  {'budget eps':>10}  {'spent eps':>10}  {'worst eps':>10}  {'spent':>8}  exhausted in round")
+    print(
+        f"{'client':>10}  {'budget eps':>10}  {'spent eps':>10}  {'odometer':>9}  {'worst eps':>10}  {'spent':>8}  "
+        "exhausted in round"
+    )
     for c in clients:
         ex = "-" if c["exhausted_round"] is None else str(c["exhausted_round"])
         worst = "-" if c["worst_case_epsilon"] is None else f"{c['worst_case_epsilon']:.2f}"
         worst_spent = "-" if c["worst_case_spent_epsilon"] is None else f"{c['worst_case_spent_epsilon']:.3f}"
         print(
-            f"{c['client_id']:>10}  {c['budget_epsilon']:>10.2f}  {c['spent_epsilon']:>10.3f}  {worst:>10}  "
-            f"{worst_spent:>8}  {ex}"
+            f"{c['client_id']:>10}  {c['budget_epsilon']:>10.2f}  {c['spent_epsilon']:>10.3f}  "
+            f"{c['odometer_epsilon']:>9.3f}  {worst:>10}  {worst_spent:>8}  {ex}"
         )
     guarantee = guarantee_text(args)
     print(f"\nguarantee: {guarantee}")
+    print(f"odometer: {odometer_text(DELTA)}")
 
     for c in clients:
         if c["spent_epsilon"] > c["budget_epsilon"]:
@@ -469,6 +473,7 @@ def _run(args: argparse.Namespace) -> int:
                     "client_id",
                     "budget_epsilon",
                     "spent_epsilon",
+                    "odometer_epsilon",
                     "worst_case_epsilon",
                     "worst_case_spent_epsilon",
                     "exhausted_round",
@@ -502,6 +507,7 @@ def _run(args: argparse.Namespace) -> int:
         },
         "timing_protection": timing,
         "guarantee": guarantee,
+        "odometer": odometer_text(DELTA),
         "wall_time_s": round(elapsed, 1),
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")

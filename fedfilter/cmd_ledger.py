@@ -16,6 +16,7 @@ import sys
 
 from fedfilter.client.ledger import RECOVER, BudgetLedger, LedgerError, Quotas
 from fedfilter.client.ledger_owner import accept_restore, inspect, migrate
+from fedfilter.client.ledger_report import odometer_report
 from fedfilter.client.privacy.filters import FILTER_KINDS
 from fedfilter.client.worst_case import SETTING, guarantee_lines
 
@@ -38,6 +39,7 @@ def _show(args: argparse.Namespace) -> int:
     ledger = BudgetLedger.open(args.dir)
     try:
         s = ledger.summary()
+        s["odometer"] = odometer_report(ledger, [c["federation"] for c in s["coordinators"]])
     finally:
         ledger.close()
     if args.json:
@@ -48,7 +50,12 @@ def _show(args: argparse.Namespace) -> int:
         f"  lifetime budget  epsilon={s['budget_epsilon']:g}  delta={s['budget_delta']:g}  filter={s['filter']}"
         f"  per-run quota={s['run_quota']:.0%}"
     )
-    print(f"  spent            epsilon={s['spent_epsilon']:.4f}")
+    print(f"  spent            epsilon={s['spent_epsilon']:.4f}  (the filter's readout; its guarantee is the budget)")
+    odo = s["odometer"]
+    print(
+        f"  odometer         epsilon={odo['epsilon']:.4f}  delta={odo['delta']:g}"
+        "  (valid now, also if the device stops now)"
+    )
     print(f"  remaining        {s['remaining_fraction']:.1%} of the budget")
     w = s["worst_case"]
     if w is None:
@@ -71,10 +78,12 @@ def _show(args: argparse.Namespace) -> int:
             f"  {r['run_id']:<24} {r['rounds']:>6} {r['contributed']:>7} {r['noise_only']:>6} {r['left']:>5} "
             f"{r['spent_epsilon']:>10.4f}"
         )
-    print(f"\n  {'federation':<24} {'rounds':>6} {'spent eps':>10}")
+    print(f"\n  {'federation':<24} {'rounds':>6} {'spent eps':>10} {'odometer':>9}")
     for c in s["coordinators"]:
         spent = "(before quotas)" if c["spent_epsilon"] is None else f"{c['spent_epsilon']:.4f}"
-        print(f"  {c['federation'] or '-':<24} {c['rounds']:>6} {spent:>10}")
+        odo_c = odo["coordinators"].get(c["federation"])
+        odo_text = "-" if odo_c is None else f"{odo_c:.4f}"
+        print(f"  {c['federation'] or '-':<24} {c['rounds']:>6} {spent:>10} {odo_text:>9}")
     return 0
 
 

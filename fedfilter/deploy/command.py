@@ -316,7 +316,7 @@ def deploy_local(options: DeployOptions, echo: Callable[[str], None] = print) ->
     from fedfilter.client.app_approval import APPROVE_HINT, TRUST_TEXT
     from fedfilter.client.device_config import enrol_simulated_device
     from fedfilter.client.ledger import LEDGER_FILE
-    from fedfilter.client.ledger_report import device_report
+    from fedfilter.client.ledger_report import device_report, odometer_text
     from fedfilter.client.owner_state import owner_state_at
     from fedfilter.client.reply_timing import timing_protection
     from fedfilter.client.worst_case import guarantee_lines
@@ -437,6 +437,7 @@ def deploy_local(options: DeployOptions, echo: Callable[[str], None] = print) ->
         "refused_apps": refused,
         "public_ledger": str(public_ledger),
         "clients": clients,
+        "odometer": odometer_text(options.delta),
         "final_accuracy": public["final_accuracy"],
         "settings": {
             "clients": options.clients,

@@ -304,14 +304,16 @@ def test_demo_summary_every_client_within_its_budget(demo):
     assert isinstance(summary["final_accuracy"], float) and 0 <= summary["final_accuracy"] <= 1
     assert len(summary["clients"]) == N
     for c in summary["clients"]:
-        assert set(c) == {"client_id", "budget_epsilon", "spent_epsilon", "exhausted_round"}
+        assert set(c) == {"client_id", "budget_epsilon", "spent_epsilon", "odometer_epsilon", "exhausted_round"}
         assert 0 < c["spent_epsilon"] <= c["budget_epsilon"]
+        assert c["odometer_epsilon"] >= c["spent_epsilon"]  # valid at any moment, so never below the readout
         assert c["exhausted_round"] is None or 1 <= c["exhausted_round"] <= 3
     assert (out / "rounds.png").stat().st_size > 1000
     assert wall < 120
     # The demo runs without the reply hold (fast), and says so where a reader looks.
     assert summary["timing_protection"].startswith("off") and summary["settings"]["reply_hold_s"] == 0
     assert "timing is not covered" in summary["guarantee"]
+    assert "valid at every moment" in summary["odometer"] and "not a guarantee" in summary["odometer"]
 
 
 def test_public_ledger_has_no_per_client_budget_or_example_count(demo):
