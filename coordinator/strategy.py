@@ -34,9 +34,9 @@ update from its own budget and replies with a noisy *update* (or a ``left`` mark
 * ``configure_evaluate`` sends nothing: a client's loss on its private data would be an
   unaccounted release (said once, in the summary at the start). Evaluate held-out data on the
   server through ``start(evaluate_fn=...)``.
-* the inner strategy must aggregate by a weighted mean (``MEAN_STRATEGIES``: FedAvg, FedAvgM,
+* the inner strategy must aggregate by a weighted mean (``inner_strategy.MEAN_STRATEGIES``: FedAvg, FedAvgM,
   FedProx and FedOpt's family); Flower's others (FedMedian, FedTrimmedAvg, Krum, MultiKrum,
-  Bulyan, QFedAvg, the XGBoost and DP strategies: ``NOT_A_MEAN``) are refused with the reason; a
+  Bulyan, QFedAvg, the XGBoost and DP strategies: ``inner_strategy.NOT_A_MEAN``) are refused with the reason; a
   custom one is wrapped with a warning that says what its ``aggregate_train`` gets. The summary
   prints the ledger's absolute path and "Weighted by: nothing" (Flower's says 'num-examples').
 * the public record: one ``PublicRoundRecord`` per round (request, counts, released, the norm of
@@ -46,7 +46,6 @@ update from its own budget and replies with a noisy *update* (or a ``left`` mark
 
 from __future__ import annotations
 
-import logging
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -60,12 +59,17 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, Re
 from flwr.app.constants import DEFAULT_TTL
 from flwr.common.logger import FLOWER_LOGGER, log
 from flwr.serverapp import Grid
-from flwr.serverapp import strategy as flwr_strategies
 from flwr.serverapp.strategy import Result, Strategy
 
 from fedfilter.client.release import RoundSpec
 from fedfilter.client.round_rules import added_noise_std, model_step, reports_needed
 from fedfilter.client.wire import ARRAYS_RECORD, REQUEST_RECORD, request_proto, request_record
+from fedfilter.coordinator.inner_strategy import (
+    MEAN_STRATEGIES,
+    NoExampleWeights,
+    check_inner_strategy,
+    is_mean_strategy,
+)
 from fedfilter.coordinator.public_ledger import PublicLedger
 from fedfilter.coordinator.replies import (
     RoundTally,
@@ -97,62 +101,6 @@ __all__ = [
 
 # The weight of the one reply the inner strategy gets: a constant, never an example count.
 AGGREGATE_WEIGHT = 1
-
-# Flower strategies (flwr.serverapp.strategy, 1.41 and 1.42) whose aggregate is not a weighted mean of
-# the replies' arrays. Wrapped, each would get the one reply a round releases (below) and silently
-# become a plain-mean step: refused, with what each would have done.
-_SECOND_MECHANISM = "adds Flower's central DP noise on top (a second, unaccounted mechanism)"
-NOT_A_MEAN = {
-    "FedMedian": "takes the coordinate-wise median of the replies",
-    "FedTrimmedAvg": "takes a trimmed mean of the replies",
-    "Krum": "selects the reply closest to the others",
-    "MultiKrum": "averages the replies closest to the others",
-    "Bulyan": "selects replies by Krum and takes a trimmed mean of them",
-    "QFedAvg": "weights the replies by the clients' training losses (private, un-noised: the device drops them)",
-    "FedXgbBagging": "aggregates XGBoost trees, not arrays",
-    "FedXgbCyclic": "takes one client's XGBoost trees at a time",
-    "DifferentialPrivacyServerSideFixedClipping": _SECOND_MECHANISM,
-    "DifferentialPrivacyClientSideFixedClipping": "expects clipping by Flower's fixedclipping_mod (the device clips)",
-    "DifferentialPrivacyServerSideAdaptiveClipping": _SECOND_MECHANISM,
-    "DifferentialPrivacyClientSideAdaptiveClipping": "reads each client's clipping bit (a metric the device drops)",
-}
-# Flower's strategies whose aggregate_train is a weighted mean of the replies (FedOpt's family then
-# steps a server optimizer on it): with one reply of weight 1 they mean exactly what they say.
-MEAN_STRATEGIES = ("FedAvg", "FedAvgM", "FedProx", "FedOpt", "FedAdam", "FedYogi", "FedAdagrad")
-USE_INSTEAD = (
-    "wrap FedAvg (the plain mean of the noisy reports), or FedAvgM, FedProx, FedAdam, FedYogi or FedAdagrad "
-    "(a server step on that mean); each report's influence is already bounded by the clip"
-)
-
-
-def check_inner_strategy(strategy: Strategy) -> str | None:
-    """Why ``strategy`` cannot be wrapped (a Flower strategy whose aggregate is not a mean), or ``None``."""
-    for name, what in NOT_A_MEAN.items():
-        cls = getattr(flwr_strategies, name, None)
-        if isinstance(cls, type) and isinstance(strategy, cls):
-            return (
-                f"the inner strategy {type(strategy).__name__} {what}; wrapped, it would get one reply per "
-                f"round (the released plain mean of the noisy reports) and mean something else: {USE_INSTEAD}."
-            )
-    return None
-
-
-def is_mean_strategy(strategy: Strategy) -> bool:
-    """Whether the inner aggregate_train is one of Flower's weighted means (not overridden)."""
-    own = type(strategy).aggregate_train
-    return any(
-        own is getattr(getattr(flwr_strategies, name, None), "aggregate_train", None) for name in MEAN_STRATEGIES
-    )
-
-
-class _NoExampleWeights(logging.Filter):
-    """Rewrites the inner summary's "Weighted by: 'num-examples'": no reply here carries a count."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if isinstance(record.msg, str) and "Weighted by" in record.msg:
-            record.msg = "\t\t├── Weighted by: nothing (fedfilter: one reply, the plain mean of the valid reports)"
-            record.args = ()
-        return True
 
 
 class IndividualFilterStrategy(Strategy):
@@ -285,7 +233,7 @@ class IndividualFilterStrategy(Strategy):
             "\t│\t└── Aggregate: plain mean of the valid noisy reports, one reply of weight 1 to the inner strategy",
         )
         self._say_evaluation_refused()
-        filtered = _NoExampleWeights()
+        filtered = NoExampleWeights()
         FLOWER_LOGGER.addFilter(filtered)
         try:
             self.strategy.summary()

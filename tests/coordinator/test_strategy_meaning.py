@@ -16,7 +16,8 @@ from flwr.common.logger import FLOWER_LOGGER
 from flwr.serverapp import strategy as flwr_strategies
 from flwr.serverapp.strategy import FedAdam, FedAvg, FedAvgM, FedProx, FedYogi
 
-from fedfilter.coordinator.strategy import MEAN_STRATEGIES, NOT_A_MEAN, IndividualFilterStrategy
+from fedfilter.coordinator.inner_strategy import MEAN_STRATEGIES, NOT_A_MEAN
+from fedfilter.coordinator.strategy import IndividualFilterStrategy
 
 
 def _wrap(inner, **kw):
