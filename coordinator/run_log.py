@@ -11,14 +11,23 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from logging import INFO, WARNING
+from pathlib import Path
 
 import numpy as np
 from flwr.common.logger import log
 
 from fedfilter.client.privacy.federation_plan import mean_noise_norm
+from fedfilter.coordinator.public_ledger import PublicLedger
 from fedfilter.coordinator.replies import describe_refusals
 
-__all__ = ["RoundOutcome", "NothingReleasedError", "RunLog", "released_dim"]
+__all__ = [
+    "RoundOutcome",
+    "NothingReleasedError",
+    "RunLog",
+    "public_ledger_shown",
+    "released_dim",
+    "say_evaluation_refused",
+]
 
 
 @dataclass
@@ -50,6 +59,27 @@ def released_dim(template: Sequence[np.ndarray]) -> int:
     return sum(int(t.size) for t in template if np.issubdtype(t.dtype, np.floating))
 
 
+def public_ledger_shown(public_ledger: str | Path | PublicLedger | None, run_id: str | None) -> str:
+    """Where the public ledger is written: an absolute path and the run (``deploy-local`` reads it
+    from the log: ``fedfilter.deploy.command.ANNOUNCED_LEDGER``)."""
+    if public_ledger is None:
+        return "(none)"
+    path = public_ledger.path if isinstance(public_ledger, PublicLedger) else Path(public_ledger)
+    return str(path.resolve()) + (f" (run {run_id})" if run_id else "")
+
+
+def say_evaluation_refused(fraction_evaluate: object) -> None:
+    """Client-side evaluation is not sent, and why (a warning when the inner strategy asked for it)."""
+    asked = isinstance(fraction_evaluate, (int, float)) and fraction_evaluate > 0
+    log(
+        WARNING if asked else INFO,
+        "fedfilter: client-side evaluation is refused (the inner strategy's fraction_evaluate=%s is not "
+        "used): a client's loss or accuracy on its private data would be an un-noised release outside its "
+        "budget. Evaluate held-out data on the server with start(evaluate_fn=...).",
+        fraction_evaluate,
+    )
+
+
 @dataclass
 class RunLog:
     """The run's settings (the round request's) and what its rounds amounted to so far."""
@@ -62,6 +92,21 @@ class RunLog:
     refusals: dict[str, int] = field(default_factory=dict)
     drop_reasons: set[str] = field(default_factory=set)
     noise_warned: bool = False
+
+    def start_summary(self, *, noise_std: float, secagg_num_shares: object, public_ledger: str) -> None:
+        """The wrapper's settings, at the start of the run (Flower's strategy summary format)."""
+        log(INFO, "\t├──> Individual privacy filter settings (fedfilter):")
+        log(INFO, "\t│\t├── Noise multiplier: %s | Clip: %s", self.noise_multiplier, self.clip)
+        log(INFO, "\t│\t├── Placement: %s | min-reports: %d", self.placement, self.min_reports)
+        log(INFO, "\t│\t├── Noise std per report: %.6g", noise_std)
+        if secagg_num_shares is not None:
+            msg = "\t│\t├── Secure aggregation: SecAgg+ (neighbourhoods: %s; per round: round_graph)"
+            log(INFO, msg, secagg_num_shares)
+        log(INFO, "\t│\t├── Public ledger: %s", public_ledger)
+        log(
+            INFO,
+            "\t│\t└── Aggregate: plain mean of the valid noisy reports, one reply of weight 1 to the inner strategy",
+        )
 
     def expected_noise_norm(self, template: Sequence[np.ndarray], reports: int) -> float:
         """The expected norm of the noise in the mean of ``reports`` reports (``plan``'s figure)."""

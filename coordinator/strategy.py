@@ -50,7 +50,7 @@ import math
 import time
 from collections.abc import Callable, Iterable, Mapping
 from copy import copy
-from logging import INFO, WARNING
+from logging import WARNING
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +71,7 @@ from fedfilter.coordinator.inner_strategy import (
     is_mean_strategy,
 )
 from fedfilter.coordinator.public_ledger import PublicLedger
+from fedfilter.coordinator.public_record import PublicRecorder
 from fedfilter.coordinator.replies import (
     RoundTally,
     classify_reply,
@@ -79,7 +80,13 @@ from fedfilter.coordinator.replies import (
     report_norm_bound,
     tally_replies,
 )
-from fedfilter.coordinator.run_log import NothingReleasedError, RoundOutcome, RunLog
+from fedfilter.coordinator.run_log import (
+    NothingReleasedError,
+    RoundOutcome,
+    RunLog,
+    public_ledger_shown,
+    say_evaluation_refused,
+)
 from fedfilter.coordinator.secure_round import (
     AUTO_SHARES,
     SecureSum,
@@ -178,7 +185,7 @@ class IndividualFilterStrategy(Strategy):
         self._spec: RoundSpec | None = None
         self._request_extra: dict[str, Any] = {}
         self._started_at = 0.0
-        self._pending: fedfilter_pb2.PublicRoundRecord | None = None
+        self._recorder = PublicRecorder(public_ledger)
         self._evaluate_refusal_logged = False
         self._run_shown: str | None = None  # the run id start() records under, shown with the ledger's path
         self._run_log = self._new_run_log()
@@ -220,17 +227,10 @@ class IndividualFilterStrategy(Strategy):
         return self.run_name or f"flwr-{grid.run.run_id}"
 
     def summary(self) -> None:
-        log(INFO, "\t├──> Individual privacy filter settings (fedfilter):")
-        log(INFO, "\t│\t├── Noise multiplier: %s | Clip: %s", self.noise_multiplier, self.clip)
-        log(INFO, "\t│\t├── Placement: %s | min-reports: %d", self.placement, self.min_reports)
-        log(INFO, "\t│\t├── Noise std per report: %.6g", self.per_client_noise_std())
-        if self.placement == "distributed":
-            shares = self.secagg_num_shares
-            log(INFO, "\t│\t├── Secure aggregation: SecAgg+ (neighbourhoods: %s; per round: round_graph)", shares)
-        log(INFO, "\t│\t├── Public ledger: %s", self._public_ledger_shown())
-        log(
-            INFO,
-            "\t│\t└── Aggregate: plain mean of the valid noisy reports, one reply of weight 1 to the inner strategy",
+        self._run_log.start_summary(
+            noise_std=self.per_client_noise_std(),
+            secagg_num_shares=self.secagg_num_shares if self.placement == "distributed" else None,
+            public_ledger=public_ledger_shown(self.public_ledger, self._run_shown),
         )
         self._say_evaluation_refused()
         filtered = NoExampleWeights()
@@ -240,26 +240,10 @@ class IndividualFilterStrategy(Strategy):
         finally:
             FLOWER_LOGGER.removeFilter(filtered)
 
-    def _public_ledger_shown(self) -> str:
-        """Where the public ledger is written: an absolute path (``deploy-local`` reads it from the log)."""
-        if self.public_ledger is None:
-            return "(none)"
-        path = self.public_ledger.path if isinstance(self.public_ledger, PublicLedger) else Path(self.public_ledger)
-        return str(path.resolve()) + (f" (run {self._run_shown})" if self._run_shown else "")
-
     def _say_evaluation_refused(self) -> None:
-        """Once, at the start: client-side evaluation is not sent, and why."""
-        if self._evaluate_refusal_logged:
-            return
-        self._evaluate_refusal_logged = True
-        asked = getattr(self.strategy, "fraction_evaluate", 0.0)
-        log(
-            WARNING if isinstance(asked, (int, float)) and asked > 0 else INFO,
-            "fedfilter: client-side evaluation is refused (the inner strategy's fraction_evaluate=%s is not "
-            "used): a client's loss or accuracy on its private data would be an un-noised release outside its "
-            "budget. Evaluate held-out data on the server with start(evaluate_fn=...).",
-            asked,
-        )
+        if not self._evaluate_refusal_logged:  # once, at the start
+            self._evaluate_refusal_logged = True
+            say_evaluation_refused(getattr(self.strategy, "fraction_evaluate", 0.0))
 
     # -- training --
 
@@ -414,7 +398,7 @@ class IndividualFilterStrategy(Strategy):
     def _finish_round(self, outcome: RoundOutcome) -> MetricRecord:
         self.last_outcome = outcome
         assert self._spec is not None
-        self._pending = fedfilter_pb2.PublicRoundRecord(
+        record = fedfilter_pb2.PublicRoundRecord(
             run_id=self._spec.run_id,
             round_id=outcome.round_id,
             request=request_proto(self._spec, **self._request_extra),
@@ -427,6 +411,7 @@ class IndividualFilterStrategy(Strategy):
             expected_noise_norm=outcome.expected_noise_norm,
             started_at_unix=self._started_at,
         )
+        self._recorder.hold(record)
         self._run_log.round(outcome, self._template)
         return MetricRecord(
             {
@@ -468,25 +453,18 @@ class IndividualFilterStrategy(Strategy):
                 f"message TTL {ttl} s must exceed the round timeout {timeout} s: a shorter TTL discards "
                 "replies whose clients have already spent budget."
             )
-        run_id = self.run_id(grid)
-        self._run_shown = run_id
+        self._run_shown = run_id = self.run_id(grid)
         self._round_timeout = float(timeout)
-        ledger, owned = self._open_ledger()
-        started_run = False
-        self._pending = None
         self._run_log = self._new_run_log()
 
         def evaluate_and_record(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
             metrics = evaluate_fn(server_round, arrays) if evaluate_fn is not None else None
             if server_round > 0:
-                self._append_pending(ledger, metrics)
+                self._recorder.append_held(metrics)
             return metrics
 
-        try:
-            if ledger is not None:
-                # Whether the coordinator saw only sums (SecAgg+) or each noisy report, with every run.
-                ledger.start_run(run_id, {**self._run_config(), "secure-aggregation": self.placement == "distributed"})
-                started_run = True
+        # Whether the coordinator saw only sums (SecAgg+) or each noisy report, with every run.
+        with self._recorder.run(run_id, {**self._run_config(), "secure-aggregation": self.placement == "distributed"}):
             result = super().start(
                 grid,
                 initial_arrays,
@@ -496,21 +474,10 @@ class IndividualFilterStrategy(Strategy):
                 evaluate_config=evaluate_config,
                 evaluate_fn=evaluate_and_record,
             )
-        finally:
-            if ledger is not None:
-                if started_run:
-                    ledger.finish_run(run_id)
-                if owned:
-                    ledger.close()
         failure = self._run_log.nothing_released(run_id, num_rounds)
         if failure is not None:
             raise NothingReleasedError(failure)
         return result
-
-    def _open_ledger(self) -> tuple[PublicLedger | None, bool]:
-        if self.public_ledger is None or isinstance(self.public_ledger, PublicLedger):
-            return self.public_ledger, False
-        return PublicLedger(self.public_ledger), True
 
     def _run_config(self) -> dict[str, Any]:
         if self.public_config is not None:
@@ -522,17 +489,6 @@ class IndividualFilterStrategy(Strategy):
             "placement": self.placement,
             "min-reports": self.min_reports,
         }
-
-    def _append_pending(self, ledger: PublicLedger | None, metrics: MetricRecord | None) -> None:
-        record, self._pending = self._pending, None
-        if record is None or ledger is None:
-            return
-        for name, value in (metrics or {}).items():
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                record.metrics[name] = float(value)
-        record.finished_at_unix = time.time()
-        record.wall_time_s = record.finished_at_unix - record.started_at_unix
-        ledger.append(record)
 
 
 def _int_or_zero(value: Any) -> int:
