@@ -21,10 +21,12 @@
   until the owner acts (``fedfilter.client.ledger_owner``: migrate, accept a restore). A full or
   read-only disk is reported as ``LedgerWriteError`` naming the disk; nothing is released.
 
-The owner's quotas (per coordinator, per day) are in ``fedfilter.client.ledger_quota``; the schema in
+The owner's quotas (per coordinator, per day) and what they have used are in
+``fedfilter.client.ledger_quota``; the schema (and which formats the device opens) in
 ``fedfilter.client.ledger_schema``; how failures are reported in ``fedfilter.client.ledger_storage``.
 Beside the budget, the owner's worst-case budget (``worst-case-epsilon``, issue 22) and its account,
-what each report costs against a coordinator that breaks SecAgg+: ``fedfilter.client.worst_case``.
+what each report costs against a coordinator that breaks SecAgg+: ``fedfilter.client.worst_case``,
+kept on this ledger by ``fedfilter.client.ledger_worst_case``.
 
 Each row stores the filter states after it (lifetime, per run, per coordinator), so the current
 state is one read; ``recomputed_state`` re-adds every charge with upward rounding, for audits.
@@ -49,7 +51,7 @@ from fedfilter.client.ledger_anchor import (
     refuse_if_spent_here,
     retire_anchor,
 )
-from fedfilter.client.ledger_quota import Quotas, Reservation
+from fedfilter.client.ledger_quota import QuotaAccounts, Quotas, Reservation
 from fedfilter.client.ledger_schema import (
     ANCHORED_KEY,
     DAY_S,
@@ -62,14 +64,12 @@ from fedfilter.client.ledger_schema import (
     Enrolment,
     SpendRecord,
     WorstCase,
+    check_device_opens,
     check_enrolment_args,
     connect,
     floats,
-    floats_json,
-    needs_worst_case_columns,
     prepare,
     read_enrolment,
-    read_worst_case,
     schema_version,
     spend_record,
 )
@@ -86,10 +86,10 @@ from fedfilter.client.ledger_storage import (
     older_format,
     owner_must_act,
     raise_storage_error,
-    rollback_remedy,
 )
+from fedfilter.client.ledger_worst_case import WorstCaseAccount
 from fedfilter.client.privacy.filters import GaussianFilter, make_filter
-from fedfilter.client.worst_case import check_worst_case_epsilon, past_worst_charge, worst_case_filter
+from fedfilter.client.worst_case import check_worst_case_epsilon
 
 # The ledger's public names, importable from here as before the split (the CLI, the demo, tests).
 __all__ = [
@@ -111,7 +111,7 @@ __all__ = [
 ]
 
 
-class BudgetLedger:
+class BudgetLedger(QuotaAccounts, WorstCaseAccount):
     """A device's lifetime budget and every spend against it."""
 
     def __init__(
@@ -135,17 +135,8 @@ class BudgetLedger:
         self.coordinator_filter: GaussianFilter = self.filter.scaled(self.quotas.coordinator)
         self.daily_filter: GaussianFilter = self.filter.scaled(self.quotas.daily)
         self._ledger_id = conn.execute("SELECT value FROM meta WHERE key='ledger_id'").fetchone()[0]
-        self.worst_case: WorstCase | None = None
-        self.worst_filter: GaussianFilter | None = None  # None: no worst-case budget (local rounds only)
+        self.worst_case, self.worst_filter = None, None  # the worst-case account (ledger_worst_case)
         self._load_worst_case()
-
-    def _load_worst_case(self) -> None:
-        """(Re)read the owner's worst-case budget: the owner may set it while the device runs."""
-        with self._lock:
-            wc = read_worst_case(self._conn)
-        if wc != self.worst_case:
-            self.worst_filter = None if wc is None else worst_case_filter(self.filter, wc.epsilon)
-            self.worst_case = wc
 
     # --- opening ------------------------------------------------------------------------------
     @classmethod
@@ -258,67 +249,6 @@ class BudgetLedger:
             raise
         return ledger
 
-    def _enrol_worst_case(self, worst_case_epsilon: float | None) -> None:
-        """At enrolment: set the worst-case budget if the ledger has none; refuse a different one."""
-        if worst_case_epsilon is None:
-            return
-        stored = self.worst_case
-        if stored is None:
-            try:
-                self.set_worst_case(worst_case_epsilon)
-            except BaseException:
-                self.close()
-                raise
-        elif stored.epsilon != float(worst_case_epsilon):
-            self.close()
-            raise ValueError(
-                f"the ledger at {self.directory} has worst-case-epsilon {stored.epsilon!r}, which can never "
-                f"change; requested {float(worst_case_epsilon)!r}."
-            )
-
-    def set_worst_case(self, worst_case_epsilon: float) -> WorstCase:
-        """The owner's act, once: the budget against any coordinator (``fedfilter.client.worst_case``).
-
-        Spends already recorded are charged to it conservatively (``worst_case.past_worst_charge``),
-        in the same transaction; if they exceed it, the account starts spent and the device
-        contributes no more data. Immutable afterwards (a trigger aborts any change).
-        """
-        eps = check_worst_case_epsilon(worst_case_epsilon, self.enrolment.epsilon)
-        worst = worst_case_filter(self.filter, eps)
-        with self._lock:
-            try:
-                self._conn.execute("BEGIN IMMEDIATE")
-                self._check_seal()
-                if read_worst_case(self._conn) is not None:
-                    raise ValueError(
-                        f"the ledger at {self.directory} already has a worst-case budget, which can never change."
-                    )
-                state, last = worst.initial_state(), 0
-                for rec in self.records():
-                    charge = past_worst_charge(
-                        worst,
-                        placement=rec.placement,
-                        charge=rec.charge,
-                        sensitivity=rec.sensitivity,
-                        noise_std=rec.noise_std,
-                        clip=rec.clip,
-                    )
-                    state, last = worst.spend(state, charge), rec.seq
-                self._conn.execute(
-                    "INSERT INTO worst_case VALUES (1,?,?,?,?)", (eps, self.clock(), last, floats_json(state))
-                )
-                self._conn.execute("COMMIT")
-            except BaseException as err:
-                if self._conn.in_transaction:
-                    self._conn.execute("ROLLBACK")
-                if isinstance(err, sqlite3.Error):
-                    raise_storage_error(self.directory, err)
-                raise
-        self._load_worst_case()
-        if self.worst_case is None:
-            raise RuntimeError("internal error: the worst-case budget was not stored")
-        return self.worst_case
-
     def _check_same_budget(self, client_id, filter_kind, epsilon, delta, orders, run_quota) -> None:
         requested = (client_id, filter_kind, float(epsilon), float(delta), tuple(orders), float(run_quota))
         e = self.enrolment
@@ -361,23 +291,7 @@ class BudgetLedger:
         except sqlite3.Error as err:
             raise_storage_error(directory, err)
         with closed_on_failure(conn, directory):
-            version = schema_version(conn)
-            if version is None or conn.execute("SELECT 1 FROM sqlite_master WHERE name='enrolment'").fetchone() is None:
-                raise owner_must_act(
-                    directory,
-                    "holds no enrolment"
-                    + (f", but this device was enrolled (its seal names spend #{seal.seq})." if seal else "."),
-                )
-            if version != str(SCHEMA_VERSION):  # migrated only by the owner (ledger_owner.migrate)
-                if version == "1" and seal is not None:  # a schema 2 ledger rolled back to before its migration
-                    raise owner_must_act(
-                        directory,
-                        f"is an older copy (schema 1) of a sealed ledger (its seal names spend #{seal.seq}).",
-                        rollback_remedy(directory),
-                    )
-                raise owner_must_act(directory, older_format(version), migrate_remedy(directory))
-            if needs_worst_case_columns(conn):  # an older format: only its owner migrates it (prepare adds them)
-                raise owner_must_act(directory, older_format(version), migrate_remedy(directory))
+            check_device_opens(conn, directory, seal)
             enrolment = read_enrolment(conn, directory, seal)
             ledger = cls(directory, conn, enrolment, quotas, anchor_file)
             try:
@@ -438,56 +352,12 @@ class BudgetLedger:
                 run_state = floats(run[0])
         return state, run_state
 
-    def _worst_state_locked(self) -> np.ndarray | None:
-        """The worst-case account's state (None without a worst-case budget)."""
-        wc = self.worst_case
-        if wc is None:
-            return None
-        row = self._conn.execute(
-            "SELECT worst_state_after FROM spends WHERE seq > ? ORDER BY seq DESC LIMIT 1", (wc.after_seq,)
-        ).fetchone()
-        return floats(row[0]) if row else wc.initial_state
-
-    def current_worst_filter(self) -> GaussianFilter | None:
-        """The worst-case account's filter as the ledger holds it now (the owner may have just set it)."""
-        self._load_worst_case()
-        return self.worst_filter
-
-    def worst_state(self) -> np.ndarray | None:
-        """The worst-case account's state: what the reports cost against any coordinator."""
-        with self._lock:
-            self._load_worst_case()
-            return self._worst_state_locked()
-
-    def _coordinator_state_locked(self, federation: str) -> np.ndarray:
-        row = self._conn.execute(
-            "SELECT coordinator_state_after FROM spends WHERE coordinator=? ORDER BY seq DESC LIMIT 1", (federation,)
-        ).fetchone()
-        return floats(row[0]) if row else self.filter.initial_state()
-
-    def _window_state_locked(self, since: float) -> np.ndarray:
-        """Every charge recorded at or after ``since``, re-added with upward rounding."""
-        state = self.filter.initial_state()
-        for (charge,) in self._conn.execute("SELECT charge FROM spends WHERE created_at >= ? ORDER BY seq", (since,)):
-            state = self.filter.spend(state, floats(charge))
-        return state
-
     def state(self) -> np.ndarray:
         """The lifetime filter state (sum of every charge, rounded up)."""
         return self._last_state()[0]
 
     def run_state(self, run_id: str) -> np.ndarray:
         return self._last_state(run_id)[1]
-
-    def coordinator_state(self, federation: str | None = None) -> np.ndarray:
-        """What one federation (default: this ledger's) has spent, for its quota."""
-        with self._lock:
-            return self._coordinator_state_locked(federation or self.quotas.federation)
-
-    def daily_state(self, now: float | None = None) -> np.ndarray:
-        """What the device spent in the 24 hours before ``now``, for the daily quota."""
-        with self._lock:
-            return self._window_state_locked((self.clock() if now is None else now) - DAY_S)
 
     def records(self, run_id: str | None = None) -> list[SpendRecord]:
         where = " WHERE run_id=? ORDER BY seq" if run_id else " ORDER BY seq"
@@ -534,17 +404,7 @@ class BudgetLedger:
         for name, c in coordinators.items():
             c["spent_epsilon"] = self.filter.epsilon_spent(self.coordinator_state(name)) if name else None
         state = self.state()
-        worst_state, wc, wf = self.worst_state(), self.worst_case, self.worst_filter
-        worst = None
-        if wc is not None and wf is not None and worst_state is not None:
-            worst = {
-                "budget_epsilon": wc.epsilon,
-                "budget_delta": e.delta,
-                "spent_epsilon": wf.epsilon_spent(worst_state),
-                "remaining_fraction": float(wf.remaining_fraction(worst_state)),
-                "set_at": wc.set_at,
-                "spends_before": wc.after_seq,  # spends recorded before it was set, charged conservatively
-            }
+        worst = self.worst_summary()
         return {
             "client_id": e.client_id,
             "filter": e.filter_kind,
@@ -591,11 +451,7 @@ class BudgetLedger:
                     )
                 state, run_state = self._last_state_locked(run_id)
                 coordinator_state = self._coordinator_state_locked(self.quotas.federation)
-                caps = []
-                if self.quotas.coordinator < 1:
-                    caps.append((self.coordinator_filter, coordinator_state))
-                if self.quotas.daily < 1:
-                    caps.append((self.daily_filter, self._window_state_locked(self.clock() - DAY_S)))
+                caps = self._quota_caps_locked(coordinator_state)
                 self._load_worst_case()
                 reservation = Reservation(
                     self, run_id, round_id, state, run_state, coordinator_state, caps, self._worst_state_locked()

@@ -13,12 +13,15 @@ all coordinators, which also bounds a coordinator that could pose as several. Bi
 from __future__ import annotations
 
 import math
+import sqlite3
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from fedfilter.client.ledger_schema import STATUSES, floats_json
+from fedfilter.client.ledger_schema import DAY_S, STATUSES, floats, floats_json
 from fedfilter.client.privacy.filters import GaussianFilter, round_allowance
 
 if TYPE_CHECKING:
@@ -45,6 +48,52 @@ class Quotas:
                 problems.append(f"{name} quota must be a fraction in (0, 1]. Found {q!r}.")
         if problems:
             raise ValueError(" ".join(problems))
+
+
+class QuotaAccounts:
+    """What the quotas have used, read from the ledger: the part of ``BudgetLedger`` (which sets every
+    attribute below) that the owner's quotas need. Every spend row carries its federation's state
+    after it; the daily window re-adds the charges of the last 24 hours (by the device's clock)."""
+
+    filter: GaussianFilter
+    quotas: Quotas
+    coordinator_filter: GaussianFilter  # the lifetime filter scaled to each quota
+    daily_filter: GaussianFilter
+    clock: Callable[[], float]
+    _conn: sqlite3.Connection
+    _lock: threading.RLock
+
+    def _coordinator_state_locked(self, federation: str) -> np.ndarray:
+        row = self._conn.execute(
+            "SELECT coordinator_state_after FROM spends WHERE coordinator=? ORDER BY seq DESC LIMIT 1", (federation,)
+        ).fetchone()
+        return floats(row[0]) if row else self.filter.initial_state()
+
+    def _window_state_locked(self, since: float) -> np.ndarray:
+        """Every charge recorded at or after ``since``, re-added with upward rounding."""
+        state = self.filter.initial_state()
+        for (charge,) in self._conn.execute("SELECT charge FROM spends WHERE created_at >= ? ORDER BY seq", (since,)):
+            state = self.filter.spend(state, floats(charge))
+        return state
+
+    def _quota_caps_locked(self, coordinator_state: np.ndarray) -> list[tuple[GaussianFilter, np.ndarray]]:
+        """The (filter, state) pairs a round must also fit: only the quotas the owner set below 1."""
+        caps = []
+        if self.quotas.coordinator < 1:
+            caps.append((self.coordinator_filter, coordinator_state))
+        if self.quotas.daily < 1:
+            caps.append((self.daily_filter, self._window_state_locked(self.clock() - DAY_S)))
+        return caps
+
+    def coordinator_state(self, federation: str | None = None) -> np.ndarray:
+        """What one federation (default: this ledger's) has spent, for its quota."""
+        with self._lock:
+            return self._coordinator_state_locked(federation or self.quotas.federation)
+
+    def daily_state(self, now: float | None = None) -> np.ndarray:
+        """What the device spent in the 24 hours before ``now``, for the daily quota."""
+        with self._lock:
+            return self._window_state_locked((self.clock() if now is None else now) - DAY_S)
 
 
 class Reservation:

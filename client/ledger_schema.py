@@ -17,7 +17,13 @@ from pathlib import Path
 import numpy as np
 
 from fedfilter.client.ledger_seal import SEAL_FILE, Seal
-from fedfilter.client.ledger_storage import LedgerUnavailableError, owner_must_act
+from fedfilter.client.ledger_storage import (
+    LedgerUnavailableError,
+    migrate_remedy,
+    older_format,
+    owner_must_act,
+    rollback_remedy,
+)
 from fedfilter.client.privacy.filters import FILTER_KINDS
 
 LEDGER_FILE = "budget_ledger.sqlite"
@@ -294,3 +300,25 @@ def needs_worst_case_columns(conn: sqlite3.Connection) -> bool:
 def read_worst_case(conn: sqlite3.Connection) -> WorstCase | None:
     row = conn.execute("SELECT epsilon, set_at, after_seq, initial_state FROM worst_case WHERE id=1").fetchone()
     return None if row is None else WorstCase(row[0], row[1], row[2], floats(row[3]))
+
+
+def check_device_opens(conn: sqlite3.Connection, directory: Path, seal: Seal | None) -> None:
+    """Refuse a database the device does not open as it is (``BudgetLedger.open``): no enrolment, or an
+    older format, which only its owner migrates (``ledger_owner.migrate``)."""
+    version = schema_version(conn)
+    if version is None or conn.execute("SELECT 1 FROM sqlite_master WHERE name='enrolment'").fetchone() is None:
+        raise owner_must_act(
+            directory,
+            "holds no enrolment"
+            + (f", but this device was enrolled (its seal names spend #{seal.seq})." if seal else "."),
+        )
+    if version != str(SCHEMA_VERSION):  # migrated only by the owner (ledger_owner.migrate)
+        if version == "1" and seal is not None:  # a schema 2 ledger rolled back to before its migration
+            raise owner_must_act(
+                directory,
+                f"is an older copy (schema 1) of a sealed ledger (its seal names spend #{seal.seq}).",
+                rollback_remedy(directory),
+            )
+        raise owner_must_act(directory, older_format(version), migrate_remedy(directory))
+    if needs_worst_case_columns(conn):  # an older format: only its owner migrates it (prepare adds them)
+        raise owner_must_act(directory, older_format(version), migrate_remedy(directory))

@@ -55,10 +55,13 @@ from fedfilter.app.config import APP_DIR, app_defaults, resolve_config
 from fedfilter.demo_report import (
     DELTA,
     clip_share_per_round,
+    demo_summary,
     follow_public_ledger,
     guarantee_text,
     placement_text,
     plot_rounds,
+    print_clients_table,
+    print_rounds_table,
     simulated_worst_case_epsilon,
 )
 
@@ -420,34 +423,9 @@ def _run(args: argparse.Namespace) -> int:
     clip_share = clip_share_per_round(ledger_dirs, run_id, rounds, args.clip)
     # A round below the SecAgg+ threshold is not released: the model, and its accuracy, stay as they were.
     accuracy = [float(r.metrics["accuracy"]) if "accuracy" in r.metrics else None for r in records]
-    released = [bool(r.released) for r in records]
 
-    print()
-    print(
-        f"{'round':>5}  {'reports':>7}  {'markers':>7}  {'released':>8}  {'contributing*':>13}  "
-        f"{'norm/clip*':>10}  {'accuracy':>8}"
-    )
-    for rec, k, share, acc in zip(records, contributing, clip_share, accuracy):
-        shown = "-" if acc is None else f"{acc:.3f}"
-        print(
-            f"{rec.round_id:>5}  {rec.reports_received:>7}  {rec.markers_received:>7}  "
-            f"{'yes' if rec.released else 'no':>8}  {k:>13}  {share:>10.3f}  {shown:>8}"
-        )
-    print("  * from the devices' own ledgers after the run; the coordinator never learns it.")
-    print("    norm/clip: the mean norm the devices put in, over the clip (0 when none sent data).")
-    print()
-    print(
-        f"{'client':>10}  {'budget eps':>10}  {'spent eps':>10}  {'odometer':>9}  {'worst eps':>10}  {'spent':>8}  "
-        "exhausted in round"
-    )
-    for c in clients:
-        ex = "-" if c["exhausted_round"] is None else str(c["exhausted_round"])
-        worst = "-" if c["worst_case_epsilon"] is None else f"{c['worst_case_epsilon']:.2f}"
-        worst_spent = "-" if c["worst_case_spent_epsilon"] is None else f"{c['worst_case_spent_epsilon']:.3f}"
-        print(
-            f"{c['client_id']:>10}  {c['budget_epsilon']:>10.2f}  {c['spent_epsilon']:>10.3f}  "
-            f"{c['odometer_epsilon']:>9.3f}  {worst:>10}  {worst_spent:>8}  {ex}"
-        )
+    print_rounds_table(records, contributing, clip_share, accuracy)
+    print_clients_table(clients)
     guarantee = guarantee_text(args)
     print(f"\nguarantee: {guarantee}")
     print(f"odometer: {odometer_text(DELTA)}")
@@ -457,59 +435,20 @@ def _run(args: argparse.Namespace) -> int:
             raise RuntimeError(f"{c['client_id']} spent {c['spent_epsilon']} > its budget {c['budget_epsilon']}")
         if c["worst_case_epsilon"] is not None and c["worst_case_spent_epsilon"] > c["worst_case_epsilon"]:
             raise RuntimeError(f"{c['client_id']} spent {c['worst_case_spent_epsilon']} > its worst-case budget")
-    summary = {
-        "run_id": run_id,
-        "rounds_completed": len(records),
-        "public_ledger": str(ledger_path),
-        "placement": args.placement,
-        # Distributed rounds run through SecAgg+: the coordinator unmasks only the sum of the reports.
-        "secure_aggregation": args.placement == "distributed",
-        "released_rounds": sum(released),
-        "released_per_round": released,
-        "clients": [
-            {
-                k: c[k]
-                for k in (
-                    "client_id",
-                    "budget_epsilon",
-                    "spent_epsilon",
-                    "odometer_epsilon",
-                    "worst_case_epsilon",
-                    "worst_case_spent_epsilon",
-                    "exhausted_round",
-                )
-            }
-            for c in clients
-        ],
-        "final_accuracy": next((a for a in reversed(accuracy) if a is not None), float("nan")),
-        "accuracy_per_round": accuracy,
-        "contributing_per_round": contributing,
-        "clip_share_per_round": clip_share,
-        "settings": {
-            "task": args.task,
-            "clients": args.clients,
-            "rounds": args.rounds,
-            "seed": args.seed,
-            "noise_multiplier": args.noise_multiplier,
-            "clip": args.clip,
-            "placement": args.placement,
-            "min_reports": args.min_reports,
-            "filter": FILTER_OF_PLACEMENT[args.placement],
-            "local_epochs": args.local_epochs,
-            "lr": args.lr,
-            "server_lr": args.server_lr,
-            "epsilon_distribution": f"log-uniform[{args.eps_min:g}, {args.eps_max:g}]",
-            "delta": DEFAULTS["delta"],
-            # demo_report.simulated_worst_case_epsilon: min_reports x budget (distributed placement)
-            "worst_case_epsilon": "min_reports x budget_epsilon" if args.placement == "distributed" else None,
-            "after_exhaustion": args.after_exhaustion,
-            "reply_hold_s": args.reply_hold_s,
-        },
-        "timing_protection": timing,
-        "guarantee": guarantee,
-        "odometer": odometer_text(DELTA),
-        "wall_time_s": round(elapsed, 1),
-    }
+    summary = demo_summary(
+        args,
+        run_id=run_id,
+        public_ledger=ledger_path,
+        records=records,
+        clients=clients,
+        accuracy=accuracy,
+        contributing=contributing,
+        clip_share=clip_share,
+        filter_kind=FILTER_OF_PLACEMENT[args.placement],
+        timing=timing,
+        guarantee=guarantee,
+        elapsed=elapsed,
+    )
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     plot_rounds(out / "rounds.png", rounds, contributing, accuracy, args.clients, args.placement, clip_share)
     print(f"\nwrote {out / 'summary.json'}, {out / 'rounds.png'} ({elapsed:.0f} s)")

@@ -1,6 +1,7 @@
-"""What ``fedfilter demo`` shows: the progress bar over the public ledger, the plot, the texts.
+"""What ``fedfilter demo`` shows: the progress bar over the public ledger, the plot, the texts, the
+tables printed after the run and ``summary.json``.
 
-Kept apart from ``fedfilter.cmd_demo`` (the run itself) so each file stays small. The progress bar
+Kept apart from ``fedfilter.cmd_demo`` (parsing and the run itself). The progress bar
 reads the coordinator's public ledger only; the plot's "clients contributing data" come from the
 devices' own ledgers after the run (the demo plays the device owners there).
 """
@@ -11,6 +12,7 @@ import argparse
 import math
 import threading
 from pathlib import Path
+from typing import Any
 
 DELTA = 1e-5  # every demo device's delta (fedfilter.cmd_demo.DEFAULTS["delta"])
 
@@ -147,3 +149,115 @@ def guarantee_text(args: argparse.Namespace) -> str:
     from fedfilter.client.app_approval import TRUST_TEXT
 
     return f"{text}; {TRUST_TEXT}"
+
+
+# --- after the run: the tables and summary.json (the device owners' view beside the public one) ---
+def print_rounds_table(
+    records: list, contributing: list[int], clip_share: list[float], accuracy: list[float | None]
+) -> None:
+    """Per round: the public record, and what the devices' own ledgers say after the run."""
+    print()
+    print(
+        f"{'round':>5}  {'reports':>7}  {'markers':>7}  {'released':>8}  {'contributing*':>13}  "
+        f"{'norm/clip*':>10}  {'accuracy':>8}"
+    )
+    for rec, k, share, acc in zip(records, contributing, clip_share, accuracy):
+        shown = "-" if acc is None else f"{acc:.3f}"
+        print(
+            f"{rec.round_id:>5}  {rec.reports_received:>7}  {rec.markers_received:>7}  "
+            f"{'yes' if rec.released else 'no':>8}  {k:>13}  {share:>10.3f}  {shown:>8}"
+        )
+    print("  * from the devices' own ledgers after the run; the coordinator never learns it.")
+    print("    norm/clip: the mean norm the devices put in, over the clip (0 when none sent data).")
+
+
+def print_clients_table(clients: list[dict[str, Any]]) -> None:
+    """Per client: its budget, what it spent, its odometer and worst-case account (``device_report``)."""
+    print()
+    print(
+        f"{'client':>10}  {'budget eps':>10}  {'spent eps':>10}  {'odometer':>9}  {'worst eps':>10}  {'spent':>8}  "
+        "exhausted in round"
+    )
+    for c in clients:
+        ex = "-" if c["exhausted_round"] is None else str(c["exhausted_round"])
+        worst = "-" if c["worst_case_epsilon"] is None else f"{c['worst_case_epsilon']:.2f}"
+        worst_spent = "-" if c["worst_case_spent_epsilon"] is None else f"{c['worst_case_spent_epsilon']:.3f}"
+        print(
+            f"{c['client_id']:>10}  {c['budget_epsilon']:>10.2f}  {c['spent_epsilon']:>10.3f}  "
+            f"{c['odometer_epsilon']:>9.3f}  {worst:>10}  {worst_spent:>8}  {ex}"
+        )
+
+
+def demo_summary(
+    args: argparse.Namespace,
+    *,
+    run_id: str,
+    public_ledger: Path,
+    records: list,
+    clients: list[dict[str, Any]],
+    accuracy: list[float | None],
+    contributing: list[int],
+    clip_share: list[float],
+    filter_kind: str,
+    timing: str,
+    guarantee: str,
+    elapsed: float,
+) -> dict[str, Any]:
+    """What ``OUT/summary.json`` keeps of a run (README lists its keys): the public records, each
+    client's report from its own ledger, the settings and the guarantee the demo printed."""
+    from fedfilter.client.ledger_report import odometer_text
+
+    released = [bool(r.released) for r in records]
+    return {
+        "run_id": run_id,
+        "rounds_completed": len(records),
+        "public_ledger": str(public_ledger),
+        "placement": args.placement,
+        # Distributed rounds run through SecAgg+: the coordinator unmasks only the sum of the reports.
+        "secure_aggregation": args.placement == "distributed",
+        "released_rounds": sum(released),
+        "released_per_round": released,
+        "clients": [
+            {
+                k: c[k]
+                for k in (
+                    "client_id",
+                    "budget_epsilon",
+                    "spent_epsilon",
+                    "odometer_epsilon",
+                    "worst_case_epsilon",
+                    "worst_case_spent_epsilon",
+                    "exhausted_round",
+                )
+            }
+            for c in clients
+        ],
+        "final_accuracy": next((a for a in reversed(accuracy) if a is not None), float("nan")),
+        "accuracy_per_round": accuracy,
+        "contributing_per_round": contributing,
+        "clip_share_per_round": clip_share,
+        "settings": {
+            "task": args.task,
+            "clients": args.clients,
+            "rounds": args.rounds,
+            "seed": args.seed,
+            "noise_multiplier": args.noise_multiplier,
+            "clip": args.clip,
+            "placement": args.placement,
+            "min_reports": args.min_reports,
+            "filter": filter_kind,
+            "local_epochs": args.local_epochs,
+            "lr": args.lr,
+            "server_lr": args.server_lr,
+            "epsilon_distribution": f"log-uniform[{args.eps_min:g}, {args.eps_max:g}]",
+            "delta": DELTA,
+            # simulated_worst_case_epsilon (above): min_reports x budget (distributed placement)
+            "worst_case_epsilon": "min_reports x budget_epsilon" if args.placement == "distributed" else None,
+            "after_exhaustion": args.after_exhaustion,
+            "reply_hold_s": args.reply_hold_s,
+        },
+        "timing_protection": timing,
+        "guarantee": guarantee,
+        "odometer": odometer_text(DELTA),
+        "wall_time_s": round(elapsed, 1),
+    }
