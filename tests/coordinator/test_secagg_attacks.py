@@ -125,6 +125,9 @@ def run_attack(
             "ledger-dir": str(tmp_path / f"dev{i}"),
             "client-id": f"dev{i}",
             "budget-epsilon": 8.0,
+            # Distributed rounds need a worst-case account (issue 22); it does not bind here: these
+            # tests are about which shares leave a device, and the attacks must fail for that reason.
+            "worst-case-epsilon": 1000.0,
             "budget-delta": 1e-5,
             "filter": "rdp",
             "reply-hold-s": 0,
