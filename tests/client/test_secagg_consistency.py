@@ -32,7 +32,8 @@ from fedfilter.client.secagg_consistency import (
     sign_survivors,
     survivors_message,
 )
-from fedfilter.client.secagg_grid import MODULUS_RANGE, check_secagg_state
+from fedfilter.client.secagg_grid import MODULUS_RANGE, check_secagg_state, secaggplus_settings
+from fedfilter.coordinator.secure_round import AUTO_SHARES, round_graph
 
 
 def channel_key() -> bytes:
@@ -236,7 +237,41 @@ def test_share_count_problems_are_named(over, words):
 
 def test_the_smallest_sound_settings_pass():
     assert check_secagg_state(state(share_num=11, sample_num=11, threshold=6), min_reports=6) == []
-    assert check_secagg_state(state(share_num=1, sample_num=1, threshold=1), min_reports=1) == []
+    # Three nodes: the fewest with a neighbourhood guarantee (issue 23's graph check refuses one node,
+    # no SecAgg+ graph, and two, where each learns the other's report from the sum).
+    assert check_secagg_state(state(share_num=3, sample_num=3, threshold=2), min_reports=2) == []
+    (one,) = check_secagg_state(state(share_num=1, sample_num=1, threshold=1), min_reports=1)
+    assert "sample_num and share_num must be >= 2" in one
+    (two,) = check_secagg_state(state(share_num=2, sample_num=2, threshold=2), min_reports=1)
+    assert "a SecAgg+ round of 2 nodes has no neighbourhood guarantee" in two
+
+
+def test_the_coordinators_graphs_pass_the_whole_device_check():
+    """Every graph the coordinator's ``round_graph`` picks (the sparse default and Flower's full graph)
+    passes the default device's whole ``check_secagg_state``, ``2 t > k`` included, with Flower's
+    quantization settings for that many nodes; so a default device serves a default coordinator."""
+    checked = 0
+    for n in [*range(3, 80), 100, 200, 500, 1000]:
+        settings = secaggplus_settings(n)
+        base = state(
+            target_range=settings["quantization_range"],
+            clipping_range=settings["clipping_range"],
+            mod_range=settings["modulus_range"],
+        )
+        for m in sorted({1, 2, 3, 4, 6, 12, n // 3, n // 2, -(-n // 2), n - 1, n} - {0}):
+            for shares in (AUTO_SHARES, 1.0):
+                try:
+                    graph = round_graph(n, m, shares)
+                except ValueError:  # min_reports SecAgg+ cannot guarantee among n: the run is refused
+                    continue
+                if graph.threshold > n:
+                    continue  # fewer sampled than min_reports: Flower halts after setup
+                k, t = graph.num_shares, graph.threshold
+                assert 2 * t > k, (n, m, shares, k, t)
+                problems = check_secagg_state({**base, "sample_num": n, "share_num": k, "threshold": t}, m)
+                assert problems == [], (n, m, shares, k, t, problems)
+                checked += 1
+    assert checked > 1000
 
 
 # --- exactly `threshold` neighbours: served --------------------------------------------------------
