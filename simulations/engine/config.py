@@ -56,9 +56,9 @@ class EngineConfig:
         k / 2, as the devices' consistency round requires, and every unmaskable sum holding at least
         ``min_reports`` reports; on the full graph ``max(min_reports, n_asked // 2 + 1)``). A round is
         released only when the simulated ring can be unmasked (every client keeps ``threshold``
-        reporting holders) and it has ``min_reports`` reports, and each client's guarantee against an honest coordinator adds the
-        graph's failure probability under the assumed rates for every distributed round it reported
-        in (``EngineResult.honest_coordinator_delta``).
+        reporting holders) and it has ``min_reports`` reports, and each client's guarantee against an
+        honest coordinator adds the graph's failure probability under the assumed rates for every
+        distributed round it reported in (``EngineResult.honest_coordinator_delta``).
     worst_case_epsilon
         The device's worst-case budget (``fedfilter.client.worst_case``), at ``delta``: one number or
         one per client, each at least that client's ``epsilon``; required with ``placement=
