@@ -16,7 +16,7 @@ import pytest
 from flwr.app import Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
-from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_STATE
+from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, RECORD_KEY_STATE, Key
 from flwr.compat.common import recorddict_compat as compat
 from secagg_loopback import LoopbackGrid, stage_of
 
@@ -125,8 +125,6 @@ def test_a_coordinator_running_flowers_primitives_fails_the_round(monkeypatch, d
 
 
 def test_the_default_sparse_graph_gives_each_node_k_holders_and_unmasks_the_exact_sum():
-    from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key
-
     nodes = list(range(500, 524))
     reports = _reports(nodes, seed=4)
     graph = secure_round.round_graph(len(nodes), 12)
@@ -178,3 +176,38 @@ def test_more_dropouts_than_the_graphs_bound_assumes_unmask_nothing():
         nodes, _reports(nodes), min_reports=12, num_shares="auto", drop=lambda st, nid: drop(st, nid) and nid != 722
     )
     assert three.reason == "" and three.reports == 21
+
+
+def test_a_node_with_exactly_threshold_surviving_neighbours_on_a_sparse_graph_is_unmasked():
+    """24 nodes, k = 7 given, t = 4 (above k / 2, and ceil(24 * 4 / 7) = 14 >= 12 reports); three of
+    one node's neighbours drop out after sharing keys (the graph's bound assumes up to 3): it keeps
+    exactly t = 4 holders (itself included), signs, gets exactly t signatures, reveals, and the sum is
+    exact. The boundary the devices' checks (``>= threshold``) must serve."""
+    nodes = list(range(800, 824))
+    reports = _reports(nodes, seed=8)
+    graph = secure_round.round_graph(len(nodes), 12, 7)
+    assert (graph.num_shares, graph.threshold) == (7, 4)
+    victim, grid = 800, None
+    gone: set[int] = set()
+
+    def drop(stage, nid):
+        if stage != "collect_masked_vectors":
+            return False
+        if not gone:  # the victim's neighbours, read off the share-keys request Flower sent it
+            (request,) = [m for m in grid.sent if stage_of(m) == "share_keys" and m.metadata.dst_node_id == victim]
+            neighbours = sorted(int(k) for k in request.content.config_records[RECORD_KEY_CONFIGS] if k != Key.STAGE)
+            gone.update([n for n in neighbours if n != victim][:3])
+        return nid in gone
+
+    grid = LoopbackGrid({nid: _app(reports) for nid in nodes}, drop=drop)
+    out = secure_round.run_secure_round(
+        grid, {n: RecordDict() for n in nodes}, server_round=1, min_reports=12, num_shares=7
+    )
+    assert len(gone) == 3 and out.reason == "" and out.reports == len(nodes) - 3
+    (request,) = [m for m in grid.sent if stage_of(m) == "unmask" and m.metadata.dst_node_id == victim]
+    assert len(request.content.config_records[CONSISTENCY_RECORD]["signer"]) == graph.threshold
+    (reply,) = [r for r in grid.received if r.metadata.reply_to_message_id == request.metadata.message_id]
+    assert not reply.has_error() and victim in reply.content.config_records[RECORD_KEY_CONFIGS][Key.NODE_ID_LIST]
+    sums = decode_sum(out.aggregate, out.reports, out.quantization_range)
+    for i, got in enumerate(sums):
+        np.testing.assert_array_equal(got, sum(reports[n][i] for n in nodes if n not in gone))
