@@ -82,6 +82,8 @@ NODE_CONFIG_KEYS = (
     "secagg-min-threshold",
     "noise-seed",
     "reply-hold-s",
+    "secagg-identity-key",  # SecAgg+ peer-key pinning (client/secagg_pinning.py)
+    "secagg-pinned-peers",
 )
 
 log = logging.getLogger("fedfilter.client")

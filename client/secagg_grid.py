@@ -21,9 +21,11 @@ sum of the shares' variances, and every device's loss is that of ``k + Sk(mu_tot
   otherwise a wrapped (useless, equally private) value.
 
 ``check_secagg_state`` is the device's side of this contract: the coordinator chooses every SecAgg+
-parameter in the setup stage, so the device refuses any that would make Flower's map inexact or the
-released sum smaller than ``min_reports`` reports, or a neighbourhood graph outside the owner's limits
-(``fedfilter.client.secagg_neighbourhood``).
+parameter in the setup stage, so the device refuses, before it trains, any that would make Flower's
+map inexact, its masking or unmasking fail, the released sum smaller than ``min_reports`` reports,
+one node's two kinds of key share reachable by two disjoint groups of neighbours, or a neighbourhood
+graph outside the owner's limits (``fedfilter.client.secagg_neighbourhood``). It returns a list of
+named problems (one string each, all at once); a new check appends to it.
 """
 
 from __future__ import annotations
@@ -102,16 +104,18 @@ def check_secagg_state(
         return state.get(key) if hasattr(state, "get") else None
 
     q, c, m, w = get("target_range"), get("clipping_range"), get("mod_range"), get("max_weight")
-    n, t = get("sample_num"), get("threshold")
+    n, t, k = get("sample_num"), get("threshold"), get("share_num")
     if not (_power_of_two(q) and 2 <= q <= MAX_QUANTIZATION_RANGE):
         problems.append(f"target_range (quantization range) must be a power of two in [2, 2**30]. Found {q!r}.")
-    if not _power_of_two(m):
-        problems.append(f"mod_range must be a power of two. Found {m!r}.")
+    if not (_power_of_two(m) and m <= MODULUS_RANGE):
+        # Flower documents 2**32 as its largest modulus (SecAggPlusWorkflow: "must be less than" or equal,
+        # its default); above 2**63 the mask generator raises, after the device trained and paid.
+        problems.append(f"mod_range must be a power of two <= 2**32. Found {m!r}.")
     if isinstance(w, bool) or not isinstance(w, (int, float)) or float(w) != MAX_WEIGHT:
         problems.append(f"max_weight must be {MAX_WEIGHT!r} (reports carry weight 1). Found {w!r}.")
     if _power_of_two(q) and (isinstance(c, bool) or not isinstance(c, (int, float)) or float(c) != q / 2):
         problems.append(f"clipping_range must be target_range / 2 = {q / 2!r}. Found {c!r}.")
-    for name, v in (("sample_num", n), ("threshold", t)):
+    for name, v in (("sample_num", n), ("threshold", t), ("share_num", k)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             problems.append(f"{name} must be an integer >= 1. Found {v!r}.")
     if not problems:
@@ -121,6 +125,15 @@ def check_secagg_state(
             problems.append(f"sample_num * target_range must stay below mod_range. Found {n} * {q} >= {m}.")
         if n < t:
             problems.append(f"sample_num {n} is below threshold {t}.")
+        if k > n:
+            problems.append(f"share_num {k} exceeds sample_num {n}.")
+        if 2 * t <= k:
+            # Each device reveals one kind of share per node (secagg_consistency); two disjoint groups of
+            # `threshold` holders of a node's `share_num` shares would give a lying coordinator both kinds.
+            problems.append(
+                f"threshold {t} must exceed half of share_num {k}: below that a coordinator that tells two "
+                "groups of neighbours different survivor sets could unmask one report."
+            )
         # The fewest reports an unmasking can hold (>= min_reports) and the owner's graph limits.
         problems += check_secagg_graph(state, min_reports, graph_policy)
     return problems

@@ -11,7 +11,8 @@ runs SecAgg+ only on its legacy server path, so this module keeps that path an i
 * ``_MessageApiSecAggPlus``, a ``SecAggPlusWorkflow`` whose COLLECT_MASKED_VECTORS messages carry
   exactly the Message-API content given (it replaces ``state.nid_to_fitins`` after
   ``setup_stage``) and which counts the masked vectors it collected. The protocol's four stages are
-  Flower's own, unchanged.
+  Flower's own; ``ConsistencyCheckedSecAggPlus`` adds the consistency round the devices require
+  before unmasking (``coordinator/secagg_consistency_round.py``).
 
 The SecAgg+ parameters: ``secaggplus_settings(n_sampled)`` (exact quantization of integer reports,
 ``fedfilter.client.secagg_grid``) and the neighbourhood graph ``round_graph`` chooses for the nodes
@@ -20,6 +21,8 @@ sampled (``num_shares`` k and ``threshold`` t; by default the sparse graph of
 can unmask holds at least ``min_reports`` reports, ``fewest_released_reports``). Flower's mask
 generator and Shamir sharing are replaced by ``fedfilter.client.secagg_masks`` for the round
 (devices install the same ones).
+A consistency round runs before any share is revealed (``ConsistencyCheckedSecAggPlus``,
+``fedfilter.coordinator.secagg_consistency_round``): devices refuse to unmask otherwise.
 """
 
 from __future__ import annotations
@@ -38,7 +41,6 @@ from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.compat.grid_client_proxy import GridClientProxy
 from flwr.server.strategy import Strategy as LegacyStrategy
-from flwr.server.workflow import SecAggPlusWorkflow
 from flwr.server.workflow.secure_aggregation.secaggplus_workflow import WorkflowState
 from flwr.serverapp import Grid
 
@@ -46,6 +48,7 @@ from fedfilter.client.privacy.secagg_graph import choose_graph, dropouts_account
 from fedfilter.client.secagg_grid import decode_sum, grid_step, secaggplus_settings
 from fedfilter.client.secagg_masks import cryptographic_masks
 from fedfilter.client.secagg_neighbourhood import DEFAULT_CORRUPT_RATE, DEFAULT_DROPOUT_RATE, fewest_released_reports
+from fedfilter.coordinator.secagg_consistency_round import ConsistencyCheckedSecAggPlus
 
 __all__ = [
     "AUTO_SHARES",
@@ -211,8 +214,9 @@ class _SampledNodes(LegacyStrategy):
         return None
 
 
-class _MessageApiSecAggPlus(SecAggPlusWorkflow):
-    """Flower's SecAgg+ workflow, sending the Message-API content given per node in its masked stage."""
+class _MessageApiSecAggPlus(ConsistencyCheckedSecAggPlus):
+    """Flower's SecAgg+ workflow with the devices' consistency round (``ConsistencyCheckedSecAggPlus``),
+    sending the Message-API content given per node in its masked stage."""
 
     def __init__(self, contents: Mapping[int, RecordDict], graph: RoundGraph, **kwargs) -> None:
         super().__init__(**kwargs)

@@ -418,11 +418,13 @@ def deploy_local(options: DeployOptions, echo: Callable[[str], None] = print) ->
         )
     public = public_summary(public_ledger, old_runs)
     released = released_rounds(public_ledger, public["run_id"])
-    clients = [
-        device_report(devices_dir / str(i), public["run_id"])
-        for i in range(options.clients)
-        if (devices_dir / str(i) / LEDGER_FILE).is_file()
-    ]
+
+    def owner_report(i: int) -> dict[str, Any]:
+        # in the owner's state directory, where the device's roll-back anchor is (as at enrolment)
+        with owner_state_at(out / OWNERS_DIR / str(i)):
+            return device_report(devices_dir / str(i), public["run_id"])
+
+    clients = [owner_report(i) for i in range(options.clients) if (devices_dir / str(i) / LEDGER_FILE).is_file()]
     summary = {
         "engine": "deployment",
         "run_id": public["run_id"],

@@ -50,13 +50,15 @@ class EngineConfig:
         updates and adds one ``N(0, sigma^2 I)`` draw; needs ``noise_draw="aggregate"``.
     secagg_graph, secagg_dropout_rate, secagg_corrupt_rate
         Distributed placement: the SecAgg+ neighbourhoods (``fedfilter.client.privacy.secagg_graph``).
-        ``full``: Flower's full graph (every asked client holds a share of every other's secrets,
-        threshold ``max(min_reports, 2)``); ``sparse``: ``choose_graph(n_asked, ...)`` on Flower's ring
-        over a permutation drawn per round. Either way a round is released only when the simulated
-        ring can be unmasked (every client keeps ``threshold`` reporting holders) and it has
-        ``min_reports`` reports, and each client's guarantee against an honest coordinator adds the
-        graph's failure probability under the assumed rates for every distributed round it reported
-        in (``EngineResult.honest_coordinator_delta``).
+        ``full``: Flower's full graph (every asked client holds a share of every other's secrets);
+        ``sparse``: ``choose_graph(n_asked, ...)`` on Flower's ring over a permutation drawn per round.
+        Either way k and t are the coordinator's (``coordinator.secure_round.round_graph``: t above
+        k / 2, as the devices' consistency round requires, and every unmaskable sum holding at least
+        ``min_reports`` reports; on the full graph ``max(min_reports, n_asked // 2 + 1)``). A round is
+        released only when the simulated ring can be unmasked (every client keeps ``threshold``
+        reporting holders) and it has ``min_reports`` reports, and each client's guarantee against an
+        honest coordinator adds the graph's failure probability under the assumed rates for every
+        distributed round it reported in (``EngineResult.honest_coordinator_delta``).
     worst_case_epsilon
         The device's worst-case budget (``fedfilter.client.worst_case``), at ``delta``: one number or
         one per client, each at least that client's ``epsilon``; required with ``placement=

@@ -21,13 +21,12 @@ import numpy as np
 
 from fedfilter.client.privacy.secagg_graph import (
     SecAggGraph,
-    choose_graph,
     dropouts_accounted,
     graph_abort_probability,
-    graph_failure_probability,
 )
 from fedfilter.client.round_rules import reports_needed
-from fedfilter.coordinator.secure_round import reconstruction_threshold
+from fedfilter.coordinator.secure_round import AUTO_SHARES
+from fedfilter.coordinator.secure_round import round_graph as coordinator_round_graph
 from fedfilter.simulations.engine.norms import clip_rows
 from fedfilter.simulations.engine.seeds import aggregate_noise_stream, client_noise_stream, graph_rng
 from fedfilter.simulations.engine.skellam_round import (
@@ -60,19 +59,20 @@ def ring_unmasks(reporting_in_ring_order: np.ndarray, num_shares: int, threshold
 
 
 def round_graph(cfg, n_asked: int) -> SecAggGraph:
-    """The SecAgg+ graph of a distributed round with ``n_asked`` clients (``cfg.secagg_graph``)."""
+    """The SecAgg+ graph of a distributed round with ``n_asked`` clients: k and t from the coordinator's
+    one rule (``coordinator.secure_round.round_graph``: ``"auto"`` for ``cfg.secagg_graph = "sparse"``,
+    Flower's full graph 1.0 otherwise; t above k / 2, as devices require, and every unmaskable sum of
+    at least ``min_reports`` reports), with its failure and abort bounds under the assumed rates."""
     rates = {"dropout_rate": cfg.secagg_dropout_rate, "corrupt_rate": cfg.secagg_corrupt_rate}
-    if cfg.secagg_graph == "sparse":
-        return choose_graph(n_asked, **rates)
-    # Flower's full graph as the coordinator sets it up today: every node, threshold max(m, 2).
-    t = reconstruction_threshold(cfg.min_reports)
+    shares = AUTO_SHARES if cfg.secagg_graph == "sparse" else 1.0
+    g = coordinator_round_graph(n_asked, cfg.min_reports, shares, **rates)
     if n_asked < 3:
-        return SecAggGraph(n_asked, t, 0.0, 0.0)  # no third node to collude or to hold a share
+        return SecAggGraph(g.num_shares, g.threshold, 0.0, 0.0)  # no third node to collude or to hold a share
     return SecAggGraph(
-        n_asked,
-        t,
-        graph_failure_probability(n_asked, n_asked, t, **rates),
-        graph_abort_probability(n_asked, n_asked, t, dropout_rate=cfg.secagg_dropout_rate),
+        g.num_shares,
+        g.threshold,
+        g.failure_probability,
+        graph_abort_probability(n_asked, g.num_shares, g.threshold, dropout_rate=cfg.secagg_dropout_rate),
     )
 
 

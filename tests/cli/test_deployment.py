@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from fedfilter.client.owner_state import owner_state_at
 from fedfilter.deploy.cluster import FlowerCluster
-from fedfilter.deploy.command import DeployOptions, build_run_config, deploy_local
+from fedfilter.deploy.command import OWNERS_DIR, DeployOptions, build_run_config, deploy_local
 from fedfilter.deploy.flower_config import toml_value, write_connection
 from fedfilter.deploy.processes import DeploymentError, ManagedProcess
 from fedfilter.deploy.tls import make_node_key, make_tls
@@ -248,7 +249,8 @@ def test_deployment_run_under_tls_and_node_auth_keeps_every_device_within_budget
     assert Path(summary["public_ledger"]).is_file()
     assert [c["client_id"] for c in summary["clients"]] == ["device-0", "device-1"]
     for index, client in enumerate(summary["clients"]):
-        ledger = BudgetLedger.open(out / "devices" / str(index))
+        with owner_state_at(out / OWNERS_DIR / str(index)):  # where the device's roll-back anchor is
+            ledger = BudgetLedger.open(out / "devices" / str(index))
         try:
             assert ledger.enrolment.epsilon == client["budget_epsilon"] == (0.5, 4.0)[index]
             # the device answered both rounds itself, and its own record is within its budget
@@ -339,7 +341,8 @@ def test_distributed_rounds_under_tls_and_node_auth_release_sums_and_keep_device
         assert (not rec.released) or rec.reports_received >= 2
     assert sum(bool(r.released) for r in records) == summary["released_rounds"]
     for index, client in enumerate(summary["clients"]):
-        ledger = BudgetLedger.open(out / "devices" / str(index))
+        with owner_state_at(out / OWNERS_DIR / str(index)):  # where the device's roll-back anchor is
+            ledger = BudgetLedger.open(out / "devices" / str(index))
         try:
             assert ledger.enrolment.filter_kind == "rdp"
             assert {r.placement for r in ledger.records(summary["run_id"])} == {"distributed"}

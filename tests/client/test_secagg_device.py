@@ -21,7 +21,7 @@ from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
 from flwr.common.secure_aggregation.secaggplus_constants import Stage
 from flwr.server import LegacyContext, ServerConfig
 from flwr.server.strategy import FedAvg
-from flwr.server.workflow import DefaultWorkflow, SecAggPlusWorkflow
+from flwr.server.workflow import DefaultWorkflow
 from secagg_loopback import LoopbackGrid, stage_of
 
 import fedfilter.client.release_distributed as release_distributed
@@ -36,6 +36,7 @@ from fedfilter.client.secagg_grid import decode_sum, grid_step, secaggplus_setti
 from fedfilter.client.secagg_masks import cryptographic_masks
 from fedfilter.client.skellam_noise import add_skellam_noise
 from fedfilter.client.wire import ARRAYS_RECORD, REQUEST_RECORD, request_record
+from fedfilter.coordinator.secagg_consistency_round import ConsistencyCheckedSecAggPlus
 
 KEYS = ["w", "b", "count"]
 SHAPES = [(6, 5), (5,), (1,)]
@@ -114,8 +115,9 @@ class CaptureStrategy(FedAvg):
         return None, {}
 
 
-class MessageApiSecAgg(SecAggPlusWorkflow):
-    """Flower's workflow, sending the Message-API train content in its collect stage (as the product's)."""
+class MessageApiSecAgg(ConsistencyCheckedSecAggPlus):
+    """Flower's workflow with the consistency round fedfilter's devices require (the product's own
+    ``ConsistencyCheckedSecAggPlus``), sending the Message-API train content in its collect stage."""
 
     def __init__(self, content_for, **kwargs):
         super().__init__(**kwargs)
@@ -255,7 +257,7 @@ def ledger_records(tmp_path, i):
     ],
 )
 def test_the_unmasked_sum_is_exactly_the_sum_of_the_reports(tmp_path, monkeypatch, n, dropped, late):
-    t = 5
+    t = max(5, n // 2 + 1)  # devices refuse a threshold at or below half their neighbourhood
 
     def drop(stage, nid):
         return (stage == Stage.COLLECT_MASKED_VECTORS and nid in dropped) or (stage == Stage.UNMASK and nid in late)

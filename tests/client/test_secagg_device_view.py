@@ -12,6 +12,7 @@ from test_secagg_device import DTYPES, KEYS, RUN, ledger_records, node_config, n
 from fedfilter.client.flower_mod import enrol_device
 from fedfilter.client.ledger import BudgetLedger
 from fedfilter.client.release import ClientPolicy, FilteredClient, RoundSpec
+from fedfilter.client.secagg_consistency import CONSISTENCY_STAGE
 from fedfilter.client.secagg_device import reply_masked
 from fedfilter.client.secagg_grid import encode_report
 
@@ -114,7 +115,7 @@ def test_collect_stage_replies_hold_the_legacy_layout_secaggplus_mod_reads(tmp_p
     for reply in result.collect_replies():
         assert reply.content["fitres.status"]["code"] == 0
         assert reply.content[RECORD_KEY_CONFIGS].keys() == {Key.MASKED_PARAMETERS}
-    assert {r._stage for r in result.grid.received} == set(Stage.all())
+    assert {r._stage for r in result.grid.received} == set(Stage.all()) | {CONSISTENCY_STAGE}
 
 
 def test_the_reply_hold_applies_under_secure_aggregation(tmp_path, monkeypatch):

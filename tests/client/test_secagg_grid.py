@@ -66,7 +66,7 @@ def test_quantization_range_fits_the_modulus():
 
 def _state(**over):
     base = {"target_range": 2**24, "clipping_range": 2.0**23, "mod_range": 2**32, "max_weight": 1.0}
-    base.update({"sample_num": 10, "share_num": 10, "threshold": 5})
+    base.update({"sample_num": 10, "threshold": 5, "share_num": 9})
     base.update(over)
     return base
 

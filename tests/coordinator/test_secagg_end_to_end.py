@@ -34,6 +34,7 @@ from fedfilter.client.noise import round_noise_stream
 from fedfilter.client.privacy.filters import rdp_order
 from fedfilter.client.privacy.rounding import down
 from fedfilter.client.privacy.skellam import skellam_rdp_exact
+from fedfilter.client.secagg_consistency import CONSISTENCY_RECORD
 from fedfilter.client.secagg_device import secure_aggregation_mod
 from fedfilter.client.secagg_grid import grid_step
 from fedfilter.client.skellam_noise import add_skellam_noise
@@ -250,7 +251,12 @@ def test_the_coordinator_holds_masked_vectors_and_the_sum_only(tmp_path, monkeyp
         assert all(len(record) == 0 for record in msg.content.array_records.values())  # every array cleared
         for name, record in msg.content.metric_records.items():
             assert (name, dict(record)) == ("fitres.num_examples", {"num_examples": 1})
-        assert set(msg.content.config_records) <= {RECORD_KEY_CONFIGS, "fitres.metrics", "fitres.status"}
+        assert set(msg.content.config_records) <= {
+            RECORD_KEY_CONFIGS,
+            CONSISTENCY_RECORD,
+            "fitres.metrics",
+            "fitres.status",
+        }
         configs = msg.content.config_records[RECORD_KEY_CONFIGS]
         if Key.MASKED_PARAMETERS not in configs:
             continue

@@ -1,6 +1,7 @@
 """Distributed rounds of ``IndividualFilterStrategy`` through Flower's real SecAgg+ (loopback, no Ray).
 
-Each test ClientApp is ``[mask install, secaggplus_mod, inner]``; the inner handler answers the
+Each test ClientApp is ``[secure_aggregation_mod, inner]`` (Flower's SecAgg+ client with the device's
+checks and consistency round, which the coordinator's workflow must serve); the inner handler answers the
 legacy ``fitres.*`` layout with ``encode_report`` of integer vectors the test chose, so the expected
 sum, mean and model are computed here with numpy from those integers, independently of the
 coordinator. ``LoopbackGrid.received`` holds everything the coordinator got.
@@ -13,7 +14,6 @@ import json
 import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, Message, MetricRecord
-from flwr.client.mod import secaggplus_mod
 from flwr.clientapp import ClientApp
 from flwr.common import Code, FitRes, Status, bytes_to_ndarray, ndarrays_to_parameters
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, RECORD_KEY_STATE, Key
@@ -22,6 +22,8 @@ from flwr.serverapp.strategy import FedAdam, FedAvg, Result
 from secagg_loopback import LoopbackGrid, stage_of
 
 from fedfilter.client import secagg_masks
+from fedfilter.client.secagg_consistency import CONSISTENCY_RECORD, CONSISTENCY_STAGE
+from fedfilter.client.secagg_device import secure_aggregation_mod
 from fedfilter.client.secagg_grid import encode_report, grid_step
 from fedfilter.client.wire import ARRAYS_RECORD, REQUEST_RECORD, round_spec_from_record
 from fedfilter.coordinator import secure_round
@@ -35,6 +37,13 @@ NODES = list(range(100, 110))
 CLIP = 0.5
 GAMMA = 2.0**-13  # grid_step(0.5): clip / gamma = 2**12
 COLLECT = "collect_masked_vectors"
+
+
+@pytest.fixture(autouse=True)
+def _flowers_own_generator():
+    """Device mods in earlier tests install the mask generator for the whole process (as a device
+    does); these tests check that the coordinator's round installs and removes it, so start without."""
+    secagg_masks.restore()
 
 
 def global_arrays():
@@ -53,13 +62,8 @@ def integer_reports(seed=0, nodes=NODES):
 
 
 def make_app(reports, seen_contents, weight=1):
-    """``[mask install, secaggplus_mod, inner]``; the inner reports ``encode_report(reports[nid], q)``."""
-
-    def install_masks(msg, ctxt, call_next):  # what the device's secure-aggregation mod does first
-        secagg_masks.use_cryptographic_masks()
-        return call_next(msg, ctxt)
-
-    app = ClientApp(mods=[install_masks, secaggplus_mod])
+    """``[secure_aggregation_mod, inner]``; the inner reports ``encode_report(reports[nid], q)``."""
+    app = ClientApp(mods=[secure_aggregation_mod])
 
     @app.train()
     def train(msg, ctxt):
@@ -170,7 +174,8 @@ def test_the_masked_stage_carries_exactly_the_message_api_content():
     strategy, result, grid, spy, seen, reports, g = run_round()
     assert sorted(seen) == NODES
     for content in seen.values():
-        assert set(content.keys()) == {ARRAYS_RECORD, "config", REQUEST_RECORD, RECORD_KEY_CONFIGS}
+        # (the records seen, after secure_aggregation_mod put its protocol records back)
+        assert set(content.keys()) == {ARRAYS_RECORD, "config", REQUEST_RECORD, RECORD_KEY_CONFIGS, CONSISTENCY_RECORD}
         spec = round_spec_from_record(content[REQUEST_RECORD])
         assert (spec.run_id, spec.round_id, spec.placement, spec.min_reports, spec.clip) == (
             "secure-run",
@@ -182,8 +187,8 @@ def test_the_masked_stage_carries_exactly_the_message_api_content():
         for key, want in zip(KEYS, g):
             np.testing.assert_array_equal(content[ARRAYS_RECORD][key].numpy(), want)
         assert content["config"]["server-round"] == 1
-    # Only SecAgg+'s four stages went out: no train message in the clear.
-    assert {stage_of(m) for m in grid.sent} == {"setup", "share_keys", COLLECT, "unmask"}
+    # Only SecAgg+'s four stages and the consistency round went out: no train message in the clear.
+    assert {stage_of(m) for m in grid.sent} == {"setup", "share_keys", COLLECT, CONSISTENCY_STAGE, "unmask"}
 
 
 def test_the_coordinator_receives_only_masked_vectors_and_protocol_fields():
@@ -196,7 +201,8 @@ def test_the_coordinator_receives_only_masked_vectors_and_protocol_fields():
         assert set(msg.content.metric_records) <= {"fitres.num_examples"}
         for record in msg.content.metric_records.values():
             assert dict(record) == {"num_examples": 1}
-        assert set(msg.content.config_records) <= {RECORD_KEY_CONFIGS, "fitres.metrics", "fitres.status"}
+        allowed = {RECORD_KEY_CONFIGS, CONSISTENCY_RECORD, "fitres.metrics", "fitres.status"}
+        assert set(msg.content.config_records) <= allowed
         if "fitres.metrics" in msg.content.config_records:
             assert len(msg.content.config_records["fitres.metrics"]) == 0
     for msg in collected:

@@ -1,7 +1,9 @@
 """SecAgg+ rounds (Flower's workflow and client mod, loopback grid) with fedfilter's Shamir and AES masks.
 
 The unmasked sum is compared with the integers the test chose; a round where one side runs Flower's own
-primitives must fail by name and release nothing.
+primitives must fail by name and release nothing. Devices run ``secure_aggregation_mod`` (Flower's
+``secaggplus_mod`` with the consistency round the coordinator's workflow always runs, issue 22) around a
+handler that returns the chosen integers: no ledger, no noise.
 """
 
 from __future__ import annotations
@@ -12,14 +14,14 @@ import importlib
 import numpy as np
 import pytest
 from flwr.app import Message, RecordDict
-from flwr.client.mod import secaggplus_mod
 from flwr.clientapp import ClientApp
 from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
-from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_STATE
+from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, RECORD_KEY_STATE, Key
 from flwr.compat.common import recorddict_compat as compat
-from secagg_loopback import LoopbackGrid
+from secagg_loopback import LoopbackGrid, stage_of
 
-from fedfilter.client import secagg_masks, secagg_shamir
+from fedfilter.client import secagg_device, secagg_masks, secagg_shamir
+from fedfilter.client.secagg_consistency import CONSISTENCY_RECORD, CONSISTENCY_STAGE
 from fedfilter.client.secagg_grid import decode_sum, encode_report
 from fedfilter.coordinator import secure_round
 
@@ -39,8 +41,8 @@ def _reports(nodes, seed=0):
     return {nid: [rng.integers(-5000, 5000, size=s, dtype=np.int64) for s in SHAPES] for nid in nodes}
 
 
-def _app(reports, device_mods):
-    app = ClientApp(mods=[*device_mods, secaggplus_mod])
+def _app(reports):
+    app = ClientApp(mods=[secagg_device.secure_aggregation_mod])
 
     @app.train()
     def train(msg, ctxt):
@@ -51,36 +53,37 @@ def _app(reports, device_mods):
     return app
 
 
-def _install(msg, ctxt, call_next):  # what secure_aggregation_mod does first on a device
-    secagg_masks.use_cryptographic_masks()
-    return call_next(msg, ctxt)
+@pytest.fixture
+def device_primitives(monkeypatch):
+    """node id -> (Shamir split, mask generator) that node's ``secaggplus_mod`` runs, set after
+    ``secure_aggregation_mod`` installed fedfilter's (the loopback runs every side in one process: this is
+    one device's installation, nobody else's). Nodes not listed run what is installed."""
+    chosen: dict[int, tuple] = {}
+    flowers_mod = secagg_device.secaggplus_mod
 
-
-def _device_primitives(create_shares, generator):
-    """A device mod that runs the given Shamir split and mask generator inside secaggplus_mod (the
-    loopback runs every side in one process: this is one device's installation, nobody else's)."""
-
-    def mod(msg, ctxt, call_next):
+    def run(msg, ctxt, call_next):
+        if ctxt.node_id not in chosen:
+            return flowers_mod(msg, ctxt, call_next)
         module = importlib.import_module(CLIENT_MOD)
         saved = module.create_shares, module.pseudo_rand_gen
-        module.create_shares, module.pseudo_rand_gen = create_shares, generator
+        module.create_shares, module.pseudo_rand_gen = chosen[ctxt.node_id]
         try:
-            return call_next(msg, ctxt)
+            return flowers_mod(msg, ctxt, call_next)
         finally:
             module.create_shares, module.pseudo_rand_gen = saved
 
-    return mod
+    monkeypatch.setattr(secagg_device, "secaggplus_mod", run)
+    return chosen
 
 
 def _flowers_primitives():
     flower = importlib.import_module("flwr.common.secure_aggregation.crypto.shamir").create_shares
     generator = importlib.import_module("flwr.common.secure_aggregation.secaggplus_utils").pseudo_rand_gen
-    return _device_primitives(flower, generator)
+    return flower, generator
 
 
-def _run(nodes, reports, *, min_reports, num_shares=1.0, mods=None, drop=None):
-    mods = mods or {}
-    apps = {nid: _app(reports, mods.get(nid, [_install])) for nid in nodes}
+def _run(nodes, reports, *, min_reports, num_shares=1.0, drop=None):
+    apps = {nid: _app(reports) for nid in nodes}
     grid = LoopbackGrid(apps, drop=drop)
     contents = {nid: RecordDict() for nid in nodes}
     return secure_round.run_secure_round(grid, contents, server_round=1, min_reports=min_reports, num_shares=num_shares)
@@ -100,32 +103,33 @@ def test_a_round_with_fedfilters_primitives_on_both_sides_unmasks_the_exact_sum(
     assert not secagg_masks.cryptographic_masks_installed()  # scoped to the round on the coordinator
 
 
-def test_a_device_running_flowers_primitives_fails_the_round_by_name():
+def test_a_device_running_flowers_primitives_fails_the_round_by_name(device_primitives):
     nodes = list(range(300, 306))
-    out = _run(nodes, _reports(nodes), min_reports=3, mods={302: [_install, _flowers_primitives()]})
+    device_primitives[302] = _flowers_primitives()
+    out = _run(nodes, _reports(nodes), min_reports=3)
     assert out.aggregate is None and out.reports == 0
     assert "Flower's Shamir" in out.reason
 
 
-def test_a_coordinator_running_flowers_primitives_fails_the_round(monkeypatch):
-    # The coordinator's workflow keeps Flower's combine and generator; every device runs fedfilter's.
+def test_a_coordinator_running_flowers_primitives_fails_the_round(monkeypatch, device_primitives):
+    # The coordinator's workflow keeps Flower's combine and generator; every device runs fedfilter's
+    # (set in its own secaggplus_mod only: installing them process-wide would reach the coordinator too).
     monkeypatch.setattr(secure_round, "cryptographic_masks", contextlib.nullcontext)
+    monkeypatch.setattr(secagg_device, "use_cryptographic_masks", lambda: None)
     nodes = list(range(400, 405))
-    ours = _device_primitives(secagg_shamir.create_shares, secagg_masks.aes_mask_gen)
-    out = _run(nodes, _reports(nodes), min_reports=3, mods={nid: [ours] for nid in nodes})
+    device_primitives.update({nid: (secagg_shamir.create_shares, secagg_masks.aes_mask_gen) for nid in nodes})
+    out = _run(nodes, _reports(nodes), min_reports=3)
     assert out.aggregate is None and out.reports == 0
     assert "Duplicate share" in out.reason
     assert not secagg_masks.cryptographic_masks_installed()
 
 
 def test_the_default_sparse_graph_gives_each_node_k_holders_and_unmasks_the_exact_sum():
-    from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key
-
     nodes = list(range(500, 524))
     reports = _reports(nodes, seed=4)
     graph = secure_round.round_graph(len(nodes), 12)
     assert graph.num_shares < len(nodes)  # sparse: k holders per node, not all 24
-    apps = {nid: _app(reports, [_install]) for nid in nodes}
+    apps = {nid: _app(reports) for nid in nodes}
     grid = LoopbackGrid(apps, drop=lambda stage, nid: stage == "collect_masked_vectors" and nid == 511)
     out = secure_round.run_secure_round(grid, {n: RecordDict() for n in nodes}, server_round=1, min_reports=12)
     assert (out.num_shares, out.failure_probability) == (graph.num_shares, graph.failure_probability)
@@ -134,6 +138,14 @@ def test_the_default_sparse_graph_gives_each_node_k_holders_and_unmasks_the_exac
     assert {m.content.config_records[RECORD_KEY_CONFIGS][Key.THRESHOLD] for m in setup} == {graph.threshold}
     share_keys = [m for m in grid.sent if m.content.config_records[RECORD_KEY_CONFIGS].get(Key.STAGE) == "share_keys"]
     assert {len(m.content.config_records[RECORD_KEY_CONFIGS]) - 1 for m in share_keys} == {graph.num_shares}
+    # The consistency round ran on the sparse graph: every survivor signed, and each unmask request
+    # carried at least t signatures, all by that node's k neighbours (the devices verified them).
+    assert len([m for m in grid.sent if stage_of(m) == CONSISTENCY_STAGE]) == len(nodes) - 1
+    unmask = [m for m in grid.sent if stage_of(m) == "unmask"]
+    assert len(unmask) == len(nodes) - 1
+    for m in unmask:
+        signers = m.content.config_records[CONSISTENCY_RECORD]["signer"]
+        assert graph.threshold <= len(signers) <= graph.num_shares and 511 not in signers
     assert out.reason == "" and out.reports == len(nodes) - 1
     sums = decode_sum(out.aggregate, out.reports, out.quantization_range)
     for i, got in enumerate(sums):
@@ -164,3 +176,38 @@ def test_more_dropouts_than_the_graphs_bound_assumes_unmask_nothing():
         nodes, _reports(nodes), min_reports=12, num_shares="auto", drop=lambda st, nid: drop(st, nid) and nid != 722
     )
     assert three.reason == "" and three.reports == 21
+
+
+def test_a_node_with_exactly_threshold_surviving_neighbours_on_a_sparse_graph_is_unmasked():
+    """24 nodes, k = 7 given, t = 4 (above k / 2, and ceil(24 * 4 / 7) = 14 >= 12 reports); three of
+    one node's neighbours drop out after sharing keys (the graph's bound assumes up to 3): it keeps
+    exactly t = 4 holders (itself included), signs, gets exactly t signatures, reveals, and the sum is
+    exact. The boundary the devices' checks (``>= threshold``) must serve."""
+    nodes = list(range(800, 824))
+    reports = _reports(nodes, seed=8)
+    graph = secure_round.round_graph(len(nodes), 12, 7)
+    assert (graph.num_shares, graph.threshold) == (7, 4)
+    victim, grid = 800, None
+    gone: set[int] = set()
+
+    def drop(stage, nid):
+        if stage != "collect_masked_vectors":
+            return False
+        if not gone:  # the victim's neighbours, read off the share-keys request Flower sent it
+            (request,) = [m for m in grid.sent if stage_of(m) == "share_keys" and m.metadata.dst_node_id == victim]
+            neighbours = sorted(int(k) for k in request.content.config_records[RECORD_KEY_CONFIGS] if k != Key.STAGE)
+            gone.update([n for n in neighbours if n != victim][:3])
+        return nid in gone
+
+    grid = LoopbackGrid({nid: _app(reports) for nid in nodes}, drop=drop)
+    out = secure_round.run_secure_round(
+        grid, {n: RecordDict() for n in nodes}, server_round=1, min_reports=12, num_shares=7
+    )
+    assert len(gone) == 3 and out.reason == "" and out.reports == len(nodes) - 3
+    (request,) = [m for m in grid.sent if stage_of(m) == "unmask" and m.metadata.dst_node_id == victim]
+    assert len(request.content.config_records[CONSISTENCY_RECORD]["signer"]) == graph.threshold
+    (reply,) = [r for r in grid.received if r.metadata.reply_to_message_id == request.metadata.message_id]
+    assert not reply.has_error() and victim in reply.content.config_records[RECORD_KEY_CONFIGS][Key.NODE_ID_LIST]
+    sums = decode_sum(out.aggregate, out.reports, out.quantization_range)
+    for i, got in enumerate(sums):
+        np.testing.assert_array_equal(got, sum(reports[n][i] for n in nodes if n not in gone))

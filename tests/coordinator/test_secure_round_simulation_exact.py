@@ -22,7 +22,8 @@ import pytest
 APP_DIR = Path(__file__).resolve().parents[1] / "apps" / "secagg_sum"
 PROBE_DIR_ENV = "FEDFILTER_TEST_SECAGG_PROBE_DIR"  # tests/apps/secagg_sum/secagg_sum_app/__init__.py
 N, ROUNDS, RUN, MIN_REPORTS = 10, 2, "secagg-sum", 6
-SECAGG_STAGES = {"setup", "share_keys", "collect_masked_vectors", "unmask"}
+# Flower's four SecAgg+ stages and fedfilter's consistency round (client/secagg_consistency.py).
+SECAGG_STAGES = {"setup", "share_keys", "collect_masked_vectors", "fedfilter_consistency_check", "unmask"}
 
 
 @pytest.fixture(scope="module")
@@ -131,7 +132,8 @@ def test_the_coordinator_received_masked_vectors_and_protocol_messages_only(simu
             assert all(sum(sizes) == 0 for sizes in reply["arrays"].values()), reply  # every array cleared
             for name, metrics in reply["metrics"].items():
                 assert (name, metrics) == ("fitres.num_examples", {"num_examples": 1})
-            assert set(reply["configs"]) <= {RECORD_KEY_CONFIGS, "fitres.metrics", "fitres.status"}, reply
+            allowed = {RECORD_KEY_CONFIGS, "fedfilter.secagg", "fitres.metrics", "fitres.status"}
+            assert set(reply["configs"]) <= allowed, reply  # fedfilter.secagg: sealed signing keys
             assert reply["configs"].get("fitres.metrics", {}) == {}  # no metric of the device's
             if Key.MASKED_PARAMETERS in reply["configs"].get(RECORD_KEY_CONFIGS, {}):
                 assert stage == "collect_masked_vectors"

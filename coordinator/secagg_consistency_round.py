@@ -1,0 +1,139 @@
+"""The coordinator's half of the consistency round fedfilter's devices require before they unmask.
+
+``ConsistencyCheckedSecAggPlus`` is Flower's ``SecAggPlusWorkflow`` (flwr 1.41/1.42) with three small
+additions; Flower's four stages and their messages are otherwise its own:
+
+* share keys: each device's reply carries its per-round signing key sealed for each destination
+  (``CONSISTENCY_RECORD``: ``dst``, ``sealed``); the workflow keeps them;
+* collect masked vectors: each device's message carries the sealed keys addressed to it (``src``,
+  ``sealed``), beside Flower's share ciphertexts;
+* between collect and unmask, the consistency round (Bonawitz et al., CCS 2017, Round 3
+  ConsistencyCheck; the device's side and the argument are in ``client/secagg_consistency.py``):
+  every survivor gets the survivor set (Flower's ``active_node_ids`` after the collect stage) and
+  signs it; each unmask message then carries its neighbours' signatures (``signer``, ``signature``).
+
+The additions are message routing only: the devices check everything, so a coordinator that skips or
+forges any of it gets refusals, not shares. The grid is wrapped (``_Relay``) to add or read the extra
+record on the messages Flower's stages send and receive, so Flower's stage code runs unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from logging import DEBUG
+from typing import cast
+
+from flwr.app import ConfigRecord, Message, RecordDict
+from flwr.app.message_type import MessageType
+from flwr.common.logger import log
+from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key
+from flwr.server import LegacyContext
+from flwr.server.workflow import SecAggPlusWorkflow
+from flwr.server.workflow.secure_aggregation.secaggplus_workflow import WorkflowState
+from flwr.serverapp import Grid
+
+from fedfilter.client.secagg_consistency import CONSISTENCY_RECORD, CONSISTENCY_STAGE
+
+__all__ = ["ConsistencyCheckedSecAggPlus"]
+
+_CURRENT_ROUND_KEY = "current_round"
+_MAIN_CONFIGS_RECORD = "config"
+
+
+class _Relay:
+    """A grid whose ``send_and_receive`` lets the workflow add a record to each message sent
+    (``outgoing(msg)``) and read each reply (``incoming(reply)``); every other call goes to the grid."""
+
+    def __init__(
+        self,
+        grid: Grid,
+        outgoing: Callable[[Message], None] = lambda m: None,
+        incoming: Callable[[Message], None] = lambda m: None,
+    ) -> None:
+        self._grid, self._outgoing, self._incoming = grid, outgoing, incoming
+
+    def __getattr__(self, name: str):
+        return getattr(self._grid, name)
+
+    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> list[Message]:
+        messages = list(messages)
+        for msg in messages:
+            # Flower shares one RecordDict among a stage's messages in places: give each its own.
+            msg.content = RecordDict(dict(msg.content.items()))
+            self._outgoing(msg)
+        replies = list(self._grid.send_and_receive(messages, timeout=timeout))
+        for reply in replies:
+            if not reply.has_error():
+                self._incoming(reply)
+        return replies
+
+
+class ConsistencyCheckedSecAggPlus(SecAggPlusWorkflow):
+    """Flower's SecAgg+ workflow plus the routing of the devices' consistency round."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self._sealed: dict[int, list[tuple[int, bytes]]] = {}  # dst -> [(src, sealed signing key)]
+        self._signatures: dict[int, bytes] = {}  # signer -> signature on the survivor set
+        self.signers = 0  # devices that signed the survivor set (for the round's log)
+
+    def share_keys_stage(self, grid: Grid, context: LegacyContext, state: WorkflowState) -> bool:
+        self._sealed = {}
+
+        def keep(reply: Message) -> None:
+            record = reply.content.config_records.get(CONSISTENCY_RECORD)
+            if record is None:
+                return  # the device sealed nothing: its neighbours will refuse to train
+            dsts, sealed = record.get("dst"), record.get("sealed")
+            if isinstance(dsts, list) and isinstance(sealed, list):
+                for dst, token in zip(dsts, sealed):
+                    if isinstance(dst, int) and isinstance(token, bytes):  # the receiver checks the rest
+                        self._sealed.setdefault(dst, []).append((int(reply.metadata.src_node_id), token))
+
+        return super().share_keys_stage(cast(Grid, _Relay(grid, incoming=keep)), context, state)
+
+    def collect_masked_vectors_stage(self, grid: Grid, context: LegacyContext, state: WorkflowState) -> bool:
+        def add(msg: Message) -> None:
+            pairs = self._sealed.get(int(msg.metadata.dst_node_id), [])
+            msg.content.config_records[CONSISTENCY_RECORD] = ConfigRecord(
+                {"src": [src for src, _ in pairs], "sealed": [token for _, token in pairs]}
+            )
+
+        return super().collect_masked_vectors_stage(cast(Grid, _Relay(grid, outgoing=add)), context, state)
+
+    def consistency_stage(self, grid: Grid, context: LegacyContext, state: WorkflowState) -> None:
+        """Send the survivor set to every survivor and keep the signatures that come back."""
+        group = str(context.state.config_records[_MAIN_CONFIGS_RECORD][_CURRENT_ROUND_KEY])
+        survivors = sorted(state.active_node_ids)
+
+        def make(nid: int) -> Message:
+            record = ConfigRecord({Key.STAGE: CONSISTENCY_STAGE, Key.ACTIVE_NODE_ID_LIST: survivors})
+            return Message(
+                content=RecordDict({RECORD_KEY_CONFIGS: record}),
+                dst_node_id=nid,
+                message_type=MessageType.TRAIN,
+                group_id=group,
+            )
+
+        log(DEBUG, "[Consistency] Sending the survivor set to %s clients.", len(survivors))
+        replies = grid.send_and_receive([make(nid) for nid in survivors], timeout=self.timeout)
+        self._signatures = {}
+        for reply in replies:
+            if reply.has_error():
+                continue
+            signature = reply.content.config_records.get(RECORD_KEY_CONFIGS, ConfigRecord()).get("signature")
+            if isinstance(signature, bytes):
+                self._signatures[int(reply.metadata.src_node_id)] = signature
+        self.signers = len(self._signatures)
+
+    def unmask_stage(self, grid: Grid, context: LegacyContext, state: WorkflowState) -> bool:
+        self.consistency_stage(grid, context, state)
+
+        def add(msg: Message) -> None:
+            neighbours = state.nid_to_neighbours.get(int(msg.metadata.dst_node_id), set())
+            signers = sorted(set(self._signatures) & neighbours)
+            msg.content.config_records[CONSISTENCY_RECORD] = ConfigRecord(
+                {"signer": signers, "signature": [self._signatures[n] for n in signers]}
+            )
+
+        return super().unmask_stage(cast(Grid, _Relay(grid, outgoing=add)), context, state)
