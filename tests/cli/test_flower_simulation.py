@@ -304,7 +304,16 @@ def test_demo_summary_every_client_within_its_budget(demo):
     assert isinstance(summary["final_accuracy"], float) and 0 <= summary["final_accuracy"] <= 1
     assert len(summary["clients"]) == N
     for c in summary["clients"]:
-        assert set(c) == {"client_id", "budget_epsilon", "spent_epsilon", "odometer_epsilon", "exhausted_round"}
+        assert set(c) == {
+            "client_id",
+            "budget_epsilon",
+            "spent_epsilon",
+            "odometer_epsilon",
+            "worst_case_epsilon",
+            "worst_case_spent_epsilon",
+            "exhausted_round",
+        }
+        assert c["worst_case_epsilon"] is None  # local placement: no worst-case budget needed (none enrolled)
         assert 0 < c["spent_epsilon"] <= c["budget_epsilon"]
         assert c["odometer_epsilon"] >= c["spent_epsilon"]  # valid at any moment, so never below the readout
         assert c["exhausted_round"] is None or 1 <= c["exhausted_round"] <= 3

@@ -210,7 +210,7 @@ def test_cli_reports_config_errors_and_dry_run(tmp_path, capsys):
     assert "valid; 192 runs x 3 rounds" in out
     assert "epsilon_i = 4 x lognormal(median 1, sigma 0.8)" in out
     assert main(["study", "dropout", "--config", str(tmp_path / "missing.toml"), "--dry-run"]) == 2
-    assert "is not a file" in capsys.readouterr().err
+    assert "is neither a" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("path", sorted(Path(__file__).parents[2].joinpath("simulations", "configs").glob("*.toml")))
