@@ -45,6 +45,7 @@ from fedfilter.client.secagg_masks import aes_mask_gen
 from fedfilter.client.secagg_shamir import combine_shares
 from fedfilter.client.wire import ARRAYS_RECORD
 from fedfilter.coordinator import secure_round
+from fedfilter.coordinator.run_log import NothingReleasedError
 from fedfilter.coordinator.strategy import IndividualFilterStrategy
 
 SHAPES = [(4, 3), (3,)]
@@ -177,7 +178,10 @@ def run_attack(
         run_name=RUN,
     )
     initial = ArrayRecord({k: Array(np.zeros(s, dtype=np.float32)) for k, s in zip(["w", "b"], SHAPES)})
-    strategy.start(grid=grid, initial_arrays=initial, num_rounds=1, timeout=60)
+    try:
+        strategy.start(grid=grid, initial_arrays=initial, num_rounds=1, timeout=60)
+    except NothingReleasedError:  # the attacked round released nothing: what the tests then check is
+        pass  # which shares left the devices and what the coordinator could read from them
     return seen
 
 
