@@ -65,6 +65,7 @@ from fedfilter.client.secagg_consistency import (
     survivors_message,
 )
 from fedfilter.client.secagg_grid import check_secagg_state
+from fedfilter.client.secagg_keys import public_key_problems
 from fedfilter.client.secagg_masks import use_cryptographic_masks
 from fedfilter.client.secagg_pinning import Pinning, PinningError, pinning
 
@@ -204,6 +205,15 @@ def _collect_problems(msg: Message, context: Context, flower: SecAggPlusState | 
     return problems
 
 
+def _key_problems(msg: Message, flower: SecAggPlusState | None) -> list[str]:
+    """The neighbours' X25519 keys (client/secagg_keys.py), checked before Flower's share-keys stage."""
+    sk1 = getattr(flower, "sk1", None) if flower is not None else None
+    if not isinstance(sk1, bytes):
+        return []  # no setup yet: Flower's own stage check refuses
+    configs = msg.content.config_records[RECORD_KEY_CONFIGS]
+    return public_key_problems(sk1, {nid: pair for nid, pair in configs.items() if nid != Key.STAGE})
+
+
 def _consistency_reply(msg: Message, context: Context) -> Message:
     """Sign, once per round, the survivor set the coordinator names (Bonawitz et al. 2017, Round 3)."""
     flower, own = _flower_state(context), _own_state(context)
@@ -299,6 +309,8 @@ def secure_aggregation_mod(msg: Message, context: Context, call_next: Callable[[
             pin = pinning(context.node_config)
         except PinningError as err:
             return _refusal(msg, [str(err)], "Nothing was trained, spent or released.")
+        if problems := _key_problems(msg, flower):
+            return _refusal(msg, problems, "Nothing was trained, spent or released.")
     elif stage == CONSISTENCY_STAGE:
         return _consistency_reply(msg, context)
     elif stage == Stage.COLLECT_MASKED_VECTORS and (problems := _collect_problems(msg, context, flower)):
@@ -330,6 +342,12 @@ def secure_aggregation_mod(msg: Message, context: Context, call_next: Callable[[
         reply = secaggplus_mod(msg, context, masked_call_next)
     except _InnerError as err:
         return err.reply
+    except ValueError as err:
+        if stage != Stage.SHARE_KEYS:
+            raise
+        # Flower's share-keys checks (threshold, duplicate keys) and a low-order pk2 (secagg_keys): this
+        # stage trains nothing, so the refusal costs nothing.
+        return _refusal(msg, [str(err)], "Nothing was trained, spent or released.")
     if stage == Stage.SHARE_KEYS:
         _seal_signing_key(msg, reply, context, pin)
     return reply

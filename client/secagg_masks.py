@@ -16,7 +16,7 @@ Shamir. Flower's ``create_shares`` / ``combine_shares`` run pycryptodome's pure-
 arithmetic, most of a secure round's time; ``fedfilter.client.secagg_shamir`` shares over a prime
 field with Python integers, with a share format Flower's combine refuses (and vice versa).
 
-``use_cryptographic_masks()`` replaces all three, in every Flower module that imported them by name
+``use_cryptographic_masks()`` replaces all three (and the key functions below), in every Flower module that imported them by name
 (the client mod ``secaggplus_mod`` and the server ``secaggplus_workflow``; both sides must use the
 same primitives or the masks do not cancel and the shares do not combine), so it must run in every
 process that runs either side: the ServerApp and each ClientApp (e.g. in a Ray actor). A side that
@@ -24,6 +24,10 @@ runs Flower's own fails the round loudly (the Shamir share formats differ) rathe
 wrong sum. Checked against flwr 1.41.0 and 1.42.0 (the module and attribute names below and the call
 sites' arguments). Remove the mask override once upstream fixes #7522 and fedfilter requires that
 Flower version; the Shamir override when Flower's sharing is fast.
+
+Keys. Flower's P-384 ECDH with PEM-encoded keys (``generate_key_pairs`` ... ``generate_shared_key``)
+is replaced by X25519 with raw keys (``fedfilter.client.secagg_keys``) at SecAgg+'s two call sites
+only: the defining modules also serve Flower's node authentication, which keeps its own.
 
 The math imports only numpy and ``cryptography``; Flower is imported only by the installer.
 """
@@ -40,7 +44,7 @@ from types import ModuleType
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
-from fedfilter.client import secagg_shamir
+from fedfilter.client import secagg_keys, secagg_shamir
 
 # Changing this tag changes every mask: both sides of a federation must run the same version.
 _DOMAIN_TAG = b"fedfilter/secaggplus-mask/aes256ctr/v1"
@@ -48,7 +52,9 @@ _DOMAIN_TAG = b"fedfilter/secaggplus-mask/aes256ctr/v1"
 _MAX_RANGE = 1 << 63
 
 # attribute -> (the replacement, every flwr module that imports it by name in flwr 1.41.0 and 1.42.0, the
-# defining module first so that a later `from ... import name` also gets the override).
+# defining module first so that a later `from ... import name` also gets the override). The key functions
+# are replaced only in SecAgg+'s two call sites: their defining modules also serve Flower's node
+# authentication (P-384 signatures), which must keep Flower's own.
 _UTILS = "flwr.common.secure_aggregation.secaggplus_utils"
 _SHAMIR = "flwr.common.secure_aggregation.crypto.shamir"
 _CLIENT_MOD = "flwr.client.mod.secure_aggregation.secaggplus_mod"
@@ -56,11 +62,24 @@ _SERVER_WORKFLOW = "flwr.server.workflow.secure_aggregation.secaggplus_workflow"
 _FLOWER_MODULES = (_UTILS, _SHAMIR, _CLIENT_MOD, _SERVER_WORKFLOW)
 
 
+_SECAGG_SIDES = (_CLIENT_MOD, _SERVER_WORKFLOW)
+# Replaced wherever Flower's original is found in a loaded flwr module (see use_cryptographic_masks).
+_SWEPT = ("pseudo_rand_gen", "create_shares", "combine_shares")
+
+
 def _overrides() -> dict[str, tuple[object, tuple[str, ...]]]:
     return {
         "pseudo_rand_gen": (aes_mask_gen, (_UTILS, _CLIENT_MOD, _SERVER_WORKFLOW)),
         "create_shares": (secagg_shamir.create_shares, (_SHAMIR, _CLIENT_MOD)),
         "combine_shares": (secagg_shamir.combine_shares, (_SHAMIR, _SERVER_WORKFLOW)),
+        # X25519 with raw keys (client/secagg_keys.py): the device makes and parses keys, both sides agree
+        # pairwise keys (the coordinator for a dropped node's neighbours, from its reconstructed key).
+        "generate_key_pairs": (secagg_keys.generate_key_pairs, (_CLIENT_MOD,)),
+        "private_key_to_bytes": (secagg_keys.private_key_to_bytes, (_CLIENT_MOD,)),
+        "public_key_to_bytes": (secagg_keys.public_key_to_bytes, (_CLIENT_MOD,)),
+        "bytes_to_private_key": (secagg_keys.bytes_to_private_key, _SECAGG_SIDES),
+        "bytes_to_public_key": (secagg_keys.bytes_to_public_key, _SECAGG_SIDES),
+        "generate_shared_key": (secagg_keys.generate_shared_key, _SECAGG_SIDES),
     }
 
 
@@ -161,15 +180,25 @@ def _flower_modules() -> dict[str, ModuleType]:
 
 
 def use_cryptographic_masks() -> None:
-    """Replace Flower's SecAgg+ mask generator and Shamir sharing by fedfilter's in this process
-    (idempotent): in the modules listed in ``_overrides`` and in any other loaded ``flwr`` module that
-    holds Flower's original under the same name."""
+    """Replace Flower's SecAgg+ mask generator, Shamir sharing and key agreement by fedfilter's in this
+    process (idempotent): in the modules listed in ``_overrides`` and, for the masks and Shamir, in any
+    other loaded ``flwr`` module that holds Flower's original under the same name."""
+    if cryptographic_masks_installed():
+        # The device's mod calls this at every SecAgg+ message: the sweep of sys.modules below cost about
+        # 0.9 ms a call (0.4 s of a 100-device round). A flwr module loaded after the first install that
+        # imports a primitive by name gets the replacement from the (replaced) defining module.
+        return
     modules = _flower_modules()
     for attribute, (replacement, names) in _overrides().items():
         original = _originals.get((names[0], attribute), getattr(modules[names[0]], attribute))
         targets = [modules[name] for name in names]
         for name, module in list(sys.modules.items()):
-            if name.startswith("flwr") and module is not None and getattr(module, attribute, None) is original:
+            if (
+                attribute in _SWEPT
+                and name.startswith("flwr")
+                and module is not None
+                and getattr(module, attribute, None) is original
+            ):
                 targets.append(module)
         for module in targets:
             current = getattr(module, attribute)
@@ -180,7 +209,7 @@ def use_cryptographic_masks() -> None:
 
 
 def cryptographic_masks_installed() -> bool:
-    """True when every known Flower call site uses fedfilter's masks and Shamir sharing."""
+    """True when every known Flower call site uses fedfilter's masks, Shamir sharing and key agreement."""
     modules = _flower_modules()
     return all(
         getattr(modules[name], attribute) is replacement

@@ -23,10 +23,8 @@ from flwr.app import Array, ArrayRecord, Message, RecordDict
 from flwr.client.mod.secure_aggregation.secaggplus_mod import SecAggPlusState
 from flwr.clientapp import ClientApp
 from flwr.common import bytes_to_ndarray
-from flwr.common.secure_aggregation.crypto.symmetric_encryption import generate_shared_key
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, RECORD_KEY_STATE, Key, Stage
 from flwr.serverapp.strategy import FedAvg
-from flwr.supercore.primitives.asymmetric import bytes_to_private_key, bytes_to_public_key
 from secagg_loopback import LoopbackGrid, stage_of
 
 import fedfilter.client.release_distributed as release_distributed
@@ -41,6 +39,7 @@ from fedfilter.client.secagg_consistency import (
 )
 from fedfilter.client.secagg_device import secure_aggregation_mod
 from fedfilter.client.secagg_grid import grid_step, secaggplus_settings
+from fedfilter.client.secagg_keys import bytes_to_private_key, bytes_to_public_key, generate_shared_key
 from fedfilter.client.secagg_masks import aes_mask_gen
 from fedfilter.client.secagg_shamir import combine_shares
 from fedfilter.client.wire import ARRAYS_RECORD

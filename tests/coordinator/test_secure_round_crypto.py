@@ -20,7 +20,7 @@ from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFI
 from flwr.compat.common import recorddict_compat as compat
 from secagg_loopback import LoopbackGrid, stage_of
 
-from fedfilter.client import secagg_device, secagg_masks, secagg_shamir
+from fedfilter.client import secagg_device, secagg_masks
 from fedfilter.client.secagg_consistency import CONSISTENCY_RECORD, CONSISTENCY_STAGE
 from fedfilter.client.secagg_grid import decode_sum, encode_report
 from fedfilter.coordinator import secure_round
@@ -55,22 +55,27 @@ def _app(reports):
 
 @pytest.fixture
 def device_primitives(monkeypatch):
-    """node id -> (Shamir split, mask generator) that node's ``secaggplus_mod`` runs, set after
-    ``secure_aggregation_mod`` installed fedfilter's (the loopback runs every side in one process: this is
-    one device's installation, nobody else's). Nodes not listed run what is installed."""
-    chosen: dict[int, tuple] = {}
+    """node id -> (Shamir split, mask generator), or {attribute: function}, that node's ``secaggplus_mod``
+    runs, set after ``secure_aggregation_mod`` installed fedfilter's (the loopback runs every side in one
+    process: this is one device's installation, nobody else's). Nodes not listed run what is installed."""
+    chosen: dict[int, tuple | dict] = {}
     flowers_mod = secagg_device.secaggplus_mod
 
     def run(msg, ctxt, call_next):
         if ctxt.node_id not in chosen:
             return flowers_mod(msg, ctxt, call_next)
         module = importlib.import_module(CLIENT_MOD)
-        saved = module.create_shares, module.pseudo_rand_gen
-        module.create_shares, module.pseudo_rand_gen = chosen[ctxt.node_id]
+        functions = chosen[ctxt.node_id]
+        if isinstance(functions, tuple):
+            functions = dict(zip(("create_shares", "pseudo_rand_gen"), functions, strict=True))
+        saved = {name: getattr(module, name) for name in functions}
+        for name, function in functions.items():
+            setattr(module, name, function)
         try:
             return flowers_mod(msg, ctxt, call_next)
         finally:
-            module.create_shares, module.pseudo_rand_gen = saved
+            for name, function in saved.items():
+                setattr(module, name, function)
 
     monkeypatch.setattr(secagg_device, "secaggplus_mod", run)
     return chosen
@@ -117,7 +122,9 @@ def test_a_coordinator_running_flowers_primitives_fails_the_round(monkeypatch, d
     monkeypatch.setattr(secure_round, "cryptographic_masks", contextlib.nullcontext)
     monkeypatch.setattr(secagg_device, "use_cryptographic_masks", lambda: None)
     nodes = list(range(400, 405))
-    device_primitives.update({nid: (secagg_shamir.create_shares, secagg_masks.aes_mask_gen) for nid in nodes})
+    overrides = secagg_masks._overrides().items()
+    fedfilters = {name: function for name, (function, sides) in overrides if CLIENT_MOD in sides}
+    device_primitives.update({nid: fedfilters for nid in nodes})
     out = _run(nodes, _reports(nodes), min_reports=3)
     assert out.aggregate is None and out.reports == 0
     assert "Duplicate share" in out.reason
