@@ -18,8 +18,8 @@ field with Python integers, with a share format Flower's combine refuses (and vi
 
 ``use_cryptographic_masks()`` replaces all three (and the key functions below), in every Flower module
 that imported them by name (the client mod ``secaggplus_mod`` and the server ``secaggplus_workflow``;
-both sides must use the same primitives or the masks do not cancel and the shares do not combine), so it must run in every
-process that runs either side: the ServerApp and each ClientApp (e.g. in a Ray actor). A side that
+both sides must use the same primitives or the masks do not cancel and the shares do not combine), so
+it must run in every process that runs either side: the ServerApp and each ClientApp (e.g. in a Ray actor). A side that
 runs Flower's own fails the round loudly (the Shamir share formats differ) rather than releasing a
 wrong sum. Checked against flwr 1.41.0 and 1.42.0 (the module and attribute names below and the call
 sites' arguments). Remove the mask override once upstream fixes #7522 and fedfilter requires that
