@@ -1,15 +1,20 @@
 """Seconds per round with and without Flower's SecAgg+, same clients, same model, same run.
 
     python benchmarks/secagg_overhead.py [--clients 10 100 1000] [--rounds 3] [--warmup 1] [--num-shares auto]
+        [--workflow product|flower]
 
 Where: in-process rounds through ``tests/secagg_loopback.py``'s ``LoopbackGrid`` (every message goes
 through Flower's wire format to an in-process ClientApp, one node after the other; no Ray, no
 network), so a round's time is the whole federation's compute: every client's and the server's.
 Flower's real protocol code runs on both sides: the legacy ``DefaultWorkflow`` fit round
-(``default_fit_workflow``) for the plain rounds, ``SecAggPlusWorkflow`` (setup, share keys, collect
-masked vectors, unmask) with ``secaggplus_mod`` on the clients for the secure rounds, both with
-fedfilter's SecAgg+ primitives installed (``fedfilter.client.secagg_masks``: AES-256-CTR masks and
-prime-field Shamir sharing) and with the integer grid of distributed placement
+(``default_fit_workflow``) for the plain rounds; for the secure rounds, by default
+(``--workflow product``) what fedfilter runs: the coordinator's ``ConsistencyCheckedSecAggPlus``
+(Flower's ``SecAggPlusWorkflow``: setup, share keys, collect masked vectors, unmask, plus the
+consistency round before unmask) with ``secure_aggregation_mod`` on the clients (Flower's
+``secaggplus_mod`` with the devices' key checks, sealed signing keys and survivor-set signatures);
+``--workflow flower`` runs Flower's bare ``SecAggPlusWorkflow`` with ``secaggplus_mod``. Both with
+fedfilter's SecAgg+ primitives installed (``fedfilter.client.secagg_masks``: AES-256-CTR masks,
+prime-field Shamir sharing, X25519 key agreement with raw keys) and with the integer grid of distributed placement
 (``fedfilter.client.secagg_grid``: ``secaggplus_settings``, ``encode_report``, ``decode_sum``), on the
 neighbourhood graph the coordinator ships by default (``coordinator.secure_round.round_graph`` for
 ``min-reports = ceil(clients / 2)`` and ``--num-shares``, default ``auto``: the sparse graph).
@@ -28,7 +33,8 @@ into client compute (summed over the clients, per client-round) and everything e
 workflow, wire format), as measured around each ClientApp call; the server's seconds in the unmask
 stage (its wall time minus the clients' time inside it: Shamir combine, mask regeneration,
 dequantization); then the seconds per secure round spent inside SecAgg+'s primitives (Shamir split on
-the clients and combine on the server; ECDH key agreement; share encryption; masks), the CPU seconds
+the clients and combine on the server; ECDH key agreement; share encryption; masks; the consistency
+round's key checks, sealing, signing and verifying on the clients), the CPU seconds
 of each variant's round and of the server's unmasking (``time.process_time``: the whole in-process
 federation's CPU, which the load of other jobs on the machine does not inflate), and the peak
 resident memory of the process.
@@ -53,7 +59,7 @@ sys.path.insert(0, str(ROOT / "tests"))  # secagg_loopback (a test helper, as fl
 CLIP = 0.4
 
 
-def _client_app(task, pid_of: dict, sent: dict, clip: float, local_epochs: int, lr: float):
+def _client_app(task, pid_of: dict, sent: dict, clip: float, local_epochs: int, lr: float, product: bool):
     """A legacy NumPyClient per node (what SecAgg+ needs); ``config["secagg"]`` picks the encoding."""
     import numpy as np
     from flwr.client import NumPyClient
@@ -89,8 +95,11 @@ def _client_app(task, pid_of: dict, sent: dict, clip: float, local_epochs: int, 
 
     from flwr.client.mod import secaggplus_mod
 
-    # The same client, bare for plain rounds and inside secaggplus_mod for secure ones.
-    return ClientApp(client_fn=client_fn), ClientApp(client_fn=client_fn, mods=[secaggplus_mod])
+    from fedfilter.client.secagg_device import secure_aggregation_mod
+
+    # The same client, bare for plain rounds and inside the SecAgg+ mod for secure ones.
+    mod = secure_aggregation_mod if product else secaggplus_mod
+    return ClientApp(client_fn=client_fn), ClientApp(client_fn=client_fn, mods=[mod])
 
 
 def _strategy(weights_ref: list, clip: float, q: int, sent: dict):
@@ -131,8 +140,9 @@ def _strategy(weights_ref: list, clip: float, q: int, sent: dict):
     )
 
 
-# SecAgg+'s primitives, timed where Flower's client mod and server workflow call them (fedfilter's Shamir
-# and masks once installed; Flower's key agreement, key (de)serialization and share encryption).
+# SecAgg+'s primitives, timed where Flower's client mod and server workflow call them (fedfilter's Shamir,
+# masks and key agreement once installed; Flower's share encryption), and the consistency round's where
+# fedfilter's device mod calls them.
 _PRIMITIVES = {
     "flwr.client.mod.secure_aggregation.secaggplus_mod": (
         "generate_key_pairs",
@@ -149,15 +159,39 @@ _PRIMITIVES = {
         "generate_shared_key",
         "pseudo_rand_gen",
     ),
+    "fedfilter.client.secagg_device": (
+        "public_key_problems",
+        "seal_signing_key",
+        "open_signing_key",
+        "sign_survivors",
+        "check_signatures",
+    ),
 }
 
 
 def time_primitives(spent: dict[str, float]):
     """Wrap each primitive (after the mask generator was installed) to add its wall time to ``spent``;
-    returns a function that puts the originals back."""
+    returns a function that puts the originals back. The device's mod re-installs fedfilter's primitives
+    at every message (``use_cryptographic_masks``, a cheap check once installed, a sweep of every loaded
+    module when not): it is wrapped to run with the primitives it installed in place, then to put the
+    timers back."""
     import importlib
 
+    from fedfilter.client import secagg_device
+
     undo = []
+    timers = []
+    install = secagg_device.use_cryptographic_masks
+
+    def install_then_time() -> None:
+        for module, name, original in undo:  # what the device's mod finds when nothing is timed
+            setattr(module, name, original)
+        install()
+        for module, name, timer in timers:
+            setattr(module, name, timer)
+
+    secagg_device.use_cryptographic_masks = install_then_time
+
     for module_name, names in _PRIMITIVES.items():
         module = importlib.import_module(module_name)
         side = "server" if "workflow" in module_name else "client"
@@ -172,9 +206,11 @@ def time_primitives(spent: dict[str, float]):
                     spent[_key] += time.perf_counter() - started
 
             setattr(module, name, timed)
+            timers.append((module, name, timed))
             undo.append((module, name, original))
 
     def restore() -> None:
+        secagg_device.use_cryptographic_masks = install
         for module, name, original in undo:
             setattr(module, name, original)
 
@@ -198,6 +234,7 @@ def run_size(n: int, args) -> dict:
     from fedfilter.app.task import evaluate, get_weights, load_task, set_weights
     from fedfilter.client.secagg_grid import secaggplus_settings
     from fedfilter.client.secagg_masks import use_cryptographic_masks
+    from fedfilter.coordinator.secagg_consistency_round import ConsistencyCheckedSecAggPlus
     from fedfilter.coordinator.secure_round import round_graph
 
     use_cryptographic_masks()  # both sides run in this process: one install covers them
@@ -213,7 +250,8 @@ def run_size(n: int, args) -> dict:
     settings = secaggplus_settings(n)
     q = settings["quantization_range"]
     sent: dict[int, list] = defaultdict(list)  # round -> the integer reports the secure clients sent
-    plain_app, secure_app = _client_app(task, pid_of, sent, CLIP, args.local_epochs, args.lr)
+    product = args.workflow == "product"
+    plain_app, secure_app = _client_app(task, pid_of, sent, CLIP, args.local_epochs, args.lr, product)
     client_time = {"plain": 0.0, "secagg": 0.0}
     client_cpu = {"plain": 0.0, "secagg": 0.0}  # CPU seconds (process_time): robust to machine load
     current = {"variant": "plain"}
@@ -230,7 +268,8 @@ def run_size(n: int, args) -> dict:
     graph = round_graph(n, math.ceil(n / 2), args.num_shares)  # the coordinator's own choice, min-reports n/2
     threshold = graph.threshold
     shares = 1.0 if graph.num_shares == n else graph.num_shares  # as run_secure_round passes it to Flower
-    secagg = SecAggPlusWorkflow(num_shares=shares, reconstruction_threshold=threshold, **settings)
+    workflow = ConsistencyCheckedSecAggPlus if product else SecAggPlusWorkflow
+    secagg = workflow(num_shares=shares, reconstruction_threshold=threshold, **settings)
     unmask_s: list[float] = []
     unmask_cpu_s: list[float] = []
     original_unmask = secagg.unmask_stage
@@ -296,6 +335,7 @@ def run_size(n: int, args) -> dict:
     plain, sec = statistics.median(times["plain"]), statistics.median(times["secagg"])
     return {
         "clients": n,
+        "workflow": args.workflow,
         "threshold": threshold,
         "num_shares": graph.num_shares,
         "failure_probability": graph.failure_probability,
@@ -330,6 +370,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--num-shares", default="auto", help="SecAgg+ neighbourhoods: auto (default), a share of the nodes, an odd int"
     )
+    parser.add_argument(
+        "--workflow",
+        choices=("product", "flower"),
+        default="product",
+        help="product: fedfilter's ConsistencyCheckedSecAggPlus + secure_aggregation_mod (default); "
+        "flower: Flower's bare SecAggPlusWorkflow + secaggplus_mod",
+    )
     parser.add_argument("--local-epochs", type=int, default=2)
     parser.add_argument("--lr", type=float, default=0.1)
     parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
@@ -338,7 +385,8 @@ def main(argv: list[str] | None = None) -> int:
 
     print(
         f"# {platform.node()} {platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
-        f"python {platform.python_version()}; in-process LoopbackGrid rounds (no Ray), digits MLP"
+        f"python {platform.python_version()}; in-process LoopbackGrid rounds (no Ray), digits MLP; "
+        f"secure rounds: {args.workflow} workflow"
     )
     print(
         "| clients | shares k | threshold t | plain s/round | SecAgg+ s/round | ratio | client ms/client-round "
