@@ -18,9 +18,10 @@ with a low-order point raises ``ValueError`` (``cryptography`` refuses the all-z
 RFC 7748 section 6.1). ``public_key_problems`` runs those checks on every neighbour's keys before a
 device does anything else in the round.
 
-Private keys are parsed once per round, not once per neighbour: the parsed objects sit in a small
-per-process LRU cache keyed by the key bytes (memory only, never persisted; the same bytes are in
-Flower's in-memory SecAgg+ state anyway).
+Private keys are parsed once per round, not once per neighbour, and a pairwise key is agreed once:
+parsed private keys and derived pairwise keys sit in small per-process LRU caches keyed by the raw key
+bytes (memory only, never persisted; the same private keys, and the pk2 pairwise keys, are in Flower's
+in-memory SecAgg+ state anyway).
 
 Imports only ``cryptography``; installed over Flower's functions by ``secagg_masks.use_cryptographic_masks``.
 """
@@ -50,6 +51,7 @@ KEY_BYTES = 32
 # Changing this tag changes every pairwise key: both sides of a federation must run the same version.
 _KDF_INFO = b"fedfilter/secaggplus-pairwise/x25519-hkdf-sha256/v1"
 _PRIVATE_CACHE = 64  # a process runs a few devices' rounds (or, in a simulation, many one after another)
+_PAIRWISE_CACHE = 4096  # pairwise keys agreed once at share-keys, found again at collect (about 100 B each)
 
 
 def generate_key_pairs() -> tuple[X25519PrivateKey, X25519PublicKey]:
@@ -113,7 +115,14 @@ def generate_shared_key(private_key: X25519PrivateKey, public_key: X25519PublicK
             "generate_shared_key needs X25519 keys, found "
             f"{type(private_key).__name__} and {type(public_key).__name__}."
         )
-    secret = _exchange(private_key, public_key)
+    return _pairwise_key(private_key.private_bytes_raw(), public_key_to_bytes(public_key))
+
+
+@lru_cache(maxsize=_PAIRWISE_CACHE)
+def _pairwise_key(private_raw: bytes, public_raw: bytes) -> bytes:
+    # Cached by the raw keys: the device's check at share-keys (public_key_problems) and Flower's
+    # collect stage agree the same pk1 key; the second finds it here.
+    secret = _exchange(_load_private(private_raw), X25519PublicKey.from_public_bytes(public_raw))
     derived = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=_KDF_INFO).derive(secret)
     return base64.urlsafe_b64encode(derived)
 
@@ -135,7 +144,7 @@ def public_key_problems(sk1: bytes, keys: Mapping[str, object]) -> list[str]:
             problems.append(f"node {nid}'s public keys must be a pair (pk1, pk2), found {pair!r:.80}.")
             continue
         try:
-            _exchange(own, bytes_to_public_key(pair[0]))
+            generate_shared_key(own, bytes_to_public_key(pair[0]))
             bytes_to_public_key(pair[1])
         except ValueError as err:
             problems.append(f"node {nid}'s public keys are refused: {err}")

@@ -179,3 +179,14 @@ def test_the_override_reaches_secaggs_call_sites_and_leaves_node_authentication_
         # Flower's node authentication signs with P-384 through the defining modules: untouched.
         assert isinstance(asymmetric.generate_key_pairs()[0], ec.EllipticCurvePrivateKey)
         assert symmetric.generate_shared_key is not secagg_keys.generate_shared_key
+
+
+def test_a_pairwise_key_checked_at_share_keys_is_agreed_once():
+    sk1, _ = generate_key_pairs()
+    pk1 = public_key_to_bytes(generate_key_pairs()[1])
+    raw = private_key_to_bytes(sk1)
+    assert public_key_problems(raw, {"1": [pk1, pk1]}) == []
+    hits = secagg_keys._pairwise_key.cache_info().hits
+    key = generate_shared_key(bytes_to_private_key(raw), bytes_to_public_key(pk1))  # Flower's collect stage
+    assert secagg_keys._pairwise_key.cache_info().hits == hits + 1
+    assert key == generate_shared_key(bytes_to_private_key(raw), bytes_to_public_key(pk1))
