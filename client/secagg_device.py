@@ -18,6 +18,9 @@ What it does with each message:
   (``reply_masked()``) for exactly that call, and removes the SecAgg+ configs record from the message
   first (the training code never sees the protocol's keys). The mark comes from this mod's own
   position in the device's mod list, never from anything the coordinator sends.
+* at the share-keys stage, before Flower's: every neighbour's public keys must be raw X25519 keys and
+  each ``pk1`` must agree a key with this device's (``secagg_keys.public_key_problems``; Flower would
+  first meet ``pk1`` after training), else a refusal with nothing trained or spent.
 * any other ``train`` message (a local round) and every other message pass straight to
   ``call_next``, unmarked: one app serves local and distributed rounds.
 

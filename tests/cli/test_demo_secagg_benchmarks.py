@@ -43,7 +43,16 @@ def test_secagg_overhead_times_both_variants_and_checks_every_unmasked_sum(tmp_p
     assert row["clients"] == 3 and row["threshold"] == 2
     assert row["plain_s_per_round"] > 0 and row["secagg_s_per_round"] > 0
     assert row["ratio"] == pytest.approx(row["secagg_s_per_round"] / row["plain_s_per_round"])
-    assert row["secagg_stages"] == ["collect_masked_vectors", "setup", "share_keys", "unmask"]
+    # the product's round: Flower's four stages and the devices' consistency round
+    assert row["workflow"] == "product"
+    assert row["secagg_stages"] == [
+        "collect_masked_vectors",
+        "fedfilter_consistency_check",
+        "setup",
+        "share_keys",
+        "unmask",
+    ]
+    assert row["primitive_s_per_round"]["client check_signatures"] > 0
     assert row["unmasked_sums_checked"] == 1  # the one secure round, equal to the sum of the integer reports
     assert row["primitive_s_per_round"]["client create_shares"] > 0
     assert row["primitive_s_per_round"]["server combine_shares"] > 0
