@@ -35,8 +35,8 @@ typecheck: setup
 	@echo "== mypy -p fedfilter"
 	@rm -rf $(MYPY_TREE) && mkdir -p $(MYPY_TREE)/fedfilter
 	@for f in fedfilter/*; do ln -s "$(CURDIR)/$$f" $(MYPY_TREE)/fedfilter/; done
-	@for p in client coordinator protos simulations; do ln -s "$(CURDIR)/$$p" $(MYPY_TREE)/fedfilter/$$p; done
-	$(BIN)/mypy | sed -E 's#^$(MYPY_TREE)/fedfilter/(client|coordinator|protos|simulations)/#\1/#; s#^$(MYPY_TREE)/##'
+	@for p in client coordinator privacy protocol protos simulations; do ln -s "$(CURDIR)/$$p" $(MYPY_TREE)/fedfilter/$$p; done
+	$(BIN)/mypy | sed -E 's#^$(MYPY_TREE)/fedfilter/(client|coordinator|privacy|protocol|protos|simulations)/#\1/#; s#^$(MYPY_TREE)/##'
 
 test: lint typecheck
 	@echo "== pytest"

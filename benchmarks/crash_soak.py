@@ -10,8 +10,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from crash_harness import run_cycles  # noqa: E402
 from tqdm import tqdm  # noqa: E402
+
+from fedfilter.simulations.harness.crash import run_cycles  # noqa: E402
 
 
 def main() -> None:

@@ -46,11 +46,13 @@ def build_apps(args, devices: dict, timings: dict):
     from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
     from flwr.clientapp import ClientApp
     from flwr.serverapp import ServerApp
-    from probe_coordinator import FilteredMeanStrategy  # tests/: rounds driven message by message
 
     from fedfilter.app.client_app import train
-    from fedfilter.client.flower_mod import individual_filter_mod, simulated_device_config_mod
-    from fedfilter.client.wire import ARRAYS_RECORD, REQUEST_RECORD
+    from fedfilter.client.filter_mod import individual_filter_mod, simulated_device_config_mod
+    from fedfilter.protocol.wire import ARRAYS_RECORD, REQUEST_RECORD
+    from fedfilter.simulations.harness.probe_coordinator import (
+        FilteredMeanStrategy,  # tests/: rounds driven message by message
+    )
 
     client_app = ClientApp()
     client_app.train()(train)
@@ -85,7 +87,7 @@ def build_apps(args, devices: dict, timings: dict):
                     {ARRAYS_RECORD: model_record, "config": ConfigRecord({**config, "server-round": round_id})}
                 )
                 if kind == "filtered":
-                    from fedfilter.client.wire import request_record
+                    from fedfilter.protocol.wire import request_record
 
                     content[REQUEST_RECORD] = request_record(spec)
                 messages.append(
@@ -186,7 +188,7 @@ def main() -> None:
             }  # no timing hold: measures the filter
             for i in range(args.clients)
         }
-        from fedfilter.client.flower_mod import enrol_device
+        from fedfilter.client.filter_mod import enrol_device
 
         for device in devices.values():
             enrol_device(device)  # the owner's act, up front: the mod never enrols

@@ -23,25 +23,25 @@ from pathlib import Path
 # (module, function, stage): the stage each wrapped call is charged to; nested stages are
 # subtracted from their parent when the table is printed.
 STAGES = [
-    ("flower_mod", "device_config", "settings (node_config -> DeviceConfig)"),
-    ("flower_mod", "round_spec_from_record", "request parsing and checks"),
-    ("flower_mod", "validate_request", "request parsing and checks"),
-    ("flower_mod", "decode", "read Arrays (model received, model returned)"),
-    ("flower_mod", "cached_ledger", "ledger open (per-process cache)"),
-    ("flower_mod", "_filtered_release", "(filtered round)"),
-    ("ledger.BudgetLedger", "has_release", "replay pre-check (one SELECT)"),
-    ("flower_mod", "_inner_update", "(inner handler + update)"),
+    ("filter_mod", "device_config", "settings (node_config -> DeviceConfig)"),
+    ("filter_mod", "round_spec_from_record", "request parsing and checks"),
+    ("filter_mod", "validate_request", "request parsing and checks"),
+    ("filter_mod", "decode", "read Arrays (model received, model returned)"),
+    ("filter_mod", "cached_ledger", "ledger open (per-process cache)"),
+    ("filter_mod", "_filtered_release", "(filtered round)"),
+    ("ledger.budget.BudgetLedger", "has_release", "replay pre-check (one SELECT)"),
+    ("filter_mod", "_inner_update", "(inner handler + update)"),
     ("release.FilteredClient", "release", "(release)"),
-    ("ledger.BudgetLedger", "_check_seal", "seal check (read seal, SELECT its row)"),
-    ("ledger.BudgetLedger", "_check_anchor", "roll-back anchor check (read anchor, SELECT its row)"),
-    ("ledger_quota.Reservation", "allowance", "allowance (every cap)"),
+    ("ledger.budget.BudgetLedger", "_check_seal", "seal check (read seal, SELECT its row)"),
+    ("ledger.budget.BudgetLedger", "_check_anchor", "roll-back anchor check (read anchor, SELECT its row)"),
+    ("ledger.quota.Reservation", "allowance", "allowance (every cap)"),
     ("release", "clip_to_norm", "clipping (certified norm x2)"),
     ("release", "snap_toward_zero", "snapping to the noise grid"),
-    ("ledger_quota.Reservation", "record", "record the spend (INSERT)"),
-    ("ledger.BudgetLedger", "_seal_latest", "seal write (fsync file + rename + fsync dir)"),
-    ("ledger", "advance_anchor", "roll-back anchor write (flock, re-check, pwrite + fdatasync)"),
+    ("ledger.quota.Reservation", "record", "record the spend (INSERT)"),
+    ("ledger.budget.BudgetLedger", "_seal_latest", "seal write (fsync file + rename + fsync dir)"),
+    ("ledger.budget", "advance_anchor", "roll-back anchor write (flock, re-check, pwrite + fdatasync)"),
     ("release", "add_grid_noise", "noise (ChaCha20 + exact rounded Gaussian)"),
-    ("flower_mod", "_reply", "reply building (encode Arrays)"),
+    ("filter_mod", "_reply", "reply building (encode Arrays)"),
 ]
 
 
@@ -49,7 +49,9 @@ def _install_timers(totals: collections.Counter) -> None:
     import importlib
 
     for module_path, name, stage in STAGES:
-        module_name, _, owner = module_path.partition(".")
+        # "package.module" or "package.module.Class" under fedfilter.client
+        owner = module_path.rsplit(".", 1)[-1] if module_path.rsplit(".", 1)[-1][:1].isupper() else ""
+        module_name = module_path.removesuffix(f".{owner}") if owner else module_path
         module = importlib.import_module(f"fedfilter.client.{module_name}")
         target = getattr(module, owner) if owner else module
         original = getattr(target, name)
@@ -83,9 +85,9 @@ def measure(args, tmp: Path) -> None:
     import torch
     from flwr.app import Array, ArrayRecord, Context, Message, Metadata, RecordDict
 
-    import fedfilter.client.flower_mod as flower_mod
-    from fedfilter.client.release import RoundSpec
-    from fedfilter.client.wire import ARRAYS_RECORD, REQUEST_RECORD, request_record
+    import fedfilter.client.filter_mod as flower_mod
+    from fedfilter.protocol.request import RoundSpec
+    from fedfilter.protocol.wire import ARRAYS_RECORD, REQUEST_RECORD, request_record
     from fedfilter.simulations.tasks.models import DigitsMLP, MnistCNN
 
     torch.manual_seed(0)

@@ -125,8 +125,8 @@ def _model():
 def _train_message(device: Device, keys, weights, *, z: float, local_epochs: int):
     from flwr.app import Array, ArrayRecord, ConfigRecord, Message, Metadata, RecordDict
 
-    from fedfilter.client.release import RoundSpec
-    from fedfilter.client.wire import ARRAYS_RECORD, REQUEST_RECORD, request_record
+    from fedfilter.protocol.request import RoundSpec
+    from fedfilter.protocol.wire import ARRAYS_RECORD, REQUEST_RECORD, request_record
 
     device.round_id += 1
     spec = RoundSpec(run_id=f"timing-{device.name}", round_id=device.round_id, noise_multiplier=z, clip=CLIP)
@@ -164,7 +164,7 @@ def _ask(
 ) -> None:
     from flwr.app import Context
 
-    from fedfilter.client.wire import STATUS_RECORD
+    from fedfilter.protocol.wire import STATUS_RECORD
 
     device.node_config["reply-hold-s"] = hold
     ctx = Context(run_id=1, node_id=2, node_config=device.node_config, state=device.state, run_config={})
@@ -186,7 +186,7 @@ def _ask(
 
 
 def _check_ledgers(devices: dict, timed_from: dict) -> None:
-    from fedfilter.client.ledger import BudgetLedger
+    from fedfilter.client.ledger.budget import BudgetLedger
 
     want = {"large": "contributed", "small": "contributed", "exhausted": "noise-only"}
     for name, device in devices.items():
@@ -228,7 +228,7 @@ def measure(
             )
             for name, (pid, eps) in DEVICES.items()
         }
-        from fedfilter.client.flower_mod import enrol_device
+        from fedfilter.client.filter_mod import enrol_device
 
         for device in devices.values():
             enrol_device(device.node_config)  # the owner's act, up front: the mod never enrols

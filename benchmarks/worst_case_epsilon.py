@@ -25,11 +25,11 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from fedfilter.client.ledger import BudgetLedger  # noqa: E402
+from fedfilter.cli.demo_report import simulated_worst_case_epsilon  # noqa: E402
+from fedfilter.client.ledger.budget import BudgetLedger  # noqa: E402
+from fedfilter.client.mechanisms.skellam import release_skellam, skellam_grid  # noqa: E402
 from fedfilter.client.release import ClientPolicy, RoundSpec  # noqa: E402
-from fedfilter.client.release_distributed import release_skellam, skellam_grid  # noqa: E402
-from fedfilter.client.secagg_grid import secaggplus_settings  # noqa: E402
-from fedfilter.demo_report import simulated_worst_case_epsilon  # noqa: E402
+from fedfilter.protocol.secagg_grid import secaggplus_settings  # noqa: E402
 
 DELTA = 1e-5
 

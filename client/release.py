@@ -6,7 +6,7 @@ noise it will add, pays ``(norm / (z C))^2`` (in the filter's units), and once n
 answers with pure noise (``noise-only``) or an explicit marker (``leave``). The coordinator is not
 trusted: its request is validated against the device owner's policy before anything is spent.
 
-The worst-case account (``fedfilter.client.worst_case``) is charged what the report costs alone, at
+The worst-case account (``fedfilter.client.ledger.worst_case``) is charged what the report costs alone, at
 the noise this device adds: in local placement exactly the main charge; a distributed round (Gaussian
 shares, for direct callers) needs a worst-case budget. The allowance is the smaller of the two.
 """
@@ -20,9 +20,11 @@ from functools import cached_property
 
 import numpy as np
 
-from fedfilter.client.ledger import BudgetLedger
-from fedfilter.client.ledger_schema import INT64_MAX
-from fedfilter.client.mechanism import (
+from fedfilter.checks import finite, int_in, short_repr
+from fedfilter.client.ledger.budget import BudgetLedger
+from fedfilter.client.ledger.schema import INT64_MAX
+from fedfilter.client.ledger.worst_case import WorstCaseMissingError, require_worst_case
+from fedfilter.client.mechanisms.gaussian import (
     NOISE_STD_RANGE,
     add_grid_noise,
     as_float_arrays,
@@ -31,38 +33,11 @@ from fedfilter.client.mechanism import (
     noise_grid,
     snap_toward_zero,
 )
-from fedfilter.client.noise import NoiseStream, round_noise_stream
-from fedfilter.client.privacy.filters import GaussianFilter, exhausted
-from fedfilter.client.round_rules import accounted_noise_std, added_noise_std
-from fedfilter.client.secagg_neighbourhood import SecAggGraphPolicy
-from fedfilter.client.worst_case import WorstCaseMissingError, require_worst_case
-
-PLACEMENTS = ("local", "distributed")
-AFTER_EXHAUSTION = ("noise-only", "leave")
-MAX_RUN_ID_CHARS = 256  # a run-id is stored with every spend: a huge one would fill the device's disk
-
-
-class RoundSpecError(ValueError):
-    """The coordinator's round request breaks the client's policy; nothing was spent.
-
-    ``code``: the refusal code the device's error reply starts with (``client/refusals.py``).
-    """
-
-    def __init__(self, message: str, *, code: str = "request-refused") -> None:
-        super().__init__(message)
-        self.code = code
-
-
-@dataclass(frozen=True)
-class RoundSpec:
-    """What the coordinator asks for in one round (public)."""
-
-    run_id: str
-    round_id: int
-    noise_multiplier: float
-    clip: float
-    placement: str = "local"
-    min_reports: int = 1  # distributed mode: the sum of at least this many reports is released
+from fedfilter.client.mechanisms.gaussian_noise import NoiseStream, round_noise_stream
+from fedfilter.client.secagg.neighbourhood import SecAggGraphPolicy
+from fedfilter.privacy.filters import GaussianFilter, exhausted
+from fedfilter.protocol.request import AFTER_EXHAUSTION, MAX_RUN_ID_CHARS, PLACEMENTS, RoundSpec, RoundSpecError
+from fedfilter.protocol.rules import accounted_noise_std, added_noise_std
 
 
 @dataclass(frozen=True)
@@ -88,11 +63,11 @@ class ClientPolicy:
 
     def __post_init__(self):
         problems = []
-        if _finite(self.min_noise_multiplier) is None or self.min_noise_multiplier <= 0:
+        if finite(self.min_noise_multiplier) is None or self.min_noise_multiplier <= 0:
             problems.append(
                 f"min_noise_multiplier must be a finite number > 0. Found {short_repr(self.min_noise_multiplier)}."
             )
-        if not _int_in(self.max_min_reports, 1, INT64_MAX):
+        if not int_in(self.max_min_reports, 1, INT64_MAX):
             problems.append(
                 f"max_min_reports must be an integer in [1, 2**63-1]. Found {short_repr(self.max_min_reports)}."
             )
@@ -102,37 +77,6 @@ class ClientPolicy:
             problems.append(f"exhausted_below must be in [0, 1). Found {self.exhausted_below!r}.")
         if problems:
             raise ValueError(" ".join(problems))
-
-
-def _is_number(x) -> bool:
-    return isinstance(x, (int, float, np.floating, np.integer)) and not isinstance(x, bool)
-
-
-def _is_int(x) -> bool:
-    return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
-
-
-def _finite(x) -> float | None:
-    """``float(x)`` if x is a finite number, else None (a huge int overflows float: None too)."""
-    if not _is_number(x):
-        return None
-    try:
-        value = float(x)
-    except (OverflowError, ValueError):
-        return None
-    return value if math.isfinite(value) else None
-
-
-def short_repr(value) -> str:
-    """A short repr for error messages (a hostile value may be a huge int or a long string)."""
-    if _is_int(value) and int(value).bit_length() > 64:
-        return f"an integer of {int(value).bit_length()} bits"
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
-
-
-def _int_in(x, low: int, high: int) -> bool:
-    return _is_int(x) and low <= int(x) <= high
 
 
 def validate_request(spec: RoundSpec, policy: ClientPolicy) -> None:
@@ -151,21 +95,21 @@ def validate_request(spec: RoundSpec, policy: ClientPolicy) -> None:
             f"run_id must be a non-empty string of at most {MAX_RUN_ID_CHARS} characters. "
             f"Found {short_repr(spec.run_id)}."
         )
-    if not _int_in(spec.round_id, 0, INT64_MAX):
+    if not int_in(spec.round_id, 0, INT64_MAX):
         problems.append(f"round_id must be an integer in [0, 2**63-1]. Found {short_repr(spec.round_id)}.")
-    z = _finite(spec.noise_multiplier)
+    z = finite(spec.noise_multiplier)
     if z is None or z <= 0:
         problems.append(f"noise_multiplier must be a finite number > 0. Found {short_repr(spec.noise_multiplier)}.")
         z = None
     elif z < policy.min_noise_multiplier:
         problems.append(f"noise_multiplier={z!r} is below this device's minimum {policy.min_noise_multiplier!r}.")
         policy_codes.append("noise-below-minimum")
-    c = _finite(spec.clip)
+    c = finite(spec.clip)
     if c is None or c <= 0:
         problems.append(f"clip must be a finite number > 0. Found {short_repr(spec.clip)}.")
         c = None
     m: int | None = spec.min_reports
-    if not _int_in(m, 1, policy.max_min_reports):
+    if not int_in(m, 1, policy.max_min_reports):
         problems.append(
             f"min_reports must be an integer in [1, {policy.max_min_reports}] (this device's "
             f"max-min-reports). Found {short_repr(m)}."

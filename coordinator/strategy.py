@@ -10,11 +10,11 @@ Usage, as with Flower's own DP wrappers::
     result = strategy.start(grid=grid, initial_arrays=ArrayRecord(model.state_dict()), num_rounds=3,
                             evaluate_fn=server_side_eval)
 
-Each device runs ``fedfilter.client.flower_mod.individual_filter_mod``: it pays for its clipped
+Each device runs ``fedfilter.client.filter_mod.individual_filter_mod``: it pays for its clipped
 update from its own budget and replies with a noisy *update* (or a ``left`` marker). Per round:
 
 * ``configure_train``: the inner strategy samples nodes and builds its messages (its config, its
-  arrays); the wrapper adds the round request (``fedfilter.client.wire.request_record``) to each,
+  arrays); the wrapper adds the round request (``fedfilter.protocol.wire.request_record``) to each,
   and remembers the nodes asked and the global arrays.
 * ``aggregate_train``: replies are sorted into reports, markers and dropped
   (``fedfilter.coordinator.replies``; a bad reply never fails the round). A round with no report is
@@ -61,9 +61,6 @@ from flwr.common.logger import FLOWER_LOGGER, log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
-from fedfilter.client.release import RoundSpec
-from fedfilter.client.round_rules import added_noise_std, model_step, reports_needed
-from fedfilter.client.wire import ARRAYS_RECORD, REQUEST_RECORD, request_proto, request_record
 from fedfilter.coordinator.inner_strategy import (
     MEAN_STRATEGIES,
     NoExampleWeights,
@@ -94,6 +91,9 @@ from fedfilter.coordinator.secure_round import (
     released_mean,
     run_secure_round,
 )
+from fedfilter.protocol.request import RoundSpec
+from fedfilter.protocol.rules import added_noise_std, model_step, reports_needed
+from fedfilter.protocol.wire import ARRAYS_RECORD, REQUEST_RECORD, request_proto, request_record
 from fedfilter.protos import fedfilter_pb2
 
 __all__ = [
@@ -207,7 +207,7 @@ class IndividualFilterStrategy(Strategy):
     def __repr__(self) -> str:
         return f"IndividualFilterStrategy({self.strategy!r})"
 
-    # -- the round rules (fedfilter.client.round_rules; not re-derived here) --
+    # -- the round rules (fedfilter.protocol.rules; not re-derived here) --
 
     def per_client_noise_std(self) -> float:
         return added_noise_std(self.noise_multiplier, self.clip, self.placement, self.min_reports)

@@ -29,8 +29,8 @@ from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from fedfilter.app.config import resolve_config
-from fedfilter.client.flower_mod import individual_filter_mod, simulated_device_config_mod
-from fedfilter.client.secagg_device import secure_aggregation_mod
+from fedfilter.client.filter_mod import individual_filter_mod, simulated_device_config_mod
+from fedfilter.client.secagg.mod import secure_aggregation_mod
 
 __all__ = ["app", "make_client_app", "train", "TRAIN_KEYS"]
 

@@ -42,12 +42,12 @@ from flwr.clientapp import ClientApp
 from flwr.common.serde import message_to_proto
 
 from fedfilter.audit.distinguishers import bits_features
-from fedfilter.client.flower_mod import enrol_device, individual_filter_mod
-from fedfilter.client.ledger import BudgetLedger
-from fedfilter.client.owner_state import owner_state_at
-from fedfilter.client.privacy import gaussian_dp
-from fedfilter.client.release import RoundSpec
-from fedfilter.client.wire import ARRAYS_RECORD, REQUEST_RECORD, STATUS_RECORD, STATUS_REPORT, request_record
+from fedfilter.client.filter_mod import enrol_device, individual_filter_mod
+from fedfilter.client.ledger.budget import BudgetLedger
+from fedfilter.client.ledger.owner_state import owner_state_at
+from fedfilter.privacy import gaussian_dp
+from fedfilter.protocol.request import RoundSpec
+from fedfilter.protocol.wire import ARRAYS_RECORD, REQUEST_RECORD, STATUS_RECORD, STATUS_REPORT, request_record
 
 KEYS = ("w", "b")
 SHAPES = ((32, 32), (32,))  # 1056 parameters: many low-order bits per reply, still fast
@@ -68,7 +68,7 @@ class GameConfig:
     # The budget the devices are actually enrolled with; None means the claim. Only a test that
     # checks the audit can catch an understated claim sets it.
     device_epsilon: float | None = None
-    # The owner's reply hold (client/reply_timing.py) the devices apply in the probe round, whose
+    # The owner's reply hold (client/flower/reply_timing.py) the devices apply in the probe round, whose
     # reply times feed the timing distinguishers; the budget rounds run without it (their times
     # are not looked at). Deployed devices default to 60 s; a small hold keeps the audit quick.
     reply_hold_s: float = 0.02

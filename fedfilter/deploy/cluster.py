@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedfilter.client.owner_state import STATE_DIR_ENV
+from fedfilter.client.ledger.owner_state import STATE_DIR_ENV
 from fedfilter.deploy.flower_config import write_connection, write_flat_toml
 from fedfilter.deploy.processes import (
     LOOPBACK,

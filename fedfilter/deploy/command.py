@@ -98,7 +98,7 @@ class DeployOptions:
             problems.append(f"--rounds must be an integer >= 1. Found {self.rounds!r}.")
         if not self.budgets or not all(math.isfinite(b) and b > 0 for b in self.budgets):
             problems.append(f"--budgets must be finite epsilons > 0. Found {self.budgets!r}.")
-        from fedfilter.client.privacy.filters import FILTER_KINDS
+        from fedfilter.privacy.filters import FILTER_KINDS
 
         if self.filter not in FILTER_KINDS:
             problems.append(f"--filter must be one of {', '.join(FILTER_KINDS)}. Found {self.filter_kind!r}.")
@@ -134,7 +134,7 @@ class DeployOptions:
             math.isfinite(self.min_noise_multiplier) and self.min_noise_multiplier > 0
         ):
             problems.append(f"--min-noise-multiplier must be a finite number > 0. Found {self.min_noise_multiplier!r}.")
-        from fedfilter.client.reply_timing import MAX_REPLY_HOLD_S
+        from fedfilter.client.flower.reply_timing import MAX_REPLY_HOLD_S
 
         if not (math.isfinite(self.reply_hold_s) and 0 <= self.reply_hold_s <= MAX_REPLY_HOLD_S):
             problems.append(
@@ -164,8 +164,8 @@ def device_node_config(index: int, options: DeployOptions, ledger_dir: Path) -> 
         "num-partitions": options.clients,
         "reply-hold-s": float(options.reply_hold_s),
     }
-    if options.placement == "distributed":  # the budget against any coordinator (client/worst_case.py)
-        from fedfilter.demo_report import simulated_worst_case_epsilon
+    if options.placement == "distributed":  # the budget against any coordinator (client/ledger/worst_case.py)
+        from fedfilter.cli.demo_report import simulated_worst_case_epsilon
 
         config["worst-case-epsilon"] = simulated_worst_case_epsilon(config["budget-epsilon"], options.reports_needed)
     if options.min_noise_multiplier is not None:
@@ -222,7 +222,7 @@ _REFUSED = re.compile(r"refused app ([0-9a-f]{64}): not approved")
 
 def approve_owner_apps(owners: Path, options: DeployOptions) -> list[str]:
     """Every simulated owner's list of approved apps, exactly ``options.approved_apps`` (rewritten)."""
-    from fedfilter.client.app_approval import APPROVED_FILE, approve
+    from fedfilter.client.runtime.approval import APPROVED_FILE, approve
 
     entries = []
     for index in range(options.clients):
@@ -313,13 +313,13 @@ def deploy_local(options: DeployOptions, echo: Callable[[str], None] = print) ->
 
     Every process is stopped before this returns, whatever happened (Ctrl-C included).
     """
-    from fedfilter.client.app_approval import APPROVE_HINT, TRUST_TEXT
-    from fedfilter.client.device_config import enrol_simulated_device
-    from fedfilter.client.ledger import LEDGER_FILE
-    from fedfilter.client.ledger_report import device_report, odometer_text
-    from fedfilter.client.owner_state import owner_state_at
-    from fedfilter.client.reply_timing import timing_protection
-    from fedfilter.client.worst_case import guarantee_lines
+    from fedfilter.client.flower.reply_timing import timing_protection
+    from fedfilter.client.ledger.budget import LEDGER_FILE
+    from fedfilter.client.ledger.owner_state import owner_state_at
+    from fedfilter.client.ledger.report import device_report, odometer_text
+    from fedfilter.client.ledger.worst_case import guarantee_lines
+    from fedfilter.client.runtime.approval import APPROVE_HINT, TRUST_TEXT
+    from fedfilter.client.settings.node_config import enrol_simulated_device
     from fedfilter.coordinator.public_report import public_run_ids, public_summary
 
     options.check()

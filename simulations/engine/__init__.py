@@ -2,8 +2,8 @@
 
 DESIGN.md section 4: for studies that would take days as separate Flower clients (for example
 60,000 single-example clients). Every privacy decision is made by the code a Flower device runs
-(``fedfilter.client.privacy.filters.round_allowance`` / ``exhausted`` / ``charge`` / ``admits`` / ``spend``
-and ``fedfilter.client.mechanism.certified_norm`` / ``clip_to_norm`` / ``add_grid_noise``), broadcast
+(``fedfilter.privacy.filters.round_allowance`` / ``exhausted`` / ``charge`` / ``admits`` / ``spend``
+and ``fedfilter.client.mechanisms.gaussian.certified_norm`` / ``clip_to_norm`` / ``add_grid_noise``), broadcast
 over a leading client axis, so the same seeds give bitwise the same per-client spending
 (``tests/simulations/test_engine_conformance.py``).
 

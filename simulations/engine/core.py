@@ -2,11 +2,11 @@
 
 Per round, for the clients asked (``FilteredClient.release`` for each, in vectorised form):
 
-1. allowance ``fedfilter.client.privacy.filters.round_allowance`` on the ``(n_clients, dim)`` states
+1. allowance ``fedfilter.privacy.filters.round_allowance`` on the ``(n_clients, dim)`` states
    (lifetime filter and run-quota filter, as the ledger holds them); ``exhausted`` decides who
    has nothing left (noise-only report, or a ``left`` marker);
 2. update (per-example gradient, or local SGD), certified norm and clip with
-   ``fedfilter.client.mechanism.certified_norm`` / ``clip_to_norm`` on each client's arrays (the very
+   ``fedfilter.client.mechanisms.gaussian.certified_norm`` / ``clip_to_norm`` on each client's arrays (the very
    functions the device runs, so sensitivities, hence charges and states, are bitwise equal);
    ``norms="vectorised"`` certifies a whole chunk at once, ``norms="fast"`` computes the
    certified norms and the clipped sum layer by layer (``fedfilter.simulations.engine.layerwise``);
@@ -32,10 +32,16 @@ from dataclasses import asdict
 import numpy as np
 import torch
 
-from fedfilter.client.mechanism import add_grid_noise, certified_norm, clip_to_norm, noise_grid, snap_toward_zero
-from fedfilter.client.privacy.filters import GaussianFilter, exhausted, make_filter, round_allowance
-from fedfilter.client.round_rules import model_step, reports_needed
-from fedfilter.client.worst_case import worst_case_filter
+from fedfilter.client.ledger.worst_case import worst_case_filter
+from fedfilter.client.mechanisms.gaussian import (
+    add_grid_noise,
+    certified_norm,
+    clip_to_norm,
+    noise_grid,
+    snap_toward_zero,
+)
+from fedfilter.privacy.filters import GaussianFilter, exhausted, make_filter, round_allowance
+from fedfilter.protocol.rules import model_step, reports_needed
 from fedfilter.simulations.engine.config import EngineConfig, EngineResult, RoundRecord
 from fedfilter.simulations.engine.distributed_round import DistributedPlacement
 from fedfilter.simulations.engine.layerwise import LayerwiseClippedSum, supported
@@ -105,7 +111,7 @@ class Engine:
         self.layout = Layout(self.weights)
 
         eps = np.broadcast_to(np.asarray(cfg.epsilon, dtype=np.float64), (n,))
-        # One group per distinct (budget, worst-case budget): the worst-case account (client/worst_case.py)
+        # One group per distinct (budget, worst-case budget): the worst-case account (client/ledger/worst_case.py)
         # is kept in distributed placement only (in local placement it is charged the main charges
         # against a budget at least as large, so it never binds).
         keep_worst = cfg.placement == "distributed" and cfg.worst_case_epsilon is not None
@@ -320,7 +326,7 @@ class Engine:
             # One draw for the sum. Local: the sum of `reports` independent N(0, s^2 I) reports is
             # exactly N(0, reports * s^2 I), s = z C; only the aggregate is formed, never the
             # individual reports. A device's float-safe report is the Gaussian rounded to a grid 2**16
-            # times finer than s (client/noise.py): its variance is about s^2 (1 + 2**-32 / 12), a
+            # times finer than s (client/mechanisms/gaussian_noise.py): its variance is about s^2 (1 + 2**-32 / 12), a
             # difference this simulated draw leaves out. Central: the coordinator's one N(0, (z C)^2 I).
             std = cfg.accounted_std if cfg.placement == "central" else cfg.added_std * math.sqrt(reports)
             rng = aggregate_noise_rng(cfg.seed, cfg.run_id, self.round_id)

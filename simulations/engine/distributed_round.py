@@ -19,14 +19,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fedfilter.client.privacy.secagg_graph import (
+from fedfilter.coordinator.secure_round import AUTO_SHARES
+from fedfilter.coordinator.secure_round import round_graph as coordinator_round_graph
+from fedfilter.privacy.secagg_graph import (
     SecAggGraph,
     dropouts_accounted,
     graph_abort_probability,
 )
-from fedfilter.client.round_rules import reports_needed
-from fedfilter.coordinator.secure_round import AUTO_SHARES
-from fedfilter.coordinator.secure_round import round_graph as coordinator_round_graph
+from fedfilter.protocol.rules import reports_needed
 from fedfilter.simulations.engine.norms import clip_rows
 from fedfilter.simulations.engine.seeds import aggregate_noise_stream, client_noise_stream, graph_rng
 from fedfilter.simulations.engine.skellam_round import (

@@ -1,11 +1,11 @@
 """Distributed placement in the engine: Skellam noise on the SecAgg+ integer grid, as devices run it.
 
-A device in ``distributed`` placement (``fedfilter.client.release_distributed.release_skellam``) does,
+A device in ``distributed`` placement (``fedfilter.client.mechanisms.skellam.release_skellam``) does,
 per round, inside its ledger transaction:
 
 1. ``a_G = tx.allowance(noise_std=sigma, clip=C)`` (the Gaussian allowance, min over every quota) and
    ``a_W = tx.worst_allowance(noise_std=sqrt(mu_share) gamma, clip=C)`` (the worst-case account's,
-   ``fedfilter.client.worst_case``); ``L2_allow = release_distributed.l2_allowance(...)``: the largest
+   ``fedfilter.client.ledger.worst_case``); ``L2_allow = release_distributed.l2_allowance(...)``: the largest
    integer-grid L2 norm whose worst-case Skellam charges fit both;
 2. exhausted when ``L2_allow * gamma <= exhausted_below * C``;
 3. clip to ``L2_allow * gamma`` (a few ulps short), snap toward zero on ``gamma = grid_step(C)`` (integer ``k``), exact
@@ -17,7 +17,7 @@ per round, inside its ledger transaction:
 the engine's filter states are bitwise a device's. ``SkellamRound`` holds the public numbers of a
 round, from the device's own ``skellam_grid`` (so the engine refuses what a device would).
 
-The coordinator unmasks only ``sum_i y_i mod q`` (``fedfilter.client.secagg_grid.decode_sum``), and
+The coordinator unmasks only ``sum_i y_i mod q`` (``fedfilter.protocol.secagg_grid.decode_sum``), and
 only when at least ``min_reports`` reports are in; its mean is ``sum * gamma / n``.
 """
 
@@ -27,15 +27,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fedfilter.client.mechanism import clip_to_norm, snap_toward_zero
-from fedfilter.client.privacy.filters import GaussianFilter, exhausted, rdp_order
-from fedfilter.client.privacy.skellam import integer_norms, l2_up, skellam_charge
-from fedfilter.client.release import RoundSpec
-from fedfilter.client.release_distributed import _CLIP_SLACK as CLIP_SLACK  # the device's own constant
-from fedfilter.client.release_distributed import MAX_MU_SHARE, SkellamGrid, l2_allowance, skellam_grid
-from fedfilter.client.round_rules import accounted_noise_std
-from fedfilter.client.secagg_grid import quantization_range
-from fedfilter.client.skellam_noise import add_skellam_noise, skellam_noise
+from fedfilter.client.mechanisms.gaussian import clip_to_norm, snap_toward_zero
+from fedfilter.client.mechanisms.skellam import _CLIP_SLACK as CLIP_SLACK  # the device's own constant
+from fedfilter.client.mechanisms.skellam import MAX_MU_SHARE, SkellamGrid, l2_allowance, skellam_grid
+from fedfilter.client.mechanisms.skellam_noise import add_skellam_noise, skellam_noise
+from fedfilter.privacy.filters import GaussianFilter, exhausted, rdp_order
+from fedfilter.privacy.skellam import integer_norms, l2_up, skellam_charge
+from fedfilter.protocol.request import RoundSpec
+from fedfilter.protocol.rules import accounted_noise_std
+from fedfilter.protocol.secagg_grid import quantization_range
 
 __all__ = ["SkellamRound", "ClientRule", "wrap_centred", "aggregate_skellam"]
 

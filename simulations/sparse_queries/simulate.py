@@ -14,7 +14,7 @@ mechanism's answer ``a_t = sum_{i in S_t} x[i, t] + N(0, sigma^2)``.
   filter would not admit today's release is left out of ``S_t`` (and pays nothing); every query is
   answered.
 
-Both use the real filter from ``fedfilter.client.privacy.filters`` (its ``charge``/``admits``/``spend``), not a
+Both use the real filter from ``fedfilter.privacy.filters`` (its ``charge``/``admits``/``spend``), not a
 re-derivation. The noise follows Corollary 4.7: ``sigma^2 = B_norm / (2 kappa)`` with
 ``B_norm = s C^2 = s`` for binary queries, so each user can pay for ``s`` active days, and by the
 remark after Corollary 4.7 worst-case accounting answers ``k0 = s`` days.
@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from fedfilter.client.privacy.filters import FILTER_KINDS, GaussianFilter, make_filter
+from fedfilter.privacy.filters import FILTER_KINDS, GaussianFilter, make_filter
 
 # The Gaussian tail at x = sqrt(2 log(1/beta)) is 2 Phi(-x) <= 2 phi(x) / x = beta * 2 / (x sqrt(2 pi))
 # (Mills ratio), which is <= beta once x >= 2 / sqrt(2 pi), i.e. beta <= exp(-1/pi) = 0.727.

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from fedfilter.cli import build_parser, main
-from fedfilter.cmd_study import packaged_configs, study_config
+from fedfilter.cli.study import packaged_configs, study_config
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -24,6 +24,8 @@ MAPPED = {
     "fedfilter": "fedfilter",
     "client": "fedfilter/client",
     "coordinator": "fedfilter/coordinator",
+    "privacy": "fedfilter/privacy",
+    "protocol": "fedfilter/protocol",
     "protos": "fedfilter/protos",
     "simulations": "fedfilter/simulations",
 }
@@ -78,7 +80,7 @@ def test_the_wheel_holds_one_import_root_with_every_mapped_package(wheel: Path) 
     for folder in MAPPED:
         missing = _package_modules(folder) - listed
         assert not missing, f"{folder}/ modules missing from the wheel: {sorted(missing)}"
-    assert "fedfilter/client/flower_mod.py" in listed  # the rglob above found something to check
+    assert "fedfilter/client/filter_mod.py" in listed  # the rglob above found something to check
     data = {
         "fedfilter/app/pyproject.toml",
         *(f"fedfilter/protos/{p.name}" for p in (REPO / "protos").glob("*.proto")),
@@ -87,7 +89,11 @@ def test_the_wheel_holds_one_import_root_with_every_mapped_package(wheel: Path) 
     assert any(d.endswith(".proto") for d in data) and any(d.endswith(".toml") and "configs" in d for d in data)
     assert not data - listed, f"package data missing from the wheel: {sorted(data - listed)}"
     # Nothing of the source folders leaks in under its own name (it would import as `client`, ...).
-    assert not [n for n in names if n.split("/", 1)[0] in {"client", "coordinator", "protos", "simulations"}]
+    assert not [
+        n
+        for n in names
+        if n.split("/", 1)[0] in {"client", "coordinator", "privacy", "protocol", "protos", "simulations"}
+    ]
 
     entry_points = zipfile.ZipFile(wheel).read(f"{dist_info[0]}/entry_points.txt").decode()
     scripts = entry_points.split("[console_scripts]", 1)[1].split("[", 1)[0]
@@ -115,7 +121,7 @@ def test_the_installed_wheel_imports_only_as_fedfilter(wheel: Path, tmp_path: Pa
     # cwd is an empty folder: the repository's client/ must not be importable from there.
     bare = subprocess.run([str(py), "-c", "import client"], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert bare.returncode != 0 and "ModuleNotFoundError" in bare.stderr, bare.stderr
-    code = "import fedfilter, fedfilter.client.flower_mod as m; print(fedfilter.__file__); print(m.__file__)"
+    code = "import fedfilter, fedfilter.client.filter_mod as m; print(fedfilter.__file__); print(m.__file__)"
     where = _run([str(py), "-c", code], tmp_path, env)
     for line in where.stdout.split():
         assert Path(line).resolve().is_relative_to(site_dir.resolve()), f"imported from outside the wheel: {line}"

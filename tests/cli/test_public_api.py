@@ -38,9 +38,14 @@ def test_a_copy_of_the_checkout_imports_its_own_code(tmp_path):
     from pathlib import Path
 
     root = Path(fedfilter.__file__).resolve().parents[1]
-    for name in ("fedfilter", "client", "coordinator", "protos", "simulations"):
+    for name in ("fedfilter", "client", "coordinator", "privacy", "protocol", "protos", "simulations"):
         shutil.copytree(root / name, tmp_path / name, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(root / "pyproject.toml", tmp_path / "pyproject.toml")
-    code = "import fedfilter.client.ledger as m, fedfilter.coordinator.strategy as s; print(m.__file__, s.__file__)"
+    code = (
+        "import fedfilter.client.ledger.budget as m, fedfilter.coordinator.strategy as s; print(m.__file__, s.__file__)"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True)
-    assert out.stdout.split() == [str(tmp_path / "client" / "ledger.py"), str(tmp_path / "coordinator" / "strategy.py")]
+    assert out.stdout.split() == [
+        str(tmp_path / "client" / "ledger" / "budget.py"),
+        str(tmp_path / "coordinator" / "strategy.py"),
+    ]

@@ -13,9 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedfilter.client.privacy import filters
-from fedfilter.client.privacy.filters import FILTER_KINDS, exhausted, make_filter, round_allowance
-from fedfilter.client.privacy.rounding import down, sub_down
+from fedfilter.privacy import filters
+from fedfilter.privacy.filters import FILTER_KINDS, exhausted, make_filter, round_allowance
+from fedfilter.privacy.rounding import down, sub_down
 
 
 def states_of(filt):

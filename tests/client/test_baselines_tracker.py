@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedfilter.client.privacy import pure_dp
-from fedfilter.client.privacy.planner import plan_rounds
-from fedfilter.client.privacy.tracker import track, tracker_start, tracker_step
+from fedfilter.privacy import pure_dp
+from fedfilter.privacy.planner import plan_rounds
+from fedfilter.privacy.tracker import track, tracker_start, tracker_step
 
 
 def test_basic_filter_is_the_sum():

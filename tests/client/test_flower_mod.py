@@ -11,13 +11,13 @@ import time
 import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, Metadata, MetricRecord, RecordDict
-from probe_coordinator import FilteredMeanStrategy
 
-from fedfilter.client.flower_mod import enrol_device, individual_filter_mod, simulated_device_config_mod
-from fedfilter.client.ledger import LEDGER_FILE, BudgetLedger
-from fedfilter.client.release import RoundSpec
-from fedfilter.client.wire import ARRAYS_RECORD, REQUEST_RECORD, STATUS_RECORD, request_record
+from fedfilter.client.filter_mod import enrol_device, individual_filter_mod, simulated_device_config_mod
+from fedfilter.client.ledger.budget import LEDGER_FILE, BudgetLedger
 from fedfilter.coordinator.strategy import classify_reply, plain_mean, report_norm_bound
+from fedfilter.protocol.request import RoundSpec
+from fedfilter.protocol.wire import ARRAYS_RECORD, REQUEST_RECORD, STATUS_RECORD, request_record
+from fedfilter.simulations.harness.probe_coordinator import FilteredMeanStrategy
 
 KEYS = ["w", "b"]
 SHAPES = [(40, 50), (50,)]

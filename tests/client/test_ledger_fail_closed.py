@@ -14,15 +14,16 @@ import pytest
 from test_flower_mod import Handler, context, spec, train_message
 
 from fedfilter.cli import main as cli_main
-from fedfilter.client import device_ledgers
-from fedfilter.client.flower_mod import individual_filter_mod
-from fedfilter.client.ledger import BudgetLedger
-from fedfilter.client.ledger_owner import migrate
-from fedfilter.client.ledger_schema import LEDGER_FILE
-from fedfilter.client.ledger_seal import SEAL_FILE
-from fedfilter.client.ledger_storage import LedgerUnavailableError, LedgerWriteError
-from fedfilter.client.privacy.filters import make_filter
-from fedfilter.client.release import FilteredClient, RoundSpec
+from fedfilter.client.filter_mod import individual_filter_mod
+from fedfilter.client.flower import ledger_cache as device_ledgers
+from fedfilter.client.ledger.budget import BudgetLedger
+from fedfilter.client.ledger.owner import migrate
+from fedfilter.client.ledger.schema import LEDGER_FILE
+from fedfilter.client.ledger.seal import SEAL_FILE
+from fedfilter.client.ledger.storage import LedgerUnavailableError, LedgerWriteError
+from fedfilter.client.release import FilteredClient
+from fedfilter.privacy.filters import make_filter
+from fedfilter.protocol.request import RoundSpec
 
 
 def restart_device() -> None:

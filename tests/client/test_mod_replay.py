@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, Context, Message, Metadata, RecordDict
 
-from fedfilter.client.flower_mod import individual_filter_mod
-from fedfilter.client.ledger import BudgetLedger, ReplayError
-from fedfilter.client.release import RoundSpec
-from fedfilter.client.wire import ARRAYS_RECORD, REQUEST_RECORD, request_record
+from fedfilter.client.filter_mod import individual_filter_mod
+from fedfilter.client.ledger.budget import BudgetLedger, ReplayError
+from fedfilter.protocol.request import RoundSpec
+from fedfilter.protocol.wire import ARRAYS_RECORD, REQUEST_RECORD, request_record
 
 KEYS = ["w", "b"]
 SHAPES = [(6, 5), (5,)]

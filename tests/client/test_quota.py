@@ -9,11 +9,12 @@ import numpy as np
 import pytest
 from test_flower_mod import Handler, context, records, spec, train_message
 
-from fedfilter.client.flower_mod import individual_filter_mod
-from fedfilter.client.ledger import BudgetLedger
-from fedfilter.client.ledger_quota import Quotas
-from fedfilter.client.ledger_schema import DAY_S
-from fedfilter.client.release import FilteredClient, RoundSpec
+from fedfilter.client.filter_mod import individual_filter_mod
+from fedfilter.client.ledger.budget import BudgetLedger
+from fedfilter.client.ledger.quota import Quotas
+from fedfilter.client.ledger.schema import DAY_S
+from fedfilter.client.release import FilteredClient
+from fedfilter.protocol.request import RoundSpec
 
 RUNS = 20
 

@@ -1,4 +1,4 @@
-"""The device's error replies: each carries a stable refusal code (``client/refusals.py``), and each
+"""The device's error replies: each carries a stable refusal code (``protocol/refusals.py``), and each
 is a function of the request and the device's settings only, never of its data or budget state.
 
 The attack: a coordinator that learns anything from *which* error a device sends, or from its words,
@@ -20,12 +20,12 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordD
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
 from test_flower_mod import KEYS, SHAPES, spec, train_message
 
-from fedfilter.client.flower_mod import _ledger_code, enrol_device, individual_filter_mod
-from fedfilter.client.ledger_storage import LedgerMissingError, LedgerUnavailableError, LedgerWriteError
-from fedfilter.client.refusals import REFUSALS, refusal_code
-from fedfilter.client.wire import REQUEST_RECORD, request_record
+from fedfilter.client.filter_mod import _ledger_code, enrol_device, individual_filter_mod
+from fedfilter.client.ledger.storage import LedgerMissingError, LedgerUnavailableError, LedgerWriteError
+from fedfilter.protocol.refusals import REFUSALS, refusal_code
+from fedfilter.protocol.wire import REQUEST_RECORD, request_record
 
-MOD_SOURCE = Path(__file__).resolve().parents[2] / "client" / "flower_mod.py"
+MOD_SOURCE = Path(__file__).resolve().parents[2] / "client" / "filter_mod.py"
 
 
 def _handler(shift: float):

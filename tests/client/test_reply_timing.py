@@ -1,4 +1,4 @@
-"""The reply hold (client/reply_timing.py): when a reply leaves must not depend on data or budget.
+"""The reply hold (client/flower/reply_timing.py): when a reply leaves must not depend on data or budget.
 
 Unit tests with a fake clock, the mod driven by hand-built Messages, and a short version of
 benchmarks/reply_timing.py (30 replies per device through the built-in ClientApp).
@@ -18,8 +18,8 @@ import pytest
 from flwr.app import ConfigRecord, Error, Message, RecordDict
 from test_flower_mod import Handler, context, records, spec, train_message
 
-from fedfilter.client.flower_mod import individual_filter_mod
-from fedfilter.client.reply_timing import DEFAULT_REPLY_HOLD_S, ReplyHold, held_deadline, reply_hold_s
+from fedfilter.client.filter_mod import individual_filter_mod
+from fedfilter.client.flower.reply_timing import DEFAULT_REPLY_HOLD_S, ReplyHold, held_deadline, reply_hold_s
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "reply_timing.py"
 
@@ -161,7 +161,7 @@ def test_refusals_of_the_request_or_the_settings_are_answered_at_once(tmp_path, 
 
 
 def test_an_exception_after_the_ledger_is_held_before_it_propagates(tmp_path, monkeypatch):
-    import fedfilter.client.flower_mod as fm
+    import fedfilter.client.filter_mod as fm
 
     def broken(*args, **kwargs):
         raise RuntimeError("disk on fire")
@@ -226,8 +226,8 @@ def test_short_benchmark_held_replies_show_no_difference_unheld_ones_leak_the_da
 
 # --- simulations and the local deployment say that the hold is off -------------------------------
 def test_demo_and_deploy_local_set_the_hold_explicitly_and_say_when_it_is_off(tmp_path):
-    from fedfilter.client.reply_timing import timing_protection
-    from fedfilter.cmd_demo import device_configs
+    from fedfilter.cli.demo import device_configs
+    from fedfilter.client.flower.reply_timing import timing_protection
     from fedfilter.deploy.command import DeployOptions, device_node_config
 
     demo = device_configs(tmp_path, [1.0, 2.0], after_exhaustion="noise-only")

@@ -8,9 +8,10 @@ import pytest
 from flwr.app import ConfigRecord
 from test_flower_mod import Handler, context, records, spec, train_message
 
-from fedfilter.client.flower_mod import individual_filter_mod
-from fedfilter.client.ledger import BudgetLedger
-from fedfilter.client.release import ClientPolicy, FilteredClient, RoundSpec, RoundSpecError, validate_request
+from fedfilter.client.filter_mod import individual_filter_mod
+from fedfilter.client.ledger.budget import BudgetLedger
+from fedfilter.client.release import ClientPolicy, FilteredClient, validate_request
+from fedfilter.protocol.request import RoundSpec, RoundSpecError
 
 INT64_MAX = 2**63 - 1
 DISTRIBUTED = ClientPolicy(allow_distributed=True, max_min_reports=50)

@@ -2,7 +2,7 @@
 
 Flower's own ``SecAggPlusWorkflow`` (driven by a minimal legacy server here) talks to in-process
 ClientApps ``ClientApp(mods=[secure_aggregation_mod, individual_filter_mod])`` through the wire
-format (``tests/secagg_loopback.py``). As in the product, the workflow is made to send Message-API
+format (``simulations/harness/secagg_loopback.py``). As in the product, the workflow is made to send Message-API
 content (``"arrays"``, ``"config"``, ``"fedfilter.request"``) in its collect stage. The tests look at
 everything the coordinator received, and at each device's integer report (captured by a test hook:
 a wrapper around the Skellam sampler, which never ships in a reply).
@@ -22,21 +22,21 @@ from flwr.common.secure_aggregation.secaggplus_constants import Stage
 from flwr.server import LegacyContext, ServerConfig
 from flwr.server.strategy import FedAvg
 from flwr.server.workflow import DefaultWorkflow
-from secagg_loopback import LoopbackGrid, stage_of
 
-import fedfilter.client.release_distributed as release_distributed
-from fedfilter.client.flower_mod import enrol_device, individual_filter_mod
-from fedfilter.client.ledger import BudgetLedger
-from fedfilter.client.noise import round_noise_stream
-from fedfilter.client.privacy.rounding import down, up
-from fedfilter.client.privacy.skellam import integer_norms, l2_up, skellam_charge
-from fedfilter.client.release import RoundSpec
-from fedfilter.client.secagg_device import secure_aggregation_mod
-from fedfilter.client.secagg_grid import decode_sum, grid_step, secaggplus_settings
-from fedfilter.client.secagg_masks import cryptographic_masks
-from fedfilter.client.skellam_noise import add_skellam_noise
-from fedfilter.client.wire import ARRAYS_RECORD, REQUEST_RECORD, request_record
+import fedfilter.client.mechanisms.skellam as release_distributed
+from fedfilter.client.filter_mod import enrol_device, individual_filter_mod
+from fedfilter.client.ledger.budget import BudgetLedger
+from fedfilter.client.mechanisms.gaussian_noise import round_noise_stream
+from fedfilter.client.mechanisms.skellam_noise import add_skellam_noise
+from fedfilter.client.secagg.mod import secure_aggregation_mod
 from fedfilter.coordinator.secagg_consistency_round import ConsistencyCheckedSecAggPlus
+from fedfilter.privacy.rounding import down, up
+from fedfilter.privacy.skellam import integer_norms, l2_up, skellam_charge
+from fedfilter.protocol.request import RoundSpec
+from fedfilter.protocol.secagg_grid import decode_sum, grid_step, secaggplus_settings
+from fedfilter.protocol.secagg_masks import cryptographic_masks
+from fedfilter.protocol.wire import ARRAYS_RECORD, REQUEST_RECORD, request_record
+from fedfilter.simulations.harness.secagg_loopback import LoopbackGrid, stage_of
 
 KEYS = ["w", "b", "count"]
 SHAPES = [(6, 5), (5,), (1,)]

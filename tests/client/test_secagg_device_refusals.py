@@ -10,10 +10,10 @@ from flwr.common.secure_aggregation.secaggplus_constants import Stage
 from test_flower_mod import Handler, context, records, spec, train_message
 from test_secagg_device import RUN, node_id, run_round
 
-from fedfilter.client.flower_mod import individual_filter_mod
-from fedfilter.client.ledger import BudgetLedger
-from fedfilter.client.release import RoundSpec
-from fedfilter.client.secagg_grid import secaggplus_settings
+from fedfilter.client.filter_mod import individual_filter_mod
+from fedfilter.client.ledger.budget import BudgetLedger
+from fedfilter.protocol.request import RoundSpec
+from fedfilter.protocol.secagg_grid import secaggplus_settings
 
 
 def assert_refused_before_training(tmp_path, result, n, *words):
@@ -130,14 +130,14 @@ def test_too_few_neighbours_are_refused_before_training_not_after(tmp_path):
     from flwr.app import ConfigRecord, Context, RecordDict
     from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, RECORD_KEY_STATE, Key
 
-    from fedfilter.client.secagg_device import secure_aggregation_mod
+    from fedfilter.client.secagg.mod import secure_aggregation_mod
 
     msg = train_message(spec(placement="distributed", m=3))
     msg.content[RECORD_KEY_CONFIGS] = ConfigRecord(
         {Key.STAGE: Stage.COLLECT_MASKED_VECTORS, Key.CIPHERTEXT_LIST: [b"x", b"y"], Key.SOURCE_LIST: [1, 2]}
     )
-    from fedfilter.client.secagg_consistency import new_signing_key
-    from fedfilter.client.secagg_device import CONSISTENCY_STATE_RECORD
+    from fedfilter.client.secagg.consistency import new_signing_key
+    from fedfilter.client.secagg.mod import CONSISTENCY_STATE_RECORD
 
     flower = ConfigRecord({"current_stage": Stage.SHARE_KEYS, "threshold": 5, "nid": 42})
     own = ConfigRecord({"phase": "shared", "sign_sk": new_signing_key()})
@@ -150,7 +150,7 @@ def test_too_few_neighbours_are_refused_before_training_not_after(tmp_path):
 
 
 def test_messages_without_secagg_configs_pass_through_unmarked(tmp_path):
-    from fedfilter.client.secagg_device import reply_masked, secure_aggregation_mod
+    from fedfilter.client.secagg.mod import reply_masked, secure_aggregation_mod
 
     seen = []
 

@@ -1,4 +1,4 @@
-"""The Skellam release itself (``client/release_distributed.py``): what it charges, that a device stays
+"""The Skellam release itself (``client/mechanisms/skellam.py``): what it charges, that a device stays
 within its budget over many rounds, the ledger's discipline (replays, quotas, commit before noise), and
 the filter it needs."""
 
@@ -12,14 +12,15 @@ import textwrap
 import numpy as np
 import pytest
 
-from fedfilter.client.ledger import BudgetLedger
-from fedfilter.client.ledger_storage import ReplayError
-from fedfilter.client.privacy.filters import rdp_order
-from fedfilter.client.privacy.rounding import down
-from fedfilter.client.privacy.skellam import integer_norms, l2_up, skellam_charge
-from fedfilter.client.release import ClientPolicy, RoundSpec, RoundSpecError
-from fedfilter.client.release_distributed import MAX_MU_SHARE, release_skellam, skellam_grid
-from fedfilter.client.secagg_grid import grid_step, secaggplus_settings
+from fedfilter.client.ledger.budget import BudgetLedger
+from fedfilter.client.ledger.storage import ReplayError
+from fedfilter.client.mechanisms.skellam import MAX_MU_SHARE, release_skellam, skellam_grid
+from fedfilter.client.release import ClientPolicy
+from fedfilter.privacy.filters import rdp_order
+from fedfilter.privacy.rounding import down
+from fedfilter.privacy.skellam import integer_norms, l2_up, skellam_charge
+from fedfilter.protocol.request import RoundSpec, RoundSpecError
+from fedfilter.protocol.secagg_grid import grid_step, secaggplus_settings
 
 POLICY = ClientPolicy(allow_distributed=True)
 N_SAMPLED = 10
@@ -62,7 +63,7 @@ def test_the_grid_is_public_arithmetic_of_the_request():
 
 
 def test_the_share_cap_is_the_samplers():
-    from fedfilter.client import skellam_noise
+    from fedfilter.client.mechanisms import skellam_noise
 
     assert MAX_MU_SHARE == skellam_noise._MU_MAX
 
@@ -76,8 +77,8 @@ def test_the_charge_is_the_skellam_charge_at_the_snapped_updates_norms(tmp_path)
     assert rel.status == "contributed"
     (rec,) = ledger.records()
     # Recover k from the public report only for this check: y - noise, with the seed's noise.
-    from fedfilter.client.noise import round_noise_stream
-    from fedfilter.client.skellam_noise import add_skellam_noise
+    from fedfilter.client.mechanisms.gaussian_noise import round_noise_stream
+    from fedfilter.client.mechanisms.skellam_noise import add_skellam_noise
 
     sizes = [(12,), (5,)]
     noise = add_skellam_noise([np.zeros(s, np.int64) for s in sizes], g.mu_share, round_noise_stream(5, "run-r", 0))
@@ -159,10 +160,11 @@ def test_a_crash_between_the_commit_and_the_reply_leaves_the_spend(tmp_path):
         f"""
         import os
         import numpy as np
-        import fedfilter.client.release_distributed as rd
-        from fedfilter.client.ledger import BudgetLedger
-        from fedfilter.client.release import ClientPolicy, RoundSpec
-        from fedfilter.client.secagg_grid import secaggplus_settings
+        import fedfilter.client.mechanisms.skellam as rd
+        from fedfilter.client.ledger.budget import BudgetLedger
+        from fedfilter.client.release import ClientPolicy
+        from fedfilter.protocol.request import RoundSpec
+        from fedfilter.protocol.secagg_grid import secaggplus_settings
 
         ledger = BudgetLedger.enrol({str(tmp_path / "dev")!r}, client_id="dev", epsilon=4.0, delta=1e-5,
                                     filter_kind="rdp", worst_case_epsilon=1000.0)

@@ -12,10 +12,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedfilter.client.privacy import skellam
-from fedfilter.client.privacy.filters import rdp_filter, rdp_order, round_allowance
-from fedfilter.client.privacy.rounding import down, up
-from fedfilter.client.privacy.skellam import ALLOWANCE_STEPS, l1_cap, skellam_allowance, skellam_charge, skellam_rho
+from fedfilter.privacy import skellam
+from fedfilter.privacy.filters import rdp_filter, rdp_order, round_allowance
+from fedfilter.privacy.rounding import down, up
+from fedfilter.privacy.skellam import ALLOWANCE_STEPS, l1_cap, skellam_allowance, skellam_charge, skellam_rho
 
 
 def states_of(filt):

@@ -1,4 +1,4 @@
-"""The worst-case account (``client/worst_case.py``, issue 22): what each report costs alone.
+"""The worst-case account (``client/ledger/worst_case.py``, issue 22): what each report costs alone.
 
 Device-level checks of the Skellam charges against independent references (mpmath at 50 digits,
 and the rounding contract written out in plain floats), the two-account allowance (a hypothesis
@@ -16,14 +16,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fedfilter.client.ledger import BudgetLedger
-from fedfilter.client.privacy.filters import make_filter, rdp_order
-from fedfilter.client.privacy.renyi import epsilon_from_rdp
-from fedfilter.client.privacy.skellam import l1_cap, skellam_charge, skellam_rdp_exact
-from fedfilter.client.release import ClientPolicy, FilteredClient, RoundSpec, RoundSpecError
-from fedfilter.client.release_distributed import l2_allowance, release_skellam, skellam_grid
-from fedfilter.client.secagg_grid import grid_step, secaggplus_settings
-from fedfilter.client.worst_case import SETTING, past_worst_charge
+from fedfilter.client.ledger.budget import BudgetLedger
+from fedfilter.client.ledger.worst_case import SETTING, past_worst_charge
+from fedfilter.client.mechanisms.skellam import l2_allowance, release_skellam, skellam_grid
+from fedfilter.client.release import ClientPolicy, FilteredClient
+from fedfilter.privacy.filters import make_filter, rdp_order
+from fedfilter.privacy.renyi import epsilon_from_rdp
+from fedfilter.privacy.skellam import l1_cap, skellam_charge, skellam_rdp_exact
+from fedfilter.protocol.request import RoundSpec, RoundSpecError
+from fedfilter.protocol.secagg_grid import grid_step, secaggplus_settings
 
 DELTA = 1e-5
 N_SAMPLED = 10
@@ -328,7 +329,7 @@ def test_the_two_account_allowance_does_the_same_work_whichever_account_binds():
 
 
 def test_node_config_worst_case_epsilon_enrols_and_must_match(tmp_path):
-    from fedfilter.client.device_config import device_config, enrol_device
+    from fedfilter.client.settings.node_config import device_config, enrol_device
 
     config = {"ledger-dir": str(tmp_path / "d"), "budget-epsilon": 8.0, "filter": "rdp", "worst-case-epsilon": 40.0}
     enrol_device(config)

@@ -236,7 +236,7 @@ def test_reader_in_another_process_while_writing(tmp_path: Path) -> None:
     thread.start()
     reader = (
         "import sys\n"
-        "from coordinator.public_ledger import PublicLedger\n"
+        "from fedfilter.coordinator.public_ledger import PublicLedger\n"
         "ledger = PublicLedger(sys.argv[1], read_only=True)\n"
         "seen = [len(ledger.records('r')) for _ in range(20)]\n"
         "assert seen == sorted(seen), seen\n"

@@ -15,10 +15,10 @@ from flwr.serverapp.strategy import FedAvg
 from flwr.supercore.task_identity import TaskIdentity
 from test_strategy_wrapper import FakeGrid
 
-from fedfilter.client.flower_mod import enrol_device, individual_filter_mod
-from fedfilter.client.privacy.federation_plan import plan_federation
+from fedfilter.client.filter_mod import enrol_device, individual_filter_mod
 from fedfilter.coordinator.public_ledger import PublicLedger
 from fedfilter.coordinator.strategy import IndividualFilterStrategy, NothingReleasedError
+from fedfilter.privacy.federation_plan import plan_federation
 
 NODES = [11, 12, 13, 14]
 DIM = 4000  # coordinates: the norm of the mean's noise then varies by about 1% around its mean

@@ -25,27 +25,21 @@ from flwr.clientapp import ClientApp
 from flwr.common import bytes_to_ndarray
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, RECORD_KEY_STATE, Key, Stage
 from flwr.serverapp.strategy import FedAvg
-from secagg_loopback import LoopbackGrid, stage_of
 
-import fedfilter.client.release_distributed as release_distributed
-from fedfilter.client.flower_mod import enrol_device, individual_filter_mod
-from fedfilter.client.ledger import BudgetLedger
-from fedfilter.client.secagg_consistency import (
-    CONSISTENCY_RECORD,
-    new_signing_key,
-    public_key_of,
-    seal_signing_key,
-    sign_survivors,
-)
-from fedfilter.client.secagg_device import secure_aggregation_mod
-from fedfilter.client.secagg_grid import grid_step, secaggplus_settings
-from fedfilter.client.secagg_keys import bytes_to_private_key, bytes_to_public_key, generate_shared_key
-from fedfilter.client.secagg_masks import aes_mask_gen
-from fedfilter.client.secagg_shamir import combine_shares
-from fedfilter.client.wire import ARRAYS_RECORD
+import fedfilter.client.mechanisms.skellam as release_distributed
+from fedfilter.client.filter_mod import enrol_device, individual_filter_mod
+from fedfilter.client.ledger.budget import BudgetLedger
+from fedfilter.client.secagg.consistency import new_signing_key, public_key_of, seal_signing_key, sign_survivors
+from fedfilter.client.secagg.mod import secure_aggregation_mod
 from fedfilter.coordinator import secure_round
 from fedfilter.coordinator.run_log import NothingReleasedError
 from fedfilter.coordinator.strategy import IndividualFilterStrategy
+from fedfilter.protocol.secagg_grid import grid_step, secaggplus_settings
+from fedfilter.protocol.secagg_keys import bytes_to_private_key, bytes_to_public_key, generate_shared_key
+from fedfilter.protocol.secagg_masks import aes_mask_gen
+from fedfilter.protocol.secagg_shamir import combine_shares
+from fedfilter.protocol.wire import ARRAYS_RECORD, CONSISTENCY_RECORD
+from fedfilter.simulations.harness.secagg_loopback import LoopbackGrid, stage_of
 
 SHAPES = [(4, 3), (3,)]
 CLIP, Z, RUN = 1.0, 0.5, "secagg-attack"

@@ -1,4 +1,4 @@
-"""A coordinator that forwards bad X25519 keys (client/secagg_keys.py), and a device still on Flower's
+"""A coordinator that forwards bad X25519 keys (protocol/secagg_keys.py), and a device still on Flower's
 P-384 keys: refused at the share-keys stage, before anything is trained, spent or revealed."""
 
 from __future__ import annotations
@@ -9,7 +9,8 @@ import pytest
 from flwr.common.secure_aggregation.secaggplus_constants import Key, Stage
 from test_secagg_attacks import answered, attacker, charges, configs_of, nid_of, refused, run_attack
 
-from fedfilter.client import secagg_device, secagg_masks
+from fedfilter.client.secagg import mod as secagg_device
+from fedfilter.protocol import secagg_masks
 
 # An order-8 point of Curve25519 (libsodium's blocklist): its X25519 output is all zeros.
 LOW_ORDER = bytes.fromhex("e0eb7a7c3b41b8ae1656e3faf19fc46ada098deb9c32b1fd866205165f49b800")

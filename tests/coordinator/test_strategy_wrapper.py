@@ -14,9 +14,9 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MessageTy
 from flwr.serverapp.strategy import FedAdam, FedAvg, FedAvgM
 from flwr.supercore.task_identity import TaskIdentity
 
-from fedfilter.client.wire import ARRAYS_RECORD, REQUEST_RECORD, STATUS_RECORD, round_spec_from_record
 from fedfilter.coordinator.public_ledger import PublicLedger
 from fedfilter.coordinator.strategy import IndividualFilterStrategy
+from fedfilter.protocol.wire import ARRAYS_RECORD, REQUEST_RECORD, STATUS_RECORD, round_spec_from_record
 from fedfilter.protos import fedfilter_pb2
 
 KEYS = ["w", "b", "steps"]

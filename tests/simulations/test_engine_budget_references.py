@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from budget_reference import check_spends, exact_mu2, rdp_epsilon, weights
 
-from fedfilter.client.privacy.filters import make_filter
+from fedfilter.privacy.filters import make_filter
 from fedfilter.simulations.engine import Engine, EngineConfig
 from fedfilter.simulations.tasks.registry import load_task
 
@@ -143,7 +143,7 @@ def test_distributed_states_are_the_skellam_charges_at_the_actual_integer_norms(
     """Each client's lifetime state is the sum of its rounds' Skellam RDP at alpha* (computed here
     exactly from the integer updates' norms), divided by alpha*: never below it, and above it only by
     the rounding up of each charge and sum; and that RDP converts to at most the client's epsilon."""
-    from fedfilter.client.privacy.filters import rdp_order  # the order is the filter's choice, fixed in advance
+    from fedfilter.privacy.filters import rdp_order  # the order is the filter's choice, fixed in advance
 
     eps = [0.5, 1.0, 1.5, 2.0, 3.0, 0.5, 1.0, 1.5, 2.0, 8.0]
     cfg = EngineConfig(

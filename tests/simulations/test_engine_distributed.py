@@ -7,10 +7,10 @@ import math
 import numpy as np
 import pytest
 
-from fedfilter.client.privacy.filters import make_filter
-from fedfilter.client.round_rules import model_step
-from fedfilter.client.secagg_grid import grid_step, quantization_range
-from fedfilter.client.skellam_noise import add_skellam_noise
+from fedfilter.client.mechanisms.skellam_noise import add_skellam_noise
+from fedfilter.privacy.filters import make_filter
+from fedfilter.protocol.rules import model_step
+from fedfilter.protocol.secagg_grid import grid_step, quantization_range
 from fedfilter.simulations.engine import Engine, EngineConfig, run_engine
 from fedfilter.simulations.engine.seeds import client_noise_stream
 from fedfilter.simulations.engine.skellam_round import SkellamRound, wrap_centred
@@ -182,7 +182,7 @@ def test_a_round_a_device_would_refuse_is_refused_up_front(digits):
 
 def test_an_aggregate_draw_beyond_the_samplers_cap_is_split_into_exact_parts(monkeypatch):
     import fedfilter.simulations.engine.skellam_round as sr
-    from fedfilter.client.noise import NoiseStream
+    from fedfilter.client.mechanisms.gaussian_noise import NoiseStream
 
     calls = []
     real = sr.skellam_noise

@@ -8,8 +8,8 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from fedfilter.client.mechanism import certified_norm
-from fedfilter.client.privacy.filters import make_filter
+from fedfilter.client.mechanisms.gaussian import certified_norm
+from fedfilter.privacy.filters import make_filter
 from fedfilter.simulations.engine import Engine, EngineConfig, run_engine
 from fedfilter.simulations.engine.norms import certified_row_norms, clip_rows
 from fedfilter.simulations.tasks.registry import load_task

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedfilter.client.privacy import zcdp
-from fedfilter.client.privacy.filters import make_filter
+from fedfilter.privacy import zcdp
+from fedfilter.privacy.filters import make_filter
 from fedfilter.simulations.sparse_queries import (
     SparseQueryConfig,
     exact_exceed_probability,

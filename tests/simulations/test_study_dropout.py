@@ -7,7 +7,7 @@ import sys
 import pytest
 from tiny_study import TINY_STUDY
 
-from fedfilter.client.privacy.filters import make_filter
+from fedfilter.privacy.filters import make_filter
 
 
 @pytest.fixture(scope="module")
