@@ -63,7 +63,7 @@ def training_seconds(clients: int, repeats: int = 3, *, filtered: bool = False) 
     for pid in range(clients):
         node_config = {"partition-id": pid, "num-partitions": clients}
         if filtered:
-            from fedfilter.client.filter_mod import enrol_device
+            from fedfilter.client.settings.node_config import enrol_device
 
             node_config.update(
                 {

@@ -48,7 +48,8 @@ def build_apps(args, devices: dict, timings: dict):
     from flwr.serverapp import ServerApp
 
     from fedfilter.app.client_app import train
-    from fedfilter.client.filter_mod import individual_filter_mod, simulated_device_config_mod
+    from fedfilter.client.filter_mod import individual_filter_mod
+    from fedfilter.client.flower.simulated_mod import simulated_device_config_mod
     from fedfilter.protocol.wire import ARRAYS_RECORD, REQUEST_RECORD
     from fedfilter.simulations.harness.probe_coordinator import (
         FilteredMeanStrategy,  # tests/: rounds driven message by message
@@ -188,7 +189,7 @@ def main() -> None:
             }  # no timing hold: measures the filter
             for i in range(args.clients)
         }
-        from fedfilter.client.filter_mod import enrol_device
+        from fedfilter.client.settings.node_config import enrol_device
 
         for device in devices.values():
             enrol_device(device)  # the owner's act, up front: the mod never enrols

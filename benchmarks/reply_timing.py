@@ -228,7 +228,7 @@ def measure(
             )
             for name, (pid, eps) in DEVICES.items()
         }
-        from fedfilter.client.filter_mod import enrol_device
+        from fedfilter.client.settings.node_config import enrol_device
 
         for device in devices.values():
             enrol_device(device.node_config)  # the owner's act, up front: the mod never enrols

@@ -63,8 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # Ray on 127.0.0.1 only
 
-    from fedfilter.client.filter_mod import enrol_device
     from fedfilter.client.ledger.budget import BudgetLedger
+    from fedfilter.client.settings.node_config import enrol_device
     from fedfilter.client.settings.simulated import write_device_settings
     from fedfilter.coordinator.public_ledger import PublicLedger
     from fedfilter.coordinator.secure_round import round_graph

@@ -25,10 +25,11 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from fedfilter.cli.demo_report import simulated_worst_case_epsilon  # noqa: E402
 from fedfilter.client.ledger.budget import BudgetLedger  # noqa: E402
 from fedfilter.client.mechanisms.skellam import release_skellam, skellam_grid  # noqa: E402
-from fedfilter.client.release import ClientPolicy, RoundSpec  # noqa: E402
+from fedfilter.client.release import RoundSpec
+from fedfilter.client.settings.policy import ClientPolicy
+from fedfilter.deploy.devices import simulated_worst_case_epsilon
 from fedfilter.protocol.secagg_grid import secaggplus_settings  # noqa: E402
 
 DELTA = 1e-5

@@ -74,7 +74,7 @@ from __future__ import annotations
 
 import logging
 import sqlite3
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -86,7 +86,7 @@ from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFI
 from fedfilter.client.flower.ledger_cache import cached_ledger, forget_ledger
 from fedfilter.client.flower.mod_once import once_per_message
 from fedfilter.client.flower.npy_codec import decode, encode
-from fedfilter.client.flower.reply_timing import ReplyHold, reply_hold_s
+from fedfilter.client.flower.reply_timing import ReplyHold
 from fedfilter.client.ledger.budget import BudgetLedger
 from fedfilter.client.ledger.storage import (
     LedgerError,
@@ -98,16 +98,17 @@ from fedfilter.client.ledger.storage import (
 from fedfilter.client.ledger.worst_case import WorstCaseMissingError, require_worst_case
 from fedfilter.client.mechanisms.gaussian import NonFiniteUpdateError, as_float_arrays, floating_indices
 from fedfilter.client.mechanisms.skellam import SkellamGrid, release_skellam
-from fedfilter.client.release import FilteredClient, validate_request
+from fedfilter.client.release import FilteredClient
 from fedfilter.client.secagg.mod import masked_report_content, reply_masked, secagg_round_grid
+from fedfilter.client.settings.errors import DeviceSettingsError
 from fedfilter.client.settings.node_config import (
-    NODE_CONFIG_KEYS,
     DeviceConfig,
     EnrolmentMismatch,
     device_config,
-    enrol_device,
+    reply_hold_s,
 )
-from fedfilter.client.settings.simulated import DeviceSettingsError, with_device_settings
+from fedfilter.client.settings.policy import validate_request
+from fedfilter.client.settings.simulated import with_device_settings
 from fedfilter.protocol.refusals import refusal_reason
 from fedfilter.protocol.request import RoundSpec, RoundSpecError
 from fedfilter.protocol.wire import (
@@ -121,11 +122,6 @@ from fedfilter.protocol.wire import (
 
 __all__ = [
     "individual_filter_mod",
-    "simulated_device_config_mod",
-    "DeviceConfig",
-    "device_config",
-    "enrol_device",
-    "NODE_CONFIG_KEYS",
 ]
 
 log = logging.getLogger("fedfilter.client")
@@ -455,27 +451,3 @@ def _filter_round(msg: Message, context: Context, call_next, hold: ReplyHold) ->
     for i in set(range(len(out))) - set(floating):
         out[i] = np.zeros_like(received[i])
     return _reply(msg, STATUS_REPORT, keys, out)
-
-
-def simulated_device_config_mod(devices: Mapping[int, Mapping[str, Any]]):
-    """A mod that gives each simulated node its device settings, keyed by ``partition-id``.
-
-    The Simulation Engine has no ``--node-config``: this stands in for it. It runs inside the
-    ClientApp (on the "device"), before ``individual_filter_mod``; the coordinator never sees it.
-    Keys already in ``context.node_config`` win.
-    """
-    table = {int(k): dict(v) for k, v in devices.items()}
-
-    def mod(msg: Message, context: Context, call_next):
-        extra = table.get(int(context.node_config.get("partition-id", -1)), {})
-        merged = Context(
-            run_id=context.run_id,
-            node_id=context.node_id,
-            node_config={**extra, **context.node_config},
-            state=context.state,
-            run_config=context.run_config,
-            series_id=getattr(context, "series_id", 0),
-        )
-        return call_next(msg, merged)
-
-    return mod

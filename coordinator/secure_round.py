@@ -46,6 +46,7 @@ from flwr.serverapp import Grid
 
 from fedfilter.coordinator.secagg_consistency_round import ConsistencyCheckedSecAggPlus
 from fedfilter.privacy.secagg_graph import choose_graph, dropouts_accounted, graph_failure_probability
+from fedfilter.protocol.rules import reconstruction_threshold
 from fedfilter.protocol.secagg_grid import (
     DEFAULT_CORRUPT_RATE,
     DEFAULT_DROPOUT_RATE,
@@ -61,7 +62,6 @@ __all__ = [
     "RoundGraph",
     "SecureSum",
     "check_num_shares",
-    "reconstruction_threshold",
     "released_mean",
     "round_graph",
     "run_secure_round",
@@ -114,12 +114,6 @@ def check_num_shares(num_shares: int | float | str, min_reports: int) -> int | f
         # _share_keys); 1 and 2 are not share counts.
         raise ValueError(f"secagg_num_shares as an integer must be odd and >= 3. Found {num_shares!r}.")
     return num_shares
-
-
-def reconstruction_threshold(min_reports: int) -> int:
-    """The full graph's SecAgg+ threshold: the fewest reports an unmasked sum holds (Flower reads an
-    int 1 as 'all')."""
-    return max(int(min_reports), 2)
 
 
 @dataclass(frozen=True)

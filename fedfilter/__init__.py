@@ -62,7 +62,7 @@ if (_checkout / "pyproject.toml").is_file() and (_checkout / "client" / "__init_
 # name -> module that defines it
 _PUBLIC = {
     "individual_filter_mod": "fedfilter.client.filter_mod",
-    "enrol_device": "fedfilter.client.filter_mod",
+    "enrol_device": "fedfilter.client.settings.node_config",
     "secure_aggregation_mod": "fedfilter.client.secagg.mod",
     "IndividualFilterStrategy": "fedfilter.coordinator.strategy",
     "BudgetLedger": "fedfilter.client.ledger.budget",
@@ -81,9 +81,10 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from fedfilter.client.filter_mod import enrol_device, individual_filter_mod
+    from fedfilter.client.filter_mod import individual_filter_mod
     from fedfilter.client.ledger.budget import BudgetLedger
     from fedfilter.client.secagg.mod import secure_aggregation_mod
+    from fedfilter.client.settings.node_config import enrol_device
     from fedfilter.coordinator.strategy import IndividualFilterStrategy
     from fedfilter.privacy.filters import make_filter
     from fedfilter.privacy.planner import plan_rounds

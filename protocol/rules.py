@@ -69,3 +69,9 @@ def default_min_reports(clients: int, placement: str) -> int:
     distributed placement (a majority of the sampled devices: the sum SecAgg+ may release holds at
     least that many reports), 1 in local placement (each report carries all its noise)."""
     return -(-int(clients) // 2) if placement == "distributed" else 1
+
+
+def reconstruction_threshold(min_reports: int) -> int:
+    """The full graph's SecAgg+ threshold: the fewest reports an unmasked sum holds (Flower reads an
+    int 1 as 'all')."""
+    return max(int(min_reports), 2)

@@ -31,49 +31,19 @@ import gc
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable
 
 from flwr.app import Message
 
+from fedfilter.client.settings.node_config import DEFAULT_REPLY_HOLD_S
+
 __all__ = [
-    "REPLY_HOLD_KEY",
-    "DEFAULT_REPLY_HOLD_S",
-    "MAX_REPLY_HOLD_S",
-    "reply_hold_s",
     "held_deadline",
     "ReplyHold",
     "timing_protection",
 ]
 
 log = logging.getLogger("fedfilter.client")
-
-REPLY_HOLD_KEY = "reply-hold-s"
-# A deployed device holds every reply for a minute unless its owner says otherwise. In the
-# Deployment Engine each message starts a fresh process and the built-in ClientApp imports torch
-# (about 2.3 s), loads its partition and trains inside the hold: seconds on a laptop, so a minute
-# leaves room for slow phones and busy machines, and even a round that overruns four times still
-# arrives within the coordinator's default round timeout (round-timeout-s = 300).
-DEFAULT_REPLY_HOLD_S = 60.0
-# An hour: a round held longer is almost surely a unit mistake (milliseconds for seconds).
-MAX_REPLY_HOLD_S = 3600.0
-
-
-def reply_hold_s(node_config: Mapping[str, Any]) -> float:
-    """The owner's ``reply-hold-s`` (0 turns the hold off); ``ValueError`` names key and value."""
-    value = node_config.get(REPLY_HOLD_KEY, DEFAULT_REPLY_HOLD_S)
-    try:
-        if isinstance(value, bool):
-            raise TypeError
-        hold = float(value)  # int, float, or a numeric string from --node-config
-    except (TypeError, ValueError):
-        hold = math.nan
-    if not (math.isfinite(hold) and 0.0 <= hold <= MAX_REPLY_HOLD_S):
-        raise ValueError(
-            f"node-config {REPLY_HOLD_KEY!r} must be a number of seconds in [0, "
-            f"{MAX_REPLY_HOLD_S:g}] (0 turns timing protection off). Found {value!r}."
-        )
-    return hold
 
 
 def held_deadline(arrival: float, now: float, hold: float) -> float:

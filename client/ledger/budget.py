@@ -54,7 +54,6 @@ from fedfilter.client.ledger.anchor import (
 from fedfilter.client.ledger.quota import QuotaAccounts, Quotas, Reservation
 from fedfilter.client.ledger.schema import (
     ANCHORED_KEY,
-    DAY_S,
     INT64_MAX,
     LEDGER_FILE,
     LEDGER_FILES,
@@ -63,7 +62,6 @@ from fedfilter.client.ledger.schema import (
     SPEND_RECORD_SQL,
     Enrolment,
     SpendRecord,
-    WorstCase,
     check_device_opens,
     check_enrolment_args,
     connect,
@@ -75,10 +73,7 @@ from fedfilter.client.ledger.schema import (
 )
 from fedfilter.client.ledger.seal import SEAL_FILE, Seal, SealError, advance_seal, check_seal, move_aside, read_seal
 from fedfilter.client.ledger.storage import (
-    LedgerError,
     LedgerMissingError,
-    LedgerUnavailableError,
-    LedgerWriteError,
     ReplayError,
     closed_on_failure,
     immediate,
@@ -94,20 +89,6 @@ from fedfilter.privacy.filters import GaussianFilter, make_filter
 # The ledger's public names, importable from here as before the split (the CLI, the demo, tests).
 __all__ = [
     "BudgetLedger",
-    "DAY_S",
-    "INT64_MAX",
-    "LEDGER_FILE",
-    "RECOVER",
-    "Enrolment",
-    "LedgerError",
-    "LedgerMissingError",
-    "LedgerUnavailableError",
-    "LedgerWriteError",
-    "Quotas",
-    "ReplayError",
-    "Reservation",
-    "SpendRecord",
-    "WorstCase",
 ]
 
 

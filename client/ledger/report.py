@@ -15,7 +15,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from fedfilter.client.ledger.budget import BudgetLedger, SpendRecord
+from fedfilter.client.ledger.budget import BudgetLedger
+from fedfilter.client.ledger.schema import SpendRecord
 from fedfilter.privacy.odometer import filter_odometer
 
 CONTRIBUTED = "contributed"  # of ledger.STATUSES; "noise-only" and "left" mean it had run out

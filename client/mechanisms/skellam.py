@@ -60,7 +60,7 @@ from fedfilter.client.mechanisms.gaussian import (
 )
 from fedfilter.client.mechanisms.gaussian_noise import NoiseStream, round_noise_stream
 from fedfilter.client.mechanisms.skellam_noise import add_skellam_noise
-from fedfilter.client.release import ClientPolicy, validate_request
+from fedfilter.client.settings.policy import ClientPolicy, validate_request
 from fedfilter.privacy.filters import GaussianFilter, exhausted, rdp_order
 from fedfilter.privacy.rounding import down, up
 from fedfilter.privacy.skellam import integer_norms, l2_up, skellam_allowance, skellam_charge

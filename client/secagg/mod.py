@@ -51,7 +51,6 @@ from flwr.compat.common.recorddict_compat import fitres_to_recorddict
 
 from fedfilter.client.flower.mod_once import once_per_message
 from fedfilter.client.mechanisms.skellam import SkellamGrid, skellam_grid
-from fedfilter.client.release import ClientPolicy
 from fedfilter.client.secagg.consistency import (
     certify,
     check_certificate,
@@ -67,6 +66,7 @@ from fedfilter.client.secagg.consistency import (
 )
 from fedfilter.client.secagg.neighbourhood import check_secagg_state
 from fedfilter.client.secagg.pinning import Pinning, PinningError, pinning
+from fedfilter.client.settings.policy import ClientPolicy
 from fedfilter.protocol.request import RoundSpec, RoundSpecError
 from fedfilter.protocol.secagg_keys import public_key_problems
 from fedfilter.protocol.secagg_masks import use_cryptographic_masks

@@ -22,15 +22,12 @@ threshold at least ``min_threshold``. ``check_secagg_graph`` is the device's che
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any, cast
 
-from fedfilter.privacy.secagg_graph import PRIVACY_FAILURE_TARGET, graph_failure_probability
+from fedfilter.client.settings.policy import SecAggGraphPolicy
+from fedfilter.privacy.secagg_graph import graph_failure_probability
 from fedfilter.protocol.secagg_grid import (
-    DEFAULT_CORRUPT_RATE,
-    DEFAULT_DROPOUT_RATE,
     MAX_QUANTIZATION_RANGE,
     MAX_WEIGHT,
     MODULUS_RANGE,
@@ -39,31 +36,6 @@ from fedfilter.protocol.secagg_grid import (
 )
 
 __all__ = ["DEFAULT_GRAPH_POLICY", "SecAggGraphPolicy", "check_secagg_graph", "check_secagg_state"]
-
-
-@dataclass(frozen=True)
-class SecAggGraphPolicy:
-    """The device owner's limits on SecAgg+ neighbourhoods (never the coordinator's)."""
-
-    max_failure_probability: float = PRIVACY_FAILURE_TARGET  # per round, under the rates below
-    min_threshold: int = 2
-    dropout_rate: float = DEFAULT_DROPOUT_RATE
-    corrupt_rate: float = DEFAULT_CORRUPT_RATE
-
-    def __post_init__(self) -> None:
-        problems = []
-        p = self.max_failure_probability
-        if isinstance(p, bool) or not isinstance(p, (int, float)) or not (math.isfinite(p) and 0 <= p <= 1):
-            problems.append(f"secagg max_failure_probability must be in [0, 1]. Found {p!r}.")
-        t = self.min_threshold
-        if isinstance(t, bool) or not isinstance(t, int) or t < 2:
-            problems.append(f"secagg min_threshold must be an integer >= 2. Found {t!r}.")
-        for name in ("dropout_rate", "corrupt_rate"):
-            r = getattr(self, name)
-            if isinstance(r, bool) or not isinstance(r, (int, float)) or not (math.isfinite(r) and 0 <= r < 1):
-                problems.append(f"secagg {name} must be in [0, 1). Found {r!r}.")
-        if problems:
-            raise ValueError(" ".join(problems))
 
 
 def _int(v: Any) -> bool:

@@ -34,7 +34,7 @@ import sys
 import threading
 from pathlib import Path
 
-from fedfilter.client.settings.simulated import DeviceSettingsError
+from fedfilter.client.settings.errors import DeviceSettingsError
 
 __all__ = ["ROOT_FILE", "LedgerRootError", "create_ledger_root", "ledger_root_id", "check_ledger_root"]
 

@@ -51,6 +51,7 @@ key                      default   meaning
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,8 +59,7 @@ from typing import Any
 
 from fedfilter.client.ledger.budget import BudgetLedger
 from fedfilter.client.ledger.quota import Quotas
-from fedfilter.client.release import ClientPolicy
-from fedfilter.client.secagg.neighbourhood import SecAggGraphPolicy
+from fedfilter.client.settings.policy import ClientPolicy, SecAggGraphPolicy
 from fedfilter.protocol.request import AFTER_EXHAUSTION
 
 NODE_CONFIG_KEYS = (
@@ -287,3 +287,35 @@ def enrol_simulated_device(node_config: Mapping[str, Any]) -> None:
     existing directory is enrolled as any owner's device is (a lost ledger fails closed)."""
     config = device_config(node_config)
     config.enrol(recover=None if config.ledger_dir.exists() else "replace").close()
+
+
+REPLY_HOLD_KEY = "reply-hold-s"
+
+
+# A deployed device holds every reply for a minute unless its owner says otherwise. In the
+# Deployment Engine each message starts a fresh process and the built-in ClientApp imports torch
+# (about 2.3 s), loads its partition and trains inside the hold: seconds on a laptop, so a minute
+# leaves room for slow phones and busy machines, and even a round that overruns four times still
+# arrives within the coordinator's default round timeout (round-timeout-s = 300).
+DEFAULT_REPLY_HOLD_S = 60.0
+
+
+# An hour: a round held longer is almost surely a unit mistake (milliseconds for seconds).
+MAX_REPLY_HOLD_S = 3600.0
+
+
+def reply_hold_s(node_config: Mapping[str, Any]) -> float:
+    """The owner's ``reply-hold-s`` (0 turns the hold off); ``ValueError`` names key and value."""
+    value = node_config.get(REPLY_HOLD_KEY, DEFAULT_REPLY_HOLD_S)
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        hold = float(value)  # int, float, or a numeric string from --node-config
+    except (TypeError, ValueError):
+        hold = math.nan
+    if not (math.isfinite(hold) and 0.0 <= hold <= MAX_REPLY_HOLD_S):
+        raise ValueError(
+            f"node-config {REPLY_HOLD_KEY!r} must be a number of seconds in [0, "
+            f"{MAX_REPLY_HOLD_S:g}] (0 turns timing protection off). Found {value!r}."
+        )
+    return hold

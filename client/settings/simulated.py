@@ -36,8 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fedfilter.client.flower.reply_timing import reply_hold_s
-from fedfilter.client.settings.node_config import NODE_CONFIG_KEYS, device_config
+from fedfilter.client.settings.errors import DeviceSettingsError
+from fedfilter.client.settings.node_config import NODE_CONFIG_KEYS, device_config, reply_hold_s
 
 __all__ = ["ENV_VAR", "DeviceSettingsError", "with_device_settings", "load_device_settings", "write_device_settings"]
 
@@ -58,18 +58,6 @@ WITHHELD_KEYS = (
     "daily-quota",
     "noise-seed",
 )
-
-
-class DeviceSettingsError(ValueError):
-    """The device-settings file is missing, unreadable, or has no valid entry for this node.
-
-    ``str(err)`` is the whole story (for the device's log); ``err.public`` is what the error reply
-    may say: the file, the partition-id, the key, and the value unless it is in ``WITHHELD_KEYS``.
-    """
-
-    def __init__(self, detail: str, public: str | None = None):
-        super().__init__(detail)
-        self.public = detail if public is None else public
 
 
 def _shown(key: str, value: Any) -> str:

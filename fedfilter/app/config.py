@@ -79,3 +79,7 @@ def resolve_config(
             if key in out:
                 out[key] = _coerce(key, value, defaults[key], source)
     return out
+
+
+# The run-config keys the ClientApp uses (defaults: fedfilter/app/pyproject.toml).
+TRAIN_KEYS = ("task", "num-clients", "partition", "alpha", "partition-seed", "local-epochs", "lr", "batch-size")

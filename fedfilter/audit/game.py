@@ -42,9 +42,10 @@ from flwr.clientapp import ClientApp
 from flwr.common.serde import message_to_proto
 
 from fedfilter.audit.distinguishers import bits_features
-from fedfilter.client.filter_mod import enrol_device, individual_filter_mod
+from fedfilter.client.filter_mod import individual_filter_mod
 from fedfilter.client.ledger.budget import BudgetLedger
 from fedfilter.client.ledger.owner_state import owner_state_at
+from fedfilter.client.settings.node_config import enrol_device
 from fedfilter.privacy import gaussian_dp
 from fedfilter.protocol.request import RoundSpec
 from fedfilter.protocol.wire import ARRAYS_RECORD, REQUEST_RECORD, STATUS_RECORD, STATUS_REPORT, request_record

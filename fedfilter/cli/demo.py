@@ -62,8 +62,8 @@ from fedfilter.cli.demo_report import (
     plot_rounds,
     print_clients_table,
     print_rounds_table,
-    simulated_worst_case_epsilon,
 )
+from fedfilter.deploy.devices import simulated_worst_case_epsilon
 
 # Demo defaults, chosen (docs/results.md) so that with 10 clients x 5 rounds on digits some
 # clients run out of budget while the accuracy of the global model visibly rises. The app's own
@@ -207,7 +207,7 @@ def _check(args: argparse.Namespace) -> None:
         problems.append(f"--rounds must be >= 1. Found {args.rounds}.")
     if not (0 < args.eps_min <= args.eps_max and math.isfinite(args.eps_max)):
         problems.append(f"need 0 < --eps-min <= --eps-max. Found {args.eps_min} and {args.eps_max}.")
-    from fedfilter.client.flower.reply_timing import MAX_REPLY_HOLD_S
+    from fedfilter.client.settings.node_config import MAX_REPLY_HOLD_S
 
     if not (math.isfinite(args.reply_hold_s) and 0 <= args.reply_hold_s <= MAX_REPLY_HOLD_S):
         problems.append(f"--reply-hold-s must be in [0, {MAX_REPLY_HOLD_S:g}] seconds. Found {args.reply_hold_s}.")
@@ -242,7 +242,8 @@ def device_configs(
     ``worst_case_reports`` (distributed placement: ``min_reports``): each device's worst-case-epsilon
     is ``simulated_worst_case_epsilon(budget, min_reports)``, unless its ledger already has one.
     """
-    from fedfilter.client.ledger.budget import LEDGER_FILE, BudgetLedger
+    from fedfilter.client.ledger.budget import BudgetLedger
+    from fedfilter.client.ledger.schema import LEDGER_FILE
     from fedfilter.client.settings.node_config import enrol_simulated_device
 
     table = {}

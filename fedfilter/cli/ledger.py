@@ -14,9 +14,12 @@ import argparse
 import json
 import sys
 
-from fedfilter.client.ledger.budget import RECOVER, BudgetLedger, LedgerError, Quotas
+from fedfilter.client.ledger.budget import BudgetLedger
 from fedfilter.client.ledger.owner import accept_restore, inspect, migrate
+from fedfilter.client.ledger.quota import Quotas
 from fedfilter.client.ledger.report import odometer_report
+from fedfilter.client.ledger.schema import RECOVER
+from fedfilter.client.ledger.storage import LedgerError
 from fedfilter.client.ledger.worst_case import SETTING, guarantee_lines
 from fedfilter.privacy.filters import FILTER_KINDS
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from fedfilter.client.release import ClientPolicy
+from fedfilter.client.settings.policy import ClientPolicy
 from fedfilter.privacy.federation_plan import TARGET_NOISE_TO_CLIP, plan_federation
 from fedfilter.privacy.filters import FILTER_KINDS
 

@@ -134,7 +134,7 @@ class DeployOptions:
             math.isfinite(self.min_noise_multiplier) and self.min_noise_multiplier > 0
         ):
             problems.append(f"--min-noise-multiplier must be a finite number > 0. Found {self.min_noise_multiplier!r}.")
-        from fedfilter.client.flower.reply_timing import MAX_REPLY_HOLD_S
+        from fedfilter.client.settings.node_config import MAX_REPLY_HOLD_S
 
         if not (math.isfinite(self.reply_hold_s) and 0 <= self.reply_hold_s <= MAX_REPLY_HOLD_S):
             problems.append(
@@ -165,7 +165,7 @@ def device_node_config(index: int, options: DeployOptions, ledger_dir: Path) -> 
         "reply-hold-s": float(options.reply_hold_s),
     }
     if options.placement == "distributed":  # the budget against any coordinator (client/ledger/worst_case.py)
-        from fedfilter.cli.demo_report import simulated_worst_case_epsilon
+        from fedfilter.deploy.devices import simulated_worst_case_epsilon
 
         config["worst-case-epsilon"] = simulated_worst_case_epsilon(config["budget-epsilon"], options.reports_needed)
     if options.min_noise_multiplier is not None:
@@ -314,9 +314,9 @@ def deploy_local(options: DeployOptions, echo: Callable[[str], None] = print) ->
     Every process is stopped before this returns, whatever happened (Ctrl-C included).
     """
     from fedfilter.client.flower.reply_timing import timing_protection
-    from fedfilter.client.ledger.budget import LEDGER_FILE
     from fedfilter.client.ledger.owner_state import owner_state_at
     from fedfilter.client.ledger.report import device_report, odometer_text
+    from fedfilter.client.ledger.schema import LEDGER_FILE
     from fedfilter.client.ledger.worst_case import guarantee_lines
     from fedfilter.client.runtime.approval import APPROVE_HINT, TRUST_TEXT
     from fedfilter.client.settings.node_config import enrol_simulated_device

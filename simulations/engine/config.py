@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from fedfilter.client.release import ClientPolicy
+from fedfilter.client.settings.policy import ClientPolicy
 from fedfilter.privacy.filters import FILTER_KINDS
 from fedfilter.privacy.secagg_graph import SecAggGraph, honest_coordinator_delta
 from fedfilter.protocol.request import AFTER_EXHAUSTION, PLACEMENTS

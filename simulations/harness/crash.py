@@ -81,7 +81,8 @@ def spender(directory: str, crash_point: str | None = None) -> None:
 def audit(directory: Path) -> tuple[int, int]:
     """Return (rounds released, rounds in the ledger); raise AssertionError on any violation."""
     from fedfilter.client.ledger.anchor import anchor_path, read_anchor
-    from fedfilter.client.ledger.budget import LEDGER_FILE, BudgetLedger
+    from fedfilter.client.ledger.budget import BudgetLedger
+    from fedfilter.client.ledger.schema import LEDGER_FILE
 
     conn = sqlite3.connect(directory / LEDGER_FILE)
     assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"

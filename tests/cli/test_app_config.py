@@ -21,7 +21,7 @@ def test_the_defaults_are_the_apps_toml_table():
 
 
 def test_server_client_and_demo_read_the_same_table():
-    from fedfilter.app.client_app import TRAIN_KEYS
+    from fedfilter.app.config import TRAIN_KEYS
     from fedfilter.app.server_app import SERVER_DEFAULTS, server_config
     from fedfilter.cli.demo import DEFAULTS, placement_defaults, register
 

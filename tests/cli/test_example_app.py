@@ -183,7 +183,7 @@ def test_the_examples_settings_are_the_planners_for_its_federation():
 
 def _enrol_devices(root: Path, budgets: dict[int, float], min_z: float) -> tuple[Path, dict[int, dict]]:
     """Each device's settings, as its owner sets them, and the owner's enrolment (done up front)."""
-    from fedfilter.client.filter_mod import enrol_device
+    from fedfilter.client.settings.node_config import enrol_device
 
     settings = {
         pid: {

@@ -36,7 +36,7 @@ BACKEND = {"client_resources": {"num_cpus": 1, "num_gpus": 0.0}}
 
 
 def _devices(root):
-    from fedfilter.client.filter_mod import enrol_device
+    from fedfilter.client.settings.node_config import enrol_device
 
     table = {}
     for i in range(N):

@@ -28,7 +28,8 @@ from budget_reference import (
 )
 
 from fedfilter.client.ledger.budget import BudgetLedger
-from fedfilter.client.release import ClientPolicy, FilteredClient
+from fedfilter.client.release import FilteredClient
+from fedfilter.client.settings.policy import ClientPolicy
 from fedfilter.privacy.filters import make_filter, rdp_order
 from fedfilter.protocol.request import RoundSpec
 

@@ -14,11 +14,13 @@ import pytest
 from flwr.app import Context, RecordDict
 from test_flower_mod import Handler, spec, train_message
 
-from fedfilter.client.filter_mod import enrol_device, individual_filter_mod
-from fedfilter.client.ledger.budget import LEDGER_FILE, BudgetLedger
+from fedfilter.client.filter_mod import individual_filter_mod
+from fedfilter.client.ledger.budget import BudgetLedger
+from fedfilter.client.ledger.schema import LEDGER_FILE
+from fedfilter.client.settings.errors import DeviceSettingsError
+from fedfilter.client.settings.node_config import enrol_device
 from fedfilter.client.settings.simulated import (
     ENV_VAR,
-    DeviceSettingsError,
     load_device_settings,
     with_device_settings,
     write_device_settings,

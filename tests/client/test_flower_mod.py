@@ -12,8 +12,11 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, Metadata, MetricRecord, RecordDict
 
-from fedfilter.client.filter_mod import enrol_device, individual_filter_mod, simulated_device_config_mod
-from fedfilter.client.ledger.budget import LEDGER_FILE, BudgetLedger
+from fedfilter.client.filter_mod import individual_filter_mod
+from fedfilter.client.flower.simulated_mod import simulated_device_config_mod
+from fedfilter.client.ledger.budget import BudgetLedger
+from fedfilter.client.ledger.schema import LEDGER_FILE
+from fedfilter.client.settings.node_config import enrol_device
 from fedfilter.coordinator.strategy import classify_reply, plain_mean, report_norm_bound
 from fedfilter.protocol.request import RoundSpec
 from fedfilter.protocol.wire import ARRAYS_RECORD, REQUEST_RECORD, STATUS_RECORD, request_record

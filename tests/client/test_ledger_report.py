@@ -13,7 +13,8 @@ import pytest
 
 from fedfilter.client.ledger.budget import BudgetLedger
 from fedfilter.client.ledger.report import device_report
-from fedfilter.client.release import ClientPolicy, FilteredClient
+from fedfilter.client.release import FilteredClient
+from fedfilter.client.settings.policy import ClientPolicy
 from fedfilter.protocol.request import RoundSpec
 
 # Norm 0.18 at clip 1 and noise multiplier 0.5: a budget of epsilon 3 pays for a few such rounds.

@@ -9,7 +9,8 @@ import threading
 
 import numpy as np
 
-from fedfilter.client.ledger.budget import BudgetLedger, ReplayError
+from fedfilter.client.ledger.budget import BudgetLedger
+from fedfilter.client.ledger.storage import ReplayError
 from fedfilter.client.release import FilteredClient
 from fedfilter.protocol.request import RoundSpec
 

@@ -17,8 +17,9 @@ from test_flower_mod import Handler, context, spec, train_message
 from test_ledger_fail_closed import restart_device
 
 from fedfilter.client.filter_mod import individual_filter_mod
-from fedfilter.client.ledger.budget import BudgetLedger, LedgerWriteError
+from fedfilter.client.ledger.budget import BudgetLedger
 from fedfilter.client.ledger.schema import LEDGER_FILE
+from fedfilter.client.ledger.storage import LedgerWriteError
 from fedfilter.client.release import FilteredClient
 from fedfilter.protocol.request import RoundSpec
 from fedfilter.protocol.wire import REQUEST_RECORD, request_record

@@ -19,7 +19,8 @@ import pytest
 from flwr.app import Array, ArrayRecord, Context, Message, Metadata, RecordDict
 
 from fedfilter.client.filter_mod import individual_filter_mod
-from fedfilter.client.ledger.budget import BudgetLedger, ReplayError
+from fedfilter.client.ledger.budget import BudgetLedger
+from fedfilter.client.ledger.storage import ReplayError
 from fedfilter.protocol.request import RoundSpec
 from fedfilter.protocol.wire import ARRAYS_RECORD, REQUEST_RECORD, request_record
 

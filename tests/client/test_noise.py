@@ -241,7 +241,8 @@ def test_mod_replies_float32_on_the_grid_for_any_model_dtype(tmp_path, model_dty
         new = {k: Array((record[k].numpy() + 0.01).astype(model_dtype)) for k in record.keys()}
         return Message(RecordDict({"arrays": ArrayRecord(new)}), reply_to=msg)
 
-    from fedfilter.client.filter_mod import enrol_device, individual_filter_mod
+    from fedfilter.client.filter_mod import individual_filter_mod
+    from fedfilter.client.settings.node_config import enrol_device
 
     # A budget that the first round(s) at z = 1, clip 1 exhaust: later rounds are noise-only.
     ctx = Context(

@@ -11,7 +11,8 @@ from dp_accounting.rdp import rdp_privacy_accountant as google_rdp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedfilter.client.ledger.budget import LEDGER_FILE, BudgetLedger
+from fedfilter.client.ledger.budget import BudgetLedger
+from fedfilter.client.ledger.schema import LEDGER_FILE
 from fedfilter.client.release import FilteredClient
 from fedfilter.privacy import renyi
 from fedfilter.privacy.filters import rdp_filter, rdp_order

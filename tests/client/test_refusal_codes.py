@@ -20,8 +20,9 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordD
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
 from test_flower_mod import KEYS, SHAPES, spec, train_message
 
-from fedfilter.client.filter_mod import _ledger_code, enrol_device, individual_filter_mod
+from fedfilter.client.filter_mod import _ledger_code, individual_filter_mod
 from fedfilter.client.ledger.storage import LedgerMissingError, LedgerUnavailableError, LedgerWriteError
+from fedfilter.client.settings.node_config import enrol_device
 from fedfilter.protocol.refusals import REFUSALS, refusal_code
 from fedfilter.protocol.wire import REQUEST_RECORD, request_record
 

@@ -19,7 +19,8 @@ from flwr.app import ConfigRecord, Error, Message, RecordDict
 from test_flower_mod import Handler, context, records, spec, train_message
 
 from fedfilter.client.filter_mod import individual_filter_mod
-from fedfilter.client.flower.reply_timing import DEFAULT_REPLY_HOLD_S, ReplyHold, held_deadline, reply_hold_s
+from fedfilter.client.flower.reply_timing import ReplyHold, held_deadline
+from fedfilter.client.settings.node_config import DEFAULT_REPLY_HOLD_S, reply_hold_s
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "reply_timing.py"
 

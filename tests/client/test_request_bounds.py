@@ -10,7 +10,8 @@ from test_flower_mod import Handler, context, records, spec, train_message
 
 from fedfilter.client.filter_mod import individual_filter_mod
 from fedfilter.client.ledger.budget import BudgetLedger
-from fedfilter.client.release import ClientPolicy, FilteredClient, validate_request
+from fedfilter.client.release import FilteredClient
+from fedfilter.client.settings.policy import ClientPolicy, validate_request
 from fedfilter.protocol.request import RoundSpec, RoundSpecError
 
 INT64_MAX = 2**63 - 1

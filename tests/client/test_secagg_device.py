@@ -24,11 +24,12 @@ from flwr.server.strategy import FedAvg
 from flwr.server.workflow import DefaultWorkflow
 
 import fedfilter.client.mechanisms.skellam as release_distributed
-from fedfilter.client.filter_mod import enrol_device, individual_filter_mod
+from fedfilter.client.filter_mod import individual_filter_mod
 from fedfilter.client.ledger.budget import BudgetLedger
 from fedfilter.client.mechanisms.gaussian_noise import round_noise_stream
 from fedfilter.client.mechanisms.skellam_noise import add_skellam_noise
 from fedfilter.client.secagg.mod import secure_aggregation_mod
+from fedfilter.client.settings.node_config import enrol_device
 from fedfilter.coordinator.secagg_consistency_round import ConsistencyCheckedSecAggPlus
 from fedfilter.privacy.rounding import down, up
 from fedfilter.privacy.skellam import integer_norms, l2_up, skellam_charge

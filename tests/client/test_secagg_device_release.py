@@ -15,7 +15,7 @@ import pytest
 from fedfilter.client.ledger.budget import BudgetLedger
 from fedfilter.client.ledger.storage import ReplayError
 from fedfilter.client.mechanisms.skellam import MAX_MU_SHARE, release_skellam, skellam_grid
-from fedfilter.client.release import ClientPolicy
+from fedfilter.client.settings.policy import ClientPolicy
 from fedfilter.privacy.filters import rdp_order
 from fedfilter.privacy.rounding import down
 from fedfilter.privacy.skellam import integer_norms, l2_up, skellam_charge

@@ -8,10 +8,11 @@ from flwr.common import bytes_to_ndarray
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key, Stage
 from test_secagg_device import DTYPES, KEYS, RUN, ledger_records, node_config, node_id, run_round
 
-from fedfilter.client.filter_mod import enrol_device
 from fedfilter.client.ledger.budget import BudgetLedger
-from fedfilter.client.release import ClientPolicy, FilteredClient
+from fedfilter.client.release import FilteredClient
 from fedfilter.client.secagg.mod import reply_masked
+from fedfilter.client.settings.node_config import enrol_device
+from fedfilter.client.settings.policy import ClientPolicy
 from fedfilter.protocol.request import RoundSpec
 from fedfilter.protocol.secagg_grid import encode_report
 from fedfilter.protocol.wire import CONSISTENCY_STAGE

@@ -12,7 +12,8 @@ from flwr.server.workflow.secure_aggregation.secaggplus_workflow import SecAggPl
 from test_secagg_device import run_round
 from test_secagg_device_refusals import assert_refused_before_training
 
-from fedfilter.client.secagg.neighbourhood import SecAggGraphPolicy, check_secagg_graph
+from fedfilter.client.secagg.neighbourhood import check_secagg_graph
+from fedfilter.client.settings.policy import SecAggGraphPolicy
 from fedfilter.coordinator.secure_round import RoundGraph, round_graph
 from fedfilter.privacy.secagg_graph import PRIVACY_FAILURE_TARGET, graph_failure_probability
 from fedfilter.protocol.secagg_grid import fewest_released_reports

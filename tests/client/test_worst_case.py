@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 from fedfilter.client.ledger.budget import BudgetLedger
 from fedfilter.client.ledger.worst_case import SETTING, past_worst_charge
 from fedfilter.client.mechanisms.skellam import l2_allowance, release_skellam, skellam_grid
-from fedfilter.client.release import ClientPolicy, FilteredClient
+from fedfilter.client.release import FilteredClient
+from fedfilter.client.settings.policy import ClientPolicy
 from fedfilter.privacy.filters import make_filter, rdp_order
 from fedfilter.privacy.renyi import epsilon_from_rdp
 from fedfilter.privacy.skellam import l1_cap, skellam_charge, skellam_rdp_exact

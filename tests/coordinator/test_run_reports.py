@@ -15,7 +15,8 @@ from flwr.serverapp.strategy import FedAvg
 from flwr.supercore.task_identity import TaskIdentity
 from test_strategy_wrapper import FakeGrid
 
-from fedfilter.client.filter_mod import enrol_device, individual_filter_mod
+from fedfilter.client.filter_mod import individual_filter_mod
+from fedfilter.client.settings.node_config import enrol_device
 from fedfilter.coordinator.public_ledger import PublicLedger
 from fedfilter.coordinator.strategy import IndividualFilterStrategy, NothingReleasedError
 from fedfilter.privacy.federation_plan import plan_federation

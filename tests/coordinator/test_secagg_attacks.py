@@ -27,10 +27,11 @@ from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFI
 from flwr.serverapp.strategy import FedAvg
 
 import fedfilter.client.mechanisms.skellam as release_distributed
-from fedfilter.client.filter_mod import enrol_device, individual_filter_mod
+from fedfilter.client.filter_mod import individual_filter_mod
 from fedfilter.client.ledger.budget import BudgetLedger
 from fedfilter.client.secagg.consistency import new_signing_key, public_key_of, seal_signing_key, sign_survivors
 from fedfilter.client.secagg.mod import secure_aggregation_mod
+from fedfilter.client.settings.node_config import enrol_device
 from fedfilter.coordinator import secure_round
 from fedfilter.coordinator.run_log import NothingReleasedError
 from fedfilter.coordinator.strategy import IndividualFilterStrategy

@@ -27,11 +27,12 @@ from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFI
 from flwr.serverapp.strategy import FedAvg, Result
 
 import fedfilter.client.mechanisms.skellam as release_distributed
-from fedfilter.client.filter_mod import enrol_device, individual_filter_mod
+from fedfilter.client.filter_mod import individual_filter_mod
 from fedfilter.client.ledger.budget import BudgetLedger
 from fedfilter.client.mechanisms.gaussian_noise import round_noise_stream
 from fedfilter.client.mechanisms.skellam_noise import add_skellam_noise
 from fedfilter.client.secagg.mod import secure_aggregation_mod
+from fedfilter.client.settings.node_config import enrol_device
 from fedfilter.coordinator import secure_round
 from fedfilter.coordinator.public_ledger import PublicLedger
 from fedfilter.coordinator.strategy import IndividualFilterStrategy, NothingReleasedError

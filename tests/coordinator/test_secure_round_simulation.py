@@ -16,7 +16,7 @@ N, ROUNDS, RUN, MIN_REPORTS = 10, 2, "secagg-simulation", 6
 
 @pytest.fixture(scope="module")
 def simulated(tmp_path_factory):
-    from fedfilter.client.filter_mod import enrol_device
+    from fedfilter.client.settings.node_config import enrol_device
     from fedfilter.client.settings.simulated import write_device_settings
     from fedfilter.deploy.command import BUILTIN_APP_DIR
     from fedfilter.deploy.simulation_link import SimulationLink

@@ -28,7 +28,7 @@ SECAGG_STAGES = {"setup", "share_keys", "collect_masked_vectors", "fedfilter_con
 
 @pytest.fixture(scope="module")
 def simulated(tmp_path_factory):
-    from fedfilter.client.filter_mod import enrol_device
+    from fedfilter.client.settings.node_config import enrol_device
     from fedfilter.client.settings.simulated import write_device_settings
     from fedfilter.deploy.simulation_link import SimulationLink
 

@@ -19,8 +19,9 @@ from flwr.serverapp.strategy import FedAvg
 from flwr.supercore.task_identity import TaskIdentity
 
 from fedfilter.app.client_app import train as client_train
-from fedfilter.client.filter_mod import enrol_device, individual_filter_mod
+from fedfilter.client.filter_mod import individual_filter_mod
 from fedfilter.client.ledger.budget import BudgetLedger
+from fedfilter.client.settings.node_config import enrol_device
 from fedfilter.coordinator.strategy import IndividualFilterStrategy
 from fedfilter.privacy.filters import make_filter
 from fedfilter.simulations.engine import EngineConfig, run_engine
