@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tomllib
 import venv
 import zipfile
 from pathlib import Path
@@ -98,6 +99,39 @@ def test_the_wheel_holds_one_import_root_with_every_mapped_package(wheel: Path) 
     entry_points = zipfile.ZipFile(wheel).read(f"{dist_info[0]}/entry_points.txt").decode()
     scripts = entry_points.split("[console_scripts]", 1)[1].split("[", 1)[0]
     assert "fedfilter = fedfilter.cli:main" in [line.strip() for line in scripts.splitlines()], entry_points
+
+
+def test_this_test_maps_the_folders_pyproject_maps() -> None:
+    # MAPPED drives every check here: a folder added to package-dir must be checked too.
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
+    package_dir = pyproject["tool"]["setuptools"]["package-dir"]
+    assert {folder: package.replace(".", "/") for package, folder in package_dir.items()} == MAPPED
+
+
+# Study and app libraries: a device or a coordinator installs `fedfilter` without them (pyproject's extras).
+HEAVY = {"torch", "h5py", "matplotlib", "scikit-learn", "tqdm", "ray"}
+
+
+def _requirement_name(line: str) -> str:
+    spec = line.split(":", 1)[1].split(";", 1)[0].strip()
+    for stop in "[<>=!~ (":
+        spec = spec.split(stop, 1)[0]
+    return spec.lower()
+
+
+def test_core_requirements_are_light(wheel: Path) -> None:
+    archive = zipfile.ZipFile(wheel)
+    (metadata,) = [n for n in archive.namelist() if n.endswith(".dist-info/METADATA")]
+    lines = archive.read(metadata).decode().splitlines()
+    requires = [line for line in lines if line.startswith("Requires-Dist:")]
+    core = [line for line in requires if "extra ==" not in line]
+    assert {_requirement_name(line) for line in core} >= {"flwr", "numpy", "cryptography"}, core
+    heavy = [line for line in core if _requirement_name(line) in HEAVY or "flwr[simulation]" in line]
+    assert not heavy, f"core requirements name app or study libraries: {heavy}"
+    extras = {line.split(":", 1)[1].strip() for line in lines if line.startswith("Provides-Extra:")}
+    assert {"app", "study", "dev"} <= extras, extras
+    app = {_requirement_name(line) for line in requires if "extra == \"app\"" in line}
+    assert {"torch", "scikit-learn", "matplotlib", "tqdm"} <= app, requires
 
 
 def test_the_installed_wheel_imports_only_as_fedfilter(wheel: Path, tmp_path: Path) -> None:
