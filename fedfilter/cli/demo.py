@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from fedfilter.app.config import APP_DIR, app_defaults, resolve_config
+from fedfilter.checks import positive_finite
 from fedfilter.cli.demo_report import (
     DELTA,
     clip_share_per_round,
@@ -64,6 +65,8 @@ from fedfilter.cli.demo_report import (
     print_rounds_table,
 )
 from fedfilter.deploy.devices import simulated_worst_case_epsilon
+from fedfilter.protocol.request import AFTER_EXHAUSTION, PLACEMENTS
+from fedfilter.protocol.rules import default_min_reports
 
 # Demo defaults, chosen (docs/results.md) so that with 10 clients x 5 rounds on digits some
 # clients run out of budget while the accuracy of the global model visibly rises. The app's own
@@ -81,7 +84,6 @@ DEFAULTS = {
     "eps_max": 60.0,
     "delta": DELTA,
 }
-PLACEMENTS = ("local", "distributed")
 # Distributed placement: sigma = z C is the std of the SUM (not of each report), so budgets 5-8
 # times smaller still leave room for several rounds. With 10 clients x 5 rounds on digits, z = 1 and
 # epsilon log-uniform on [2, 16] (rdp filter, delta 1e-5), 3 to 8 clients run out of budget by round
@@ -147,7 +149,7 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument(
         "--after-exhaustion",
-        choices=("noise-only", "leave"),
+        choices=AFTER_EXHAUSTION,
         default="noise-only",
         help="what a device whose budget is spent sends: pure noise (hides the exhaustion) or a 'left' marker",
     )
@@ -183,7 +185,7 @@ def placement_defaults(args: argparse.Namespace) -> argparse.Namespace:
         if getattr(args, name) is None:
             setattr(args, name, table[name])
     if args.min_reports is None:
-        args.min_reports = math.ceil(args.clients / 2) if args.placement == "distributed" else 1
+        args.min_reports = default_min_reports(args.clients, args.placement)
     return args
 
 
@@ -199,8 +201,8 @@ def _check(args: argparse.Namespace) -> None:
         problems.append(f"--min-reports must be in [1, --clients={args.clients}]. Found {args.min_reports}.")
     if args.placement == "local" and args.min_reports != 1:
         problems.append(f"--min-reports applies to --placement distributed only. Found {args.min_reports}.")
-    if not (math.isfinite(args.noise_multiplier) and args.noise_multiplier > 0):
-        problems.append(f"--noise-multiplier must be a finite number > 0. Found {args.noise_multiplier}.")
+    if (problem := positive_finite("--noise-multiplier", args.noise_multiplier)) is not None:
+        problems.append(problem)
     if args.clients < 1:
         problems.append(f"--clients must be >= 1. Found {args.clients}.")
     if args.rounds < 1:

@@ -25,6 +25,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from fedfilter.protocol.request import AFTER_EXHAUSTION, PLACEMENTS
+
 
 def _budgets(text: str) -> tuple[float, ...]:
     try:
@@ -87,7 +89,7 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument(
         "--placement",
-        choices=("local", "distributed"),
+        choices=PLACEMENTS,
         default="local",
         help="local: every report carries the full noise; distributed: Skellam noise shares summed by "
         "SecAgg+ (default local)",
@@ -102,7 +104,7 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument(
         "--after-exhaustion",
-        choices=("noise-only", "leave"),
+        choices=AFTER_EXHAUSTION,
         default="noise-only",
         help="what a device does once its budget is spent",
     )

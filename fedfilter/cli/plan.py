@@ -20,6 +20,7 @@ import numpy as np
 from fedfilter.client.settings.policy import ClientPolicy
 from fedfilter.privacy.federation_plan import TARGET_NOISE_TO_CLIP, plan_federation
 from fedfilter.privacy.filters import FILTER_KINDS
+from fedfilter.protocol.request import PLACEMENTS
 
 DEFAULT_MIN_Z = ClientPolicy.min_noise_multiplier  # a device's min-noise-multiplier unless its owner sets one
 
@@ -164,7 +165,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--placement",
-        choices=["local", "distributed"],
+        choices=PLACEMENTS,
         default="local",
         help="local: each device adds all the noise; distributed: the noise is split among min-reports (SecAgg+)",
     )

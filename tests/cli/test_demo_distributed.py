@@ -56,13 +56,16 @@ def test_distributed_defaults_threshold_budgets_and_run_config(tmp_path):
         (("--clients", "4", "--placement", "distributed", "--noise-multiplier", "0"), ["--noise-multiplier"]),
     ],
 )
-def test_bad_distributed_settings_are_refused_naming_the_flag(argv, words):
-    from fedfilter.cli.demo import _check
+def test_bad_distributed_settings_are_refused_naming_the_flag(argv, words, tmp_path, capsys):
+    from fedfilter.cli import main
 
-    with pytest.raises(ValueError) as err:
-        _check(_args(*argv))
+    out = tmp_path / "run"
+    assert main(["demo", "--out", str(out), *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("fedfilter: error: ")
     for word in words:
-        assert word in str(err.value)
+        assert word in err
+    assert not out.exists()  # refused before anything ran
 
 
 def test_distributed_devices_are_enrolled_with_the_rdp_filter_and_old_gdp_devices_refused(tmp_path):

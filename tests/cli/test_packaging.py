@@ -130,7 +130,7 @@ def test_core_requirements_are_light(wheel: Path) -> None:
     assert not heavy, f"core requirements name app or study libraries: {heavy}"
     extras = {line.split(":", 1)[1].strip() for line in lines if line.startswith("Provides-Extra:")}
     assert {"app", "study", "dev"} <= extras, extras
-    app = {_requirement_name(line) for line in requires if "extra == \"app\"" in line}
+    app = {_requirement_name(line) for line in requires if 'extra == "app"' in line}
     assert {"torch", "scikit-learn", "matplotlib", "tqdm"} <= app, requires
 
 
