@@ -9,9 +9,12 @@ The public API, as a Flower app uses it (the pair mirrors Flower's own ``fixedcl
     # distributed noise over Flower's SecAgg+: ClientApp(mods=[secure_aggregation_mod, individual_filter_mod])
     strategy = IndividualFilterStrategy(FedAvg(), noise_multiplier=1.0, clip=0.5)  # on the server
 
-Also here: ``BudgetLedger`` (a device's durable budget), ``make_filter`` (the filters) and
-``plan_rounds`` (how many rounds a budget buys). Names are imported on first use, so that
-``import fedfilter`` (and ``fedfilter rounds``) does not load Flower, numpy's friends or torch.
+Also here: ``enrol_device`` (the one way to give a device its budget, from the owner's node-config
+settings), ``BudgetLedger`` (a device's durable budget, to read it), ``make_filter`` (the filters) and
+``plan_rounds`` (how many rounds a budget buys). Every name is defined in the module ``__module__``
+names and imported on first use, so that ``import fedfilter`` (and ``fedfilter rounds``) loads neither
+Flower, numpy nor torch. ``pip install fedfilter`` is what a device or a coordinator needs;
+``fedfilter[app]`` adds torch and the demo's libraries (pyproject's extras).
 """
 
 from __future__ import annotations
@@ -59,7 +62,7 @@ if (_checkout / "pyproject.toml").is_file() and (_checkout / "client" / "__init_
 
     sys.meta_path.insert(0, _CheckoutFolders)
 
-# name -> module that defines it
+# name -> module that defines it (tests/cli/test_public_api.py checks each name's __module__)
 _PUBLIC = {
     "individual_filter_mod": "fedfilter.client.filter_mod",
     "enrol_device": "fedfilter.client.settings.node_config",
