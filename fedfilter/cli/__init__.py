@@ -86,12 +86,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fedfilter: error: {err}", file=sys.stderr)
         return 2
     except ModuleNotFoundError as err:
-        extra = EXTRA_OF.get((err.name or "").split(".")[0])
-        if extra is None:
+        needed = EXTRA_OF.get((err.name or "").split(".")[0])
+        if needed is None:
             raise
         print(
-            f"fedfilter: error: fedfilter {args.command} needs {err.name}, which comes with the '{extra}' "
-            f'extra: pip install "fedfilter[{extra}]"',
+            f"fedfilter: error: fedfilter {args.command} needs {err.name}, which comes with the '{needed}' "
+            f'extra: pip install "fedfilter[{needed}]"',
             file=sys.stderr,
         )
         return 2
