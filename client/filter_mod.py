@@ -107,7 +107,7 @@ from fedfilter.client.settings.node_config import (
     device_config,
     reply_hold_s,
 )
-from fedfilter.client.settings.policy import validate_request
+from fedfilter.client.settings.policy import check_request
 from fedfilter.client.settings.simulated import with_device_settings
 from fedfilter.protocol.refusals import refusal_reason
 from fedfilter.protocol.request import RoundSpec, RoundSpecError
@@ -367,7 +367,7 @@ def _filter_round(msg: Message, context: Context, call_next, hold: ReplyHold) ->
     grid: SkellamGrid | None = None
     try:
         spec = round_spec_from_record(msg.content.config_records.get(REQUEST_RECORD))
-        validate_request(spec, replace(device.policy, allow_distributed=masked))
+        check_request(spec, replace(device.policy, allow_distributed=masked))
         if masked:
             grid = secagg_round_grid(spec, context, device.policy)
     except RoundSpecError as err:

@@ -1,11 +1,16 @@
-"""policy: moved here by issue 25 (owner: write the module docstring)."""
+"""The device owner's policy and the one check of a round request against it.
+
+``ClientPolicy`` (and its ``SecAggGraphPolicy``) come from the node's own config, never from the
+coordinator. ``check_request`` is the device's only check of a request: the Flower mod calls it once
+at the entry of every path (local and distributed) before any training or spending.
+"""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
 
-from fedfilter.checks import finite, int_in, short_repr
+from fedfilter.checks import finite, int_in, is_int, is_number, positive_finite, short_repr
 from fedfilter.client.ledger.schema import INT64_MAX
 from fedfilter.client.mechanisms.gaussian import (
     NOISE_STD_RANGE,
@@ -30,14 +35,14 @@ class SecAggGraphPolicy:
     def __post_init__(self) -> None:
         problems = []
         p = self.max_failure_probability
-        if isinstance(p, bool) or not isinstance(p, (int, float)) or not (math.isfinite(p) and 0 <= p <= 1):
+        if not is_number(p) or not (math.isfinite(p) and 0 <= p <= 1):
             problems.append(f"secagg max_failure_probability must be in [0, 1]. Found {p!r}.")
         t = self.min_threshold
-        if isinstance(t, bool) or not isinstance(t, int) or t < 2:
+        if not is_int(t) or t < 2:
             problems.append(f"secagg min_threshold must be an integer >= 2. Found {t!r}.")
         for name in ("dropout_rate", "corrupt_rate"):
             r = getattr(self, name)
-            if isinstance(r, bool) or not isinstance(r, (int, float)) or not (math.isfinite(r) and 0 <= r < 1):
+            if not is_number(r) or not (math.isfinite(r) and 0 <= r < 1):
                 problems.append(f"secagg {name} must be in [0, 1). Found {r!r}.")
         if problems:
             raise ValueError(" ".join(problems))
@@ -66,10 +71,9 @@ class ClientPolicy:
 
     def __post_init__(self):
         problems = []
-        if finite(self.min_noise_multiplier) is None or self.min_noise_multiplier <= 0:
-            problems.append(
-                f"min_noise_multiplier must be a finite number > 0. Found {short_repr(self.min_noise_multiplier)}."
-            )
+        problem = positive_finite("min_noise_multiplier", self.min_noise_multiplier)
+        if problem:
+            problems.append(problem)
         if not int_in(self.max_min_reports, 1, INT64_MAX):
             problems.append(
                 f"max_min_reports must be an integer in [1, 2**63-1]. Found {short_repr(self.max_min_reports)}."
@@ -82,7 +86,7 @@ class ClientPolicy:
             raise ValueError(" ".join(problems))
 
 
-def validate_request(spec: RoundSpec, policy: ClientPolicy) -> None:
+def check_request(spec: RoundSpec, policy: ClientPolicy) -> None:
     """Raise ``RoundSpecError`` listing every problem with the request at once.
 
     Everything the round will compute from the request is bounded here, before any training:
@@ -90,6 +94,26 @@ def validate_request(spec: RoundSpec, policy: ClientPolicy) -> None:
     ``z * C / sqrt(m)``) is a finite, normal float, and ``m`` is at most the owner's cap.
     The error's code: ``bad-request`` if any value is malformed or out of range, else the first
     policy the request breaks.
+
+    Parameters
+    ----------
+    spec : RoundSpec
+        The coordinator's request, as decoded from the wire (values not yet trusted).
+    policy : ClientPolicy
+        The device owner's rules (minimum noise, largest ``min_reports``, whether the reply is masked).
+
+    Raises
+    ------
+    RoundSpecError
+        With ``code`` ``"bad-request"``, ``"noise-below-minimum"`` or ``"needs-secure-aggregation"``.
+
+    Examples
+    --------
+    >>> check_request(RoundSpec("run", 0, 1.0, 1.0), ClientPolicy())
+    >>> check_request(RoundSpec("run", 0, 0.1, 1.0), ClientPolicy())
+    Traceback (most recent call last):
+    ...
+    fedfilter.protocol.request.RoundSpecError: round request refused: noise_multiplier=0.1 is below this device's minimum 0.5.
     """
     problems: list[str] = []
     policy_codes: list[str] = []  # the problems that are the device's policy, not a malformed request
@@ -101,15 +125,17 @@ def validate_request(spec: RoundSpec, policy: ClientPolicy) -> None:
     if not int_in(spec.round_id, 0, INT64_MAX):
         problems.append(f"round_id must be an integer in [0, 2**63-1]. Found {short_repr(spec.round_id)}.")
     z = finite(spec.noise_multiplier)
-    if z is None or z <= 0:
-        problems.append(f"noise_multiplier must be a finite number > 0. Found {short_repr(spec.noise_multiplier)}.")
+    problem = positive_finite("noise_multiplier", spec.noise_multiplier)
+    if problem:
+        problems.append(problem)
         z = None
-    elif z < policy.min_noise_multiplier:
+    elif z is not None and z < policy.min_noise_multiplier:
         problems.append(f"noise_multiplier={z!r} is below this device's minimum {policy.min_noise_multiplier!r}.")
         policy_codes.append("noise-below-minimum")
     c = finite(spec.clip)
-    if c is None or c <= 0:
-        problems.append(f"clip must be a finite number > 0. Found {short_repr(spec.clip)}.")
+    problem = positive_finite("clip", spec.clip)
+    if problem:
+        problems.append(problem)
         c = None
     m: int | None = spec.min_reports
     if not int_in(m, 1, policy.max_min_reports):
