@@ -110,10 +110,11 @@ def check_request(spec: RoundSpec, policy: ClientPolicy) -> None:
     Examples
     --------
     >>> check_request(RoundSpec("run", 0, 1.0, 1.0), ClientPolicy())
-    >>> check_request(RoundSpec("run", 0, 0.1, 1.0), ClientPolicy())
-    Traceback (most recent call last):
-    ...
-    fedfilter.protocol.request.RoundSpecError: round request refused: noise_multiplier=0.1 is below this device's minimum 0.5.
+    >>> try:
+    ...     check_request(RoundSpec("run", 0, 0.1, 1.0), ClientPolicy())
+    ... except RoundSpecError as err:
+    ...     print(err.code)
+    noise-below-minimum
     """
     problems: list[str] = []
     policy_codes: list[str] = []  # the problems that are the device's policy, not a malformed request
