@@ -244,9 +244,33 @@ def device_config(node_config: Mapping[str, Any]) -> DeviceConfig:
 
 
 def enrol_device(node_config: Mapping[str, Any]) -> None:
-    """Enrol a device from its settings (``budget-epsilon`` etc.): the owner's act, done once
-    before its SuperNode starts (simulations and tests do it up front). Idempotent for the same
-    budget; refuses a device whose ledger was lost (see ``BudgetLedger.enrol``)."""
+    """Enrol a device from its settings: the owner's act, done once before its SuperNode starts.
+
+    The one way to enrol (simulations and tests do it up front, ``fedfilter ledger enrol`` from the
+    command line). Idempotent for the same budget; refuses a device whose ledger was lost (a lost
+    ledger is no fresh budget: see ``BudgetLedger.enrol``).
+
+    Parameters
+    ----------
+    node_config : Mapping[str, Any]
+        The device's settings as its SuperNode gets them (``NODE_CONFIG_KEYS``): at least
+        ``ledger-dir`` and ``budget-epsilon``; ``budget-delta``, ``filter``, ``run-quota``,
+        ``client-id``, ``worst-case-epsilon`` and the quotas are optional.
+
+    Raises
+    ------
+    ValueError
+        A setting is missing or invalid (every problem is named at once), or the ledger directory
+        holds another enrolment.
+
+    Examples
+    --------
+    The owner's roll-back anchor goes to the owner's state directory, so this is not run as a doctest:
+
+    >>> settings = {"ledger-dir": "/var/lib/fedfilter", "budget-epsilon": 8.0, "filter": "gdp"}
+    >>> enrol_device(settings)  # doctest: +SKIP
+    >>> enrol_device(settings)  # the same budget again: nothing changes  # doctest: +SKIP
+    """
     device_config(node_config).enrol().close()
 
 
