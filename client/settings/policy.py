@@ -116,38 +116,15 @@ def check_request(spec: RoundSpec, policy: ClientPolicy) -> None:
     ...     print(err.code)
     noise-below-minimum
     """
-    problems: list[str] = []
+    problems = _shape_problems(spec, policy.max_min_reports)
     policy_codes: list[str] = []  # the problems that are the device's policy, not a malformed request
-    if not (isinstance(spec.run_id, str) and 0 < len(spec.run_id) <= MAX_RUN_ID_CHARS):
-        problems.append(
-            f"run_id must be a non-empty string of at most {MAX_RUN_ID_CHARS} characters. "
-            f"Found {short_repr(spec.run_id)}."
-        )
-    if not int_in(spec.round_id, 0, INT64_MAX):
-        problems.append(f"round_id must be an integer in [0, 2**63-1]. Found {short_repr(spec.round_id)}.")
-    z = finite(spec.noise_multiplier)
-    problem = positive_finite("noise_multiplier", spec.noise_multiplier)
-    if problem:
-        problems.append(problem)
-        z = None
-    elif z is not None and z < policy.min_noise_multiplier:
+    z = finite(spec.noise_multiplier) if positive_finite("noise_multiplier", spec.noise_multiplier) is None else None
+    c = finite(spec.clip) if positive_finite("clip", spec.clip) is None else None
+    m = spec.min_reports if int_in(spec.min_reports, 1, policy.max_min_reports) else None
+    if z is not None and z < policy.min_noise_multiplier:
         problems.append(f"noise_multiplier={z!r} is below this device's minimum {policy.min_noise_multiplier!r}.")
         policy_codes.append("noise-below-minimum")
-    c = finite(spec.clip)
-    problem = positive_finite("clip", spec.clip)
-    if problem:
-        problems.append(problem)
-        c = None
-    m: int | None = spec.min_reports
-    if not int_in(m, 1, policy.max_min_reports):
-        problems.append(
-            f"min_reports must be an integer in [1, {policy.max_min_reports}] (this device's "
-            f"max-min-reports). Found {short_repr(m)}."
-        )
-        m = None
-    if spec.placement not in PLACEMENTS:
-        problems.append(f"placement must be one of {PLACEMENTS}. Found {short_repr(spec.placement)}.")
-    elif spec.placement == "distributed" and not policy.allow_distributed:
+    if spec.placement == "distributed" and not policy.allow_distributed:
         policy_codes.append("needs-secure-aggregation")
         problems.append(
             "placement='distributed' needs secure aggregation: this device serves it only when SecAgg+ masks "
@@ -155,7 +132,7 @@ def check_request(spec: RoundSpec, policy: ClientPolicy) -> None:
         )
     if z is not None and c is not None:
         # The accounted std and the share actually added must lie in the noise grid's range
-        # (client.mechanism.noise_grid): an overflow to inf, or a std too small for float32 reports,
+        # (client.mechanisms.gaussian.noise_grid): an overflow to inf, or a std too small for float32 reports,
         # would otherwise fail after training.
         low, high = NOISE_STD_RANGE
         std = z * c
@@ -174,3 +151,27 @@ def check_request(spec: RoundSpec, policy: ClientPolicy) -> None:
     if problems:
         code = policy_codes[0] if len(policy_codes) == len(problems) else "bad-request"
         raise RoundSpecError("round request refused: " + " ".join(problems), code=code)
+
+
+def _shape_problems(spec: RoundSpec, max_min_reports: int) -> list[str]:
+    # The shape of a request, the checks the coordinator shares: at merge this is
+    # fedfilter.protocol.request.request_problems(spec, max_min_reports=...) (issue 25, part A).
+    problems = []
+    if not (isinstance(spec.run_id, str) and 0 < len(spec.run_id) <= MAX_RUN_ID_CHARS):
+        problems.append(
+            f"run_id must be a non-empty string of at most {MAX_RUN_ID_CHARS} characters. "
+            f"Found {short_repr(spec.run_id)}."
+        )
+    if not int_in(spec.round_id, 0, INT64_MAX):
+        problems.append(f"round_id must be an integer in [0, 2**63-1]. Found {short_repr(spec.round_id)}.")
+    for name in ("noise_multiplier", "clip"):
+        if (problem := positive_finite(name, getattr(spec, name))) is not None:
+            problems.append(problem)
+    if not int_in(spec.min_reports, 1, max_min_reports):
+        problems.append(
+            f"min_reports must be an integer in [1, {max_min_reports}] (this device's "
+            f"max-min-reports). Found {short_repr(spec.min_reports)}."
+        )
+    if spec.placement not in PLACEMENTS:
+        problems.append(f"placement must be one of {PLACEMENTS}. Found {short_repr(spec.placement)}.")
+    return problems
