@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedfilter.checks import positive_finite
+from fedfilter.checks import is_int, positive_finite
 from fedfilter.deploy.cluster import STARTED_RUN, FlowerCluster, RunResult
 from fedfilter.deploy.flower_config import app_run_config
 from fedfilter.deploy.processes import DeploymentError
@@ -93,9 +93,9 @@ class DeployOptions:
 
     def check(self) -> None:
         problems: list[str | None] = []  # None: a check that passed (fedfilter.checks)
-        if isinstance(self.clients, bool) or not isinstance(self.clients, int) or self.clients < 1:
+        if not is_int(self.clients) or self.clients < 1:
             problems.append(f"--clients must be an integer >= 1. Found {self.clients!r}.")
-        if isinstance(self.rounds, bool) or not isinstance(self.rounds, int) or self.rounds < 1:
+        if not is_int(self.rounds) or self.rounds < 1:
             problems.append(f"--rounds must be an integer >= 1. Found {self.rounds!r}.")
         if not self.budgets or not all(math.isfinite(b) and b > 0 for b in self.budgets):
             problems.append(f"--budgets must be finite epsilons > 0. Found {self.budgets!r}.")
@@ -116,7 +116,7 @@ class DeployOptions:
                 f"Found {self.filter!r}."
             )
         m = self.min_reports
-        if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m < 1):
+        if m is not None and (not is_int(m) or m < 1):
             problems.append(f"--min-reports must be an integer >= 1. Found {m!r}.")
         elif m is not None and self.placement != "distributed" and m != 1:
             problems.append(f"--min-reports applies to --placement distributed only. Found {m!r}.")
