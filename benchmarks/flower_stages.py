@@ -25,7 +25,7 @@ from pathlib import Path
 STAGES = [
     ("filter_mod", "device_config", "settings (node_config -> DeviceConfig)"),
     ("filter_mod", "round_spec_from_record", "request parsing and checks"),
-    ("filter_mod", "validate_request", "request parsing and checks"),
+    ("filter_mod", "check_request", "request parsing and checks"),
     ("filter_mod", "decode", "read Arrays (model received, model returned)"),
     ("filter_mod", "cached_ledger", "ledger open (per-process cache)"),
     ("filter_mod", "_filtered_release", "(filtered round)"),

@@ -107,7 +107,7 @@ from fedfilter.client.settings.node_config import (
     device_config,
     reply_hold_s,
 )
-from fedfilter.client.settings.policy import validate_request
+from fedfilter.client.settings.policy import check_request
 from fedfilter.client.settings.simulated import with_device_settings
 from fedfilter.protocol.refusals import refusal_reason
 from fedfilter.protocol.request import RoundSpec, RoundSpecError
@@ -309,7 +309,33 @@ def _filtered_release(
 # --- the mods --------------------------------------------------------------------------------
 @once_per_message  # the device runtime puts it around every approved app, which may list it too
 def individual_filter_mod(msg: Message, context: Context, call_next: Callable[[Message, Context], Message]) -> Message:
-    """Wrap a ClientApp's training with the device's individual privacy filter (see module doc)."""
+    """Wrap a ClientApp's training with the device's individual privacy filter.
+
+    Every ``train`` message is checked against the device owner's settings (``context.node_config``)
+    and ``check_request`` before anything runs; an accepted round trains, clips the update to the
+    allowance the device's filter grants, spends it durably in the device's ledger, and only then
+    adds the noise. ``evaluate`` is refused; other messages pass through (see the module docstring).
+
+    Parameters
+    ----------
+    msg : Message
+        The message the SuperNode delivered to this ClientApp.
+    context : Context
+        The node's context; ``context.node_config`` holds the owner's settings (``NODE_CONFIG_KEYS``).
+    call_next : Callable[[Message, Context], Message]
+        The inner handler (the app's training code, or the next mod).
+
+    Returns
+    -------
+    Message
+        The noisy update and status ``"report"``, the status ``"left"``, or an error reply whose
+        reason is ``fedfilter[<code>]: <text>`` (``fedfilter.protocol.refusals``).
+
+    Examples
+    --------
+    >>> from flwr.clientapp import ClientApp
+    >>> app = ClientApp(mods=[individual_filter_mod])
+    """
     hold = ReplyHold()  # the clock starts when the message reaches the device's mod
     try:
         reply = _filter_round(msg, context, call_next, hold)
@@ -367,7 +393,7 @@ def _filter_round(msg: Message, context: Context, call_next, hold: ReplyHold) ->
     grid: SkellamGrid | None = None
     try:
         spec = round_spec_from_record(msg.content.config_records.get(REQUEST_RECORD))
-        validate_request(spec, replace(device.policy, allow_distributed=masked))
+        check_request(spec, replace(device.policy, allow_distributed=masked))
         if masked:
             grid = secagg_round_grid(spec, context, device.policy)
     except RoundSpecError as err:

@@ -30,7 +30,7 @@ from fedfilter.client.mechanisms.gaussian import (
     snap_toward_zero,
 )
 from fedfilter.client.mechanisms.gaussian_noise import NoiseStream, round_noise_stream
-from fedfilter.client.settings.policy import ClientPolicy, validate_request
+from fedfilter.client.settings.policy import ClientPolicy, check_request
 from fedfilter.privacy.filters import GaussianFilter, exhausted
 from fedfilter.protocol.request import RoundSpec, RoundSpecError
 from fedfilter.protocol.rules import accounted_noise_std, added_noise_std
@@ -77,7 +77,7 @@ class FilteredClient:
 
     def release(self, spec: RoundSpec, update: Sequence[np.ndarray]) -> Release:
         """Filter, clip, record and noise one round's update. Raises before spending on bad input."""
-        validate_request(spec, self.policy)
+        check_request(spec, self.policy)
         arrays = as_float_arrays(update)
         check_finite(arrays)
         z, clip = float(spec.noise_multiplier), float(spec.clip)

@@ -76,7 +76,7 @@ def round_spec_from_record(record: ConfigRecord | None) -> RoundSpec:
             problems.append(f"{REQUEST_RECORD}[{key!r}] has the wrong type. Found {short_repr(record[key])}.")
     if problems:
         raise RoundSpecError("round request refused: " + " ".join(problems), code="bad-request")
-    # Numbers go through as sent (no float(): a huge int would overflow); validate_request bounds them.
+    # Numbers go through as sent (no float(): a huge int would overflow); check_request bounds them.
     # The casts only tell the type checker what the isinstance checks above established.
     return RoundSpec(
         run_id=cast(str, record["run-id"]),

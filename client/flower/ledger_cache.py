@@ -80,3 +80,17 @@ def forget_ledger(key: tuple, entry: _OpenLedger) -> None:
         if _ledgers.get(key) is entry:
             del _ledgers[key]
     entry.close()
+
+
+def forget_all() -> None:
+    """Close every cached ledger, as a device restart would; the next message reopens its own.
+
+    Examples
+    --------
+    >>> forget_all()
+    """
+    with _ledgers_lock:
+        entries = list(_ledgers.values())
+        _ledgers.clear()
+    for entry in entries:  # outside the global lock, as in cached_ledger
+        entry.close()

@@ -1,4 +1,4 @@
-"""simulated_mod: moved here by issue 25 (owner: write the module docstring)."""
+"""The Simulation Engine's stand-in for ``--node-config``: a mod that gives each simulated node its settings."""
 
 from __future__ import annotations
 

@@ -60,7 +60,7 @@ from fedfilter.client.mechanisms.gaussian import (
 )
 from fedfilter.client.mechanisms.gaussian_noise import NoiseStream, round_noise_stream
 from fedfilter.client.mechanisms.skellam_noise import add_skellam_noise
-from fedfilter.client.settings.policy import ClientPolicy, validate_request
+from fedfilter.client.settings.policy import ClientPolicy, check_request
 from fedfilter.privacy.filters import GaussianFilter, exhausted, rdp_order
 from fedfilter.privacy.rounding import down, up
 from fedfilter.privacy.skellam import integer_norms, l2_up, skellam_allowance, skellam_charge
@@ -107,7 +107,7 @@ class SkellamGrid:
 def skellam_grid(spec: RoundSpec, *, target_range: int, sample_num: int) -> SkellamGrid:
     """The round's grid and variances; ``RoundSpecError`` naming the values when they are impossible.
 
-    Call after ``validate_request`` (which bounds z, C, m) and ``check_secagg_state`` (q, n).
+    Call after ``check_request`` (which bounds z, C, m) and ``check_secagg_state`` (q, n).
     """
     z, clip, m = float(spec.noise_multiplier), float(spec.clip), int(spec.min_reports)
     gamma = grid_step(clip)
@@ -204,7 +204,7 @@ def release_skellam(
     ``update`` holds EVERY model array in order; only floating-point arrays are released (integer
     buffers as 0). Raises before spending on bad input; ``ReplayError`` for a round already recorded.
     """
-    validate_request(spec, policy)
+    check_request(spec, policy)
     if spec.placement != "distributed":
         raise RoundSpecError(
             f"round request refused: a Skellam release needs placement='distributed'. Found {spec.placement!r}."

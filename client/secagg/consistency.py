@@ -49,6 +49,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
+from fedfilter.checks import int_in
+
 __all__ = [
     "new_signing_key",
     "public_key_of",
@@ -208,9 +210,7 @@ def check_signatures(
 
 def check_node_ids(name: str, ids: object) -> list[str]:
     """Problems with a list of node ids sent by the coordinator: not a list of uint64, or repeats."""
-    if not isinstance(ids, list) or any(
-        isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= _MAX_NODE_ID for n in ids
-    ):
+    if not isinstance(ids, list) or any(not int_in(n, 0, _MAX_NODE_ID) for n in ids):
         return [f"{name} must be a list of node ids. Found {ids!r}."]
     if len(set(ids)) != len(ids):
         repeats = sorted({n for n in ids if ids.count(n) > 1})

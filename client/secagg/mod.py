@@ -296,7 +296,33 @@ def _seal_signing_key(msg: Message, reply: Message, context: Context, pin: Pinni
 @once_per_message  # the device runtime puts it around every approved app, which may list it too
 def secure_aggregation_mod(msg: Message, context: Context, call_next: Callable[[Message, Context], Message]) -> Message:
     """Run Flower's SecAgg+ client protocol around the inner handler, marking its reply as masked, with
-    the malicious-server checks of ``client/secagg/consistency.py`` around its stages."""
+    the malicious-server checks of ``client/secagg/consistency.py`` around its stages.
+
+    List it before ``individual_filter_mod``: the mark it sets is how the filter knows its reply is
+    masked, and so serves ``placement = "distributed"`` (Skellam noise on SecAgg+'s grid). Messages
+    without SecAgg+ configs (local rounds, evaluate, queries) pass through unmarked.
+
+    Parameters
+    ----------
+    msg : Message
+        The message the SuperNode delivered to this ClientApp.
+    context : Context
+        The node's context; SecAgg+'s state between stages lives in ``context.state``.
+    call_next : Callable[[Message, Context], Message]
+        The inner handler (normally ``individual_filter_mod`` around the app's training).
+
+    Returns
+    -------
+    Message
+        Flower's SecAgg+ reply for the stage, or the inner handler's error (the device then drops out
+        of the round).
+
+    Examples
+    --------
+    >>> from flwr.clientapp import ClientApp
+    >>> from fedfilter.client.filter_mod import individual_filter_mod
+    >>> app = ClientApp(mods=[secure_aggregation_mod, individual_filter_mod])
+    """
     if msg.metadata.message_type != MessageType.TRAIN or not msg.has_content():
         return call_next(msg, context)
     if RECORD_KEY_CONFIGS not in msg.content.config_records:

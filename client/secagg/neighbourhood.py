@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, cast
 
+from fedfilter.checks import is_int, is_number
 from fedfilter.client.settings.policy import SecAggGraphPolicy
 from fedfilter.privacy.secagg_graph import graph_failure_probability
 from fedfilter.protocol.secagg_grid import (
@@ -35,18 +36,14 @@ from fedfilter.protocol.secagg_grid import (
     power_of_two,
 )
 
-__all__ = ["DEFAULT_GRAPH_POLICY", "SecAggGraphPolicy", "check_secagg_graph", "check_secagg_state"]
-
-
-def _int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
+__all__ = ["DEFAULT_GRAPH_POLICY", "check_secagg_graph", "check_secagg_state"]
 
 
 def check_secagg_graph(state: Mapping[str, Any], min_reports: int, policy: SecAggGraphPolicy) -> list[str]:
     """Problems with the neighbourhood graph in ``secaggplus_mod``'s saved state (``sample_num``,
     ``share_num``, ``threshold``) for a release needing ``min_reports``, under the owner's ``policy``."""
     values = [state.get(key) for key in ("sample_num", "share_num", "threshold")]
-    if not all(_int(v) for v in values):
+    if not all(is_int(v) for v in values):
         return [f"sample_num, share_num and threshold must be integers. Found {values}."]
     n, k, t = (cast(int, v) for v in values)
     if n < 2 or k < 2 or t < 1:
@@ -106,12 +103,12 @@ def check_secagg_state(
         # Flower documents 2**32 as its largest modulus (SecAggPlusWorkflow: "must be less than" or equal,
         # its default); above 2**63 the mask generator raises, after the device trained and paid.
         problems.append(f"mod_range must be a power of two <= 2**32. Found {m!r}.")
-    if isinstance(w, bool) or not isinstance(w, (int, float)) or float(w) != MAX_WEIGHT:
+    if not is_number(w) or float(w) != MAX_WEIGHT:
         problems.append(f"max_weight must be {MAX_WEIGHT!r} (reports carry weight 1). Found {w!r}.")
-    if power_of_two(q) and (isinstance(c, bool) or not isinstance(c, (int, float)) or float(c) != q / 2):
+    if power_of_two(q) and (not is_number(c) or float(c) != q / 2):
         problems.append(f"clipping_range must be target_range / 2 = {q / 2!r}. Found {c!r}.")
     for name, v in (("sample_num", n), ("threshold", t), ("share_num", k)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        if not is_int(v) or v < 1:
             problems.append(f"{name} must be an integer >= 1. Found {v!r}.")
     if not problems:
         if m % q:

@@ -1,4 +1,5 @@
-"""errors: moved here by issue 25 (owner: write the module docstring)."""
+"""The error of the device's settings, apart from the modules that raise it (the settings file and the
+ledger root both raise it, and neither imports the other)."""
 
 from __future__ import annotations
 

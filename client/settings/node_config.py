@@ -29,10 +29,9 @@ key                      default   meaning
 ``daily-quota``          1.0       share of the lifetime budget spent in any 24 hours
 ``min-noise-multiplier`` 0.5       smallest noise multiplier this device accepts
 ``after-exhaustion``     noise-only  ``noise-only`` or ``leave``
-``allow-distributed``    (none)    no effect (kept so old configs still parse): a device serves
-                                   ``placement = "distributed"`` exactly when its reply is masked by
-                                   SecAgg+, i.e. its ClientApp lists ``secure_aggregation_mod``
-                                   before ``individual_filter_mod`` (``client/secagg/mod.py``)
+                                   (``placement = "distributed"`` has no key: a device serves it
+                                   exactly when SecAgg+ masks its reply, i.e. its ClientApp lists
+                                   ``secure_aggregation_mod`` before ``individual_filter_mod``)
 ``max-min-reports``      100       largest ``min-reports`` accepted (each distributed report
                                    carries 1/m of the accounted noise variance)
 ``secagg-max-failure-probability``  2**-40  largest per-round probability that a SecAgg+ graph's
@@ -50,7 +49,6 @@ key                      default   meaning
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -75,7 +73,6 @@ NODE_CONFIG_KEYS = (
     "daily-quota",
     "min-noise-multiplier",
     "after-exhaustion",
-    "allow-distributed",
     "max-min-reports",
     "secagg-max-failure-probability",
     "secagg-dropout-rate",
@@ -86,9 +83,6 @@ NODE_CONFIG_KEYS = (
     "secagg-identity-key",  # SecAgg+ peer-key pinning (client/secagg/pinning.py)
     "secagg-pinned-peers",
 )
-
-log = logging.getLogger("fedfilter.client")
-_warned_allow_distributed = False
 
 
 @dataclass(frozen=True)
@@ -175,16 +169,6 @@ def _as_float(value: Any) -> float:
     return float(value)  # int, float, or a numeric string from --node-config
 
 
-def _as_bool(value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.strip().lower() in ("true", "false", "1", "0", "yes", "no"):
-        return value.strip().lower() in ("true", "1", "yes")
-    if isinstance(value, int) and value in (0, 1):
-        return bool(value)
-    raise TypeError
-
-
 def _as_int(value: Any) -> int:
     if isinstance(value, bool):
         raise TypeError
@@ -222,8 +206,6 @@ def device_config(node_config: Mapping[str, Any]) -> DeviceConfig:
     if after not in AFTER_EXHAUSTION:
         problems.append(f"node-config 'after-exhaustion' must be one of {AFTER_EXHAUSTION}. Found {after!r}.")
         after = ClientPolicy.after_exhaustion
-    if get("allow-distributed", _as_bool, False):
-        _warn_allow_distributed()
     federation = str(node_config.get("federation", Quotas.federation))
     coordinator_quota = get("coordinator-quota", _as_float, Quotas.coordinator)
     daily_quota = get("daily-quota", _as_float, Quotas.daily)
@@ -261,21 +243,34 @@ def device_config(node_config: Mapping[str, Any]) -> DeviceConfig:
     )
 
 
-def _warn_allow_distributed() -> None:
-    global _warned_allow_distributed
-    if not _warned_allow_distributed:
-        _warned_allow_distributed = True
-        log.warning(
-            "fedfilter: node-config 'allow-distributed' has no effect: this device serves distributed "
-            "placement exactly when its ClientApp runs secure_aggregation_mod before individual_filter_mod "
-            "(SecAgg+ masks its reply)."
-        )
-
-
 def enrol_device(node_config: Mapping[str, Any]) -> None:
-    """Enrol a device from its settings (``budget-epsilon`` etc.): the owner's act, done once
-    before its SuperNode starts (simulations and tests do it up front). Idempotent for the same
-    budget; refuses a device whose ledger was lost (see ``BudgetLedger.enrol``)."""
+    """Enrol a device from its settings: the owner's act, done once before its SuperNode starts.
+
+    The one way to enrol (simulations and tests do it up front, ``fedfilter ledger enrol`` from the
+    command line). Idempotent for the same budget; refuses a device whose ledger was lost (a lost
+    ledger is no fresh budget: see ``BudgetLedger.enrol``).
+
+    Parameters
+    ----------
+    node_config : Mapping[str, Any]
+        The device's settings as its SuperNode gets them (``NODE_CONFIG_KEYS``): at least
+        ``ledger-dir`` and ``budget-epsilon``; ``budget-delta``, ``filter``, ``run-quota``,
+        ``client-id``, ``worst-case-epsilon`` and the quotas are optional.
+
+    Raises
+    ------
+    ValueError
+        A setting is missing or invalid (every problem is named at once), or the ledger directory
+        holds another enrolment.
+
+    Examples
+    --------
+    The owner's roll-back anchor goes to the owner's state directory, so this is not run as a doctest:
+
+    >>> settings = {"ledger-dir": "/var/lib/fedfilter", "budget-epsilon": 8.0, "filter": "gdp"}
+    >>> enrol_device(settings)  # doctest: +SKIP
+    >>> enrol_device(settings)  # the same budget again: nothing changes  # doctest: +SKIP
+    """
     device_config(node_config).enrol().close()
 
 

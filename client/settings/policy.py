@@ -1,11 +1,16 @@
-"""policy: moved here by issue 25 (owner: write the module docstring)."""
+"""The device owner's policy and the one check of a round request against it.
+
+``ClientPolicy`` (and its ``SecAggGraphPolicy``) come from the node's own config, never from the
+coordinator. ``check_request`` is the device's only check of a request: the Flower mod calls it once
+at the entry of every path (local and distributed) before any training or spending.
+"""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
 
-from fedfilter.checks import finite, int_in, short_repr
+from fedfilter.checks import finite, int_in, is_int, is_number, positive_finite, short_repr
 from fedfilter.client.ledger.schema import INT64_MAX
 from fedfilter.client.mechanisms.gaussian import (
     NOISE_STD_RANGE,
@@ -30,14 +35,14 @@ class SecAggGraphPolicy:
     def __post_init__(self) -> None:
         problems = []
         p = self.max_failure_probability
-        if isinstance(p, bool) or not isinstance(p, (int, float)) or not (math.isfinite(p) and 0 <= p <= 1):
+        if not is_number(p) or not (math.isfinite(p) and 0 <= p <= 1):
             problems.append(f"secagg max_failure_probability must be in [0, 1]. Found {p!r}.")
         t = self.min_threshold
-        if isinstance(t, bool) or not isinstance(t, int) or t < 2:
+        if not is_int(t) or t < 2:
             problems.append(f"secagg min_threshold must be an integer >= 2. Found {t!r}.")
         for name in ("dropout_rate", "corrupt_rate"):
             r = getattr(self, name)
-            if isinstance(r, bool) or not isinstance(r, (int, float)) or not (math.isfinite(r) and 0 <= r < 1):
+            if not is_number(r) or not (math.isfinite(r) and 0 <= r < 1):
                 problems.append(f"secagg {name} must be in [0, 1). Found {r!r}.")
         if problems:
             raise ValueError(" ".join(problems))
@@ -66,10 +71,9 @@ class ClientPolicy:
 
     def __post_init__(self):
         problems = []
-        if finite(self.min_noise_multiplier) is None or self.min_noise_multiplier <= 0:
-            problems.append(
-                f"min_noise_multiplier must be a finite number > 0. Found {short_repr(self.min_noise_multiplier)}."
-            )
+        problem = positive_finite("min_noise_multiplier", self.min_noise_multiplier)
+        if problem:
+            problems.append(problem)
         if not int_in(self.max_min_reports, 1, INT64_MAX):
             problems.append(
                 f"max_min_reports must be an integer in [1, 2**63-1]. Found {short_repr(self.max_min_reports)}."
@@ -82,7 +86,7 @@ class ClientPolicy:
             raise ValueError(" ".join(problems))
 
 
-def validate_request(spec: RoundSpec, policy: ClientPolicy) -> None:
+def check_request(spec: RoundSpec, policy: ClientPolicy) -> None:
     """Raise ``RoundSpecError`` listing every problem with the request at once.
 
     Everything the round will compute from the request is bounded here, before any training:
@@ -90,37 +94,37 @@ def validate_request(spec: RoundSpec, policy: ClientPolicy) -> None:
     ``z * C / sqrt(m)``) is a finite, normal float, and ``m`` is at most the owner's cap.
     The error's code: ``bad-request`` if any value is malformed or out of range, else the first
     policy the request breaks.
+
+    Parameters
+    ----------
+    spec : RoundSpec
+        The coordinator's request, as decoded from the wire (values not yet trusted).
+    policy : ClientPolicy
+        The device owner's rules (minimum noise, largest ``min_reports``, whether the reply is masked).
+
+    Raises
+    ------
+    RoundSpecError
+        With ``code`` ``"bad-request"``, ``"noise-below-minimum"`` or ``"needs-secure-aggregation"``.
+
+    Examples
+    --------
+    >>> check_request(RoundSpec("run", 0, 1.0, 1.0), ClientPolicy())
+    >>> try:
+    ...     check_request(RoundSpec("run", 0, 0.1, 1.0), ClientPolicy())
+    ... except RoundSpecError as err:
+    ...     print(err.code)
+    noise-below-minimum
     """
-    problems: list[str] = []
+    problems = _shape_problems(spec, policy.max_min_reports)
     policy_codes: list[str] = []  # the problems that are the device's policy, not a malformed request
-    if not (isinstance(spec.run_id, str) and 0 < len(spec.run_id) <= MAX_RUN_ID_CHARS):
-        problems.append(
-            f"run_id must be a non-empty string of at most {MAX_RUN_ID_CHARS} characters. "
-            f"Found {short_repr(spec.run_id)}."
-        )
-    if not int_in(spec.round_id, 0, INT64_MAX):
-        problems.append(f"round_id must be an integer in [0, 2**63-1]. Found {short_repr(spec.round_id)}.")
-    z = finite(spec.noise_multiplier)
-    if z is None or z <= 0:
-        problems.append(f"noise_multiplier must be a finite number > 0. Found {short_repr(spec.noise_multiplier)}.")
-        z = None
-    elif z < policy.min_noise_multiplier:
+    z = finite(spec.noise_multiplier) if positive_finite("noise_multiplier", spec.noise_multiplier) is None else None
+    c = finite(spec.clip) if positive_finite("clip", spec.clip) is None else None
+    m = spec.min_reports if int_in(spec.min_reports, 1, policy.max_min_reports) else None
+    if z is not None and z < policy.min_noise_multiplier:
         problems.append(f"noise_multiplier={z!r} is below this device's minimum {policy.min_noise_multiplier!r}.")
         policy_codes.append("noise-below-minimum")
-    c = finite(spec.clip)
-    if c is None or c <= 0:
-        problems.append(f"clip must be a finite number > 0. Found {short_repr(spec.clip)}.")
-        c = None
-    m: int | None = spec.min_reports
-    if not int_in(m, 1, policy.max_min_reports):
-        problems.append(
-            f"min_reports must be an integer in [1, {policy.max_min_reports}] (this device's "
-            f"max-min-reports). Found {short_repr(m)}."
-        )
-        m = None
-    if spec.placement not in PLACEMENTS:
-        problems.append(f"placement must be one of {PLACEMENTS}. Found {short_repr(spec.placement)}.")
-    elif spec.placement == "distributed" and not policy.allow_distributed:
+    if spec.placement == "distributed" and not policy.allow_distributed:
         policy_codes.append("needs-secure-aggregation")
         problems.append(
             "placement='distributed' needs secure aggregation: this device serves it only when SecAgg+ masks "
@@ -128,7 +132,7 @@ def validate_request(spec: RoundSpec, policy: ClientPolicy) -> None:
         )
     if z is not None and c is not None:
         # The accounted std and the share actually added must lie in the noise grid's range
-        # (client.mechanism.noise_grid): an overflow to inf, or a std too small for float32 reports,
+        # (client.mechanisms.gaussian.noise_grid): an overflow to inf, or a std too small for float32 reports,
         # would otherwise fail after training.
         low, high = NOISE_STD_RANGE
         std = z * c
@@ -147,3 +151,27 @@ def validate_request(spec: RoundSpec, policy: ClientPolicy) -> None:
     if problems:
         code = policy_codes[0] if len(policy_codes) == len(problems) else "bad-request"
         raise RoundSpecError("round request refused: " + " ".join(problems), code=code)
+
+
+def _shape_problems(spec: RoundSpec, max_min_reports: int) -> list[str]:
+    # The shape of a request, the checks the coordinator shares: at merge this is
+    # fedfilter.protocol.request.request_problems(spec, max_min_reports=...) (issue 25, part A).
+    problems = []
+    if not (isinstance(spec.run_id, str) and 0 < len(spec.run_id) <= MAX_RUN_ID_CHARS):
+        problems.append(
+            f"run_id must be a non-empty string of at most {MAX_RUN_ID_CHARS} characters. "
+            f"Found {short_repr(spec.run_id)}."
+        )
+    if not int_in(spec.round_id, 0, INT64_MAX):
+        problems.append(f"round_id must be an integer in [0, 2**63-1]. Found {short_repr(spec.round_id)}.")
+    for name in ("noise_multiplier", "clip"):
+        if (problem := positive_finite(name, getattr(spec, name))) is not None:
+            problems.append(problem)
+    if not int_in(spec.min_reports, 1, max_min_reports):
+        problems.append(
+            f"min_reports must be an integer in [1, {max_min_reports}] (this device's "
+            f"max-min-reports). Found {short_repr(spec.min_reports)}."
+        )
+    if spec.placement not in PLACEMENTS:
+        problems.append(f"placement must be one of {PLACEMENTS}. Found {short_repr(spec.placement)}.")
+    return problems

@@ -42,6 +42,7 @@ from flwr.clientapp import ClientApp
 from flwr.common.serde import message_to_proto
 
 from fedfilter.audit.distinguishers import bits_features
+from fedfilter.checks import positive_finite
 from fedfilter.client.filter_mod import individual_filter_mod
 from fedfilter.client.ledger.budget import BudgetLedger
 from fedfilter.client.ledger.owner_state import owner_state_at
@@ -75,11 +76,7 @@ class GameConfig:
     reply_hold_s: float = 0.02
 
     def __post_init__(self):
-        problems = []
-        for name in ("epsilon", "clip"):
-            v = getattr(self, name)
-            if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
-                problems.append(f"{name} must be a finite number > 0. Found {v!r}.")
+        problems = [p for p in (positive_finite(name, getattr(self, name)) for name in ("epsilon", "clip")) if p]
         if not (isinstance(self.delta, (int, float)) and 0 < self.delta < 1):
             problems.append(f"delta must be in (0, 1). Found {self.delta!r}.")
         if not (isinstance(self.rounds, int) and self.rounds >= 1):

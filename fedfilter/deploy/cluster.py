@@ -237,9 +237,6 @@ class FlowerCluster:
         payload = self._flwr_json("supernode", "register", str(public_key), self.connection)
         return int(payload["node-id"])
 
-    def list_supernodes(self) -> list[dict]:
-        return self._flwr_json("supernode", "list", self.connection).get("nodes", [])
-
     def start_supernode(
         self,
         name: str,

@@ -1,4 +1,4 @@
-"""devices: moved here by issue 25 (owner: write the module docstring)."""
+"""What a local trial (the demo, ``deploy-local``) enrols its simulated devices with."""
 
 from __future__ import annotations
 

@@ -198,7 +198,8 @@ def test_unregistered_or_missing_supernode_key_is_refused_and_never_joins(tmp_pa
         assert "[code: 2001] SuperNode authentication is enabled" in keyless.process.log_text()
         assert "SuperNode ID" not in stranger.process.log_text() + keyless.process.log_text()
 
-        nodes = cluster.list_supernodes()
+        listed = cluster.flwr("supernode", "list", cluster.connection, "--format", "json")
+        nodes = json.loads(listed.stdout[listed.stdout.index("{") :]).get("nodes", [])
         assert [(int(n["node-id"]), n["status"]) for n in nodes] == [(node_id, "online")]
         assert good.process.running
     _assert_nothing_left(tmp_path)

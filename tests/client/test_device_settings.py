@@ -130,7 +130,7 @@ def test_a_partition_id_not_in_the_file_is_named(tmp_path, settings, monkeypatch
 
 @pytest.mark.parametrize(
     "key, value",
-    [("after-exhaustion", "sometimes"), ("reply-hold-s", -3), ("allow-distributed", "maybe"), ("max-min-reports", 1.5)],
+    [("after-exhaustion", "sometimes"), ("reply-hold-s", -3), ("max-min-reports", 1.5)],
 )
 def test_a_bad_value_is_named_with_its_key_and_nothing_is_spent(tmp_path, monkeypatch, key, value):
     entry = _device(tmp_path, "dev-0", 3.0)

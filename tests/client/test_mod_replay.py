@@ -21,6 +21,7 @@ from flwr.app import Array, ArrayRecord, Context, Message, Metadata, RecordDict
 from fedfilter.client.filter_mod import individual_filter_mod
 from fedfilter.client.ledger.budget import BudgetLedger
 from fedfilter.client.ledger.storage import ReplayError
+from fedfilter.client.settings.node_config import enrol_device
 from fedfilter.protocol.request import RoundSpec
 from fedfilter.protocol.wire import ARRAYS_RECORD, REQUEST_RECORD, request_record
 
@@ -111,7 +112,7 @@ def _assert_exactly_one_release(results, ledger_dir: Path) -> None:
 
 def test_two_processes_replaying_one_round_get_exactly_one_release(tmp_path):
     ledger_dir = tmp_path / "ledger"
-    BudgetLedger.enrol(ledger_dir, client_id="alice", epsilon=4.0, delta=1e-5).close()
+    enrol_device(_context(ledger_dir).node_config)
     ctx = mp.get_context("spawn")
     barrier, queue = ctx.Barrier(2), ctx.Queue()
     procs = [ctx.Process(target=_mod_worker, args=(str(ledger_dir), f"p{i}", barrier, queue)) for i in range(2)]
@@ -126,7 +127,7 @@ def test_two_processes_replaying_one_round_get_exactly_one_release(tmp_path):
 def test_two_threads_replaying_one_round_get_exactly_one_release(tmp_path):
     ledger_dir = tmp_path / "ledger"
     # Enrolled first: this test is about the replay, not about two first enrolments racing.
-    BudgetLedger.enrol(ledger_dir, client_id="alice", epsilon=4.0, delta=1e-5).close()
+    enrol_device(_context(ledger_dir).node_config)
     results, start = [], threading.Barrier(2)
 
     def worker(name):

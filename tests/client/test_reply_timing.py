@@ -20,6 +20,7 @@ from test_flower_mod import Handler, context, records, spec, train_message
 
 from fedfilter.client.filter_mod import individual_filter_mod
 from fedfilter.client.flower.reply_timing import ReplyHold, held_deadline
+from fedfilter.client.ledger.budget import BudgetLedger
 from fedfilter.client.settings.node_config import DEFAULT_REPLY_HOLD_S, reply_hold_s
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "reply_timing.py"
@@ -162,12 +163,10 @@ def test_refusals_of_the_request_or_the_settings_are_answered_at_once(tmp_path, 
 
 
 def test_an_exception_after_the_ledger_is_held_before_it_propagates(tmp_path, monkeypatch):
-    import fedfilter.client.filter_mod as fm
-
-    def broken(*args, **kwargs):
+    def broken(*args, **kwargs):  # the ledger fails in a way the mod does not answer itself
         raise RuntimeError("disk on fire")
 
-    monkeypatch.setattr(fm, "_filtered_release", broken)
+    monkeypatch.setattr(BudgetLedger, "has_release", broken)
     started = time.monotonic()
     with pytest.raises(RuntimeError, match="disk on fire"):
         individual_filter_mod(train_message(spec(1)), context(tmp_path, **{"reply-hold-s": HOLD}), Handler())

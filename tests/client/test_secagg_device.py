@@ -309,11 +309,28 @@ def _mu_total(z: float, clip: float) -> float:
     return float(down(ratio * ratio))
 
 
-def test_the_builtin_client_app_runs_the_secagg_layer_before_the_filter():
-    from fedfilter.app.client_app import make_client_app
+def test_the_builtin_client_app_runs_the_secagg_layer_before_the_filter(monkeypatch):
+    from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key
+    from helpers.flower_messages import delivered
 
-    mods = make_client_app()._mods
-    assert mods.index(secure_aggregation_mod) == mods.index(individual_filter_mod) - 1
+    from fedfilter.app.client_app import make_client_app
+    from fedfilter.protocol.refusals import refusal_code
+
+    monkeypatch.delenv("FEDFILTER_DEVICE_SETTINGS", raising=False)
+    setup = {Key.STAGE: Stage.SETUP, Key.SAMPLE_NUMBER: 3, Key.SHARE_NUMBER: 3, Key.THRESHOLD: 2}
+    setup |= {Key.CLIPPING_RANGE: 8.0, Key.TARGET_RANGE: 1 << 16, Key.MOD_RANGE: 1 << 32, Key.MAX_WEIGHT: 1.0}
+    app = make_client_app()
+
+    def ask(content: RecordDict) -> Message:
+        return app(delivered(content), Context(run_id=1, node_id=42, node_config={}, state=RecordDict(), run_config={}))
+
+    # SecAgg+'s first stage is answered by the SecAgg+ layer: the filter would refuse a SecAgg+ message
+    # that did not pass through it first ("secagg-mod-order").
+    reply = ask(RecordDict({RECORD_KEY_CONFIGS: ConfigRecord(setup)}))
+    assert not reply.has_error() and RECORD_KEY_CONFIGS in reply.content.config_records
+    # A plain round reaches the filter, which refuses a device without settings before any training.
+    reply = ask(RecordDict({ARRAYS_RECORD: ArrayRecord({"w": Array(np.zeros(3, np.float32))})}))
+    assert reply.has_error() and refusal_code(reply.error.reason) == "device-settings"
 
 
 def test_a_round_below_the_threshold_is_never_unmasked_and_costs_each_device_its_charge_only(tmp_path, monkeypatch):

@@ -34,18 +34,16 @@ def assert_refused_before_training(tmp_path, result, n, *words):
             ledger.close()
 
 
-@pytest.mark.parametrize("node", [{}, {"allow-distributed": True}])
-def test_distributed_is_refused_without_secure_aggregation_mod_whatever_the_node_config(tmp_path, node):
+def test_distributed_is_refused_without_secure_aggregation_mod(tmp_path):
     handler = Handler()
-    reply = individual_filter_mod(train_message(spec(placement="distributed", m=4)), context(tmp_path, **node), handler)
+    reply = individual_filter_mod(train_message(spec(placement="distributed", m=4)), context(tmp_path), handler)
     assert reply.has_error() and "placement='distributed' needs secure aggregation" in reply.error.reason
     assert handler.calls == 0 and records(tmp_path)[0] == []
 
 
 def test_a_device_without_secure_aggregation_mod_serves_no_secagg_round(tmp_path, monkeypatch):
     n = 4
-    over = {i: {"allow-distributed": True} for i in range(n)}
-    result = run_round(tmp_path, monkeypatch, n, threshold=3, node_over=over, mods=[individual_filter_mod])
+    result = run_round(tmp_path, monkeypatch, n, threshold=3, mods=[individual_filter_mod])
     assert all(r.has_error() for r in result.grid.received)  # refused at the first stage already
     assert result.trainer.calls == [] and result.captured.y == {} and not result.strategy.aggregated
 

@@ -29,6 +29,8 @@ def _flower_halts(n: int, k: int, t: int, alive: set[int]) -> bool:
     state = WorkflowState()
     state.sampled_node_ids, state.active_node_ids = set(range(n)), alive
     state.nid_to_neighbours, state.threshold = _flower_ring(n, k), t
+    # Flower's own rule, private in flwr 1.42 and reachable only mid-round: the brute force must run
+    # Flower's code, not a copy of it (kept on purpose; the integrator lists it as an allowed private).
     return not SecAggPlusWorkflow(num_shares=1.0, reconstruction_threshold=2)._check_threshold(state)
 
 
