@@ -2,9 +2,10 @@
 
 Flower reads the same table for ``context.run_config`` (under ``flwr run``, with ``--run-config``
 overrides on top); the ClientApp, the ServerApp, ``fedfilter demo`` and ``fedfilter deploy-local``
-read it here, and all of them type a value with ``resolve_config``. A value's type is the type of its default in the TOML (an int where a float is
-expected is accepted); an unknown key is refused with the list of known ones. Device-side
-settings (``ClientPolicy``, ``reply-hold-s``, budgets) are the device owner's, not the app's, and
+read it here and type every value with ``resolve_config``, the one coercion: a value's type is the
+type of its default in the TOML (an int where a float is expected is accepted, ``"3"`` for an int
+is not); an unknown key is refused with the list of known ones. Device-side settings
+(``ClientPolicy``, ``reply-hold-s``, budgets) are the device owner's, not the app's, and
 stay in ``fedfilter.client``.
 """
 
