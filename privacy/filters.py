@@ -56,6 +56,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from fedfilter.checks import positive_finite
 from fedfilter.privacy import gaussian_dp, renyi, zcdp
 from fedfilter.privacy.rounding import add_up, div_up, down, mul_up, square_up, sub_down
 
@@ -66,8 +67,8 @@ _ALLOWANCE_SLACK = 64 * 2.0**-52
 
 def _check_eps_delta(epsilon: float, delta: float) -> None:
     problems = []
-    if not (isinstance(epsilon, (int, float)) and math.isfinite(epsilon) and epsilon > 0):
-        problems.append(f"epsilon must be a finite number > 0. Found {epsilon!r}.")
+    if (problem := positive_finite("epsilon", epsilon)) is not None:
+        problems.append(problem)
     if not (isinstance(delta, (int, float)) and 0 < delta < 1):
         problems.append(f"delta must be a number in (0, 1). Found {delta!r}.")
     if problems:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fedfilter.checks import positive_finite
 from fedfilter.privacy import pure_dp
 from fedfilter.privacy.filters import GaussianFilter, make_filter, rdp_order
 from fedfilter.privacy.renyi import DEFAULT_ORDERS, epsilon_from_rdp
@@ -34,8 +35,8 @@ BASELINE_KINDS = ("basic", "advanced")
 
 
 def _check_z(noise_multiplier: float) -> None:
-    if not (isinstance(noise_multiplier, (int, float)) and math.isfinite(noise_multiplier) and noise_multiplier > 0):
-        raise ValueError(f"noise_multiplier must be a finite number > 0. Found {noise_multiplier!r}.")
+    if (problem := positive_finite("noise_multiplier", noise_multiplier)) is not None:
+        raise ValueError(problem)
 
 
 @dataclass(frozen=True)
@@ -182,8 +183,8 @@ GAUSSIAN_ONLY_KINDS = ("gdp", "zcdp")
 
 def _check_setting(clip: float, min_reports: int, dim: int) -> None:
     problems = []
-    if not (isinstance(clip, (int, float)) and math.isfinite(clip) and clip > 0):
-        problems.append(f"clip must be a finite number > 0. Found {clip!r}.")
+    if (problem := positive_finite("clip", clip)) is not None:
+        problems.append(problem)
     if isinstance(min_reports, bool) or not isinstance(min_reports, int) or min_reports < 1:
         problems.append(f"min_reports must be an integer >= 1. Found {min_reports!r}.")
     if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:

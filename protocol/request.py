@@ -73,9 +73,9 @@ def request_problems(spec: RoundSpec, *, max_min_reports: int | None = None) -> 
     --------
     >>> request_problems(RoundSpec("run-1", 0, noise_multiplier=1.0, clip=0.5))
     []
-    >>> request_problems(RoundSpec("run-1", 0, noise_multiplier=0.0, clip=0.5, placement="central"))
+    >>> request_problems(RoundSpec("run-1", -1, noise_multiplier=1.0, clip=0.5, placement="central"))
     ... # doctest: +NORMALIZE_WHITESPACE
-    ['noise_multiplier must be a finite number > 0. Found 0.0.',
+    ['round_id must be an integer in [0, 2**63-1]. Found -1.',
      "placement must be one of ('local', 'distributed'). Found 'central'."]
     """
     problems = []
