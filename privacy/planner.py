@@ -67,7 +67,44 @@ def _run_charges(filt: GaussianFilter, charge: float, limit: int) -> tuple[np.nd
 
 
 def plan_rounds(kind: str, *, epsilon: float, delta: float, noise_multiplier: float, orders=None) -> RoundsPlan:
-    """Full-norm rounds a fresh client admits under filter ``kind`` (gdp, rdp, zcdp, basic, advanced)."""
+    """Full-norm rounds a fresh client's filter admits at a noise multiplier, and what is left.
+
+    Every round is charged as if the client's update had the full clip norm ``C`` (its largest
+    cost), so the plan is a lower bound on the rounds the client actually contributes to.
+
+    Parameters
+    ----------
+    kind : {"gdp", "rdp", "zcdp", "basic", "advanced"}
+        A filter of ``FILTER_KINDS``, or a papers/003 baseline: basic or advanced composition of
+        pure-DP steps (Theorems 3.4 and 5.1), for comparison.
+    epsilon : float
+        The client's lifetime budget epsilon; a finite number > 0.
+    delta : float
+        The budget's delta, in (0, 1).
+    noise_multiplier : float
+        ``z``: each round's Gaussian noise std is ``z * C``. A finite number > 0.
+    orders : sequence of float, optional
+        The Rényi orders of the rdp filter (default ``renyi.DEFAULT_ORDERS``).
+
+    Returns
+    -------
+    RoundsPlan
+        ``rounds``: full-norm rounds admitted; ``last_round_fraction``: the share of ``C`` (at most
+        1) the next, partial round may still carry.
+
+    Raises
+    ------
+    ValueError
+        Naming a bad argument and its value, or a noise multiplier too large to plan.
+
+    Examples
+    --------
+    >>> plan = plan_rounds("gdp", epsilon=4.0, delta=1e-5, noise_multiplier=10.0)
+    >>> plan.rounds
+    85
+    >>> round(plan.last_round_fraction, 3)
+    0.741
+    """
     _check_z(noise_multiplier)
     if kind in BASELINE_KINDS:
         k = _baseline_rounds(kind, epsilon, delta, 1.0 / noise_multiplier)
