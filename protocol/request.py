@@ -62,7 +62,7 @@ def request_problems(spec: RoundSpec, *, max_min_reports: int | None = None) -> 
         The request as sent or as parsed from the wire (fields may hold any type).
     max_min_reports : int, optional
         The device owner's cap on ``min_reports`` (``ClientPolicy.max_min_reports``), named in the
-        message. ``None`` (the coordinator): any integer ``>= 1``.
+        message. ``None`` (the coordinator): any integer a device could store.
 
     Returns
     -------
@@ -91,7 +91,7 @@ def request_problems(spec: RoundSpec, *, max_min_reports: int | None = None) -> 
             problems.append(problem)
     if max_min_reports is None:
         if not int_in(spec.min_reports, 1, INT64_MAX):
-            problems.append(f"min_reports must be an integer >= 1. Found {short_repr(spec.min_reports)}.")
+            problems.append(f"min_reports must be an integer in [1, 2**63-1]. Found {short_repr(spec.min_reports)}.")
     elif not int_in(spec.min_reports, 1, max_min_reports):
         problems.append(
             f"min_reports must be an integer in [1, {max_min_reports}] (this device's "

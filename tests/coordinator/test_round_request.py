@@ -47,7 +47,7 @@ def test_the_device_cap_on_min_reports_is_named():
     (problem,) = request_problems(SPEC, max_min_reports=3)
     assert problem == "min_reports must be an integer in [1, 3] (this device's max-min-reports). Found 4."
     assert request_problems(RoundSpec("r", 0, 1.0, 1.0, min_reports=10**30)) == [
-        "min_reports must be an integer >= 1. Found an integer of 100 bits."
+        "min_reports must be an integer in [1, 2**63-1]. Found an integer of 100 bits."
     ]
 
 
