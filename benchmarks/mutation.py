@@ -59,8 +59,7 @@ TESTS: dict[str, list[str]] = {
     "privacy/gaussian_dp.py": _PRIVACY_TESTS,
     "privacy/zcdp.py": _PRIVACY_TESTS,
     "privacy/renyi.py": _PRIVACY_TESTS,
-    "privacy/tracker.py": ["tests/client/test_baselines_tracker.py"],
-    "privacy/pure_dp.py": ["tests/client/test_baselines_tracker.py"],
+    "privacy/pure_dp.py": ["tests/client/test_pure_dp_baselines.py"],
     "privacy/planner.py": ["tests/cli/test_cli_planner.py"],
     "client/ledger/budget.py": [
         "tests/client/test_ledger.py",

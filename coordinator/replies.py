@@ -5,7 +5,7 @@ is the size of a client's data and carries no noise; DESIGN.md section 1). The c
 reads anything from a reply but the noisy update and its public status:
 
 * a *report*: status ``report``, one ArrayRecord with exactly the model's keys and shapes, the
-  reply dtypes of ``fedfilter.client.mechanisms.gaussian.reply_dtype``, finite, and a norm a genuine noisy
+  reply dtypes of ``fedfilter.protocol.wire.reply_dtype``, finite, and a norm a genuine noisy
   report can have (``report_norm_bound``);
 * a *marker*: status ``left``, no arrays;
 * *dropped*: an error, anything malformed, a reply from a node not asked, a second reply from one

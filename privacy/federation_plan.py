@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from fedfilter.checks import positive_finite
 from fedfilter.privacy.noise_norm import chi_mean, expected_noise_norm
 from fedfilter.privacy.planner import (
     admits_rounds,
@@ -31,6 +32,7 @@ from fedfilter.privacy.planner import (
     plan_epsilon,
     rounds_admitted,
 )
+from fedfilter.protocol.request import PLACEMENTS
 from fedfilter.protocol.rules import released_mean_noise_std
 
 __all__ = ["TARGET_NOISE_TO_CLIP", "mean_noise_norm", "plan_federation"]
@@ -58,14 +60,13 @@ def _check(s: dict[str, Any]) -> None:
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             problems.append(f"{name} must be an integer >= 1. Found {v!r}.")
     for name in ("noise_multiplier", "clip", "epsilon"):
-        v = s[name]
-        if isinstance(v, bool) or not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
-            problems.append(f"{name} must be a finite number > 0. Found {v!r}.")
+        if (problem := positive_finite(name, s[name])) is not None:
+            problems.append(problem)
     d = s["delta"]
     if isinstance(d, bool) or not (isinstance(d, (int, float)) and 0 < d < 1):
         problems.append(f"delta must be a number in (0, 1). Found {d!r}.")
-    if s["placement"] not in ("local", "distributed"):
-        problems.append(f"placement must be 'local' or 'distributed'. Found {s['placement']!r}.")
+    if s["placement"] not in PLACEMENTS:
+        problems.append(f"placement must be one of {PLACEMENTS}. Found {s['placement']!r}.")
     elif s["placement"] == "distributed":
         try:
             check_distributed_filter(s["filter"])

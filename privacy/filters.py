@@ -56,6 +56,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from fedfilter.checks import positive_finite
 from fedfilter.privacy import gaussian_dp, renyi, zcdp
 from fedfilter.privacy.rounding import add_up, div_up, down, mul_up, square_up, sub_down
 
@@ -66,8 +67,8 @@ _ALLOWANCE_SLACK = 64 * 2.0**-52
 
 def _check_eps_delta(epsilon: float, delta: float) -> None:
     problems = []
-    if not (isinstance(epsilon, (int, float)) and math.isfinite(epsilon) and epsilon > 0):
-        problems.append(f"epsilon must be a finite number > 0. Found {epsilon!r}.")
+    if (problem := positive_finite("epsilon", epsilon)) is not None:
+        problems.append(problem)
     if not (isinstance(delta, (int, float)) and 0 < delta < 1):
         problems.append(f"delta must be a number in (0, 1). Found {delta!r}.")
     if problems:
@@ -252,7 +253,46 @@ def rdp_order(filt: GaussianFilter) -> float:
 
 
 def make_filter(kind: str, epsilon: float, delta: float, orders: Sequence[float] | None = None) -> GaussianFilter:
-    """The filter named ``kind`` (one of ``FILTER_KINDS``) for the budget (epsilon, delta)."""
+    """The filter named ``kind`` for one client's lifetime budget (epsilon, delta).
+
+    A filter (papers/004) admits a sequence of adaptively chosen Gaussian releases while their
+    accumulated privacy loss stays within the budget; each client holds its own state.
+
+    Parameters
+    ----------
+    kind : {"gdp", "rdp", "zcdp"}
+        ``FILTER_KINDS``: Gaussian DP (fully adaptive composition of Gaussian mechanisms, the
+        module docstring's references), Rényi DP over ``orders`` (papers/004 Theorem 4.3; the only
+        kind that also accounts Skellam noise, so the one distributed placement needs), or
+        zero-concentrated DP (papers/004 Theorem 4.9).
+    epsilon : float
+        The budget's epsilon; a finite number > 0.
+    delta : float
+        The budget's delta, in (0, 1).
+    orders : sequence of float, optional
+        The Rényi orders of the rdp filter (default ``renyi.DEFAULT_ORDERS``); ignored otherwise.
+
+    Returns
+    -------
+    GaussianFilter
+        The filter: ``initial_state()``, ``charge(sensitivity=, noise_std=)``, ``admits``,
+        ``spend`` and ``allowance(state, noise_std=)`` (the largest norm a round may still carry).
+
+    Raises
+    ------
+    ValueError
+        Naming an unknown ``kind`` or a bad budget, and the value found.
+
+    Examples
+    --------
+    >>> filt = make_filter("gdp", 4.0, 1e-5)
+    >>> state = filt.initial_state()
+    >>> charge = filt.charge(sensitivity=1.0, noise_std=10.0)  # a full-norm round at z = 10
+    >>> bool(filt.admits(state, charge))
+    True
+    >>> filt.spend(state, charge)
+    array([0.01])
+    """
     if kind == "gdp":
         return gdp_filter(epsilon, delta)
     if kind == "zcdp":

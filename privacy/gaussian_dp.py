@@ -25,6 +25,7 @@ import math
 
 import mpmath
 
+from fedfilter.checks import positive_finite
 from fedfilter.privacy.rounding import down, up
 
 _DPS = 60
@@ -39,8 +40,8 @@ def _check_delta(delta: float) -> None:
 
 
 def _check_positive(name: str, value: float) -> None:
-    if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-        raise ValueError(f"{name} must be a finite number > 0. Found {value!r}.")
+    if (problem := positive_finite(name, value)) is not None:
+        raise ValueError(problem)
 
 
 def _delta_mp(eps: mpmath.mpf, mu: mpmath.mpf) -> mpmath.mpf:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fedfilter.checks import positive_finite
 from fedfilter.privacy import pure_dp
 from fedfilter.privacy.filters import GaussianFilter, make_filter, rdp_order
 from fedfilter.privacy.renyi import DEFAULT_ORDERS, epsilon_from_rdp
@@ -34,8 +35,8 @@ BASELINE_KINDS = ("basic", "advanced")
 
 
 def _check_z(noise_multiplier: float) -> None:
-    if not (isinstance(noise_multiplier, (int, float)) and math.isfinite(noise_multiplier) and noise_multiplier > 0):
-        raise ValueError(f"noise_multiplier must be a finite number > 0. Found {noise_multiplier!r}.")
+    if (problem := positive_finite("noise_multiplier", noise_multiplier)) is not None:
+        raise ValueError(problem)
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,44 @@ def _run_charges(filt: GaussianFilter, charge: float, limit: int) -> tuple[np.nd
 
 
 def plan_rounds(kind: str, *, epsilon: float, delta: float, noise_multiplier: float, orders=None) -> RoundsPlan:
-    """Full-norm rounds a fresh client admits under filter ``kind`` (gdp, rdp, zcdp, basic, advanced)."""
+    """Full-norm rounds a fresh client's filter admits at a noise multiplier, and what is left.
+
+    Every round is charged as if the client's update had the full clip norm ``C`` (its largest
+    cost), so the plan is a lower bound on the rounds the client actually contributes to.
+
+    Parameters
+    ----------
+    kind : {"gdp", "rdp", "zcdp", "basic", "advanced"}
+        A filter of ``FILTER_KINDS``, or a papers/003 baseline: basic or advanced composition of
+        pure-DP steps (Theorems 3.4 and 5.1), for comparison.
+    epsilon : float
+        The client's lifetime budget epsilon; a finite number > 0.
+    delta : float
+        The budget's delta, in (0, 1).
+    noise_multiplier : float
+        ``z``: each round's Gaussian noise std is ``z * C``. A finite number > 0.
+    orders : sequence of float, optional
+        The Rényi orders of the rdp filter (default ``renyi.DEFAULT_ORDERS``).
+
+    Returns
+    -------
+    RoundsPlan
+        ``rounds``: full-norm rounds admitted; ``last_round_fraction``: the share of ``C`` (at most
+        1) the next, partial round may still carry.
+
+    Raises
+    ------
+    ValueError
+        Naming a bad argument and its value, or a noise multiplier too large to plan.
+
+    Examples
+    --------
+    >>> plan = plan_rounds("gdp", epsilon=4.0, delta=1e-5, noise_multiplier=10.0)
+    >>> plan.rounds
+    85
+    >>> round(plan.last_round_fraction, 3)
+    0.741
+    """
     _check_z(noise_multiplier)
     if kind in BASELINE_KINDS:
         k = _baseline_rounds(kind, epsilon, delta, 1.0 / noise_multiplier)
@@ -182,8 +220,8 @@ GAUSSIAN_ONLY_KINDS = ("gdp", "zcdp")
 
 def _check_setting(clip: float, min_reports: int, dim: int) -> None:
     problems = []
-    if not (isinstance(clip, (int, float)) and math.isfinite(clip) and clip > 0):
-        problems.append(f"clip must be a finite number > 0. Found {clip!r}.")
+    if (problem := positive_finite("clip", clip)) is not None:
+        problems.append(problem)
     if isinstance(min_reports, bool) or not isinstance(min_reports, int) or min_reports < 1:
         problems.append(f"min_reports must be an integer >= 1. Found {min_reports!r}.")
     if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 
+from fedfilter.checks import positive_finite
 from fedfilter.privacy.gaussian_dp import delta_for_epsilon
 from fedfilter.privacy.rounding import up
 
@@ -30,8 +31,8 @@ ADVANCED_X_CONSTANT = 28.04  # papers/003 Theorem 5.1 (the corrected constant, f
 
 def _check_budget(epsilon: float, delta: float, *, max_delta: float = 1.0) -> None:
     problems = []
-    if not (math.isfinite(epsilon) and epsilon > 0):
-        problems.append(f"epsilon must be a finite number > 0. Found {epsilon!r}.")
+    if (problem := positive_finite("epsilon", epsilon)) is not None:
+        problems.append(problem)
     if not 0 < delta < max_delta:
         problems.append(f"delta must be in (0, {max_delta:.6g}). Found {delta!r}.")
     if problems:

@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import math
 
+from fedfilter.checks import positive_finite
 from fedfilter.privacy.rounding import down, up
 
 
 def zcdp_budget(epsilon: float, delta: float) -> float:
     """papers/004 Theorem 4.9: the largest zCDP level B* that implies (epsilon, delta)-DP (down)."""
-    if not (math.isfinite(epsilon) and epsilon > 0):
-        raise ValueError(f"epsilon must be a finite number > 0. Found {epsilon!r}.")
+    if (problem := positive_finite("epsilon", epsilon)) is not None:
+        raise ValueError(problem)
     if not 0 < delta < 1:
         raise ValueError(f"delta must be in (0, 1). Found {delta!r}.")
     log_inv_delta = -math.log(delta)

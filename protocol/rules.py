@@ -6,6 +6,8 @@
   reports carries ``N(0, (z C)^2 I)`` (DESIGN.md section 1);
 * how many reports a round needs before its aggregate may be released (``m`` if distributed: fewer
   reports carry less than the accounted noise; 1 otherwise);
+* the run id devices account under when the coordinator names none (``flwr-<Flower run id>``), and
+  the message lifetime a round needs (longer than the round timeout);
 * the coordinator's model step ``w <- w + server_lr * mean(reports)``, in float64, cast back to the
   model's dtype.
 
@@ -22,10 +24,13 @@ import numpy as np
 __all__ = [
     "accounted_noise_std",
     "added_noise_std",
+    "check_message_ttl",
     "default_min_reports",
     "model_step",
+    "reconstruction_threshold",
     "released_mean_noise_std",
     "reports_needed",
+    "run_id_for",
 ]
 
 
@@ -75,3 +80,18 @@ def reconstruction_threshold(min_reports: int) -> int:
     """The full graph's SecAgg+ threshold: the fewest reports an unmasked sum holds (Flower reads an
     int 1 as 'all')."""
     return max(int(min_reports), 2)
+
+
+def run_id_for(flower_run_id: int | str) -> str:
+    """The run id devices account under when the coordinator names none: ``flwr-<Flower run id>``."""
+    return f"flwr-{flower_run_id}"
+
+
+def check_message_ttl(ttl: float, timeout: float) -> None:
+    """Raise ``ValueError`` unless a train message's TTL exceeds the round timeout: Flower discards a
+    reply that arrives after its message's TTL, and a device that replies late has already spent."""
+    if ttl <= timeout:
+        raise ValueError(
+            f"message TTL {ttl} s must exceed the round timeout {timeout} s: a shorter TTL discards "
+            "replies whose clients have already spent budget."
+        )

@@ -20,12 +20,13 @@ sum of the shares' variances, and every device's loss is that of ``k + Sk(mu_tot
   ``(recon mod q)`` in ``[-q/2, q/2)`` is ``sum_i y_i`` whenever ``|sum_i y_i| < q/2``, and
   otherwise a wrapped (useless, equally private) value.
 
-``check_secagg_state`` is the device's side of this contract: the coordinator chooses every SecAgg+
-parameter in the setup stage, so the device refuses, before it trains, any that would make Flower's
-map inexact, its masking or unmasking fail, the released sum smaller than ``min_reports`` reports,
-one node's two kinds of key share reachable by two disjoint groups of neighbours, or a neighbourhood
-graph outside the owner's limits (``fedfilter.client.secagg.neighbourhood``). It returns a list of
-named problems (one string each, all at once); a new check appends to it.
+The device's side of this contract, ``check_secagg_state``, lives with the device
+(``fedfilter.client.secagg.neighbourhood``): the coordinator chooses every SecAgg+ parameter in the
+setup stage, so the device refuses, before it trains, any that would make Flower's map inexact, its
+masking or unmasking fail, or the released sum smaller than ``min_reports`` reports. The names
+here are what both sides compute: the grid (``SECAGG_GRID_BITS``, ``grid_step``), Flower's
+settings for it (``quantization_range``, ``secaggplus_settings``), the report's encoding and the
+sum's decoding, and the dropout and corruption rates a neighbourhood graph is sized for.
 """
 
 from __future__ import annotations
@@ -36,8 +37,10 @@ from typing import Any
 
 import numpy as np
 
+from fedfilter.checks import positive_finite
+
 __all__ = [
-    "GRID_BITS",
+    "SECAGG_GRID_BITS",
     "MODULUS_RANGE",
     "MAX_WEIGHT",
     "grid_step",
@@ -52,7 +55,7 @@ __all__ = [
     "decode_sum",
 ]
 
-GRID_BITS = 12  # clip / grid_step lies in [2**12, 2**13): snapping moves a coordinate < 2**-12 C
+SECAGG_GRID_BITS = 12  # clip / grid_step lies in [2**12, 2**13): snapping moves a coordinate < 2**-12 C
 MODULUS_RANGE = 2**32  # Flower's default and largest SecAgg+ modulus
 MAX_WEIGHT = 1.0  # with num_examples = 1, Flower's weight factor is exactly 1.0
 MAX_QUANTIZATION_RANGE = 2**30  # Flower casts quantized values to int32
@@ -63,11 +66,11 @@ def power_of_two(v: Any) -> bool:
 
 
 def grid_step(clip: float) -> float:
-    """The grid step, a power of two with ``clip / step`` in ``[2**GRID_BITS, 2**(GRID_BITS+1))``."""
-    if not (isinstance(clip, (int, float)) and math.isfinite(clip) and clip > 0):
-        raise ValueError(f"clip must be a finite number > 0. Found {clip!r}.")
+    """The grid step, a power of two with ``clip / step`` in ``[2**SECAGG_GRID_BITS, 2**(SECAGG_GRID_BITS+1))``."""
+    if (problem := positive_finite("clip", clip)) is not None:
+        raise ValueError(problem)
     _, exp = math.frexp(float(clip))  # clip = frac * 2**exp, frac in [0.5, 1)
-    return math.ldexp(1.0, exp - 1 - GRID_BITS)
+    return math.ldexp(1.0, exp - 1 - SECAGG_GRID_BITS)
 
 
 def quantization_range(n_sampled: int, modulus_range: int = MODULUS_RANGE) -> int:

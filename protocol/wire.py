@@ -12,7 +12,7 @@ public ledger's proto, ``protos/fedfilter.proto``):
 
 from __future__ import annotations
 
-from typing import cast
+from typing import Any
 
 import numpy as np
 from flwr.app import ConfigRecord
@@ -26,6 +26,7 @@ __all__ = [
     "STATUS_RECORD",
     "STATUS_REPORT",
     "STATUS_LEFT",
+    "REQUEST_FIELDS",
     "REQUEST_KEYS",
     "request_record",
     "round_spec_from_record",
@@ -37,29 +38,28 @@ STATUS_RECORD = "fedfilter.status"
 ARRAYS_RECORD = "arrays"
 STATUS_REPORT = "report"  # contributed and noise-only alike: the coordinator cannot tell them apart
 STATUS_LEFT = "left"
-REQUEST_KEYS = ("run-id", "round-id", "noise-multiplier", "clip", "placement", "min-reports")
-_REQUEST_TYPES: dict[str, type | tuple[type, ...]] = {
-    "run-id": str,
-    "round-id": int,
-    "noise-multiplier": (int, float),
-    "clip": (int, float),
-    "placement": str,
-    "min-reports": int,
+# The request's wire keys, once: key -> (RoundSpec field, the types the record may hold there).
+# request_record, round_spec_from_record and request_proto all loop over this table.
+REQUEST_FIELDS: dict[str, tuple[str, tuple[type, ...]]] = {
+    "run-id": ("run_id", (str,)),
+    "round-id": ("round_id", (int,)),
+    "noise-multiplier": ("noise_multiplier", (int, float)),
+    "clip": ("clip", (int, float)),
+    "placement": ("placement", (str,)),
+    "min-reports": ("min_reports", (int,)),
 }
+REQUEST_KEYS = tuple(REQUEST_FIELDS)
 
 
 def request_record(spec: RoundSpec) -> ConfigRecord:
     """The ``ConfigRecord`` a coordinator sends as ``"fedfilter.request"``."""
-    return ConfigRecord(
-        {
-            "run-id": spec.run_id,
-            "round-id": int(spec.round_id),
-            "noise-multiplier": float(spec.noise_multiplier),
-            "clip": float(spec.clip),
-            "placement": spec.placement,
-            "min-reports": int(spec.min_reports),
-        }
-    )
+    # Each value as the record's own type (a numpy scalar is no ConfigRecord value); float where an int
+    # is allowed too, as the coordinator sends a float noise multiplier and clip.
+    values = {}
+    for key, (field, kinds) in REQUEST_FIELDS.items():
+        wire_type = float if float in kinds else kinds[0]
+        values[key] = wire_type(getattr(spec, field))
+    return ConfigRecord(values)
 
 
 def round_spec_from_record(record: ConfigRecord | None) -> RoundSpec:
@@ -71,21 +71,15 @@ def round_spec_from_record(record: ConfigRecord | None) -> RoundSpec:
             code="no-request",
         )
     problems = [f"{REQUEST_RECORD}[{k!r}] is missing." for k in REQUEST_KEYS if k not in record]
-    for key, kind in _REQUEST_TYPES.items():
-        if key in record and (isinstance(record[key], bool) or not isinstance(record[key], kind)):
+    for key, (_, kinds) in REQUEST_FIELDS.items():
+        if key in record and (isinstance(record[key], bool) or not isinstance(record[key], kinds)):
             problems.append(f"{REQUEST_RECORD}[{key!r}] has the wrong type. Found {short_repr(record[key])}.")
     if problems:
         raise RoundSpecError("round request refused: " + " ".join(problems), code="bad-request")
-    # Numbers go through as sent (no float(): a huge int would overflow); check_request bounds them.
-    # The casts only tell the type checker what the isinstance checks above established.
-    return RoundSpec(
-        run_id=cast(str, record["run-id"]),
-        round_id=cast(int, record["round-id"]),
-        noise_multiplier=cast(float, record["noise-multiplier"]),
-        clip=cast(float, record["clip"]),
-        placement=cast(str, record["placement"]),
-        min_reports=cast(int, record["min-reports"]),
-    )
+    # Values go through as sent (no float(): a huge int would overflow); check_request bounds them (its shape checks are request_problems).
+    # Any: the isinstance checks above established each field's type.
+    fields: dict[str, Any] = {field: record[key] for key, (field, _) in REQUEST_FIELDS.items()}
+    return RoundSpec(**fields)
 
 
 def request_proto(spec: RoundSpec, *, local_epochs: int = 0, learning_rate: float = 0.0):
@@ -93,15 +87,9 @@ def request_proto(spec: RoundSpec, *, local_epochs: int = 0, learning_rate: floa
     from fedfilter.protos import fedfilter_pb2
 
     placement = fedfilter_pb2.DISTRIBUTED if spec.placement == "distributed" else fedfilter_pb2.LOCAL
+    fields = {field: getattr(spec, field) for field, _ in REQUEST_FIELDS.values()}
     return fedfilter_pb2.RoundRequest(
-        run_id=spec.run_id,
-        round_id=spec.round_id,
-        noise_multiplier=spec.noise_multiplier,
-        clip=spec.clip,
-        placement=placement,
-        min_reports=spec.min_reports,
-        local_epochs=local_epochs,
-        learning_rate=learning_rate,
+        **{**fields, "placement": placement}, local_epochs=local_epochs, learning_rate=learning_rate
     )
 
 

@@ -33,7 +33,7 @@ from fedfilter.client.filter_mod import individual_filter_mod
 from fedfilter.client.flower.simulated_mod import simulated_device_config_mod
 from fedfilter.client.secagg.mod import secure_aggregation_mod
 
-__all__ = ["app", "make_client_app", "train", "TRAIN_KEYS"]
+__all__ = ["app", "make_client_app", "train"]
 
 ROUND_KEY = "server-round"
 

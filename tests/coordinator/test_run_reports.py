@@ -163,8 +163,23 @@ def test_an_older_public_ledger_gains_the_column_and_keeps_its_records(tmp_path)
     from fedfilter.protos import fedfilter_pb2
 
     path = tmp_path / "old.sqlite"
-    conn = sqlite3.connect(path)  # the schema as released before expected_noise_norm existed
-    conn.executescript(public_ledger._SCHEMA + f"PRAGMA user_version={public_ledger.SCHEMA_VERSION};")
+    conn = sqlite3.connect(path)  # the schema as released before expected_noise_norm existed (frozen here)
+    conn.executescript(
+        """
+        CREATE TABLE runs (
+            seq INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT NOT NULL UNIQUE, created_at_unix REAL NOT NULL,
+            config_json TEXT NOT NULL, finished_at_unix REAL
+        );
+        CREATE TABLE records (
+            run_id TEXT NOT NULL REFERENCES runs(run_id), round_id INTEGER NOT NULL,
+            clients_sampled INTEGER NOT NULL, reports_received INTEGER NOT NULL,
+            markers_received INTEGER NOT NULL, replies_dropped INTEGER NOT NULL, released INTEGER NOT NULL,
+            aggregate_norm REAL NOT NULL, finished_at_unix REAL NOT NULL, record BLOB NOT NULL,
+            PRIMARY KEY (run_id, round_id)
+        ) WITHOUT ROWID;
+        """
+        + f"PRAGMA user_version={public_ledger.SCHEMA_VERSION};"
+    )
     conn.execute("INSERT INTO runs (run_id, created_at_unix, config_json) VALUES ('old', 1.0, '{}')")
     conn.commit()
     conn.close()

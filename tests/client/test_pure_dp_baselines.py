@@ -1,15 +1,11 @@
-"""papers/003 baselines (Theorems 3.4, 5.1, Lemma 3.3) and papers/004 Algorithm 5 (the tracker)."""
+"""papers/003 baselines (Theorems 3.4, 5.1, Lemma 3.3): the pure-DP filters the planner compares against."""
 
 import math
 
-import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from fedfilter.privacy import pure_dp
 from fedfilter.privacy.planner import plan_rounds
-from fedfilter.privacy.tracker import track, tracker_start, tracker_step
 
 
 def test_basic_filter_is_the_sum():
@@ -62,43 +58,3 @@ def test_filters_rank_as_the_papers_say():
         }
         assert r["gdp"] > r["zcdp"] > r["basic"]
         assert r["gdp"] > r["rdp"] > r["advanced"]
-
-
-def naive_tracker(rhos, delta_step):
-    """Algorithm 5 exactly as printed: O_1 = Delta; restart and add Delta when the filter halts."""
-    O, restart, out = delta_step, 0, []
-    for t in range(len(rhos)):
-        if sum(rhos[restart : t + 1]) > delta_step:
-            O, restart = O + delta_step, t
-        out.append(O)
-    return out
-
-
-@settings(max_examples=200, deadline=None)
-@given(st.lists(st.floats(0, 1, allow_nan=False), min_size=1, max_size=60), st.floats(1, 5))
-def test_tracker_matches_algorithm_5(rhos, delta_step):
-    got = track(rhos, delta_step)
-    naive = naive_tracker(rhos, delta_step)
-    # Sums round up, so at an exact tie the tracker may restart one step early: never lower.
-    assert all(g >= n for g, n in zip(got, naive))
-    near_tie = any(
-        abs(sum(rhos[i:j]) - delta_step) < 1e-9 for i in range(len(rhos)) for j in range(i + 1, len(rhos) + 1)
-    )
-    if not near_tie:
-        assert got == pytest.approx(naive, rel=1e-12)
-    # Corollary 4.11: the tracker bounds the running loss.
-    assert got[-1] >= sum(rhos) - 1e-9 or got[-1] >= delta_step
-
-
-def test_tracker_refuses_losses_above_delta():
-    with pytest.raises(ValueError, match="delta_step"):
-        tracker_step(tracker_start(1.0), 1.5, 1.0)
-
-
-def test_tracker_vectorised():
-    rng = np.random.default_rng(1)
-    rhos = rng.uniform(0, 0.5, size=(30, 5))
-    st_ = tracker_start(1.0, n_clients=5)
-    for t in range(30):
-        st_ = tracker_step(st_, rhos[t], 1.0)
-    assert np.allclose(st_.level, [track(rhos[:, i], 1.0)[-1] for i in range(5)])
