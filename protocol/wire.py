@@ -76,7 +76,7 @@ def round_spec_from_record(record: ConfigRecord | None) -> RoundSpec:
             problems.append(f"{REQUEST_RECORD}[{key!r}] has the wrong type. Found {short_repr(record[key])}.")
     if problems:
         raise RoundSpecError("round request refused: " + " ".join(problems), code="bad-request")
-    # Values go through as sent (no float(): a huge int would overflow); check_request bounds them (its shape checks are request_problems).
+    # Values go through as sent (no float(): a huge int would overflow); check_request bounds them.
     # Any: the isinstance checks above established each field's type.
     fields: dict[str, Any] = {field: record[key] for key, (field, _) in REQUEST_FIELDS.items()}
     return RoundSpec(**fields)

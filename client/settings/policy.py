@@ -11,12 +11,17 @@ import math
 from dataclasses import dataclass, field
 
 from fedfilter.checks import finite, int_in, is_int, is_number, positive_finite, short_repr
-from fedfilter.client.ledger.schema import INT64_MAX
 from fedfilter.client.mechanisms.gaussian import (
     NOISE_STD_RANGE,
 )
 from fedfilter.privacy.secagg_graph import PRIVACY_FAILURE_TARGET
-from fedfilter.protocol.request import AFTER_EXHAUSTION, MAX_RUN_ID_CHARS, PLACEMENTS, RoundSpec, RoundSpecError
+from fedfilter.protocol.request import (
+    AFTER_EXHAUSTION,
+    INT64_MAX,
+    RoundSpec,
+    RoundSpecError,
+    request_problems,
+)
 from fedfilter.protocol.secagg_grid import (
     DEFAULT_CORRUPT_RATE,
     DEFAULT_DROPOUT_RATE,
@@ -116,7 +121,7 @@ def check_request(spec: RoundSpec, policy: ClientPolicy) -> None:
     ...     print(err.code)
     noise-below-minimum
     """
-    problems = _shape_problems(spec, policy.max_min_reports)
+    problems = request_problems(spec, max_min_reports=policy.max_min_reports)
     policy_codes: list[str] = []  # the problems that are the device's policy, not a malformed request
     z = finite(spec.noise_multiplier) if positive_finite("noise_multiplier", spec.noise_multiplier) is None else None
     c = finite(spec.clip) if positive_finite("clip", spec.clip) is None else None
@@ -151,27 +156,3 @@ def check_request(spec: RoundSpec, policy: ClientPolicy) -> None:
     if problems:
         code = policy_codes[0] if len(policy_codes) == len(problems) else "bad-request"
         raise RoundSpecError("round request refused: " + " ".join(problems), code=code)
-
-
-def _shape_problems(spec: RoundSpec, max_min_reports: int) -> list[str]:
-    # The shape of a request, the checks the coordinator shares: at merge this is
-    # fedfilter.protocol.request.request_problems(spec, max_min_reports=...) (issue 25, part A).
-    problems = []
-    if not (isinstance(spec.run_id, str) and 0 < len(spec.run_id) <= MAX_RUN_ID_CHARS):
-        problems.append(
-            f"run_id must be a non-empty string of at most {MAX_RUN_ID_CHARS} characters. "
-            f"Found {short_repr(spec.run_id)}."
-        )
-    if not int_in(spec.round_id, 0, INT64_MAX):
-        problems.append(f"round_id must be an integer in [0, 2**63-1]. Found {short_repr(spec.round_id)}.")
-    for name in ("noise_multiplier", "clip"):
-        if (problem := positive_finite(name, getattr(spec, name))) is not None:
-            problems.append(problem)
-    if not int_in(spec.min_reports, 1, max_min_reports):
-        problems.append(
-            f"min_reports must be an integer in [1, {max_min_reports}] (this device's "
-            f"max-min-reports). Found {short_repr(spec.min_reports)}."
-        )
-    if spec.placement not in PLACEMENTS:
-        problems.append(f"placement must be one of {PLACEMENTS}. Found {short_repr(spec.placement)}.")
-    return problems
