@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from tiny_study import TINY_STUDY
+from helpers.tiny_study import TINY_STUDY
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "benchmarks"

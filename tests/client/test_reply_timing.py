@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from flwr.app import ConfigRecord, Error, Message, RecordDict
-from test_flower_mod import Handler, context, records, spec, train_message
+from helpers.mods import Handler, context, records, spec, train_message
 
 from fedfilter.client.filter_mod import individual_filter_mod
 from fedfilter.client.flower.reply_timing import ReplyHold, held_deadline
