@@ -19,7 +19,6 @@ from fedfilter.protocol.request import RoundSpec
 from fedfilter.protocol.wire import ARRAYS_RECORD, REQUEST_RECORD, request_record
 
 KEYS = ["w", "b"]
-
 SHAPES = [(40, 50), (50,)]
 
 

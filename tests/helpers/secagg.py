@@ -31,11 +31,8 @@ from fedfilter.protocol.wire import ARRAYS_RECORD, REQUEST_RECORD, request_recor
 from fedfilter.simulations.harness.secagg_loopback import LoopbackGrid, stage_of
 
 KEYS = ["w", "b", "count"]
-
 SHAPES = [(6, 5), (5,), (1,)]
-
 DTYPES = [np.float32, np.float32, np.int64]  # "count": an integer buffer (never released)
-
 RUN = "run-sa"
 
 

@@ -17,10 +17,8 @@ from fedfilter.coordinator.strategy import IndividualFilterStrategy
 from fedfilter.protocol.wire import ARRAYS_RECORD, STATUS_RECORD
 
 KEYS = ["w", "b", "steps"]
-
 SHAPES = [(3, 4), (4,), ()]
 Z, CLIP = 1.0, 0.5  # noise std 0.5 per coordinate; a genuine report's norm stays below 0.5 + 0.5 * (4 + 10)
-
 NODES = [11, 12, 13, 14, 15, 16, 17, 18, 19, 20]
 
 
