@@ -30,8 +30,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))  # secagg_loopback (a test helper)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
 
 def run(n: int, rounds: int, dim: int) -> dict:

@@ -53,8 +53,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))  # secagg_loopback (a test helper, as flower_overhead uses probe_coordinator)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
 CLIP = 0.4
 

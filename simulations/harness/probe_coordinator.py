@@ -18,8 +18,9 @@ from dataclasses import dataclass
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 
+from fedfilter.checks import positive_finite
 from fedfilter.coordinator.replies import RoundTally, l2_norm, plain_mean, report_norm_bound, tally_replies
-from fedfilter.protocol.request import RoundSpec
+from fedfilter.protocol.request import PLACEMENTS, RoundSpec
 from fedfilter.protocol.rules import added_noise_std, model_step, reports_needed
 from fedfilter.protocol.wire import ARRAYS_RECORD, REQUEST_RECORD, request_record
 
@@ -41,12 +42,11 @@ class FilteredMeanStrategy:
     def __post_init__(self):
         problems = []
         for name in ("noise_multiplier", "clip", "server_lr", "ttl_s"):
-            v = getattr(self, name)
-            if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
-                problems.append(f"{name} must be a finite number > 0. Found {v!r}.")
+            if problem := positive_finite(name, getattr(self, name)):
+                problems.append(problem)
         if not (0 < self.fraction <= 1):
             problems.append(f"fraction must be in (0, 1]. Found {self.fraction!r}.")
-        if self.placement not in ("local", "distributed"):
+        if self.placement not in PLACEMENTS:
             problems.append(f"placement must be 'local' or 'distributed'. Found {self.placement!r}.")
         if isinstance(self.min_reports, bool) or not isinstance(self.min_reports, int) or self.min_reports < 1:
             problems.append(f"min_reports must be an integer >= 1. Found {self.min_reports!r}.")

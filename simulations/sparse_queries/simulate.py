@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from fedfilter.checks import finite, is_int, positive_finite
 from fedfilter.privacy.filters import FILTER_KINDS, GaussianFilter, make_filter
 
 # The Gaussian tail at x = sqrt(2 log(1/beta)) is 2 Phi(-x) <= 2 phi(x) / x = beta * 2 / (x sqrt(2 pi))
@@ -72,18 +73,16 @@ class SparseQueryConfig:
             if not ok:
                 out.append(f"{name} must be {what}. Found {getattr(self, name)!r}.")
 
-        def is_int(v) -> bool:
-            return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
-
         def is_num(v) -> bool:
-            return isinstance(v, (int, float, np.floating, np.integer)) and not isinstance(v, bool) and math.isfinite(v)
+            return finite(v) is not None
 
         need(is_int(self.n_users) and self.n_users >= 1, "n_users", "an integer >= 1")
         need(is_int(self.days) and self.days >= 1, "days", "an integer >= 1")
         need(is_int(self.sparsity) and self.sparsity >= 1, "sparsity", "an integer >= 1")
         for name in ("light_rate", "heavy_rate", "heavy_share"):
             need(is_num(getattr(self, name)) and 0 <= getattr(self, name) <= 1, name, "a number in [0, 1]")
-        need(is_num(self.epsilon) and self.epsilon > 0, "epsilon", "a finite number > 0")
+        if problem := positive_finite("epsilon", self.epsilon):
+            out.append(problem)
         need(is_num(self.delta) and 0 < self.delta < 1, "delta", "a number in (0, 1)")
         need(self.filter in FILTER_KINDS, "filter", f"one of {', '.join(FILTER_KINDS)}")
         need(

@@ -16,7 +16,7 @@ from fractions import Fraction
 import mpmath
 import numpy as np
 import pytest
-from budget_reference import (
+from helpers.budget_reference import (
     check_rounding,
     check_spends,
     exact_mu2,

@@ -12,7 +12,7 @@ import logging
 
 import pytest
 from flwr.app import Context, RecordDict
-from test_flower_mod import Handler, spec, train_message
+from helpers.mods import Handler, spec, train_message
 
 from fedfilter.client.filter_mod import individual_filter_mod
 from fedfilter.client.ledger.budget import BudgetLedger

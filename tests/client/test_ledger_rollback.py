@@ -12,8 +12,8 @@ import shutil
 import sqlite3
 
 import pytest
-from test_flower_mod import Handler, context, spec, train_message
-from test_ledger_fail_closed import _schema_1_ledger, assert_refused, restart_device
+from helpers.ledger import _schema_1_ledger, assert_refused, restart_device
+from helpers.mods import Handler, context, spec, train_message
 
 from fedfilter.cli import main as cli_main
 from fedfilter.client.filter_mod import individual_filter_mod

@@ -13,8 +13,8 @@ from contextlib import contextmanager
 import numpy as np
 import pytest
 from flwr.app import ArrayRecord, RecordDict
-from test_flower_mod import Handler, context, spec, train_message
-from test_ledger_fail_closed import restart_device
+from helpers.ledger import restart_device
+from helpers.mods import Handler, context, spec, train_message
 
 from fedfilter.client.filter_mod import individual_filter_mod
 from fedfilter.client.ledger.budget import BudgetLedger

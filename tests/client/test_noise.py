@@ -234,7 +234,7 @@ def test_the_distinguisher_catches_an_unsnapped_update():
 @pytest.mark.parametrize("model_dtype", [np.float16, np.float32, np.float64])
 def test_mod_replies_float32_on_the_grid_for_any_model_dtype(tmp_path, model_dtype):
     from flwr.app import Array, ArrayRecord, Context, Message, RecordDict
-    from test_flower_mod import KEYS, SHAPES, spec, train_message
+    from helpers.mods import KEYS, SHAPES, spec, train_message
 
     def handler(msg, ctx):
         record = next(iter(msg.content.array_records.values()))

@@ -7,7 +7,7 @@ on what it cannot renew: the device's own ``federation`` setting, and the device
 
 import numpy as np
 import pytest
-from test_flower_mod import Handler, context, records, spec, train_message
+from helpers.mods import Handler, context, records, spec, train_message
 
 from fedfilter.client.filter_mod import individual_filter_mod
 from fedfilter.client.ledger.budget import BudgetLedger

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
-from test_flower_mod import KEYS, SHAPES, spec, train_message
+from helpers.mods import KEYS, SHAPES, spec, train_message
 
 from fedfilter.client.filter_mod import individual_filter_mod
 from fedfilter.client.flower.ledger_cache import forget_all

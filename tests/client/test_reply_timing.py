@@ -6,24 +6,20 @@ benchmarks/reply_timing.py (30 replies per device through the built-in ClientApp
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import math
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 from flwr.app import ConfigRecord, Error, Message, RecordDict
-from test_flower_mod import Handler, context, records, spec, train_message
+from helpers.mods import Handler, context, records, spec, train_message
 
 from fedfilter.client.filter_mod import individual_filter_mod
 from fedfilter.client.flower.reply_timing import ReplyHold, held_deadline
 from fedfilter.client.ledger.budget import BudgetLedger
 from fedfilter.client.settings.node_config import DEFAULT_REPLY_HOLD_S, reply_hold_s
-
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "reply_timing.py"
+from fedfilter.simulations.harness import reply_timing as bench
 
 
 class FakeClock:
@@ -174,16 +170,7 @@ def test_an_exception_after_the_ledger_is_held_before_it_propagates(tmp_path, mo
 
 
 # --- the benchmark, short -------------------------------------------------------------------------
-def _bench():
-    module_spec = importlib.util.spec_from_file_location("reply_timing_bench", BENCH)
-    mod = importlib.util.module_from_spec(module_spec)
-    sys.modules[module_spec.name] = mod  # its dataclasses look their module up
-    module_spec.loader.exec_module(mod)
-    return mod
-
-
 def test_best_threshold_accuracy_matches_a_one_cut_at_a_time_reference():
-    bench = _bench()
     rng = np.random.default_rng(1)
     for _ in range(30):
         a, b = rng.integers(0, 6, size=rng.integers(1, 12)), rng.integers(2, 8, size=rng.integers(1, 12))
@@ -200,7 +187,6 @@ def test_best_threshold_accuracy_matches_a_one_cut_at_a_time_reference():
 def test_short_benchmark_held_replies_show_no_difference_unheld_ones_leak_the_data_size(tmp_path):
     pytest.importorskip("torch")
     pytest.importorskip("scipy")
-    bench = _bench()
     (off,) = bench.measure(30, [0.0], local_epochs=5, root=tmp_path)["phases"]
     # The hold must cover a round. A round that overruns it replies at the next multiple and shows
     # its lateness (documented); on a loaded machine a fixed 0.05 s does not cover one, so the hold

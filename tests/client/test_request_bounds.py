@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 from flwr.app import ConfigRecord
-from test_flower_mod import Handler, context, records, spec, train_message
+from helpers.mods import Handler, context, records, spec, train_message
 
 from fedfilter.client.filter_mod import individual_filter_mod
 from fedfilter.client.ledger.budget import BudgetLedger

@@ -17,7 +17,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from flwr.common.secure_aggregation.secaggplus_constants import Stage
-from test_secagg_device import ledger_records, node_id, run_round
+from helpers.secagg import ledger_records, node_id, run_round
 
 from fedfilter.client.secagg.consistency import (
     certify,

@@ -7,31 +7,12 @@ from __future__ import annotations
 
 import pytest
 from flwr.common.secure_aggregation.secaggplus_constants import Stage
-from test_flower_mod import Handler, context, records, spec, train_message
-from test_secagg_device import RUN, node_id, run_round
+from helpers.mods import Handler, context, records, spec, train_message
+from helpers.secagg import RUN, assert_refused_before_training, node_id, run_round
 
 from fedfilter.client.filter_mod import individual_filter_mod
-from fedfilter.client.ledger.budget import BudgetLedger
 from fedfilter.protocol.request import RoundSpec
 from fedfilter.protocol.secagg_grid import secaggplus_settings
-
-
-def assert_refused_before_training(tmp_path, result, n, *words):
-    collect = [r for r in result.grid.received if r._stage == Stage.COLLECT_MASKED_VECTORS]
-    assert len(collect) == n and all(r.has_error() for r in collect)
-    for reply in collect:
-        for w in words:
-            assert w in reply.error.reason, (w, reply.error.reason)
-        assert "Nothing was trained, spent or released" in reply.error.reason
-    assert result.trainer.calls == []  # nothing trained
-    assert result.captured.y == {}  # no noise drawn, nothing released
-    assert not result.strategy.aggregated  # Flower's workflow halts: nothing unmasked
-    for i in range(n):
-        ledger = BudgetLedger.open(tmp_path / f"dev{i}")
-        try:
-            assert ledger.records() == []  # nothing spent
-        finally:
-            ledger.close()
 
 
 def test_distributed_is_refused_without_secure_aggregation_mod(tmp_path):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 from flwr.common import bytes_to_ndarray
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key, Stage
-from test_secagg_device import DTYPES, KEYS, RUN, ledger_records, node_config, node_id, run_round
+from helpers.secagg import DTYPES, KEYS, RUN, ledger_records, node_config, node_id, run_round
 
 from fedfilter.client.ledger.budget import BudgetLedger
 from fedfilter.client.release import FilteredClient

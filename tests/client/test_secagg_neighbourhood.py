@@ -9,8 +9,7 @@ import itertools
 
 import pytest
 from flwr.server.workflow.secure_aggregation.secaggplus_workflow import SecAggPlusWorkflow, WorkflowState
-from test_secagg_device import run_round
-from test_secagg_device_refusals import assert_refused_before_training
+from helpers.secagg import assert_refused_before_training, run_round
 
 from fedfilter.client.secagg.neighbourhood import check_secagg_graph
 from fedfilter.client.settings.policy import SecAggGraphPolicy

@@ -16,7 +16,7 @@ import math
 import mpmath
 import numpy as np
 from flwr.common import parameters_to_ndarrays
-from test_secagg_device import DTYPES, RUN, node_id, run_round
+from helpers.secagg import DTYPES, RUN, node_id, run_round
 
 from fedfilter.client.ledger.budget import BudgetLedger
 from fedfilter.client.mechanisms.gaussian_noise import round_noise_stream
@@ -101,8 +101,8 @@ def test_a_sybil_coordinator_reads_one_report_and_the_worst_case_account_covers_
 
 
 def test_a_device_without_a_worst_case_budget_refuses_the_secagg_round_before_training(tmp_path, monkeypatch):
-    import test_secagg_device
-    from test_secagg_device_refusals import assert_refused_before_training
+    from helpers import secagg as test_secagg_device
+    from helpers.secagg import assert_refused_before_training
 
     plain = test_secagg_device.node_config
 

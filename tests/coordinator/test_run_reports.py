@@ -13,7 +13,7 @@ import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.serverapp.strategy import FedAvg
 from flwr.supercore.task_identity import TaskIdentity
-from test_strategy_wrapper import FakeGrid
+from helpers.strategy import FakeGrid
 
 from fedfilter.client.filter_mod import individual_filter_mod
 from fedfilter.client.settings.node_config import enrol_device

@@ -7,7 +7,7 @@ import importlib
 
 import pytest
 from flwr.common.secure_aggregation.secaggplus_constants import Key, Stage
-from test_secagg_attacks import answered, attacker, charges, configs_of, nid_of, refused, run_attack
+from helpers.secagg_attacks import answered, attacker, charges, configs_of, nid_of, refused, run_attack
 
 from fedfilter.client.secagg import mod as secagg_device
 

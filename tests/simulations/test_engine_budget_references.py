@@ -15,7 +15,7 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
-from budget_reference import check_spends, exact_mu2, rdp_epsilon, weights
+from helpers.budget_reference import check_spends, exact_mu2, rdp_epsilon, weights
 
 from fedfilter.privacy.filters import make_filter
 from fedfilter.simulations.engine import Engine, EngineConfig

@@ -5,7 +5,7 @@ import subprocess
 import sys
 
 import pytest
-from tiny_study import TINY_STUDY
+from helpers.tiny_study import TINY_STUDY
 
 from fedfilter.privacy.filters import make_filter
 

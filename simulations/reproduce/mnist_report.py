@@ -1,17 +1,14 @@
-"""The report side of ``benchmarks/reproduce_mnist.py``: reading its JSONL results, the Markdown tables
-beside papers/004 Section 5.1's (with the privacy check under them), the marked table block of a
-document, and the PNG plot.
+"""The report side of the MNIST reproduction (``benchmarks/reproduce_mnist.py``): reading its JSONL
+results, the Markdown tables beside papers/004 Section 5.1's (with the privacy check under them), the
+marked table block of a document, and the PNG plot.
 """
 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from fedfilter.simulations.reproduce.mnist_gd import EPSILONS, PAPER_TABLES, REGIMES, VARIANTS  # noqa: E402
+from fedfilter.simulations.reproduce.mnist_gd import EPSILONS, PAPER_TABLES, REGIMES, VARIANTS
 
 
 def read_rows(path: Path) -> list[dict]:
@@ -66,7 +63,7 @@ def table(args) -> str:
         ]
         for eps in EPSILONS:
             (g, gs), (f, fs) = PAPER_TABLES[regime][eps]
-            sel = lambda v: [
+            sel = lambda v, eps=eps, regime=regime: [  # called at once, in this iteration
                 r
                 for r in rows
                 if r["setting"]["epsilon"] == eps
