@@ -28,9 +28,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from fedfilter.client.mechanisms.gaussian import clip_to_norm, snap_toward_zero
-from fedfilter.client.mechanisms.skellam import _CLIP_SLACK as CLIP_SLACK  # the device's own constant
-from fedfilter.client.mechanisms.skellam import MAX_MU_SHARE, SkellamGrid, l2_allowance, skellam_grid
-from fedfilter.client.mechanisms.skellam_noise import add_skellam_noise, skellam_noise
+from fedfilter.client.mechanisms.skellam import CLIP_SLACK, SkellamGrid, l2_allowance, skellam_grid
+from fedfilter.client.mechanisms.skellam_noise import MAX_MU_SHARE, add_skellam_noise, skellam_noise
 from fedfilter.privacy.filters import GaussianFilter, exhausted, rdp_order
 from fedfilter.privacy.skellam import integer_norms, l2_up, skellam_charge
 from fedfilter.protocol.request import RoundSpec
