@@ -207,14 +207,14 @@ class GaussianMechanism:
         check_finite(arrays)
         return arrays
 
-    def allowance(self, account: Account) -> float:
+    def allowance(self, account: Account) -> float | np.ndarray:
         """The smaller of every budget's allowance at ``accounted_std`` and the worst-case one at ``added_std``."""
         allowance = account.allowance(noise_std=self.accounted_std, clip=self.clip)
         return min(allowance, account.worst_allowance(noise_std=self.added_std, clip=self.clip))
 
-    def clip_and_snap(self, arrays: Sequence[np.ndarray], bound: float) -> tuple[list[np.ndarray], float]:
+    def clip_and_snap(self, arrays: Sequence[np.ndarray], bound) -> tuple[list[np.ndarray] | None, float | np.ndarray]:
         """The update clipped to ``bound`` and snapped onto the grid, and its certified (clipped) norm."""
-        clipped, norm = clip_to_norm(arrays, bound)
+        clipped, norm = clip_to_norm(arrays, float(bound))
         return snap_toward_zero(clipped, self.gamma), norm  # the snapped norm is at most `norm`
 
     def charges(self, account: Account, payload, sensitivity: float) -> tuple[np.ndarray, np.ndarray | None]:

@@ -258,9 +258,13 @@ class SkellamMechanism:
         )
         return l2_allow * self.grid.gamma
 
-    def clip_and_snap(self, arrays: Sequence[np.ndarray], bound: float) -> tuple[SkellamPayload, float]:
+    def clip_and_snap(self, arrays: Sequence[np.ndarray], bound) -> tuple[SkellamPayload, float]:
         """Clip to ``bound * CLIP_SLACK``, snap toward zero onto the grid; the sensitivity ``l2 * gamma``."""
-        clipped, _ = clip_to_norm(arrays, bound * CLIP_SLACK)
+        clipped, _ = clip_to_norm(arrays, float(bound) * CLIP_SLACK)
+        return self.snap(clipped)
+
+    def snap(self, clipped: Sequence[np.ndarray]) -> tuple[SkellamPayload, float]:
+        """Snap a clipped update toward zero onto the grid: the integer ``k``, its norms, ``l2 * gamma``."""
         k = snap_toward_zero(clipped, self.grid.gamma)  # |k_i| <= C / gamma < 2**13: integer_norms is exact
         l1, l2sq = integer_norms(k)
         l2 = float(l2_up(l2sq))

@@ -35,8 +35,9 @@ class ReleaseRecord:
 
     Parameters
     ----------
-    status : str
-        ``"contributed"``, ``"noise-only"`` or ``"left"`` (the last two once the budget is spent).
+    status : str or numpy.ndarray
+        ``"contributed"``, ``"noise-only"`` or ``"left"`` (the last two once the budget is spent); one
+        per row in the engine.
     placement : str
         ``"local"`` or ``"distributed"``.
     sensitivity : float or numpy.ndarray
@@ -60,7 +61,7 @@ class ReleaseRecord:
     'contributed'
     """
 
-    status: str
+    status: Any  # str; one per row (numpy.ndarray) in the engine
     placement: str
     sensitivity: Any = field(repr=False)
     noise_std: float
@@ -115,13 +116,15 @@ class Mechanism(Protocol):
         """The main and worst-case charges of the snapped update."""
 
 
-def status_of(spent: bool, after_exhaustion: str) -> str:
+def status_of(spent, after_exhaustion: str):
     """The release's status: ``"contributed"``, or, once spent, ``"left"``/``"noise-only"`` as the owner chose.
+
+    One string for one release, an array of them for the engine's rows.
 
     Parameters
     ----------
-    spent : bool
-        Whether the budget is exhausted (``privacy.filters.exhausted``).
+    spent : bool or numpy.ndarray
+        Whether the budget is exhausted (``privacy.filters.exhausted``), per row in the engine.
     after_exhaustion : str
         The owner's choice: ``"leave"`` or ``"noise-only"``.
 
@@ -130,7 +133,8 @@ def status_of(spent: bool, after_exhaustion: str) -> str:
     >>> status_of(False, "leave"), status_of(True, "leave"), status_of(True, "noise-only")
     ('contributed', 'left', 'noise-only')
     """
-    return ("left" if after_exhaustion == "leave" else "noise-only") if spent else "contributed"
+    statuses = np.where(spent, "left" if after_exhaustion == "leave" else "noise-only", "contributed")
+    return str(statuses) if statuses.ndim == 0 else statuses
 
 
 def spend(
@@ -166,10 +170,10 @@ def spend(
     >>> record, payload = spend(tx, mechanism, arrays, exhausted_below=0.0, after_exhaustion="leave")  # doctest: +SKIP
     """
     allowance = mechanism.allowance(account)
-    spent = bool(exhausted(allowance, mechanism.clip, exhausted_below))
+    spent = exhausted(allowance, mechanism.clip, exhausted_below)  # one per row in the engine
     # The same steps whether or not the budget is spent (their time must not tell): an exhausted
     # release clips to 0, so its snapped update is zero and its charge 0.
-    payload, sensitivity = mechanism.clip_and_snap(arrays, 0.0 if spent else allowance)
+    payload, sensitivity = mechanism.clip_and_snap(arrays, np.where(spent, 0.0, allowance))
     charge, worst_charge = mechanism.charges(account, payload, sensitivity)
     record = ReleaseRecord(
         status=status_of(spent, after_exhaustion),
