@@ -1,7 +1,7 @@
 """What a study asks the vectorised engine for, and what it gets back.
 
 Only data: the engine itself lives in ``fedfilter.simulations.engine.core``. Names follow the Flower path
-(``fedfilter.client.release.RoundSpec`` and ``ClientPolicy``, ``fedfilter.coordinator.strategy``) so a study can move
+(``fedfilter.protocol.request.RoundSpec`` and ``ClientPolicy``, ``fedfilter.coordinator.strategy``) so a study can move
 between the two without translating settings.
 """
 
@@ -40,7 +40,7 @@ class EngineConfig:
         As in ``fedfilter.client.ledger.budget.BudgetLedger.enrol``. ``filter_kind`` is ``gdp`` (exact Gaussian-DP
         filter), ``zcdp`` (papers/004 Theorem 4.9) or ``rdp``.
     noise_multiplier, clip, placement, min_reports
-        The coordinator's request (``fedfilter.client.release.RoundSpec``): accounted noise std is
+        The coordinator's request (``fedfilter.protocol.request.RoundSpec``): accounted noise std is
         ``sigma = noise_multiplier * clip``. ``local``: each report carries Gaussian noise of std sigma
         (the device's float-safe rounded Gaussian). ``distributed``: the device's Skellam mechanism on
         the SecAgg+ grid (``fedfilter.simulations.engine.skellam_round``): each report carries
@@ -71,7 +71,7 @@ class EngineConfig:
         ``noise-only`` (keeps sending pure-noise reports) or ``leave`` (sends a marker); one value
         or one per client.
     exhausted_below
-        ``fedfilter.client.release.ClientPolicy.exhausted_below``.
+        ``fedfilter.client.settings.policy.ClientPolicy.exhausted_below``.
     noise_draw
         ``per-client``: every report gets its own noise from the client's generator, seeded
         exactly as ``fedfilter.client.filter_mod`` seeds a device with ``noise-seed =
