@@ -88,11 +88,6 @@ class QuotaAccounts:
         with self._lock:
             return self._coordinator_state_locked(federation or self.quotas.federation)
 
-    def daily_state(self, now: float | None = None) -> np.ndarray:
-        """What the device spent in the 24 hours before ``now``, for the daily quota."""
-        with self._lock:
-            return self._window_state_locked((self.clock() if now is None else now) - DAY_S)
-
 
 class Books(Protocol):
     """What a reservation needs from its ledger (``BudgetLedger`` is one): the filters, the quotas, the
