@@ -31,16 +31,16 @@ STAGES = [
     ("filter_mod", "_filtered_release", "(filtered round)"),
     ("ledger.budget.BudgetLedger", "has_release", "replay pre-check (one SELECT)"),
     ("filter_mod", "_inner_update", "(inner handler + update)"),
-    ("release.FilteredClient", "release", "(release)"),
+    ("filter_mod", "release", "(release)"),
     ("ledger.budget.BudgetLedger", "_check_seal", "seal check (read seal, SELECT its row)"),
     ("ledger.budget.BudgetLedger", "_check_anchor", "roll-back anchor check (read anchor, SELECT its row)"),
     ("ledger.quota.Reservation", "allowance", "allowance (every cap)"),
-    ("release", "clip_to_norm", "clipping (certified norm x2)"),
-    ("release", "snap_toward_zero", "snapping to the noise grid"),
-    ("ledger.quota.Reservation", "record", "record the spend (INSERT)"),
+    ("mechanisms.gaussian", "clip_to_norm", "clipping (certified norm x2)"),
+    ("mechanisms.gaussian", "snap_toward_zero", "snapping to the noise grid"),
+    ("ledger.quota.Reservation", "commit", "record the spend (INSERT)"),
     ("ledger.budget.BudgetLedger", "_seal_latest", "seal write (fsync file + rename + fsync dir)"),
     ("ledger.budget", "advance_anchor", "roll-back anchor write (flock, re-check, pwrite + fdatasync)"),
-    ("release", "add_grid_noise", "noise (ChaCha20 + exact rounded Gaussian)"),
+    ("mechanisms.gaussian", "add_grid_noise", "noise (ChaCha20 + exact rounded Gaussian)"),
     ("filter_mod", "_reply", "reply building (encode Arrays)"),
 ]
 
@@ -86,6 +86,7 @@ def measure(args, tmp: Path) -> None:
     from flwr.app import Array, ArrayRecord, Context, Message, Metadata, RecordDict
 
     import fedfilter.client.filter_mod as flower_mod
+    from fedfilter.client.settings.node_config import enrol_device
     from fedfilter.protocol.request import RoundSpec
     from fedfilter.protocol.wire import ARRAYS_RECORD, REQUEST_RECORD, request_record
     from fedfilter.simulations.tasks.models import DigitsMLP, MnistCNN
@@ -94,7 +95,7 @@ def measure(args, tmp: Path) -> None:
     model = {"digits": DigitsMLP, "mnist": MnistCNN}[args.task]()
     weights = {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
     config = {"ledger-dir": str(tmp / "ledger"), "client-id": "c", "budget-epsilon": 1000.0, "reply-hold-s": 0}
-    flower_mod.enrol_device(config)
+    enrol_device(config)
     context = Context(run_id=7, node_id=42, node_config=config, state=RecordDict(), run_config={})
     handler_s = [0.0]
 
@@ -145,6 +146,10 @@ def measure(args, tmp: Path) -> None:
     _install_timers(totals)
     handler_s[0] = 0.0
     wall = run(10 + args.rounds, args.rounds)
+    # A stage that never ran names a function the filtered path no longer calls: the table is stale.
+    idle = [f"{module}.{name}" for module, name, stage in STAGES if stage not in totals]
+    if idle:
+        raise SystemExit(f"flower_stages: these STAGES never ran (update the table): {', '.join(idle)}")
     per = {k: 1000 * v / args.rounds for k, v in totals.items()}
     handler_ms = 1000 * handler_s[0] / args.rounds
     # Nested stages: report each parent's own remainder.
