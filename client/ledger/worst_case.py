@@ -12,7 +12,7 @@ So every device also keeps a second account, under a second budget the owner set
 what its report ALONE costs at the noise this device itself adds:
 
 * ``local`` placement: the report is the release; the worst-case charge is the main one.
-* ``distributed`` with Skellam noise (``release_distributed.release_skellam``): Agarwal-Kairouz-Liu's
+* ``distributed`` with Skellam noise (``mechanisms.skellam.SkellamMechanism``): Agarwal-Kairouz-Liu's
   bound (``privacy/skellam.skellam_charge``) at the update's exact integer L1 and L2 norms and the
   device's own share ``mu_share`` (not ``mu_total``), at the worst-case filter's order alpha*.
 * ``distributed`` with Gaussian shares (``release.FilteredClient`` called directly): the Gaussian
