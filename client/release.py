@@ -125,7 +125,8 @@ def release(
             tx, mechanism, arrays, exhausted_below=exhausted_below, after_exhaustion=after_exhaustion
         )
         state_after = tx.state_after
-    assert state_after is not None  # commit stored the round
+    if state_after is None:  # spend() returns only after the commit stored the round
+        raise RuntimeError("internal error: a round left the reservation without its commit")
     # Committed: the spend is on disk. Only now is anything computed that leaves the device.
     out = None if record.status == "left" else mechanism.noise(payload, stream)
     return Release(record.status, out, record.sensitivity, record.noise_std, record.charge, state_after, ledger.filter)
