@@ -19,7 +19,7 @@ What the mod does with each message (DESIGN.md sections 1 and 2):
   cannot use (missing, refused until its owner acts, not writable) is answered with an error that
   names that kind only (``LedgerError.public``), never its spends or budget. Otherwise the
   inner handler always runs (so a client with no budget left is not faster than one with budget),
-  the update ``returned - received`` goes through ``FilteredClient.release`` (clip to the
+  the update ``returned - received`` goes through ``fedfilter.client.release.release`` (clip to the
   allowance, durable spend, then noise), and the reply carries exactly:
 
   - ``"arrays"``: an ``ArrayRecord`` with the noisy *update* (same keys and shapes as the model
@@ -96,9 +96,14 @@ from fedfilter.client.ledger.storage import (
     storage_error,
 )
 from fedfilter.client.ledger.worst_case import WorstCaseMissingError, require_worst_case
-from fedfilter.client.mechanisms.gaussian import NonFiniteUpdateError, as_float_arrays, floating_indices
-from fedfilter.client.mechanisms.skellam import SkellamGrid, release_skellam
-from fedfilter.client.release import FilteredClient
+from fedfilter.client.mechanisms.gaussian import (
+    GaussianMechanism,
+    NonFiniteUpdateError,
+    as_float_arrays,
+    floating_indices,
+)
+from fedfilter.client.mechanisms.skellam import SkellamGrid, SkellamMechanism
+from fedfilter.client.release import Release, noise_stream, release
 from fedfilter.client.secagg.mod import masked_report_content, reply_masked, secagg_round_grid
 from fedfilter.client.settings.errors import DeviceSettingsError
 from fedfilter.client.settings.node_config import (
@@ -250,7 +255,7 @@ class _RefusedBeforeTraining(RoundSpecError):
 
 @dataclass(frozen=True)
 class _Outcome:
-    release: Any  # client.release.Release, or client.release_distributed.SkellamRelease under SecAgg+
+    release: Any  # client.release.Release (under SecAgg+, its arrays are the encoded report)
     update: list[np.ndarray]
     floating: list[int]  # indices of the floating-point arrays (the only ones released)
 
@@ -288,22 +293,30 @@ def _filtered_release(
     if update is None:
         update = [np.zeros_like(a) for a in received]
     floating = floating_indices(received)
-    if grid is not None:
-        policy = replace(device.policy, allow_distributed=True)  # the mark, checked by the caller
-        try:
-            skellam = release_skellam(ledger, policy, spec, update, grid, noise_seed=device.noise_seed)
-        except NonFiniteUpdateError:
-            log.error("fedfilter mod: the update holds NaN or inf; releasing a zero update instead")
-            zeros = [np.zeros_like(a) for a in update]
-            skellam = release_skellam(ledger, policy, spec, zeros, grid, noise_seed=device.noise_seed)
-        return _Outcome(skellam, update, floating)
-    filtered = FilteredClient(ledger, device.policy, noise_seed=device.noise_seed)
+    policy = device.policy  # the request was validated once, at the mod's entry
+    # Gaussian noise on the floating-point arrays, or under SecAgg+ Skellam noise on every array's grid.
+    released = update if grid is not None else [update[i] for i in floating]
+
+    def spend_and_noise(arrays: list[np.ndarray]) -> Release:
+        mechanism = (
+            GaussianMechanism.for_request(spec) if grid is None else SkellamMechanism.for_update(spec, grid, arrays)
+        )
+        return release(
+            ledger,
+            mechanism,
+            arrays,
+            run_id=spec.run_id,
+            round_id=int(spec.round_id),
+            exhausted_below=policy.exhausted_below,
+            after_exhaustion=policy.after_exhaustion,
+            stream=noise_stream(device.noise_seed, spec),
+        )
+
     try:
-        release = filtered.release(spec, [update[i] for i in floating])
+        return _Outcome(spend_and_noise(released), update, floating)
     except NonFiniteUpdateError:
         log.error("fedfilter mod: the update holds NaN or inf; releasing a zero update instead")
-        release = filtered.release(spec, [np.zeros_like(update[i]) for i in floating])
-    return _Outcome(release, update, floating)
+        return _Outcome(spend_and_noise([np.zeros_like(a) for a in released]), update, floating)
 
 
 # --- the mods --------------------------------------------------------------------------------
@@ -467,7 +480,7 @@ def _filter_round(msg: Message, context: Context, call_next, hold: ReplyHold) ->
     if grid is not None:  # under SecAgg+: the legacy layout secaggplus_mod masks, constants besides
         if outcome.release.status == "left":  # an error drops this device from the SecAgg+ round
             return _error(msg, "left", "this device's budget is spent and it leaves (after-exhaustion='leave').")
-        return Message(masked_report_content(outcome.release.report), reply_to=msg)
+        return Message(masked_report_content(outcome.release.arrays), reply_to=msg)
     if outcome.release.status == "left":
         return _reply(msg, STATUS_LEFT, keys, None)
     out = list(outcome.update)

@@ -93,7 +93,36 @@ __all__ = [
 
 
 class BudgetLedger(QuotaAccounts, WorstCaseAccount):
-    """A device's lifetime budget and every spend against it."""
+    """A device's lifetime budget and every spend against it: a durable, sealed SQLite ledger.
+
+    Created by the owner (``enrol``) and opened by the device (``open``); every round is spent inside
+    ``reserve`` (one write transaction: replay refusal, every budget and quota, committed and sealed
+    before anything leaves the device). Fails closed: a missing, damaged or rolled-back ledger is
+    refused, never re-created. Build it with ``enrol`` or ``open``, not with the constructor.
+
+    Parameters
+    ----------
+    directory : pathlib.Path
+        The ledger's folder (``ledger.sqlite`` and its seal).
+    conn : sqlite3.Connection
+        The open database (``enrol``/``open`` make it).
+    enrolment : Enrolment
+        The owner's budget: client id, epsilon, delta, filter kind, run quota.
+    quotas : Quotas, optional
+        The owner's coordinator and daily caps (default: none below 1).
+    anchor_file : pathlib.Path, optional
+        The roll-back anchor, in the owner's state directory.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> from fedfilter.client.ledger.budget import BudgetLedger
+    >>> ledger = BudgetLedger.enrol(tempfile.mkdtemp(), client_id="alice", epsilon=4.0, delta=1e-5,
+    ...                             state_dir=tempfile.mkdtemp())
+    >>> ledger.spent_epsilon()
+    0.0
+    >>> ledger.close()
+    """
 
     def __init__(
         self,

@@ -17,15 +17,13 @@ import sqlite3
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
 from fedfilter.client.ledger.schema import DAY_S, STATUSES, floats, floats_json
+from fedfilter.client.mechanisms.spend import ReleaseRecord
 from fedfilter.privacy.filters import GaussianFilter, round_allowance
-
-if TYPE_CHECKING:
-    from fedfilter.client.ledger.budget import BudgetLedger
 
 
 @dataclass(frozen=True)
@@ -90,10 +88,17 @@ class QuotaAccounts:
         with self._lock:
             return self._coordinator_state_locked(federation or self.quotas.federation)
 
-    def daily_state(self, now: float | None = None) -> np.ndarray:
-        """What the device spent in the 24 hours before ``now``, for the daily quota."""
-        with self._lock:
-            return self._window_state_locked((self.clock() if now is None else now) - DAY_S)
+
+class Books(Protocol):
+    """What a reservation needs from its ledger (``BudgetLedger`` is one): the filters, the quotas, the
+    clock and the open connection whose write transaction holds the round."""
+
+    filter: GaussianFilter
+    run_filter: GaussianFilter
+    worst_filter: GaussianFilter | None
+    quotas: Quotas
+    clock: Callable[[], float]
+    _conn: sqlite3.Connection
 
 
 class Reservation:
@@ -102,12 +107,13 @@ class Reservation:
     ``allowance`` and ``admits`` apply every cap at once: the lifetime budget, the run quota,
     and the owner's coordinator and daily quotas (``Quotas``). The worst-case account
     (``fedfilter.client.ledger.worst_case``) is charged differently (what the report costs alone), so it
-    has its own ``worst_allowance`` and ``worst_admits``; ``record`` takes both charges.
+    has its own ``worst_allowance`` and ``worst_admits``. ``commit`` stores the one release (an
+    ``Account`` of ``fedfilter.client.mechanisms.spend``).
     """
 
     def __init__(
         self,
-        ledger: BudgetLedger,
+        books: Books,
         run_id: str,
         round_id: int,
         state,
@@ -116,19 +122,26 @@ class Reservation:
         caps: list[tuple[GaussianFilter, np.ndarray]],
         worst_state: np.ndarray | None = None,
     ):
-        self._ledger, self.run_id, self.round_id = ledger, run_id, round_id
-        self.worst_filter: GaussianFilter | None = ledger.worst_filter
+        self._books, self.run_id, self.round_id = books, run_id, round_id
+        self.filter: GaussianFilter = books.filter
+        self.worst_filter: GaussianFilter | None = books.worst_filter
         self.worst_state = worst_state
         self.state, self.run_state, self.coordinator_state = state, run_state, coordinator_state
+        self.state_after: np.ndarray | None = None  # the lifetime state once committed
         self._caps = caps  # (filter, state) pairs beyond the lifetime and run filters
         self.recorded = False
         self.open = True
 
     def allowance(self, *, noise_std: float, clip: float) -> float:
         """The largest sensitivity every cap still admits at this noise, at most ``clip``."""
-        led = self._ledger
+        books = self._books
         allow = round_allowance(
-            led.filter, self.state, noise_std=noise_std, clip=clip, run_filter=led.run_filter, run_state=self.run_state
+            books.filter,
+            self.state,
+            noise_std=noise_std,
+            clip=clip,
+            run_filter=books.run_filter,
+            run_state=self.run_state,
         )
         for filt, state in self._caps:
             # A cap already passed (the owner lowered a quota) admits nothing. filter.allowance
@@ -139,8 +152,9 @@ class Reservation:
         return float(allow)
 
     def admits(self, charge: np.ndarray) -> bool:
-        led = self._ledger
-        pairs = [(led.filter, self.state), (led.run_filter, self.run_state), *self._caps]
+        """Whether ``charge`` fits every main cap (lifetime, run, and the owner's quotas)."""
+        books = self._books
+        pairs = [(books.filter, self.state), (books.run_filter, self.run_state), *self._caps]
         return all(bool(f.admits(s, charge)) for f, s in pairs)
 
     def worst_allowance(self, *, noise_std: float, clip: float) -> float:
@@ -151,69 +165,62 @@ class Reservation:
         return float(round_allowance(self.worst_filter, self.worst_state, noise_std=noise_std, clip=clip))
 
     def worst_admits(self, worst_charge: np.ndarray | None) -> bool:
+        """Whether ``worst_charge`` fits the worst-case account (None exactly when there is none)."""
         if self.worst_filter is None or self.worst_state is None:
             return worst_charge is None
         return worst_charge is not None and bool(self.worst_filter.admits(self.worst_state, worst_charge))
 
-    def record(
-        self,
-        *,
-        status: str,
-        charge: np.ndarray,
-        state_after: np.ndarray,
-        run_state_after: np.ndarray,
-        sensitivity: float,
-        noise_std: float,
-        noise_multiplier: float,
-        clip: float,
-        placement: str,
-        worst_charge: np.ndarray | None = None,
-    ) -> None:
-        if status not in STATUSES:
-            raise ValueError(f"status must be one of {STATUSES}. Found {status!r}.")
+    def commit(self, record: ReleaseRecord) -> None:
+        """Store the round's release: the one check that every charge fits, one spend per state.
+
+        Raises ``RuntimeError`` (nothing stored; the transaction rolls back) when a positive charge
+        does not fit a budget or quota, or the worst-case charge and account do not match. An
+        exhausted release is charged 0: it is stored even when a cap the owner lowered is passed.
+        """
+        if record.status not in STATUSES:
+            raise ValueError(f"status must be one of {STATUSES}. Found {record.status!r}.")
         if self.recorded or not self.open:
             raise RuntimeError("a reservation records exactly one release, inside its transaction")
-        led = self._ledger
-        charge = np.asarray(charge, dtype=np.float64)
-        # Defence in depth: the states are the ledger's own, and a charge must fit every cap.
-        if not (
-            np.array_equal(state_after, led.filter.spend(self.state, charge))
-            and np.array_equal(run_state_after, led.filter.spend(self.run_state, charge))
-        ):
-            raise RuntimeError("internal error: the states after this round do not add up; nothing spent")
+        books = self._books
+        charge = np.asarray(record.charge, dtype=np.float64)
         if np.any(charge > 0) and not self.admits(charge):
             raise RuntimeError("internal error: the charge exceeds a budget or quota; nothing spent")
-        worst_after = "[]"
+        worst_charge, worst_after = "[]", "[]"
         if self.worst_filter is not None and self.worst_state is not None:
-            if worst_charge is None:
+            if record.worst_charge is None:
                 raise RuntimeError("internal error: a round without its worst-case charge; nothing spent")
-            worst_charge = np.asarray(worst_charge, dtype=np.float64)
-            if np.any(worst_charge > 0) and not self.worst_admits(worst_charge):
+            worst = np.asarray(record.worst_charge, dtype=np.float64)
+            if np.any(worst > 0) and not self.worst_admits(worst):
                 raise RuntimeError("internal error: the worst-case charge exceeds its budget; nothing spent")
-            worst_after = floats_json(self.worst_filter.spend(self.worst_state, worst_charge))
-        elif placement != "local" or worst_charge is not None:
+            worst_charge, worst_after = (
+                floats_json(worst),
+                floats_json(self.worst_filter.spend(self.worst_state, worst)),
+            )
+        elif record.placement != "local" or record.worst_charge is not None:
             raise RuntimeError("internal error: a distributed round without a worst-case budget; nothing spent")
-        led._conn.execute(
+        state_after = books.filter.spend(self.state, charge)
+        books._conn.execute(
             "INSERT INTO spends (run_id, round_id, status, sensitivity, noise_std, noise_multiplier,"
             " clip, placement, charge, state_after, run_state_after, created_at, coordinator,"
             " coordinator_state_after, worst_charge, worst_state_after) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             (
                 self.run_id,
                 self.round_id,
-                status,
-                float(sensitivity),
-                float(noise_std),
-                float(noise_multiplier),
-                float(clip),
-                placement,
+                record.status,
+                float(record.sensitivity),
+                float(record.noise_std),
+                float(record.noise_multiplier),
+                float(record.clip),
+                record.placement,
                 floats_json(charge),
                 floats_json(state_after),
-                floats_json(run_state_after),
-                led.clock(),
-                led.quotas.federation,
-                floats_json(led.filter.spend(self.coordinator_state, charge)),
-                "[]" if worst_after == "[]" else floats_json(worst_charge),
+                floats_json(books.run_filter.spend(self.run_state, charge)),
+                books.clock(),
+                books.quotas.federation,
+                floats_json(books.filter.spend(self.coordinator_state, charge)),
+                worst_charge,
                 worst_after,
             ),
         )
+        self.state_after = state_after
         self.recorded = True

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fedfilter.checks import positive_finite
 from fedfilter.client.ledger.seal import SEAL_FILE, Seal
 from fedfilter.client.ledger.storage import (
     LedgerUnavailableError,
@@ -192,8 +193,8 @@ def check_enrolment_args(client_id, epsilon, delta, filter_kind, run_quota) -> N
     problems = []
     if not (isinstance(client_id, str) and client_id.strip()):
         problems.append(f"client_id must be a non-empty string. Found {client_id!r}.")
-    if not (isinstance(epsilon, (int, float)) and math.isfinite(epsilon) and epsilon > 0):
-        problems.append(f"epsilon must be a finite number > 0. Found {epsilon!r}.")
+    if (problem := positive_finite("epsilon", epsilon)) is not None:
+        problems.append(problem)
     if not (isinstance(delta, (int, float)) and 0 < delta < 1):
         problems.append(f"delta must be a number in (0, 1). Found {delta!r}.")
     if filter_kind not in FILTER_KINDS:

@@ -12,7 +12,7 @@ So every device also keeps a second account, under a second budget the owner set
 what its report ALONE costs at the noise this device itself adds:
 
 * ``local`` placement: the report is the release; the worst-case charge is the main one.
-* ``distributed`` with Skellam noise (``release_distributed.release_skellam``): Agarwal-Kairouz-Liu's
+* ``distributed`` with Skellam noise (``mechanisms.skellam.SkellamMechanism``): Agarwal-Kairouz-Liu's
   bound (``privacy/skellam.skellam_charge``) at the update's exact integer L1 and L2 norms and the
   device's own share ``mu_share`` (not ``mu_total``), at the worst-case filter's order alpha*.
 * ``distributed`` with Gaussian shares (``release.FilteredClient`` called directly): the Gaussian
@@ -39,10 +39,9 @@ recorded share's std.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
+from fedfilter.checks import positive_finite
 from fedfilter.privacy.filters import GaussianFilter, make_filter
 from fedfilter.privacy.rounding import down, up
 from fedfilter.privacy.skellam import skellam_charge
@@ -61,9 +60,8 @@ class WorstCaseMissingError(ValueError):
 def check_worst_case_epsilon(worst_case_epsilon, epsilon) -> float:
     """The owner's worst-case budget, checked: finite, > 0, and at least the main ``epsilon`` (the
     account against any coordinator can never promise more than the one that trusts SecAgg+)."""
-    ok = isinstance(worst_case_epsilon, (int, float)) and not isinstance(worst_case_epsilon, bool)
-    if not (ok and math.isfinite(worst_case_epsilon) and worst_case_epsilon > 0):
-        raise ValueError(f"{SETTING} must be a finite number > 0. Found {worst_case_epsilon!r}.")
+    if (problem := positive_finite(SETTING, worst_case_epsilon)) is not None:
+        raise ValueError(problem)
     if worst_case_epsilon < epsilon:
         raise ValueError(
             f"{SETTING}={worst_case_epsilon!r} is below the budget epsilon={epsilon!r}: the account against any "

@@ -5,7 +5,7 @@ the device's ledger, as a mixin of ``BudgetLedger`` (``fedfilter.client.ledger.b
 lock and transaction discipline: the owner sets the budget once (``set_worst_case``, in one
 ``BEGIN IMMEDIATE`` transaction that also charges the spends already recorded), the device re-reads it
 every round (the owner may set it while the device runs), and each spend row carries the account's
-state after it (``worst_state_after``, written by ``ledger_quota.Reservation.record``).
+state after it (``worst_state_after``, written by ``ledger.quota.Reservation.commit``).
 """
 
 from __future__ import annotations

@@ -10,10 +10,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
 from fedfilter.client.mechanisms.gaussian_noise import NoiseStream, rounded_gaussian
+from fedfilter.client.mechanisms.spend import Account
+from fedfilter.privacy.filters import GaussianFilter
+from fedfilter.protocol.request import RoundSpec
+from fedfilter.protocol.rules import accounted_noise_std, added_noise_std
 from fedfilter.protocol.wire import REPLY_DTYPE
 
 _U = 2.0**-53  # unit roundoff of float64
@@ -105,7 +110,7 @@ def clip_to_norm(arrays: Sequence[np.ndarray], max_norm: float) -> tuple[list[np
 
 # Every floating-point report leaves the device in this dtype, whatever the model's dtype: the
 # coordinator does not choose it (its values are integers times a power of two; see noise_grid).
-GRID_BITS = 16
+NOISE_GRID_BITS = 16
 
 
 NOISE_STD_RANGE = (2.0**-100, 2.0**100)  # every report (at most 2**24 steps) stays a normal float32
@@ -122,7 +127,7 @@ def noise_grid(std: float) -> tuple[float, float]:
     if not (math.isfinite(std) and NOISE_STD_RANGE[0] <= std <= NOISE_STD_RANGE[1]):
         raise ValueError(f"noise std must be a finite number in [2**-100, 2**100]. Found {std!r}.")
     frac, exp = math.frexp(std)  # std = frac * 2**exp, frac in [0.5, 1)
-    return math.ldexp(1.0, exp - 1 - GRID_BITS), math.ldexp(frac, GRID_BITS + 1)
+    return math.ldexp(1.0, exp - 1 - NOISE_GRID_BITS), math.ldexp(frac, NOISE_GRID_BITS + 1)
 
 
 def snap_toward_zero(arrays: Sequence[np.ndarray], gamma: float) -> list[np.ndarray]:
@@ -151,3 +156,73 @@ def add_grid_noise(snapped: Sequence[np.ndarray], std: float, stream: NoiseStrea
         n = k + rounded_gaussian(sigma_g, k.size, stream).reshape(k.shape)
         out.append((n.astype(np.float64) * gamma).astype(REPLY_DTYPE))  # a function of n alone
     return out
+
+
+@dataclass(frozen=True)
+class GaussianMechanism:
+    """The Gaussian release's steps in the spend template (``fedfilter.client.mechanisms.spend``).
+
+    The observer's view is charged at ``accounted_std`` (the sum's std if distributed), the
+    worst-case account at ``added_std`` (what this report carries alone; local: the same). The
+    update is clipped to the allowance, snapped toward zero onto the noise grid (``gamma``), and
+    charged at the clipped norm (the snapped norm is at most that).
+
+    Parameters
+    ----------
+    placement : str
+        ``"local"`` or ``"distributed"`` (Gaussian shares, for direct callers).
+    noise_multiplier, clip : float
+        The request's ``z`` and ``C``.
+    accounted_std, added_std : float
+        ``protocol.rules.accounted_noise_std`` and ``added_noise_std`` of the request.
+    gamma : float
+        The noise grid's step for ``added_std`` (``noise_grid``).
+
+    Examples
+    --------
+    >>> from fedfilter.protocol.request import RoundSpec
+    >>> m = GaussianMechanism.for_request(RoundSpec("run", 0, 1.0, 2.0))
+    >>> m.accounted_std, m.added_std
+    (2.0, 2.0)
+    """
+
+    placement: str
+    noise_multiplier: float
+    clip: float
+    accounted_std: float
+    added_std: float
+    gamma: float
+
+    @classmethod
+    def for_request(cls, spec: RoundSpec) -> GaussianMechanism:
+        """The mechanism a (validated) request asks for; ``ValueError`` when its noise std has no grid."""
+        z, clip = float(spec.noise_multiplier), float(spec.clip)
+        added_std = added_noise_std(z, clip, spec.placement, spec.min_reports)
+        gamma, _ = noise_grid(added_std)  # before anything is spent: an impossible std is refused here
+        return cls(spec.placement, z, clip, accounted_noise_std(z, clip), added_std, gamma)
+
+    def check(self, update: Sequence[np.ndarray], filt: GaussianFilter) -> list[np.ndarray]:
+        """The arrays to release, refused (``ValueError``) before anything is spent. Every filter kind accounts it."""
+        arrays = as_float_arrays(update)
+        check_finite(arrays)
+        return arrays
+
+    def allowance(self, account: Account) -> float | np.ndarray:
+        """The smaller of every budget's allowance at ``accounted_std`` and the worst-case one at ``added_std``."""
+        allowance = account.allowance(noise_std=self.accounted_std, clip=self.clip)
+        return min(allowance, account.worst_allowance(noise_std=self.added_std, clip=self.clip))
+
+    def clip_and_snap(self, arrays: Sequence[np.ndarray], bound) -> tuple[list[np.ndarray] | None, float | np.ndarray]:
+        """The update clipped to ``bound`` and snapped onto the grid, and its certified (clipped) norm."""
+        clipped, norm = clip_to_norm(arrays, float(bound))
+        return snap_toward_zero(clipped, self.gamma), norm  # the snapped norm is at most `norm`
+
+    def charges(self, account: Account, payload, sensitivity: float) -> tuple[np.ndarray, np.ndarray | None]:
+        """The main charge at ``accounted_std`` and the worst-case one at ``added_std`` (None without an account)."""
+        charge = account.filter.charge(sensitivity=sensitivity, noise_std=self.accounted_std)
+        worst = account.worst_filter
+        return charge, None if worst is None else worst.charge(sensitivity=sensitivity, noise_std=self.added_std)
+
+    def noise(self, payload: list[np.ndarray], stream: NoiseStream) -> list[np.ndarray]:
+        """The report: grid noise added to the snapped update (call only after the commit)."""
+        return add_grid_noise(payload, self.added_std, stream)

@@ -1,6 +1,6 @@
 """One distributed round on the device: Skellam noise on SecAgg+'s integer grid (issue 15).
 
-The rule, written once (``release_skellam``; the simulation engine mirrors it), for a request
+The rule, written once (``SkellamMechanism``, run by ``mechanisms/spend.py``; the engine runs it too), for a request
 ``(z, C, m)`` and the coordinator's SecAgg+ setup ``(q, n, t)`` (checked by
 ``secagg_grid.check_secagg_state``, with ``t >= m``):
 
@@ -10,9 +10,10 @@ The rule, written once (``release_skellam``; the simulation engine mirrors it), 
   device's share. The released sum holds ``n' >= t >= m`` reports, so its noise is
   ``Sk(n' mu_share)`` with ``n' mu_share >= mu_total``: no deficit whatever drops out, and a round
   below ``t`` is never unmasked.
-* In one ledger transaction (``BudgetLedger.reserve``: replay refusal, every quota): the Gaussian
-  allowance ``a_G`` every filter admits at ``sigma``; its charge ``g``; the largest integer-grid L2
-  whose worst-case Skellam charge is at most ``g`` (``skellam_allowance``, constant work). The update
+* In one ledger transaction (``fedfilter.client.release.release``; ``BudgetLedger.reserve``: replay
+  refusal, every quota): the Gaussian allowance ``a_G`` every filter admits at ``sigma``; its charge
+  ``g``; the largest integer-grid L2 whose worst-case Skellam charge is at most ``g``
+  (``skellam_allowance``, constant work). The update
   is clipped to that L2 (times ``gamma``), snapped toward zero onto the grid (``k``, int64), and
   charged ``skellam_charge`` at its exact integer norms; the charge is checked against every filter
   again (defence in depth) and recorded with ``placement="distributed"``, the sensitivity and noise
@@ -49,8 +50,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from fedfilter.client.ledger.budget import BudgetLedger
-from fedfilter.client.ledger.worst_case import WorstCaseMissingError, require_worst_case
 from fedfilter.client.mechanisms.gaussian import (
     as_float_arrays,
     check_finite,
@@ -58,35 +57,22 @@ from fedfilter.client.mechanisms.gaussian import (
     floating_indices,
     snap_toward_zero,
 )
-from fedfilter.client.mechanisms.gaussian_noise import NoiseStream, round_noise_stream
-from fedfilter.client.mechanisms.skellam_noise import add_skellam_noise
-from fedfilter.client.settings.policy import ClientPolicy, check_request
-from fedfilter.privacy.filters import GaussianFilter, exhausted, rdp_order
+from fedfilter.client.mechanisms.gaussian_noise import NoiseStream
+from fedfilter.client.mechanisms.skellam_noise import MAX_MU_SHARE, add_skellam_noise
+from fedfilter.client.mechanisms.spend import Account
+from fedfilter.privacy.filters import GaussianFilter, rdp_order
 from fedfilter.privacy.rounding import down, up
 from fedfilter.privacy.skellam import integer_norms, l2_up, skellam_allowance, skellam_charge
 from fedfilter.protocol.request import RoundSpec, RoundSpecError
 from fedfilter.protocol.rules import accounted_noise_std
 from fedfilter.protocol.secagg_grid import encode_report, grid_step
 
-__all__ = [
-    "SkellamGrid",
-    "SkellamRelease",
-    "skellam_grid",
-    "l2_allowance",
-    "release_skellam",
-    "WRAP_SIGMAS",
-    "MAX_MU_SHARE",
-]
-
 # The released sum's noise must stay well inside SecAgg+'s range [-q/2, q/2): beyond it the sum wraps
 # and the round is useless (equally private, but the device would pay for nothing).
 WRAP_SIGMAS = 8.0
-# The largest share variance the exact sampler draws from (client/mechanisms/skellam_noise.py checks it too; a
-# test keeps the two equal).
-MAX_MU_SHARE = 2.0**32
 # The clip bound is shrunk by this factor so that the charge at the snapped update's rounded-up L2
-# never exceeds the allowance's (a few ulps of slack; nothing measurable is lost).
-_CLIP_SLACK = 1.0 - 2.0**-30
+# never exceeds the allowance's (a few ulps of slack; nothing measurable is lost). The engine uses it too.
+CLIP_SLACK = 1.0 - 2.0**-30
 
 
 @dataclass(frozen=True)
@@ -142,19 +128,6 @@ def skellam_grid(spec: RoundSpec, *, target_range: int, sample_num: int) -> Skel
     return SkellamGrid(gamma=gamma, mu_total=mu_total, mu_share=mu_share, target_range=int(target_range))
 
 
-@dataclass(frozen=True)
-class SkellamRelease:
-    """What leaves the device in a distributed round, and the (private, local) bookkeeping behind it."""
-
-    status: str  # "contributed", "noise-only" or "left"
-    report: list[np.ndarray] | None = field(repr=False)  # encode_report(y, q) per model array; None if left
-    sensitivity: float  # l2 * gamma: the snapped update's L2 norm, model units (0 without data)
-    noise_std: float  # sqrt(mu_share) * gamma, model units
-    charge: np.ndarray = field(repr=False)
-    state_after: np.ndarray = field(repr=False)
-    filter: GaussianFilter = field(repr=False)
-
-
 def l2_allowance(
     filt: GaussianFilter,
     a_gauss,
@@ -186,87 +159,127 @@ def l2_allowance(
     return np.minimum(main, alone)
 
 
-def _round_stream(noise_seed: int | None, spec: RoundSpec) -> NoiseStream:
-    return NoiseStream() if noise_seed is None else round_noise_stream(noise_seed, spec.run_id, spec.round_id)
+def _worst_filter(account: Account) -> GaussianFilter:
+    # The release refused the round before reserving when the device has no worst-case budget
+    # (``ledger.worst_case.require_worst_case``): a reservation without one is a bug.
+    if account.worst_filter is None:
+        raise RuntimeError("internal error: a distributed round without a worst-case budget; nothing spent")
+    return account.worst_filter
 
 
-def release_skellam(
-    ledger: BudgetLedger,
-    policy: ClientPolicy,
-    spec: RoundSpec,
-    update: Sequence[np.ndarray],
-    grid: SkellamGrid,
-    *,
-    noise_seed: int | None = None,
-) -> SkellamRelease:
-    """Filter, clip, snap, record and noise one distributed round (module docstring).
+@dataclass(frozen=True)
+class SkellamPayload:
+    """The snapped update on the integer grid and its exact norms (``integer_norms``; ``l2`` rounded up)."""
 
-    ``update`` holds EVERY model array in order; only floating-point arrays are released (integer
-    buffers as 0). Raises before spending on bad input; ``ReplayError`` for a round already recorded.
+    k: list[np.ndarray] = field(repr=False)
+    l1: float
+    l2: float
+
+
+@dataclass(frozen=True)
+class SkellamMechanism:
+    """The Skellam release's steps in the spend template (module docstring; ``mechanisms/spend.py``).
+
+    Built for one update's layout: only its floating-point arrays (``floating``) are released, integer
+    buffers travel as 0; ``dim`` counts the released coordinates (the allowance's bisection needs it).
+
+    Parameters
+    ----------
+    noise_multiplier, clip : float
+        The request's ``z`` and ``C``.
+    sigma : float
+        The accounted std of the released sum, model units.
+    grid : SkellamGrid
+        The round's grid and variances (``skellam_grid``).
+    shapes : tuple of tuple of int
+        The shape of every model array, in order.
+    floating : tuple of int
+        The indices of the floating-point arrays (the ones released).
+    dim : int
+        The number of released coordinates (at least 1).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from fedfilter.protocol.request import RoundSpec
+    >>> spec = RoundSpec("run", 0, 1.0, 1.0, placement="distributed", min_reports=2)
+    >>> grid = skellam_grid(spec, target_range=2**22, sample_num=4)
+    >>> m = SkellamMechanism.for_update(spec, grid, [np.zeros(3, np.float32), np.zeros(1, np.int64)])
+    >>> m.floating, m.dim
+    ((0,), 3)
     """
-    check_request(spec, policy)
-    if spec.placement != "distributed":
-        raise RoundSpecError(
-            f"round request refused: a Skellam release needs placement='distributed'. Found {spec.placement!r}."
-        )
-    filt, run_filt = ledger.filter, ledger.run_filter
-    if filt.kind != "rdp":
-        raise RoundSpecError(
-            "round request refused: distributed (Skellam) releases are accounted by the rdp filter; "
-            f"this device's filter is {filt.kind!r}."
-        )
-    try:
-        require_worst_case(ledger.current_worst_filter())
-    except WorstCaseMissingError as err:
-        raise RoundSpecError(str(err)) from None
-    arrays = [np.asarray(a) for a in update]
-    floating = floating_indices(arrays)
-    released = as_float_arrays([arrays[i] for i in floating])
-    check_finite(released)
-    dim = max(1, sum(a.size for a in released))
-    z, clip = float(spec.noise_multiplier), float(spec.clip)
-    sigma = accounted_noise_std(z, clip)
-    gamma, mu_total, mu_share = grid.gamma, grid.mu_total, grid.mu_share
 
-    with ledger.reserve(spec.run_id, int(spec.round_id)) as tx:
-        worst = require_worst_case(tx.worst_filter)
-        allowance = tx.allowance(noise_std=sigma, clip=clip)  # every budget and quota, Gaussian units
-        a_worst = tx.worst_allowance(noise_std=grid.noise_std, clip=clip)  # the report alone
-        # The largest integer-grid L2 whose worst-case Skellam charges fit both admitted Gaussian ones
-        # (constant work whatever the state, whichever account binds).
-        l2_allow = float(l2_allowance(filt, allowance, worst, a_worst, sigma=sigma, grid=grid, dim=dim))
-        spent = bool(exhausted(l2_allow * gamma, clip, policy.exhausted_below))
-        # The same steps whether or not the budget is spent: an exhausted device clips to 0.
-        bound = 0.0 if spent else l2_allow * gamma * _CLIP_SLACK
-        clipped, _ = clip_to_norm(released, bound)
-        k = snap_toward_zero(clipped, gamma)  # |k_i| <= C / gamma < 2**13: integer_norms is exact
+    noise_multiplier: float
+    clip: float
+    sigma: float
+    grid: SkellamGrid
+    shapes: tuple[tuple[int, ...], ...]
+    floating: tuple[int, ...]
+    dim: int
+    placement: str = "distributed"
+
+    @classmethod
+    def for_update(cls, spec: RoundSpec, grid: SkellamGrid, update: Sequence[np.ndarray]) -> SkellamMechanism:
+        """The mechanism for a validated distributed request, its grid and the layout of ``update``."""
+        if spec.placement != "distributed":
+            raise RoundSpecError(
+                f"round request refused: a Skellam release needs placement='distributed'. Found {spec.placement!r}."
+            )
+        arrays = [np.asarray(a) for a in update]
+        floating = tuple(floating_indices(arrays))
+        dim = max(1, sum(arrays[i].size for i in floating))
+        z, clip = float(spec.noise_multiplier), float(spec.clip)
+        shapes = tuple(a.shape for a in arrays)
+        return cls(z, clip, accounted_noise_std(z, clip), grid, shapes, floating, dim)
+
+    @property
+    def added_std(self) -> float:
+        """The std this report carries, model units: ``sqrt(mu_share) * gamma``."""
+        return self.grid.noise_std
+
+    def check(self, update: Sequence[np.ndarray], filt: GaussianFilter) -> list[np.ndarray]:
+        """The floating-point arrays to release, refused before anything is spent (and an rdp filter required)."""
+        if filt.kind != "rdp":
+            raise RoundSpecError(
+                "round request refused: distributed (Skellam) releases are accounted by the rdp filter; "
+                f"this device's filter is {filt.kind!r}."
+            )
+        released = as_float_arrays([np.asarray(update[i]) for i in self.floating])
+        check_finite(released)
+        return released
+
+    def allowance(self, account: Account) -> float:
+        """``l2_allowance`` (both accounts, constant work) in model units: times the grid step."""
+        worst = _worst_filter(account)
+        allowance = account.allowance(noise_std=self.sigma, clip=self.clip)  # every budget and quota
+        a_worst = account.worst_allowance(noise_std=self.grid.noise_std, clip=self.clip)  # the report alone
+        l2_allow = float(
+            l2_allowance(account.filter, allowance, worst, a_worst, sigma=self.sigma, grid=self.grid, dim=self.dim)
+        )
+        return l2_allow * self.grid.gamma
+
+    def clip_and_snap(self, arrays: Sequence[np.ndarray], bound) -> tuple[SkellamPayload, float]:
+        """Clip to ``bound * CLIP_SLACK``, snap toward zero onto the grid; the sensitivity ``l2 * gamma``."""
+        clipped, _ = clip_to_norm(arrays, float(bound) * CLIP_SLACK)
+        return self.snap(clipped)
+
+    def snap(self, clipped: Sequence[np.ndarray]) -> tuple[SkellamPayload, float]:
+        """Snap a clipped update toward zero onto the grid: the integer ``k``, its norms, ``l2 * gamma``."""
+        k = snap_toward_zero(clipped, self.grid.gamma)  # |k_i| <= C / gamma < 2**13: integer_norms is exact
         l1, l2sq = integer_norms(k)
         l2 = float(l2_up(l2sq))
-        charge = skellam_charge(filt, l1, l2, mu_total)
-        worst_charge = skellam_charge(worst, l1, l2, mu_share)  # k + Sk(mu_share), read alone
-        admitted = bool(tx.admits(charge)) and tx.worst_admits(worst_charge)
-        if not (admitted or spent):
-            raise RuntimeError("internal error: the snapped update's charge exceeds the allowance; nothing spent")
-        status = ("left" if policy.after_exhaustion == "leave" else "noise-only") if spent else "contributed"
-        state_after = filt.spend(tx.state, charge)
-        tx.record(
-            status=status,
-            charge=charge,
-            state_after=state_after,
-            run_state_after=run_filt.spend(tx.run_state, charge),
-            sensitivity=l2 * gamma,
-            noise_std=grid.noise_std,
-            noise_multiplier=z,
-            clip=clip,
-            placement="distributed",
-            worst_charge=worst_charge,
-        )
-    # Committed: the spend is on disk. Only now is anything computed that leaves the device.
-    report = None
-    if status != "left":
-        noisy = add_skellam_noise(k, mu_share, _round_stream(noise_seed, spec))
-        y = [np.zeros(a.shape, dtype=np.int64) for a in arrays]  # integer buffers: no data, released as 0
-        for i, values in zip(floating, noisy):
-            y[i] = np.asarray(values, dtype=np.int64).reshape(arrays[i].shape)
-        report = encode_report(y, grid.target_range)
-    return SkellamRelease(status, report, l2 * gamma, grid.noise_std, charge, state_after, filt)
+        return SkellamPayload(k, l1, l2), l2 * self.grid.gamma
+
+    def charges(self, account: Account, payload: SkellamPayload, sensitivity: float) -> tuple[np.ndarray, np.ndarray]:
+        """``skellam_charge`` at the sum's ``mu_total`` and, read alone, at ``mu_share``."""
+        worst = _worst_filter(account)
+        charge = skellam_charge(account.filter, payload.l1, payload.l2, self.grid.mu_total)
+        return charge, skellam_charge(worst, payload.l1, payload.l2, self.grid.mu_share)  # k + Sk(mu_share)
+
+    def noise(self, payload: SkellamPayload, stream: NoiseStream) -> list[np.ndarray]:
+        """The report ``encode_report(k + Sk(mu_share), q)``, integer buffers as 0 (only after the commit)."""
+        noisy = add_skellam_noise(payload.k, self.grid.mu_share, stream)
+        y = [np.zeros(shape, dtype=np.int64) for shape in self.shapes]  # integer buffers: no data, released as 0
+        for i, values in zip(self.floating, noisy):
+            y[i] = np.asarray(values, dtype=np.int64).reshape(self.shapes[i])
+        return encode_report(y, self.grid.target_range)

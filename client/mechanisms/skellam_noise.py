@@ -65,7 +65,9 @@ import numpy as np
 
 from fedfilter.client.mechanisms.gaussian_noise import NoiseStream
 
-_MU_MAX = 2.0**32
+# The largest share variance the exact sampler draws from: a device refuses rounds above it
+# (``skellam.skellam_grid``), the engine splits larger variances into draws of at most this.
+MAX_MU_SHARE = 2.0**32
 _TABLE_BITS = 192  # fixed-point precision of the cached table's exact bounds
 _START_WIDEN = 2.0**-40  # relative widening of the two float start values (a few ulps of error)
 _TWO32, _TWO64 = 2.0**-32, 2.0**-64
@@ -75,7 +77,7 @@ def _check_mu(mu: float) -> float:
     if isinstance(mu, bool) or not isinstance(mu, (int, float, np.integer, np.floating)):
         raise ValueError(f"mu (the Skellam variance per coordinate) must be a number. Found {mu!r}.")
     value = float(mu)
-    if not (math.isfinite(value) and 0.0 < value <= _MU_MAX):
+    if not (math.isfinite(value) and 0.0 < value <= MAX_MU_SHARE):
         raise ValueError(f"mu (the Skellam variance per coordinate) must be finite, > 0 and <= 2**32. Found {mu!r}.")
     return value
 

@@ -67,9 +67,9 @@ Agreement with the Flower path, precisely
   a run is bitwise repeatable for the same thread count (on this machine also across 1 and 2).
 * ``fraction < 1`` samples with the engine's own generator, not the ServerApp's.
 * ``distributed`` placement: each client's release is the device's Skellam rule
-  (``fedfilter.simulations.engine.skellam_round.ClientRule``: Gaussian allowance -> Skellam allowance
-  -> clip -> snap toward zero on the SecAgg+ grid -> charge at the exact integer norms -> spend, the
-  device's functions in the device's order), so filter states are bitwise a device's; with
+  (``fedfilter.simulations.engine.mechanisms.EngineSkellam`` in the device's spend template: Gaussian
+  allowance -> Skellam allowance -> clip -> snap toward zero on the SecAgg+ grid -> charge at the exact
+  integer norms -> commit, the device's functions in the device's order), so filter states are bitwise a device's; with
   ``noise_draw="per-client"`` each integer report is bitwise the device's, and the integer sum (hence
   the mean) is exact whatever the order. ``norms="fast"`` falls back to ``vectorised`` there.
 * ``central`` placement has no device counterpart: papers/004's trusted curator (private GD), used by

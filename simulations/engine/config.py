@@ -1,18 +1,18 @@
 """What a study asks the vectorised engine for, and what it gets back.
 
 Only data: the engine itself lives in ``fedfilter.simulations.engine.core``. Names follow the Flower path
-(``fedfilter.client.release.RoundSpec`` and ``ClientPolicy``, ``fedfilter.coordinator.strategy``) so a study can move
+(``fedfilter.protocol.request.RoundSpec`` and ``ClientPolicy``, ``fedfilter.coordinator.strategy``) so a study can move
 between the two without translating settings.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from fedfilter.checks import is_int, positive_finite, short_repr
 from fedfilter.client.settings.policy import ClientPolicy
 from fedfilter.privacy.filters import FILTER_KINDS
 from fedfilter.privacy.secagg_graph import SecAggGraph, honest_coordinator_delta
@@ -40,7 +40,7 @@ class EngineConfig:
         As in ``fedfilter.client.ledger.budget.BudgetLedger.enrol``. ``filter_kind`` is ``gdp`` (exact Gaussian-DP
         filter), ``zcdp`` (papers/004 Theorem 4.9) or ``rdp``.
     noise_multiplier, clip, placement, min_reports
-        The coordinator's request (``fedfilter.client.release.RoundSpec``): accounted noise std is
+        The coordinator's request (``fedfilter.protocol.request.RoundSpec``): accounted noise std is
         ``sigma = noise_multiplier * clip``. ``local``: each report carries Gaussian noise of std sigma
         (the device's float-safe rounded Gaussian). ``distributed``: the device's Skellam mechanism on
         the SecAgg+ grid (``fedfilter.simulations.engine.skellam_round``): each report carries
@@ -71,7 +71,7 @@ class EngineConfig:
         ``noise-only`` (keeps sending pure-noise reports) or ``leave`` (sends a marker); one value
         or one per client.
     exhausted_below
-        ``fedfilter.client.release.ClientPolicy.exhausted_below``.
+        ``fedfilter.client.settings.policy.ClientPolicy.exhausted_below``.
     noise_draw
         ``per-client``: every report gets its own noise from the client's generator, seeded
         exactly as ``fedfilter.client.filter_mod`` seeds a device with ``noise-seed =
@@ -165,22 +165,13 @@ class EngineConfig:
     def __post_init__(self):
         problems = []
 
-        def positive(name, integer=False):
-            v = getattr(self, name)
-            ok = (
-                (isinstance(v, (int, np.integer)) and not isinstance(v, bool))
-                if integer
-                else (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v))
-            )
-            if not ok or v <= 0:
-                problems.append(
-                    f"{name} must be a {'positive integer' if integer else 'finite number > 0'}. Found {v!r}."
-                )
-
         for name in ("num_clients", "rounds", "min_reports", "local_epochs", "batch_size", "eval_every", "chunk_size"):
-            positive(name, integer=True)
+            v = getattr(self, name)
+            if not (is_int(v) and v > 0):
+                problems.append(f"{name} must be a positive integer. Found {short_repr(v)}.")
         for name in ("noise_multiplier", "clip", "lr", "server_lr"):
-            positive(name)
+            if (problem := positive_finite(name, getattr(self, name))) is not None:
+                problems.append(problem)
         if self.client_mode not in CLIENT_MODES:
             problems.append(f"client_mode must be one of {CLIENT_MODES}. Found {self.client_mode!r}.")
         if self.filter_kind not in FILTER_KINDS:

@@ -15,10 +15,11 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_secagg_device_release import release_skellam
 
 from fedfilter.client.ledger.budget import BudgetLedger
 from fedfilter.client.ledger.worst_case import SETTING, past_worst_charge
-from fedfilter.client.mechanisms.skellam import l2_allowance, release_skellam, skellam_grid
+from fedfilter.client.mechanisms.skellam import l2_allowance, skellam_grid
 from fedfilter.client.release import FilteredClient
 from fedfilter.client.settings.policy import ClientPolicy
 from fedfilter.privacy.filters import make_filter, rdp_order
@@ -196,7 +197,7 @@ def test_a_spent_worst_case_account_stops_contribution_while_the_main_one_has_bu
         update = [(rng.normal(size=s) * 0.5).astype(np.float32) for s in shapes]
         rel = release_skellam(ledger, TINY_Z, spec, update, grid)
         statuses.append(rel.status)
-        reports.append(rel.report)
+        reports.append(rel.arrays)
         worst_state = ledger.worst_state()
         assert worst_state is not None and ledger.worst_filter is not None
         assert bool(ledger.worst_filter.within_budget(worst_state)) and bool(
