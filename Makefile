@@ -49,7 +49,7 @@ layers: setup tree
 	@echo "== lint-imports"
 	cd $(TREE) && $(CURDIR)/$(BIN)/lint-imports --no-cache --no-logo $(CURDIR)/pyproject.toml
 
-test: lint typecheck
+test: lint typecheck layers
 	@echo "== pytest"
 	$(BIN)/python -m pytest -q
 

@@ -41,6 +41,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
+from fedfilter.app.client_app import make_client_app  # noqa: E402
 from fedfilter.simulations.harness.reply_timing import measure  # noqa: E402
 
 P_MIN, ACCURACY_MAX = 0.01, 0.60
@@ -93,7 +94,7 @@ def main(argv=None) -> int:
 
     logging.getLogger("fedfilter.client").setLevel(logging.ERROR)  # overruns are counted instead
     started = time.monotonic()
-    result = measure(args.replies, [0.0, args.hold], local_epochs=args.local_epochs, seed=args.seed)
+    result = measure(make_client_app(), args.replies, [0.0, args.hold], local_epochs=args.local_epochs, seed=args.seed)
     print(
         f"Flower {flwr.__version__}, torch {torch.__version__}, Python {platform.python_version()}, "
         f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; built-in ClientApp (digits MLP), "

@@ -54,7 +54,6 @@ from fedfilter.client.ledger.anchor import (
 from fedfilter.client.ledger.quota import QuotaAccounts, Quotas, Reservation
 from fedfilter.client.ledger.schema import (
     ANCHORED_KEY,
-    INT64_MAX,
     LEDGER_FILE,
     LEDGER_FILES,
     RECOVER,
@@ -85,6 +84,7 @@ from fedfilter.client.ledger.storage import (
 from fedfilter.client.ledger.worst_case import check_worst_case_epsilon
 from fedfilter.client.ledger.worst_case_storage import WorstCaseAccount
 from fedfilter.privacy.filters import GaussianFilter, make_filter
+from fedfilter.protocol.request import INT64_MAX
 
 # The ledger's public names, importable from here as before the split (the CLI, the demo, tests).
 __all__ = [

@@ -31,7 +31,6 @@ LEDGER_FILE = "budget_ledger.sqlite"
 LEDGER_FILES = (LEDGER_FILE, LEDGER_FILE + "-wal", LEDGER_FILE + "-shm", SEAL_FILE)
 SCHEMA_VERSION = 2  # 2: coordinator columns, ledger id and seal
 STATUSES = ("contributed", "noise-only", "left")
-INT64_MAX = 2**63 - 1  # SQLite's integers are int64: a larger round id would raise OverflowError
 DAY_S = 86400.0
 RECOVER = ("reseal", "replace")
 # meta key: '1' once the ledger keeps a roll-back anchor outside its directory (client/ledger/anchor.py).

@@ -2,7 +2,7 @@
 statistics that tell two samples of reply times apart (``benchmarks/reply_timing.py`` prints them;
 tests/client/test_reply_timing.py runs a short version).
 
-``measure(replies, holds)`` hands hand-built train Messages to ``make_client_app()`` as a SuperNode
+``measure(app, replies, holds)`` hands hand-built train Messages to the built-in ClientApp as a SuperNode
 would, for a ``large``, a ``small`` and an ``exhausted`` device with their own ledgers, one phase per
 reply hold, and returns each comparison (``compare``: medians, the Mann-Whitney U p-value and
 ``best_threshold_accuracy``, the accuracy of the best one-threshold classifier) with the samples.
@@ -20,6 +20,7 @@ import numpy as np
 
 if TYPE_CHECKING:
     from flwr.app import RecordDict
+    from flwr.clientapp import ClientApp
 
 TASK: dict[str, int | float | str] = {
     "task": "digits",
@@ -178,14 +179,21 @@ def _check_ledgers(devices: dict, timed_from: dict) -> None:
 
 
 def measure(
-    replies: int, holds: list[float], *, local_epochs: int = 2, seed: int = 0, root: Path | None = None
+    app: ClientApp,
+    replies: int,
+    holds: list[float],
+    *,
+    local_epochs: int = 2,
+    seed: int = 0,
+    root: Path | None = None,
 ) -> dict:
-    """Run every phase (one per hold, 0 = off) and return the comparisons (see module doc)."""
+    """Run every phase (one per hold, 0 = off) through ``app`` and return the comparisons (module doc).
+
+    ``app`` is the deployed ClientApp (``fedfilter.app.client_app.make_client_app()``; device settings
+    come from node_config only): the caller builds it, so this harness stays below the app layer.
+    """
     from flwr.app import RecordDict
 
-    from fedfilter.app.client_app import make_client_app
-
-    app = make_client_app()  # the deployed ClientApp: device settings come from node_config only
     keys, weights = _model()
     rng = np.random.default_rng(seed)
     with tempfile.TemporaryDirectory(prefix="fedfilter-timing-", dir=root) as tmp:

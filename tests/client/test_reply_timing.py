@@ -15,6 +15,7 @@ import pytest
 from flwr.app import ConfigRecord, Error, Message, RecordDict
 from helpers.mods import Handler, context, records, spec, train_message
 
+from fedfilter.app.client_app import make_client_app
 from fedfilter.client.filter_mod import individual_filter_mod
 from fedfilter.client.flower.reply_timing import ReplyHold, held_deadline
 from fedfilter.client.ledger.budget import BudgetLedger
@@ -187,13 +188,13 @@ def test_best_threshold_accuracy_matches_a_one_cut_at_a_time_reference():
 def test_short_benchmark_held_replies_show_no_difference_unheld_ones_leak_the_data_size(tmp_path):
     pytest.importorskip("torch")
     pytest.importorskip("scipy")
-    (off,) = bench.measure(30, [0.0], local_epochs=5, root=tmp_path)["phases"]
+    (off,) = bench.measure(make_client_app(), 30, [0.0], local_epochs=5, root=tmp_path)["phases"]
     # The hold must cover a round. A round that overruns it replies at the next multiple and shows
     # its lateness (documented); on a loaded machine a fixed 0.05 s does not cover one, so the hold
     # is set well above the slowest unheld round just measured.
     slowest = max(max(samples["times"]) for samples in off["samples"].values())
     hold = max(0.05, 3 * slowest)
-    (on,) = bench.measure(30, [hold], local_epochs=5, root=tmp_path)["phases"]
+    (on,) = bench.measure(make_client_app(), 30, [hold], local_epochs=5, root=tmp_path)["phases"]
 
     # Without the hold, 65 vs 203 examples (x 5 epochs) shows in both observables: the harness
     # can see a leak. (Budget state is not asserted: whether the noise-only path is slower depends
