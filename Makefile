@@ -3,15 +3,17 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 OUT ?= out/demo
-# mypy sees the installed layout: fedfilter/ plus client/, coordinator/, protos/, simulations/ linked
-# in as fedfilter.client etc. (pyproject's package-dir), so each module is checked once, by its real name.
-MYPY_TREE := build/mypy-tree
+# Static tools (mypy, lint-imports) see the installed layout: fedfilter/ plus the folders pyproject's
+# package-dir maps into it, linked in as fedfilter.client etc., so each module is found once, by its
+# real name (CONTRIBUTING: why a link tree).
+TREE := build/tree
+MAPPED := client coordinator privacy protocol protos simulations
 
 # A failing pipeline stage (mypy | sed) fails the recipe; each recipe stops at its first failure.
 SHELL := /bin/bash
 .SHELLFLAGS := -eo pipefail -c
 
-.PHONY: demo test lint typecheck setup clean
+.PHONY: demo test lint typecheck layers tree setup clean
 
 $(BIN)/fedfilter: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -30,17 +32,26 @@ lint: setup
 	@echo "== ruff format --check"
 	$(BIN)/ruff format --check .
 
-# The tree is rebuilt each time, so new modules are seen; sed prints paths as they are in the repository.
-typecheck: setup
-	@echo "== mypy -p fedfilter"
-	@rm -rf $(MYPY_TREE) && mkdir -p $(MYPY_TREE)/fedfilter
-	@for f in fedfilter/*; do ln -s "$(CURDIR)/$$f" $(MYPY_TREE)/fedfilter/; done
-	@for p in client coordinator protos simulations; do ln -s "$(CURDIR)/$$p" $(MYPY_TREE)/fedfilter/$$p; done
-	$(BIN)/mypy | sed -E 's#^$(MYPY_TREE)/fedfilter/(client|coordinator|protos|simulations)/#\1/#; s#^$(MYPY_TREE)/##'
+# One link tree per checkout, rebuilt on every run so new modules are seen. No prerequisite: safe anywhere.
+tree:
+	@rm -rf $(TREE) && mkdir -p $(TREE)/fedfilter
+	@for f in fedfilter/*; do ln -s "$(CURDIR)/$$f" $(TREE)/fedfilter/; done
+	@for p in $(MAPPED); do ln -s "$(CURDIR)/$$p" $(TREE)/fedfilter/$$p; done
 
-test: lint typecheck
+# sed prints paths as they are in the repository.
+typecheck: setup tree
+	@echo "== mypy -p fedfilter"
+	$(BIN)/mypy | sed -E 's#^$(TREE)/fedfilter/(client|coordinator|privacy|protocol|protos|simulations)/#\1/#; s#^$(TREE)/##'
+
+# pyproject's [tool.importlinter] contracts. Run from the tree: lint-imports puts the working directory
+# first on sys.path, and from the repository root it would find ./fedfilter without the mapped folders.
+layers: setup tree
+	@echo "== lint-imports"
+	cd $(TREE) && $(CURDIR)/$(BIN)/lint-imports --no-cache --no-logo $(CURDIR)/pyproject.toml
+
+test: lint typecheck layers
 	@echo "== pytest"
 	$(BIN)/python -m pytest -q
 
 clean:
-	rm -rf $(VENV) out build/mypy-tree .mypy_cache
+	rm -rf $(VENV) out $(TREE) .mypy_cache

@@ -22,9 +22,10 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from fedfilter.client.ledger import BudgetLedger  # noqa: E402
-from fedfilter.client.privacy.filters import exhausted, make_filter, round_allowance  # noqa: E402
-from fedfilter.client.release import FilteredClient, RoundSpec  # noqa: E402
+from fedfilter.client.ledger.budget import BudgetLedger  # noqa: E402
+from fedfilter.client.release import FilteredClient  # noqa: E402
+from fedfilter.privacy.filters import exhausted, make_filter, round_allowance  # noqa: E402
+from fedfilter.protocol.request import RoundSpec  # noqa: E402
 
 
 def best_threshold_accuracy(a: np.ndarray, b: np.ndarray) -> float:

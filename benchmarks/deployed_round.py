@@ -55,7 +55,7 @@ def training_seconds(clients: int, repeats: int = 3, *, filtered: bool = False) 
     handler = train
     if filtered:
         from fedfilter.app.client_app import app
-        from fedfilter.client.device_app import device_handler
+        from fedfilter.client.runtime.app import device_handler
 
         handler = device_handler(app, secure_aggregation=False)
     ledgers = Path(tempfile.mkdtemp(prefix="deployed-round-ledgers-"))
@@ -63,7 +63,7 @@ def training_seconds(clients: int, repeats: int = 3, *, filtered: bool = False) 
     for pid in range(clients):
         node_config = {"partition-id": pid, "num-partitions": clients}
         if filtered:
-            from fedfilter.client.flower_mod import enrol_device
+            from fedfilter.client.settings.node_config import enrol_device
 
             node_config.update(
                 {
@@ -90,8 +90,8 @@ def training_seconds(clients: int, repeats: int = 3, *, filtered: bool = False) 
             )
             content = RecordDict({"arrays": arrays, "config": config})
             if filtered:
-                from fedfilter.client.release import RoundSpec
-                from fedfilter.client.wire import REQUEST_RECORD, request_record
+                from fedfilter.protocol.request import RoundSpec
+                from fedfilter.protocol.wire import REQUEST_RECORD, request_record
 
                 spec = RoundSpec(run_id="bench", round_id=attempt + 1, noise_multiplier=0.5, clip=0.4)
                 content[REQUEST_RECORD] = request_record(spec)

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from fedfilter.client.privacy.federation_plan import mean_noise_norm
-from fedfilter.client.round_rules import added_noise_std
+from fedfilter.privacy.federation_plan import mean_noise_norm
+from fedfilter.protocol.rules import added_noise_std
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "quickstart-pytorch"
 

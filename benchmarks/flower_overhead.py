@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # Ray on 127.0.0.1 only, before Ray starts
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
 
 def build_apps(args, devices: dict, timings: dict):
@@ -46,11 +46,14 @@ def build_apps(args, devices: dict, timings: dict):
     from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
     from flwr.clientapp import ClientApp
     from flwr.serverapp import ServerApp
-    from probe_coordinator import FilteredMeanStrategy  # tests/: rounds driven message by message
 
     from fedfilter.app.client_app import train
-    from fedfilter.client.flower_mod import individual_filter_mod, simulated_device_config_mod
-    from fedfilter.client.wire import ARRAYS_RECORD, REQUEST_RECORD
+    from fedfilter.client.filter_mod import individual_filter_mod
+    from fedfilter.client.flower.simulated_mod import simulated_device_config_mod
+    from fedfilter.protocol.wire import ARRAYS_RECORD, REQUEST_RECORD
+    from fedfilter.simulations.harness.probe_coordinator import (
+        FilteredMeanStrategy,  # tests/: rounds driven message by message
+    )
 
     client_app = ClientApp()
     client_app.train()(train)
@@ -85,7 +88,7 @@ def build_apps(args, devices: dict, timings: dict):
                     {ARRAYS_RECORD: model_record, "config": ConfigRecord({**config, "server-round": round_id})}
                 )
                 if kind == "filtered":
-                    from fedfilter.client.wire import request_record
+                    from fedfilter.protocol.wire import request_record
 
                     content[REQUEST_RECORD] = request_record(spec)
                 messages.append(
@@ -186,7 +189,7 @@ def main() -> None:
             }  # no timing hold: measures the filter
             for i in range(args.clients)
         }
-        from fedfilter.client.flower_mod import enrol_device
+        from fedfilter.client.settings.node_config import enrol_device
 
         for device in devices.values():
             enrol_device(device)  # the owner's act, up front: the mod never enrols

@@ -20,48 +20,70 @@ import tempfile
 import time
 from pathlib import Path
 
-# (module, function, stage): the stage each wrapped call is charged to; nested stages are
-# subtracted from their parent when the table is printed.
+# (module, function, stage): the stage each wrapped call is charged to, wrapped where the mod
+# looks the function up ("fedfilter.client.<module>" or "fedfilter.client.<module>.<Class>");
+# nested stages are subtracted from their parent when the table is printed. A stage whose function
+# is gone, or is no longer called there, stops the run: the table must follow the code.
 STAGES = [
-    ("flower_mod", "device_config", "settings (node_config -> DeviceConfig)"),
-    ("flower_mod", "round_spec_from_record", "request parsing and checks"),
-    ("flower_mod", "validate_request", "request parsing and checks"),
-    ("flower_mod", "decode", "read Arrays (model received, model returned)"),
-    ("flower_mod", "cached_ledger", "ledger open (per-process cache)"),
-    ("flower_mod", "_filtered_release", "(filtered round)"),
-    ("ledger.BudgetLedger", "has_release", "replay pre-check (one SELECT)"),
-    ("flower_mod", "_inner_update", "(inner handler + update)"),
-    ("release.FilteredClient", "release", "(release)"),
-    ("ledger.BudgetLedger", "_check_seal", "seal check (read seal, SELECT its row)"),
-    ("ledger.BudgetLedger", "_check_anchor", "roll-back anchor check (read anchor, SELECT its row)"),
-    ("ledger_quota.Reservation", "allowance", "allowance (every cap)"),
-    ("release", "clip_to_norm", "clipping (certified norm x2)"),
-    ("release", "snap_toward_zero", "snapping to the noise grid"),
-    ("ledger_quota.Reservation", "record", "record the spend (INSERT)"),
-    ("ledger.BudgetLedger", "_seal_latest", "seal write (fsync file + rename + fsync dir)"),
-    ("ledger", "advance_anchor", "roll-back anchor write (flock, re-check, pwrite + fdatasync)"),
-    ("release", "add_grid_noise", "noise (ChaCha20 + exact rounded Gaussian)"),
-    ("flower_mod", "_reply", "reply building (encode Arrays)"),
+    ("filter_mod", "device_config", "settings (node_config -> DeviceConfig)"),
+    ("filter_mod", "round_spec_from_record", "request parsing and checks"),
+    ("filter_mod", "check_request", "request parsing and checks"),
+    ("filter_mod", "decode", "read Arrays (model received, model returned)"),
+    ("filter_mod", "cached_ledger", "ledger open (per-process cache)"),
+    ("filter_mod", "_filtered_release", "(filtered round)"),
+    ("ledger.budget.BudgetLedger", "has_release", "replay pre-check (one SELECT)"),
+    ("filter_mod", "_inner_update", "(inner handler + update)"),
+    ("filter_mod", "release", "(release)"),
+    ("ledger.budget.BudgetLedger", "_check_seal", "seal check (read seal, SELECT its row)"),
+    ("ledger.budget.BudgetLedger", "_check_anchor", "roll-back anchor check (read anchor, SELECT its row)"),
+    ("ledger.quota.Reservation", "allowance", "allowance (every cap)"),
+    ("mechanisms.gaussian", "clip_to_norm", "clipping (certified norm x2)"),
+    ("mechanisms.gaussian", "snap_toward_zero", "snapping to the noise grid"),
+    ("ledger.quota.Reservation", "commit", "record the spend (INSERT)"),
+    ("ledger.budget.BudgetLedger", "_seal_latest", "seal write (fsync file + rename + fsync dir)"),
+    ("ledger.budget", "advance_anchor", "roll-back anchor write (flock, re-check, pwrite + fdatasync)"),
+    ("mechanisms.gaussian", "add_grid_noise", "noise (ChaCha20 + exact rounded Gaussian)"),
+    ("filter_mod", "_reply", "reply building (encode Arrays)"),
 ]
 
 
-def _install_timers(totals: collections.Counter) -> None:
+def _lookup(module_path: str) -> object:
+    """The module or class ``module_path`` names under ``fedfilter.client``."""
     import importlib
 
+    parts = module_path.split(".")
+    owner = parts.pop() if parts[-1][:1].isupper() else None
+    module = importlib.import_module("fedfilter.client." + ".".join(parts))
+    if owner is None:
+        return module
+    if not hasattr(module, owner):
+        raise SystemExit(f"STAGES: fedfilter.client.{module_path} does not exist; update the table")
+    return getattr(module, owner)
+
+
+def _install_timers(totals: collections.Counter, calls: collections.Counter) -> None:
     for module_path, name, stage in STAGES:
-        module_name, _, owner = module_path.partition(".")
-        module = importlib.import_module(f"fedfilter.client.{module_name}")
-        target = getattr(module, owner) if owner else module
+        target = _lookup(module_path)
+        if not hasattr(target, name):
+            raise SystemExit(f"STAGES: fedfilter.client.{module_path} has no {name!r}; update the table")
         original = getattr(target, name)
 
-        def timed(*args, __f=original, __stage=stage, **kwargs):
+        def timed(*args, __f=original, __key=(module_path, name), __stage=stage, **kwargs):
             started = time.perf_counter()
             try:
                 return __f(*args, **kwargs)
             finally:
                 totals[__stage] += time.perf_counter() - started
+                calls[__key] += 1
 
         setattr(target, name, functools.wraps(original)(timed))
+
+
+def _check_every_stage_ran(calls: collections.Counter) -> None:
+    """A wrapped function the round no longer calls there would time nothing, silently."""
+    idle = [f"fedfilter.client.{m}.{n}" for m, n, _ in STAGES if calls[(m, n)] == 0]
+    if idle:
+        raise SystemExit(f"STAGES: never called during the timed rounds: {', '.join(idle)}; update the table")
 
 
 def main() -> None:
@@ -83,16 +105,17 @@ def measure(args, tmp: Path) -> None:
     import torch
     from flwr.app import Array, ArrayRecord, Context, Message, Metadata, RecordDict
 
-    import fedfilter.client.flower_mod as flower_mod
-    from fedfilter.client.release import RoundSpec
-    from fedfilter.client.wire import ARRAYS_RECORD, REQUEST_RECORD, request_record
+    import fedfilter.client.filter_mod as flower_mod
+    from fedfilter.client.settings.node_config import enrol_device
+    from fedfilter.protocol.request import RoundSpec
+    from fedfilter.protocol.wire import ARRAYS_RECORD, REQUEST_RECORD, request_record
     from fedfilter.simulations.tasks.models import DigitsMLP, MnistCNN
 
     torch.manual_seed(0)
     model = {"digits": DigitsMLP, "mnist": MnistCNN}[args.task]()
     weights = {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
     config = {"ledger-dir": str(tmp / "ledger"), "client-id": "c", "budget-epsilon": 1000.0, "reply-hold-s": 0}
-    flower_mod.enrol_device(config)
+    enrol_device(config)
     context = Context(run_id=7, node_id=42, node_config=config, state=RecordDict(), run_config={})
     handler_s = [0.0]
 
@@ -140,9 +163,11 @@ def measure(args, tmp: Path) -> None:
     handler_cpu = time.process_time() - handler_cpu
 
     totals: collections.Counter = collections.Counter()
-    _install_timers(totals)
+    calls: collections.Counter = collections.Counter()
+    _install_timers(totals, calls)
     handler_s[0] = 0.0
     wall = run(10 + args.rounds, args.rounds)
+    _check_every_stage_ran(calls)
     per = {k: 1000 * v / args.rounds for k, v in totals.items()}
     handler_ms = 1000 * handler_s[0] / args.rounds
     # Nested stages: report each parent's own remainder.

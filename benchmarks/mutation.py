@@ -1,7 +1,7 @@
 """Mutation testing of the privacy code: which small wrong changes does the test suite let through?
 
     python benchmarks/mutation.py                          # every target file, default budget
-    python benchmarks/mutation.py --files client/privacy/filters.py --max-minutes 20
+    python benchmarks/mutation.py --files privacy/filters.py --max-minutes 20
     python benchmarks/mutation.py --list                   # only count the mutants
     python benchmarks/mutation.py --rerun docs/mutation_survivors.txt --tests tests/test_new.py
                                                            # survivors again, after adding tests
@@ -54,15 +54,14 @@ _PRIVACY_TESTS = [
 ]
 # Test files that exercise each target; the fast tests among them are chosen by timing.
 TESTS: dict[str, list[str]] = {
-    "client/privacy/filters.py": _PRIVACY_TESTS + ["tests/client/test_release.py", "tests/client/test_ledger.py"],
-    "client/privacy/rounding.py": _PRIVACY_TESTS,
-    "client/privacy/gaussian_dp.py": _PRIVACY_TESTS,
-    "client/privacy/zcdp.py": _PRIVACY_TESTS,
-    "client/privacy/renyi.py": _PRIVACY_TESTS,
-    "client/privacy/tracker.py": ["tests/client/test_baselines_tracker.py"],
-    "client/privacy/pure_dp.py": ["tests/client/test_baselines_tracker.py"],
-    "client/privacy/planner.py": ["tests/cli/test_cli_planner.py"],
-    "client/ledger.py": [
+    "privacy/filters.py": _PRIVACY_TESTS + ["tests/client/test_release.py", "tests/client/test_ledger.py"],
+    "privacy/rounding.py": _PRIVACY_TESTS,
+    "privacy/gaussian_dp.py": _PRIVACY_TESTS,
+    "privacy/zcdp.py": _PRIVACY_TESTS,
+    "privacy/renyi.py": _PRIVACY_TESTS,
+    "privacy/pure_dp.py": ["tests/client/test_pure_dp_baselines.py"],
+    "privacy/planner.py": ["tests/cli/test_cli_planner.py"],
+    "client/ledger/budget.py": [
         "tests/client/test_ledger.py",
         "tests/client/test_mod_replay.py",
         "tests/client/test_budget_references.py",
@@ -73,20 +72,20 @@ TESTS: dict[str, list[str]] = {
         "tests/client/test_budget_references.py",
         "tests/client/test_mod_replay.py",
     ],
-    "client/mechanism.py": [
+    "client/mechanisms/gaussian.py": [
         "tests/client/test_release.py",
         "tests/client/test_budget_references.py",
         "tests/client/test_noise.py",
     ],
-    "client/noise.py": ["tests/client/test_noise.py"],
-    "client/ledger_seal.py": ["tests/client/test_ledger_fail_closed.py"],
+    "client/mechanisms/gaussian_noise.py": ["tests/client/test_noise.py"],
+    "client/ledger/seal.py": ["tests/client/test_ledger_fail_closed.py"],
 }
-TESTS["client/privacy/filters.py"] += [
+TESTS["privacy/filters.py"] += [
     "tests/client/test_allowance_constant_work.py",
     "tests/client/test_rdp_filter.py",
 ]
-TESTS["client/privacy/renyi.py"] += ["tests/client/test_rdp_filter.py"]
-TESTS["client/ledger.py"] += ["tests/client/test_ledger_fail_closed.py", "tests/client/test_quota.py"]
+TESTS["privacy/renyi.py"] += ["tests/client/test_rdp_filter.py"]
+TESTS["client/ledger/budget.py"] += ["tests/client/test_ledger_fail_closed.py", "tests/client/test_quota.py"]
 TESTS["client/release.py"] += [
     "tests/client/test_request_bounds.py",
     "tests/client/test_noise.py",
@@ -94,16 +93,16 @@ TESTS["client/release.py"] += [
 ]
 # Default targets, most privacy-critical first (a time budget runs them in this order).
 DEFAULT_FILES = [
-    "client/privacy/filters.py",
-    "client/privacy/rounding.py",
-    "client/privacy/zcdp.py",
-    "client/privacy/renyi.py",
-    "client/ledger.py",
-    "client/privacy/gaussian_dp.py",
+    "privacy/filters.py",
+    "privacy/rounding.py",
+    "privacy/zcdp.py",
+    "privacy/renyi.py",
+    "client/ledger/budget.py",
+    "privacy/gaussian_dp.py",
     "client/release.py",
-    "client/mechanism.py",
-    "client/noise.py",
-    "client/ledger_seal.py",
+    "client/mechanisms/gaussian.py",
+    "client/mechanisms/gaussian_noise.py",
+    "client/ledger/seal.py",
 ]
 # Imported once in the parent so that each forked child starts warm. Never the project's own code.
 PRELOAD = ["numpy", "scipy.stats", "mpmath", "dp_accounting", "hypothesis", "pytest", "flwr.app", "sqlite3"]

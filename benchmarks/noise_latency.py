@@ -4,7 +4,7 @@
 
 For each model size: (1) the replaced float noise (numpy's float64 normal added in float64, cast to
 float32: what `add_gaussian_noise` did before issue 13), (2) the float-safe noise (snap the update
-onto the grid, exact rounded Gaussian from ChaCha20, `fedfilter.client.mechanism`), (3) a whole
+onto the grid, exact rounded Gaussian from ChaCha20, `fedfilter.client.mechanisms.gaussian`), (3) a whole
 `FilteredClient.release` (validate, filter, clip, durable SQLite commit, snap, noise). Medians of
 `--repeats` runs, one core, and the ratio (2) / (1).
 """
@@ -19,10 +19,11 @@ from pathlib import Path
 
 import numpy as np
 
-from fedfilter.client.ledger import BudgetLedger
-from fedfilter.client.mechanism import add_grid_noise, noise_grid, snap_toward_zero
-from fedfilter.client.noise import NoiseStream
-from fedfilter.client.release import FilteredClient, RoundSpec
+from fedfilter.client.ledger.budget import BudgetLedger
+from fedfilter.client.mechanisms.gaussian import add_grid_noise, noise_grid, snap_toward_zero
+from fedfilter.client.mechanisms.gaussian_noise import NoiseStream
+from fedfilter.client.release import FilteredClient
+from fedfilter.protocol.request import RoundSpec
 
 
 def _median_seconds(fn, repeats: int) -> float:

@@ -20,10 +20,10 @@ from __future__ import annotations
 import argparse
 import math
 
-from fedfilter.client.privacy import odometer as odo
-from fedfilter.client.privacy.filters import rdp_filter, rdp_order
-from fedfilter.client.privacy.gaussian_dp import epsilon_for_mu
-from fedfilter.client.privacy.pure_dp import gaussian_as_approx_dp, lemma33_delta_charge
+from fedfilter.privacy import odometer as odo
+from fedfilter.privacy.filters import rdp_filter, rdp_order
+from fedfilter.privacy.gaussian_dp import epsilon_for_mu
+from fedfilter.privacy.pure_dp import gaussian_as_approx_dp, lemma33_delta_charge
 
 HISTORIES = [(1.0, 1), (1.0, 5), (2.0, 20), (5.0, 10), (5.0, 100), (10.0, 100), (10.0, 400), (20.0, 1000)]
 

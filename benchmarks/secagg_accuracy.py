@@ -42,6 +42,8 @@ import sys
 import time
 from pathlib import Path
 
+from fedfilter.protocol.request import PLACEMENTS
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -150,7 +152,7 @@ def summarise(folders: list[Path], out: Path) -> None:
     best = []
     zs = sorted({r["z"] for r in runs})
     for eps in sorted({r["epsilon"] for r in runs}):
-        for placement in ("local", "distributed"):
+        for placement in PLACEMENTS:
             cells, top = [], None
             for z in zs:
                 hit = [r for r in runs if (r["epsilon"], r["placement"], r["z"]) == (eps, placement, z)]
@@ -218,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     print("|---:|---|---:|---:|---:|---:|---:|")
     rows = []
     for eps in args.epsilons:
-        for placement in ("local", "distributed"):
+        for placement in PLACEMENTS:
             for seed in args.seeds:
                 row = run_one(args, placement, eps, seed)
                 rows.append(row)

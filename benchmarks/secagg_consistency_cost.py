@@ -3,7 +3,7 @@
     python benchmarks/secagg_consistency_cost.py [--clients 10 20 30] [--rounds 5] [--dim 10000]
 
 Both variants run Flower's own SecAgg+ protocol code on the same in-process loopback
-(``tests/secagg_loopback.py``: every message through Flower's wire format to an in-process ClientApp,
+(``simulations/harness/secagg_loopback.py``: every message through Flower's wire format to an in-process ClientApp,
 one node after the other, so a round's time is the whole federation's compute), with fedfilter's
 ChaCha20 mask generator, the distributed integer grid (``secaggplus_settings``, ``encode_report``),
 every sampled node a neighbour (``num_shares = 1.0``) and the same threshold (more than half the
@@ -11,7 +11,7 @@ nodes, as the devices now require):
 
 * plain: ``SecAggPlusWorkflow`` with ``secaggplus_mod`` on the clients (Flower's semi-honest protocol);
 * checked: ``ConsistencyCheckedSecAggPlus`` with ``secure_aggregation_mod`` (sealed per-round Ed25519
-  keys, the consistency round, the unmask checks; ``client/secagg_consistency.py``).
+  keys, the consistency round, the unmask checks; ``client/secagg/consistency.py``).
 
 The clients' inner handler returns a fixed integer report of ``--dim`` coordinates (no training, no
 noise, no ledger): the difference is the protocol's. Printed, as medians over the timed rounds
@@ -30,8 +30,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))  # secagg_loopback (a test helper)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
 
 def run(n: int, rounds: int, dim: int) -> dict:
@@ -46,14 +45,14 @@ def run(n: int, rounds: int, dim: int) -> dict:
     from flwr.server import LegacyContext, ServerConfig
     from flwr.server.strategy import FedAvg
     from flwr.server.workflow import DefaultWorkflow, SecAggPlusWorkflow
-    from secagg_loopback import LoopbackGrid
 
-    import fedfilter.client.secagg_device as device
-    from fedfilter.client.secagg_device import secure_aggregation_mod
-    from fedfilter.client.secagg_grid import encode_report, secaggplus_settings
-    from fedfilter.client.secagg_masks import cryptographic_masks, use_cryptographic_masks
+    import fedfilter.client.secagg.mod as device
+    from fedfilter.client.secagg.mod import secure_aggregation_mod
     from fedfilter.coordinator.secagg_consistency_round import ConsistencyCheckedSecAggPlus
     from fedfilter.coordinator.secure_round import round_graph
+    from fedfilter.protocol.secagg_grid import encode_report, secaggplus_settings
+    from fedfilter.protocol.secagg_masks import cryptographic_masks, use_cryptographic_masks
+    from fedfilter.simulations.harness.secagg_loopback import LoopbackGrid
 
     settings = secaggplus_settings(n)
     threshold = round_graph(n, 2, 1.0).threshold  # the full graph, as this benchmark runs it

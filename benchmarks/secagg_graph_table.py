@@ -22,7 +22,7 @@ def main(argv=None) -> int:
     p.add_argument("--n", type=int, nargs="+", default=[10, 100, 1000, 10000])
     p.add_argument("--rates", nargs="+", default=["0.1:0", "0.1:0.05", "0.2:0.1"], help="dropout:corrupt pairs")
     args = p.parse_args(argv)
-    from fedfilter.client.privacy.secagg_graph import choose_graph
+    from fedfilter.privacy.secagg_graph import choose_graph
 
     print("| devices n | dropout rate | corrupt rate | k | t | failure per round | abort per round | k / n | s |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")

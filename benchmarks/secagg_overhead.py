@@ -3,7 +3,7 @@
     python benchmarks/secagg_overhead.py [--clients 10 100 1000] [--rounds 3] [--warmup 1] [--num-shares auto]
         [--workflow product|flower]
 
-Where: in-process rounds through ``tests/secagg_loopback.py``'s ``LoopbackGrid`` (every message goes
+Where: in-process rounds through ``simulations/harness/secagg_loopback.py``'s ``LoopbackGrid`` (every message goes
 through Flower's wire format to an in-process ClientApp, one node after the other; no Ray, no
 network), so a round's time is the whole federation's compute: every client's and the server's.
 Flower's real protocol code runs on both sides: the legacy ``DefaultWorkflow`` fit round
@@ -13,9 +13,9 @@ Flower's real protocol code runs on both sides: the legacy ``DefaultWorkflow`` f
 consistency round before unmask) with ``secure_aggregation_mod`` on the clients (Flower's
 ``secaggplus_mod`` with the devices' key checks, sealed signing keys and survivor-set signatures);
 ``--workflow flower`` runs Flower's bare ``SecAggPlusWorkflow`` with ``secaggplus_mod``. Both with
-fedfilter's SecAgg+ primitives installed (``fedfilter.client.secagg_masks``: AES-256-CTR masks,
+fedfilter's SecAgg+ primitives installed (``fedfilter.protocol.secagg_masks``: AES-256-CTR masks,
 prime-field Shamir sharing, X25519 key agreement with raw keys) and with the integer grid of distributed placement
-(``fedfilter.client.secagg_grid``: ``secaggplus_settings``, ``encode_report``, ``decode_sum``), on the
+(``fedfilter.protocol.secagg_grid``: ``secaggplus_settings``, ``encode_report``, ``decode_sum``), on the
 neighbourhood graph the coordinator ships by default (``coordinator.secure_round.round_graph`` for
 ``min-reports = ceil(clients / 2)`` and ``--num-shares``, default ``auto``: the sparse graph).
 
@@ -53,8 +53,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))  # secagg_loopback (a test helper, as flower_overhead uses probe_coordinator)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
 CLIP = 0.4
 
@@ -66,8 +65,8 @@ def _client_app(task, pid_of: dict, sent: dict, clip: float, local_epochs: int, 
     from flwr.clientapp import ClientApp
 
     from fedfilter.app.task import local_update, set_weights
-    from fedfilter.client.mechanism import snap_toward_zero
-    from fedfilter.client.secagg_grid import encode_report, grid_step
+    from fedfilter.client.mechanisms.gaussian import snap_toward_zero
+    from fedfilter.protocol.secagg_grid import encode_report, grid_step
 
     step = grid_step(clip)
 
@@ -95,7 +94,7 @@ def _client_app(task, pid_of: dict, sent: dict, clip: float, local_epochs: int, 
 
     from flwr.client.mod import secaggplus_mod
 
-    from fedfilter.client.secagg_device import secure_aggregation_mod
+    from fedfilter.client.secagg.mod import secure_aggregation_mod
 
     # The same client, bare for plain rounds and inside the SecAgg+ mod for secure ones.
     mod = secure_aggregation_mod if product else secaggplus_mod
@@ -108,7 +107,7 @@ def _strategy(weights_ref: list, clip: float, q: int, sent: dict):
     from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
     from flwr.server.strategy import FedAvg
 
-    from fedfilter.client.secagg_grid import decode_sum, grid_step
+    from fedfilter.protocol.secagg_grid import decode_sum, grid_step
 
     step = grid_step(clip)
 
@@ -159,7 +158,7 @@ _PRIMITIVES = {
         "generate_shared_key",
         "pseudo_rand_gen",
     ),
-    "fedfilter.client.secagg_device": (
+    "fedfilter.client.secagg.mod": (
         "public_key_problems",
         "seal_signing_key",
         "open_signing_key",
@@ -177,7 +176,7 @@ def time_primitives(spent: dict[str, float]):
     timers back."""
     import importlib
 
-    from fedfilter.client import secagg_device
+    from fedfilter.client.secagg import mod as secagg_device
 
     undo = []
     timers = []
@@ -229,13 +228,13 @@ def run_size(n: int, args) -> dict:
     from flwr.server.workflow import SecAggPlusWorkflow
     from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD, Key
     from flwr.server.workflow.default_workflows import default_fit_workflow
-    from secagg_loopback import LoopbackGrid
 
     from fedfilter.app.task import evaluate, get_weights, load_task, set_weights
-    from fedfilter.client.secagg_grid import secaggplus_settings
-    from fedfilter.client.secagg_masks import use_cryptographic_masks
     from fedfilter.coordinator.secagg_consistency_round import ConsistencyCheckedSecAggPlus
     from fedfilter.coordinator.secure_round import round_graph
+    from fedfilter.protocol.secagg_grid import secaggplus_settings
+    from fedfilter.protocol.secagg_masks import use_cryptographic_masks
+    from fedfilter.simulations.harness.secagg_loopback import LoopbackGrid
 
     use_cryptographic_masks()  # both sides run in this process: one install covers them
     primitive_s: dict[str, float] = defaultdict(float)

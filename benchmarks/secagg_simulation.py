@@ -3,7 +3,7 @@
     python benchmarks/secagg_simulation.py [--clients 1000] [--rounds 1] [--min-reports 100] [--out out/secagg_sim]
 
 Where: ``flwr run`` of the built-in app (``fedfilter/app``) on a SuperLink in simulation mode on
-127.0.0.1 (``fedfilter.simulation_link.SimulationLink``; Ray on 127.0.0.1, ``num_cpus = 1`` per
+127.0.0.1 (``fedfilter.deploy.simulation_link.SimulationLink``; Ray on 127.0.0.1, ``num_cpus = 1`` per
 simulated device), ``placement = "distributed"``: every round is Flower's SecAgg+ with fedfilter's
 primitives on both sides, on the neighbourhood graph the coordinator ships by default
 (``coordinator.secure_round.round_graph``), each device running ``[secure_aggregation_mod,
@@ -63,13 +63,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # Ray on 127.0.0.1 only
 
-    from fedfilter.client.device_settings import write_device_settings
-    from fedfilter.client.flower_mod import enrol_device
-    from fedfilter.client.ledger import BudgetLedger
+    from fedfilter.client.ledger.budget import BudgetLedger
+    from fedfilter.client.settings.node_config import enrol_device
+    from fedfilter.client.settings.simulated import write_device_settings
     from fedfilter.coordinator.public_ledger import PublicLedger
     from fedfilter.coordinator.secure_round import round_graph
     from fedfilter.deploy.command import BUILTIN_APP_DIR
-    from fedfilter.simulation_link import SimulationLink
+    from fedfilter.deploy.simulation_link import SimulationLink
 
     n, root = args.clients, args.out.resolve()
     if root.exists() and any(root.iterdir()):

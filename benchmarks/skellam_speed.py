@@ -14,8 +14,8 @@ import math
 import statistics
 import time
 
-from fedfilter.client import skellam_noise as sn
-from fedfilter.client.noise import NoiseStream, rounded_gaussian
+from fedfilter.client.mechanisms import skellam_noise as sn
+from fedfilter.client.mechanisms.gaussian_noise import NoiseStream, rounded_gaussian
 
 
 def _median_seconds(fn, repeats: int) -> float:

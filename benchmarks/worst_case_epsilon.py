@@ -2,7 +2,7 @@
 
     python benchmarks/worst_case_epsilon.py [--epsilons 2,8] [--min-reports 5,10,100] [--dim 1000] [--max-rounds 50]
 
-For each budget epsilon and ``min-reports`` m, one device (the real ledger and ``release_skellam``,
+For each budget epsilon and ``min-reports`` m, one device (the real ledger and ``release`` with Skellam noise,
 rdp filter, delta 1e-5) enrolled with ``worst-case-epsilon = m x epsilon`` (the rule the demo and
 deploy-local use, ``demo_report.simulated_worst_case_epsilon``) answers distributed rounds (z = 1,
 C = 1, an update of norm 2 C in ``--dim`` coordinates, so every round is clipped to its allowance)
@@ -25,11 +25,14 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from fedfilter.client.ledger import BudgetLedger  # noqa: E402
-from fedfilter.client.release import ClientPolicy, RoundSpec  # noqa: E402
-from fedfilter.client.release_distributed import release_skellam, skellam_grid  # noqa: E402
-from fedfilter.client.secagg_grid import secaggplus_settings  # noqa: E402
-from fedfilter.demo_report import simulated_worst_case_epsilon  # noqa: E402
+from fedfilter.client.ledger.budget import BudgetLedger  # noqa: E402
+from fedfilter.client.mechanisms.gaussian_noise import NoiseStream
+from fedfilter.client.mechanisms.skellam import SkellamMechanism, skellam_grid  # noqa: E402
+from fedfilter.client.release import release
+from fedfilter.client.settings.policy import ClientPolicy, check_request
+from fedfilter.deploy.devices import simulated_worst_case_epsilon
+from fedfilter.protocol.request import RoundSpec
+from fedfilter.protocol.secagg_grid import secaggplus_settings  # noqa: E402
 
 DELTA = 1e-5
 
@@ -46,7 +49,18 @@ def run(root: Path, epsilon: float, m: int, dim: int, max_rounds: int) -> dict:
     try:
         for r in range(max_rounds):
             spec = RoundSpec("bench", r, 1.0, 1.0, placement="distributed", min_reports=m)
-            rel = release_skellam(ledger, policy, spec, update, skellam_grid(spec, target_range=q, sample_num=m))
+            check_request(spec, policy)  # as the mod does, once, at its entry
+            mechanism = SkellamMechanism.for_update(spec, skellam_grid(spec, target_range=q, sample_num=m), update)
+            rel = release(
+                ledger,
+                mechanism,
+                update,
+                run_id=spec.run_id,
+                round_id=r,
+                exhausted_below=policy.exhausted_below,
+                after_exhaustion=policy.after_exhaustion,
+                stream=NoiseStream(),
+            )
             rounds += rel.status == "contributed"
         s = ledger.summary()
         w = s["worst_case"]

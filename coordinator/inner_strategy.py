@@ -4,15 +4,26 @@
 the noisy reports, weight 1). A strategy whose aggregate is a weighted mean of the replies means
 exactly what it says then; any other would silently become a plain-mean step, so it is refused with
 what it would have done. The inner summary's "Weighted by: 'num-examples'" line is rewritten while
-the wrapper prints it (no reply here carries an example count).
+the wrapper prints it (no reply here carries an example count). ``inner_step`` is that one reply
+and the inner strategy's step from it, returned in the model's keys, shapes and dtypes.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
+from copy import copy
 
+import numpy as np
+from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import strategy as flwr_strategies
 from flwr.serverapp.strategy import Strategy
+
+from fedfilter.protocol.rules import model_step
+from fedfilter.protocol.wire import ARRAYS_RECORD
+
+# The weight of the one reply the inner strategy gets: a constant, never an example count.
+AGGREGATE_WEIGHT = 1
 
 # Flower strategies (flwr.serverapp.strategy, 1.41 and 1.42) whose aggregate is not a weighted mean of
 # the replies' arrays. Wrapped, each would get the one reply a round releases (below) and silently
@@ -69,3 +80,55 @@ class NoExampleWeights(logging.Filter):
             record.msg = "\t\t├── Weighted by: nothing (fedfilter: one reply, the plain mean of the valid reports)"
             record.args = ()
         return True
+
+
+def inner_step(
+    strategy: Strategy,
+    server_round: int,
+    carrier: Message,
+    keys: Sequence[str],
+    template: Sequence[np.ndarray],
+    mean: Sequence[np.ndarray],
+) -> ArrayRecord:
+    """The inner strategy's step from the released aggregate: one reply, ``global + mean``, weight 1.
+
+    The inner strategy sees what the round releases (DESIGN.md section 1), not the reports one by
+    one: in distributed placement a single report carries only 1/sqrt(m) of the accounted noise,
+    and user code in the inner strategy may log what it gets. ``global + mean`` is the round rule
+    ``model_step`` with rate 1, so FedAvg's result is the plain mean step bitwise (its weighted
+    mean of one reply multiplies by exactly 1.0) and FedAvgM, FedAdam, FedYogi, ... apply their
+    server step to the mean update. Per-client aggregators (median, Krum, trimmed mean) would see
+    one reply and mean something else: the wrapper refuses them (``NOT_A_MEAN``).
+    """
+    weight_key = getattr(strategy, "weighted_by_key", "num-examples")
+    stepped = model_step(template, mean, 1.0)
+    content = RecordDict(
+        {
+            ARRAYS_RECORD: ArrayRecord({k: Array(np.array(w, order="C")) for k, w in zip(keys, stepped)}),
+            "metrics": MetricRecord({weight_key: AGGREGATE_WEIGHT}),
+        }
+    )
+    # Flower's strategies read a reply's metadata only to log errors; the carrier's (a reply, or in
+    # distributed rounds an instruction: no single reply exists) will do. A shallow copy with new
+    # content leaves the carrier itself untouched.
+    released = copy(carrier)
+    released.content = content
+    arrays, _ = strategy.aggregate_train(server_round, [released])
+    if arrays is None:
+        raise RuntimeError(f"the inner strategy {strategy!r} returned no arrays for a released aggregate.")
+    return _in_model_dtypes(arrays, keys, template)
+
+
+def _in_model_dtypes(arrays: ArrayRecord, keys: Sequence[str], template: Sequence[np.ndarray]) -> ArrayRecord:
+    """The inner result with the model's keys, shapes and dtypes (optimizers may upcast to float64)."""
+    if list(arrays.keys()) != list(keys):
+        raise RuntimeError(f"the inner strategy returned keys {list(arrays.keys())}, not the model's {list(keys)}.")
+    out = {}
+    for key, like in zip(keys, template):
+        a = arrays[key].numpy()
+        if a.shape != like.shape:
+            raise RuntimeError(f"the inner strategy returned {key!r} with shape {a.shape}, not {like.shape}.")
+        if not np.issubdtype(like.dtype, np.floating):
+            a = np.rint(a)  # a weighted mean of equal integers can land a rounding error below them
+        out[key] = Array(np.array(a, dtype=like.dtype, order="C"))
+    return ArrayRecord(out)

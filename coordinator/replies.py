@@ -5,7 +5,7 @@ is the size of a client's data and carries no noise; DESIGN.md section 1). The c
 reads anything from a reply but the noisy update and its public status:
 
 * a *report*: status ``report``, one ArrayRecord with exactly the model's keys and shapes, the
-  reply dtypes of ``fedfilter.client.mechanism.reply_dtype``, finite, and a norm a genuine noisy
+  reply dtypes of ``fedfilter.protocol.wire.reply_dtype``, finite, and a norm a genuine noisy
   report can have (``report_norm_bound``);
 * a *marker*: status ``left``, no arrays;
 * *dropped*: an error, anything malformed, a reply from a node not asked, a second reply from one
@@ -24,9 +24,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from flwr.app import Message
 
-from fedfilter.client.mechanism import reply_dtype
-from fedfilter.client.refusals import REFUSALS, refusal_code
-from fedfilter.client.wire import ARRAYS_RECORD, STATUS_LEFT, STATUS_RECORD, STATUS_REPORT
+from fedfilter.protocol.refusals import REFUSALS, refusal_code
+from fedfilter.protocol.wire import ARRAYS_RECORD, STATUS_LEFT, STATUS_RECORD, STATUS_REPORT, reply_dtype
 
 __all__ = [
     "RoundTally",
@@ -163,7 +162,7 @@ def tally_replies(
 
 
 def refusal_of(msg: Message) -> str | None:
-    """The refusal a dropped reply stands for: the device's code (``client/refusals.py``), Flower's
+    """The refusal a dropped reply stands for: the device's code (``protocol/refusals.py``), Flower's
     error code for other errors, ``no-filter-mod`` for a reply without fedfilter's status; ``None``
     for a malformed report (logged by its reason instead)."""
     if msg.has_error():

@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 from flwr.common.logger import log
 
-from fedfilter.client.privacy.federation_plan import mean_noise_norm
 from fedfilter.coordinator.public_ledger import PublicLedger
 from fedfilter.coordinator.replies import describe_refusals
+from fedfilter.privacy.federation_plan import mean_noise_norm
 
 __all__ = [
     "RoundOutcome",

@@ -8,7 +8,7 @@ additions; Flower's four stages and their messages are otherwise its own:
 * collect masked vectors: each device's message carries the sealed keys addressed to it (``src``,
   ``sealed``), beside Flower's share ciphertexts;
 * between collect and unmask, the consistency round (Bonawitz et al., CCS 2017, Round 3
-  ConsistencyCheck; the device's side and the argument are in ``client/secagg_consistency.py``):
+  ConsistencyCheck; the device's side and the argument are in ``client/secagg/consistency.py``):
   every survivor gets the survivor set (Flower's ``active_node_ids`` after the collect stage) and
   signs it; each unmask message then carries its neighbours' signatures (``signer``, ``signature``).
 
@@ -32,7 +32,7 @@ from flwr.server.workflow import SecAggPlusWorkflow
 from flwr.server.workflow.secure_aggregation.secaggplus_workflow import WorkflowState
 from flwr.serverapp import Grid
 
-from fedfilter.client.secagg_consistency import CONSISTENCY_RECORD, CONSISTENCY_STAGE
+from fedfilter.protocol.wire import CONSISTENCY_RECORD, CONSISTENCY_STAGE
 
 __all__ = ["ConsistencyCheckedSecAggPlus"]
 

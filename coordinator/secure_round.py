@@ -15,11 +15,11 @@ runs SecAgg+ only on its legacy server path, so this module keeps that path an i
   before unmasking (``coordinator/secagg_consistency_round.py``).
 
 The SecAgg+ parameters: ``secaggplus_settings(n_sampled)`` (exact quantization of integer reports,
-``fedfilter.client.secagg_grid``) and the neighbourhood graph ``round_graph`` chooses for the nodes
+``fedfilter.protocol.secagg_grid``) and the neighbourhood graph ``round_graph`` chooses for the nodes
 sampled (``num_shares`` k and ``threshold`` t; by default the sparse graph of
-``fedfilter.client.privacy.secagg_graph.choose_graph``, raised where needed so that every sum SecAgg+
+``fedfilter.privacy.secagg_graph.choose_graph``, raised where needed so that every sum SecAgg+
 can unmask holds at least ``min_reports`` reports, ``fewest_released_reports``). Flower's mask
-generator and Shamir sharing are replaced by ``fedfilter.client.secagg_masks`` for the round
+generator and Shamir sharing are replaced by ``fedfilter.protocol.secagg_masks`` for the round
 (devices install the same ones).
 A consistency round runs before any share is revealed (``ConsistencyCheckedSecAggPlus``,
 ``fedfilter.coordinator.secagg_consistency_round``): devices refuse to unmask otherwise.
@@ -44,18 +44,24 @@ from flwr.server.strategy import Strategy as LegacyStrategy
 from flwr.server.workflow.secure_aggregation.secaggplus_workflow import WorkflowState
 from flwr.serverapp import Grid
 
-from fedfilter.client.privacy.secagg_graph import choose_graph, dropouts_accounted, graph_failure_probability
-from fedfilter.client.secagg_grid import decode_sum, grid_step, secaggplus_settings
-from fedfilter.client.secagg_masks import cryptographic_masks
-from fedfilter.client.secagg_neighbourhood import DEFAULT_CORRUPT_RATE, DEFAULT_DROPOUT_RATE, fewest_released_reports
 from fedfilter.coordinator.secagg_consistency_round import ConsistencyCheckedSecAggPlus
+from fedfilter.privacy.secagg_graph import choose_graph, dropouts_accounted, graph_failure_probability
+from fedfilter.protocol.rules import reconstruction_threshold
+from fedfilter.protocol.secagg_grid import (
+    DEFAULT_CORRUPT_RATE,
+    DEFAULT_DROPOUT_RATE,
+    decode_sum,
+    fewest_released_reports,
+    grid_step,
+    secaggplus_settings,
+)
+from fedfilter.protocol.secagg_masks import cryptographic_masks
 
 __all__ = [
     "AUTO_SHARES",
     "RoundGraph",
     "SecureSum",
     "check_num_shares",
-    "reconstruction_threshold",
     "released_mean",
     "round_graph",
     "run_secure_round",
@@ -108,12 +114,6 @@ def check_num_shares(num_shares: int | float | str, min_reports: int) -> int | f
         # _share_keys); 1 and 2 are not share counts.
         raise ValueError(f"secagg_num_shares as an integer must be odd and >= 3. Found {num_shares!r}.")
     return num_shares
-
-
-def reconstruction_threshold(min_reports: int) -> int:
-    """The full graph's SecAgg+ threshold: the fewest reports an unmasked sum holds (Flower reads an
-    int 1 as 'all')."""
-    return max(int(min_reports), 2)
 
 
 @dataclass(frozen=True)

@@ -1,20 +1,10 @@
 """``IndividualFilterStrategy``: any Flower Message-API strategy, fed only checked, noisy reports.
 
-Usage, as with Flower's own DP wrappers::
-
-    from flwr.serverapp.strategy import FedAvg
-    from fedfilter.coordinator.strategy import IndividualFilterStrategy
-
-    strategy = IndividualFilterStrategy(FedAvg(fraction_train=0.5), noise_multiplier=1.0, clip=0.5,
-                                        public_ledger="fedfilter_public.sqlite")
-    result = strategy.start(grid=grid, initial_arrays=ArrayRecord(model.state_dict()), num_rounds=3,
-                            evaluate_fn=server_side_eval)
-
-Each device runs ``fedfilter.client.flower_mod.individual_filter_mod``: it pays for its clipped
+Each device runs ``fedfilter.client.filter_mod.individual_filter_mod``: it pays for its clipped
 update from its own budget and replies with a noisy *update* (or a ``left`` marker). Per round:
 
 * ``configure_train``: the inner strategy samples nodes and builds its messages (its config, its
-  arrays); the wrapper adds the round request (``fedfilter.client.wire.request_record``) to each,
+  arrays); the wrapper adds the round request (``fedfilter.protocol.wire.request_record``) to each,
   and remembers the nodes asked and the global arrays.
 * ``aggregate_train``: replies are sorted into reports, markers and dropped
   (``fedfilter.coordinator.replies``; a bad reply never fails the round). A round with no report is
@@ -49,25 +39,24 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping
-from copy import copy
 from logging import WARNING
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.app.constants import DEFAULT_TTL
 from flwr.common.logger import FLOWER_LOGGER, log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
-from fedfilter.client.release import RoundSpec
-from fedfilter.client.round_rules import added_noise_std, model_step, reports_needed
-from fedfilter.client.wire import ARRAYS_RECORD, REQUEST_RECORD, request_proto, request_record
+from fedfilter.checks import positive_finite, short_repr
 from fedfilter.coordinator.inner_strategy import (
+    AGGREGATE_WEIGHT,
     MEAN_STRATEGIES,
     NoExampleWeights,
     check_inner_strategy,
+    inner_step,
     is_mean_strategy,
 )
 from fedfilter.coordinator.public_ledger import PublicLedger
@@ -94,6 +83,9 @@ from fedfilter.coordinator.secure_round import (
     released_mean,
     run_secure_round,
 )
+from fedfilter.protocol.request import RoundSpec, request_problems
+from fedfilter.protocol.rules import added_noise_std, check_message_ttl, reports_needed, run_id_for
+from fedfilter.protocol.wire import ARRAYS_RECORD, REQUEST_RECORD, request_proto, request_record
 from fedfilter.protos import fedfilter_pb2
 
 __all__ = [
@@ -106,23 +98,60 @@ __all__ = [
     "report_norm_bound",
 ]
 
-# The weight of the one reply the inner strategy gets: a constant, never an example count.
-AGGREGATE_WEIGHT = 1
-
 
 class IndividualFilterStrategy(Strategy):
     """Wrap a Message-API strategy so it sees only valid noisy reports, weighted equally.
 
-    ``noise_multiplier``, ``clip``, ``placement`` (``local`` or ``distributed``) and ``min_reports``
-    form the round request every device checks against its own policy. ``public_ledger`` (a path or
-    an open ``PublicLedger``) receives one public record per round when the run goes through
-    ``start``; ``public_config`` is stored with the run (public settings only: the ledger refuses
-    names that look per-client). ``run_name`` is the run id the devices account under (default
-    ``flwr-<Flower run id>``). ``message_ttl_s`` sets the TTL of every train message (default:
-    Flower's, 12 h); it must exceed the round timeout, or Flower discards replies of clients that
-    have already spent budget. ``secagg_num_shares`` (distributed placement): the SecAgg+ neighbourhood,
-    ``"auto"`` (default: the sparse graph ``secure_round.round_graph`` chooses for the number sampled),
-    a fraction of the sampled nodes (1.0: all) or an odd integer.
+    Every sampled device runs ``individual_filter_mod``: it checks the round request against its
+    owner's policy, pays for its clipped update from its own budget and replies with a noisy update
+    (or a ``left`` marker). The inner strategy gets one reply per released round, ``global + mean``
+    of the valid reports, with a constant weight (the module docstring says how each stage works).
+
+    Parameters
+    ----------
+    strategy : flwr.serverapp.strategy.Strategy
+        The inner strategy; it must aggregate by a weighted mean (FedAvg, FedAvgM, FedProx, FedOpt's
+        family). Per-client aggregators (median, Krum, trimmed mean) are refused with the reason.
+    noise_multiplier : float
+        ``z``: every observer's view of a report (of the sum, in distributed placement) carries
+        Gaussian noise of std ``z * clip``. Finite, > 0; each device refuses one below its minimum.
+    clip : float
+        ``C``: the L2 norm each device clips its update to (model units). Finite, > 0.
+    placement : {"local", "distributed"}, default "local"
+        ``local``: each report carries all the noise. ``distributed``: each carries ``1/sqrt(m)`` of
+        it and the round runs through Flower's SecAgg+, which releases only the sum.
+    min_reports : int, default 1
+        ``m``: in distributed placement the fewest reports a released sum holds (SecAgg+'s
+        threshold). An integer >= 1.
+    public_ledger : str, Path or PublicLedger, optional
+        Where ``start`` appends one public record per round (nothing per client).
+    run_name : str, optional
+        The run id the devices account under; default ``flwr-<Flower run id>``.
+    public_config : mapping, optional
+        Public settings stored with the run (the ledger refuses names that look per-client).
+    message_ttl_s : float, optional
+        TTL of every train message (default: Flower's, 12 h). It must exceed the round timeout, or
+        Flower discards the replies of devices that have already spent budget.
+    secagg_num_shares : int, float or "auto", default "auto"
+        Distributed placement: the SecAgg+ neighbourhood. ``"auto"`` (the sparse graph
+        ``secure_round.round_graph`` chooses for the number sampled), a fraction in (0, 1] of the
+        sampled nodes (1.0: all) or an odd integer >= 3.
+
+    Raises
+    ------
+    ValueError
+        Naming every bad argument and its value, before any round.
+
+    Examples
+    --------
+    As with Flower's own DP wrappers, inside a ``ServerApp``'s main function:
+
+    >>> from flwr.serverapp.strategy import FedAvg
+    >>> from fedfilter import IndividualFilterStrategy
+    >>> strategy = IndividualFilterStrategy(FedAvg(fraction_train=0.5), noise_multiplier=1.0, clip=0.5)
+    >>> strategy.reports_needed()
+    1
+    >>> result = strategy.start(grid=grid, initial_arrays=arrays, num_rounds=3)  # doctest: +SKIP
     """
 
     def __init__(
@@ -142,19 +171,22 @@ class IndividualFilterStrategy(Strategy):
         problems = []
         if not isinstance(strategy, Strategy):
             problems.append(f"strategy must be a flwr.serverapp.strategy.Strategy. Found {type(strategy).__name__}.")
-        for name, v in (("noise_multiplier", noise_multiplier), ("clip", clip)):
-            if isinstance(v, bool) or not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
-                problems.append(f"{name} must be a finite number > 0. Found {v!r}.")
-        if placement not in ("local", "distributed"):
-            problems.append(f"placement must be 'local' or 'distributed'. Found {placement!r}.")
-        if isinstance(min_reports, bool) or not isinstance(min_reports, int) or min_reports < 1:
-            problems.append(f"min_reports must be an integer >= 1. Found {min_reports!r}.")
-        if message_ttl_s is not None and not (
-            isinstance(message_ttl_s, (int, float)) and math.isfinite(message_ttl_s) and message_ttl_s > 0
-        ):
-            problems.append(f"message_ttl_s must be a finite number > 0. Found {message_ttl_s!r}.")
-        if run_name is not None and (not isinstance(run_name, str) or not run_name):
-            problems.append(f"run_name must be a non-empty string. Found {run_name!r}.")
+        named = run_name is None or (isinstance(run_name, str) and run_name != "")
+        if not named:
+            problems.append(f"run_name must be a non-empty string. Found {short_repr(run_name)}.")
+        # The request's shape, checked as every device will check it (a representative round).
+        problems += request_problems(
+            RoundSpec(
+                run_id=run_name if named and run_name else run_id_for(0),
+                round_id=1,
+                noise_multiplier=noise_multiplier,
+                clip=clip,
+                placement=placement,
+                min_reports=min_reports,
+            )
+        )
+        if message_ttl_s is not None and (problem := positive_finite("message_ttl_s", message_ttl_s)) is not None:
+            problems.append(problem)
         # Devices read the model from "arrays" and reply under it; a strategy using another key cannot work.
         inner_key = getattr(strategy, "arrayrecord_key", ARRAYS_RECORD)
         if inner_key != ARRAYS_RECORD:
@@ -207,7 +239,7 @@ class IndividualFilterStrategy(Strategy):
     def __repr__(self) -> str:
         return f"IndividualFilterStrategy({self.strategy!r})"
 
-    # -- the round rules (fedfilter.client.round_rules; not re-derived here) --
+    # -- the round rules (fedfilter.protocol.rules; not re-derived here) --
 
     def per_client_noise_std(self) -> float:
         return added_noise_std(self.noise_multiplier, self.clip, self.placement, self.min_reports)
@@ -224,7 +256,7 @@ class IndividualFilterStrategy(Strategy):
         return RunLog(self.noise_multiplier, self.clip, self.placement, self.min_reports)
 
     def run_id(self, grid: Grid) -> str:
-        return self.run_name or f"flwr-{grid.run.run_id}"
+        return self.run_name or run_id_for(grid.run.run_id)
 
     def summary(self) -> None:
         self._run_log.start_summary(
@@ -313,7 +345,7 @@ class IndividualFilterStrategy(Strategy):
             outcome.aggregate_norm = l2_norm(mean)
             outcome.expected_noise_norm = self.expected_noise_norm(len(tally.reports))
             first = next(m for m in replies if int(m.metadata.src_node_id) == tally.report_sources[0])
-            arrays = self._inner_aggregate(server_round, first, mean)
+            arrays = inner_step(self.strategy, server_round, first, self._keys, self._template, mean)
         return arrays, self._finish_round(outcome)
 
     def _aggregate_secure(
@@ -349,51 +381,8 @@ class IndividualFilterStrategy(Strategy):
             outcome.released = True
             outcome.aggregate_norm = l2_norm(mean)
             outcome.expected_noise_norm = self.expected_noise_norm(n)
-            arrays = self._inner_aggregate(server_round, messages[0], mean)
+            arrays = inner_step(self.strategy, server_round, messages[0], self._keys, self._template, mean)
         return arrays, self._finish_round(outcome)
-
-    def _inner_aggregate(self, server_round: int, carrier: Message, mean: list[np.ndarray]) -> ArrayRecord:
-        """The inner strategy's step from the released aggregate: one reply, ``global + mean``, weight 1.
-
-        The inner strategy sees what the round releases (DESIGN.md section 1), not the reports one by
-        one: in distributed placement a single report carries only 1/sqrt(m) of the accounted noise,
-        and user code in the inner strategy may log what it gets. ``global + mean`` is the round rule
-        ``model_step`` with rate 1, so FedAvg's result is the plain mean step bitwise (its weighted
-        mean of one reply multiplies by exactly 1.0) and FedAvgM, FedAdam, FedYogi, ... apply their
-        server step to the mean update. Per-client aggregators (median, Krum, trimmed mean) would see
-        one reply and mean something else: the constructor refuses them (``NOT_A_MEAN``).
-        """
-        weight_key = getattr(self.strategy, "weighted_by_key", "num-examples")
-        stepped = model_step(self._template, mean, 1.0)
-        content = RecordDict(
-            {
-                ARRAYS_RECORD: ArrayRecord({k: Array(np.array(w, order="C")) for k, w in zip(self._keys, stepped)}),
-                "metrics": MetricRecord({weight_key: AGGREGATE_WEIGHT}),
-            }
-        )
-        # Flower's strategies read a reply's metadata only to log errors; the carrier's (a reply, or in
-        # distributed rounds an instruction: no single reply exists) will do. A shallow copy with new
-        # content leaves the carrier itself untouched.
-        released = copy(carrier)
-        released.content = content
-        arrays, _ = self.strategy.aggregate_train(server_round, [released])
-        if arrays is None:
-            raise RuntimeError(f"the inner strategy {self.strategy!r} returned no arrays for a released aggregate.")
-        return self._in_model_dtypes(arrays)
-
-    def _in_model_dtypes(self, arrays: ArrayRecord) -> ArrayRecord:
-        """The inner result with the model's keys, shapes and dtypes (optimizers may upcast to float64)."""
-        if list(arrays.keys()) != self._keys:
-            raise RuntimeError(f"the inner strategy returned keys {list(arrays.keys())}, not the model's {self._keys}.")
-        out = {}
-        for key, like in zip(self._keys, self._template):
-            a = arrays[key].numpy()
-            if a.shape != like.shape:
-                raise RuntimeError(f"the inner strategy returned {key!r} with shape {a.shape}, not {like.shape}.")
-            if not np.issubdtype(like.dtype, np.floating):
-                a = np.rint(a)  # a weighted mean of equal integers can land a rounding error below them
-            out[key] = Array(np.array(a, dtype=like.dtype, order="C"))
-        return ArrayRecord(out)
 
     def _finish_round(self, outcome: RoundOutcome) -> MetricRecord:
         self.last_outcome = outcome
@@ -448,11 +437,7 @@ class IndividualFilterStrategy(Strategy):
     ) -> Result:
         """Flower's loop, with one public record per round appended after the server-side evaluation."""
         ttl = self.message_ttl_s if self.message_ttl_s is not None else DEFAULT_TTL
-        if ttl <= timeout:
-            raise ValueError(
-                f"message TTL {ttl} s must exceed the round timeout {timeout} s: a shorter TTL discards "
-                "replies whose clients have already spent budget."
-            )
+        check_message_ttl(ttl, timeout)
         self._run_shown = run_id = self.run_id(grid)
         self._round_timeout = float(timeout)
         self._run_log = self._new_run_log()

@@ -4,7 +4,7 @@ import tempfile
 # Ray (Flower's simulation backend) must listen on 127.0.0.1 only; set before anything imports it.
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
-# The devices of every test keep their owner's state (roll-back anchors: client/ledger_anchor.py) in
+# The devices of every test keep their owner's state (roll-back anchors: client/ledger/anchor.py) in
 # one directory of this session, never in the user's ~/.local/state. Set once, at import, so that
 # module-scoped fixtures and child processes (SuperNodes, Ray workers) see the same one; anchors are
 # kept per ledger directory, so tests do not share any.

@@ -28,14 +28,13 @@ from typing import Any
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from fedfilter.app.config import resolve_config
-from fedfilter.client.flower_mod import individual_filter_mod, simulated_device_config_mod
-from fedfilter.client.secagg_device import secure_aggregation_mod
+from fedfilter.app.config import TRAIN_KEYS, resolve_config
+from fedfilter.client.filter_mod import individual_filter_mod
+from fedfilter.client.flower.simulated_mod import simulated_device_config_mod
+from fedfilter.client.secagg.mod import secure_aggregation_mod
 
-__all__ = ["app", "make_client_app", "train", "TRAIN_KEYS"]
+__all__ = ["app", "make_client_app", "train"]
 
-# The run-config keys the ClientApp uses (defaults: fedfilter/app/pyproject.toml).
-TRAIN_KEYS = ("task", "num-clients", "partition", "alpha", "partition-seed", "local-epochs", "lr", "batch-size")
 ROUND_KEY = "server-round"
 
 

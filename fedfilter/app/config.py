@@ -2,9 +2,10 @@
 
 Flower reads the same table for ``context.run_config`` (under ``flwr run``, with ``--run-config``
 overrides on top); the ClientApp, the ServerApp, ``fedfilter demo`` and ``fedfilter deploy-local``
-read it here. A value's type is the type of its default in the TOML (an int where a float is
-expected is accepted); an unknown key is refused with the list of known ones. Device-side
-settings (``ClientPolicy``, ``reply-hold-s``, budgets) are the device owner's, not the app's, and
+read it here and type every value with ``resolve_config``, the one coercion: a value's type is the
+type of its default in the TOML (an int where a float is expected is accepted, ``"3"`` for an int
+is not); an unknown key is refused with the list of known ones. Device-side settings
+(``ClientPolicy``, ``reply-hold-s``, budgets) are the device owner's, not the app's, and
 stay in ``fedfilter.client``.
 """
 
@@ -16,10 +17,12 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-__all__ = ["APP_DIR", "APP_PYPROJECT", "app_defaults", "resolve_config"]
+__all__ = ["APP_DIR", "APP_PYPROJECT", "TRAIN_KEYS", "app_defaults", "resolve_config"]
 
 APP_DIR = Path(__file__).resolve().parent
 APP_PYPROJECT = APP_DIR / "pyproject.toml"
+# The ClientApp's training settings: the ServerApp sends these run-config keys with every train message.
+TRAIN_KEYS = ("task", "num-clients", "partition", "alpha", "partition-seed", "local-epochs", "lr", "batch-size")
 
 
 @lru_cache(maxsize=1)

@@ -32,32 +32,25 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg, FedAvgM
 
-from fedfilter.app.config import app_defaults
+from fedfilter.app.config import TRAIN_KEYS, app_defaults, resolve_config
+from fedfilter.checks import positive_finite
 from fedfilter.coordinator.secure_round import check_num_shares
 from fedfilter.coordinator.strategy import IndividualFilterStrategy
+from fedfilter.protocol.rules import check_message_ttl, reconstruction_threshold, run_id_for
 
 __all__ = ["app", "make_server_app", "run", "SERVER_DEFAULTS", "server_config", "inner_strategy"]
 
 # The run config and its defaults: fedfilter/app/pyproject.toml [tool.flwr.app.config], the one place.
 SERVER_DEFAULTS: dict[str, Any] = app_defaults()
-# Sent to every client with each train message (the ClientApp's training settings).
-_TRAIN_KEYS = ("task", "num-clients", "partition", "alpha", "partition-seed", "local-epochs", "lr", "batch-size")
 
 
 def server_config(run_config: Mapping[str, Any], overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Defaults, then the run config, then ``overrides``; unknown override keys are refused."""
-    unknown = sorted(set(overrides or {}) - set(SERVER_DEFAULTS))
-    if unknown:
-        raise ValueError(f"unknown server setting(s) {unknown}; known: {sorted(SERVER_DEFAULTS)}.")
-    merged = {**run_config, **(overrides or {})}
-    out = {}
-    for key, default in SERVER_DEFAULTS.items():
-        value = merged.get(key, default)
-        try:
-            out[key] = type(default)(value)
-        except (TypeError, ValueError):
-            raise ValueError(f"run-config {key!r} must be a {type(default).__name__}. Found {value!r}.") from None
-    return out
+    """Defaults, then the run config, then ``overrides``, typed as the ClientApp types them.
+
+    ``fedfilter.app.config.resolve_config``: a key the app does not know, or a value of another
+    type than its default's (``"3"`` for an int), is refused naming the key and the value.
+    """
+    return resolve_config(run_config, overrides or {})
 
 
 def _wait_for_nodes(grid: Grid, wanted: int, wait_s: float) -> int:
@@ -84,7 +77,7 @@ def inner_strategy(cfg: Mapping[str, Any], min_available_nodes: int) -> FedAvg:
     """
     min_train = 1
     if cfg["placement"] == "distributed":
-        min_train = min(max(cfg["min-reports"], 2), min_available_nodes)
+        min_train = min(reconstruction_threshold(cfg["min-reports"]), min_available_nodes)
         if min_train < cfg["min-reports"]:
             message = "fedfilter: %d nodes connected, fewer than min-reports=%d: no distributed round can be released"
             log(WARNING, message, min_available_nodes, cfg["min-reports"])
@@ -109,14 +102,13 @@ def run(grid: Grid, context: Context, overrides: Mapping[str, Any] | None = None
     cfg = server_config(context.run_config, overrides)
     if not (0 < cfg["fraction-train"] <= 1):
         raise ValueError(f"run-config 'fraction-train' must be in (0, 1]. Found {cfg['fraction-train']!r}.")
-    if not (cfg["server-lr"] > 0 and np.isfinite(cfg["server-lr"])):
-        raise ValueError(f"run-config 'server-lr' must be a finite number > 0. Found {cfg['server-lr']!r}.")
+    if (problem := positive_finite("run-config 'server-lr'", cfg["server-lr"])) is not None:
+        raise ValueError(problem)
     ttl = cfg["message-ttl-s"] or 2 * cfg["round-timeout-s"] + 60.0
-    if ttl <= cfg["round-timeout-s"]:
-        raise ValueError(
-            f"message-ttl-s={ttl} must exceed round-timeout-s={cfg['round-timeout-s']}: a "
-            "shorter TTL discards replies whose clients have already spent budget."
-        )
+    try:
+        check_message_ttl(ttl, cfg["round-timeout-s"])
+    except ValueError as err:
+        raise ValueError(f"run-config 'message-ttl-s' / 'round-timeout-s': {err}") from None
 
     if cfg["placement"] == "distributed":
         try:  # before any node is waited for or model built
@@ -145,7 +137,7 @@ def run(grid: Grid, context: Context, overrides: Mapping[str, Any] | None = None
         min_reports=cfg["min-reports"],
         secagg_num_shares=cfg["num-shares"],
         public_ledger=cfg["public-ledger"],
-        run_name=cfg["run-name"] or f"flwr-{context.run_id}",
+        run_name=cfg["run-name"] or run_id_for(context.run_id),
         public_config={k: v for k, v in cfg.items() if k not in ("public-ledger", "run-name")},
         message_ttl_s=ttl,
     )
@@ -154,7 +146,7 @@ def run(grid: Grid, context: Context, overrides: Mapping[str, Any] | None = None
         initial_arrays=initial,
         num_rounds=cfg["num-rounds"],
         timeout=cfg["round-timeout-s"],
-        train_config=ConfigRecord({k: cfg[k] for k in _TRAIN_KEYS}),
+        train_config=ConfigRecord({k: cfg[k] for k in TRAIN_KEYS}),
         evaluate_fn=evaluate_on_test_data,
     )
 

@@ -28,7 +28,7 @@ from fedfilter.audit.bounds import Rates, Test, gdp_total_variation, rates_at, s
 
 # Power-of-two grids, as bits below the leading bit of the noise std: a reply's values all on
 # one of these grids, in one world only, give that world away.
-GRID_BITS = (8, 16, 20, 23, 24, 32, 40, 48, 52)
+DISTINGUISHER_BITS = (8, 16, 20, 23, 24, 32, 40, 48, 52)
 
 
 def _mantissa_low_bits(a: np.ndarray, bits: int) -> np.ndarray:
@@ -53,7 +53,7 @@ def bits_features(arrays, std: float) -> dict[str, float]:
     native = sum(int(np.sum((a / a.dtype.type(std)) * a.dtype.type(std) == a)) for a in arrays)
     out["roundtrip-native"] = native / n
     e = math.floor(math.log2(std))
-    for k in GRID_BITS:
+    for k in DISTINGUISHER_BITS:
         scaled = np.ldexp(r64, k - e)  # exact: a power-of-two scaling
         out[f"grid-{k}"] = float(np.mean(scaled == np.round(scaled)))
     low = np.concatenate([_mantissa_low_bits(a.ravel(), 4) for a in arrays])

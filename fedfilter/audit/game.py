@@ -42,12 +42,14 @@ from flwr.clientapp import ClientApp
 from flwr.common.serde import message_to_proto
 
 from fedfilter.audit.distinguishers import bits_features
-from fedfilter.client.flower_mod import enrol_device, individual_filter_mod
-from fedfilter.client.ledger import BudgetLedger
-from fedfilter.client.owner_state import owner_state_at
-from fedfilter.client.privacy import gaussian_dp
-from fedfilter.client.release import RoundSpec
-from fedfilter.client.wire import ARRAYS_RECORD, REQUEST_RECORD, STATUS_RECORD, STATUS_REPORT, request_record
+from fedfilter.checks import positive_finite
+from fedfilter.client.filter_mod import individual_filter_mod
+from fedfilter.client.ledger.budget import BudgetLedger
+from fedfilter.client.ledger.owner_state import owner_state_at
+from fedfilter.client.settings.node_config import enrol_device
+from fedfilter.privacy import gaussian_dp
+from fedfilter.protocol.request import RoundSpec
+from fedfilter.protocol.wire import ARRAYS_RECORD, REQUEST_RECORD, STATUS_RECORD, STATUS_REPORT, request_record
 
 KEYS = ("w", "b")
 SHAPES = ((32, 32), (32,))  # 1056 parameters: many low-order bits per reply, still fast
@@ -68,17 +70,13 @@ class GameConfig:
     # The budget the devices are actually enrolled with; None means the claim. Only a test that
     # checks the audit can catch an understated claim sets it.
     device_epsilon: float | None = None
-    # The owner's reply hold (client/reply_timing.py) the devices apply in the probe round, whose
+    # The owner's reply hold (client/flower/reply_timing.py) the devices apply in the probe round, whose
     # reply times feed the timing distinguishers; the budget rounds run without it (their times
     # are not looked at). Deployed devices default to 60 s; a small hold keeps the audit quick.
     reply_hold_s: float = 0.02
 
     def __post_init__(self):
-        problems = []
-        for name in ("epsilon", "clip"):
-            v = getattr(self, name)
-            if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
-                problems.append(f"{name} must be a finite number > 0. Found {v!r}.")
+        problems = [p for p in (positive_finite(name, getattr(self, name)) for name in ("epsilon", "clip")) if p]
         if not (isinstance(self.delta, (int, float)) and 0 < self.delta < 1):
             problems.append(f"delta must be in (0, 1). Found {self.delta!r}.")
         if not (isinstance(self.rounds, int) and self.rounds >= 1):

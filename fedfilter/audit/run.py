@@ -28,7 +28,7 @@ import numpy as np
 from fedfilter.audit import bounds
 from fedfilter.audit.distinguishers import distinguish, single_reply_tv
 from fedfilter.audit.game import DeviceRefused, GameConfig, GameRun, play, probe_table, reuse_budget_solves, scores
-from fedfilter.client.privacy import gaussian_dp
+from fedfilter.privacy import gaussian_dp
 
 THRESHOLDS = ("planned", "split")
 DTYPES = ("float32", "float64")

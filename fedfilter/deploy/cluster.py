@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedfilter.client.owner_state import STATE_DIR_ENV
+from fedfilter.client.ledger.owner_state import STATE_DIR_ENV
 from fedfilter.deploy.flower_config import write_connection, write_flat_toml
 from fedfilter.deploy.processes import (
     LOOPBACK,
@@ -236,9 +236,6 @@ class FlowerCluster:
         """``flwr supernode register KEY.pub CONNECTION``; the node id the SuperLink assigned."""
         payload = self._flwr_json("supernode", "register", str(public_key), self.connection)
         return int(payload["node-id"])
-
-    def list_supernodes(self) -> list[dict]:
-        return self._flwr_json("supernode", "list", self.connection).get("nodes", [])
 
     def start_supernode(
         self,

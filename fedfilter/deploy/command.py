@@ -31,12 +31,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fedfilter.checks import is_int, positive_finite
 from fedfilter.deploy.cluster import STARTED_RUN, FlowerCluster, RunResult
 from fedfilter.deploy.flower_config import app_run_config
 from fedfilter.deploy.processes import DeploymentError
+from fedfilter.protocol.request import AFTER_EXHAUSTION, PLACEMENTS
+from fedfilter.protocol.rules import default_min_reports
 
-AFTER_EXHAUSTION = ("noise-only", "leave")
-PLACEMENTS = ("local", "distributed")
 # The filter each placement's devices are enrolled with unless --filter says otherwise: the exact
 # Gaussian-DP filter for local Gaussian noise; the Renyi filter, the one that accounts the Skellam
 # sum, for distributed noise over SecAgg+ (which refuses any other).
@@ -88,17 +89,17 @@ class DeployOptions:
         """The fewest reports a released round has (the run config's ``min-reports``)."""
         if self.min_reports is not None:
             return self.min_reports
-        return math.ceil(self.clients / 2) if self.placement == "distributed" and isinstance(self.clients, int) else 1
+        return default_min_reports(self.clients, self.placement) if isinstance(self.clients, int) else 1
 
     def check(self) -> None:
-        problems = []
-        if isinstance(self.clients, bool) or not isinstance(self.clients, int) or self.clients < 1:
+        problems: list[str | None] = []  # None: a check that passed (fedfilter.checks)
+        if not is_int(self.clients) or self.clients < 1:
             problems.append(f"--clients must be an integer >= 1. Found {self.clients!r}.")
-        if isinstance(self.rounds, bool) or not isinstance(self.rounds, int) or self.rounds < 1:
+        if not is_int(self.rounds) or self.rounds < 1:
             problems.append(f"--rounds must be an integer >= 1. Found {self.rounds!r}.")
         if not self.budgets or not all(math.isfinite(b) and b > 0 for b in self.budgets):
             problems.append(f"--budgets must be finite epsilons > 0. Found {self.budgets!r}.")
-        from fedfilter.client.privacy.filters import FILTER_KINDS
+        from fedfilter.privacy.filters import FILTER_KINDS
 
         if self.filter not in FILTER_KINDS:
             problems.append(f"--filter must be one of {', '.join(FILTER_KINDS)}. Found {self.filter_kind!r}.")
@@ -115,7 +116,7 @@ class DeployOptions:
                 f"Found {self.filter!r}."
             )
         m = self.min_reports
-        if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m < 1):
+        if m is not None and (not is_int(m) or m < 1):
             problems.append(f"--min-reports must be an integer >= 1. Found {m!r}.")
         elif m is not None and self.placement != "distributed" and m != 1:
             problems.append(f"--min-reports applies to --placement distributed only. Found {m!r}.")
@@ -130,25 +131,23 @@ class DeployOptions:
             problems.append(
                 f"--after-exhaustion must be one of {', '.join(AFTER_EXHAUSTION)}. Found {self.after_exhaustion!r}."
             )
-        if self.min_noise_multiplier is not None and not (
-            math.isfinite(self.min_noise_multiplier) and self.min_noise_multiplier > 0
-        ):
-            problems.append(f"--min-noise-multiplier must be a finite number > 0. Found {self.min_noise_multiplier!r}.")
-        from fedfilter.client.reply_timing import MAX_REPLY_HOLD_S
+        if self.min_noise_multiplier is not None:
+            problems.append(positive_finite("--min-noise-multiplier", self.min_noise_multiplier))
+        from fedfilter.client.settings.node_config import MAX_REPLY_HOLD_S
 
         if not (math.isfinite(self.reply_hold_s) and 0 <= self.reply_hold_s <= MAX_REPLY_HOLD_S):
             problems.append(
                 f"--reply-hold-s must be in [0, {MAX_REPLY_HOLD_S:g}] seconds. Found {self.reply_hold_s!r}."
             )
-        for name in ("timeout_s", "connect_timeout_s", "grace_s"):
-            value = getattr(self, name)
-            if not (math.isfinite(value) and value > 0):
-                problems.append(f"{name} must be a finite number > 0. Found {value!r}.")
+        problems += [
+            positive_finite(name, getattr(self, name)) for name in ("timeout_s", "connect_timeout_s", "grace_s")
+        ]
         for app in self.approve_apps:
             if not (Path(app).is_dir() or Path(app).suffix == ".fab" and Path(app).is_file()):
                 problems.append(f"--approve-app must be an app directory or a .fab file. Found {str(app)!r}.")
-        if problems:
-            raise ValueError(" ".join(problems))
+        found = [p for p in problems if p]
+        if found:
+            raise ValueError(" ".join(found))
 
 
 def device_node_config(index: int, options: DeployOptions, ledger_dir: Path) -> dict[str, Any]:
@@ -164,8 +163,8 @@ def device_node_config(index: int, options: DeployOptions, ledger_dir: Path) -> 
         "num-partitions": options.clients,
         "reply-hold-s": float(options.reply_hold_s),
     }
-    if options.placement == "distributed":  # the budget against any coordinator (client/worst_case.py)
-        from fedfilter.demo_report import simulated_worst_case_epsilon
+    if options.placement == "distributed":  # the budget against any coordinator (client/ledger/worst_case.py)
+        from fedfilter.deploy.devices import simulated_worst_case_epsilon
 
         config["worst-case-epsilon"] = simulated_worst_case_epsilon(config["budget-epsilon"], options.reports_needed)
     if options.min_noise_multiplier is not None:
@@ -222,7 +221,7 @@ _REFUSED = re.compile(r"refused app ([0-9a-f]{64}): not approved")
 
 def approve_owner_apps(owners: Path, options: DeployOptions) -> list[str]:
     """Every simulated owner's list of approved apps, exactly ``options.approved_apps`` (rewritten)."""
-    from fedfilter.client.app_approval import APPROVED_FILE, approve
+    from fedfilter.client.runtime.approval import APPROVED_FILE, approve
 
     entries = []
     for index in range(options.clients):
@@ -313,13 +312,13 @@ def deploy_local(options: DeployOptions, echo: Callable[[str], None] = print) ->
 
     Every process is stopped before this returns, whatever happened (Ctrl-C included).
     """
-    from fedfilter.client.app_approval import APPROVE_HINT, TRUST_TEXT
-    from fedfilter.client.device_config import enrol_simulated_device
-    from fedfilter.client.ledger import LEDGER_FILE
-    from fedfilter.client.ledger_report import device_report, odometer_text
-    from fedfilter.client.owner_state import owner_state_at
-    from fedfilter.client.reply_timing import timing_protection
-    from fedfilter.client.worst_case import guarantee_lines
+    from fedfilter.client.flower.reply_timing import timing_protection
+    from fedfilter.client.ledger.owner_state import owner_state_at
+    from fedfilter.client.ledger.report import device_report, odometer_text
+    from fedfilter.client.ledger.schema import LEDGER_FILE
+    from fedfilter.client.ledger.worst_case import guarantee_lines
+    from fedfilter.client.runtime.approval import APPROVE_HINT, TRUST_TEXT
+    from fedfilter.client.settings.node_config import enrol_simulated_device
     from fedfilter.coordinator.public_report import public_run_ids, public_summary
 
     options.check()

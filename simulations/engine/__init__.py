@@ -2,8 +2,8 @@
 
 DESIGN.md section 4: for studies that would take days as separate Flower clients (for example
 60,000 single-example clients). Every privacy decision is made by the code a Flower device runs
-(``fedfilter.client.privacy.filters.round_allowance`` / ``exhausted`` / ``charge`` / ``admits`` / ``spend``
-and ``fedfilter.client.mechanism.certified_norm`` / ``clip_to_norm`` / ``add_grid_noise``), broadcast
+(``fedfilter.privacy.filters.round_allowance`` / ``exhausted`` / ``charge`` / ``admits`` / ``spend``
+and ``fedfilter.client.mechanisms.gaussian.certified_norm`` / ``clip_to_norm`` / ``add_grid_noise``), broadcast
 over a leading client axis, so the same seeds give bitwise the same per-client spending
 (``tests/simulations/test_engine_conformance.py``).
 
@@ -67,9 +67,9 @@ Agreement with the Flower path, precisely
   a run is bitwise repeatable for the same thread count (on this machine also across 1 and 2).
 * ``fraction < 1`` samples with the engine's own generator, not the ServerApp's.
 * ``distributed`` placement: each client's release is the device's Skellam rule
-  (``fedfilter.simulations.engine.skellam_round.ClientRule``: Gaussian allowance -> Skellam allowance
-  -> clip -> snap toward zero on the SecAgg+ grid -> charge at the exact integer norms -> spend, the
-  device's functions in the device's order), so filter states are bitwise a device's; with
+  (``fedfilter.simulations.engine.mechanisms.EngineSkellam`` in the device's spend template: Gaussian
+  allowance -> Skellam allowance -> clip -> snap toward zero on the SecAgg+ grid -> charge at the exact
+  integer norms -> commit, the device's functions in the device's order), so filter states are bitwise a device's; with
   ``noise_draw="per-client"`` each integer report is bitwise the device's, and the integer sum (hence
   the mean) is exact whatever the order. ``norms="fast"`` falls back to ``vectorised`` there.
 * ``central`` placement has no device counterpart: papers/004's trusted curator (private GD), used by

@@ -1,22 +1,23 @@
 """What a study asks the vectorised engine for, and what it gets back.
 
 Only data: the engine itself lives in ``fedfilter.simulations.engine.core``. Names follow the Flower path
-(``fedfilter.client.release.RoundSpec`` and ``ClientPolicy``, ``fedfilter.coordinator.strategy``) so a study can move
+(``fedfilter.protocol.request.RoundSpec`` and ``ClientPolicy``, ``fedfilter.coordinator.strategy``) so a study can move
 between the two without translating settings.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from fedfilter.client.privacy.filters import FILTER_KINDS
-from fedfilter.client.privacy.secagg_graph import SecAggGraph, honest_coordinator_delta
-from fedfilter.client.release import AFTER_EXHAUSTION, PLACEMENTS, ClientPolicy
-from fedfilter.client.round_rules import accounted_noise_std, added_noise_std
+from fedfilter.checks import is_int, positive_finite, short_repr
+from fedfilter.client.settings.policy import ClientPolicy
+from fedfilter.privacy.filters import FILTER_KINDS
+from fedfilter.privacy.secagg_graph import SecAggGraph, honest_coordinator_delta
+from fedfilter.protocol.request import AFTER_EXHAUSTION, PLACEMENTS
+from fedfilter.protocol.rules import accounted_noise_std, added_noise_std
 
 CLIENT_MODES = ("auto", "single-example", "multi-example")
 NOISE_DRAWS = ("per-client", "aggregate")
@@ -36,10 +37,10 @@ class EngineConfig:
     epsilon
         Personal lifetime budget: one number for every client, or one per client.
     delta, filter_kind, run_quota
-        As in ``fedfilter.client.ledger.BudgetLedger.enrol``. ``filter_kind`` is ``gdp`` (exact Gaussian-DP
+        As in ``fedfilter.client.ledger.budget.BudgetLedger.enrol``. ``filter_kind`` is ``gdp`` (exact Gaussian-DP
         filter), ``zcdp`` (papers/004 Theorem 4.9) or ``rdp``.
     noise_multiplier, clip, placement, min_reports
-        The coordinator's request (``fedfilter.client.release.RoundSpec``): accounted noise std is
+        The coordinator's request (``fedfilter.protocol.request.RoundSpec``): accounted noise std is
         ``sigma = noise_multiplier * clip``. ``local``: each report carries Gaussian noise of std sigma
         (the device's float-safe rounded Gaussian). ``distributed``: the device's Skellam mechanism on
         the SecAgg+ grid (``fedfilter.simulations.engine.skellam_round``): each report carries
@@ -49,7 +50,7 @@ class EngineConfig:
         ``central`` (simulation only; papers/004's private GD): the coordinator sums the clipped
         updates and adds one ``N(0, sigma^2 I)`` draw; needs ``noise_draw="aggregate"``.
     secagg_graph, secagg_dropout_rate, secagg_corrupt_rate
-        Distributed placement: the SecAgg+ neighbourhoods (``fedfilter.client.privacy.secagg_graph``).
+        Distributed placement: the SecAgg+ neighbourhoods (``fedfilter.privacy.secagg_graph``).
         ``full``: Flower's full graph (every asked client holds a share of every other's secrets);
         ``sparse``: ``choose_graph(n_asked, ...)`` on Flower's ring over a permutation drawn per round.
         Either way k and t are the coordinator's (``coordinator.secure_round.round_graph``: t above
@@ -60,7 +61,7 @@ class EngineConfig:
         honest coordinator adds the graph's failure probability under the assumed rates for every
         distributed round it reported in (``EngineResult.honest_coordinator_delta``).
     worst_case_epsilon
-        The device's worst-case budget (``fedfilter.client.worst_case``), at ``delta``: one number or
+        The device's worst-case budget (``fedfilter.client.ledger.worst_case``), at ``delta``: one number or
         one per client, each at least that client's ``epsilon``; required with ``placement=
         'distributed'`` (a device without one refuses distributed rounds), where every client also
         keeps the worst-case account (its share ``Sk(mu_share)`` read alone) and stops contributing
@@ -70,15 +71,15 @@ class EngineConfig:
         ``noise-only`` (keeps sending pure-noise reports) or ``leave`` (sends a marker); one value
         or one per client.
     exhausted_below
-        ``fedfilter.client.release.ClientPolicy.exhausted_below``.
+        ``fedfilter.client.settings.policy.ClientPolicy.exhausted_below``.
     noise_draw
         ``per-client``: every report gets its own noise from the client's generator, seeded
-        exactly as ``fedfilter.client.flower_mod`` seeds a device with ``noise-seed =
+        exactly as ``fedfilter.client.filter_mod`` seeds a device with ``noise-seed =
         client_noise_seed(seed, k)`` (bitwise the Flower path's reports). ``aggregate``: one draw
         for the sum of the round's reports, with the summed variance (same distribution of the
         aggregate; much faster; the individual reports are never materialised).
     norms
-        ``device``: each client's certified norm and clip by ``fedfilter.client.mechanism.certified_norm`` /
+        ``device``: each client's certified norm and clip by ``fedfilter.client.mechanisms.gaussian.certified_norm`` /
         ``clip_to_norm``, the functions a device runs (bitwise the Flower path's sensitivities;
         about 0.1-0.3 ms per client). ``vectorised``: the same guarantee (an upper bound on the
         exact norm of what is released, never above the allowance) computed for a whole chunk at
@@ -109,7 +110,7 @@ class EngineConfig:
         clients asked each round (``fraction < 1`` draws from the engine's own generator, which
         is not the ServerApp's node sampling).
     server_lr
-        The coordinator's step: ``w <- w + server_lr * mean(reports)`` (``fedfilter.client.round_rules.model_step``).
+        The coordinator's step: ``w <- w + server_lr * mean(reports)`` (``fedfilter.protocol.rules.model_step``).
     seed
         Initial model (``torch.manual_seed(seed)`` then ``task.model_fn()``, as the ServerApp)
         and every noise stream (``client_noise_seed``, ``aggregate_noise_rng``).
@@ -164,22 +165,13 @@ class EngineConfig:
     def __post_init__(self):
         problems = []
 
-        def positive(name, integer=False):
-            v = getattr(self, name)
-            ok = (
-                (isinstance(v, (int, np.integer)) and not isinstance(v, bool))
-                if integer
-                else (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v))
-            )
-            if not ok or v <= 0:
-                problems.append(
-                    f"{name} must be a {'positive integer' if integer else 'finite number > 0'}. Found {v!r}."
-                )
-
         for name in ("num_clients", "rounds", "min_reports", "local_epochs", "batch_size", "eval_every", "chunk_size"):
-            positive(name, integer=True)
+            v = getattr(self, name)
+            if not (is_int(v) and v > 0):
+                problems.append(f"{name} must be a positive integer. Found {short_repr(v)}.")
         for name in ("noise_multiplier", "clip", "lr", "server_lr"):
-            positive(name)
+            if (problem := positive_finite(name, getattr(self, name))) is not None:
+                problems.append(problem)
         if self.client_mode not in CLIENT_MODES:
             problems.append(f"client_mode must be one of {CLIENT_MODES}. Found {self.client_mode!r}.")
         if self.filter_kind not in FILTER_KINDS:
@@ -224,7 +216,7 @@ class EngineConfig:
             if self.placement == "distributed":
                 problems.append(
                     "placement='distributed' needs worst_case_epsilon (a device without worst-case-epsilon "
-                    "refuses distributed rounds: client/worst_case.py). Found None."
+                    "refuses distributed rounds: client/ledger/worst_case.py). Found None."
                 )
         else:
             worst = np.atleast_1d(np.asarray(self.worst_case_epsilon, dtype=np.float64))

@@ -2,15 +2,16 @@
 
 Per round, for the clients asked (``FilteredClient.release`` for each, in vectorised form):
 
-1. allowance ``fedfilter.client.privacy.filters.round_allowance`` on the ``(n_clients, dim)`` states
+1. allowance ``fedfilter.privacy.filters.round_allowance`` on the ``(n_clients, dim)`` states
    (lifetime filter and run-quota filter, as the ledger holds them); ``exhausted`` decides who
    has nothing left (noise-only report, or a ``left`` marker);
 2. update (per-example gradient, or local SGD), certified norm and clip with
-   ``fedfilter.client.mechanism.certified_norm`` / ``clip_to_norm`` on each client's arrays (the very
+   ``fedfilter.client.mechanisms.gaussian.certified_norm`` / ``clip_to_norm`` on each client's arrays (the very
    functions the device runs, so sensitivities, hence charges and states, are bitwise equal);
    ``norms="vectorised"`` certifies a whole chunk at once, ``norms="fast"`` computes the
    certified norms and the clipped sum layer by layer (``fedfilter.simulations.engine.layerwise``);
-3. ``filt.charge`` / ``filt.admits`` / ``filt.spend`` on all rows at once;
+3. the device's spend template (``fedfilter.client.mechanisms.spend``) on all rows of a budget at once
+   (``RowsAccount``: one admits check, one spend per state);
 4. noise: per client with the device's generator, or one aggregate draw (``noise_draw``);
 5. the coordinator: plain mean of the reports, then ``w + server_lr * mean``
    (``fedfilter.coordinator.strategy``).
@@ -32,13 +33,22 @@ from dataclasses import asdict
 import numpy as np
 import torch
 
-from fedfilter.client.mechanism import add_grid_noise, certified_norm, clip_to_norm, noise_grid, snap_toward_zero
-from fedfilter.client.privacy.filters import GaussianFilter, exhausted, make_filter, round_allowance
-from fedfilter.client.round_rules import model_step, reports_needed
-from fedfilter.client.worst_case import worst_case_filter
+from fedfilter.client.ledger.worst_case import worst_case_filter
+from fedfilter.client.mechanisms.gaussian import (
+    add_grid_noise,
+    certified_norm,
+    clip_to_norm,
+    noise_grid,
+    snap_toward_zero,
+)
+from fedfilter.client.mechanisms.spend import spend
+from fedfilter.privacy.filters import GaussianFilter, exhausted, make_filter
+from fedfilter.protocol.rules import model_step, reports_needed
+from fedfilter.simulations.engine.accounts import RowsAccount
 from fedfilter.simulations.engine.config import EngineConfig, EngineResult, RoundRecord
 from fedfilter.simulations.engine.distributed_round import DistributedPlacement
 from fedfilter.simulations.engine.layerwise import LayerwiseClippedSum, supported
+from fedfilter.simulations.engine.mechanisms import EngineGaussian
 from fedfilter.simulations.engine.norms import clip_rows
 from fedfilter.simulations.engine.seeds import aggregate_noise_rng, client_noise_stream, sampling_rng
 from fedfilter.simulations.engine.updates import Layout, PerExampleGradients, local_seed, local_sgd_update
@@ -105,7 +115,7 @@ class Engine:
         self.layout = Layout(self.weights)
 
         eps = np.broadcast_to(np.asarray(cfg.epsilon, dtype=np.float64), (n,))
-        # One group per distinct (budget, worst-case budget): the worst-case account (client/worst_case.py)
+        # One group per distinct (budget, worst-case budget): the worst-case account (client/ledger/worst_case.py)
         # is kept in distributed placement only (in local placement it is charged the main charges
         # against a budget at least as large, so it never binds).
         keep_worst = cfg.placement == "distributed" and cfg.worst_case_epsilon is not None
@@ -152,21 +162,13 @@ class Engine:
 
     # --- privacy: the filters, vectorised over clients ------------------------------------------
     def allowance(self, clients: np.ndarray) -> np.ndarray:
-        """``round_allowance`` for each client in ``clients`` (one call per distinct budget)."""
+        """``round_allowance`` for each client in ``clients`` (``RowsAccount``, one call per distinct budget)."""
         cfg, out = self.config, np.zeros(len(clients))
         groups = self.group[clients]
-        for g, (filt, run_filt) in enumerate(zip(self.filters, self.run_filters)):
+        for g in range(len(self.filters)):
             at = groups == g
             if at.any():
-                rows = clients[at]
-                out[at] = round_allowance(
-                    filt,
-                    self.state[rows],
-                    noise_std=cfg.accounted_std,
-                    clip=cfg.clip,
-                    run_filter=run_filt,
-                    run_state=self.run_state[rows],
-                )
+                out[at] = RowsAccount(self, clients[at], g).allowance(noise_std=cfg.accounted_std, clip=cfg.clip)
         return out
 
     def has_budget(self, clients: np.ndarray) -> np.ndarray:
@@ -179,42 +181,36 @@ class Engine:
     def worst_allowance(self, clients: np.ndarray, noise_std: float) -> np.ndarray:
         """What each client's worst-case account still admits at its share's std (``tx.worst_allowance``)."""
         out = np.zeros(len(clients))
-        if self.worst_filters is None or self.worst_state is None:
-            raise RuntimeError("internal error: no worst-case accounts (distributed placement keeps them)")
         groups = self.group[clients]
-        for g, filt in enumerate(self.worst_filters):
+        for g in range(len(self.filters)):
             at = groups == g
             if at.any():
-                out[at] = round_allowance(
-                    filt, self.worst_state[clients[at]], noise_std=noise_std, clip=self.config.clip
-                )
+                out[at] = RowsAccount(self, clients[at], g).worst_allowance(noise_std=noise_std, clip=self.config.clip)
         return out
 
-    def _skellam_spend(self, client: int, rule, charges: tuple[np.ndarray, np.ndarray], k: list[np.ndarray]) -> None:
-        """One client's distributed spend (``ClientRule.spend``: admits, then every account); its integer
-        update ``k`` is passed for tests that recompute the charge."""
-        if self.worst_state is None:
-            raise RuntimeError("internal error: no worst-case accounts (distributed placement keeps them)")
-        self.state[client], self.run_state[client], self.worst_state[client] = rule.spend(
-            self.state[client], self.run_state[client], self.worst_state[client], charges
-        )
-
-    def _spend(self, clients: np.ndarray, norms: np.ndarray) -> None:
-        """Charge, check and spend for ``clients`` (``FilteredClient.release``, all rows at once)."""
+    def _spend(self, clients: np.ndarray, allow: np.ndarray, out: np.ndarray, norms: np.ndarray) -> None:
+        """The device's spend template on every budget group's rows: ``norms`` are the active clients'
+        certified clipped norms; the others are charged 0 (their states do not move)."""
         cfg = self.config
+        sensitivity = np.zeros(len(clients))
+        sensitivity[~out] = norms
+        added = cfg.added_std if cfg.placement == "local" else cfg.accounted_std  # central: the coordinator's
         groups = self.group[clients]
-        for g, (filt, run_filt) in enumerate(zip(self.filters, self.run_filters)):
+        for g in range(len(self.filters)):
             at = groups == g
-            if not at.any():
-                continue
-            rows = clients[at]
-            charge = filt.charge(sensitivity=norms[at], noise_std=cfg.accounted_std)
-            if not (
-                np.all(filt.admits(self.state[rows], charge)) and np.all(run_filt.admits(self.run_state[rows], charge))
-            ):
-                raise RuntimeError("internal error: a clipped update exceeds its allowance; nothing spent")
-            self.state[rows] = filt.spend(self.state[rows], charge)
-            self.run_state[rows] = run_filt.spend(self.run_state[rows], charge)
+            if at.any():
+                mechanism = EngineGaussian(
+                    cfg.placement,
+                    float(cfg.noise_multiplier),
+                    float(cfg.clip),
+                    cfg.accounted_std,
+                    added,
+                    noise_grid(added)[0],
+                    allow=allow[at],
+                    norms=sensitivity[at],
+                )
+                account = RowsAccount(self, clients[at], g)
+                spend(account, mechanism, [], exhausted_below=cfg.exhausted_below, after_exhaustion="noise-only")
 
     # --- one round ------------------------------------------------------------------------------
     @property
@@ -312,15 +308,14 @@ class Engine:
             zero = np.zeros(self.layout.dim, dtype=np.float32)
             for c in reporting:
                 total += self._noisy_report(c, zero)
-        self._spend(active, norms)
-        self._spend(reporting, np.zeros(len(reporting)))  # a pure-noise report costs nothing
+        self._spend(clients, allow, out, norms)
 
         reports = len(active) + len(reporting)
         if not per_client and reports:
             # One draw for the sum. Local: the sum of `reports` independent N(0, s^2 I) reports is
             # exactly N(0, reports * s^2 I), s = z C; only the aggregate is formed, never the
             # individual reports. A device's float-safe report is the Gaussian rounded to a grid 2**16
-            # times finer than s (client/noise.py): its variance is about s^2 (1 + 2**-32 / 12), a
+            # times finer than s (client/mechanisms/gaussian_noise.py): its variance is about s^2 (1 + 2**-32 / 12), a
             # difference this simulated draw leaves out. Central: the coordinator's one N(0, (z C)^2 I).
             std = cfg.accounted_std if cfg.placement == "central" else cfg.added_std * math.sqrt(reports)
             rng = aggregate_noise_rng(cfg.seed, cfg.run_id, self.round_id)

@@ -1,6 +1,7 @@
 """One ``distributed`` round of the engine: every asked client's Skellam release, then SecAgg+'s sum.
 
-Per client, ``fedfilter.simulations.engine.skellam_round.ClientRule`` (the device's steps); then the
+Per client, the device's spend template with its Skellam steps (``EngineSkellam`` on a
+``RowsAccount``; the allowances of all clients computed first with the device's ``l2_allowance``); then the
 sum the coordinator unmasks: the reporting clients' integer reports added, wrapped mod ``q`` (the
 quantization range SecAgg+ is set up with for the clients asked), released only with at least
 ``min_reports`` reports and when SecAgg+ can unmask it on its graph (``SecAggRing``).
@@ -15,22 +16,26 @@ bitwise the one the devices' reports add up to; ``aggregate`` draws the sum's no
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from fedfilter.client.privacy.secagg_graph import (
+from fedfilter.client.mechanisms.skellam import CLIP_SLACK, SkellamGrid, l2_allowance
+from fedfilter.client.mechanisms.spend import spend
+from fedfilter.coordinator.secure_round import AUTO_SHARES
+from fedfilter.coordinator.secure_round import round_graph as coordinator_round_graph
+from fedfilter.privacy.filters import exhausted
+from fedfilter.privacy.secagg_graph import (
     SecAggGraph,
     dropouts_accounted,
     graph_abort_probability,
 )
-from fedfilter.client.round_rules import reports_needed
-from fedfilter.coordinator.secure_round import AUTO_SHARES
-from fedfilter.coordinator.secure_round import round_graph as coordinator_round_graph
+from fedfilter.protocol.rules import reports_needed
+from fedfilter.simulations.engine.accounts import RowsAccount
+from fedfilter.simulations.engine.mechanisms import EngineSkellam
 from fedfilter.simulations.engine.norms import clip_rows
 from fedfilter.simulations.engine.seeds import aggregate_noise_stream, client_noise_stream, graph_rng
 from fedfilter.simulations.engine.skellam_round import (
-    ClientRule,
     SkellamRound,
     aggregate_skellam,
     per_client_noisy,
@@ -87,7 +92,7 @@ class DistributedOutcome:
 
 
 class DistributedPlacement:
-    """The engine's distributed rounds: one ``ClientRule`` per distinct budget."""
+    """The engine's distributed rounds: the device's Skellam mechanism on every budget group's rows."""
 
     def __init__(self, engine):
         cfg = engine.config
@@ -100,32 +105,43 @@ class DistributedPlacement:
         self.graph = round_graph(cfg, engine.n_sampled)
         if engine.worst_filters is None:
             raise ValueError("distributed placement needs worst_case_epsilon (EngineConfig). Found None.")
-        self.rules = [
-            ClientRule(SkellamRound.from_request(*request, f), f, rf, cfg.clip, engine.layout.dim, w)
-            for f, rf, w in zip(engine.filters, engine.run_filters, engine.worst_filters)
-        ]
+        p = self.params
+        # The device's SkellamGrid: its noise_std is the worst-case account's std, sqrt(mu_share) gamma.
+        self.grid = SkellamGrid(p.gamma, p.mu_total, p.mu_share, p.q)
+        shapes = tuple(engine.layout.shapes)  # float32 arrays only (Layout): every one is released
+        dim = engine.layout.dim
+        self.mechanism = EngineSkellam(
+            float(cfg.noise_multiplier), float(cfg.clip), p.sigma, self.grid, shapes, tuple(range(len(shapes))), dim
+        )
 
     def l2_allowance(self, clients: np.ndarray) -> np.ndarray:
         """Each client's ``L2_allow`` (grid units), from the Gaussian allowances its ledger would give
-        (the main account's at sigma, the worst-case account's at the share's std)."""
-        e = self.engine
+        (the main account's at sigma, the worst-case account's at the share's std): the device's rule."""
+        e, m = self.engine, self.mechanism
         a_gauss = e.allowance(clients)
-        a_worst = e.worst_allowance(clients, self.rules[0].grid.noise_std)  # gamma, mu_share: the same for all
+        a_worst = e.worst_allowance(clients, self.grid.noise_std)  # gamma, mu_share: the same for all
         out = np.zeros(len(clients))
         groups = e.group[clients]
-        for g, rule in enumerate(self.rules):
+        for g, (filt, worst) in enumerate(zip(e.filters, e.worst_filters)):
             at = groups == g
             if at.any():
-                out[at] = rule.l2_allowance(a_gauss[at], a_worst[at])
+                allow = l2_allowance(filt, a_gauss[at], worst, a_worst[at], sigma=m.sigma, grid=self.grid, dim=m.dim)
+                out[at] = np.asarray(allow, dtype=np.float64).reshape(np.shape(a_gauss[at]))
         return out
 
+    def _exhausted(self, l2_allow: np.ndarray) -> np.ndarray:
+        return exhausted(
+            np.asarray(l2_allow) * self.grid.gamma, self.engine.config.clip, self.engine.config.exhausted_below
+        )
+
     def exhausted(self, clients: np.ndarray) -> np.ndarray:
-        return self.rules[0].exhausted(self.l2_allowance(clients), self.engine.config.exhausted_below)
+        """True where a client has nothing left to give (the device's rule on its ``L2_allow``)."""
+        return self._exhausted(self.l2_allowance(clients))
 
     def run(self, clients: np.ndarray, round_id: int) -> DistributedOutcome:
         e, cfg = self.engine, self.engine.config
         l2_allow = self.l2_allowance(clients)
-        out = self.rules[0].exhausted(l2_allow, cfg.exhausted_below)  # gamma and C are the same for all
+        out = self._exhausted(l2_allow)  # gamma and C are the same for all
         active, reporting = clients[~out], clients[out & ~e.leave[clients]]
         allow_active = l2_allow[~out]
         dim, per_client = e.layout.dim, cfg.noise_draw == "per-client"
@@ -137,14 +153,22 @@ class DistributedPlacement:
             updates[bad] = 0.0  # client.flower_mod: a non-finite update is released as a zero update
             vectorised = cfg.norms != "device"
             if vectorised:  # the same guarantee as clip_to_norm: certified norm <= the clip bound
-                clip_rows(updates, self.rules[0].clip_bound(allow_active[a : a + len(chunk)]))
+                bounds = np.asarray(allow_active[a : a + len(chunk)], dtype=np.float64) * self.grid.gamma * CLIP_SLACK
+                clip_rows(updates, bounds)
             for j, c in enumerate(chunk):
-                rule = self.rules[e.group[c]]
-                k = rule.snap(e.layout.views(updates[j]), allow_active[a + j], clipped=vectorised)
-                e._skellam_spend(int(c), rule, rule.charge(k)[0], k)
+                mechanism = replace(self.mechanism, l2_allow=float(allow_active[a + j]), clipped=vectorised)
+                account = RowsAccount(e, np.array([c]), int(e.group[c]))
+                _, payload = spend(
+                    account,
+                    mechanism,
+                    e.layout.views(updates[j]),
+                    exhausted_below=cfg.exhausted_below,
+                    after_exhaustion="noise-only",
+                )
+                k = payload.k
                 if per_client:
                     stream = client_noise_stream(cfg.seed, int(c), cfg.run_id, round_id)
-                    k = per_client_noisy(k, rule.p.mu_share, stream)
+                    k = per_client_noisy(k, self.params.mu_share, stream)
                 total += np.concatenate([np.ravel(x) for x in k])
         n = len(active) + len(reporting)
         if per_client:

@@ -1,6 +1,6 @@
 """Certified norms and clipping for a whole chunk of float32 updates at once (``norms="vectorised"``).
 
-The device computes ``fedfilter.client.mechanism.certified_norm`` one client at a time, which costs about
+The device computes ``fedfilter.client.mechanisms.gaussian.certified_norm`` one client at a time, which costs about
 0.1-0.3 ms per client in Python; with 60,000 clients per step that is most of a step. This module
 gives the same guarantee for a ``(clients, dim)`` float32 matrix in one pass:
 

@@ -1,10 +1,11 @@
 """Noise generators: the same (seed, client, round) gives the same noise as the Flower path.
 
 A Flower device with ``--node-config "noise-seed=S"`` draws round ``r`` of run ``R`` from
-``fedfilter.client.noise.round_noise_stream(S, R, r)``. The engine gives client ``k`` of a study seeded ``seed``
+``fedfilter.client.mechanisms.gaussian_noise.round_noise_stream(S, R, r)``. The engine gives client ``k`` of a study
+seeded ``seed``
 the device seed ``client_noise_seed(seed, k)`` and calls that very function, so a Flower
 simulation whose devices get ``noise-seed = client_noise_seed(seed, k)`` (for example through
-``fedfilter.client.flower_mod.simulated_device_config_mod``) releases bitwise the same reports.
+``fedfilter.client.filter_mod.simulated_device_config_mod``) releases bitwise the same reports.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import hashlib
 
 import numpy as np
 
-from fedfilter.client.noise import NoiseStream, round_noise_stream
+from fedfilter.client.mechanisms.gaussian_noise import NoiseStream, round_noise_stream
 
 
 def _digest(*parts) -> bytes:

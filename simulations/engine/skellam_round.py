@@ -1,11 +1,11 @@
 """Distributed placement in the engine: Skellam noise on the SecAgg+ integer grid, as devices run it.
 
-A device in ``distributed`` placement (``fedfilter.client.release_distributed.release_skellam``) does,
+A device in ``distributed`` placement (``fedfilter.client.mechanisms.skellam.SkellamMechanism``) does,
 per round, inside its ledger transaction:
 
 1. ``a_G = tx.allowance(noise_std=sigma, clip=C)`` (the Gaussian allowance, min over every quota) and
    ``a_W = tx.worst_allowance(noise_std=sqrt(mu_share) gamma, clip=C)`` (the worst-case account's,
-   ``fedfilter.client.worst_case``); ``L2_allow = release_distributed.l2_allowance(...)``: the largest
+   ``fedfilter.client.ledger.worst_case``); ``L2_allow = skellam.l2_allowance(...)``: the largest
    integer-grid L2 norm whose worst-case Skellam charges fit both;
 2. exhausted when ``L2_allow * gamma <= exhausted_below * C``;
 3. clip to ``L2_allow * gamma`` (a few ulps short), snap toward zero on ``gamma = grid_step(C)`` (integer ``k``), exact
@@ -13,11 +13,11 @@ per round, inside its ledger transaction:
    ``skellam_charge(worst, l1, l2_up(l2sq), mu_share)``, admits, spend both;
 4. after the commit: ``y = k + Sk(mu_share)``, wrapped mod ``q`` for SecAgg+.
 
-``ClientRule`` is that rule for one client, with the device's functions in the device's order, so
-the engine's filter states are bitwise a device's. ``SkellamRound`` holds the public numbers of a
+The engine runs those very steps (``fedfilter.simulations.engine.mechanisms.EngineSkellam`` in the
+device's spend template), so its filter states are bitwise a device's. ``SkellamRound`` holds the public numbers of a
 round, from the device's own ``skellam_grid`` (so the engine refuses what a device would).
 
-The coordinator unmasks only ``sum_i y_i mod q`` (``fedfilter.client.secagg_grid.decode_sum``), and
+The coordinator unmasks only ``sum_i y_i mod q`` (``fedfilter.protocol.secagg_grid.decode_sum``), and
 only when at least ``min_reports`` reports are in; its mean is ``sum * gamma / n``.
 """
 
@@ -27,17 +27,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fedfilter.client.mechanism import clip_to_norm, snap_toward_zero
-from fedfilter.client.privacy.filters import GaussianFilter, exhausted, rdp_order
-from fedfilter.client.privacy.skellam import integer_norms, l2_up, skellam_charge
-from fedfilter.client.release import RoundSpec
-from fedfilter.client.release_distributed import _CLIP_SLACK as CLIP_SLACK  # the device's own constant
-from fedfilter.client.release_distributed import MAX_MU_SHARE, SkellamGrid, l2_allowance, skellam_grid
-from fedfilter.client.round_rules import accounted_noise_std
-from fedfilter.client.secagg_grid import quantization_range
-from fedfilter.client.skellam_noise import add_skellam_noise, skellam_noise
+from fedfilter.client.mechanisms.skellam import skellam_grid
+from fedfilter.client.mechanisms.skellam_noise import MAX_MU_SHARE, add_skellam_noise, skellam_noise
+from fedfilter.privacy.filters import GaussianFilter, rdp_order
+from fedfilter.protocol.request import RoundSpec
+from fedfilter.protocol.rules import accounted_noise_std
+from fedfilter.protocol.secagg_grid import quantization_range
 
-__all__ = ["SkellamRound", "ClientRule", "wrap_centred", "aggregate_skellam"]
+__all__ = ["SkellamRound", "wrap_centred", "aggregate_skellam"]
 
 
 @dataclass(frozen=True)
@@ -70,76 +67,6 @@ def wrap_centred(total: np.ndarray, q: int) -> np.ndarray:
     whose sum is ``total`` (SecAgg+ sums ``(y_i mod q) - q/2`` modulo a multiple of ``q``)."""
     half = q // 2
     return np.mod(np.asarray(total, dtype=np.int64) + half, q) - half
-
-
-class ClientRule:
-    """One client's distributed release without the ledger: the device's steps, the device's order.
-
-    ``state`` / ``run_state`` / ``worst_state`` play ``tx.state`` / ``tx.run_state`` / ``tx.worst_state``;
-    the engine has no other quota.
-    """
-
-    def __init__(
-        self,
-        params: SkellamRound,
-        filt: GaussianFilter,
-        run_filt: GaussianFilter,
-        clip: float,
-        dim: int,
-        worst: GaussianFilter,
-    ):
-        self.p, self.filt, self.run_filt, self.clip, self.dim = params, filt, run_filt, float(clip), int(dim)
-        self.worst = worst
-        # The device's SkellamGrid: its noise_std is the worst-case account's std, sqrt(mu_share) gamma.
-        self.grid = SkellamGrid(params.gamma, params.mu_total, params.mu_share, params.q)
-
-    def l2_allowance(self, a_gauss: np.ndarray, a_worst: np.ndarray) -> np.ndarray:
-        """``L2_allow`` (grid units) for each client's Gaussian allowances (model units): ``a_G`` of its
-        main account at sigma, ``a_W`` of its worst-case account at the share's std (the device's rule)."""
-        p = self.p
-        out = l2_allowance(self.filt, a_gauss, self.worst, a_worst, sigma=p.sigma, grid=self.grid, dim=self.dim)
-        return np.asarray(out, dtype=np.float64).reshape(np.shape(a_gauss))
-
-    def exhausted(self, l2_allow: np.ndarray, exhausted_below: float) -> np.ndarray:
-        return exhausted(np.asarray(l2_allow) * self.p.gamma, self.clip, exhausted_below)
-
-    def clip_bound(self, l2_allow):
-        """The norm a contributing client clips to: ``L2_allow * gamma``, a few ulps short (the device's
-        slack, so the charge at the snapped update's rounded-up L2 stays within the allowance)."""
-        return np.asarray(l2_allow, dtype=np.float64) * self.p.gamma * CLIP_SLACK
-
-    def snap(self, arrays: list[np.ndarray], l2_allow: float, *, clipped: bool = False) -> list[np.ndarray]:
-        """Clip to ``clip_bound`` (unless the caller already did, with the same guarantee: certified
-        norm <= that bound) and snap toward zero on the grid: the integer update ``k``."""
-        if not clipped:
-            arrays, _ = clip_to_norm(arrays, float(self.clip_bound(l2_allow)))
-        return snap_toward_zero(arrays, self.p.gamma)
-
-    def charge(self, k: list[np.ndarray]) -> tuple[tuple[np.ndarray, np.ndarray], int, int]:
-        """``((charge, worst_charge), l1, l2_squared)`` at the integer update's exact norms: the main
-        account's (the sum's noise, ``mu_total``) and the worst-case account's (the share, ``mu_share``)."""
-        l1, l2sq = integer_norms(k)
-        l2 = float(l2_up(l2sq))
-        charge = np.asarray(skellam_charge(self.filt, l1, l2, self.p.mu_total), dtype=np.float64)
-        worst = np.asarray(skellam_charge(self.worst, l1, l2, self.p.mu_share), dtype=np.float64)
-        return (charge.reshape(self.filt.dim), worst.reshape(self.worst.dim)), int(l1), int(l2sq)
-
-    def spend(
-        self, state: np.ndarray, run_state: np.ndarray, worst_state: np.ndarray, charges: tuple[np.ndarray, np.ndarray]
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``tx.admits`` and ``tx.worst_admits`` (defence in depth) then every spend, as the device records them."""
-        charge, worst = charges
-        if not (
-            bool(self.filt.admits(state, charge))
-            and bool(self.run_filt.admits(run_state, charge))
-            and bool(self.worst.admits(worst_state, worst))
-        ):
-            raise RuntimeError("internal error: a snapped update's Skellam charge exceeds its allowance; nothing spent")
-        return (
-            self.filt.spend(state, charge),
-            self.run_filt.spend(run_state, charge),
-            self.worst.spend(worst_state, worst),
-        )
 
 
 def aggregate_skellam(n_reports: int, mu_share: float, dim: int, stream) -> np.ndarray:

@@ -1,7 +1,7 @@
 """Client updates before any privacy step: per-example gradients, or local SGD per client.
 
 Both return float32 updates in the model's ``state_dict`` order, as the Flower client computes
-them (``fedfilter.client.flower_mod``: ``returned - received``, differenced in float64 and cast back).
+them (``fedfilter.client.filter_mod``: ``returned - received``, differenced in float64 and cast back).
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ def local_sgd_update(
     seed: int,
     loss_fn: Callable,
 ) -> list[np.ndarray]:
-    """One client's update, computed as ``fedfilter.app.client_app.train`` + ``fedfilter.client.flower_mod`` do.
+    """One client's update, computed as ``fedfilter.app.client_app.train`` + ``fedfilter.client.filter_mod`` do.
 
     ``seed`` is the ClientApp's local shuffling seed ``1_000_003 * server_round + partition_id``.
     """

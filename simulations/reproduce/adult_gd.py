@@ -17,7 +17,7 @@ import math
 
 import numpy as np
 
-from fedfilter.client.privacy import zcdp
+from fedfilter.privacy import zcdp
 from fedfilter.simulations.reproduce.private_gd import (
     QUERIES,
     QUERY_EVERY,

@@ -29,8 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
-from fedfilter.client.privacy import gaussian_dp, zcdp
-from fedfilter.client.privacy.filters import GaussianFilter, make_filter, round_allowance
+from fedfilter.privacy import gaussian_dp, zcdp
+from fedfilter.privacy.filters import GaussianFilter, make_filter, round_allowance
 from fedfilter.simulations.engine import Engine, EngineConfig
 from fedfilter.simulations.engine.checkpoint import load_checkpoint, save_checkpoint
 from fedfilter.simulations.tasks.registry import Task

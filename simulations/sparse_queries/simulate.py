@@ -14,7 +14,7 @@ mechanism's answer ``a_t = sum_{i in S_t} x[i, t] + N(0, sigma^2)``.
   filter would not admit today's release is left out of ``S_t`` (and pays nothing); every query is
   answered.
 
-Both use the real filter from ``fedfilter.client.privacy.filters`` (its ``charge``/``admits``/``spend``), not a
+Both use the real filter from ``fedfilter.privacy.filters`` (its ``charge``/``admits``/``spend``), not a
 re-derivation. The noise follows Corollary 4.7: ``sigma^2 = B_norm / (2 kappa)`` with
 ``B_norm = s C^2 = s`` for binary queries, so each user can pay for ``s`` active days, and by the
 remark after Corollary 4.7 worst-case accounting answers ``k0 = s`` days.
@@ -36,7 +36,8 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from fedfilter.client.privacy.filters import FILTER_KINDS, GaussianFilter, make_filter
+from fedfilter.checks import finite, is_int, positive_finite
+from fedfilter.privacy.filters import FILTER_KINDS, GaussianFilter, make_filter
 
 # The Gaussian tail at x = sqrt(2 log(1/beta)) is 2 Phi(-x) <= 2 phi(x) / x = beta * 2 / (x sqrt(2 pi))
 # (Mills ratio), which is <= beta once x >= 2 / sqrt(2 pi), i.e. beta <= exp(-1/pi) = 0.727.
@@ -72,18 +73,16 @@ class SparseQueryConfig:
             if not ok:
                 out.append(f"{name} must be {what}. Found {getattr(self, name)!r}.")
 
-        def is_int(v) -> bool:
-            return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
-
         def is_num(v) -> bool:
-            return isinstance(v, (int, float, np.floating, np.integer)) and not isinstance(v, bool) and math.isfinite(v)
+            return finite(v) is not None
 
         need(is_int(self.n_users) and self.n_users >= 1, "n_users", "an integer >= 1")
         need(is_int(self.days) and self.days >= 1, "days", "an integer >= 1")
         need(is_int(self.sparsity) and self.sparsity >= 1, "sparsity", "an integer >= 1")
         for name in ("light_rate", "heavy_rate", "heavy_share"):
             need(is_num(getattr(self, name)) and 0 <= getattr(self, name) <= 1, name, "a number in [0, 1]")
-        need(is_num(self.epsilon) and self.epsilon > 0, "epsilon", "a finite number > 0")
+        if problem := positive_finite("epsilon", self.epsilon):
+            out.append(problem)
         need(is_num(self.delta) and 0 < self.delta < 1, "delta", "a number in (0, 1)")
         need(self.filter in FILTER_KINDS, "filter", f"one of {', '.join(FILTER_KINDS)}")
         need(

@@ -1,6 +1,6 @@
 """Dropout studies: how clients run out of their individual budgets, and what it does to the model.
 
-``fedfilter study dropout --config FILE.toml --out DIR`` (``fedfilter/cmd_study.py``) loads a study
+``fedfilter study dropout --config FILE.toml --out DIR`` (``fedfilter/cli/study.py``) loads a study
 file (``config.load_study``: every problem reported at once), runs every point of its sweep through
 the vectorised engine (``runner.run_study``) and writes ``DIR/results.json``, ``DIR/report.md`` and
 PNG plots (``report.write_outputs``). Example files: ``simulations/configs/smoke.toml`` (minutes) and

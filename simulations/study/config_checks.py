@@ -9,8 +9,8 @@ from __future__ import annotations
 import math
 from typing import Any, TypeGuard
 
-from fedfilter.client.privacy.filters import FILTER_KINDS
-from fedfilter.client.release import AFTER_EXHAUSTION, PLACEMENTS
+from fedfilter.privacy.filters import FILTER_KINDS
+from fedfilter.protocol.request import AFTER_EXHAUSTION, PLACEMENTS
 from fedfilter.simulations.study.specs import BudgetDistribution, DataSpec
 
 DISTRIBUTIONS = {
@@ -57,7 +57,7 @@ FEDERATION_KEYS: dict[str, tuple[type, str]] = {
     "secagg_graph": (str, "full|sparse"),
     "secagg_dropout_rate": (float, "unit"),
     "secagg_corrupt_rate": (float, "unit"),
-    # Distributed runs: each client's worst-case-epsilon is this times its epsilon (client/worst_case.py);
+    # Distributed runs: each client's worst-case-epsilon is this times its epsilon (client/ledger/worst_case.py);
     # required when sweep.noise includes 'distributed' (the runner passes worst_case_epsilon).
     "worst_case_factor": (float, "positive"),
 }

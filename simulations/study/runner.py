@@ -82,7 +82,7 @@ def _finite_or_none(x):
 
 def _within_budget(study: StudyConfig, eps: np.ndarray, state: np.ndarray) -> bool:
     """Every client's lifetime state is admitted by a freshly built filter of its own budget."""
-    from fedfilter.client.privacy.filters import make_filter
+    from fedfilter.privacy.filters import make_filter
 
     ok = True
     for e in np.unique(eps):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from fedfilter.checks import positive_finite
+
 MAX_DIRICHLET_DRAWS = 1000
 
 
@@ -55,8 +57,8 @@ def dirichlet_partition(labels, n_clients: int, alpha: float, seed: int, min_siz
         raise ValueError(f"labels must be a non-empty 1-D array, got shape {labels.shape}")
     n_clients = _check_int("n_clients", n_clients, 1)
     min_size = _check_int("min_size", min_size, 0)
-    if not (np.isfinite(alpha) and alpha > 0):
-        raise ValueError(f"alpha must be a finite number > 0, got {alpha!r}")
+    if problem := positive_finite("alpha", alpha):
+        raise ValueError(problem)
     n = labels.size
     if n_clients * min_size > n:
         raise ValueError(f"n_clients={n_clients} * min_size={min_size} exceeds the {n} samples")

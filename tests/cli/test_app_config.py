@@ -21,9 +21,9 @@ def test_the_defaults_are_the_apps_toml_table():
 
 
 def test_server_client_and_demo_read_the_same_table():
-    from fedfilter.app.client_app import TRAIN_KEYS
+    from fedfilter.app.config import TRAIN_KEYS
     from fedfilter.app.server_app import SERVER_DEFAULTS, server_config
-    from fedfilter.cmd_demo import DEFAULTS, placement_defaults, register
+    from fedfilter.cli.demo import DEFAULTS, placement_defaults, register
 
     table = _toml_table()
     assert SERVER_DEFAULTS == table and server_config({}) == table
@@ -75,7 +75,7 @@ def test_the_client_app_refuses_an_unknown_training_setting():
 
     from flwr.app import ConfigRecord, Context, Message, Metadata, RecordDict
 
-    from fedfilter.app.client_app import _settings
+    from fedfilter.app.client_app import train
 
     meta = Metadata(
         run_id=7,
@@ -89,8 +89,16 @@ def test_the_client_app_refuses_an_unknown_training_setting():
         message_type="train",
     )
     ctx = Context(run_id=7, node_id=2, node_config={}, state=RecordDict(), run_config={})
-    ok = Message(content=RecordDict({"config": ConfigRecord({"lr": 0.3, "server-round": 2})}), metadata=meta)
-    assert _settings(ok, ctx)["lr"] == 0.3 and _settings(ok, ctx)["server-round"] == 2
-    bad = Message(content=RecordDict({"config": ConfigRecord({"lr": 0.3, "epochs": 9})}), metadata=meta)
+
+    def message(config):
+        return Message(content=RecordDict({"config": ConfigRecord(config)}), metadata=meta)
+
+    # Accepted settings get as far as the node's own config (no partition-id here), before any data.
+    with pytest.raises(ValueError, match="node-config 'partition-id' is required"):
+        train(message({"lr": 0.3, "server-round": 2}), ctx)
     with pytest.raises(ValueError, match="'epochs'"):
-        _settings(bad, ctx)
+        train(message({"lr": 0.3, "epochs": 9}), ctx)
+    with pytest.raises(ValueError, match="'lr' must be a float. Found 'fast'"):
+        train(message({"lr": "fast"}), ctx)
+    with pytest.raises(ValueError, match="'server-round' must be an int"):
+        train(message({"server-round": 2.0}), ctx)

@@ -14,7 +14,7 @@ from scipy.stats import binom, norm
 from fedfilter.audit import bounds
 from fedfilter.audit.distinguishers import bits_features, distinguish, single_reply_tv
 from fedfilter.audit.run import run_audit
-from fedfilter.client.privacy.gaussian_dp import epsilon_for_mu, mu_for_budget
+from fedfilter.privacy.gaussian_dp import epsilon_for_mu, mu_for_budget
 
 
 # --- Clopper-Pearson ------------------------------------------------------------------------------
@@ -44,7 +44,7 @@ def test_clopper_pearson_inverts_the_binomial_tail(k, n):
 @pytest.mark.parametrize("mu", [0.268, 1.0, 2.5])
 def test_the_best_test_on_an_exact_gaussian_reaches_the_exact_curve_and_never_passes_it(mu):
     # On the exact trade-off of mu-GDP, sup_t log((TPR(t) - delta) / FPR(t)) is the exact epsilon
-    # of the Gaussian curve at delta (client/privacy/gaussian_dp.py, solved at 60 digits).
+    # of the Gaussian curve at delta (privacy/gaussian_dp.py, solved at 60 digits).
     delta = 1e-5
     t = np.linspace(-3, 12, 200001)
     eps = bounds.epsilon_from_rates(norm.sf(t - mu), norm.sf(t), delta)

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 import pytest
 
 from fedfilter.cli import build_parser, main
-from fedfilter.cmd_study import packaged_configs, study_config
+from fedfilter.cli.study import packaged_configs, study_config
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -66,3 +67,11 @@ def test_study_help_names_packaged_studies_not_a_repository_path(capsys):
         main(["study", "dropout", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "--config smoke" in text and "see simulations/configs" not in text
+
+
+def test_a_command_that_needs_an_extra_names_it(monkeypatch, tmp_path, capsys):
+    # A core install (`pip install fedfilter`) has no tqdm: the audit says which extra brings it.
+    monkeypatch.setitem(sys.modules, "tqdm", None)  # import tqdm -> ModuleNotFoundError(name="tqdm")
+    assert main(["audit", "--out", str(tmp_path), "--epsilon", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "fedfilter audit needs tqdm" in err and 'pip install "fedfilter[app]"' in err, err

@@ -38,7 +38,7 @@ def test_plan_text_gives_the_verdict_and_what_to_change(capsys):
 
 
 def test_app_dir_counts_the_examples_model():
-    from fedfilter.cmd_plan import app_model_parameters
+    from fedfilter.cli.plan import app_model_parameters
 
     # The digits CNN of examples/quickstart-pytorch, layer by layer (weights + biases).
     by_hand = (1 * 6 * 9 + 6) + (6 * 16 * 9 + 16) + (64 * 120 + 120) + (120 * 84 + 84) + (84 * 10 + 10)
@@ -63,7 +63,7 @@ def test_app_dir_without_a_model_says_how_to_name_it(tmp_path, capsys):
 
 @pytest.mark.parametrize("model", ["nocolon", ":Net"])
 def test_a_malformed_model_is_named(tmp_path, model):
-    from fedfilter.cmd_plan import app_model_parameters
+    from fedfilter.cli.plan import app_model_parameters
 
     (tmp_path / "pyproject.toml").write_text("")
     with pytest.raises(ValueError, match="MODULE:CALLABLE"):

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import numpy as np
 
-from fedfilter.client.ledger import BudgetLedger
-from fedfilter.client.release import FilteredClient, RoundSpec
+from fedfilter.client.ledger.budget import BudgetLedger
+from fedfilter.client.release import FilteredClient
+from fedfilter.protocol.request import RoundSpec
 
 
 def run(*args):

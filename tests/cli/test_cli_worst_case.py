@@ -5,8 +5,9 @@ import json
 import numpy as np
 
 from fedfilter.cli import main
-from fedfilter.client.ledger import BudgetLedger
-from fedfilter.client.release import FilteredClient, RoundSpec
+from fedfilter.client.ledger.budget import BudgetLedger
+from fedfilter.client.release import FilteredClient
+from fedfilter.protocol.request import RoundSpec
 
 
 def test_enrol_with_a_worst_case_budget_and_show_both_guarantees(tmp_path, capsys):

@@ -20,7 +20,7 @@ os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # Ray on 127.0.0.1 only (
 
 
 def _args(*argv: str) -> argparse.Namespace:
-    from fedfilter.cmd_demo import placement_defaults, register
+    from fedfilter.cli.demo import placement_defaults, register
 
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers())
@@ -29,7 +29,7 @@ def _args(*argv: str) -> argparse.Namespace:
 
 # --- fast: settings -------------------------------------------------------------------------------
 def test_distributed_defaults_threshold_budgets_and_run_config(tmp_path):
-    from fedfilter.cmd_demo import DEFAULTS, DISTRIBUTED_DEFAULTS, run_config_overrides
+    from fedfilter.cli.demo import DEFAULTS, DISTRIBUTED_DEFAULTS, run_config_overrides
 
     local = _args("--clients", "7")
     assert (local.placement, local.min_reports, local.noise_multiplier) == ("local", 1, DEFAULTS["noise_multiplier"])
@@ -56,18 +56,21 @@ def test_distributed_defaults_threshold_budgets_and_run_config(tmp_path):
         (("--clients", "4", "--placement", "distributed", "--noise-multiplier", "0"), ["--noise-multiplier"]),
     ],
 )
-def test_bad_distributed_settings_are_refused_naming_the_flag(argv, words):
-    from fedfilter.cmd_demo import _check
+def test_bad_distributed_settings_are_refused_naming_the_flag(argv, words, tmp_path, capsys):
+    from fedfilter.cli import main
 
-    with pytest.raises(ValueError) as err:
-        _check(_args(*argv))
+    out = tmp_path / "run"
+    assert main(["demo", "--out", str(out), *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("fedfilter: error: ")
     for word in words:
-        assert word in str(err.value)
+        assert word in err
+    assert not out.exists()  # refused before anything ran
 
 
 def test_distributed_devices_are_enrolled_with_the_rdp_filter_and_old_gdp_devices_refused(tmp_path):
-    from fedfilter.client.ledger import BudgetLedger
-    from fedfilter.cmd_demo import FILTER_OF_PLACEMENT, check_device_filters, device_configs
+    from fedfilter.cli.demo import FILTER_OF_PLACEMENT, check_device_filters, device_configs
+    from fedfilter.client.ledger.budget import BudgetLedger
 
     devices = device_configs(tmp_path / "a", [2.0, 3.0], after_exhaustion="noise-only", filter_kind="rdp")
     check_device_filters(devices, "distributed")
@@ -88,7 +91,7 @@ def test_distributed_devices_are_enrolled_with_the_rdp_filter_and_old_gdp_device
 
 
 def test_the_guarantee_names_secure_aggregation_and_the_threshold_only_when_distributed():
-    from fedfilter.demo_report import guarantee_text
+    from fedfilter.cli.demo_report import guarantee_text
 
     dist = guarantee_text(_args("--clients", "6", "--placement", "distributed"))
     assert "SecAgg+" in dist and ">= 3 reports" in dist and "rdp filter" in dist
@@ -117,7 +120,7 @@ def distributed_demo(tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_distributed_demo_runs_through_secagg_and_keeps_every_device_within_budget(distributed_demo):
-    from fedfilter.client.ledger import BudgetLedger
+    from fedfilter.client.ledger.budget import BudgetLedger
 
     out = distributed_demo
     summary = json.loads((out / "summary.json").read_text())

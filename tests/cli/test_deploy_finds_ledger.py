@@ -12,13 +12,10 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "coordinator"))
-
 from flwr.common.logger import FLOWER_LOGGER  # noqa: E402
-from test_strategy_wrapper import FakeGrid, _client, _task_identity, as_record, global_arrays, wrap  # noqa: E402,F401
+from helpers.strategy import FakeGrid, _client, _task_identity, as_record, global_arrays, wrap  # noqa: F401
 
 from fedfilter.coordinator.public_ledger import PublicLedger  # noqa: E402
 from fedfilter.coordinator.public_report import public_summary  # noqa: E402

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from fedfilter.client.owner_state import owner_state_at
+from fedfilter.client.ledger.owner_state import owner_state_at
 from fedfilter.deploy.cluster import FlowerCluster
 from fedfilter.deploy.command import OWNERS_DIR, DeployOptions, build_run_config, deploy_local
 from fedfilter.deploy.flower_config import toml_value, write_connection
@@ -198,7 +198,8 @@ def test_unregistered_or_missing_supernode_key_is_refused_and_never_joins(tmp_pa
         assert "[code: 2001] SuperNode authentication is enabled" in keyless.process.log_text()
         assert "SuperNode ID" not in stranger.process.log_text() + keyless.process.log_text()
 
-        nodes = cluster.list_supernodes()
+        listed = cluster.flwr("supernode", "list", cluster.connection, "--format", "json")
+        nodes = json.loads(listed.stdout[listed.stdout.index("{") :]).get("nodes", [])
         assert [(int(n["node-id"]), n["status"]) for n in nodes] == [(node_id, "online")]
         assert good.process.running
     _assert_nothing_left(tmp_path)
@@ -221,7 +222,7 @@ def test_simulation_superlink_listens_on_loopback_without_tls_and_answers_the_cl
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_deployment_run_under_tls_and_node_auth_keeps_every_device_within_budget(tmp_path):
-    from fedfilter.client.ledger import BudgetLedger
+    from fedfilter.client.ledger.budget import BudgetLedger
 
     out = tmp_path / "deploy"
     lines: list[str] = []
@@ -302,7 +303,7 @@ def test_distributed_placement_enrols_rdp_sets_the_threshold_and_refuses_what_wo
 def test_distributed_rounds_under_tls_and_node_auth_release_sums_and_keep_devices_within_budget(tmp_path):
     """>= 3 SuperNodes, each its own process (its ClientApps install the cryptographic masks through
     the secure aggregation mod; the ServerApp through the strategy), 2 distributed rounds."""
-    from fedfilter.client.ledger import BudgetLedger
+    from fedfilter.client.ledger.budget import BudgetLedger
     from fedfilter.coordinator.public_ledger import PublicLedger
 
     out, clients, rounds = tmp_path / "deploy", 3, 2

@@ -6,7 +6,7 @@ import json
 import re
 from pathlib import Path
 
-from fedfilter.client.device_settings import ENV_VAR, with_device_settings
+from fedfilter.client.settings.simulated import ENV_VAR, with_device_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "examples").glob("*/README.md")), *sorted((ROOT / "docs").glob("*.md"))]

@@ -132,10 +132,10 @@ def test_offline_task_splits_the_digits_without_overlap():
 # --- flwr run against a SuperLink in simulation mode ---------------------------------------------
 def _flwr_run(app: Path, root: Path, run_config: dict, device_settings: Path | None = None) -> Path:
     """``flwr run APP CONNECTION --stream`` as a Flower user types it, against a
-    ``flower-superlink --insecure --simulation`` on 127.0.0.1 (``fedfilter.simulation_link``) whose
+    ``flower-superlink --insecure --simulation`` on 127.0.0.1 (``fedfilter.deploy.simulation_link``) whose
     environment names ``device_settings``; everything started is stopped before this returns. The
     SuperLink, and so the ServerApp's relative paths, work in the returned directory."""
-    from fedfilter.simulation_link import SimulationLink
+    from fedfilter.deploy.simulation_link import SimulationLink
 
     with SimulationLink(root, num_supernodes=NUM_DEVICES, num_cpus=1, device_settings=device_settings) as link:
         result = link.run_app(app, run_config=run_config, timeout=RUN_TIMEOUT_S)
@@ -164,8 +164,8 @@ def _example_request() -> tuple[float, float]:
 
 def _plan() -> dict:
     """``fedfilter plan`` for the example's federation: 3 devices, its model, 2 rounds."""
-    from fedfilter.client.privacy.federation_plan import plan_federation
-    from fedfilter.cmd_plan import app_model_parameters
+    from fedfilter.cli.plan import app_model_parameters
+    from fedfilter.privacy.federation_plan import plan_federation
 
     _, clip = _example_request()
     dim = app_model_parameters(FEDFILTER_APP, None)
@@ -183,7 +183,7 @@ def test_the_examples_settings_are_the_planners_for_its_federation():
 
 def _enrol_devices(root: Path, budgets: dict[int, float], min_z: float) -> tuple[Path, dict[int, dict]]:
     """Each device's settings, as its owner sets them, and the owner's enrolment (done up front)."""
-    from fedfilter.client.flower_mod import enrol_device
+    from fedfilter.client.settings.node_config import enrol_device
 
     settings = {
         pid: {
@@ -205,7 +205,7 @@ def _enrol_devices(root: Path, budgets: dict[int, float], min_z: float) -> tuple
 
 @pytest.mark.slow
 def test_fedfilter_example_learns_under_flwr_run_with_personal_budgets(tmp_path):
-    from fedfilter.client.ledger import BudgetLedger
+    from fedfilter.client.ledger.budget import BudgetLedger
     from fedfilter.coordinator.public_ledger import PublicLedger
 
     z, clip = _example_request()
@@ -279,7 +279,7 @@ def test_fedfilter_example_learns_under_flwr_run_with_personal_budgets(tmp_path)
 def test_a_run_whose_devices_all_refuse_fails_and_says_why(tmp_path):
     """No device enrolled: every device refuses, the run fails (not ``completed``), the operator's
     output counts the refusals by code and says what to do, and no model is saved."""
-    from fedfilter.simulation_link import SimulationLink
+    from fedfilter.deploy.simulation_link import SimulationLink
 
     root = tmp_path / "machine"
     settings = {

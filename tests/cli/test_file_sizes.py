@@ -3,7 +3,18 @@
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-FOLDERS = ("client", "coordinator", "protos", "simulations", "fedfilter", "benchmarks", "tests", "examples")
+FOLDERS = (
+    "client",
+    "coordinator",
+    "privacy",
+    "protocol",
+    "protos",
+    "simulations",
+    "fedfilter",
+    "benchmarks",
+    "tests",
+    "examples",
+)
 LIMIT = 500
 
 

@@ -36,7 +36,7 @@ BACKEND = {"client_resources": {"num_cpus": 1, "num_gpus": 0.0}}
 
 
 def _devices(root):
-    from fedfilter.client.flower_mod import enrol_device
+    from fedfilter.client.settings.node_config import enrol_device
 
     table = {}
     for i in range(N):
@@ -56,9 +56,9 @@ def _devices(root):
 def _probe_server(captured: dict, run_id: str, rounds: int, malicious: bool):
     """A ServerApp that keeps every reply (for the test only; the real one keeps none)."""
     from flwr.serverapp import ServerApp
-    from probe_coordinator import FilteredMeanStrategy
 
-    from fedfilter.client.wire import STATUS_RECORD
+    from fedfilter.protocol.wire import STATUS_RECORD
+    from fedfilter.simulations.harness.probe_coordinator import FilteredMeanStrategy
 
     app = ServerApp()
 
@@ -131,7 +131,7 @@ def _simulate(server_app):
 
 
 def _ledgers(devices):
-    from fedfilter.client.ledger import BudgetLedger
+    from fedfilter.client.ledger.budget import BudgetLedger
 
     out = {}
     for i, cfg in devices.items():
@@ -148,7 +148,7 @@ def _ledgers(devices):
 
 @pytest.fixture(scope="module")
 def probe(tmp_path_factory):
-    from fedfilter.client.device_settings import ENV_VAR, write_device_settings
+    from fedfilter.client.settings.simulated import ENV_VAR, write_device_settings
 
     root = tmp_path_factory.mktemp("probe")
     devices = _devices(root)

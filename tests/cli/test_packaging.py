@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tomllib
 import venv
 import zipfile
 from pathlib import Path
@@ -24,6 +25,8 @@ MAPPED = {
     "fedfilter": "fedfilter",
     "client": "fedfilter/client",
     "coordinator": "fedfilter/coordinator",
+    "privacy": "fedfilter/privacy",
+    "protocol": "fedfilter/protocol",
     "protos": "fedfilter/protos",
     "simulations": "fedfilter/simulations",
 }
@@ -78,7 +81,7 @@ def test_the_wheel_holds_one_import_root_with_every_mapped_package(wheel: Path) 
     for folder in MAPPED:
         missing = _package_modules(folder) - listed
         assert not missing, f"{folder}/ modules missing from the wheel: {sorted(missing)}"
-    assert "fedfilter/client/flower_mod.py" in listed  # the rglob above found something to check
+    assert "fedfilter/client/filter_mod.py" in listed  # the rglob above found something to check
     data = {
         "fedfilter/app/pyproject.toml",
         *(f"fedfilter/protos/{p.name}" for p in (REPO / "protos").glob("*.proto")),
@@ -87,11 +90,48 @@ def test_the_wheel_holds_one_import_root_with_every_mapped_package(wheel: Path) 
     assert any(d.endswith(".proto") for d in data) and any(d.endswith(".toml") and "configs" in d for d in data)
     assert not data - listed, f"package data missing from the wheel: {sorted(data - listed)}"
     # Nothing of the source folders leaks in under its own name (it would import as `client`, ...).
-    assert not [n for n in names if n.split("/", 1)[0] in {"client", "coordinator", "protos", "simulations"}]
+    assert not [
+        n
+        for n in names
+        if n.split("/", 1)[0] in {"client", "coordinator", "privacy", "protocol", "protos", "simulations"}
+    ]
 
     entry_points = zipfile.ZipFile(wheel).read(f"{dist_info[0]}/entry_points.txt").decode()
     scripts = entry_points.split("[console_scripts]", 1)[1].split("[", 1)[0]
     assert "fedfilter = fedfilter.cli:main" in [line.strip() for line in scripts.splitlines()], entry_points
+
+
+def test_this_test_maps_the_folders_pyproject_maps() -> None:
+    # MAPPED drives every check here: a folder added to package-dir must be checked too.
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
+    package_dir = pyproject["tool"]["setuptools"]["package-dir"]
+    assert {folder: package.replace(".", "/") for package, folder in package_dir.items()} == MAPPED
+
+
+# Study and app libraries: a device or a coordinator installs `fedfilter` without them (pyproject's extras).
+HEAVY = {"torch", "h5py", "matplotlib", "scikit-learn", "tqdm", "ray"}
+
+
+def _requirement_name(line: str) -> str:
+    spec = line.split(":", 1)[1].split(";", 1)[0].strip()
+    for stop in "[<>=!~ (":
+        spec = spec.split(stop, 1)[0]
+    return spec.lower()
+
+
+def test_core_requirements_are_light(wheel: Path) -> None:
+    archive = zipfile.ZipFile(wheel)
+    (metadata,) = [n for n in archive.namelist() if n.endswith(".dist-info/METADATA")]
+    lines = archive.read(metadata).decode().splitlines()
+    requires = [line for line in lines if line.startswith("Requires-Dist:")]
+    core = [line for line in requires if "extra ==" not in line]
+    assert {_requirement_name(line) for line in core} >= {"flwr", "numpy", "cryptography"}, core
+    heavy = [line for line in core if _requirement_name(line) in HEAVY or "flwr[simulation]" in line]
+    assert not heavy, f"core requirements name app or study libraries: {heavy}"
+    extras = {line.split(":", 1)[1].strip() for line in lines if line.startswith("Provides-Extra:")}
+    assert {"app", "study", "dev"} <= extras, extras
+    app = {_requirement_name(line) for line in requires if 'extra == "app"' in line}
+    assert {"torch", "scikit-learn", "matplotlib", "tqdm"} <= app, requires
 
 
 def test_the_installed_wheel_imports_only_as_fedfilter(wheel: Path, tmp_path: Path) -> None:
@@ -115,7 +155,7 @@ def test_the_installed_wheel_imports_only_as_fedfilter(wheel: Path, tmp_path: Pa
     # cwd is an empty folder: the repository's client/ must not be importable from there.
     bare = subprocess.run([str(py), "-c", "import client"], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert bare.returncode != 0 and "ModuleNotFoundError" in bare.stderr, bare.stderr
-    code = "import fedfilter, fedfilter.client.flower_mod as m; print(fedfilter.__file__); print(m.__file__)"
+    code = "import fedfilter, fedfilter.client.filter_mod as m; print(fedfilter.__file__); print(m.__file__)"
     where = _run([str(py), "-c", code], tmp_path, env)
     for line in where.stdout.split():
         assert Path(line).resolve().is_relative_to(site_dir.resolve()), f"imported from outside the wheel: {line}"

@@ -1,23 +1,50 @@
-"""The short public API at ``fedfilter``: every name resolves, and importing it stays light."""
+"""The short public API at ``fedfilter``: every name resolves, is documented, and importing it stays light."""
 
+import importlib
+import inspect
+import os
+import re
 import subprocess
 import sys
+import tomllib
+from pathlib import Path
 
 import pytest
 
 import fedfilter
 
+REPO = Path(fedfilter.__file__).resolve().parents[1]
+NAMES = sorted(set(fedfilter.__all__) - {"__version__"})
 
-@pytest.mark.parametrize("name", sorted(fedfilter._PUBLIC))
-def test_every_public_name_resolves_to_its_module(name):
-    import importlib
 
+@pytest.mark.parametrize("name", NAMES)
+def test_every_public_name_is_defined_in_fedfilter(name):
     value = getattr(fedfilter, name)
-    assert value is getattr(importlib.import_module(fedfilter._PUBLIC[name]), name)
+    assert value.__module__.startswith("fedfilter."), value.__module__
+    assert getattr(importlib.import_module(value.__module__), name) is value  # defined there, not re-exported
 
 
-def test_all_lists_exactly_the_public_names():
-    assert sorted(fedfilter.__all__) == sorted([*fedfilter._PUBLIC, "__version__"])
+def test_dir_lists_exactly_the_public_names():
+    assert sorted(dir(fedfilter)) == sorted(fedfilter.__all__)
+    assert isinstance(fedfilter.__version__, str)
+
+
+def _has_section(doc: str, title: str) -> bool:
+    return re.search(rf"^\s*{title}\n\s*{'-' * len(title)}\s*$", doc, re.M) is not None
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_public_name_is_documented(name):
+    # numpy style: a class documents its constructor's parameters in the class docstring.
+    doc = inspect.getdoc(getattr(fedfilter, name)) or ""
+    missing = [title for title in ("Parameters", "Examples") if not _has_section(doc, title)]
+    assert not missing, f"fedfilter.{name}'s docstring has no {' or '.join(missing)} section"
+
+
+def test_the_section_check_can_fail():
+    assert _has_section("Run it.\n\nParameters\n----------\nx : int\n", "Parameters")
+    assert not _has_section("Run it.\n\nParameters: x\n", "Parameters")
+    assert not _has_section("Run it.\n\nExamples\n---\n", "Examples")
 
 
 def test_unknown_name_is_an_attribute_error():
@@ -31,16 +58,42 @@ def test_import_fedfilter_loads_neither_flower_nor_torch():
     assert out == ""
 
 
+def test_the_checkout_exposes_only_the_mapped_folders():
+    # A checkout run with PYTHONPATH=<checkout> maps exactly pyproject's package-dir folders into
+    # fedfilter: no other folder of the checkout (tests, benchmarks, ...) gets a second address.
+    package_dir = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]
+    mapped = {package.split(".", 1)[1] for package in package_dir["package-dir"] if "." in package}
+    folders = sorted(p.name for p in REPO.iterdir() if p.is_dir() and p.name.isidentifier() and p.name != "fedfilter")
+    assert mapped <= set(folders) and "tests" in folders
+    code = (
+        "import importlib, sys\n"
+        "for name in sys.argv[1:]:\n"
+        "    try:\n"
+        "        importlib.import_module('fedfilter.' + name)\n"
+        "    except ModuleNotFoundError:\n"
+        "        continue\n"
+        "    print(name)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run(
+        [sys.executable, "-c", code, *folders], cwd=REPO, env=env, capture_output=True, text=True, check=True
+    )
+    assert set(done.stdout.split()) == mapped, done.stdout
+
+
 def test_a_copy_of_the_checkout_imports_its_own_code(tmp_path):
     # The mutation benchmark and git worktrees run a copy of the sources: its fedfilter.client must be
     # the copy's client/, not the editable install's.
     import shutil
-    from pathlib import Path
 
-    root = Path(fedfilter.__file__).resolve().parents[1]
-    for name in ("fedfilter", "client", "coordinator", "protos", "simulations"):
-        shutil.copytree(root / name, tmp_path / name, ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copy(root / "pyproject.toml", tmp_path / "pyproject.toml")
-    code = "import fedfilter.client.ledger as m, fedfilter.coordinator.strategy as s; print(m.__file__, s.__file__)"
+    for name in ("fedfilter", "client", "coordinator", "privacy", "protocol", "protos", "simulations"):
+        shutil.copytree(REPO / name, tmp_path / name, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
+    code = (
+        "import fedfilter.client.ledger.budget as m, fedfilter.coordinator.strategy as s; print(m.__file__, s.__file__)"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True)
-    assert out.stdout.split() == [str(tmp_path / "client" / "ledger.py"), str(tmp_path / "coordinator" / "strategy.py")]
+    assert out.stdout.split() == [
+        str(tmp_path / "client" / "ledger" / "budget.py"),
+        str(tmp_path / "coordinator" / "strategy.py"),
+    ]

@@ -1,4 +1,4 @@
-"""Fast checks of the simulation SuperLink wrapper (``fedfilter.simulation_link``); the end-to-end run
+"""Fast checks of the simulation SuperLink wrapper (``fedfilter.deploy.simulation_link``); the end-to-end run
 is in ``test_flower_simulation.py`` (``fedfilter demo``)."""
 
 from __future__ import annotations
@@ -7,8 +7,13 @@ import tomllib
 
 import pytest
 
-from fedfilter.client.device_settings import ENV_VAR
-from fedfilter.simulation_link import SIMULATION_CONNECTION, SimulationLink, federation_config_arg, federation_options
+from fedfilter.client.settings.simulated import ENV_VAR
+from fedfilter.deploy.simulation_link import (
+    SIMULATION_CONNECTION,
+    SimulationLink,
+    federation_config_arg,
+    federation_options,
+)
 
 
 def test_federation_options_are_what_flwr_run_federation_config_takes():

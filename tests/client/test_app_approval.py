@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from flwr.cli.build import build_fab_from_disk
 
-from fedfilter.client import app_approval
-from fedfilter.client.app_approval import (
+from fedfilter.client.runtime import approval as app_approval
+from fedfilter.client.runtime.approval import (
     APPROVE_HINT,
     ApprovalError,
     approvals_path,
@@ -123,14 +123,14 @@ def test_a_component_approval_never_uses_the_fabs_own_files(approvals):
     decision = decide(fab, load_approved(approvals))
     assert (decision.approved, decision.by) == (True, "component")
     from fedfilter.app.client_app import app
-    from fedfilter.client.device_runtime import load_component
+    from fedfilter.client.runtime.runner import load_component
 
     assert load_component(decision.clientapp) is app
 
 
 @pytest.mark.parametrize("component", ["os:system", "../x:app", "fedfilter.app.client_app", "a:b:c", ""])
 def test_a_component_that_is_no_clientapp_reference_is_refused_before_import(component):
-    from fedfilter.client.device_runtime import load_component
+    from fedfilter.client.runtime.runner import load_component
 
     with pytest.raises(ValueError, match="component"):
         load_component(component)

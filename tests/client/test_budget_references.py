@@ -16,7 +16,7 @@ from fractions import Fraction
 import mpmath
 import numpy as np
 import pytest
-from budget_reference import (
+from helpers.budget_reference import (
     check_rounding,
     check_spends,
     exact_mu2,
@@ -27,9 +27,11 @@ from budget_reference import (
     zcdp_epsilon,
 )
 
-from fedfilter.client.ledger import BudgetLedger
-from fedfilter.client.privacy.filters import make_filter, rdp_order
-from fedfilter.client.release import ClientPolicy, FilteredClient, RoundSpec
+from fedfilter.client.ledger.budget import BudgetLedger
+from fedfilter.client.release import FilteredClient
+from fedfilter.client.settings.policy import ClientPolicy
+from fedfilter.privacy.filters import make_filter, rdp_order
+from fedfilter.protocol.request import RoundSpec
 
 DELTA = 1e-5
 KINDS = ("gdp", "zcdp", "rdp")
@@ -337,7 +339,7 @@ def _exact_sq_norm(arrays) -> Fraction:
 def test_certified_norm_and_clip_bound_the_exact_norm(dtype):
     # The sensitivity a client is charged for is certified_norm of what it releases: it must be
     # at least the exact norm (exact fractions; a float norm has the same rounding as the code).
-    from fedfilter.client.mechanism import certified_norm, clip_to_norm
+    from fedfilter.client.mechanisms.gaussian import certified_norm, clip_to_norm
 
     rng = np.random.default_rng(31)
     for size in (1, 7, 300, 2000):

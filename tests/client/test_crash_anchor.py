@@ -1,4 +1,4 @@
-"""Crash orders of a spend and its roll-back anchor (client/ledger_anchor.py): a crash between the
+"""Crash orders of a spend and its roll-back anchor (client/ledger/anchor.py): a crash between the
 COMMIT and the anchor never locks the owner out, and never lets a restore of a released spend pass."""
 
 import shutil
@@ -6,12 +6,13 @@ import signal
 
 import numpy as np
 import pytest
-from crash_harness import CRASH_POINTS, audit, crash_once
 
-from fedfilter.client.ledger import BudgetLedger
-from fedfilter.client.ledger_anchor import anchor_path, read_anchor
-from fedfilter.client.ledger_storage import LedgerUnavailableError
-from fedfilter.client.release import FilteredClient, RoundSpec
+from fedfilter.client.ledger.anchor import anchor_path, read_anchor
+from fedfilter.client.ledger.budget import BudgetLedger
+from fedfilter.client.ledger.storage import LedgerUnavailableError
+from fedfilter.client.release import FilteredClient
+from fedfilter.protocol.request import RoundSpec
+from fedfilter.simulations.harness.crash import CRASH_POINTS, audit, crash_once
 
 
 def released_rounds(directory, rounds):

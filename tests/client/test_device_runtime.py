@@ -19,14 +19,15 @@ from flwr.cli.build import build_fab_from_disk
 from flwr.clientapp import ClientApp
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
 
-from fedfilter.client import device_runtime
-from fedfilter.client.app_approval import approve
-from fedfilter.client.device_app import allowed_types, device_handler
-from fedfilter.client.flower_mod import enrol_device, individual_filter_mod
-from fedfilter.client.ledger import BudgetLedger
-from fedfilter.client.release import RoundSpec
-from fedfilter.client.secagg_device import secure_aggregation_mod
-from fedfilter.client.wire import ARRAYS_RECORD, REQUEST_RECORD, STATUS_RECORD, request_record
+from fedfilter.client.filter_mod import individual_filter_mod
+from fedfilter.client.ledger.budget import BudgetLedger
+from fedfilter.client.runtime import runner as device_runtime
+from fedfilter.client.runtime.app import allowed_types, device_handler
+from fedfilter.client.runtime.approval import approve
+from fedfilter.client.secagg.mod import secure_aggregation_mod
+from fedfilter.client.settings.node_config import enrol_device
+from fedfilter.protocol.request import RoundSpec
+from fedfilter.protocol.wire import ARRAYS_RECORD, REQUEST_RECORD, STATUS_RECORD, request_record
 
 REPO = Path(__file__).resolve().parents[2]
 HOSTILE = REPO / "tests" / "apps" / "hostile_reader"
@@ -221,7 +222,7 @@ def test_an_approved_fab_runs_inside_the_filter_and_stays_loaded(tmp_path, monke
     worker.run_task("token")
     assert runtime.pushed[0].has_error()  # the app's query handler never runs
     # A revocation applies at the next message, even with the app loaded.
-    from fedfilter.client.app_approval import revoke
+    from fedfilter.client.runtime.approval import revoke
 
     revoke(reply_hash(fab), approvals)
     runtime = FakeRuntime(monkeypatch, message(round_id=3), ctx, fab)
@@ -269,8 +270,8 @@ def test_the_cli_hands_unknown_flags_only_to_supernode(capsys):
 def test_every_printed_guarantee_names_what_a_device_trusts():
     import argparse
 
-    from fedfilter.client.app_approval import TRUST_TEXT
-    from fedfilter.demo_report import guarantee_text
+    from fedfilter.cli.demo_report import guarantee_text
+    from fedfilter.client.runtime.approval import TRUST_TEXT
 
     for placement in ("local", "distributed"):
         args = argparse.Namespace(placement=placement, after_exhaustion="noise-only", min_reports=2, reply_hold_s=0)

@@ -1,4 +1,4 @@
-"""The simulation's device-settings file (``client/device_settings.py``) as ``individual_filter_mod`` reads it.
+"""The simulation's device-settings file (``client/settings/simulated.py``) as ``individual_filter_mod`` reads it.
 
 A simulated node has only ``partition-id``/``num-partitions``; with ``FEDFILTER_DEVICE_SETTINGS``
 set on the machine, the mod takes the node's entry of that file, and only when the node has no
@@ -12,17 +12,19 @@ import logging
 
 import pytest
 from flwr.app import Context, RecordDict
-from test_flower_mod import Handler, spec, train_message
+from helpers.mods import Handler, spec, train_message
 
-from fedfilter.client.device_settings import (
+from fedfilter.client.filter_mod import individual_filter_mod
+from fedfilter.client.ledger.budget import BudgetLedger
+from fedfilter.client.ledger.schema import LEDGER_FILE
+from fedfilter.client.settings.errors import DeviceSettingsError
+from fedfilter.client.settings.node_config import enrol_device
+from fedfilter.client.settings.simulated import (
     ENV_VAR,
-    DeviceSettingsError,
     load_device_settings,
     with_device_settings,
     write_device_settings,
 )
-from fedfilter.client.flower_mod import enrol_device, individual_filter_mod
-from fedfilter.client.ledger import LEDGER_FILE, BudgetLedger
 
 
 def _device(tmp_path, name: str, epsilon: float, *, enrol: bool = True) -> dict:
@@ -128,7 +130,7 @@ def test_a_partition_id_not_in_the_file_is_named(tmp_path, settings, monkeypatch
 
 @pytest.mark.parametrize(
     "key, value",
-    [("after-exhaustion", "sometimes"), ("reply-hold-s", -3), ("allow-distributed", "maybe"), ("max-min-reports", 1.5)],
+    [("after-exhaustion", "sometimes"), ("reply-hold-s", -3), ("max-min-reports", 1.5)],
 )
 def test_a_bad_value_is_named_with_its_key_and_nothing_is_spent(tmp_path, monkeypatch, key, value):
     entry = _device(tmp_path, "dev-0", 3.0)
@@ -235,7 +237,7 @@ def test_a_key_that_is_not_a_partition_id_is_named_to_the_device_it_would_have_b
 
 def test_an_unset_client_id_takes_the_enrolled_one(tmp_path, monkeypatch):
     # The owner enrolled "device-0" in directory "0"; the settings leave client-id out: no mismatch.
-    from fedfilter.client.ledger import BudgetLedger as Ledger
+    from fedfilter.client.ledger.budget import BudgetLedger as Ledger
 
     Ledger.enrol(tmp_path / "0", client_id="device-0", epsilon=3.0, delta=1e-5).close()
     path = write_device_settings(
@@ -248,7 +250,7 @@ def test_an_unset_client_id_takes_the_enrolled_one(tmp_path, monkeypatch):
 
 
 def test_a_mismatch_names_what_differs_and_no_value(tmp_path, monkeypatch, caplog):
-    from fedfilter.client.ledger import BudgetLedger as Ledger
+    from fedfilter.client.ledger.budget import BudgetLedger as Ledger
 
     Ledger.enrol(tmp_path / "0", client_id="device-0", epsilon=3.0, delta=1e-5).close()
     entry = {"ledger-dir": str(tmp_path / "0"), "client-id": "phone-0", "budget-epsilon": 3.5, "reply-hold-s": 0}
@@ -267,7 +269,7 @@ def test_a_mismatch_names_what_differs_and_no_value(tmp_path, monkeypatch, caplo
 
 def test_a_mismatch_reply_is_the_same_whatever_the_budget_spent(tmp_path, monkeypatch):
     # The reply reaches the coordinator: it may depend on the owner's settings, not on the budget state.
-    from fedfilter.client.ledger import BudgetLedger as Ledger
+    from fedfilter.client.ledger.budget import BudgetLedger as Ledger
 
     reasons = []
     for name, spend in (("fresh", False), ("spent", True)):

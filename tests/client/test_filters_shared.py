@@ -8,8 +8,8 @@ from dp_accounting.rdp import rdp_privacy_accountant as google_rdp
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fedfilter.client.privacy import gaussian_dp, zcdp
-from fedfilter.client.privacy.filters import FILTER_KINDS, make_filter
+from fedfilter.privacy import gaussian_dp, zcdp
+from fedfilter.privacy.filters import FILTER_KINDS, make_filter
 
 BUDGETS = [(0.3, 1e-5), (1.0, 1e-5), (8.0, 1e-9)]
 

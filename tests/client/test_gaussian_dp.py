@@ -10,7 +10,7 @@ from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.pld.privacy_loss_mechanism import GaussianPrivacyLoss
 from scipy.stats import norm
 
-from fedfilter.client.privacy.gaussian_dp import delta_for_epsilon, epsilon_for_mu, mu_for_budget
+from fedfilter.privacy.gaussian_dp import delta_for_epsilon, epsilon_for_mu, mu_for_budget
 
 
 def exact_delta(eps, mu, dps=100):

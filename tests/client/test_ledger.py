@@ -7,8 +7,11 @@ import sqlite3
 import numpy as np
 import pytest
 
-from fedfilter.client.ledger import LEDGER_FILE, BudgetLedger, ReplayError
-from fedfilter.client.release import FilteredClient, RoundSpec
+from fedfilter.client.ledger.budget import BudgetLedger
+from fedfilter.client.ledger.schema import LEDGER_FILE
+from fedfilter.client.ledger.storage import ReplayError
+from fedfilter.client.release import FilteredClient
+from fedfilter.protocol.request import RoundSpec
 
 
 def enrol(tmp_path, **kw):

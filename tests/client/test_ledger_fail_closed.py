@@ -4,31 +4,25 @@ Driven through the real mod (``individual_filter_mod``) as a device would be: th
 once, rounds are served, then the ledger's files are lost in the ways a disk loses them.
 """
 
-import json
 import logging
 import shutil
 import sqlite3
 
 import numpy as np
 import pytest
-from test_flower_mod import Handler, context, spec, train_message
+from helpers.ledger import _schema_1_ledger, assert_refused, restart_device
+from helpers.mods import Handler, context, spec, train_message
 
 from fedfilter.cli import main as cli_main
-from fedfilter.client import device_ledgers
-from fedfilter.client.flower_mod import individual_filter_mod
-from fedfilter.client.ledger import BudgetLedger
-from fedfilter.client.ledger_owner import migrate
-from fedfilter.client.ledger_schema import LEDGER_FILE
-from fedfilter.client.ledger_seal import SEAL_FILE
-from fedfilter.client.ledger_storage import LedgerUnavailableError, LedgerWriteError
-from fedfilter.client.privacy.filters import make_filter
-from fedfilter.client.release import FilteredClient, RoundSpec
-
-
-def restart_device() -> None:
-    """A device restart: the mod's process-wide cache of open ledgers is gone."""
-    for key, entry in list(device_ledgers._ledgers.items()):
-        device_ledgers.forget_ledger(key, entry)
+from fedfilter.client.filter_mod import individual_filter_mod
+from fedfilter.client.flower import ledger_cache as device_ledgers
+from fedfilter.client.ledger.budget import BudgetLedger
+from fedfilter.client.ledger.owner import migrate
+from fedfilter.client.ledger.schema import LEDGER_FILE
+from fedfilter.client.ledger.seal import SEAL_FILE
+from fedfilter.client.ledger.storage import LedgerUnavailableError, LedgerWriteError
+from fedfilter.client.release import FilteredClient
+from fedfilter.protocol.request import RoundSpec
 
 
 def serve(ctx, rounds, run_id="run-a", handler=None):
@@ -39,17 +33,6 @@ def serve(ctx, rounds, run_id="run-a", handler=None):
     ]
     assert not any(r.has_error() for r in replies), [r.error.reason for r in replies if r.has_error()]
     return replies
-
-
-def assert_refused(ctx, caplog, *log_words):
-    handler = Handler()
-    with caplog.at_level(logging.ERROR, logger="fedfilter.client"):
-        reply = individual_filter_mod(train_message(spec(99), message_id="late"), ctx, handler)
-    assert reply.has_error() and "ledger" in reply.error.reason
-    assert not reply.has_content()  # an error, no arrays
-    assert handler.calls == 0  # refused before training: nothing trained, spent or released
-    for w in log_words:
-        assert w in caplog.text, (w, caplog.text)
 
 
 @pytest.fixture
@@ -222,33 +205,6 @@ def test_a_failed_seal_write_releases_nothing(tmp_path):
         client.release(RoundSpec("r", 0, 1.0, 1.0), [np.ones(3)])
     assert len(ledger.records()) == 1  # the spend is committed (wasted, never lost)
     ledger.close()
-
-
-def _schema_1_ledger(directory):
-    """A ledger as fedfilter wrote it before seals and coordinators (schema 1), with one spend."""
-    directory.mkdir()
-    state = json.dumps([float(make_filter("gdp", 4.0, 1e-5).spend(np.zeros(1), np.array([0.25]))[0])])
-    conn = sqlite3.connect(directory / LEDGER_FILE)
-    conn.executescript(
-        """
-        PRAGMA journal_mode=WAL;
-        CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-        CREATE TABLE enrolment (id INTEGER PRIMARY KEY CHECK (id = 1), client_id TEXT NOT NULL,
-            filter_kind TEXT NOT NULL, epsilon REAL NOT NULL, delta REAL NOT NULL, orders TEXT NOT NULL,
-            run_quota REAL NOT NULL, enrolled_at REAL NOT NULL);
-        CREATE TABLE spends (seq INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT NOT NULL,
-            round_id INTEGER NOT NULL, status TEXT NOT NULL, sensitivity REAL NOT NULL,
-            noise_std REAL NOT NULL, noise_multiplier REAL NOT NULL, clip REAL NOT NULL,
-            placement TEXT NOT NULL, charge TEXT NOT NULL, state_after TEXT NOT NULL,
-            run_state_after TEXT NOT NULL, created_at REAL NOT NULL, UNIQUE (run_id, round_id));
-        INSERT INTO meta VALUES ('schema_version', '1');
-        INSERT INTO enrolment VALUES (1, 'old', 'gdp', 4.0, 1e-5, '[]', 1.0, 0.0);
-        INSERT INTO spends (run_id, round_id, status, sensitivity, noise_std, noise_multiplier, clip,
-            placement, charge, state_after, run_state_after, created_at)
-            VALUES ('r', 0, 'contributed', 0.5, 1.0, 1.0, 1.0, 'local', '[0.25]', 'STATE', 'STATE', 1.0);
-    """.replace("'STATE'", repr(state))
-    )
-    conn.close()
 
 
 def test_a_schema_1_ledger_is_refused_until_its_owner_migrates_it_keeping_its_spends(tmp_path):

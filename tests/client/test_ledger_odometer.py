@@ -8,10 +8,11 @@ import numpy as np
 import pytest
 
 from fedfilter.cli import main
-from fedfilter.client.ledger import BudgetLedger
-from fedfilter.client.privacy.filters import make_filter, rdp_order
-from fedfilter.client.privacy.odometer import filter_odometer, gdp_odometer, rdp_odometer
-from fedfilter.client.release import FilteredClient, RoundSpec
+from fedfilter.client.ledger.budget import BudgetLedger
+from fedfilter.client.release import FilteredClient
+from fedfilter.privacy.filters import make_filter, rdp_order
+from fedfilter.privacy.odometer import filter_odometer, gdp_odometer, rdp_odometer
+from fedfilter.protocol.request import RoundSpec
 
 
 @pytest.mark.parametrize("kind", ["gdp", "rdp", "zcdp"])
@@ -51,7 +52,7 @@ def test_filter_odometer_reads_each_kind_at_or_above_the_filter():
 
 
 def test_device_report_carries_the_odometer_and_the_summary_says_which_is_the_guarantee(tmp_path):
-    from fedfilter.client.ledger_report import device_report, odometer_text
+    from fedfilter.client.ledger.report import device_report, odometer_text
 
     client = FilteredClient(BudgetLedger.enrol(tmp_path, client_id="d", epsilon=1.0, delta=1e-6))
     for r in range(30):  # past its budget: the filter stops it, the odometer keeps the honest total

@@ -11,9 +11,11 @@ import sys
 import numpy as np
 import pytest
 
-from fedfilter.client.ledger import BudgetLedger
-from fedfilter.client.ledger_report import device_report
-from fedfilter.client.release import ClientPolicy, FilteredClient, RoundSpec
+from fedfilter.client.ledger.budget import BudgetLedger
+from fedfilter.client.ledger.report import device_report
+from fedfilter.client.release import FilteredClient
+from fedfilter.client.settings.policy import ClientPolicy
+from fedfilter.protocol.request import RoundSpec
 
 # Norm 0.18 at clip 1 and noise multiplier 0.5: a budget of epsilon 3 pays for a few such rounds.
 UPDATE = [np.full((3, 4), 0.05, dtype=np.float32), np.full(5, -0.025, dtype=np.float32)]
@@ -82,7 +84,7 @@ def test_a_run_the_device_never_answered_reports_no_rounds(tmp_path):
 
 def test_the_report_imports_neither_torch_nor_flower():
     code = (
-        "import sys, fedfilter.client.ledger_report; "
+        "import sys, fedfilter.client.ledger.report; "
         "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'flwr', 'grpc'}))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)

@@ -2,7 +2,7 @@
 
 The attack (independent audit): back up the ledger directory (database and seal together, as an owner
 would), let the device spend, restore the backup: the device had its spent budget back. The roll-back
-anchor in the owner's state directory (client/ledger_anchor.py) refuses such a ledger until the owner
+anchor in the owner's state directory (client/ledger/anchor.py) refuses such a ledger until the owner
 accepts it (``fedfilter ledger accept-restore``), naming the budget at risk.
 """
 
@@ -12,18 +12,18 @@ import shutil
 import sqlite3
 
 import pytest
-from test_flower_mod import Handler, context, spec, train_message
-from test_ledger_fail_closed import _schema_1_ledger, assert_refused, restart_device
+from helpers.ledger import _schema_1_ledger, assert_refused, restart_device
+from helpers.mods import Handler, context, spec, train_message
 
 from fedfilter.cli import main as cli_main
-from fedfilter.client import device_ledgers
-from fedfilter.client.flower_mod import individual_filter_mod
-from fedfilter.client.ledger import BudgetLedger
-from fedfilter.client.ledger_anchor import anchor_path, read_anchor
-from fedfilter.client.ledger_owner import accept_restore, inspect, migrate
-from fedfilter.client.ledger_schema import ANCHORED_KEY, LEDGER_FILE
-from fedfilter.client.ledger_seal import SEAL_FILE
-from fedfilter.client.ledger_storage import LedgerUnavailableError
+from fedfilter.client.filter_mod import individual_filter_mod
+from fedfilter.client.flower import ledger_cache as device_ledgers
+from fedfilter.client.ledger.anchor import anchor_path, read_anchor
+from fedfilter.client.ledger.budget import BudgetLedger
+from fedfilter.client.ledger.owner import accept_restore, inspect, migrate
+from fedfilter.client.ledger.schema import ANCHORED_KEY, LEDGER_FILE
+from fedfilter.client.ledger.seal import SEAL_FILE
+from fedfilter.client.ledger.storage import LedgerUnavailableError
 
 STEP = 0.002  # a small update: each round spends a little of the budget, never all of it
 
@@ -255,7 +255,7 @@ def test_the_anchor_is_written_outside_the_ledger_directory(device, owner_state)
 
 @pytest.fixture
 def owner_state():
-    from fedfilter.client.owner_state import owner_state_dir
+    from fedfilter.client.ledger.owner_state import owner_state_dir
 
     return owner_state_dir()
 
@@ -277,7 +277,7 @@ def test_a_schema_1_ledger_put_in_place_of_a_deleted_one_is_not_migrated_over_it
 def test_a_local_trial_may_reuse_a_deleted_output_folder_an_owner_may_not(device, tmp_path):
     # The demo and deploy-local simulate their devices' owners in their own output folder: a folder
     # deleted and used again holds new devices. A real owner's deleted ledger stays refused.
-    from fedfilter.client.device_config import enrol_device, enrol_simulated_device
+    from fedfilter.client.settings.node_config import enrol_device, enrol_simulated_device
 
     ledger_dir, ctx, _ = device
     restart_device()
@@ -293,7 +293,7 @@ def test_a_local_trial_may_reuse_a_deleted_output_folder_an_owner_may_not(device
 
 
 def test_throw_away_devices_keep_their_anchors_in_their_own_folder(tmp_path, owner_state):
-    from fedfilter.client.owner_state import owner_state_at
+    from fedfilter.client.ledger.owner_state import owner_state_at
 
     with owner_state_at(tmp_path / "owner") as state:
         BudgetLedger.enrol(tmp_path / "canary", client_id="c", epsilon=1.0, delta=1e-5).close()
@@ -302,6 +302,6 @@ def test_throw_away_devices_keep_their_anchors_in_their_own_folder(tmp_path, own
 
 
 def owner_state_dir_now():
-    from fedfilter.client.owner_state import owner_state_dir
+    from fedfilter.client.ledger.owner_state import owner_state_dir
 
     return owner_state_dir()

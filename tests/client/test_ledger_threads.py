@@ -9,8 +9,10 @@ import threading
 
 import numpy as np
 
-from fedfilter.client.ledger import BudgetLedger, ReplayError
-from fedfilter.client.release import FilteredClient, RoundSpec
+from fedfilter.client.ledger.budget import BudgetLedger
+from fedfilter.client.ledger.storage import ReplayError
+from fedfilter.client.release import FilteredClient
+from fedfilter.protocol.request import RoundSpec
 
 TRIALS = 60
 ROUNDS = 8  # per thread; the budget admits about 7 full rounds of norm 0.1 in all

@@ -13,14 +13,16 @@ from contextlib import contextmanager
 import numpy as np
 import pytest
 from flwr.app import ArrayRecord, RecordDict
-from test_flower_mod import Handler, context, spec, train_message
-from test_ledger_fail_closed import restart_device
+from helpers.ledger import restart_device
+from helpers.mods import Handler, context, spec, train_message
 
-from fedfilter.client.flower_mod import individual_filter_mod
-from fedfilter.client.ledger import BudgetLedger, LedgerWriteError
-from fedfilter.client.ledger_schema import LEDGER_FILE
-from fedfilter.client.release import FilteredClient, RoundSpec
-from fedfilter.client.wire import REQUEST_RECORD, request_record
+from fedfilter.client.filter_mod import individual_filter_mod
+from fedfilter.client.ledger.budget import BudgetLedger
+from fedfilter.client.ledger.schema import LEDGER_FILE
+from fedfilter.client.ledger.storage import LedgerWriteError
+from fedfilter.client.release import FilteredClient
+from fedfilter.protocol.request import RoundSpec
+from fedfilter.protocol.wire import REQUEST_RECORD, request_record
 
 
 def spends(ledger_dir) -> int:

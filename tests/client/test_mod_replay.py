@@ -18,10 +18,13 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, Context, Message, Metadata, RecordDict
 
-from fedfilter.client.flower_mod import individual_filter_mod
-from fedfilter.client.ledger import BudgetLedger, ReplayError
-from fedfilter.client.release import RoundSpec
-from fedfilter.client.wire import ARRAYS_RECORD, REQUEST_RECORD, request_record
+from fedfilter.client.filter_mod import individual_filter_mod
+from fedfilter.client.ledger.budget import BudgetLedger
+from fedfilter.client.ledger.storage import ReplayError
+from fedfilter.client.mechanisms.spend import ReleaseRecord
+from fedfilter.client.settings.node_config import enrol_device
+from fedfilter.protocol.request import RoundSpec
+from fedfilter.protocol.wire import ARRAYS_RECORD, REQUEST_RECORD, request_record
 
 KEYS = ["w", "b"]
 SHAPES = [(6, 5), (5,)]
@@ -110,7 +113,7 @@ def _assert_exactly_one_release(results, ledger_dir: Path) -> None:
 
 def test_two_processes_replaying_one_round_get_exactly_one_release(tmp_path):
     ledger_dir = tmp_path / "ledger"
-    BudgetLedger.enrol(ledger_dir, client_id="alice", epsilon=4.0, delta=1e-5).close()
+    enrol_device(_context(ledger_dir).node_config)
     ctx = mp.get_context("spawn")
     barrier, queue = ctx.Barrier(2), ctx.Queue()
     procs = [ctx.Process(target=_mod_worker, args=(str(ledger_dir), f"p{i}", barrier, queue)) for i in range(2)]
@@ -125,7 +128,7 @@ def test_two_processes_replaying_one_round_get_exactly_one_release(tmp_path):
 def test_two_threads_replaying_one_round_get_exactly_one_release(tmp_path):
     ledger_dir = tmp_path / "ledger"
     # Enrolled first: this test is about the replay, not about two first enrolments racing.
-    BudgetLedger.enrol(ledger_dir, client_id="alice", epsilon=4.0, delta=1e-5).close()
+    enrol_device(_context(ledger_dir).node_config)
     results, start = [], threading.Barrier(2)
 
     def worker(name):
@@ -167,17 +170,7 @@ def test_ledger_reserve_refuses_a_concurrent_duplicate_with_a_replay_error(tmp_p
         holding.set()
         time.sleep(0.3)  # the duplicate is now blocked on the write lock
         charge = filt.charge(sensitivity=0.5, noise_std=1.0)
-        tx.record(
-            status="contributed",
-            charge=charge,
-            state_after=filt.spend(tx.state, charge),
-            run_state_after=first.run_filter.spend(tx.run_state, charge),
-            sensitivity=0.5,
-            noise_std=1.0,
-            noise_multiplier=1.0,
-            clip=1.0,
-            placement="local",
-        )
+        tx.commit(ReleaseRecord("contributed", "local", 0.5, 1.0, 1.0, 1.0, charge, None))
     t.join(timeout=60)
     assert outcome == ["replay"]
     assert len(first.records()) == 1 and len(second.records()) == 1
@@ -191,17 +184,7 @@ def test_a_reservation_records_exactly_one_release_with_a_known_status(tmp_path)
     charge = filt.charge(sensitivity=0.5, noise_std=1.0)
 
     def record(tx, status="contributed"):
-        tx.record(
-            status=status,
-            charge=charge,
-            state_after=filt.spend(tx.state, charge),
-            run_state_after=ledger.run_filter.spend(tx.run_state, charge),
-            sensitivity=0.5,
-            noise_std=1.0,
-            noise_multiplier=1.0,
-            clip=1.0,
-            placement="local",
-        )
+        tx.commit(ReleaseRecord(status, "local", 0.5, 1.0, 1.0, 1.0, charge, None))
 
     with pytest.raises(ValueError, match="status"):
         with ledger.reserve("run-a", 1) as tx:

@@ -1,4 +1,5 @@
-"""Float-safe noise (client/noise.py, client/mechanism.py): exact sampling and no bits to read."""
+"""Float-safe noise (client/mechanisms/gaussian_noise.py, client/mechanisms/gaussian.py): exact sampling, no bits
+to read."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ import pytest
 from scipy import stats
 from scipy.special import ndtri
 
-from fedfilter.client import noise
-from fedfilter.client.mechanism import REPLY_DTYPE, add_grid_noise, noise_grid, snap_toward_zero
-from fedfilter.client.noise import NoiseStream, rounded_gaussian
+from fedfilter.client.mechanisms import gaussian_noise as noise
+from fedfilter.client.mechanisms.gaussian import add_grid_noise, noise_grid, snap_toward_zero
+from fedfilter.client.mechanisms.gaussian_noise import NoiseStream, rounded_gaussian
+from fedfilter.protocol.wire import REPLY_DTYPE
 
 
 def test_ndtri_error_is_far_inside_the_fast_paths_widening():
@@ -232,14 +234,15 @@ def test_the_distinguisher_catches_an_unsnapped_update():
 @pytest.mark.parametrize("model_dtype", [np.float16, np.float32, np.float64])
 def test_mod_replies_float32_on_the_grid_for_any_model_dtype(tmp_path, model_dtype):
     from flwr.app import Array, ArrayRecord, Context, Message, RecordDict
-    from test_flower_mod import KEYS, SHAPES, spec, train_message
+    from helpers.mods import KEYS, SHAPES, spec, train_message
 
     def handler(msg, ctx):
         record = next(iter(msg.content.array_records.values()))
         new = {k: Array((record[k].numpy() + 0.01).astype(model_dtype)) for k in record.keys()}
         return Message(RecordDict({"arrays": ArrayRecord(new)}), reply_to=msg)
 
-    from fedfilter.client.flower_mod import enrol_device, individual_filter_mod
+    from fedfilter.client.filter_mod import individual_filter_mod
+    from fedfilter.client.settings.node_config import enrol_device
 
     # A budget that the first round(s) at z = 1, clip 1 exhaust: later rounds are noise-only.
     ctx = Context(
@@ -272,7 +275,7 @@ def test_mod_replies_float32_on_the_grid_for_any_model_dtype(tmp_path, model_dty
             assert np.array_equal(scaled, np.round(scaled))
         sizes.append(sum(len(record[k].data) for k in KEYS))
     assert len(set(sizes)) == 1
-    from fedfilter.client.ledger import BudgetLedger
+    from fedfilter.client.ledger.budget import BudgetLedger
 
     ledger = BudgetLedger.open(tmp_path / "ledger")
     try:

@@ -9,7 +9,7 @@ import pytest
 from flwr.app import Array
 from flwr.common.constant import SType
 
-from fedfilter.client.npy_codec import decode, encode
+from fedfilter.client.flower.npy_codec import decode, encode
 
 RNG = np.random.default_rng(3)
 ARRAYS = [

@@ -1,4 +1,4 @@
-"""Odometers (client/privacy/odometer.py) against independent references.
+"""Odometers (privacy/odometer.py) against independent references.
 
 mpmath at 50 digits for every closed form; a Monte Carlo run of adaptive Gaussian sequences for the
 time-uniform guarantee; hypothesis for monotonicity; the filters' exact readouts as a floor.
@@ -14,10 +14,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedfilter.client.privacy import odometer as odo
-from fedfilter.client.privacy import pure_dp
-from fedfilter.client.privacy.filters import gdp_filter, rdp_filter, rdp_order
-from fedfilter.client.privacy.gaussian_dp import epsilon_for_mu
+from fedfilter.privacy import odometer as odo
+from fedfilter.privacy import pure_dp
+from fedfilter.privacy.filters import gdp_filter, rdp_filter, rdp_order
+from fedfilter.privacy.gaussian_dp import epsilon_for_mu
 
 mpmath.mp.dps = 50
 REL = mpmath.mpf("1e-12")

@@ -7,13 +7,14 @@ on what it cannot renew: the device's own ``federation`` setting, and the device
 
 import numpy as np
 import pytest
-from test_flower_mod import Handler, context, records, spec, train_message
+from helpers.mods import Handler, context, records, spec, train_message
 
-from fedfilter.client.flower_mod import individual_filter_mod
-from fedfilter.client.ledger import BudgetLedger
-from fedfilter.client.ledger_quota import Quotas
-from fedfilter.client.ledger_schema import DAY_S
-from fedfilter.client.release import FilteredClient, RoundSpec
+from fedfilter.client.filter_mod import individual_filter_mod
+from fedfilter.client.ledger.budget import BudgetLedger
+from fedfilter.client.ledger.quota import Quotas
+from fedfilter.client.ledger.schema import DAY_S
+from fedfilter.client.release import FilteredClient
+from fedfilter.protocol.request import RoundSpec
 
 RUNS = 20
 
@@ -87,7 +88,12 @@ def test_the_daily_quota_is_a_rolling_24_hours_of_the_device_clock(tmp_path):
         statuses = [
             client.release(RoundSpec("run", first_round + k, 1.0, 1.0), [np.ones(100)]).status for k in range(8)
         ]
-        return statuses, ledger.daily_state()[0]
+        # The window the daily quota caps: every charge of the last 24 hours by the device's clock.
+        window = ledger.filter.initial_state()
+        for rec in ledger.records():
+            if rec.created_at >= now[0] - DAY_S:
+                window = ledger.filter.spend(window, rec.charge)
+        return statuses, window[0]
 
     statuses, window = spend_day(0)
     assert "noise-only" in statuses and window <= 0.2 * budget

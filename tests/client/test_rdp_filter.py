@@ -11,11 +11,13 @@ from dp_accounting.rdp import rdp_privacy_accountant as google_rdp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedfilter.client.ledger import LEDGER_FILE, BudgetLedger
-from fedfilter.client.privacy import renyi
-from fedfilter.client.privacy.filters import rdp_filter, rdp_order
-from fedfilter.client.privacy.planner import plan_rounds
-from fedfilter.client.release import FilteredClient, RoundSpec
+from fedfilter.client.ledger.budget import BudgetLedger
+from fedfilter.client.ledger.schema import LEDGER_FILE
+from fedfilter.client.release import FilteredClient
+from fedfilter.privacy import renyi
+from fedfilter.privacy.filters import rdp_filter, rdp_order
+from fedfilter.privacy.planner import plan_rounds
+from fedfilter.protocol.request import RoundSpec
 
 GRID = [(z, eps, delta) for z in (5.0, 20.0, 170.0) for eps in (0.3, 1.0, 2.0, 8.0) for delta in (1e-5, 1e-9)]
 

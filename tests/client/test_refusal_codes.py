@@ -1,4 +1,4 @@
-"""The device's error replies: each carries a stable refusal code (``client/refusals.py``), and each
+"""The device's error replies: each carries a stable refusal code (``protocol/refusals.py``), and each
 is a function of the request and the device's settings only, never of its data or budget state.
 
 The attack: a coordinator that learns anything from *which* error a device sends, or from its words,
@@ -18,14 +18,16 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
-from test_flower_mod import KEYS, SHAPES, spec, train_message
+from helpers.mods import KEYS, SHAPES, spec, train_message
 
-from fedfilter.client.flower_mod import _ledger_code, enrol_device, individual_filter_mod
-from fedfilter.client.ledger_storage import LedgerMissingError, LedgerUnavailableError, LedgerWriteError
-from fedfilter.client.refusals import REFUSALS, refusal_code
-from fedfilter.client.wire import REQUEST_RECORD, request_record
+from fedfilter.client.filter_mod import individual_filter_mod
+from fedfilter.client.flower.ledger_cache import forget_all
+from fedfilter.client.ledger.schema import LEDGER_FILE
+from fedfilter.client.settings.node_config import enrol_device
+from fedfilter.protocol.refusals import REFUSALS, refusal_code
+from fedfilter.protocol.wire import REQUEST_RECORD, request_record
 
-MOD_SOURCE = Path(__file__).resolve().parents[2] / "client" / "flower_mod.py"
+MOD_SOURCE = Path(__file__).resolve().parents[2] / "client" / "filter_mod.py"
 
 
 def _handler(shift: float):
@@ -94,7 +96,7 @@ SCENARIOS = {
 # Refusals whose cause is not reachable with the messages alone (the test says where they are covered):
 COVERED_ELSEWHERE = {
     "ledger-failed": "a failing disk (tests/client/test_ledger_fail_closed.py); depends on the disk, not the data",
-    "ledger-refused": "a restored or older-format ledger (tests/client/test_ledger_rollback.py, test_mod_errors.py)",
+    "ledger-refused": "a damaged ledger (below); a restored or older-format one: test_ledger_rollback.py",
     "filter-not-rdp": "a SecAgg+ masked stage (tests/client/test_secagg_device_refusals.py); a setting",
     "request-refused": "SecAgg+ setup checks in a masked stage (tests/client/test_secagg_device_refusals.py)",
     "left": "after-exhaustion='leave' under SecAgg+: the visible departure DESIGN.md section 1 declares",
@@ -137,11 +139,21 @@ def test_every_error_reply_of_the_mod_names_a_known_code_and_is_enumerated():
                 assert ast.unparse(arg) in ("err.code", "_ledger_code(err)"), ast.unparse(arg)
                 dynamic += 1
     assert dynamic >= 1
-    for err in (LedgerMissingError("x"), LedgerUnavailableError("x"), LedgerWriteError("x"), ValueError("x")):
-        assert _ledger_code(err) in REFUSALS, err
     assert codes <= set(REFUSALS), codes - set(REFUSALS)
     assert set(REFUSALS) == set(SCENARIOS) | set(COVERED_ELSEWHERE)
     assert not set(SCENARIOS) & set(COVERED_ELSEWHERE)
+
+
+def test_a_damaged_ledger_is_refused_alike_whatever_the_data_and_the_budget_spent(tmp_path):
+    replies = []
+    for root, spent, shift in ((tmp_path / "a", False, 0.0), (tmp_path / "b", True, 5.0)):
+        ctx = _device(root, spent=spent)
+        forget_all()  # a restarted device: the next message opens the ledger from its files
+        (root / "ledger" / LEDGER_FILE).write_bytes(b"not a database" * 100)
+        replies.append(individual_filter_mod(train_message(spec(1)), ctx, _handler(shift)))
+    a, b = replies
+    assert a.has_error() and refusal_code(a.error.reason) == "ledger-refused", a.error.reason
+    assert (a.error.code, a.error.reason) == (b.error.code, b.error.reason)
 
 
 def test_a_request_with_a_policy_breach_and_a_malformed_field_is_bad_request(tmp_path):

@@ -7,9 +7,11 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from fedfilter.client.ledger import BudgetLedger
-from fedfilter.client.mechanism import NonFiniteUpdateError, certified_norm, clip_to_norm
-from fedfilter.client.release import ClientPolicy, FilteredClient, RoundSpec, RoundSpecError
+from fedfilter.client.ledger.budget import BudgetLedger
+from fedfilter.client.mechanisms.gaussian import NonFiniteUpdateError, certified_norm, clip_to_norm
+from fedfilter.client.release import FilteredClient
+from fedfilter.client.settings.policy import ClientPolicy
+from fedfilter.protocol.request import RoundSpec, RoundSpecError
 
 UPDATE = [np.full((3, 4), 0.5, dtype=np.float32), np.full(5, -0.25, dtype=np.float32)]
 

@@ -1,4 +1,4 @@
-"""The reply hold (client/reply_timing.py): when a reply leaves must not depend on data or budget.
+"""The reply hold (client/flower/reply_timing.py): when a reply leaves must not depend on data or budget.
 
 Unit tests with a fake clock, the mod driven by hand-built Messages, and a short version of
 benchmarks/reply_timing.py (30 replies per device through the built-in ClientApp).
@@ -6,22 +6,21 @@ benchmarks/reply_timing.py (30 replies per device through the built-in ClientApp
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import math
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 from flwr.app import ConfigRecord, Error, Message, RecordDict
-from test_flower_mod import Handler, context, records, spec, train_message
+from helpers.mods import Handler, context, records, spec, train_message
 
-from fedfilter.client.flower_mod import individual_filter_mod
-from fedfilter.client.reply_timing import DEFAULT_REPLY_HOLD_S, ReplyHold, held_deadline, reply_hold_s
-
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "reply_timing.py"
+from fedfilter.app.client_app import make_client_app
+from fedfilter.client.filter_mod import individual_filter_mod
+from fedfilter.client.flower.reply_timing import ReplyHold, held_deadline
+from fedfilter.client.ledger.budget import BudgetLedger
+from fedfilter.client.settings.node_config import DEFAULT_REPLY_HOLD_S, reply_hold_s
+from fedfilter.simulations.harness import reply_timing as bench
 
 
 class FakeClock:
@@ -161,12 +160,10 @@ def test_refusals_of_the_request_or_the_settings_are_answered_at_once(tmp_path, 
 
 
 def test_an_exception_after_the_ledger_is_held_before_it_propagates(tmp_path, monkeypatch):
-    import fedfilter.client.flower_mod as fm
-
-    def broken(*args, **kwargs):
+    def broken(*args, **kwargs):  # the ledger fails in a way the mod does not answer itself
         raise RuntimeError("disk on fire")
 
-    monkeypatch.setattr(fm, "_filtered_release", broken)
+    monkeypatch.setattr(BudgetLedger, "has_release", broken)
     started = time.monotonic()
     with pytest.raises(RuntimeError, match="disk on fire"):
         individual_filter_mod(train_message(spec(1)), context(tmp_path, **{"reply-hold-s": HOLD}), Handler())
@@ -174,16 +171,7 @@ def test_an_exception_after_the_ledger_is_held_before_it_propagates(tmp_path, mo
 
 
 # --- the benchmark, short -------------------------------------------------------------------------
-def _bench():
-    module_spec = importlib.util.spec_from_file_location("reply_timing_bench", BENCH)
-    mod = importlib.util.module_from_spec(module_spec)
-    sys.modules[module_spec.name] = mod  # its dataclasses look their module up
-    module_spec.loader.exec_module(mod)
-    return mod
-
-
 def test_best_threshold_accuracy_matches_a_one_cut_at_a_time_reference():
-    bench = _bench()
     rng = np.random.default_rng(1)
     for _ in range(30):
         a, b = rng.integers(0, 6, size=rng.integers(1, 12)), rng.integers(2, 8, size=rng.integers(1, 12))
@@ -200,14 +188,13 @@ def test_best_threshold_accuracy_matches_a_one_cut_at_a_time_reference():
 def test_short_benchmark_held_replies_show_no_difference_unheld_ones_leak_the_data_size(tmp_path):
     pytest.importorskip("torch")
     pytest.importorskip("scipy")
-    bench = _bench()
-    (off,) = bench.measure(30, [0.0], local_epochs=5, root=tmp_path)["phases"]
+    (off,) = bench.measure(make_client_app(), 30, [0.0], local_epochs=5, root=tmp_path)["phases"]
     # The hold must cover a round. A round that overruns it replies at the next multiple and shows
     # its lateness (documented); on a loaded machine a fixed 0.05 s does not cover one, so the hold
     # is set well above the slowest unheld round just measured.
     slowest = max(max(samples["times"]) for samples in off["samples"].values())
     hold = max(0.05, 3 * slowest)
-    (on,) = bench.measure(30, [hold], local_epochs=5, root=tmp_path)["phases"]
+    (on,) = bench.measure(make_client_app(), 30, [hold], local_epochs=5, root=tmp_path)["phases"]
 
     # Without the hold, 65 vs 203 examples (x 5 epochs) shows in both observables: the harness
     # can see a leak. (Budget state is not asserted: whether the noise-only path is slower depends
@@ -226,8 +213,8 @@ def test_short_benchmark_held_replies_show_no_difference_unheld_ones_leak_the_da
 
 # --- simulations and the local deployment say that the hold is off -------------------------------
 def test_demo_and_deploy_local_set_the_hold_explicitly_and_say_when_it_is_off(tmp_path):
-    from fedfilter.client.reply_timing import timing_protection
-    from fedfilter.cmd_demo import device_configs
+    from fedfilter.cli.demo import device_configs
+    from fedfilter.client.flower.reply_timing import timing_protection
     from fedfilter.deploy.command import DeployOptions, device_node_config
 
     demo = device_configs(tmp_path, [1.0, 2.0], after_exhaustion="noise-only")

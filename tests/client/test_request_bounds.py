@@ -6,11 +6,13 @@ import math
 import numpy as np
 import pytest
 from flwr.app import ConfigRecord
-from test_flower_mod import Handler, context, records, spec, train_message
+from helpers.mods import Handler, context, records, spec, train_message
 
-from fedfilter.client.flower_mod import individual_filter_mod
-from fedfilter.client.ledger import BudgetLedger
-from fedfilter.client.release import ClientPolicy, FilteredClient, RoundSpec, RoundSpecError, validate_request
+from fedfilter.client.filter_mod import individual_filter_mod
+from fedfilter.client.ledger.budget import BudgetLedger
+from fedfilter.client.release import FilteredClient
+from fedfilter.client.settings.policy import ClientPolicy, check_request
+from fedfilter.protocol.request import RoundSpec, RoundSpecError
 
 INT64_MAX = 2**63 - 1
 DISTRIBUTED = ClientPolicy(allow_distributed=True, max_min_reports=50)
@@ -48,10 +50,10 @@ def test_the_bounds_themselves_are_accepted(tmp_path):
     rel = client.release(RoundSpec("r" * 256, 0, 1.0, 1.0, placement="distributed", min_reports=50), [np.ones(3)])
     assert rel.noise_std == pytest.approx(1 / math.sqrt(50))
     # The noise grid's range (client.mechanism.noise_grid), both ends included.
-    validate_request(RoundSpec("r", 0, 1.0, 2.0**-100), ClientPolicy())
-    validate_request(RoundSpec("r", 0, 2.0, 2.0**99), ClientPolicy())
+    check_request(RoundSpec("r", 0, 1.0, 2.0**-100), ClientPolicy())
+    check_request(RoundSpec("r", 0, 2.0, 2.0**99), ClientPolicy())
     with pytest.raises(RoundSpecError, match="2\\*\\*100"):
-        validate_request(RoundSpec("r", 0, 1.0, 2.0**100 * (1 + 2**-52)), ClientPolicy())
+        check_request(RoundSpec("r", 0, 1.0, 2.0**100 * (1 + 2**-52)), ClientPolicy())
 
 
 def test_policy_cap_must_be_sane():

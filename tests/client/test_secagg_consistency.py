@@ -17,9 +17,9 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from flwr.common.secure_aggregation.secaggplus_constants import Stage
-from test_secagg_device import ledger_records, node_id, run_round
+from helpers.secagg import ledger_records, node_id, run_round
 
-from fedfilter.client.secagg_consistency import (
+from fedfilter.client.secagg.consistency import (
     certify,
     check_certificate,
     check_node_ids,
@@ -32,8 +32,9 @@ from fedfilter.client.secagg_consistency import (
     sign_survivors,
     survivors_message,
 )
-from fedfilter.client.secagg_grid import MODULUS_RANGE, check_secagg_state, secaggplus_settings
+from fedfilter.client.secagg.neighbourhood import check_secagg_state
 from fedfilter.coordinator.secure_round import AUTO_SHARES, round_graph
+from fedfilter.protocol.secagg_grid import MODULUS_RANGE, secaggplus_settings
 
 
 def channel_key() -> bytes:

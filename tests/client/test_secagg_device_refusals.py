@@ -7,45 +7,24 @@ from __future__ import annotations
 
 import pytest
 from flwr.common.secure_aggregation.secaggplus_constants import Stage
-from test_flower_mod import Handler, context, records, spec, train_message
-from test_secagg_device import RUN, node_id, run_round
+from helpers.mods import Handler, context, records, spec, train_message
+from helpers.secagg import RUN, assert_refused_before_training, node_id, run_round
 
-from fedfilter.client.flower_mod import individual_filter_mod
-from fedfilter.client.ledger import BudgetLedger
-from fedfilter.client.release import RoundSpec
-from fedfilter.client.secagg_grid import secaggplus_settings
-
-
-def assert_refused_before_training(tmp_path, result, n, *words):
-    collect = [r for r in result.grid.received if r._stage == Stage.COLLECT_MASKED_VECTORS]
-    assert len(collect) == n and all(r.has_error() for r in collect)
-    for reply in collect:
-        for w in words:
-            assert w in reply.error.reason, (w, reply.error.reason)
-        assert "Nothing was trained, spent or released" in reply.error.reason
-    assert result.trainer.calls == []  # nothing trained
-    assert result.captured.y == {}  # no noise drawn, nothing released
-    assert not result.strategy.aggregated  # Flower's workflow halts: nothing unmasked
-    for i in range(n):
-        ledger = BudgetLedger.open(tmp_path / f"dev{i}")
-        try:
-            assert ledger.records() == []  # nothing spent
-        finally:
-            ledger.close()
+from fedfilter.client.filter_mod import individual_filter_mod
+from fedfilter.protocol.request import RoundSpec
+from fedfilter.protocol.secagg_grid import secaggplus_settings
 
 
-@pytest.mark.parametrize("node", [{}, {"allow-distributed": True}])
-def test_distributed_is_refused_without_secure_aggregation_mod_whatever_the_node_config(tmp_path, node):
+def test_distributed_is_refused_without_secure_aggregation_mod(tmp_path):
     handler = Handler()
-    reply = individual_filter_mod(train_message(spec(placement="distributed", m=4)), context(tmp_path, **node), handler)
+    reply = individual_filter_mod(train_message(spec(placement="distributed", m=4)), context(tmp_path), handler)
     assert reply.has_error() and "placement='distributed' needs secure aggregation" in reply.error.reason
     assert handler.calls == 0 and records(tmp_path)[0] == []
 
 
 def test_a_device_without_secure_aggregation_mod_serves_no_secagg_round(tmp_path, monkeypatch):
     n = 4
-    over = {i: {"allow-distributed": True} for i in range(n)}
-    result = run_round(tmp_path, monkeypatch, n, threshold=3, node_over=over, mods=[individual_filter_mod])
+    result = run_round(tmp_path, monkeypatch, n, threshold=3, mods=[individual_filter_mod])
     assert all(r.has_error() for r in result.grid.received)  # refused at the first stage already
     assert result.trainer.calls == [] and result.captured.y == {} and not result.strategy.aggregated
 
@@ -130,14 +109,14 @@ def test_too_few_neighbours_are_refused_before_training_not_after(tmp_path):
     from flwr.app import ConfigRecord, Context, RecordDict
     from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, RECORD_KEY_STATE, Key
 
-    from fedfilter.client.secagg_device import secure_aggregation_mod
+    from fedfilter.client.secagg.mod import secure_aggregation_mod
 
     msg = train_message(spec(placement="distributed", m=3))
     msg.content[RECORD_KEY_CONFIGS] = ConfigRecord(
         {Key.STAGE: Stage.COLLECT_MASKED_VECTORS, Key.CIPHERTEXT_LIST: [b"x", b"y"], Key.SOURCE_LIST: [1, 2]}
     )
-    from fedfilter.client.secagg_consistency import new_signing_key
-    from fedfilter.client.secagg_device import CONSISTENCY_STATE_RECORD
+    from fedfilter.client.secagg.consistency import new_signing_key
+    from fedfilter.client.secagg.mod import CONSISTENCY_STATE_RECORD
 
     flower = ConfigRecord({"current_stage": Stage.SHARE_KEYS, "threshold": 5, "nid": 42})
     own = ConfigRecord({"phase": "shared", "sign_sk": new_signing_key()})
@@ -150,7 +129,7 @@ def test_too_few_neighbours_are_refused_before_training_not_after(tmp_path):
 
 
 def test_messages_without_secagg_configs_pass_through_unmarked(tmp_path):
-    from fedfilter.client.secagg_device import reply_masked, secure_aggregation_mod
+    from fedfilter.client.secagg.mod import reply_masked, secure_aggregation_mod
 
     seen = []
 

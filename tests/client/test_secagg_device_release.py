@@ -1,4 +1,4 @@
-"""The Skellam release itself (``client/release_distributed.py``): what it charges, that a device stays
+"""The Skellam release itself (``client/mechanisms/skellam.py``): what it charges, that a device stays
 within its budget over many rounds, the ledger's discipline (replays, quotas, commit before noise), and
 the filter it needs."""
 
@@ -12,18 +12,37 @@ import textwrap
 import numpy as np
 import pytest
 
-from fedfilter.client.ledger import BudgetLedger
-from fedfilter.client.ledger_storage import ReplayError
-from fedfilter.client.privacy.filters import rdp_order
-from fedfilter.client.privacy.rounding import down
-from fedfilter.client.privacy.skellam import integer_norms, l2_up, skellam_charge
-from fedfilter.client.release import ClientPolicy, RoundSpec, RoundSpecError
-from fedfilter.client.release_distributed import MAX_MU_SHARE, release_skellam, skellam_grid
-from fedfilter.client.secagg_grid import grid_step, secaggplus_settings
+from fedfilter.client.ledger.budget import BudgetLedger
+from fedfilter.client.ledger.storage import ReplayError
+from fedfilter.client.mechanisms.gaussian_noise import NoiseStream, round_noise_stream
+from fedfilter.client.mechanisms.skellam import SkellamMechanism, skellam_grid
+from fedfilter.client.release import release
+from fedfilter.client.settings.policy import ClientPolicy, check_request
+from fedfilter.privacy.filters import rdp_order
+from fedfilter.privacy.rounding import down
+from fedfilter.privacy.skellam import integer_norms, l2_up, skellam_charge
+from fedfilter.protocol.request import RoundSpec, RoundSpecError
+from fedfilter.protocol.secagg_grid import grid_step, secaggplus_settings
 
 POLICY = ClientPolicy(allow_distributed=True)
 N_SAMPLED = 10
 Q = secaggplus_settings(N_SAMPLED)["quantization_range"]
+
+
+def release_skellam(ledger, policy, spec, update, grid, *, noise_seed=None):
+    """What the mod does for a masked round: validate the request, then release it with Skellam noise."""
+    check_request(spec, policy)
+    stream = NoiseStream() if noise_seed is None else round_noise_stream(noise_seed, spec.run_id, spec.round_id)
+    return release(
+        ledger,
+        SkellamMechanism.for_update(spec, grid, update),
+        update,
+        run_id=spec.run_id,
+        round_id=spec.round_id,
+        exhausted_below=policy.exhausted_below,
+        after_exhaustion=policy.after_exhaustion,
+        stream=stream,
+    )
 
 
 def request(round_id: int, *, z=1.0, clip=1.0, m=5, run="run-r") -> RoundSpec:
@@ -61,12 +80,6 @@ def test_the_grid_is_public_arithmetic_of_the_request():
     assert g.noise_std == math.sqrt(g.mu_share) * g.gamma
 
 
-def test_the_share_cap_is_the_samplers():
-    from fedfilter.client import skellam_noise
-
-    assert MAX_MU_SHARE == skellam_noise._MU_MAX
-
-
 def test_the_charge_is_the_skellam_charge_at_the_snapped_updates_norms(tmp_path):
     ledger = enrol(tmp_path)
     rng = np.random.default_rng(1)
@@ -76,12 +89,12 @@ def test_the_charge_is_the_skellam_charge_at_the_snapped_updates_norms(tmp_path)
     assert rel.status == "contributed"
     (rec,) = ledger.records()
     # Recover k from the public report only for this check: y - noise, with the seed's noise.
-    from fedfilter.client.noise import round_noise_stream
-    from fedfilter.client.skellam_noise import add_skellam_noise
+    from fedfilter.client.mechanisms.gaussian_noise import round_noise_stream
+    from fedfilter.client.mechanisms.skellam_noise import add_skellam_noise
 
     sizes = [(12,), (5,)]
     noise = add_skellam_noise([np.zeros(s, np.int64) for s in sizes], g.mu_share, round_noise_stream(5, "run-r", 0))
-    y = [np.mod(np.asarray(r, dtype=np.int64) + Q // 2, Q) for r in rel.report]
+    y = [np.mod(np.asarray(r, dtype=np.int64) + Q // 2, Q) for r in rel.arrays]
     k = [np.mod(a - e + Q // 2, Q) - Q // 2 for a, e in zip(y, noise)]
     l1, l2sq = integer_norms(k)
     assert l2sq > 0 and rec.sensitivity == l2_up(l2sq) * g.gamma
@@ -108,8 +121,8 @@ def test_a_device_spends_within_its_budget_over_many_rounds_then_sends_noise_onl
         rel = release_skellam(ledger, POLICY, spec, update(rng, 2.0), grid_for(spec))
         statuses.append(rel.status)
         assert bool(ledger.filter.within_budget(ledger.state()))
-        assert rel.report is not None and [a.shape for a in rel.report] == [(12,), (5,)]
-        assert all(np.all((a >= -Q // 2) & (a < Q // 2)) for a in rel.report)
+        assert rel.arrays is not None and [a.shape for a in rel.arrays] == [(12,), (5,)]
+        assert all(np.all((a >= -Q // 2) & (a < Q // 2)) for a in rel.arrays)
         if rel.status == "noise-only":
             assert np.all(rel.charge == 0) and rel.sensitivity == 0.0
     assert statuses[0] == "contributed" and statuses[-1] == "noise-only"
@@ -146,7 +159,7 @@ def test_the_run_quota_caps_a_run_and_leave_mode_sends_nothing(tmp_path):
     for r in range(20):
         spec = request(r)
         out.append(release_skellam(ledger, leave, spec, update(rng, 2.0), grid_for(spec)))
-    assert out[-1].status == "left" and out[-1].report is None
+    assert out[-1].status == "left" and out[-1].arrays is None
     assert bool(ledger.run_filter.within_budget(ledger.run_state("run-r")))
     assert ledger.spent_epsilon() < 2.0  # the rest of the lifetime budget is left for other runs
     spec = request(0, run="run-other")
@@ -159,17 +172,21 @@ def test_a_crash_between_the_commit_and_the_reply_leaves_the_spend(tmp_path):
         f"""
         import os
         import numpy as np
-        import fedfilter.client.release_distributed as rd
-        from fedfilter.client.ledger import BudgetLedger
-        from fedfilter.client.release import ClientPolicy, RoundSpec
-        from fedfilter.client.secagg_grid import secaggplus_settings
+        import fedfilter.client.mechanisms.skellam as rd
+        from fedfilter.client.ledger.budget import BudgetLedger
+        from fedfilter.client.mechanisms.gaussian_noise import NoiseStream
+        from fedfilter.client.release import release
+        from fedfilter.protocol.request import RoundSpec
+        from fedfilter.protocol.secagg_grid import secaggplus_settings
 
         ledger = BudgetLedger.enrol({str(tmp_path / "dev")!r}, client_id="dev", epsilon=4.0, delta=1e-5,
                                     filter_kind="rdp", worst_case_epsilon=1000.0)
         rd.add_skellam_noise = lambda *a, **k: os._exit(9)
         spec = RoundSpec("run-c", 0, 1.0, 1.0, placement="distributed", min_reports=5)
         grid = rd.skellam_grid(spec, target_range=secaggplus_settings(10)["quantization_range"], sample_num=10)
-        rd.release_skellam(ledger, ClientPolicy(allow_distributed=True), spec, [np.full(8, 0.1, np.float32)], grid)
+        update = [np.full(8, 0.1, np.float32)]
+        release(ledger, rd.SkellamMechanism.for_update(spec, grid, update), update, run_id="run-c", round_id=0,
+                exhausted_below=1e-3, after_exhaustion="noise-only", stream=NoiseStream())
         """
     )
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)

@@ -6,15 +6,17 @@ from __future__ import annotations
 import numpy as np
 from flwr.common import bytes_to_ndarray
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key, Stage
-from secagg_loopback import stage_of
-from test_secagg_device import DTYPES, KEYS, RUN, ledger_records, node_config, node_id, run_round
+from helpers.secagg import DTYPES, KEYS, RUN, ledger_records, node_config, node_id, run_round
 
-from fedfilter.client.flower_mod import enrol_device
-from fedfilter.client.ledger import BudgetLedger
-from fedfilter.client.release import ClientPolicy, FilteredClient, RoundSpec
-from fedfilter.client.secagg_consistency import CONSISTENCY_STAGE
-from fedfilter.client.secagg_device import reply_masked
-from fedfilter.client.secagg_grid import encode_report
+from fedfilter.client.ledger.budget import BudgetLedger
+from fedfilter.client.release import FilteredClient
+from fedfilter.client.secagg.mod import reply_masked
+from fedfilter.client.settings.node_config import enrol_device
+from fedfilter.client.settings.policy import ClientPolicy
+from fedfilter.protocol.request import RoundSpec
+from fedfilter.protocol.secagg_grid import encode_report
+from fedfilter.protocol.wire import CONSISTENCY_STAGE
+from fedfilter.simulations.harness.secagg_loopback import stage_of
 
 EXHAUSTED = 2
 FLOATING = [j for j, d in enumerate(DTYPES) if np.dtype(d).kind == "f"]
@@ -133,7 +135,7 @@ def test_the_reply_hold_applies_under_secure_aggregation(tmp_path, monkeypatch):
             timings.append(time.monotonic() - start)
         return out
 
-    from fedfilter.client.flower_mod import individual_filter_mod
+    from fedfilter.client.filter_mod import individual_filter_mod
 
     result = run_round(tmp_path, monkeypatch, n, threshold=2, node_over=over, mods=[timed, individual_filter_mod])
     assert result.strategy.aggregated and len(result.collect_replies()) == n

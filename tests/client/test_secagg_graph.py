@@ -15,7 +15,7 @@ from fractions import Fraction
 import pytest
 from scipy.stats import hypergeom
 
-from client.privacy.secagg_graph import (
+from fedfilter.privacy.secagg_graph import (
     ABORT_TARGET,
     PRIVACY_FAILURE_TARGET,
     SecAggGraph,

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from flwr.common.secure_aggregation.quantization import quantize
 
-from fedfilter.client.secagg_grid import (
+from fedfilter.client.secagg.neighbourhood import check_secagg_state
+from fedfilter.protocol.secagg_grid import (
     MODULUS_RANGE,
-    check_secagg_state,
     decode_sum,
     encode_report,
     grid_step,

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from fedfilter.client import secagg_shamir
-from fedfilter.client.secagg_masks import (
+from fedfilter.protocol import secagg_shamir
+from fedfilter.protocol.secagg_masks import (
     aes_mask_gen,
     cryptographic_masks,
     cryptographic_masks_installed,

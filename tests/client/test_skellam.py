@@ -1,4 +1,4 @@
-"""Skellam accounting (client/privacy/skellam.py) against independent references.
+"""Skellam accounting (privacy/skellam.py) against independent references.
 
 The exact divergence is checked against a brute-force sum of Bessel pmfs at 50 digits (mpmath),
 the closed-form bound against the exact divergence (never below it), and the distributional facts
@@ -16,8 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.stats import skellam
 
-from fedfilter.client.privacy.renyi import DEFAULT_ORDERS, epsilon_from_rdp
-from fedfilter.client.privacy.skellam import (
+from fedfilter.privacy.renyi import DEFAULT_ORDERS, epsilon_from_rdp
+from fedfilter.privacy.skellam import (
     device_epsilon,
     device_rdp_curve,
     released_variance,
@@ -59,7 +59,7 @@ def test_log_pmf_table_matches_scipy(mu):
 @pytest.mark.parametrize(("k", "mu", "alpha", "width"), [(3, 2.0, 4.0, 8), (1, 0.5, 1.5, 3), (5, 3.0, 12.0, 60)])
 def test_tail_bound_covers_the_left_out_terms(k, mu, alpha, width):
     # The proof in _tail_bounds, checked against the actual tail at 50 digits.
-    from fedfilter.client.privacy.skellam import _tail_bounds
+    from fedfilter.privacy.skellam import _tail_bounds
 
     log_bound = _tail_bounds(k, mu, alpha, right=width, left=width)
     assert math.isfinite(log_bound)
@@ -211,7 +211,7 @@ def test_bad_input_names_the_field(call, field):
 
 
 def test_tail_bound_refuses_a_window_it_cannot_prove():
-    from fedfilter.client.privacy.skellam import _tail_bounds
+    from fedfilter.privacy.skellam import _tail_bounds
 
     # Here the terms past x = 14 still grow (ratio > 1): no geometric bound, so no claim.
     assert _tail_bounds(5, 3.0, 12.0, right=14, left=14) == math.inf

@@ -16,9 +16,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedfilter.client.privacy import renyi
-from fedfilter.client.privacy.filters import make_filter, rdp_filter, rdp_order
-from fedfilter.client.privacy.skellam import (
+from fedfilter.privacy import renyi
+from fedfilter.privacy.filters import make_filter, rdp_filter, rdp_order
+from fedfilter.privacy.skellam import (
     integer_norms,
     l1_cap,
     l2_up,

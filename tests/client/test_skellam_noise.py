@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from scipy.stats import chi2, skellam
 
-from fedfilter.client import skellam_noise as sn
-from fedfilter.client.noise import NoiseStream, rounded_gaussian
+from fedfilter.client.mechanisms import skellam_noise as sn
+from fedfilter.client.mechanisms.gaussian_noise import NoiseStream, rounded_gaussian
 
 MUS = [0.5, 3.0, 50.0, 1e4, 1e7]
 

@@ -6,16 +6,16 @@ from fractions import Fraction
 
 import pytest
 
-from fedfilter.client.privacy.filters import rdp_filter
-from fedfilter.client.privacy.planner import (
+from fedfilter.privacy.filters import rdp_filter
+from fedfilter.privacy.planner import (
     distributed_mu,
     plan_distributed_epsilon,
     plan_distributed_rounds,
     plan_rounds,
 )
-from fedfilter.client.privacy.rounding import up
-from fedfilter.client.privacy.skellam import l1_cap, released_variance, skellam_charge
-from fedfilter.client.secagg_grid import grid_step
+from fedfilter.privacy.rounding import up
+from fedfilter.privacy.skellam import l1_cap, released_variance, skellam_charge
+from fedfilter.protocol.secagg_grid import grid_step
 
 SETTINGS = [
     (1.0, 1e-5, 20.0, 1.0, 10, 1000),

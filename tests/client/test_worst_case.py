@@ -1,4 +1,4 @@
-"""The worst-case account (``client/worst_case.py``, issue 22): what each report costs alone.
+"""The worst-case account (``client/ledger/worst_case.py``, issue 22): what each report costs alone.
 
 Device-level checks of the Skellam charges against independent references (mpmath at 50 digits,
 and the rounding contract written out in plain floats), the two-account allowance (a hypothesis
@@ -15,15 +15,18 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_secagg_device_release import release_skellam
 
-from fedfilter.client.ledger import BudgetLedger
-from fedfilter.client.privacy.filters import make_filter, rdp_order
-from fedfilter.client.privacy.renyi import epsilon_from_rdp
-from fedfilter.client.privacy.skellam import l1_cap, skellam_charge, skellam_rdp_exact
-from fedfilter.client.release import ClientPolicy, FilteredClient, RoundSpec, RoundSpecError
-from fedfilter.client.release_distributed import l2_allowance, release_skellam, skellam_grid
-from fedfilter.client.secagg_grid import grid_step, secaggplus_settings
-from fedfilter.client.worst_case import SETTING, past_worst_charge
+from fedfilter.client.ledger.budget import BudgetLedger
+from fedfilter.client.ledger.worst_case import SETTING, past_worst_charge
+from fedfilter.client.mechanisms.skellam import l2_allowance, skellam_grid
+from fedfilter.client.release import FilteredClient
+from fedfilter.client.settings.policy import ClientPolicy
+from fedfilter.privacy.filters import make_filter, rdp_order
+from fedfilter.privacy.renyi import epsilon_from_rdp
+from fedfilter.privacy.skellam import l1_cap, skellam_charge, skellam_rdp_exact
+from fedfilter.protocol.request import RoundSpec, RoundSpecError
+from fedfilter.protocol.secagg_grid import grid_step, secaggplus_settings
 
 DELTA = 1e-5
 N_SAMPLED = 10
@@ -194,7 +197,7 @@ def test_a_spent_worst_case_account_stops_contribution_while_the_main_one_has_bu
         update = [(rng.normal(size=s) * 0.5).astype(np.float32) for s in shapes]
         rel = release_skellam(ledger, TINY_Z, spec, update, grid)
         statuses.append(rel.status)
-        reports.append(rel.report)
+        reports.append(rel.arrays)
         worst_state = ledger.worst_state()
         assert worst_state is not None and ledger.worst_filter is not None
         assert bool(ledger.worst_filter.within_budget(worst_state)) and bool(
@@ -328,7 +331,7 @@ def test_the_two_account_allowance_does_the_same_work_whichever_account_binds():
 
 
 def test_node_config_worst_case_epsilon_enrols_and_must_match(tmp_path):
-    from fedfilter.client.device_config import device_config, enrol_device
+    from fedfilter.client.settings.node_config import device_config, enrol_device
 
     config = {"ledger-dir": str(tmp_path / "d"), "budget-epsilon": 8.0, "filter": "rdp", "worst-case-epsilon": 40.0}
     enrol_device(config)

@@ -1,7 +1,7 @@
 """A Sybil coordinator (issue 22, item 4): it plays the other t SecAgg+ nodes itself and reads one
 device's report exactly. The device's worst-case account covers exactly what it could read.
 
-Flower's SecAgg+ workflow and client mod run over the loopback grid (``tests/secagg_loopback.py``,
+Flower's SecAgg+ workflow and client mod run over the loopback grid (``simulations/harness/secagg_loopback.py``,
 ``test_secagg_device.run_round``). Node 0 is the victim, a real device. The other t nodes are the
 coordinator's own: it generated their keys and knows every value they send (here: they run the same
 app, and the coordinator reads their reports through the test hook, as it would from its own
@@ -16,16 +16,16 @@ import math
 import mpmath
 import numpy as np
 from flwr.common import parameters_to_ndarrays
-from test_secagg_device import DTYPES, RUN, node_id, run_round
+from helpers.secagg import DTYPES, RUN, node_id, run_round
 
-from fedfilter.client.ledger import BudgetLedger
-from fedfilter.client.noise import round_noise_stream
-from fedfilter.client.privacy.filters import rdp_order
-from fedfilter.client.privacy.renyi import epsilon_from_rdp
-from fedfilter.client.privacy.skellam import skellam_rdp_exact
-from fedfilter.client.release import RoundSpec
-from fedfilter.client.secagg_grid import decode_sum, grid_step
-from fedfilter.client.skellam_noise import add_skellam_noise
+from fedfilter.client.ledger.budget import BudgetLedger
+from fedfilter.client.mechanisms.gaussian_noise import round_noise_stream
+from fedfilter.client.mechanisms.skellam_noise import add_skellam_noise
+from fedfilter.privacy.filters import rdp_order
+from fedfilter.privacy.renyi import epsilon_from_rdp
+from fedfilter.privacy.skellam import skellam_rdp_exact
+from fedfilter.protocol.request import RoundSpec
+from fedfilter.protocol.secagg_grid import decode_sum, grid_step
 
 DELTA = 1e-5
 T = 4  # the reconstruction threshold, = min_reports; the coordinator forges all T other nodes
@@ -101,8 +101,8 @@ def test_a_sybil_coordinator_reads_one_report_and_the_worst_case_account_covers_
 
 
 def test_a_device_without_a_worst_case_budget_refuses_the_secagg_round_before_training(tmp_path, monkeypatch):
-    import test_secagg_device
-    from test_secagg_device_refusals import assert_refused_before_training
+    from helpers import secagg as test_secagg_device
+    from helpers.secagg import assert_refused_before_training
 
     plain = test_secagg_device.node_config
 

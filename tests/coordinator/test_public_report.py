@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from test_public_ledger import make_record  # the same record the ledger tests write
+from helpers.reports import make_record  # the same record the ledger tests write
 
 from fedfilter.coordinator.public_ledger import PublicLedger
 from fedfilter.coordinator.public_report import format_record, public_run_ids, public_summary

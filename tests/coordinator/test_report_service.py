@@ -163,7 +163,7 @@ CLI = [sys.executable, "-m", "fedfilter"]
 def test_reports_command_is_registered() -> None:
     from fedfilter import cli
 
-    assert "fedfilter.cmd_reports" in cli.COMMAND_MODULES
+    assert "fedfilter.cli.reports" in cli.COMMAND_MODULES
 
 
 def _lines(stream) -> queue.Queue:

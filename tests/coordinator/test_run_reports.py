@@ -13,12 +13,13 @@ import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.serverapp.strategy import FedAvg
 from flwr.supercore.task_identity import TaskIdentity
-from test_strategy_wrapper import FakeGrid
+from helpers.strategy import FakeGrid
 
-from fedfilter.client.flower_mod import enrol_device, individual_filter_mod
-from fedfilter.client.privacy.federation_plan import plan_federation
+from fedfilter.client.filter_mod import individual_filter_mod
+from fedfilter.client.settings.node_config import enrol_device
 from fedfilter.coordinator.public_ledger import PublicLedger
 from fedfilter.coordinator.strategy import IndividualFilterStrategy, NothingReleasedError
+from fedfilter.privacy.federation_plan import plan_federation
 
 NODES = [11, 12, 13, 14]
 DIM = 4000  # coordinates: the norm of the mean's noise then varies by about 1% around its mean
@@ -162,8 +163,23 @@ def test_an_older_public_ledger_gains_the_column_and_keeps_its_records(tmp_path)
     from fedfilter.protos import fedfilter_pb2
 
     path = tmp_path / "old.sqlite"
-    conn = sqlite3.connect(path)  # the schema as released before expected_noise_norm existed
-    conn.executescript(public_ledger._SCHEMA + f"PRAGMA user_version={public_ledger.SCHEMA_VERSION};")
+    conn = sqlite3.connect(path)  # the schema as released before expected_noise_norm existed (frozen here)
+    conn.executescript(
+        """
+        CREATE TABLE runs (
+            seq INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT NOT NULL UNIQUE, created_at_unix REAL NOT NULL,
+            config_json TEXT NOT NULL, finished_at_unix REAL
+        );
+        CREATE TABLE records (
+            run_id TEXT NOT NULL REFERENCES runs(run_id), round_id INTEGER NOT NULL,
+            clients_sampled INTEGER NOT NULL, reports_received INTEGER NOT NULL,
+            markers_received INTEGER NOT NULL, replies_dropped INTEGER NOT NULL, released INTEGER NOT NULL,
+            aggregate_norm REAL NOT NULL, finished_at_unix REAL NOT NULL, record BLOB NOT NULL,
+            PRIMARY KEY (run_id, round_id)
+        ) WITHOUT ROWID;
+        """
+        + f"PRAGMA user_version={public_ledger.SCHEMA_VERSION};"
+    )
     conn.execute("INSERT INTO runs (run_id, created_at_unix, config_json) VALUES ('old', 1.0, '{}')")
     conn.commit()
     conn.close()

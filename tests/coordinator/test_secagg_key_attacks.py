@@ -1,4 +1,4 @@
-"""A coordinator that forwards bad X25519 keys (client/secagg_keys.py), and a device still on Flower's
+"""A coordinator that forwards bad X25519 keys (protocol/secagg_keys.py), and a device still on Flower's
 P-384 keys: refused at the share-keys stage, before anything is trained, spent or revealed."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import importlib
 
 import pytest
 from flwr.common.secure_aggregation.secaggplus_constants import Key, Stage
-from test_secagg_attacks import answered, attacker, charges, configs_of, nid_of, refused, run_attack
+from helpers.secagg_attacks import answered, attacker, charges, configs_of, nid_of, refused, run_attack
 
-from fedfilter.client import secagg_device, secagg_masks
+from fedfilter.client.secagg import mod as secagg_device
 
 # An order-8 point of Curve25519 (libsodium's blocklist): its X25519 output is all zeros.
 LOW_ORDER = bytes.fromhex("e0eb7a7c3b41b8ae1656e3faf19fc46ada098deb9c32b1fd866205165f49b800")
@@ -42,7 +42,7 @@ def test_a_device_on_flowers_p384_keys_fails_the_round_loudly(tmp_path, monkeypa
     fedfilter's at every message): every other device refuses them at the share-keys stage, so the round
     releases nothing and nobody pays."""
     n, odd = 3, nid_of(1)
-    client = importlib.import_module(secagg_masks._CLIENT_MOD)
+    client = importlib.import_module("flwr.client.mod.secure_aggregation.secaggplus_mod")
     asymmetric = importlib.import_module("flwr.supercore.primitives.asymmetric")
     names = ("generate_key_pairs", "private_key_to_bytes", "public_key_to_bytes")
     flowers_mod = secagg_device.secaggplus_mod

@@ -12,9 +12,9 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ec import SECP256R1, generate_private_key
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from flwr.common.secure_aggregation.secaggplus_constants import Stage
-from test_secagg_attacks import answered, attacker, charges, nid_of, refused, run_attack
+from helpers.secagg_attacks import answered, attacker, charges, nid_of, refused, run_attack
 
-from fedfilter.client.secagg_pinning import IDENTITY_KEY, PINNED_PEERS, PinningError, pinning
+from fedfilter.client.secagg.pinning import IDENTITY_KEY, PINNED_PEERS, PinningError, pinning
 
 
 def identity_files(tmp_path, n):

@@ -19,17 +19,22 @@ from flwr.common import Code, FitRes, Status, bytes_to_ndarray, ndarrays_to_para
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, RECORD_KEY_STATE, Key
 from flwr.compat.common import recorddict_compat as compat
 from flwr.serverapp.strategy import FedAdam, FedAvg, Result
-from secagg_loopback import LoopbackGrid, stage_of
 
-from fedfilter.client import secagg_masks
-from fedfilter.client.secagg_consistency import CONSISTENCY_RECORD, CONSISTENCY_STAGE
-from fedfilter.client.secagg_device import secure_aggregation_mod
-from fedfilter.client.secagg_grid import encode_report, grid_step
-from fedfilter.client.wire import ARRAYS_RECORD, REQUEST_RECORD, round_spec_from_record
+from fedfilter.client.secagg.mod import secure_aggregation_mod
 from fedfilter.coordinator import secure_round
 from fedfilter.coordinator.public_ledger import PublicLedger
 from fedfilter.coordinator.strategy import IndividualFilterStrategy, NothingReleasedError
+from fedfilter.protocol import secagg_masks
+from fedfilter.protocol.secagg_grid import encode_report, grid_step
+from fedfilter.protocol.wire import (
+    ARRAYS_RECORD,
+    CONSISTENCY_RECORD,
+    CONSISTENCY_STAGE,
+    REQUEST_RECORD,
+    round_spec_from_record,
+)
 from fedfilter.protos import fedfilter_pb2
+from fedfilter.simulations.harness.secagg_loopback import LoopbackGrid, stage_of
 
 KEYS = ["w", "b"]
 SHAPES = [(3, 4), (4,)]

@@ -16,10 +16,10 @@ N, ROUNDS, RUN, MIN_REPORTS = 10, 2, "secagg-simulation", 6
 
 @pytest.fixture(scope="module")
 def simulated(tmp_path_factory):
-    from fedfilter.client.device_settings import write_device_settings
-    from fedfilter.client.flower_mod import enrol_device
+    from fedfilter.client.settings.node_config import enrol_device
+    from fedfilter.client.settings.simulated import write_device_settings
     from fedfilter.deploy.command import BUILTIN_APP_DIR
-    from fedfilter.simulation_link import SimulationLink
+    from fedfilter.deploy.simulation_link import SimulationLink
 
     root = tmp_path_factory.mktemp("secagg-sim")
     devices = {}
@@ -75,7 +75,7 @@ def test_every_round_is_released_from_a_secure_sum_of_all_sampled_devices(simula
 
 
 def test_every_device_paid_a_distributed_release_within_its_budget(simulated):
-    from fedfilter.client.ledger import BudgetLedger
+    from fedfilter.client.ledger.budget import BudgetLedger
 
     devices, _ = simulated
     for cfg in devices.values():

@@ -22,15 +22,15 @@ import pytest
 APP_DIR = Path(__file__).resolve().parents[1] / "apps" / "secagg_sum"
 PROBE_DIR_ENV = "FEDFILTER_TEST_SECAGG_PROBE_DIR"  # tests/apps/secagg_sum/secagg_sum_app/__init__.py
 N, ROUNDS, RUN, MIN_REPORTS = 10, 2, "secagg-sum", 6
-# Flower's four SecAgg+ stages and fedfilter's consistency round (client/secagg_consistency.py).
+# Flower's four SecAgg+ stages and fedfilter's consistency round (client/secagg/consistency.py).
 SECAGG_STAGES = {"setup", "share_keys", "collect_masked_vectors", "fedfilter_consistency_check", "unmask"}
 
 
 @pytest.fixture(scope="module")
 def simulated(tmp_path_factory):
-    from fedfilter.client.device_settings import write_device_settings
-    from fedfilter.client.flower_mod import enrol_device
-    from fedfilter.simulation_link import SimulationLink
+    from fedfilter.client.settings.node_config import enrol_device
+    from fedfilter.client.settings.simulated import write_device_settings
+    from fedfilter.deploy.simulation_link import SimulationLink
 
     root = tmp_path_factory.mktemp("secagg-sum")
     probes = root / "probes"
@@ -79,7 +79,7 @@ def _reports(probes: Path, round_id: int) -> dict[int, list[np.ndarray]]:
 
 
 def _quantization_range() -> int:
-    from fedfilter.client.secagg_grid import secaggplus_settings
+    from fedfilter.protocol.secagg_grid import secaggplus_settings
 
     return int(secaggplus_settings(N)["quantization_range"])
 
@@ -155,7 +155,7 @@ def test_the_coordinator_received_masked_vectors_and_protocol_messages_only(simu
 
 
 def test_every_round_is_released_and_every_device_stays_within_its_budget(simulated):
-    from fedfilter.client.ledger import BudgetLedger
+    from fedfilter.client.ledger.budget import BudgetLedger
     from fedfilter.coordinator.public_ledger import PublicLedger
 
     devices, ledger_path, _ = simulated

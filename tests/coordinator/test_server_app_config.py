@@ -38,6 +38,14 @@ def test_bad_run_config_is_refused_by_name_before_any_round(run_config, field):
         run(grid=None, context=_context(**run_config))
 
 
+@pytest.mark.parametrize("value", ["3", 1.5, True])
+def test_the_server_types_the_run_config_as_the_client_app_does(value):
+    # One coercion (fedfilter.app.config.resolve_config): "3" or 1.5 for an int is refused, not converted.
+    with pytest.raises(ValueError, match=r"'num-rounds' must be a int\. Found"):
+        server_config({"num-rounds": value})
+    assert server_config({"num-rounds": 3, "clip": 1})["clip"] == 1.0  # an int where a float is expected
+
+
 def test_unknown_override_keys_are_refused():
     with pytest.raises(ValueError, match="server-learning-rate"):
         server_config({}, {"server-learning-rate": 0.5})

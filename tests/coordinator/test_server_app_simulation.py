@@ -17,10 +17,10 @@ N, ROUNDS, RUN = 5, 3, "server-app-e2e"
 
 @pytest.fixture(scope="module")
 def simulated(tmp_path_factory):
-    from fedfilter.client.device_settings import write_device_settings
-    from fedfilter.client.flower_mod import enrol_device
+    from fedfilter.client.settings.node_config import enrol_device
+    from fedfilter.client.settings.simulated import write_device_settings
     from fedfilter.deploy.command import BUILTIN_APP_DIR
-    from fedfilter.simulation_link import SimulationLink
+    from fedfilter.deploy.simulation_link import SimulationLink
 
     root = tmp_path_factory.mktemp("e2e")
     devices = {}
@@ -75,7 +75,7 @@ def test_every_round_is_recorded_with_public_counts_and_server_side_metrics(simu
 
 
 def test_devices_spent_within_their_budgets(simulated):
-    from fedfilter.client.ledger import BudgetLedger
+    from fedfilter.client.ledger.budget import BudgetLedger
 
     devices, _ = simulated
     for i, cfg in devices.items():

@@ -10,82 +10,28 @@ import math
 
 import numpy as np
 import pytest
-from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp.strategy import FedAdam, FedAvg, FedAvgM
-from flwr.supercore.task_identity import TaskIdentity
+from helpers.strategy import (
+    CLIP,
+    KEYS,
+    SHAPES,
+    FakeGrid,
+    Z,
+    _client,
+    as_record,
+    error_reply,
+    global_arrays,
+    marker,
+    noisy_update,
+    report,
+    wrap,
+)
 
-from fedfilter.client.wire import ARRAYS_RECORD, REQUEST_RECORD, STATUS_RECORD, round_spec_from_record
 from fedfilter.coordinator.public_ledger import PublicLedger
 from fedfilter.coordinator.strategy import IndividualFilterStrategy
+from fedfilter.protocol.wire import ARRAYS_RECORD, REQUEST_RECORD, STATUS_RECORD, round_spec_from_record
 from fedfilter.protos import fedfilter_pb2
-
-KEYS = ["w", "b", "steps"]
-SHAPES = [(3, 4), (4,), ()]
-NODES = [11, 12, 13, 14, 15, 16, 17, 18, 19, 20]
-Z, CLIP = 1.0, 0.5  # noise std 0.5 per coordinate; a genuine report's norm stays below 0.5 + 0.5 * (4 + 10)
-
-
-@pytest.fixture(autouse=True)
-def _task_identity(monkeypatch):
-    # Messages are built outside a ServerApp process here, which would have its Flower ids set.
-    monkeypatch.setattr(TaskIdentity, "_run_id", 7)
-    monkeypatch.setattr(TaskIdentity, "_node_id", 1)
-    monkeypatch.setattr(TaskIdentity, "_task_id", 1)
-
-
-class FakeGrid:
-    """Nodes, a run id, and replies from ``client(message) -> reply or None`` for each message sent."""
-
-    def __init__(self, nodes=NODES, client=None, run_id=7):
-        self.nodes, self.client, self.sent = list(nodes), client, []
-
-        class _Run:
-            pass
-
-        self.run = _Run()
-        self.run.run_id = run_id
-
-    def get_node_ids(self):
-        return list(self.nodes)
-
-    def send_and_receive(self, messages, *, timeout=None):
-        messages = list(messages)
-        self.sent.append(messages)
-        replies = [self.client(m) for m in messages]
-        return [r for r in replies if r is not None]
-
-
-def global_arrays():
-    rng = np.random.default_rng(1)
-    return [rng.normal(0, 1, SHAPES[0]).astype(np.float32), rng.normal(0, 1, SHAPES[1]).astype(np.float32), np.int64(5)]
-
-
-def as_record(arrays, keys=KEYS):
-    return ArrayRecord({k: Array(np.array(a, order="C")) for k, a in zip(keys, arrays)})  # keeps 0-d arrays 0-d
-
-
-def noisy_update(seed, scale=0.5):
-    rng = np.random.default_rng(seed)
-    w = rng.normal(0, scale, SHAPES[0]).astype(np.float32)
-    b = rng.normal(0, scale, SHAPES[1]).astype(np.float32)
-    return [w, b, np.zeros((), np.int64)]  # integer arrays travel as zeros in the model's dtype
-
-
-def report(msg, update, keys=KEYS, status="report", metrics=None):
-    content = RecordDict({STATUS_RECORD: ConfigRecord({"status": status})})
-    if update is not None:
-        content[ARRAYS_RECORD] = as_record(update, keys)
-    if metrics is not None:
-        content["metrics"] = MetricRecord(metrics)
-    return Message(content, reply_to=msg)
-
-
-def marker(msg):
-    return report(msg, None, status="left")
-
-
-def error_reply(msg):
-    return Message(Error(code=6, reason="client failed"), reply_to=msg)
 
 
 class SpyFedAvg(FedAvg):
@@ -99,13 +45,6 @@ class SpyFedAvg(FedAvg):
         replies = list(replies)
         self.handed.append(replies)
         return super().aggregate_train(server_round, replies)
-
-
-def wrap(inner=None, **kwargs):
-    inner = inner if inner is not None else FedAvg(min_available_nodes=1, min_train_nodes=1)
-    settings = dict(noise_multiplier=Z, clip=CLIP, run_name="run-w")
-    settings.update(kwargs)
-    return IndividualFilterStrategy(inner, **settings)
 
 
 def configure(strategy, round_id=1, grid=None, arrays=None):
@@ -302,20 +241,6 @@ def test_aggregate_without_configure_for_that_round_is_an_error():
     configure(strategy, round_id=1)
     with pytest.raises(RuntimeError, match="configure_train"):
         strategy.aggregate_train(2, [])
-
-
-def _client(fail_nodes=(), leave_nodes=()):
-    """Replies as devices would: a noisy update, a marker or an error."""
-
-    def reply(msg):
-        node = msg.metadata.dst_node_id
-        if node in fail_nodes:
-            return error_reply(msg)
-        if node in leave_nodes:
-            return marker(msg)
-        return report(msg, noisy_update(node * 100 + msg.content["config"]["server-round"]))
-
-    return reply
 
 
 def test_start_writes_one_public_record_per_round_like_the_server_app(tmp_path):

@@ -1,10 +1,11 @@
 """The vectorised engine against independent references: raw per-client states and sensitivities.
 
-The engine keeps no spend rows, so a thin subclass records what ``Engine._spend`` (its single
-spend step, the vectorised ``FilteredClient.release``) is handed each round (clients and
-certified norms) and then calls it unchanged. Every client's sensitivities are converted with
-``tests/budget_reference.py`` (mpmath's exact Gaussian-DP curve, dp_accounting), never with
-``epsilon_spent`` (capped at the budget), and the states are checked against exact fractions.
+The engine keeps no spend rows, so ``record_spends`` wraps the device's spend template where the engine
+calls it (``fedfilter.client.mechanisms.spend.spend`` on its rows) and records, per client, what each
+spend was handed (certified norms, or the integer update) and the states around it. Every client's
+sensitivities are converted with ``tests/budget_reference.py`` (mpmath's exact Gaussian-DP curve,
+dp_accounting), never with ``epsilon_spent`` (capped at the budget), and the states are checked
+against exact fractions.
 """
 
 from __future__ import annotations
@@ -15,10 +16,13 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
-from budget_reference import check_spends, exact_mu2, rdp_epsilon, weights
+from helpers.budget_reference import check_spends, exact_mu2, rdp_epsilon, weights
 
-from fedfilter.client.privacy.filters import make_filter
-from fedfilter.simulations.engine import Engine, EngineConfig
+from fedfilter.client.mechanisms.skellam import SkellamPayload
+from fedfilter.client.mechanisms.spend import spend
+from fedfilter.privacy.filters import make_filter
+from fedfilter.simulations.engine import Engine, EngineConfig, core, distributed_round
+from fedfilter.simulations.engine.skellam_round import SkellamRound
 from fedfilter.simulations.tasks.registry import load_task
 
 N = 10
@@ -26,18 +30,27 @@ DELTA = 1e-5
 EPS = [0.3, 0.5, 0.8, 1.0, 2.0, 0.3, 0.5, 0.8, 1.0, 4.0]
 
 
-class RecordingEngine(Engine):
-    """Records, per client, each spend's sensitivity and the state before and after it."""
+def record_spends(monkeypatch, module, engine: Engine) -> dict[int, list[tuple]]:
+    """Per client, ``(sensitivity, state before, state after)`` of every spend ``module`` makes; in
+    distributed placement ``(l1, l2 squared, before, after)`` of the integer update, in exact integers."""
+    rows: dict[int, list[tuple]] = defaultdict(list)
+    real = spend
 
-    def __init__(self, config, task=None):
-        super().__init__(config, task=task)
-        self.rows: dict[int, list[tuple[float, np.ndarray, np.ndarray]]] = defaultdict(list)
+    def recording(account, mechanism, arrays, **kwargs):
+        clients = np.asarray(account.rows)
+        before = engine.state[clients].copy()
+        record, payload = real(account, mechanism, arrays, **kwargs)
+        for i, c in enumerate(clients):
+            if isinstance(payload, SkellamPayload):
+                ints = [int(v) for a in payload.k for v in np.asarray(a).ravel()]  # Python integers: exact
+                head = (sum(abs(v) for v in ints), sum(v * v for v in ints))
+            else:
+                head = (float(np.asarray(record.sensitivity)[i]),)
+            rows[int(c)].append((*head, before[i], engine.state[c].copy()))
+        return record, payload
 
-    def _spend(self, clients, norms):
-        before = self.state[clients].copy()
-        super()._spend(clients, norms)
-        for k, c in enumerate(clients):
-            self.rows[int(c)].append((float(norms[k]), before[k], self.state[c].copy()))
+    monkeypatch.setattr(module, "spend", recording)
+    return rows
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +61,9 @@ def digits():
 @pytest.mark.parametrize(
     "kind,norms", [("gdp", "device"), ("gdp", "vectorised"), ("zcdp", "device"), ("rdp", "vectorised")]
 )
-def test_engine_states_and_sensitivities_stay_within_budget_by_independent_accountants(digits, kind, norms):
+def test_engine_states_and_sensitivities_stay_within_budget_by_independent_accountants(
+    digits, kind, norms, monkeypatch
+):
     z, clip = 2.0, 0.5
     cfg = EngineConfig(
         task="digits",
@@ -67,7 +82,8 @@ def test_engine_states_and_sensitivities_stay_within_budget_by_independent_accou
         eval_every=100,
         norms=norms,
     )
-    engine = RecordingEngine(cfg, task=digits)
+    engine = Engine(cfg, task=digits)
+    spends = record_spends(monkeypatch, core, engine)
     for _ in range(cfg.rounds):
         engine.step()
     std = cfg.accounted_std
@@ -76,7 +92,7 @@ def test_engine_states_and_sensitivities_stay_within_budget_by_independent_accou
     assert exhausted.sum() >= 4, "too few clients ran out: the budgets would not bind"
     for k in range(N):
         filt = make_filter(kind, EPS[k], DELTA)  # only for its orders (the rdp state's coordinates)
-        rows = engine.rows[k]
+        rows = spends[k]
         assert len(rows) == cfg.rounds  # every client answers every round (fraction 1)
         check_spends(
             kind,
@@ -99,21 +115,6 @@ def test_engine_states_and_sensitivities_stay_within_budget_by_independent_accou
                 assert Fraction(float(after[j])) >= Fraction(float(before[j])) + cost, (k, i, j)
                 assert Fraction(float(after[j])) >= total[j], (k, i, j)
         assert np.array_equal(rows[-1][2], engine.state[k])
-
-
-class RecordingDistributedEngine(Engine):
-    """Records, per client, each distributed spend's integer update norms and the states around it."""
-
-    def __init__(self, config, task=None):
-        super().__init__(config, task=task)
-        self.rows: dict[int, list[tuple[int, int, np.ndarray, np.ndarray]]] = defaultdict(list)
-
-    def _skellam_spend(self, client, rule, charge, k):
-        before = self.state[client].copy()
-        super()._skellam_spend(client, rule, charge, k)
-        ints = [int(v) for a in k for v in np.asarray(a).ravel()]  # Python integers: exact norms
-        l1, l2sq = sum(abs(v) for v in ints), sum(v * v for v in ints)
-        self.rows[client].append((l1, l2sq, before, self.state[client].copy()))
 
 
 def akl_rdp(l1: int, l2sq: int, mu: Fraction, order: int) -> Fraction:
@@ -139,11 +140,11 @@ def akl_rdp_at(l1: int, l2sq: int, mu: Fraction, alpha: float) -> Fraction:
 
 
 @pytest.mark.parametrize("norms", ["device", "vectorised"])
-def test_distributed_states_are_the_skellam_charges_at_the_actual_integer_norms(digits, norms):
+def test_distributed_states_are_the_skellam_charges_at_the_actual_integer_norms(digits, norms, monkeypatch):
     """Each client's lifetime state is the sum of its rounds' Skellam RDP at alpha* (computed here
     exactly from the integer updates' norms), divided by alpha*: never below it, and above it only by
     the rounding up of each charge and sum; and that RDP converts to at most the client's epsilon."""
-    from fedfilter.client.privacy.filters import rdp_order  # the order is the filter's choice, fixed in advance
+    from fedfilter.privacy.filters import rdp_order  # the order is the filter's choice, fixed in advance
 
     eps = [0.5, 1.0, 1.5, 2.0, 3.0, 0.5, 1.0, 1.5, 2.0, 8.0]
     cfg = EngineConfig(
@@ -166,20 +167,24 @@ def test_distributed_states_are_the_skellam_charges_at_the_actual_integer_norms(
         eval_every=100,
         norms=norms,
     )
-    engine = RecordingDistributedEngine(cfg, task=digits)
+    engine = Engine(cfg, task=digits)
+    spends = record_spends(monkeypatch, distributed_round, engine)
     for _ in range(cfg.rounds):
         engine.step()
-    gamma = engine._distributed.params.gamma
-    mu = Fraction(engine._distributed.params.mu_total)
+    params = SkellamRound.from_request(
+        cfg.noise_multiplier, cfg.clip, cfg.min_reports, N, make_filter("rdp", 1.0, DELTA)
+    )
+    gamma = params.gamma
+    mu = Fraction(params.mu_total)
     # The variance the charges assume is at most the request's (float z * C, squared in grid units), and
     # min_reports shares carry at least it (fewer reports are never released).
     assert mu <= (Fraction(cfg.accounted_std) / Fraction(gamma)) ** 2
-    assert Fraction(engine._distributed.params.mu_share) * cfg.min_reports >= mu
+    assert Fraction(params.mu_share) * cfg.min_reports >= mu
     spent_most = 0
     for k in range(N):
         filt = make_filter("rdp", eps[k], DELTA)
         alpha = rdp_order(filt)
-        rows = engine.rows[k]
+        rows = spends[k]
         assert rows, f"client {k} never contributed"
         total = Fraction(0)
         for l1, l2sq, before, after in rows:

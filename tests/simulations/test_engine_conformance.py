@@ -2,7 +2,7 @@
 
 The reference is the real Flower code path without the transport: the coordinator's
 ``IndividualFilterStrategy`` around Flower's ``FedAvg`` builds the train messages, each one goes
-through ``fedfilter.client.flower_mod.individual_filter_mod`` wrapped around the built-in ClientApp's
+through ``fedfilter.client.filter_mod.individual_filter_mod`` wrapped around the built-in ClientApp's
 ``train`` handler with a device ``node_config`` (own ledger on disk, own budget, ``noise-seed``), the
 wrapper checks the replies and FedAvg averages them. The engine must reproduce every device's
 lifetime and run filter states bitwise, the public counts exactly, and the model to float
@@ -19,10 +19,11 @@ from flwr.serverapp.strategy import FedAvg
 from flwr.supercore.task_identity import TaskIdentity
 
 from fedfilter.app.client_app import train as client_train
-from fedfilter.client.flower_mod import enrol_device, individual_filter_mod
-from fedfilter.client.ledger import BudgetLedger
-from fedfilter.client.privacy.filters import make_filter
+from fedfilter.client.filter_mod import individual_filter_mod
+from fedfilter.client.ledger.budget import BudgetLedger
+from fedfilter.client.settings.node_config import enrol_device
 from fedfilter.coordinator.strategy import IndividualFilterStrategy
+from fedfilter.privacy.filters import make_filter
 from fedfilter.simulations.engine import EngineConfig, run_engine
 from fedfilter.simulations.engine.seeds import client_noise_seed
 from fedfilter.simulations.reproduce.private_gd import single_example_task

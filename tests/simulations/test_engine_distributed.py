@@ -7,10 +7,10 @@ import math
 import numpy as np
 import pytest
 
-from fedfilter.client.privacy.filters import make_filter
-from fedfilter.client.round_rules import model_step
-from fedfilter.client.secagg_grid import grid_step, quantization_range
-from fedfilter.client.skellam_noise import add_skellam_noise
+from fedfilter.client.mechanisms.skellam_noise import add_skellam_noise
+from fedfilter.privacy.filters import make_filter
+from fedfilter.protocol.rules import model_step
+from fedfilter.protocol.secagg_grid import grid_step, quantization_range
 from fedfilter.simulations.engine import Engine, EngineConfig, run_engine
 from fedfilter.simulations.engine.seeds import client_noise_stream
 from fedfilter.simulations.engine.skellam_round import SkellamRound, wrap_centred
@@ -110,7 +110,7 @@ def test_no_client_spends_beyond_its_budget(digits, norms, draw):
 
 def test_fast_norms_fall_back_with_a_reason_and_match_vectorised(digits):
     fast = Engine(config(epsilon=EPS, norms="fast"), task=digits)
-    assert "distributed placement" in fast.fast_fallback and fast._fast is None
+    assert "distributed placement" in fast.fast_fallback
     vec = Engine(config(epsilon=EPS, norms="vectorised"), task=digits)
     for _ in range(3):
         fast.step(), vec.step()
@@ -152,7 +152,7 @@ def test_pure_noise_round_has_the_skellam_sum_std(digits, draw):
     record = engine.step()
     assert record.contributing == 0 and record.reports_seen == N and record.released
     after = np.concatenate([w.ravel() for w in engine.weights]).astype(np.float64)
-    p = engine._distributed.params
+    p = SkellamRound.from_request(z, c, m, N, make_filter("rdp", 1e-4, 1e-5))  # the round's public numbers
     expected = math.sqrt(N * p.mu_share) * p.gamma / N
     assert abs(np.std(after - before) / expected - 1) < 0.06  # ~6,000 coordinates
     if draw == "per-client":
@@ -182,19 +182,15 @@ def test_a_round_a_device_would_refuse_is_refused_up_front(digits):
 
 def test_an_aggregate_draw_beyond_the_samplers_cap_is_split_into_exact_parts(monkeypatch):
     import fedfilter.simulations.engine.skellam_round as sr
-    from fedfilter.client.noise import NoiseStream
+    from fedfilter.client.mechanisms import skellam_noise
+    from fedfilter.client.mechanisms.gaussian_noise import NoiseStream
 
-    calls = []
-    real = sr.skellam_noise
-
-    def spy(mu, size, stream):
-        calls.append(mu)
-        return real(mu, size, stream)
-
-    monkeypatch.setattr(sr, "skellam_noise", spy)
+    # A sampler capped at 100 (it refuses more) still gives the sum of 7 shares of 30 its variance 210.
+    monkeypatch.setattr(skellam_noise, "MAX_MU_SHARE", 100.0)
     monkeypatch.setattr(sr, "MAX_MU_SHARE", 100.0)
+    with pytest.raises(ValueError, match="<= 2"):
+        skellam_noise.skellam_noise(210.0, 10, NoiseStream.from_seed("t"))
     x = sr.aggregate_skellam(7, 30.0, 20_000, NoiseStream.from_seed("t"))
-    assert calls == [90.0, 90.0, 30.0]  # 3 + 3 + 1 shares: variance 7 * 30 in all
     assert abs(x.var() / 210.0 - 1) < 0.05 and abs(x.mean()) < 0.5
 
 

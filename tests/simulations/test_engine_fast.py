@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from fedfilter.client.mechanism import certified_norm
+from fedfilter.client.mechanisms.gaussian import certified_norm
 from fedfilter.simulations.engine import Engine, EngineConfig, run_engine
 from fedfilter.simulations.engine.layerwise import LayerwiseClippedSum, _sq_rows32, clip_coefficients, supported
 from fedfilter.simulations.engine.norms import certified_row_norms, clip_rows

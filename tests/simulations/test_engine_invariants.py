@@ -8,8 +8,8 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from fedfilter.client.mechanism import certified_norm
-from fedfilter.client.privacy.filters import make_filter
+from fedfilter.client.mechanisms.gaussian import certified_norm
+from fedfilter.privacy.filters import make_filter
 from fedfilter.simulations.engine import Engine, EngineConfig, run_engine
 from fedfilter.simulations.engine.norms import certified_row_norms, clip_rows
 from fedfilter.simulations.tasks.registry import load_task
@@ -123,9 +123,11 @@ def test_vectorised_norms_are_certified_and_clip_within_allowance():
 @pytest.mark.parametrize("norms", ["device", "vectorised"])
 def test_non_finite_update_is_released_as_zero(digits, norms):
     # client.flower_mod: an update holding NaN or inf becomes a zero update (pure noise, no cost).
-    engine = Engine(config(norms=norms), task=digits)
-    u = np.random.default_rng(0).standard_normal((3, engine.layout.dim)).astype(np.float32)
-    u[1, 7], u[2, 0] = np.nan, np.inf
-    got = engine._clip_rows(u, np.full(3, 1e9))
-    assert got[0] > 0 and got[1] == 0.0 and got[2] == 0.0
-    assert not u[1:].any()
+    engine = Engine(config(norms=norms, epsilon=1e6), task=digits)
+    engine.weights[0][...] = np.nan  # every client's update is NaN
+    record = engine.step()
+    assert record.contributing == N  # each client still answers, with a zero update...
+    assert not engine.state.any() and not engine.run_state.any()  # ...which costs nothing
+    fine = Engine(config(norms=norms, epsilon=1e6), task=digits)
+    fine.step()
+    assert fine.state.all()  # (a finite update is charged)

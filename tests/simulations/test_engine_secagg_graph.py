@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from fedfilter.client.privacy.secagg_graph import SecAggGraph, choose_graph, honest_coordinator_delta
+from fedfilter.privacy.secagg_graph import SecAggGraph, choose_graph, honest_coordinator_delta
 from fedfilter.simulations.engine import Engine, EngineConfig, run_engine
 from fedfilter.simulations.engine.distributed_round import ring_unmasks
 from fedfilter.simulations.engine.seeds import graph_rng

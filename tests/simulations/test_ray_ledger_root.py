@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from fedfilter.client.ledger_root import LedgerRootError, check_ledger_root, create_ledger_root
+from fedfilter.client.settings.ledger_root import LedgerRootError, check_ledger_root, create_ledger_root
 
 pytestmark = pytest.mark.slow
 RAY = str(Path(sys.executable).with_name("ray"))
@@ -115,7 +115,7 @@ def test_two_ray_nodes_whose_ledger_roots_differ_are_refused(tmp_path):
     ray = pytest.importorskip("ray")
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noqa: F401 (needs ray)
 
-    from fedfilter.client.device_settings import with_device_settings
+    from fedfilter.client.settings.simulated import with_device_settings
 
     root_a, root_b, shared = tmp_path / "root-a", tmp_path / "root-b", tmp_path / "shared"
     for r in (root_a, root_b, shared):
@@ -171,7 +171,7 @@ def test_outside_ray_nothing_is_checked_and_ray_is_not_started(tmp_path, monkeyp
     ident = create_ledger_root(root)
     assert create_ledger_root(root) == ident  # idempotent
     (root / "ledger-root.json").write_text('{"ledger_root_id": "not hex"}')
-    from fedfilter.client.ledger_root import ledger_root_id
+    from fedfilter.client.settings.ledger_root import ledger_root_id
 
     with pytest.raises(LedgerRootError, match="not one create_ledger_root wrote"):
         ledger_root_id(root / "dev0")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fedfilter.client.privacy.filters import make_filter
+from fedfilter.privacy.filters import make_filter
 from fedfilter.simulations.engine import Engine
 from fedfilter.simulations.engine.checkpoint import checkpoint_round, load_checkpoint, save_checkpoint
 from fedfilter.simulations.reproduce.private_gd import (

@@ -1,8 +1,6 @@
 """Sparse counting queries (papers/004 Theorem 1.2): answers, budgets and the error bound."""
 
 import math
-import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -11,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedfilter.client.privacy import zcdp
-from fedfilter.client.privacy.filters import make_filter
+from fedfilter.privacy import zcdp
+from fedfilter.privacy.filters import make_filter
 from fedfilter.simulations.sparse_queries import (
     SparseQueryConfig,
     exact_exceed_probability,
@@ -162,24 +160,3 @@ def test_heavy_users_drop_out_and_bias_the_full_count():
     assert np.any(ind.truth_active < ind.truth_all)
     assert ind.users_admitted[-1] < SMALL.n_users
     assert res.summary()["individual"]["days_with_everyone"] >= res.worst_case.answered
-
-
-def test_benchmark_prints_table():
-    out = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "benchmarks" / "sparse_queries.py"),
-            "--users",
-            "200",
-            "--days",
-            "40",
-            "--seeds",
-            "1",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=60,
-    )
-    assert "answered: worst case" in out.stdout
-    assert out.stdout.count("\n| ") >= 7

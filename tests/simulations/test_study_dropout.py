@@ -5,9 +5,9 @@ import subprocess
 import sys
 
 import pytest
-from tiny_study import TINY_STUDY
+from helpers.tiny_study import TINY_STUDY
 
-from fedfilter.client.privacy.filters import make_filter
+from fedfilter.privacy.filters import make_filter
 
 
 @pytest.fixture(scope="module")

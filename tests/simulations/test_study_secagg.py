@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from tiny_study import TINY_STUDY
+from helpers.tiny_study import TINY_STUDY
 
-from fedfilter.client.privacy.secagg_graph import choose_graph
+from fedfilter.privacy.secagg_graph import choose_graph
 from fedfilter.simulations.study import runner
 from fedfilter.simulations.study.config import StudyConfigError, parse_study
 

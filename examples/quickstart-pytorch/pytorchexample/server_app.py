@@ -5,7 +5,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 
-from fedfilter.coordinator.strategy import IndividualFilterStrategy
+from fedfilter import IndividualFilterStrategy
 from pytorchexample.task import Net, load_centralized_dataset, test
 
 # Create ServerApp

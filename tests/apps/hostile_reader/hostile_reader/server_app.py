@@ -9,8 +9,8 @@ import numpy as np
 from flwr.app import ArrayRecord, Context, Message, MessageType, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
-from fedfilter.client.release import RoundSpec
-from fedfilter.client.wire import REQUEST_RECORD, request_record
+from fedfilter.protocol.request import RoundSpec
+from fedfilter.protocol.wire import REQUEST_RECORD, request_record
 
 app = ServerApp()
 

@@ -13,9 +13,9 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
-from fedfilter.client.flower_mod import individual_filter_mod
-from fedfilter.client.secagg_device import reply_masked, secure_aggregation_mod
-from fedfilter.client.wire import ARRAYS_RECORD, REQUEST_RECORD, round_spec_from_record
+from fedfilter.client.filter_mod import individual_filter_mod
+from fedfilter.client.secagg.mod import reply_masked, secure_aggregation_mod
+from fedfilter.protocol.wire import ARRAYS_RECORD, REQUEST_RECORD, round_spec_from_record
 
 from . import KEYS, probe_dir
 

@@ -1,0 +1,96 @@
+"""Open device ledgers, kept per process so a round does not pay for opening one.
+
+In the Simulation Engine one Ray actor serves many nodes and many rounds: building a filter (an
+exact mpmath solve) and opening SQLite for every message cost about 40 ms, more than the round's
+own durable commit. A cached ledger is only a connection: its state is re-read inside every write
+transaction, so other processes' spends are always seen. The entry is dropped if the ledger file
+was replaced (a new inode) or the settings changed.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+
+from fedfilter.client.ledger.budget import BudgetLedger
+from fedfilter.client.ledger.schema import LEDGER_FILE
+from fedfilter.client.settings.node_config import DeviceConfig
+
+_LEDGER_CACHE_SIZE = 256
+_ledgers: OrderedDict[tuple, _OpenLedger] = OrderedDict()
+_ledgers_lock = threading.Lock()
+
+
+def _file_identity(path: Path) -> tuple[int, int] | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+@dataclass
+class _OpenLedger:
+    ledger: BudgetLedger
+    identity: tuple[int, int] | None
+    lock: threading.Lock
+    closed: bool = False
+
+    def close(self) -> None:
+        with self.lock:
+            self.closed = True
+            self.ledger.close()
+
+
+def cached_ledger(device: DeviceConfig) -> tuple[tuple, _OpenLedger]:
+    """The device's ledger, opened once per process; raises ``LedgerError``/``ValueError`` on failure."""
+    key = (
+        str(device.ledger_dir.resolve()),
+        device.client_id,
+        device.budget_epsilon,
+        device.budget_delta,
+        device.worst_case_epsilon,
+        device.filter_kind,
+        device.run_quota,
+        device.quotas,
+    )
+    path = device.ledger_dir / LEDGER_FILE
+    stale = []
+    with _ledgers_lock:
+        entry = _ledgers.pop(key, None)
+        if entry is not None and _file_identity(path) != entry.identity:
+            stale.append(entry)
+            entry = None
+        if entry is None:
+            ledger = device.open_ledger()
+            entry = _OpenLedger(ledger, _file_identity(path), threading.Lock())
+        _ledgers[key] = entry
+        while len(_ledgers) > _LEDGER_CACHE_SIZE:
+            stale.append(_ledgers.popitem(last=False)[1])
+    for old in stale:  # outside the global lock: closing waits for a message still using it
+        old.close()
+    return key, entry
+
+
+def forget_ledger(key: tuple, entry: _OpenLedger) -> None:
+    """Drop a connection after an unexpected (e.g. SQLite) failure; the next message reopens."""
+    with _ledgers_lock:
+        if _ledgers.get(key) is entry:
+            del _ledgers[key]
+    entry.close()
+
+
+def forget_all() -> None:
+    """Close every cached ledger, as a device restart would; the next message reopens its own.
+
+    Examples
+    --------
+    >>> forget_all()
+    """
+    with _ledgers_lock:
+        entries = list(_ledgers.values())
+        _ledgers.clear()
+    for entry in entries:  # outside the global lock, as in cached_ledger
+        entry.close()

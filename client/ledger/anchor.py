@@ -1,0 +1,330 @@
+"""The ledger's roll-back anchor: its latest committed spend, kept outside the ledger directory.
+
+The seal (``fedfilter.client.ledger.seal``) lives beside the database, so a backup of the ledger
+directory holds a seal that matches it: restoring that backup would give spent budget back. The
+anchor names the same latest spend (sequence number and a SHA-256 digest of the whole row), but in
+the owner's state directory (``fedfilter.client.ledger.owner_state``), one file per ledger directory (keyed
+by its resolved path). A ledger that does not hold the spend its anchor names, or that is not the
+ledger the anchor was written for, is refused until the owner acts (``fedfilter.client.ledger.budget``).
+
+Crash orders (the spend path is: COMMIT, seal, anchor, then the release; ``BudgetLedger.reserve``):
+
+* crash before the COMMIT is durable: nothing recorded, nothing released;
+* crash after the COMMIT, before the anchor is replaced: the anchor names the previous spend, which
+  the database still holds, so the device opens as before (not locked out). Restoring a copy that
+  ends at that previous spend passes, and loses only the last spend, which was never released;
+* crash after the anchor, before the release: the anchor names a spend that was never released
+  (wasted budget, never lost).
+
+So whatever left the device is covered by the anchor, and the anchor never names a spend the
+database has not committed. The anchor is written durably (two slots written in turn, ``fdatasync``:
+``write_anchor``) and only forward, under an exclusive ``flock`` so that two copies of one ledger
+(two processes) cannot move it backwards.
+
+What it cannot see: a restore of the *whole* machine (ledger and owner's state directory from the
+same backup) is consistent and passes; so does a ledger directory moved together with the state
+directory. A ledger restored or moved without its anchor is refused (no anchor, but spends).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import sqlite3
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from fedfilter.client.ledger.owner_state import owner_state_dir
+from fedfilter.client.ledger.schema import ANCHOR_ROW_SQL, floats, is_anchored
+from fedfilter.client.ledger.storage import (
+    LedgerWriteError,
+    migrate_remedy,
+    older_format,
+    owner_must_act,
+    rollback_remedy,
+)
+
+ANCHOR_DIR = "ledger-anchors"  # under the owner's state directory
+OLDER = "older"  # anchor_problem: a ledger written before anchors
+_FORMAT = 1
+_SLOT = 16384  # bytes per slot (two slots per file); the anchor's JSON is far smaller
+
+
+class AnchorError(ValueError):
+    """The anchor file exists but cannot be read or fails its checksum."""
+
+
+@dataclass(frozen=True)
+class Anchor:
+    directory: str  # the ledger directory it anchors (resolved), for the owner's eyes
+    ledger_id: str  # random id of the anchored database (its meta table)
+    seq: int  # latest committed spend (0: none yet)
+    digest: str  # SHA-256 of that spend row as stored ("" for seq 0)
+    state_after: str  # that row's lifetime filter state (JSON text): what the owner would give back
+
+
+def row_digest(row: tuple) -> str:
+    """SHA-256 of a spend row (every column, as SQLite returns them)."""
+    return hashlib.sha256(json.dumps(list(row), separators=(",", ":")).encode()).hexdigest()
+
+
+def anchor_path(ledger_dir: Path, state_dir: Path | None = None) -> Path:
+    """Where the anchor of ``ledger_dir`` lives: one file per resolved ledger directory."""
+    key = hashlib.sha256(str(Path(ledger_dir).resolve()).encode()).hexdigest()[:32]
+    return Path(state_dir if state_dir is not None else owner_state_dir()) / ANCHOR_DIR / f"{key}.json"
+
+
+def _checksum(body: dict) -> str:
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def _parse_slot(raw: bytes) -> tuple[int, Anchor] | None:
+    """One slot: (generation, anchor); None if it was never written; ``ValueError`` if damaged."""
+    if not raw.strip(b"\0 "):
+        return None
+    body = json.loads(raw.decode())
+    checksum = body.pop("checksum")
+    if body.pop("format") != _FORMAT or checksum != _checksum({**body, "format": _FORMAT}):
+        raise ValueError("checksum or format mismatch")
+    gen = body.pop("gen")
+    anchor = Anchor(**body)
+    if not (isinstance(gen, int) and isinstance(anchor.seq, int) and anchor.seq >= 0):
+        raise ValueError(f"gen and seq must be integers >= 0. Found {gen!r}, {anchor.seq!r}.")
+    return gen, anchor
+
+
+def _slots(raw: bytes, path: Path) -> list[tuple[int, Anchor]]:
+    """The readable slots of an anchor file; ``AnchorError`` if none is (both damaged, or truncated)."""
+    if len(raw) != 2 * _SLOT:
+        raise AnchorError(f"the roll-back anchor {path} is damaged (size {len(raw)}, expected {2 * _SLOT}).")
+    found, errors = [], []
+    for i in (0, 1):
+        try:
+            slot = _parse_slot(raw[i * _SLOT : (i + 1) * _SLOT])
+        except (ValueError, TypeError, KeyError, AttributeError, UnicodeDecodeError) as err:
+            errors.append(f"slot {i}: {err}")
+            continue
+        if slot is not None:
+            found.append(slot)
+    if not found:
+        raise AnchorError(f"the roll-back anchor {path} is damaged ({'; '.join(errors) or 'no slot written'}).")
+    return found
+
+
+def read_anchor(path: Path) -> Anchor | None:
+    """The anchor at ``path`` (its newest readable slot); None if there is none; ``AnchorError`` if damaged.
+
+    A damaged newest slot with a readable older one is a write cut short by a crash: that spend was
+    never released (the release follows the write), so the older slot is the anchor.
+    """
+    try:
+        raw = Path(path).read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        raise AnchorError(f"cannot read the roll-back anchor {path}: {err}") from err
+    return max(_slots(raw, path), key=lambda slot: slot[0])[1]
+
+
+def _slot_bytes(anchor: Anchor, gen: int) -> bytes:
+    body = {**asdict(anchor), "gen": gen, "format": _FORMAT}
+    body["checksum"] = _checksum(body)
+    raw = json.dumps(body, sort_keys=True).encode()
+    if len(raw) > _SLOT:
+        raise ValueError(f"the roll-back anchor holds {len(raw)} bytes, more than its slot of {_SLOT}.")
+    return raw.ljust(_SLOT, b" ")
+
+
+def write_anchor(path: Path, anchor: Anchor) -> None:
+    """Replace the anchor durably; callers hold ``locked``.
+
+    Two fixed slots, written in turn (``pwrite`` + ``fdatasync``, one sync per spend): a write cut
+    short damages only the slot being written, and the other still holds the previous anchor. The
+    file itself is created once, atomically (temporary file, fsync, rename, fsync of the directory).
+    """
+    path = Path(path)
+    if not path.exists():
+        fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(_slot_bytes(anchor, 1) + b"\0" * _SLOT)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        dfd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+        return
+    fd = os.open(path, os.O_RDWR)
+    try:
+        raw = os.pread(fd, 2 * _SLOT + 1, 0)
+        # A damaged or short file reaches here only through an owner's act (a device refuses it first).
+        gens = [_slot_gen(raw, i) if len(raw) == 2 * _SLOT else None for i in (0, 1)]
+        gen = max((g for g in gens if g is not None), default=0)
+        target = 1 if gen > 0 and gens[0] == gen else 0  # write over the slot that is not the newest
+        if len(raw) != 2 * _SLOT:
+            os.ftruncate(fd, 2 * _SLOT)
+        os.pwrite(fd, _slot_bytes(anchor, gen + 1), target * _SLOT)
+        os.fdatasync(fd)
+    finally:
+        os.close(fd)
+
+
+def _slot_gen(raw: bytes, i: int) -> int | None:
+    try:
+        slot = _parse_slot(raw[i * _SLOT : (i + 1) * _SLOT])
+    except (ValueError, TypeError, KeyError, AttributeError, UnicodeDecodeError):
+        return None
+    return None if slot is None else slot[0]
+
+
+@contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """An exclusive lock on the anchor of one ledger directory (its ``.lock`` file), across processes."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = os.open(path.with_suffix(".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def retire_anchor(path: Path) -> Path | None:
+    """The owner's act: keep a replaced ledger's anchor for the record (``<name>.retired-<n>``)."""
+    path = Path(path)
+    with locked(path):
+        if not path.exists():
+            return None
+        n = 0
+        while (target := path.with_name(f"{path.name}.retired-{n}")).exists():
+            n += 1
+        os.replace(path, target)
+        return target
+
+
+# --- the checks (the ledger calls these under its lock; client/ledger/budget.py) ---------------------------
+def _read_or_refuse(directory: Path, anchor_file: Path) -> Anchor | None:
+    try:
+        return read_anchor(anchor_file)
+    except AnchorError as err:
+        raise owner_must_act(directory, f"has a damaged roll-back anchor ({err}).", rollback_remedy(directory)) from err
+
+
+def _row(conn: sqlite3.Connection, seq: int | None = None) -> tuple | None:
+    """The spend row an anchor covers: ``seq``, or the latest."""
+    if seq is None:
+        return conn.execute(ANCHOR_ROW_SQL + " ORDER BY seq DESC LIMIT 1").fetchone()
+    return conn.execute(ANCHOR_ROW_SQL + " WHERE seq=?", (seq,)).fetchone()
+
+
+_STATE_AFTER = 10  # index of state_after in ANCHOR_ROW_SQL
+
+
+def anchor_problem(conn: sqlite3.Connection, ledger_id: str, anchor_file: Path, filt, anchor: Anchor | None):
+    """Why this database is not (a continuation of) the ledger its anchor names; None if it is;
+    ``OLDER`` for a ledger written before anchors (the owner migrates it)."""
+
+    def spent(state_text: str) -> str:
+        return f"lifetime epsilon spent {filt.epsilon_spent(floats(state_text)):.4g}"
+
+    latest = _row(conn)
+    if anchor is None:
+        if not is_anchored(conn):
+            return OLDER
+        if latest is None:
+            return None  # nothing was ever spent: nothing a restore could give back
+        return (
+            f"has spends (up to #{latest[0]}) but no roll-back anchor at {anchor_file}: it was restored or "
+            "moved onto this device, or the owner's state directory (FEDFILTER_STATE_DIR) changed."
+        )
+    if anchor.ledger_id != ledger_id:
+        return (
+            f"is not the ledger its roll-back anchor ({anchor_file}) names (ledger {anchor.ledger_id}, "
+            f"spend #{anchor.seq}, {spent(anchor.state_after)}): it was replaced or re-created."
+        )
+    if anchor.seq == 0:
+        return None
+    row = _row(conn, anchor.seq)
+    if row is None:
+        ends = f"#{latest[0]}, {spent(latest[_STATE_AFTER])}" if latest else "#0, nothing spent"
+        return (
+            f"is behind its roll-back anchor ({anchor_file}): the anchor names spend #{anchor.seq} "
+            f"({spent(anchor.state_after)}), the database ends at {ends}. A restored backup or an older "
+            "copy, which would give spent budget back."
+        )
+    if row_digest(row) != anchor.digest:
+        return (
+            f"holds spend #{anchor.seq} differently from its roll-back anchor ({anchor_file}): another copy "
+            "of this ledger spent on its own."
+        )
+    return None
+
+
+def check_anchor(
+    conn: sqlite3.Connection, directory: Path, ledger_id: str, anchor_file: Path, filt, *, allow_older: bool = False
+) -> None:
+    """Refuse (``LedgerUnavailableError``) a ledger behind or beside its anchor, or written before anchors."""
+    problem = anchor_problem(conn, ledger_id, anchor_file, filt, _read_or_refuse(directory, anchor_file))
+    if problem == OLDER:
+        if allow_older:
+            return
+        raise owner_must_act(directory, older_format("2 (written before roll-back anchors)"), migrate_remedy(directory))
+    if problem is not None:
+        raise owner_must_act(directory, problem, rollback_remedy(directory))
+
+
+def advance_anchor(
+    conn: sqlite3.Connection, directory: Path, ledger_id: str, anchor_file: Path, filt, *, owner: bool
+) -> None:
+    """Move the anchor to the latest committed spend (caller holds the database's write transaction).
+
+    Re-checked under the anchor's own lock, so a second copy of this ledger in another process (its
+    own SQLite lock) cannot move it backwards or sideways. ``owner``: an owner's act (enrolment,
+    migration, an accepted restore) that sets the anchor to this database whatever it named before.
+    """
+    latest = _row(conn)
+    where = str(Path(directory).resolve())
+    anchor = (
+        Anchor(where, ledger_id, latest[0], row_digest(latest), latest[_STATE_AFTER])
+        if latest
+        else Anchor(where, ledger_id, 0, "", "[]")
+    )
+    try:
+        with locked(anchor_file):
+            current = None if owner else _read_or_refuse(directory, anchor_file)
+            if current is not None:
+                problem = anchor_problem(conn, ledger_id, anchor_file, filt, current)
+                if problem is not None:  # (OLDER cannot happen: the checks before a spend refuse it)
+                    raise owner_must_act(directory, problem, rollback_remedy(directory))
+            if current is None or anchor.seq > current.seq:
+                write_anchor(anchor_file, anchor)
+    except OSError as err:
+        raise LedgerWriteError(
+            f"cannot write the budget ledger's roll-back anchor {anchor_file} (the owner's state directory): "
+            f"{err}. Nothing was released this round."
+        ) from err
+
+
+def refuse_if_spent_here(directory: Path, anchor_file: Path) -> None:
+    """A directory that holds no enrolled ledger, but whose anchor names spends: no fresh budget."""
+    anchor = _read_or_refuse(directory, anchor_file)
+    if anchor is not None and anchor.seq > 0:
+        raise owner_must_act(
+            directory,
+            f"holds no enrolled ledger, but its roll-back anchor ({anchor_file}) names spend #{anchor.seq} "
+            f"of ledger {anchor.ledger_id}: this device had spent budget here.",
+            f"put the ledger's files back, or start a new ledger (a fresh budget) with "
+            f"`fedfilter ledger enrol --dir {directory} ... --recover replace`.",
+        )

@@ -1,0 +1,189 @@
+"""The one order in which every release spends: allowance, clip and snap, charge, commit (papers/004 Alg. 7).
+
+Every path runs this template: the device in local placement (Gaussian noise), the device in
+distributed placement (Skellam noise on SecAgg+'s grid), and the simulation engine (both, one row
+per client). What differs between them is the ``Mechanism`` (how the allowance is turned into a norm
+bound, how the update is clipped and snapped, what it is charged, what noise it gets) and the
+``Account`` (the device's ledger reservation, or the engine's state rows). The order is fixed here:
+
+1. the allowance the account admits for this mechanism (every budget and quota, and the
+   worst-case account);
+2. ``exhausted``: nothing worth giving is left;
+3. clip and snap the update to the allowance (to 0 when exhausted: the same steps run whether or
+   not the budget is spent, so their time does not tell);
+4. its charges at its exact (snapped) norm;
+5. ``Account.commit``: the one check that every charge fits, one spend per state, stored durably.
+
+Noise is drawn by the caller only AFTER the commit (``fedfilter.client.release.release``): a spend
+is on disk before anything that leaves the device is computed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from fedfilter.privacy.filters import GaussianFilter, exhausted
+
+
+@dataclass(frozen=True)
+class ReleaseRecord:
+    """What one release spent: stored by the ledger, accounted by the filters (one row per client in the engine).
+
+    Parameters
+    ----------
+    status : str or numpy.ndarray
+        ``"contributed"``, ``"noise-only"`` or ``"left"`` (the last two once the budget is spent); one
+        per row in the engine.
+    placement : str
+        ``"local"`` or ``"distributed"``.
+    sensitivity : float or numpy.ndarray
+        The certified norm of the released (clipped, snapped) update, model units (0 without data).
+    noise_std : float
+        The standard deviation of the noise this report carries, model units.
+    noise_multiplier : float
+        The request's ``z``.
+    clip : float
+        The request's ``C``.
+    charge : numpy.ndarray
+        The charge to the main filters, in their units.
+    worst_charge : numpy.ndarray or None
+        The charge to the worst-case account (None without one: local rounds only).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> r = ReleaseRecord("contributed", "local", 0.5, 1.0, 1.0, 1.0, np.array([0.125]), None)
+    >>> r.status
+    'contributed'
+    """
+
+    status: Any  # str; one per row (numpy.ndarray) in the engine
+    placement: str
+    sensitivity: Any = field(repr=False)
+    noise_std: float
+    noise_multiplier: float
+    clip: float
+    charge: np.ndarray = field(repr=False)
+    worst_charge: np.ndarray | None = field(repr=False)
+
+
+class Account(Protocol):
+    """The books a release is spent from: a ledger ``Reservation`` (device) or ``RowsAccount`` (engine)."""
+
+    filter: GaussianFilter
+    worst_filter: GaussianFilter | None
+
+    def allowance(self, *, noise_std: float, clip: float) -> Any:
+        """The largest sensitivity every main budget and quota admits at ``noise_std``, at most ``clip``."""
+
+    def worst_allowance(self, *, noise_std: float, clip: float) -> Any:
+        """The worst-case account's allowance at the noise this report carries alone."""
+
+    def commit(self, record: ReleaseRecord) -> None:
+        """Check that every charge fits, spend each state once, store; raise before storing otherwise."""
+
+
+class Mechanism(Protocol):
+    """The steps that differ between Gaussian and Skellam releases (``gaussian.py``, ``skellam.py``)."""
+
+    @property
+    def placement(self) -> str:
+        """``"local"`` or ``"distributed"``."""
+
+    @property
+    def noise_multiplier(self) -> float:
+        """The request's ``z``."""
+
+    @property
+    def clip(self) -> float:
+        """The request's ``C``."""
+
+    @property
+    def added_std(self) -> float:
+        """The std of the noise this report carries, model units."""
+
+    def allowance(self, account: Account) -> Any:
+        """The norm bound, model units, both the main and the worst-case account admit."""
+
+    def clip_and_snap(self, arrays: Any, bound: Any) -> tuple[Any, Any]:
+        """The update clipped to ``bound`` and snapped to the noise grid, and its sensitivity."""
+
+    def charges(self, account: Account, payload: Any, sensitivity: Any) -> tuple[np.ndarray, np.ndarray | None]:
+        """The main and worst-case charges of the snapped update."""
+
+
+def status_of(spent, after_exhaustion: str):
+    """The release's status: ``"contributed"``, or, once spent, ``"left"``/``"noise-only"`` as the owner chose.
+
+    One string for one release, an array of them for the engine's rows.
+
+    Parameters
+    ----------
+    spent : bool or numpy.ndarray
+        Whether the budget is exhausted (``privacy.filters.exhausted``), per row in the engine.
+    after_exhaustion : str
+        The owner's choice: ``"leave"`` or ``"noise-only"``.
+
+    Examples
+    --------
+    >>> status_of(False, "leave"), status_of(True, "leave"), status_of(True, "noise-only")
+    ('contributed', 'left', 'noise-only')
+    """
+    statuses = np.where(spent, "left" if after_exhaustion == "leave" else "noise-only", "contributed")
+    return str(statuses) if statuses.ndim == 0 else statuses
+
+
+def spend(
+    account: Account,
+    mechanism: Mechanism,
+    arrays: Sequence[np.ndarray],
+    *,
+    exhausted_below: float,
+    after_exhaustion: str,
+) -> tuple[ReleaseRecord, Any]:
+    """Allowance, clip and snap, charge, commit (module docstring); returns ``(record, payload)``.
+
+    The caller holds the account (the ledger's reservation) and adds noise to ``payload`` only after
+    this returns: ``account.commit`` raises, storing nothing, if a charge does not fit (an exhausted
+    release is charged 0).
+
+    Parameters
+    ----------
+    account : Account
+        The books (``Reservation`` on the device).
+    mechanism : Mechanism
+        ``GaussianMechanism`` or ``SkellamMechanism``.
+    arrays : sequence of numpy.ndarray
+        The update's floating-point arrays (checked finite by the caller).
+    exhausted_below : float
+        The owner's threshold: exhausted when the allowance is at most this fraction of the clip.
+    after_exhaustion : str
+        ``"leave"`` or ``"noise-only"``.
+
+    Examples
+    --------
+    >>> from fedfilter.client.mechanisms.spend import spend  # doctest: +SKIP
+    >>> record, payload = spend(tx, mechanism, arrays, exhausted_below=0.0, after_exhaustion="leave")  # doctest: +SKIP
+    """
+    allowance = mechanism.allowance(account)
+    spent = exhausted(allowance, mechanism.clip, exhausted_below)  # one per row in the engine
+    # The same steps whether or not the budget is spent (their time must not tell): an exhausted
+    # release clips to 0, so its snapped update is zero and its charge 0.
+    payload, sensitivity = mechanism.clip_and_snap(arrays, np.where(spent, 0.0, allowance))
+    charge, worst_charge = mechanism.charges(account, payload, sensitivity)
+    record = ReleaseRecord(
+        status=status_of(spent, after_exhaustion),
+        placement=mechanism.placement,
+        sensitivity=sensitivity,
+        noise_std=mechanism.added_std,
+        noise_multiplier=mechanism.noise_multiplier,
+        clip=mechanism.clip,
+        charge=charge,
+        worst_charge=worst_charge,
+    )
+    account.commit(record)
+    return record, payload

@@ -1,0 +1,419 @@
+"""The device's SecAgg+ layer: Flower's ``secaggplus_mod`` with sound masks, and the mark that tells
+``individual_filter_mod`` its reply will be masked.
+
+Usage (the order is the device's own, so the device knows its reply is masked)::
+
+    from flwr.clientapp import ClientApp
+    from fedfilter.client.filter_mod import individual_filter_mod
+    from fedfilter.client.secagg.mod import secure_aggregation_mod
+
+    app = ClientApp(mods=[secure_aggregation_mod, individual_filter_mod])
+
+What it does with each message:
+
+* a ``train`` message carrying SecAgg+ configs (``"secaggplus_configs"``): installs the cryptographic
+  mask generator in this process (``protocol/secagg_masks.py``; idempotent), then hands the message to
+  Flower's ``secaggplus_mod``. That mod calls the inner handler only in its COLLECT_MASKED_VECTORS
+  stage and then masks the reply's arrays; the ``call_next`` it gets here sets the mark
+  (``reply_masked()``) for exactly that call, and removes the SecAgg+ configs record from the message
+  first (the training code never sees the protocol's keys). The mark comes from this mod's own
+  position in the device's mod list, never from anything the coordinator sends.
+* at the share-keys stage, before Flower's: every neighbour's public keys must be raw X25519 keys and
+  each ``pk1`` must agree a key with this device's (``secagg_keys.public_key_problems``; Flower would
+  first meet ``pk1`` after training), else a refusal with nothing trained or spent.
+* any other ``train`` message (a local round) and every other message pass straight to
+  ``call_next``, unmarked: one app serves local and distributed rounds.
+
+If the inner handler answers with an error (a refusal, or a ``leave`` device whose budget is spent),
+that error is the device's reply: ``secaggplus_mod`` cannot mask an error, and the device drops out
+of the SecAgg+ round (its neighbours' key shares keep the round correct).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from contextvars import ContextVar
+from typing import cast
+
+import numpy as np
+from cryptography.fernet import InvalidToken
+from flwr.app import ConfigRecord, Context, Error, Message, RecordDict
+from flwr.app.message_type import MessageType
+from flwr.client.mod import secaggplus_mod
+from flwr.client.mod.secure_aggregation.secaggplus_mod import SecAggPlusState
+from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
+from flwr.common.constant import ErrorCode
+from flwr.common.secure_aggregation.crypto.symmetric_encryption import decrypt
+from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, RECORD_KEY_STATE, Key, Stage
+from flwr.common.secure_aggregation.secaggplus_utils import share_keys_plaintext_separate
+from flwr.compat.common.recorddict_compat import fitres_to_recorddict
+
+from fedfilter.client.flower.mod_once import once_per_message
+from fedfilter.client.mechanisms.skellam import SkellamGrid, skellam_grid
+from fedfilter.client.secagg.consistency import (
+    certify,
+    check_certificate,
+    check_node_ids,
+    check_signatures,
+    check_unmask_lists,
+    new_signing_key,
+    open_signing_key,
+    public_key_of,
+    seal_signing_key,
+    sign_survivors,
+    survivors_message,
+)
+from fedfilter.client.secagg.neighbourhood import check_secagg_state
+from fedfilter.client.secagg.pinning import Pinning, PinningError, pinning
+from fedfilter.client.settings.policy import ClientPolicy
+from fedfilter.protocol.request import RoundSpec, RoundSpecError
+from fedfilter.protocol.secagg_keys import public_key_problems
+from fedfilter.protocol.secagg_masks import use_cryptographic_masks
+from fedfilter.protocol.wire import CONSISTENCY_RECORD, CONSISTENCY_STAGE
+
+__all__ = [
+    "secure_aggregation_mod",
+    "reply_masked",
+    "secagg_round_grid",
+    "masked_report_content",
+    "SECAGG_STATE_RECORD",
+]
+
+log = logging.getLogger("fedfilter.client")
+
+SECAGG_STATE_RECORD = RECORD_KEY_STATE  # context.state: secaggplus_mod's saved protocol state
+# context.state: this mod's own protocol state beside Flower's (phase, signing key, neighbours' keys)
+CONSISTENCY_STATE_RECORD = "fedfilter.secagg.state"
+
+# True only while secaggplus_mod runs the inner handler (its COLLECT_MASKED_VECTORS stage).
+_MASKED: ContextVar[bool] = ContextVar("fedfilter_reply_masked", default=False)
+
+
+def reply_masked() -> bool:
+    """True inside ``secure_aggregation_mod``'s masked stage: the reply being built will be masked by
+    SecAgg+ (its arrays never reach the coordinator in the clear)."""
+    return _MASKED.get()
+
+
+class _InnerError(Exception):
+    """Carries the inner handler's error reply out of ``secaggplus_mod`` (which cannot mask it)."""
+
+    def __init__(self, reply: Message):
+        super().__init__(reply.error.reason if reply.has_error() else "")
+        self.reply = reply
+
+
+def _refusal(msg: Message, problems: list[str], after: str) -> Message:
+    reason = "fedfilter: secure aggregation refused: " + " ".join(problems) + " " + after
+    log.warning("fedfilter mod: %s", reason)
+    return Message(Error(code=ErrorCode.MOD_FAILED_PRECONDITION, reason=reason), reply_to=msg)
+
+
+def _flower_state(context: Context) -> SecAggPlusState | None:
+    record = context.state.config_records.get(RECORD_KEY_STATE)
+    if record is None:
+        return None
+    state = SecAggPlusState(**dict(record))
+    for name in ("rd_seed_share_dict", "sk1_share_dict", "ss2_dict", "public_keys_dict"):
+        if not hasattr(state, name):  # Flower's __init__ sets only the fields its record holds
+            setattr(state, name, {})
+    return state
+
+
+def _own_state(context: Context) -> ConfigRecord:
+    if CONSISTENCY_STATE_RECORD not in context.state.config_records:
+        context.state.config_records[CONSISTENCY_STATE_RECORD] = ConfigRecord({"phase": ""})
+    return context.state.config_records[CONSISTENCY_STATE_RECORD]
+
+
+def _extra(msg: Message) -> ConfigRecord:
+    record = msg.content.config_records.get(CONSISTENCY_RECORD)
+    return record if record is not None else ConfigRecord()
+
+
+def _pairs(record: ConfigRecord, keys: str, values: str) -> dict:
+    """``dict(zip(record[keys], record[values]))``, empty unless both are lists."""
+    k, v = record.get(keys), record.get(values)
+    return dict(zip(k, v)) if isinstance(k, list) and isinstance(v, list) else {}
+
+
+def _holders(flower: SecAggPlusState) -> set[int]:
+    """The nodes whose shares this device holds: itself and the neighbours whose ciphertexts it read."""
+    return {int(n) for n in flower.rd_seed_share_dict}
+
+
+def _collect_problems(msg: Message, context: Context, flower: SecAggPlusState | None) -> list[str]:
+    """What ``secaggplus_mod`` would raise on only AFTER training (too few neighbours, a ciphertext it
+    cannot read), and the neighbours' signing keys the consistency round needs, checked before it."""
+    configs = msg.content.config_records[RECORD_KEY_CONFIGS]
+    if flower is None or flower.current_stage != Stage.SHARE_KEYS or _own_state(context).get("phase") != "shared":
+        return ["the collect stage must follow this device's share-keys stage."]
+    srcs, ciphertexts = configs.get(Key.SOURCE_LIST), configs.get(Key.CIPHERTEXT_LIST)
+    problems = check_node_ids("source node ids", srcs)
+    if problems:
+        return problems
+    srcs = cast(list[int], srcs)
+    if not isinstance(ciphertexts, list) or len(ciphertexts) != len(srcs):
+        return [f"the share ciphertexts must be a list as long as the {len(srcs)} sources."]
+    if len(srcs) + 1 < flower.threshold:
+        problems.append(f"{len(srcs) + 1} nodes shared keys with this one, below the threshold {flower.threshold}.")
+    sealed = _pairs(_extra(msg), "src", "sealed")
+    try:
+        pin = pinning(context.node_config)
+    except PinningError as err:
+        return [str(err)]
+    identities = {public_key_of(pin.identity_key)} if pin is not None else set()
+    keys = {flower.nid: public_key_of(cast(bytes, _own_state(context)["sign_sk"]))}
+    for src, ciphertext in zip(srcs, ciphertexts):
+        shared = flower.ss2_dict.get(src)
+        if src == flower.nid or shared is None:
+            problems.append(f"node {src} is not a neighbour this device shared keys with.")
+            continue
+        try:
+            if not isinstance(ciphertext, bytes):
+                raise TypeError
+            actual, dst, _, _ = share_keys_plaintext_separate(decrypt(shared, ciphertext))
+        except (InvalidToken, TypeError, ValueError):
+            actual, dst = -1, -1
+        if (actual, dst) != (src, flower.nid):
+            problems.append(f"node {src}'s share ciphertext is not one it sealed for this device.")
+        opened = open_signing_key(shared, sealed.get(src), src=src, dst=flower.nid)
+        if opened is None:
+            problems.append(f"node {src}'s signing key is missing or not sealed by it for this device.")
+            continue
+        keys[src], certificate = opened
+        if pin is not None:
+            pk1, pk2 = flower.public_keys_dict.get(src, (b"", b""))
+            identity, problem = check_certificate(
+                certificate,
+                pin.pinned,
+                run_id=int(context.run_id),
+                round_id=msg.metadata.group_id,
+                nid=src,
+                pk1=pk1,
+                pk2=pk2,
+                signing_key=keys[src],
+            )
+            if identity is not None and identity in identities:
+                problem = f"node {src} shows the identity key of another node ({identity.hex()})."
+            if problem:
+                problems.append(problem)
+            elif identity is not None:
+                identities.add(identity)
+    if not problems:
+        own = _own_state(context)
+        own["keys:K"], own["keys:V"] = list(keys), list(keys.values())
+        own["phase"] = "collected"
+    return problems
+
+
+def _key_problems(msg: Message, flower: SecAggPlusState | None) -> list[str]:
+    """The neighbours' X25519 keys (protocol/secagg_keys.py), checked before Flower's share-keys stage."""
+    sk1 = getattr(flower, "sk1", None) if flower is not None else None
+    if not isinstance(sk1, bytes):
+        return []  # no setup yet: Flower's own stage check refuses
+    configs = msg.content.config_records[RECORD_KEY_CONFIGS]
+    return public_key_problems(sk1, {nid: pair for nid, pair in configs.items() if nid != Key.STAGE})
+
+
+def _consistency_reply(msg: Message, context: Context) -> Message:
+    """Sign, once per round, the survivor set the coordinator names (Bonawitz et al. 2017, Round 3)."""
+    flower, own = _flower_state(context), _own_state(context)
+    survivors = msg.content.config_records[RECORD_KEY_CONFIGS].get(Key.ACTIVE_NODE_ID_LIST)
+    problems = check_node_ids("survivor node ids", survivors)
+    if flower is None or flower.current_stage != Stage.COLLECT_MASKED_VECTORS or own.get("phase") != "collected":
+        problems.append("a survivor set is signed once per round, after this device sent its masked vector.")
+    elif not problems:
+        survivors = cast(list[int], survivors)
+        if flower.nid not in survivors:
+            problems.append(f"this device ({flower.nid}) is not in the survivor set.")
+        if len(_holders(flower) & set(survivors)) < flower.threshold:
+            problems.append(f"fewer than the threshold {flower.threshold} of this device's neighbours survive.")
+    if problems:
+        own["phase"] = "refused"
+        return _refusal(msg, problems, "No share was revealed.")
+    survivors = cast(list[int], survivors)
+    message = survivors_message(run_id=int(context.run_id), round_id=msg.metadata.group_id, survivors=survivors)
+    own["survivors"], own["phase"] = sorted(survivors), "signed"
+    signature = sign_survivors(cast(bytes, own["sign_sk"]), message)
+    return Message(RecordDict({RECORD_KEY_CONFIGS: ConfigRecord({"signature": signature})}), reply_to=msg)
+
+
+def _unmask_problems(msg: Message, context: Context, flower: SecAggPlusState | None) -> list[str]:
+    """The unmask request against the signed survivor set and the neighbours' signatures on it."""
+    own = _own_state(context)
+    if flower is None or flower.current_stage != Stage.COLLECT_MASKED_VECTORS or own.get("phase") != "signed":
+        return ["shares are revealed once per round, after this device signed a survivor set."]
+    configs, extra = msg.content.config_records[RECORD_KEY_CONFIGS], _extra(msg)
+    survivors = cast(list[int], own["survivors"])
+    keys = dict(zip(cast(list[int], own["keys:K"]), cast(list[bytes], own["keys:V"])))
+    signers = extra.get("signer", [])
+    problems = check_node_ids("signer node ids", signers)
+    if not problems:
+        signatures = _pairs(extra, "signer", "signature")
+        message = survivors_message(run_id=int(context.run_id), round_id=msg.metadata.group_id, survivors=survivors)
+        problems = check_signatures(message, keys, signatures, flower.threshold)
+    return problems + check_unmask_lists(
+        me=flower.nid,
+        active=configs.get(Key.ACTIVE_NODE_ID_LIST),
+        dead=configs.get(Key.DEAD_NODE_ID_LIST),
+        holders=_holders(flower),
+        survivors=survivors,
+        threshold=flower.threshold,
+    )
+
+
+def _seal_signing_key(msg: Message, reply: Message, context: Context, pin: Pinning | None) -> None:
+    """After Flower's share-keys stage: a fresh signing key, its public half (certified by the owner's
+    identity when pinning is on) sealed for each destination under the pairwise key that stage agreed,
+    so the coordinator relays it but cannot swap it."""
+    flower, own = _flower_state(context), _own_state(context)
+    if flower is None or reply.has_error():
+        return
+    sign_sk = new_signing_key()
+    public = public_key_of(sign_sk)
+    certificate = b""
+    if pin is not None:
+        certificate = certify(
+            pin.identity_key,
+            run_id=int(context.run_id),
+            round_id=msg.metadata.group_id,
+            nid=flower.nid,
+            pk1=flower.pk1,
+            pk2=flower.pk2,
+            signing_key=public,
+        )
+    dsts = cast(list[int], reply.content.config_records[RECORD_KEY_CONFIGS][Key.DESTINATION_LIST])
+    sealed = [
+        seal_signing_key(flower.ss2_dict[d], src=flower.nid, dst=d, public_key=public, certificate=certificate)
+        for d in dsts
+    ]
+    reply.content.config_records[CONSISTENCY_RECORD] = ConfigRecord({"dst": list(dsts), "sealed": sealed})
+    own["sign_sk"], own["phase"] = sign_sk, "shared"
+
+
+@once_per_message  # the device runtime puts it around every approved app, which may list it too
+def secure_aggregation_mod(msg: Message, context: Context, call_next: Callable[[Message, Context], Message]) -> Message:
+    """Run Flower's SecAgg+ client protocol around the inner handler, marking its reply as masked, with
+    the malicious-server checks of ``client/secagg/consistency.py`` around its stages.
+
+    List it before ``individual_filter_mod``: the mark it sets is how the filter knows its reply is
+    masked, and so serves ``placement = "distributed"`` (Skellam noise on SecAgg+'s grid). Messages
+    without SecAgg+ configs (local rounds, evaluate, queries) pass through unmarked.
+
+    Parameters
+    ----------
+    msg : Message
+        The message the SuperNode delivered to this ClientApp.
+    context : Context
+        The node's context; SecAgg+'s state between stages lives in ``context.state``.
+    call_next : Callable[[Message, Context], Message]
+        The inner handler (normally ``individual_filter_mod`` around the app's training).
+
+    Returns
+    -------
+    Message
+        Flower's SecAgg+ reply for the stage, or the inner handler's error (the device then drops out
+        of the round).
+
+    Examples
+    --------
+    >>> from flwr.clientapp import ClientApp
+    >>> from fedfilter.client.filter_mod import individual_filter_mod
+    >>> app = ClientApp(mods=[secure_aggregation_mod, individual_filter_mod])
+    """
+    if msg.metadata.message_type != MessageType.TRAIN or not msg.has_content():
+        return call_next(msg, context)
+    if RECORD_KEY_CONFIGS not in msg.content.config_records:
+        return call_next(msg, context)  # a local round: unmarked
+    use_cryptographic_masks()
+    stage = msg.content.config_records[RECORD_KEY_CONFIGS].get(Key.STAGE)
+    flower = _flower_state(context)
+    pin = None
+    if stage == Stage.SETUP:
+        context.state.config_records[CONSISTENCY_STATE_RECORD] = ConfigRecord({"phase": ""})
+    elif stage == Stage.SHARE_KEYS:
+        try:
+            pin = pinning(context.node_config)
+        except PinningError as err:
+            return _refusal(msg, [str(err)], "Nothing was trained, spent or released.")
+        if problems := _key_problems(msg, flower):
+            return _refusal(msg, problems, "Nothing was trained, spent or released.")
+    elif stage == CONSISTENCY_STAGE:
+        return _consistency_reply(msg, context)
+    elif stage == Stage.COLLECT_MASKED_VECTORS and (problems := _collect_problems(msg, context, flower)):
+        return _refusal(msg, problems, "Nothing was trained, spent or released.")
+    elif stage == Stage.UNMASK:
+        if problems := _unmask_problems(msg, context, flower):
+            _own_state(context)["phase"] = "refused"
+            return _refusal(msg, problems, "No share was revealed.")
+        _own_state(context)["phase"] = "unmasked"  # one unmask per round, whatever happens next
+
+    def masked_call_next(inner: Message, ctx: Context) -> Message:
+        # secaggplus_mod has read its configs already; the training code must not see them.
+        removed = {
+            name: inner.content.config_records.pop(name)
+            for name in (RECORD_KEY_CONFIGS, CONSISTENCY_RECORD)
+            if name in inner.content.config_records
+        }
+        token = _MASKED.set(True)
+        try:
+            reply = call_next(inner, ctx)
+        finally:
+            _MASKED.reset(token)
+            inner.content.config_records.update(removed)
+        if reply.has_error():
+            raise _InnerError(reply)
+        return reply
+
+    try:
+        reply = secaggplus_mod(msg, context, masked_call_next)
+    except _InnerError as err:
+        return err.reply
+    except ValueError as err:
+        if stage != Stage.SHARE_KEYS:
+            raise
+        # Flower's share-keys checks (threshold, duplicate keys) and a low-order pk2 (secagg_keys): this
+        # stage trains nothing, so the refusal costs nothing.
+        return _refusal(msg, [str(err)], "Nothing was trained, spent or released.")
+    if stage == Stage.SHARE_KEYS:
+        _seal_signing_key(msg, reply, context, pin)
+    return reply
+
+
+# --- what individual_filter_mod needs under the mark -------------------------------------------
+def secagg_round_grid(spec: RoundSpec, context: Context, policy: ClientPolicy) -> SkellamGrid:
+    """The checks of a request under SecAgg+, before any training; ``RoundSpecError`` names the value.
+
+    Under the mark only ``distributed`` is served (a ``local`` float report would be mangled by
+    Flower's quantizer), the coordinator's SecAgg+ setup must make Flower's map exact and release
+    only sums of at least ``min_reports`` on a graph within the owner's ``policy``
+    (``check_secagg_state``), and the request's numbers must
+    give a usable grid (``skellam_grid``).
+    """
+    if spec.placement != "distributed":
+        raise RoundSpecError(
+            f"round request refused: placement={spec.placement!r} is refused under secure aggregation "
+            "(SecAgg+ would quantize a float report); a masked round needs placement='distributed'."
+        )
+    state = context.state.config_records.get(SECAGG_STATE_RECORD)
+    problems = check_secagg_state(state if state is not None else {}, int(spec.min_reports), policy.secagg_graph)
+    if problems or state is None:
+        raise RoundSpecError("secure aggregation refused: " + " ".join(problems or ["no SecAgg+ state."]))
+    # check_secagg_state has established that both are ints; the casts tell the type checker.
+    q, n = cast(int, state["target_range"]), cast(int, state["sample_num"])
+    return skellam_grid(spec, target_range=q, sample_num=n)
+
+
+def masked_report_content(report: list[np.ndarray]) -> RecordDict:
+    """The reply ``secaggplus_mod`` reads (the legacy ``fitres.*`` layout) and nothing else: the report
+    (masked by the mod), ``num_examples = 1``, no metric, status OK. The last three are constants, and
+    they are all that reaches the coordinator in the clear."""
+    fitres = FitRes(
+        status=Status(code=Code.OK, message="Success"),
+        parameters=ndarrays_to_parameters([np.asarray(a, dtype=np.float64) for a in report]),
+        num_examples=1,
+        metrics={},
+    )
+    return fitres_to_recorddict(fitres, keep_input=True)

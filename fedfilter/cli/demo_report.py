@@ -1,0 +1,252 @@
+"""What ``fedfilter demo`` shows: the progress bar over the public ledger, the plot, the texts, the
+tables printed after the run and ``summary.json``.
+
+Kept apart from ``fedfilter.cli.demo`` (parsing and the run itself). The progress bar
+reads the coordinator's public ledger only; the plot's "clients contributing data" come from the
+devices' own ledgers after the run (the demo plays the device owners there).
+"""
+
+from __future__ import annotations
+
+import argparse
+import threading
+from pathlib import Path
+from typing import Any
+
+DELTA = 1e-5  # every demo device's delta (fedfilter.cli.demo.DEFAULTS["delta"])
+
+
+def follow_public_ledger(ledger_path: Path, run_id: str, total: int, stop: threading.Event) -> None:
+    """Advance a progress bar as the coordinator appends public records."""
+    from tqdm import tqdm
+
+    from fedfilter.coordinator.public_ledger import PublicLedger
+
+    with tqdm(total=total, desc="rounds", unit="round") as bar:
+        reader = None
+        while not stop.is_set():
+            try:
+                if reader is None and ledger_path.exists():
+                    reader = PublicLedger(ledger_path, read_only=True)
+                if reader is not None and reader.has_run(run_id):
+                    records = reader.records(run_id)
+                    if len(records) > bar.n:
+                        if "accuracy" in records[-1].metrics:  # a round not released has no new model
+                            bar.set_postfix(accuracy=f"{records[-1].metrics['accuracy']:.3f}", refresh=False)
+                        bar.update(len(records) - bar.n)
+            except Exception:  # noqa: BLE001 - a busy or half-created file: try again shortly
+                pass
+            stop.wait(0.3)
+        if reader is not None:
+            if reader.has_run(run_id):
+                bar.update(len(reader.records(run_id)) - bar.n)
+            reader.close()
+
+
+def clip_share_per_round(ledger_dirs: list[Path], run_id: str, rounds: list[int], clip: float) -> list[float]:
+    """Per round, the mean over the devices of the norm each put in (the ledger's ``sensitivity`` of a
+    ``contributed`` record) over the clip: 1 when every device sent a full-norm update, 0 when none sent
+    data. Read from the devices' own ledgers after the run (the coordinator never learns it). With
+    distributed noise a device's allowance shrinks round by round as its budget runs out, long before
+    its ledger calls it exhausted; this is where that shows."""
+    from fedfilter.client.ledger.budget import BudgetLedger
+
+    total = dict.fromkeys(rounds, 0.0)
+    for ledger_dir in ledger_dirs:
+        ledger = BudgetLedger.open(ledger_dir)
+        try:
+            for record in ledger.records(run_id):
+                if record.status == "contributed" and int(record.round_id) in total:
+                    total[int(record.round_id)] += float(record.sensitivity)
+        finally:
+            ledger.close()
+    n = max(len(ledger_dirs), 1)
+    return [total[r] / (n * clip) for r in rounds]
+
+
+def plot_rounds(
+    path: Path,
+    rounds: list[int],
+    contributing: list[int],
+    accuracy: list[float | None],
+    n: int,
+    placement: str,
+    clip_share: list[float] | None = None,
+) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    ax.bar(rounds, contributing, color="#9ecae1", label="clients contributing data (device ledgers)")
+    ax.set_xlabel("round")
+    ax.set_ylabel("clients contributing data")
+    ax.set_ylim(0, max(n, 1) * 1.05)
+    ax.set_xticks(rounds)
+    ax2 = ax.twinx()
+    shown = [(r, a) for r, a in zip(rounds, accuracy) if a is not None]  # released rounds only
+    ax2.plot([r for r, _ in shown], [a for _, a in shown], "o-", color="#d62728", label="test accuracy (public ledger)")
+    if clip_share is not None:
+        ax2.plot(rounds, clip_share, "s--", color="#3182bd", label="mean norm put in / clip (device ledgers)")
+    ax2.set_ylabel("test accuracy; share of the clip")
+    ax2.set_ylim(0, 1)
+    handles = ax.get_legend_handles_labels()[0] + ax2.get_legend_handles_labels()[0]
+    ax.legend(handles=handles, loc="lower left", fontsize=8)  # labels from the artists
+    noise = "distributed noise over SecAgg+" if placement == "distributed" else "local noise"
+    ax.set_title(f"fedfilter demo: {n} clients with individual budgets, {noise}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def placement_text(args: argparse.Namespace) -> str:
+    """How the noise is placed, for the header line."""
+    if args.placement == "distributed":
+        return (
+            f"distributed noise (Skellam shares summed by SecAgg+, released only from >= {args.min_reports} "
+            f"reports, rdp filter)"
+        )
+    return "local noise (gdp filter)"
+
+
+def guarantee_text(args: argparse.Namespace) -> str:
+    """What each device's budget covers, in the words the summary keeps."""
+    d = DELTA
+    if args.after_exhaustion == "leave":
+        text = (
+            f"each client: (budget_epsilon, {d:g})-DP for its reports; in leave mode the round in "
+            "which it leaves is visible and depends on its data (not covered)"
+        )
+    elif args.placement == "distributed":
+        text = (
+            f"each client: (budget_epsilon, {d:g})-DP over its whole lifetime for everything the "
+            f"coordinator sees (Skellam shares masked by SecAgg+: only the sum of >= {args.min_reports} reports "
+            "is unmasked, and it carries at least the accounted noise; rdp filter; exhausted clients send "
+            "pure noise) against a coordinator that runs SecAgg+ with genuine devices that add their shares; "
+            f"(worst_case_epsilon = {args.min_reports} x budget_epsilon, {d:g})-DP against any coordinator "
+            "(one that forges the other SecAgg+ peers and reads a report alone), enforced by each device's "
+            "worst-case account"
+        )
+    else:
+        text = (
+            f"each client: (budget_epsilon, {d:g})-DP over its whole lifetime for everything the "
+            "coordinator sees (local Gaussian noise, gdp filter; exhausted clients send pure noise)"
+        )
+    if args.reply_hold_s == 0:
+        text += "; reply timing is not covered: timing protection is off in this simulation"
+    from fedfilter.client.runtime.approval import TRUST_TEXT
+
+    return f"{text}; {TRUST_TEXT}"
+
+
+# --- after the run: the tables and summary.json (the device owners' view beside the public one) ---
+def print_rounds_table(
+    records: list, contributing: list[int], clip_share: list[float], accuracy: list[float | None]
+) -> None:
+    """Per round: the public record, and what the devices' own ledgers say after the run."""
+    print()
+    print(
+        f"{'round':>5}  {'reports':>7}  {'markers':>7}  {'released':>8}  {'contributing*':>13}  "
+        f"{'norm/clip*':>10}  {'accuracy':>8}"
+    )
+    for rec, k, share, acc in zip(records, contributing, clip_share, accuracy):
+        shown = "-" if acc is None else f"{acc:.3f}"
+        print(
+            f"{rec.round_id:>5}  {rec.reports_received:>7}  {rec.markers_received:>7}  "
+            f"{'yes' if rec.released else 'no':>8}  {k:>13}  {share:>10.3f}  {shown:>8}"
+        )
+    print("  * from the devices' own ledgers after the run; the coordinator never learns it.")
+    print("    norm/clip: the mean norm the devices put in, over the clip (0 when none sent data).")
+
+
+def print_clients_table(clients: list[dict[str, Any]]) -> None:
+    """Per client: its budget, what it spent, its odometer and worst-case account (``device_report``)."""
+    print()
+    print(
+        f"{'client':>10}  {'budget eps':>10}  {'spent eps':>10}  {'odometer':>9}  {'worst eps':>10}  {'spent':>8}  "
+        "exhausted in round"
+    )
+    for c in clients:
+        ex = "-" if c["exhausted_round"] is None else str(c["exhausted_round"])
+        worst = "-" if c["worst_case_epsilon"] is None else f"{c['worst_case_epsilon']:.2f}"
+        worst_spent = "-" if c["worst_case_spent_epsilon"] is None else f"{c['worst_case_spent_epsilon']:.3f}"
+        print(
+            f"{c['client_id']:>10}  {c['budget_epsilon']:>10.2f}  {c['spent_epsilon']:>10.3f}  "
+            f"{c['odometer_epsilon']:>9.3f}  {worst:>10}  {worst_spent:>8}  {ex}"
+        )
+
+
+def demo_summary(
+    args: argparse.Namespace,
+    *,
+    run_id: str,
+    public_ledger: Path,
+    records: list,
+    clients: list[dict[str, Any]],
+    accuracy: list[float | None],
+    contributing: list[int],
+    clip_share: list[float],
+    filter_kind: str,
+    timing: str,
+    guarantee: str,
+    elapsed: float,
+) -> dict[str, Any]:
+    """What ``OUT/summary.json`` keeps of a run (README lists its keys): the public records, each
+    client's report from its own ledger, the settings and the guarantee the demo printed."""
+    from fedfilter.client.ledger.report import odometer_text
+
+    released = [bool(r.released) for r in records]
+    return {
+        "run_id": run_id,
+        "rounds_completed": len(records),
+        "public_ledger": str(public_ledger),
+        "placement": args.placement,
+        # Distributed rounds run through SecAgg+: the coordinator unmasks only the sum of the reports.
+        "secure_aggregation": args.placement == "distributed",
+        "released_rounds": sum(released),
+        "released_per_round": released,
+        "clients": [
+            {
+                k: c[k]
+                for k in (
+                    "client_id",
+                    "budget_epsilon",
+                    "spent_epsilon",
+                    "odometer_epsilon",
+                    "worst_case_epsilon",
+                    "worst_case_spent_epsilon",
+                    "exhausted_round",
+                )
+            }
+            for c in clients
+        ],
+        "final_accuracy": next((a for a in reversed(accuracy) if a is not None), float("nan")),
+        "accuracy_per_round": accuracy,
+        "contributing_per_round": contributing,
+        "clip_share_per_round": clip_share,
+        "settings": {
+            "task": args.task,
+            "clients": args.clients,
+            "rounds": args.rounds,
+            "seed": args.seed,
+            "noise_multiplier": args.noise_multiplier,
+            "clip": args.clip,
+            "placement": args.placement,
+            "min_reports": args.min_reports,
+            "filter": filter_kind,
+            "local_epochs": args.local_epochs,
+            "lr": args.lr,
+            "server_lr": args.server_lr,
+            "epsilon_distribution": f"log-uniform[{args.eps_min:g}, {args.eps_max:g}]",
+            "delta": DELTA,
+            # simulated_worst_case_epsilon (above): min_reports x budget (distributed placement)
+            "worst_case_epsilon": "min_reports x budget_epsilon" if args.placement == "distributed" else None,
+            "after_exhaustion": args.after_exhaustion,
+            "reply_hold_s": args.reply_hold_s,
+        },
+        "timing_protection": timing,
+        "guarantee": guarantee,
+        "odometer": odometer_text(DELTA),
+        "wall_time_s": round(elapsed, 1),
+    }

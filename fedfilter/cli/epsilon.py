@@ -1,0 +1,75 @@
+"""``fedfilter epsilon``: the budget a planned run of full-norm rounds needs (the inverse of ``rounds``).
+
+Options shared with ``fedfilter rounds`` are in ``fedfilter.cli.budget_options``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from fedfilter.cli.budget_options import FILTER_HELP, add_placement_options, distributed_kind, table
+from fedfilter.privacy.filters import FILTER_KINDS
+from fedfilter.privacy.planner import plan_distributed_epsilon, plan_epsilon
+
+
+def _epsilon(args: argparse.Namespace) -> int:
+    if args.placement == "distributed":
+        kind = distributed_kind(args)
+        res = plan_distributed_epsilon(
+            rounds=args.rounds,
+            delta=args.delta,
+            noise_multiplier=args.noise_multiplier,
+            clip=args.clip,
+            min_reports=args.min_reports,
+            dim=args.dim,
+            kind=kind,
+        )
+        if args.json:
+            print(json.dumps(res))
+            return 0
+        print(
+            table(
+                [
+                    ("filter", f"rdp at order {res['order']:g} (placement distributed: Skellam over SecAgg+)"),
+                    ("rounds", f"{args.rounds} full-norm rounds at noise multiplier {args.noise_multiplier:g}"),
+                    ("delta", f"{args.delta:g}"),
+                    ("epsilon", f"{res['epsilon']:.6g}   (smallest budget whose filter admits them)"),
+                    ("fixed plan", f"{res['fixed_composition_epsilon']:.6g}   (the same rounds fixed in advance)"),
+                ]
+            )
+        )
+        return 0
+    args.filter = "gdp" if args.filter is None else args.filter
+    res = plan_epsilon(args.filter, noise_multiplier=args.noise_multiplier, rounds=args.rounds, delta=args.delta)
+    if args.json:
+        print(json.dumps(res))
+        return 0
+    print(
+        table(
+            [
+                ("filter", f"{args.filter}: {FILTER_HELP[args.filter]}"),
+                ("rounds", f"{args.rounds} full-norm rounds at noise multiplier {args.noise_multiplier:g}"),
+                ("delta", f"{args.delta:g}"),
+                ("epsilon", f"{res['epsilon']:.6g}   (smallest budget whose filter admits them; rounded up)"),
+                (
+                    "fixed plan",
+                    f"{res['fixed_composition_epsilon']:.6g}   (the same rounds fixed in advance, no filter)",
+                ),
+            ]
+        )
+    )
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    e = sub.add_parser("epsilon", help="the budget a planned run of full-norm rounds needs")
+    e.add_argument("--noise-multiplier", type=float, required=True, help="z: noise std is z * C")
+    e.add_argument("--rounds", type=int, required=True, help="full-norm rounds the run should afford")
+    e.add_argument("--delta", type=float, required=True, help="the client's personal delta (e.g. 1e-5)")
+    e.add_argument(
+        "--filter", choices=list(FILTER_KINDS), default=None, help="default gdp (rdp with --placement distributed)"
+    )
+    e.add_argument("--json", action="store_true", help="print a JSON object")
+    add_placement_options(e)
+    e.set_defaults(func=_epsilon)

@@ -1,0 +1,108 @@
+"""``fedfilter rounds``: how many full-norm rounds a fresh client's budget admits, before a run.
+
+Options shared with ``fedfilter epsilon`` (placement, filters, the output table) are in
+``fedfilter.cli.budget_options``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from fedfilter.cli.budget_options import FILTER_HELP, add_placement_options, distributed_kind, table
+from fedfilter.privacy.filters import FILTER_KINDS
+from fedfilter.privacy.planner import BASELINE_KINDS, plan_distributed_rounds, plan_rounds
+
+
+def _distributed_rounds(args: argparse.Namespace) -> int:
+    kind = distributed_kind(args)
+    p = plan_distributed_rounds(
+        epsilon=args.epsilon,
+        delta=args.delta,
+        noise_multiplier=args.noise_multiplier,
+        clip=args.clip,
+        min_reports=args.min_reports,
+        dim=args.dim,
+        kind=kind,
+    )
+    out = {
+        "filter": kind,
+        "placement": "distributed",
+        "epsilon": p.epsilon,
+        "delta": p.delta,
+        "noise_multiplier": p.noise_multiplier,
+        "clip": p.clip,
+        "min_reports": p.min_reports,
+        "dim": p.dim,
+        "order": p.order,
+        "rounds": p.rounds,
+        "gaussian_rounds": plan_rounds(
+            "rdp", epsilon=args.epsilon, delta=args.delta, noise_multiplier=args.noise_multiplier
+        ).rounds,
+    }
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    print(
+        f"Full-norm rounds for a fresh client, placement distributed (Skellam noise over SecAgg+): budget "
+        f"(epsilon={p.epsilon:g}, delta={p.delta:g}), noise multiplier {p.noise_multiplier:g}, clip {p.clip:g}, "
+        f"at least {p.min_reports} reports per sum, {p.dim} coordinates\n"
+    )
+    rows = [
+        ("filter", f"rdp at order {p.order:g}: {FILTER_HELP['rdp']}"),
+        ("rounds", f"{p.rounds}   (every update of norm C, worst-case L1 on the grid)"),
+        ("gaussian", f"{out['gaussian_rounds']}   (the same budget with Gaussian noise, placement local)"),
+        ("grid", f"L2 {p.l2:g}, L1 <= {p.l1:.6g}, Skellam variance {p.mu:.6g} per coordinate (grid units)"),
+    ]
+    print(table(rows))
+    return 0
+
+
+def _rounds(args: argparse.Namespace) -> int:
+    if args.placement == "distributed":
+        return _distributed_rounds(args)
+    args.filter = "gdp" if args.filter is None else args.filter
+    kinds = list(FILTER_KINDS) + list(BASELINE_KINDS) if args.filter == "all" else [args.filter]
+    plans = [
+        plan_rounds(k, epsilon=args.epsilon, delta=args.delta, noise_multiplier=args.noise_multiplier) for k in kinds
+    ]
+    if args.json:
+        out = [
+            {
+                "filter": p.filter,
+                "epsilon": p.epsilon,
+                "delta": p.delta,
+                "noise_multiplier": p.noise_multiplier,
+                "rounds": p.rounds,
+                "last_round_fraction": p.last_round_fraction,
+            }
+            for p in plans
+        ]
+        print(json.dumps(out[0] if len(out) == 1 else out))
+        return 0
+    print(
+        f"Full-norm rounds for a fresh client: budget (epsilon={args.epsilon:g}, delta={args.delta:g}), "
+        f"noise multiplier {args.noise_multiplier:g} (every clipped update of norm C, noise std z*C)\n"
+    )
+    rows = [("filter", "rounds   then a partial round of")]
+    for p in plans:
+        tail = f"{p.last_round_fraction:.3f} C" if p.filter in FILTER_KINDS else "-"
+        rows.append((p.filter, f"{p.rounds:<8} {tail:<9}  {FILTER_HELP[p.filter]}"))
+    print(table(rows))
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("rounds", help="how many full-norm rounds a fresh client admits")
+    p.add_argument("--epsilon", type=float, required=True, help="the client's personal lifetime budget epsilon")
+    p.add_argument("--delta", type=float, required=True, help="the client's personal delta (e.g. 1e-5)")
+    p.add_argument("--noise-multiplier", type=float, required=True, help="z: noise std is z * C")
+    p.add_argument(
+        "--filter",
+        choices=list(FILTER_KINDS) + list(BASELINE_KINDS) + ["all"],
+        default=None,
+        help="default gdp (rdp with --placement distributed)",
+    )
+    p.add_argument("--json", action="store_true", help="print a JSON object (a list with --filter all)")
+    add_placement_options(p)
+    p.set_defaults(func=_rounds)

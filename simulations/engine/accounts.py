@@ -1,0 +1,80 @@
+"""The engine's books: the filter states of a set of clients of one budget group, as a device's ledger holds them.
+
+``RowsAccount`` is the engine's ``Account`` of the spend template (``fedfilter.client.mechanisms.spend``):
+the device's ledger ``Reservation`` for one client, here for many rows at once. ``allowance`` and
+``worst_allowance`` are ``round_allowance`` on the rows' states (the lifetime and run-quota filters;
+the worst-case account in distributed placement); ``commit`` is the one admits check over every row
+(defence in depth) and then one ``spend`` per state array. The engine has no owner quotas beyond the
+run quota, and keeps no spend rows.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fedfilter.client.mechanisms.spend import ReleaseRecord
+from fedfilter.privacy.filters import GaussianFilter, round_allowance
+
+
+class RowsAccount:
+    """The states of ``rows`` (clients of budget group ``group``) in ``engine``, read and spent in place.
+
+    Parameters
+    ----------
+    engine : Engine
+        Holds ``state``, ``run_state``, ``worst_state`` (one row per client) and the group's filters.
+    rows : numpy.ndarray
+        The clients (indices), all of budget group ``group``.
+    group : int
+        Their budget group (one distinct lifetime and worst-case budget).
+
+    Examples
+    --------
+    >>> account = RowsAccount(engine, np.array([0, 3]), 0)  # doctest: +SKIP
+    >>> account.allowance(noise_std=1.0, clip=1.0)  # doctest: +SKIP
+    array([1., 1.])
+    """
+
+    def __init__(self, engine, rows: np.ndarray, group: int):
+        self._engine, self.rows = engine, rows
+        self.filter: GaussianFilter = engine.filters[group]
+        self.run_filter: GaussianFilter = engine.run_filters[group]
+        self.worst_filter: GaussianFilter | None = None if engine.worst_filters is None else engine.worst_filters[group]
+
+    def allowance(self, *, noise_std: float, clip: float) -> np.ndarray:
+        """``round_allowance`` of each row: the lifetime and run-quota filters, at most ``clip``."""
+        e = self._engine
+        return round_allowance(
+            self.filter,
+            e.state[self.rows],
+            noise_std=noise_std,
+            clip=clip,
+            run_filter=self.run_filter,
+            run_state=e.run_state[self.rows],
+        )
+
+    def worst_allowance(self, *, noise_std: float, clip: float) -> np.ndarray:
+        """What each row's worst-case account still admits at the share's std (``tx.worst_allowance``)."""
+        e = self._engine
+        if self.worst_filter is None or e.worst_state is None:
+            raise RuntimeError("internal error: no worst-case accounts (distributed placement keeps them)")
+        return round_allowance(self.worst_filter, e.worst_state[self.rows], noise_std=noise_std, clip=clip)
+
+    def commit(self, record: ReleaseRecord) -> None:
+        """Check that every row's charge fits every account, then spend each state array once."""
+        e, rows = self._engine, self.rows
+        charge, worst = record.charge, record.worst_charge
+        admitted = np.all(self.filter.admits(e.state[rows], charge)) and np.all(
+            self.run_filter.admits(e.run_state[rows], charge)
+        )
+        worst_filter, worst_state = self.worst_filter, e.worst_state
+        if worst is not None:
+            if worst_filter is None or worst_state is None:
+                raise RuntimeError("internal error: no worst-case accounts (distributed placement keeps them)")
+            admitted = admitted and np.all(worst_filter.admits(worst_state[rows], worst))
+        if not admitted:
+            raise RuntimeError("internal error: a clipped update exceeds its allowance; nothing spent")
+        e.state[rows] = self.filter.spend(e.state[rows], charge)
+        e.run_state[rows] = self.run_filter.spend(e.run_state[rows], charge)
+        if worst is not None and worst_filter is not None and worst_state is not None:
+            worst_state[rows] = worst_filter.spend(worst_state[rows], worst)
