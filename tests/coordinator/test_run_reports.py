@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.serverapp.strategy import FedAvg
-from flwr.supercore.task_identity import TaskIdentity
+from helpers.flower_messages import task_identity
 from helpers.strategy import FakeGrid
 
 from fedfilter.client.filter_mod import individual_filter_mod
@@ -28,9 +28,7 @@ Z, CLIP = 0.5, 1.0
 
 @pytest.fixture(autouse=True)
 def _task_identity(monkeypatch):
-    monkeypatch.setattr(TaskIdentity, "_run_id", 7)
-    monkeypatch.setattr(TaskIdentity, "_node_id", 1)
-    monkeypatch.setattr(TaskIdentity, "_task_id", 1)
+    task_identity(monkeypatch, run_id=7)
 
 
 def _zero_update(msg, ctx):

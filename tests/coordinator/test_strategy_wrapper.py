@@ -19,6 +19,7 @@ from helpers.strategy import (
     FakeGrid,
     Z,
     _client,
+    _task_identity,  # noqa: F401 (an autouse fixture: Flower's ids for messages built here)
     as_record,
     error_reply,
     global_arrays,

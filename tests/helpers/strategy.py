@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MetricRecord, RecordDict
 from flwr.serverapp.strategy import FedAvg
-from flwr.supercore.task_identity import TaskIdentity
 
 from fedfilter.coordinator.strategy import IndividualFilterStrategy
 from fedfilter.protocol.wire import ARRAYS_RECORD, STATUS_RECORD
+from helpers.flower_messages import task_identity
 
 KEYS = ["w", "b", "steps"]
 SHAPES = [(3, 4), (4,), ()]
@@ -25,9 +25,8 @@ NODES = [11, 12, 13, 14, 15, 16, 17, 18, 19, 20]
 @pytest.fixture(autouse=True)
 def _task_identity(monkeypatch):
     # Messages are built outside a ServerApp process here, which would have its Flower ids set.
-    monkeypatch.setattr(TaskIdentity, "_run_id", 7)
-    monkeypatch.setattr(TaskIdentity, "_node_id", 1)
-    monkeypatch.setattr(TaskIdentity, "_task_id", 1)
+    # Autouse only where a test module imports it (by name): see test_strategy_wrapper.py.
+    task_identity(monkeypatch)
 
 
 class FakeGrid:

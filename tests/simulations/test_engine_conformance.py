@@ -16,7 +16,7 @@ import pytest
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, RecordDict
 from flwr.serverapp.strategy import FedAvg
-from flwr.supercore.task_identity import TaskIdentity
+from helpers.flower_messages import task_identity
 
 from fedfilter.app.client_app import train as client_train
 from fedfilter.client.filter_mod import individual_filter_mod
@@ -129,9 +129,7 @@ def flower_reference(tmp_path, *, placement: str, min_reports: int, clip: float,
 @pytest.mark.parametrize("placement,min_reports", [("local", 1)])
 def test_engine_matches_flower_path_bitwise(tmp_path, monkeypatch, placement, min_reports):
     # The ServerApp process would have its Flower run id set; messages are built outside one here.
-    monkeypatch.setattr(TaskIdentity, "_run_id", 1)
-    monkeypatch.setattr(TaskIdentity, "_node_id", 1)
-    monkeypatch.setattr(TaskIdentity, "_task_id", 1)
+    task_identity(monkeypatch, run_id=1)
     clip, z = 0.5, 2.0
     states, run_states, statuses, counts, weights = flower_reference(
         tmp_path, placement=placement, min_reports=min_reports, clip=clip, z=z
