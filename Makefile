@@ -13,7 +13,7 @@ MAPPED := client coordinator privacy protocol protos simulations
 SHELL := /bin/bash
 .SHELLFLAGS := -eo pipefail -c
 
-.PHONY: demo test lint typecheck layers tree setup clean
+.PHONY: demo test lint typecheck layers graph tree setup clean
 
 $(BIN)/fedfilter: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -48,6 +48,12 @@ typecheck: setup tree
 layers: setup tree
 	@echo "== lint-imports"
 	cd $(TREE) && $(CURDIR)/$(BIN)/lint-imports --no-cache --no-logo $(CURDIR)/pyproject.toml
+
+# The import graph, drawn by import-linter from the source alone (DOT; render with graphviz's `dot -Tsvg`
+# where it is installed). A dependency that closes a cycle would be marked; none is.
+graph: setup tree
+	cd $(TREE) && $(CURDIR)/$(BIN)/import-linter drawgraph fedfilter --show-cycle-breakers > $(CURDIR)/docs/import-graph.dot
+	cd $(TREE) && $(CURDIR)/$(BIN)/import-linter drawgraph fedfilter.client --show-cycle-breakers > $(CURDIR)/docs/import-graph-client.dot
 
 test: lint typecheck layers
 	@echo "== pytest"
