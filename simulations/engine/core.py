@@ -159,6 +159,23 @@ class Engine:
                 self._fast = LayerwiseClippedSum(self.model, self.task.loss)
         self._distributed = DistributedPlacement(self) if cfg.placement == "distributed" else None
         self.graph_rounds = np.zeros(n, dtype=np.int64)  # distributed rounds each client reported in
+        # accounting="worst-case": a full round's allowance, read off the fresh states (the most any
+        # round admits); a round is charged at it, and a client that no longer admits it is out.
+        self.full_allowance: np.ndarray | None = None
+        if cfg.accounting == "worst-case":
+            everyone = np.arange(n)
+            self.full_allowance = (
+                self.allowance(everyone) if self._distributed is None else self._distributed.l2_allowance(everyone)
+            )
+
+    def uniform(self, clients: np.ndarray, allowance: np.ndarray) -> np.ndarray:
+        """``accounting="worst-case"``: each client's allowance becomes all or nothing, its full round's
+        (``full_allowance``) while its accounts still admit that, else 0 (exhausted). The charge is then
+        made at this bound, not at the update's norm. Identity under individual accounting."""
+        if self.full_allowance is None:
+            return allowance
+        full = self.full_allowance[clients]
+        return np.where(np.asarray(allowance) >= full, full, 0.0)
 
     # --- privacy: the filters, vectorised over clients ------------------------------------------
     def allowance(self, clients: np.ndarray) -> np.ndarray:
@@ -176,7 +193,8 @@ class Engine:
         the Gaussian allowance, or in distributed placement the Skellam one on the integer grid)."""
         if self._distributed is not None:
             return ~self._distributed.exhausted(clients)
-        return ~exhausted(self.allowance(clients), self.config.clip, self.config.exhausted_below)
+        allow = self.uniform(clients, self.allowance(clients))
+        return ~exhausted(allow, self.config.clip, self.config.exhausted_below)
 
     def worst_allowance(self, clients: np.ndarray, noise_std: float) -> np.ndarray:
         """What each client's worst-case account still admits at its share's std (``tx.worst_allowance``)."""
@@ -193,7 +211,8 @@ class Engine:
         certified clipped norms; the others are charged 0 (their states do not move)."""
         cfg = self.config
         sensitivity = np.zeros(len(clients))
-        sensitivity[~out] = norms
+        # worst-case accounting charges the bound each active client was clipped to, not its norm
+        sensitivity[~out] = allow[~out] if self.full_allowance is not None else norms
         added = cfg.added_std if cfg.placement == "local" else cfg.accounted_std  # central: the coordinator's
         groups = self.group[clients]
         for g in range(len(self.filters)):
@@ -281,7 +300,7 @@ class Engine:
         Returns ``(out, active, reporting, mean)``: who had nothing left, who contributed data, who
         sent pure noise, and the mean the coordinator steps with (None if not released)."""
         cfg = self.config
-        allow = self.allowance(clients)
+        allow = self.uniform(clients, self.allowance(clients))
         out = exhausted(allow, cfg.clip, cfg.exhausted_below)
         active, reporting = clients[~out], clients[out & ~self.leave[clients]]
         total = np.zeros(self.layout.dim, dtype=np.float64)
