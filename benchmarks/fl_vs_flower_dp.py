@@ -40,7 +40,8 @@ Run (CPU, 2 cores; the extra ``app``):
         --clients-per-round 20 --out out/fl_vs_flower_dp/femnist        # resumable: finished arms are kept
 
 ``--json`` prints the results as one JSON document on stdout (the table goes to stderr); ``--out DIR``
-writes ``DIR/results.json`` after every arm and, rerun with the same settings, skips the arms it holds.
+writes ``DIR/results.json`` after every arm and, rerun with the same settings, skips the arms it holds
+(so rerunning a finished command with ``--markdown`` only reprints its table, as docs/results.md has it).
 """
 
 from __future__ import annotations
@@ -113,6 +114,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--arms", default="abcde", help="which of a-e to run (default all)")
     p.add_argument("--out", default=None, help="directory for results.json (checkpoint after every arm)")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--markdown", action="store_true", help="print the table as markdown (rerun with --out: no rerun)")
     args = p.parse_args(argv)
     defaults = dict(
         task="femnist",
@@ -346,6 +348,7 @@ def flower_arm(task, args, *, z: float | None, epsilon: float | None, bar) -> di
 def engine_arm(task, args, *, arm: str, z: float, eps: np.ndarray, bar) -> dict[str, Any]:
     from fedfilter.deploy.devices import simulated_worst_case_epsilon
     from fedfilter.privacy.filters import rdp_order
+    from fedfilter.protocol.secagg_grid import grid_step
     from fedfilter.simulations.engine import Engine, EngineConfig
 
     n, k = task.num_clients, args.clients_per_round
@@ -384,6 +387,10 @@ def engine_arm(task, args, *, arm: str, z: float, eps: np.ndarray, bar) -> dict[
         bar.update(1)
     res = engine.result()
     accuracy = [r.accuracy for r in res.rounds]
+    extra: dict[str, Any] = {}
+    if engine.full_allowance is not None:  # (c): the norm a full round is charged at (distributed: grid units)
+        full = engine.full_allowance * (grid_step(args.clip) if distributed else 1.0)
+        extra["full_round_norm"] = [float(full.min()), float(full.max())]
     devices = []
     for c in range(n):
         filt = engine.filters[engine.group[c]]
@@ -411,6 +418,7 @@ def engine_arm(task, args, *, arm: str, z: float, eps: np.ndarray, bar) -> dict[
         "accounting": cfg.accounting,
         "exhausted": int((res.exhausted_round >= 0).sum()),
         "devices": devices,
+        **extra,
     }
 
 
@@ -519,11 +527,38 @@ def table(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def markdown(doc: dict[str, Any]) -> str:
+    """The results as a markdown table (docs/results.md): final and best accuracy, rounds released,
+    devices contributing in the first and last round, devices out of budget, and the largest share of
+    its budget a device spent (by the arm's own accountant)."""
+    lines = [
+        "| epsilon | arm | server | final accuracy | best accuracy | rounds released | devices first / last round "
+        "| out of budget | max spent / budget |",
+        "|---:|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for entry in doc["results"]:
+        for arm, r in entry["arms"].items():
+            accs = [a for a in r["accuracy_per_round"] if a is not None]
+            contrib = r["contributing_per_round"]
+            if "devices" in r:
+                share = max(d["spent_epsilon"] / d["epsilon"] for d in r["devices"])
+            elif "spent_epsilon" in r:
+                share = r["spent_epsilon"] / r["epsilon_budget"]
+            else:
+                share = None
+            lines.append(
+                f"| {entry['epsilon']:g} | ({arm}) {r['name']} | {'trusted' if r['trusted_server'] else 'untrusted'} "
+                f"| {accs[-1]:.3f} | {max(accs):.3f} | {r['rounds_run']} | {contrib[0]} / {contrib[-1]} "
+                f"| {r.get('exhausted', '-')} | {'-' if share is None else f'{share:.3f}'} |"
+            )
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     say = (lambda text: print(text, file=sys.stderr)) if args.json else print
     doc = run(args, log=say)
-    say(table(doc))
+    say(markdown(doc) if args.markdown else table(doc))
     if args.json:
         print(json.dumps(doc))
     return 0

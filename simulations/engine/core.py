@@ -160,7 +160,8 @@ class Engine:
         self._distributed = DistributedPlacement(self) if cfg.placement == "distributed" else None
         self.graph_rounds = np.zeros(n, dtype=np.int64)  # distributed rounds each client reported in
         # accounting="worst-case": a full round's allowance, read off the fresh states (the most any
-        # round admits); a round is charged at it, and a client that no longer admits it is out.
+        # round admits; model units, distributed: integer-grid L2); a round is charged at it, and a
+        # client that no longer admits it is out.
         self.full_allowance: np.ndarray | None = None
         if cfg.accounting == "worst-case":
             everyone = np.arange(n)
