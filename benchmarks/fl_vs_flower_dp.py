@@ -18,8 +18,10 @@ per-device ``(epsilon, delta)``, five ways:
     grid, no trusted server) with each device's individual filter (rdp), through the vectorised engine
     studies use (``fedfilter.simulations.engine``; its agreement with the Flower path is
     ``tests/simulations/test_engine_conformance.py`` and ``test_engine_conformance_distributed.py``).
-    ``min_reports = max(2, clients_per_round // 2)``; each device's worst-case budget is the demo's rule
-    (``fedfilter.deploy.devices.simulated_worst_case_epsilon``: ``min_reports`` times its budget).
+    ``min_reports = max(2, clients_per_round // 2)`` unless ``--min-reports``: each report carries
+    ``1/min_reports`` of the sum's noise, so with every asked device reporting the sum carries
+    ``clients_per_round / min_reports`` times (a)'s variance. Each device's worst-case budget is the
+    demo's rule (``fedfilter.deploy.devices.simulated_worst_case_epsilon``: ``min_reports`` times its budget).
 (c) ``fedfilter-worst-case``: (b) with every contribution charged a full round's worst case (the
     engine's ``accounting="worst-case"``): the uniform accounting of a system without individual
     accounting. (b) minus (c) is what individual accounting alone buys.
@@ -105,6 +107,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--alpha", type=float, default=0.3, help="mnist-dirichlet's label skew")
     p.add_argument("--max-examples", type=int, default=None, help="cap each client's training data (random subset)")
     p.add_argument("--max-test", type=int, default=None, help="cap the test set (random subset)")
+    p.add_argument(
+        "--min-reports",
+        type=int,
+        default=None,
+        help="(b), (c): SecAgg+'s threshold m; a report carries 1/m of the sum's noise (default: per round // 2)",
+    )
     p.add_argument("--clip", type=float, default=0.5)
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--local-epochs", type=int, default=None, help="default 1")
@@ -149,6 +157,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         problems.append(
             f"--clients-per-round must be >= 3 (SecAgg+ needs a third node). Found {args.clients_per_round}."
         )
+    if args.min_reports is not None and not 2 <= args.min_reports <= args.clients_per_round:
+        problems.append(f"--min-reports must be in [2, clients-per-round]. Found {args.min_reports!r}.")
     if not (math.isfinite(args.clip) and args.clip > 0):
         problems.append(f"--clip must be finite and > 0. Found {args.clip!r}.")
     if not args.arms or set(args.arms) - set(ARMS):
@@ -353,7 +363,7 @@ def engine_arm(task, args, *, arm: str, z: float, eps: np.ndarray, bar) -> dict[
 
     n, k = task.num_clients, args.clients_per_round
     distributed = arm in ("b", "c")
-    m = max(2, k // 2)
+    m = args.min_reports or max(2, k // 2)
     cfg = EngineConfig(
         task=task.name,
         num_clients=n,
@@ -428,6 +438,8 @@ def engine_arm(task, args, *, arm: str, z: float, eps: np.ndarray, bar) -> dict[
 def settings(args: argparse.Namespace, task) -> dict[str, Any]:
     keys = ("task", "budgets", "delta", "rounds", "clients_per_round", "clip", "lr", "local_epochs", "batch_size")
     out = {key: getattr(args, key) for key in keys}
+    if args.min_reports is not None:  # absent: the default (keeps earlier results.json resumable)
+        out["min_reports"] = args.min_reports
     out.update(
         num_clients=task.num_clients,
         max_examples=args.max_examples,
