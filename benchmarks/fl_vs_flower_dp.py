@@ -13,7 +13,9 @@ per-device ``(epsilon, delta)``, five ways:
     training the same torch model. A TRUSTED server: it sees every clipped update in the clear. One
     budget for the population: with budget tiers it runs at the smallest epsilon (the output says so).
     ``z`` is the smallest (bisection, rounded up) for which Flower's accountant itself admits the
-    planned rounds; every other arm uses the same ``z``.
+    planned rounds; every other arm uses the same ``z`` unless ``--fedfilter-z`` gives (b)-(d) their own
+    (each device's filter enforces its budget whatever the z; Flower's no-amplification accountant
+    charges every device every round, fedfilter only the devices asked).
 (b) ``fedfilter-distributed``: fedfilter's distributed placement (Skellam noise on SecAgg+'s integer
     grid, no trusted server) with each device's individual filter (rdp), through the vectorised engine
     studies use (``fedfilter.simulations.engine``; its agreement with the Flower path is
@@ -113,6 +115,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="(b), (c): SecAgg+'s threshold m; a report carries 1/m of the sum's noise (default: per round // 2)",
     )
+    p.add_argument(
+        "--fedfilter-z",
+        type=float,
+        default=None,
+        help="(b)-(d): this noise multiplier instead of (a)'s (fedfilter charges a device only when asked)",
+    )
     p.add_argument("--clip", type=float, default=0.5)
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--local-epochs", type=int, default=None, help="default 1")
@@ -159,6 +167,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         )
     if args.min_reports is not None and not 2 <= args.min_reports <= args.clients_per_round:
         problems.append(f"--min-reports must be in [2, clients-per-round]. Found {args.min_reports!r}.")
+    if args.fedfilter_z is not None and not (math.isfinite(args.fedfilter_z) and args.fedfilter_z > 0):
+        problems.append(f"--fedfilter-z must be finite and > 0. Found {args.fedfilter_z!r}.")
     if not (math.isfinite(args.clip) and args.clip > 0):
         problems.append(f"--clip must be finite and > 0. Found {args.clip!r}.")
     if not args.arms or set(args.arms) - set(ARMS):
@@ -438,8 +448,9 @@ def engine_arm(task, args, *, arm: str, z: float, eps: np.ndarray, bar) -> dict[
 def settings(args: argparse.Namespace, task) -> dict[str, Any]:
     keys = ("task", "budgets", "delta", "rounds", "clients_per_round", "clip", "lr", "local_epochs", "batch_size")
     out = {key: getattr(args, key) for key in keys}
-    if args.min_reports is not None:  # absent: the default (keeps earlier results.json resumable)
-        out["min_reports"] = args.min_reports
+    for key in ("min_reports", "fedfilter_z"):  # absent: the default (keeps earlier results.json resumable)
+        if getattr(args, key) is not None:
+            out[key] = getattr(args, key)
     out.update(
         num_clients=task.num_clients,
         max_examples=args.max_examples,
@@ -483,6 +494,8 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
                 f"budget for the population, so it runs at the smallest, {eps.min():g}, for every device."
             )
         log(f"epsilon {epsilon:g}: z = {z:.4f} (Flower's accountant admits {args.rounds} rounds at {eps.min():g})")
+        if args.fedfilter_z is not None:
+            log(f"epsilon {epsilon:g}: (b)-(d) at z = {args.fedfilter_z:g}; each device's filter enforces its budget")
         for arm in args.arms:
             if arm in entry["arms"]:
                 continue
@@ -502,7 +515,7 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
                         bar=bar,
                     )
                 else:
-                    result = engine_arm(task, args, arm=arm, z=z, eps=eps, bar=bar)
+                    result = engine_arm(task, args, arm=arm, z=args.fedfilter_z or z, eps=eps, bar=bar)
             result["name"] = ARMS[arm]
             result["seconds"] = round(time.perf_counter() - started, 2)
             entry["arms"][arm] = result
