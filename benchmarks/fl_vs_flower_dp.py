@@ -52,9 +52,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import math
-import random
 import sys
 import time
 from dataclasses import replace
@@ -78,7 +76,6 @@ TASKS = {
 TIER_SHARES = (0.34, 0.43, 0.23)  # Jorgensen et al. 2015: conservatives, pragmatists, liberals
 TIER_FACTORS = (1.0, 2.0, 3.0)
 SCHEMA = "fedfilter.bench.fl_vs_flower_dp.v1"
-NODE_BASE = 100  # Grid node ids: NODE_BASE + partition id (the loopback's server is node 1)
 
 SMOKE = dict(
     task="femnist",
@@ -213,155 +210,6 @@ def budgets(n: int, epsilon: float, kind: str, seed: int) -> np.ndarray:
     return eps[np.random.default_rng([seed, 2015]).permutation(n)]
 
 
-def flower_accountant(epsilon: float, delta: float, population: int):
-    """Flower's RDP accountant for fixed clipping, at ``max_epsilon = epsilon``."""
-    from flwr.serverapp import NeighboringRelation, PrivacyConfig, SamplingMethod
-    from flwr.supercore.privacy_accounting.rdp_accountant import RdpAccountant
-
-    config = PrivacyConfig(
-        target_delta=delta,
-        population_size=population,
-        neighboring_relation=NeighboringRelation.ADD_OR_REMOVE_ONE,
-        sampling_method=SamplingMethod.NO_AMPLIFICATION,
-        max_epsilon=epsilon,
-    )
-    return RdpAccountant(config)
-
-
-def flower_noise_multiplier(epsilon: float, delta: float, rounds: int, population: int, sampled: int) -> float:
-    """The smallest ``z`` (to 1e-4 relative, rounded up) whose ``rounds`` releases Flower's accountant
-    admits within ``epsilon``: its own ``would_exceed``, the check its strategy makes before each round."""
-    from flwr.serverapp import GaussianPrivacyEvent
-
-    accountant = flower_accountant(epsilon, delta, population)
-
-    def fits(z: float) -> bool:
-        event = GaussianPrivacyEvent(noise_multiplier=z, sample_size=sampled, population_size=population)
-        return not accountant.would_exceed(event, count=rounds)
-
-    lo, hi = 1e-3, 1.0
-    while not fits(hi):
-        lo, hi = hi, hi * 2
-        if hi > 1e6:
-            raise ValueError(f"no noise multiplier up to 1e6 fits {rounds} rounds at epsilon={epsilon!r}")
-    while hi - lo > 1e-4 * hi:
-        mid = (lo + hi) / 2
-        lo, hi = (lo, mid) if fits(mid) else (mid, hi)
-    return hi
-
-
-# --- (a) and (e): Flower's own strategies on a Grid of Flower ClientApps --------------------------
-
-
-def _client_app(task, args: argparse.Namespace):
-    """A plain Flower ClientApp: ``fedfilter.app.client_app.train``'s local SGD on this node's partition
-    (the prebuilt task), returning the new weights with weight 1 (uniform FedAvg)."""
-    import torch
-    from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
-    from flwr.clientapp import ClientApp
-
-    from fedfilter.simulations.tasks.training import local_update, set_weights
-
-    app = ClientApp()
-    model = task.model_fn()
-
-    @app.train()
-    def train(msg, context):
-        torch.set_num_threads(1)
-        pid = int(context.node_config["partition-id"])
-        server_round = int(msg.content["config"]["server-round"])
-        set_weights(model, msg.content["arrays"].to_numpy_ndarrays())
-        x, y = task.train_data[pid]
-        local_update(
-            model,
-            x,
-            y,
-            epochs=args.local_epochs,
-            lr=args.lr,
-            batch_size=args.batch_size,
-            seed=1_000_003 * server_round + pid,  # fedfilter.app.client_app.train's seed
-            loss_fn=task.loss,
-        )
-        content = RecordDict({"arrays": ArrayRecord(model.state_dict()), "metrics": MetricRecord({"num-examples": 1})})
-        return Message(content, reply_to=msg)
-
-    return app
-
-
-def flower_arm(task, args, *, z: float | None, epsilon: float | None, bar) -> dict[str, Any]:
-    """(a) with ``z`` (Flower's central DP at ``epsilon``), (e) without (``z=None``)."""
-    import torch
-    from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
-    from flwr.serverapp.exception import PrivacyBudgetExhausted
-    from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping, FedAvg
-
-    from fedfilter.simulations.harness.secagg_loopback import LoopbackGrid
-    from fedfilter.simulations.tasks.training import evaluate, set_weights
-
-    logging.getLogger("flwr").setLevel(logging.WARNING)  # Flower logs every round at INFO
-    n, k = task.num_clients, args.clients_per_round
-    app = _client_app(task, args)
-    nodes = {NODE_BASE + pid: app for pid in range(n)}
-    grid = LoopbackGrid(nodes, {NODE_BASE + pid: {"partition-id": pid} for pid in range(n)})
-    fedavg = FedAvg(
-        fraction_train=k / n, fraction_evaluate=0.0, min_train_nodes=k, min_evaluate_nodes=0, min_available_nodes=k
-    )
-    strategy = fedavg
-    if z is not None:
-        assert epsilon is not None
-        strategy = DifferentialPrivacyServerSideFixedClipping(
-            fedavg, z, args.clip, k, accountant=flower_accountant(epsilon, args.delta, n)
-        )
-    torch.manual_seed(args.seed)  # the engine's initial model (EngineConfig.seed)
-    model = task.model_fn()
-    accuracy: list[float | None] = []
-
-    def central_evaluation(server_round: int, arrays):
-        if server_round == 0:
-            return None
-        bar.update(1)
-        if server_round % args.eval_every and server_round != args.rounds:
-            accuracy.append(None)
-            return None
-        set_weights(model, arrays.to_numpy_ndarrays())
-        loss, acc = evaluate(model, *task.test_data, loss_fn=task.loss)
-        accuracy.append(float(acc))
-        return MetricRecord({"accuracy": float(acc), "loss": float(loss)})
-
-    random.seed(args.seed)  # FedAvg's node sampling
-    np.random.seed(args.seed)  # Flower's central noise (np.random.normal)
-    stopped = None
-    try:
-        strategy.start(
-            grid=grid,
-            initial_arrays=ArrayRecord(model.state_dict()),
-            num_rounds=args.rounds,
-            train_config=ConfigRecord({}),
-            evaluate_fn=central_evaluation,
-        )
-    except PrivacyBudgetExhausted as e:  # the planned z should prevent it: reported, not hidden
-        stopped = str(e)
-    out: dict[str, Any] = {
-        "accuracy_per_round": accuracy,
-        "accuracy": next((a for a in reversed(accuracy) if a is not None), None),
-        "contributing_per_round": [k] * len(accuracy),
-        "rounds_run": len(accuracy),
-        "trusted_server": True,
-        "stopped": stopped,
-    }
-    if z is not None:
-        spent = strategy.privacy_spent()
-        out.update(
-            noise_multiplier=z,
-            epsilon_budget=epsilon,
-            spent_epsilon=float(spent.epsilon),
-            spent_delta=float(spent.delta),
-            releases=int(spent.num_releases),
-            rounds_run=int(spent.num_releases),
-        )
-    return out
-
-
 # --- (b), (c), (d): fedfilter through the vectorised engine ---------------------------------------
 
 
@@ -466,6 +314,8 @@ def settings(args: argparse.Namespace, task) -> dict[str, Any]:
 def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
     from tqdm import tqdm
 
+    from fedfilter.simulations.harness.flower_central_dp import flower_noise_multiplier, run_flower
+
     task = load(args)
     config = settings(args, task)
     path = Path(args.out) / "results.json" if args.out else None
@@ -507,12 +357,20 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
                 file=sys.stderr,
             ) as bar:
                 if arm in ("a", "e"):
-                    result = flower_arm(
+                    result = run_flower(
                         task,
-                        args,
+                        clients_per_round=args.clients_per_round,
+                        rounds=args.rounds,
+                        clip=args.clip,
+                        delta=args.delta,
                         z=z if arm == "a" else None,
                         epsilon=float(eps.min()) if arm == "a" else None,
-                        bar=bar,
+                        local_epochs=args.local_epochs,
+                        lr=args.lr,
+                        batch_size=args.batch_size,
+                        seed=args.seed,
+                        eval_every=args.eval_every,
+                        progress=lambda: bar.update(1),
                     )
                 else:
                     result = engine_arm(task, args, arm=arm, z=args.fedfilter_z or z, eps=eps, bar=bar)

@@ -44,7 +44,7 @@ from fedfilter.client.mechanisms.gaussian import (
 from fedfilter.client.mechanisms.spend import spend
 from fedfilter.privacy.filters import GaussianFilter, exhausted, make_filter
 from fedfilter.protocol.rules import model_step, reports_needed
-from fedfilter.simulations.engine.accounts import RowsAccount
+from fedfilter.simulations.engine.accounts import RowsAccount, all_or_nothing, full_round_allowance
 from fedfilter.simulations.engine.config import EngineConfig, EngineResult, RoundRecord
 from fedfilter.simulations.engine.distributed_round import DistributedPlacement
 from fedfilter.simulations.engine.layerwise import LayerwiseClippedSum, supported
@@ -159,24 +159,12 @@ class Engine:
                 self._fast = LayerwiseClippedSum(self.model, self.task.loss)
         self._distributed = DistributedPlacement(self) if cfg.placement == "distributed" else None
         self.graph_rounds = np.zeros(n, dtype=np.int64)  # distributed rounds each client reported in
-        # accounting="worst-case": a full round's allowance, read off the fresh states (the most any
-        # round admits; model units, distributed: integer-grid L2); a round is charged at it, and a
-        # client that no longer admits it is out.
-        self.full_allowance: np.ndarray | None = None
-        if cfg.accounting == "worst-case":
-            everyone = np.arange(n)
-            self.full_allowance = (
-                self.allowance(everyone) if self._distributed is None else self._distributed.l2_allowance(everyone)
-            )
+        # accounting="worst-case": a full round's allowance, on the fresh states (``accounts.all_or_nothing``)
+        self.full_allowance = full_round_allowance(self) if cfg.accounting == "worst-case" else None
 
     def uniform(self, clients: np.ndarray, allowance: np.ndarray) -> np.ndarray:
-        """``accounting="worst-case"``: each client's allowance becomes all or nothing, its full round's
-        (``full_allowance``) while its accounts still admit that, else 0 (exhausted). The charge is then
-        made at this bound, not at the update's norm. Identity under individual accounting."""
-        if self.full_allowance is None:
-            return allowance
-        full = self.full_allowance[clients]
-        return np.where(np.asarray(allowance) >= full, full, 0.0)
+        """The allowance under ``config.accounting`` (``accounts.all_or_nothing``; identity if individual)."""
+        return all_or_nothing(allowance, None if self.full_allowance is None else self.full_allowance[clients])
 
     # --- privacy: the filters, vectorised over clients ------------------------------------------
     def allowance(self, clients: np.ndarray) -> np.ndarray:
@@ -194,8 +182,7 @@ class Engine:
         the Gaussian allowance, or in distributed placement the Skellam one on the integer grid)."""
         if self._distributed is not None:
             return ~self._distributed.exhausted(clients)
-        allow = self.uniform(clients, self.allowance(clients))
-        return ~exhausted(allow, self.config.clip, self.config.exhausted_below)
+        return ~exhausted(self.uniform(clients, self.allowance(clients)), self.config.clip, self.config.exhausted_below)
 
     def worst_allowance(self, clients: np.ndarray, noise_std: float) -> np.ndarray:
         """What each client's worst-case account still admits at its share's std (``tx.worst_allowance``)."""
@@ -212,8 +199,7 @@ class Engine:
         certified clipped norms; the others are charged 0 (their states do not move)."""
         cfg = self.config
         sensitivity = np.zeros(len(clients))
-        # worst-case accounting charges the bound each active client was clipped to, not its norm
-        sensitivity[~out] = allow[~out] if self.full_allowance is not None else norms
+        sensitivity[~out] = norms if self.full_allowance is None else allow[~out]  # worst-case: charged at the bound
         added = cfg.added_std if cfg.placement == "local" else cfg.accounted_std  # central: the coordinator's
         groups = self.group[clients]
         for g in range(len(self.filters)):
