@@ -15,7 +15,8 @@ Public API
     ``single-example``, ``multi-example``), epsilon (one value or one per client), delta,
     filter_kind (``gdp``, ``zcdp``, ``rdp``), run_quota, noise_multiplier, clip, placement
     (``local``, ``distributed`` (rdp only), ``central``), min_reports, after_exhaustion (``noise-only``, ``leave``; one
-    value or one per client), exhausted_below, noise_draw (``per-client``, ``aggregate``),
+    value or one per client), exhausted_below, accounting (``individual``; ``worst-case``: every
+    contribution charged a full round, simulation only), noise_draw (``per-client``, ``aggregate``),
     rounds, fraction, local_epochs, lr, batch_size, server_lr, seed, run_id, model_fn,
     eval_every, group_by (``label``, ``client``, ``none``), norms (``device``, ``vectorised``,
     ``fast``), chunk_size, torch_threads.

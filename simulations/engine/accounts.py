@@ -78,3 +78,23 @@ class RowsAccount:
         e.run_state[rows] = self.run_filter.spend(e.run_state[rows], charge)
         if worst is not None and worst_filter is not None and worst_state is not None:
             worst_state[rows] = worst_filter.spend(worst_state[rows], worst)
+
+
+def all_or_nothing(allowance: np.ndarray, full: np.ndarray | None) -> np.ndarray:
+    """``accounting="worst-case"`` (simulation only): each allowance becomes its full round's, ``full``
+    (what a fresh client admits: model units, or integer-grid L2 in distributed placement), while the
+    accounts still admit that, else 0 (exhausted); the engine then charges this bound, not the update's
+    norm. ``full=None`` (individual accounting): the allowance unchanged."""
+    if full is None:
+        return allowance
+    return np.where(np.asarray(allowance) >= full, full, 0.0)
+
+
+def full_round_allowance(engine) -> np.ndarray:
+    """What each client of ``engine`` admits on its fresh state, a full round: its allowance (model units),
+    or in distributed placement its integer-grid L2 allowance. Call before any round is spent."""
+    everyone = np.arange(engine.n)
+    if engine.round_id != 0:
+        raise RuntimeError("internal error: a full round's allowance is read off the fresh states, before round 1")
+    distributed = getattr(engine, "_distributed", None)
+    return engine.allowance(everyone) if distributed is None else distributed.l2_allowance(everyone)

@@ -25,6 +25,9 @@ NORMS = ("device", "vectorised", "fast")
 # The devices' placements, and "central": papers/004's trusted curator, which no device runs.
 ENGINE_PLACEMENTS = (*PLACEMENTS, "central")
 GROUP_BY = ("label", "client", "none")
+# "individual": each release charged at its certified norm (the device's rule). "worst-case": the
+# uniform accounting of a non-individual system (issue 27's arm (c)), simulation only.
+ACCOUNTINGS = ("individual", "worst-case")
 SECAGG_GRAPHS = ("full", "sparse")
 
 
@@ -72,6 +75,14 @@ class EngineConfig:
         or one per client.
     exhausted_below
         ``fedfilter.client.settings.policy.ClientPolicy.exhausted_below``.
+    accounting
+        ``individual`` (the device's rule: each release is charged at the certified norm of what it
+        adds). ``worst-case`` (simulation only; no device runs it): every contribution is charged the
+        full round's worst case, as a system without individual accounting does: the charge at the
+        allowance of a fresh client (the clip ``C``; distributed: the largest integer-grid L2 a fresh
+        client's accounts admit, with its worst-case L1) whatever the update's norm, and a client
+        whose budget no longer admits a full round stops contributing (exhausted). Local and
+        distributed placement; the clip, noise and mean are unchanged.
     noise_draw
         ``per-client``: every report gets its own noise from the client's generator, seeded
         exactly as ``fedfilter.client.filter_mod`` seeds a device with ``noise-seed =
@@ -144,6 +155,7 @@ class EngineConfig:
     after_exhaustion: str | Sequence[str] = "noise-only"
     worst_case_epsilon: float | Sequence[float] | np.ndarray | None = None
     exhausted_below: float = ClientPolicy.exhausted_below  # the device's default
+    accounting: str = "individual"
     noise_draw: str = "per-client"
     norms: str = "device"
 
@@ -187,6 +199,13 @@ class EngineConfig:
             problems.append(
                 "placement='central' adds the coordinator's one draw to the sum, so it needs "
                 f"noise_draw='aggregate'. Found noise_draw={self.noise_draw!r}."
+            )
+        if self.accounting not in ACCOUNTINGS:
+            problems.append(f"accounting must be one of {ACCOUNTINGS}. Found {self.accounting!r}.")
+        elif self.accounting == "worst-case" and self.placement == "central":
+            problems.append(
+                "accounting='worst-case' is for the devices' placements ('local', 'distributed'). "
+                f"Found placement={self.placement!r}."
             )
         if self.secagg_graph not in SECAGG_GRAPHS:
             problems.append(f"secagg_graph must be one of {SECAGG_GRAPHS}. Found {self.secagg_graph!r}.")

@@ -44,7 +44,7 @@ from fedfilter.client.mechanisms.gaussian import (
 from fedfilter.client.mechanisms.spend import spend
 from fedfilter.privacy.filters import GaussianFilter, exhausted, make_filter
 from fedfilter.protocol.rules import model_step, reports_needed
-from fedfilter.simulations.engine.accounts import RowsAccount
+from fedfilter.simulations.engine.accounts import RowsAccount, all_or_nothing, full_round_allowance
 from fedfilter.simulations.engine.config import EngineConfig, EngineResult, RoundRecord
 from fedfilter.simulations.engine.distributed_round import DistributedPlacement
 from fedfilter.simulations.engine.layerwise import LayerwiseClippedSum, supported
@@ -159,6 +159,12 @@ class Engine:
                 self._fast = LayerwiseClippedSum(self.model, self.task.loss)
         self._distributed = DistributedPlacement(self) if cfg.placement == "distributed" else None
         self.graph_rounds = np.zeros(n, dtype=np.int64)  # distributed rounds each client reported in
+        # accounting="worst-case": a full round's allowance, on the fresh states (``accounts.all_or_nothing``)
+        self.full_allowance = full_round_allowance(self) if cfg.accounting == "worst-case" else None
+
+    def uniform(self, clients: np.ndarray, allowance: np.ndarray) -> np.ndarray:
+        """The allowance under ``config.accounting`` (``accounts.all_or_nothing``; identity if individual)."""
+        return all_or_nothing(allowance, None if self.full_allowance is None else self.full_allowance[clients])
 
     # --- privacy: the filters, vectorised over clients ------------------------------------------
     def allowance(self, clients: np.ndarray) -> np.ndarray:
@@ -176,7 +182,7 @@ class Engine:
         the Gaussian allowance, or in distributed placement the Skellam one on the integer grid)."""
         if self._distributed is not None:
             return ~self._distributed.exhausted(clients)
-        return ~exhausted(self.allowance(clients), self.config.clip, self.config.exhausted_below)
+        return ~exhausted(self.uniform(clients, self.allowance(clients)), self.config.clip, self.config.exhausted_below)
 
     def worst_allowance(self, clients: np.ndarray, noise_std: float) -> np.ndarray:
         """What each client's worst-case account still admits at its share's std (``tx.worst_allowance``)."""
@@ -193,7 +199,7 @@ class Engine:
         certified clipped norms; the others are charged 0 (their states do not move)."""
         cfg = self.config
         sensitivity = np.zeros(len(clients))
-        sensitivity[~out] = norms
+        sensitivity[~out] = norms if self.full_allowance is None else allow[~out]  # worst-case: charged at the bound
         added = cfg.added_std if cfg.placement == "local" else cfg.accounted_std  # central: the coordinator's
         groups = self.group[clients]
         for g in range(len(self.filters)):
@@ -281,7 +287,7 @@ class Engine:
         Returns ``(out, active, reporting, mean)``: who had nothing left, who contributed data, who
         sent pure noise, and the mean the coordinator steps with (None if not released)."""
         cfg = self.config
-        allow = self.allowance(clients)
+        allow = self.uniform(clients, self.allowance(clients))
         out = exhausted(allow, cfg.clip, cfg.exhausted_below)
         active, reporting = clients[~out], clients[out & ~self.leave[clients]]
         total = np.zeros(self.layout.dim, dtype=np.float64)

@@ -135,12 +135,14 @@ class DistributedPlacement:
         )
 
     def exhausted(self, clients: np.ndarray) -> np.ndarray:
-        """True where a client has nothing left to give (the device's rule on its ``L2_allow``)."""
-        return self._exhausted(self.l2_allowance(clients))
+        """True where a client has nothing left to give (the device's rule on its ``L2_allow``;
+        under worst-case accounting, nothing left for a full round)."""
+        return self._exhausted(self.engine.uniform(clients, self.l2_allowance(clients)))
 
     def run(self, clients: np.ndarray, round_id: int) -> DistributedOutcome:
         e, cfg = self.engine, self.engine.config
-        l2_allow = self.l2_allowance(clients)
+        l2_allow = e.uniform(clients, self.l2_allowance(clients))
+        at_bound = e.full_allowance is not None  # worst-case accounting: charged at L2_allow, not at k's norms
         out = self._exhausted(l2_allow)  # gamma and C are the same for all
         active, reporting = clients[~out], clients[out & ~e.leave[clients]]
         allow_active = l2_allow[~out]
@@ -156,7 +158,9 @@ class DistributedPlacement:
                 bounds = np.asarray(allow_active[a : a + len(chunk)], dtype=np.float64) * self.grid.gamma * CLIP_SLACK
                 clip_rows(updates, bounds)
             for j, c in enumerate(chunk):
-                mechanism = replace(self.mechanism, l2_allow=float(allow_active[a + j]), clipped=vectorised)
+                mechanism = replace(
+                    self.mechanism, l2_allow=float(allow_active[a + j]), clipped=vectorised, charge_at_bound=at_bound
+                )
                 account = RowsAccount(e, np.array([c]), int(e.group[c]))
                 _, payload = spend(
                     account,

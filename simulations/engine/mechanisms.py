@@ -17,6 +17,7 @@ import numpy as np
 
 from fedfilter.client.mechanisms.gaussian import GaussianMechanism, clip_to_norm
 from fedfilter.client.mechanisms.skellam import CLIP_SLACK, SkellamMechanism, SkellamPayload
+from fedfilter.privacy.skellam import l1_cap
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,10 @@ class EngineSkellam(SkellamMechanism):
     clipped : bool
         The engine already clipped the update to ``l2_allow * gamma * CLIP_SLACK`` (``norms !=
         "device"``; the same guarantee: certified norm at most that bound).
+    charge_at_bound : bool
+        ``accounting="worst-case"`` (never a device's rule): charge the worst case of any update within
+        the bound, ``skellam_charge`` at ``L2 = l2_allow`` and ``L1 = l1_cap(l2_allow, dim)`` (what
+        ``skellam_allowance`` checked both accounts admit), instead of the snapped update's exact norms.
 
     Examples
     --------
@@ -70,6 +75,7 @@ class EngineSkellam(SkellamMechanism):
 
     l2_allow: float = 0.0
     clipped: bool = False
+    charge_at_bound: bool = False
 
     def allowance(self, account) -> float:
         """``l2_allow * gamma``: the device's allowance in model units."""
@@ -80,3 +86,11 @@ class EngineSkellam(SkellamMechanism):
         if not self.clipped:
             arrays, _ = clip_to_norm(arrays, float(bound) * CLIP_SLACK)
         return self.snap(arrays)
+
+    def charges(self, account, payload: SkellamPayload, sensitivity: float) -> tuple[np.ndarray, np.ndarray]:
+        """The device's charges, or with ``charge_at_bound`` those of the worst update within ``l2_allow``."""
+        if not self.charge_at_bound or self.l2_allow == 0:  # an exhausted release costs nothing either way
+            return super().charges(account, payload, sensitivity)
+        l2 = self.l2_allow
+        worst = SkellamPayload(payload.k, float(l1_cap(l2, self.dim)), l2)
+        return super().charges(account, worst, l2 * self.grid.gamma)

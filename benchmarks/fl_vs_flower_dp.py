@@ -1,0 +1,451 @@
+"""What individual accounting buys a federation, against Flower's own differential privacy (issue 27).
+
+The same federation (task, clients, clients asked per round, rounds), the same model and local training
+(``local_epochs`` epochs of SGD, the shuffling seed ``1_000_003 * round + partition_id`` of
+``fedfilter.app.client_app.train``), the same clip ``C`` and noise multiplier ``z`` and the same
+per-device ``(epsilon, delta)``, five ways:
+
+(a) ``flower-central``: Flower's central DP, ``DifferentialPrivacyServerSideFixedClipping`` around
+    Flower's ``FedAvg`` with Flower's RDP accountant (``flwr.supercore.privacy_accounting``:
+    ``PrivacyConfig(target_delta, population_size, ADD_OR_REMOVE_ONE, NO_AMPLIFICATION, max_epsilon)``,
+    the one model flwr 1.42 accepts for fixed clipping), run by Flower's own strategy code on a Grid
+    (``fedfilter.simulations.harness.secagg_loopback.LoopbackGrid``) whose nodes are Flower ClientApps
+    training the same torch model. A TRUSTED server: it sees every clipped update in the clear. One
+    budget for the population: with budget tiers it runs at the smallest epsilon (the output says so).
+    ``z`` is the smallest (bisection, rounded up) for which Flower's accountant itself admits the
+    planned rounds; every other arm uses the same ``z`` unless ``--fedfilter-z`` gives (b)-(d) their own
+    (each device's filter enforces its budget whatever the z; Flower's no-amplification accountant
+    charges every device every round, fedfilter only the devices asked).
+(b) ``fedfilter-distributed``: fedfilter's distributed placement (Skellam noise on SecAgg+'s integer
+    grid, no trusted server) with each device's individual filter (rdp), through the vectorised engine
+    studies use (``fedfilter.simulations.engine``; its agreement with the Flower path is
+    ``tests/simulations/test_engine_conformance.py`` and ``test_engine_conformance_distributed.py``).
+    ``min_reports = max(2, clients_per_round // 2)`` unless ``--min-reports``: each report carries
+    ``1/min_reports`` of the sum's noise, so with every asked device reporting the sum carries
+    ``clients_per_round / min_reports`` times (a)'s variance. Each device's worst-case budget is the
+    demo's rule (``fedfilter.deploy.devices.simulated_worst_case_epsilon``: ``min_reports`` times its budget).
+(c) ``fedfilter-worst-case``: (b) with every contribution charged a full round's worst case (the
+    engine's ``accounting="worst-case"``): the uniform accounting of a system without individual
+    accounting. (b) minus (c) is what individual accounting alone buys.
+(d) ``fedfilter-local``: fedfilter's local placement (each report carries Gaussian noise ``z C``;
+    the exact Gaussian-DP filter).
+(e) ``no-privacy``: Flower's plain ``FedAvg`` on the same Grid and ClientApps.
+
+Every arm averages uniformly (Flower's accountant requires equal weights; fedfilter's coordinator takes
+the plain mean) and steps with ``server_lr = 1``. Budget tiers (``--budgets tiers``): the shares of
+Jorgensen et al. (ICDE 2015), used for individualized DP-SGD by Boenisch et al. (PETS 2023): 34 % of
+the devices at ``epsilon``, 43 % at ``2 epsilon``, 23 % at ``3 epsilon`` (assigned by a permutation
+drawn from ``--seed``).
+
+Run (CPU, 2 cores; the extra ``app``):
+
+    python benchmarks/fl_vs_flower_dp.py --smoke --json                 # seconds; what CI runs
+    python benchmarks/fl_vs_flower_dp.py --task femnist --epsilon 2,8 --rounds 30 \\
+        --clients-per-round 20 --out out/fl_vs_flower_dp/femnist        # resumable: finished arms are kept
+
+``--json`` prints the results as one JSON document on stdout (the table goes to stderr); ``--out DIR``
+writes ``DIR/results.json`` after every arm and, rerun with the same settings, skips the arms it holds
+(so rerunning a finished command with ``--markdown`` only reprints its table, as docs/results.md has it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ARMS = {
+    "a": "flower-central",
+    "b": "fedfilter-distributed",
+    "c": "fedfilter-worst-case",
+    "d": "fedfilter-local",
+    "e": "no-privacy",
+}
+TASKS = {
+    "femnist": ("femnist", "iid"),
+    "shakespeare": ("shakespeare", "iid"),
+    "mnist-dirichlet": ("mnist", "dirichlet"),
+}
+TIER_SHARES = (0.34, 0.43, 0.23)  # Jorgensen et al. 2015: conservatives, pragmatists, liberals
+TIER_FACTORS = (1.0, 2.0, 3.0)
+SCHEMA = "fedfilter.bench.fl_vs_flower_dp.v1"
+
+SMOKE = dict(
+    task="femnist",
+    num_clients=10,
+    clients_per_round=5,
+    rounds=3,
+    epsilon=[4.0],
+    budgets="tiers",
+    max_examples=40,
+    max_test=300,
+    local_epochs=1,
+)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--smoke", action="store_true", help=f"a CI-sized run: {SMOKE} unless given")
+    p.add_argument("--json", action="store_true", help="print the results as JSON on stdout (table on stderr)")
+    p.add_argument("--task", choices=sorted(TASKS), default=None, help="default femnist")
+    p.add_argument(
+        "--epsilon", default=None, help="comma-separated per-device budgets (the smallest tier); default 2,8"
+    )
+    p.add_argument("--budgets", choices=("equal", "tiers"), default=None, help="default equal")
+    p.add_argument("--delta", type=float, default=1e-5)
+    p.add_argument("--rounds", type=int, default=None, help="default 30")
+    p.add_argument("--clients-per-round", type=int, default=None, help="default 20")
+    p.add_argument("--num-clients", type=int, default=None, help="default 105 (FEMNIST's offline writers)")
+    p.add_argument("--alpha", type=float, default=0.3, help="mnist-dirichlet's label skew")
+    p.add_argument("--max-examples", type=int, default=None, help="cap each client's training data (random subset)")
+    p.add_argument("--max-test", type=int, default=None, help="cap the test set (random subset)")
+    p.add_argument(
+        "--min-reports",
+        type=int,
+        default=None,
+        help="(b), (c): SecAgg+'s threshold m; a report carries 1/m of the sum's noise (default: per round // 2)",
+    )
+    p.add_argument(
+        "--fedfilter-z",
+        type=float,
+        default=None,
+        help="(b)-(d): this noise multiplier instead of (a)'s (fedfilter charges a device only when asked)",
+    )
+    p.add_argument("--clip", type=float, default=0.5)
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--local-epochs", type=int, default=None, help="default 1")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--eval-every", type=int, default=1)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--arms", default="abcde", help="which of a-e to run (default all)")
+    p.add_argument("--out", default=None, help="directory for results.json (checkpoint after every arm)")
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--markdown", action="store_true", help="print the table as markdown (rerun with --out: no rerun)")
+    args = p.parse_args(argv)
+    defaults = dict(
+        task="femnist",
+        num_clients=105,
+        clients_per_round=20,
+        rounds=30,
+        epsilon=[2.0, 8.0],
+        budgets="equal",
+        max_examples=None,
+        max_test=None,
+        local_epochs=1,
+    )
+    if args.smoke:
+        defaults.update(SMOKE)
+    if isinstance(args.epsilon, str):
+        try:
+            args.epsilon = [float(e) for e in args.epsilon.split(",") if e.strip()]
+        except ValueError:
+            p.error(f"--epsilon must be comma-separated numbers. Found {args.epsilon!r}.")
+    for name, value in defaults.items():
+        if getattr(args, name, None) is None:
+            setattr(args, name, value)
+    problems = []
+    if not args.epsilon or not all(math.isfinite(e) and e > 0 for e in args.epsilon):
+        problems.append(f"--epsilon must be finite and > 0. Found {args.epsilon!r}.")
+    if not 0 < args.delta < 1:
+        problems.append(f"--delta must be in (0, 1). Found {args.delta!r}.")
+    for name in ("rounds", "clients_per_round", "num_clients", "local_epochs", "batch_size", "eval_every"):
+        if getattr(args, name) < 1:
+            problems.append(f"--{name.replace('_', '-')} must be >= 1. Found {getattr(args, name)!r}.")
+    if args.clients_per_round < 3:
+        problems.append(
+            f"--clients-per-round must be >= 3 (SecAgg+ needs a third node). Found {args.clients_per_round}."
+        )
+    if args.min_reports is not None and not 2 <= args.min_reports <= args.clients_per_round:
+        problems.append(f"--min-reports must be in [2, clients-per-round]. Found {args.min_reports!r}.")
+    if args.fedfilter_z is not None and not (math.isfinite(args.fedfilter_z) and args.fedfilter_z > 0):
+        problems.append(f"--fedfilter-z must be finite and > 0. Found {args.fedfilter_z!r}.")
+    if not (math.isfinite(args.clip) and args.clip > 0):
+        problems.append(f"--clip must be finite and > 0. Found {args.clip!r}.")
+    if not args.arms or set(args.arms) - set(ARMS):
+        problems.append(f"--arms must be letters among {''.join(ARMS)}. Found {args.arms!r}.")
+    if problems:
+        p.error(" ".join(problems))
+    return args
+
+
+# --- the federation ---------------------------------------------------------------------------
+
+
+def load(args: argparse.Namespace):
+    """The task, capped as asked (one random subset per client, drawn from ``--seed``)."""
+    from fedfilter.simulations.tasks.registry import load_task
+
+    name, partition = TASKS[args.task]
+    task = load_task(name, num_clients=args.num_clients, partition=partition, alpha=args.alpha, seed=args.seed)
+    rng = np.random.default_rng([args.seed, 27])
+    train = task.train_data
+    if args.max_examples:
+        train = []
+        for x, y in task.train_data:
+            if len(y) > args.max_examples:
+                idx = np.sort(rng.choice(len(y), size=args.max_examples, replace=False))
+                x, y = np.ascontiguousarray(x[idx]), np.ascontiguousarray(y[idx])
+            train.append((x, y))
+    test = task.test_data
+    if args.max_test and len(test[1]) > args.max_test:
+        idx = np.sort(rng.choice(len(test[1]), size=args.max_test, replace=False))
+        test = (np.ascontiguousarray(test[0][idx]), np.ascontiguousarray(test[1][idx]))
+    return replace(task, train_data=train, test_data=test)
+
+
+def budgets(n: int, epsilon: float, kind: str, seed: int) -> np.ndarray:
+    """Each device's epsilon: all ``epsilon``, or the tiers (module docstring)."""
+    if kind == "equal":
+        return np.full(n, float(epsilon))
+    counts = np.floor(np.array(TIER_SHARES) * n).astype(int)
+    counts[0] += n - counts.sum()  # the remainder to the most conservative tier
+    eps = np.repeat(np.array(TIER_FACTORS) * float(epsilon), counts)
+    return eps[np.random.default_rng([seed, 2015]).permutation(n)]
+
+
+# --- (b), (c), (d): fedfilter through the vectorised engine ---------------------------------------
+
+
+def engine_arm(task, args, *, arm: str, z: float, eps: np.ndarray, bar) -> dict[str, Any]:
+    from fedfilter.deploy.devices import simulated_worst_case_epsilon
+    from fedfilter.privacy.filters import rdp_order
+    from fedfilter.protocol.secagg_grid import grid_step
+    from fedfilter.simulations.engine import Engine, EngineConfig
+
+    n, k = task.num_clients, args.clients_per_round
+    distributed = arm in ("b", "c")
+    m = args.min_reports or max(2, k // 2)
+    cfg = EngineConfig(
+        task=task.name,
+        num_clients=n,
+        epsilon=eps,
+        delta=args.delta,
+        filter_kind="rdp" if distributed else "gdp",
+        noise_multiplier=z,
+        clip=args.clip,
+        placement="distributed" if distributed else "local",
+        min_reports=m if distributed else 1,
+        worst_case_epsilon=[simulated_worst_case_epsilon(e, m) for e in eps] if distributed else None,
+        accounting="worst-case" if arm == "c" else "individual",
+        rounds=args.rounds,
+        fraction=k / n,
+        local_epochs=args.local_epochs,
+        lr=args.lr,
+        batch_size=args.batch_size,
+        seed=args.seed,
+        run_id="fl-vs-flower",  # the same noise streams in (b), (c) and (d): paired comparisons
+        eval_every=args.eval_every,
+        group_by="none",
+        noise_draw="aggregate",
+        norms="vectorised",
+        torch_threads=1,
+    )
+    engine = Engine(cfg, task=task)
+    if engine.n_sampled != k:
+        raise RuntimeError(f"internal error: the engine asks {engine.n_sampled} clients per round, not {k}")
+    for _ in range(args.rounds):
+        engine.step()
+        bar.update(1)
+    res = engine.result()
+    accuracy = [r.accuracy for r in res.rounds]
+    extra: dict[str, Any] = {}
+    if engine.full_allowance is not None:  # (c): the norm a full round is charged at (distributed: grid units)
+        full = engine.full_allowance * (grid_step(args.clip) if distributed else 1.0)
+        extra["full_round_norm"] = [float(full.min()), float(full.max())]
+    devices = []
+    for c in range(n):
+        filt = engine.filters[engine.group[c]]
+        devices.append(
+            {
+                "id": res.client_ids[c],
+                "examples": int(len(task.train_data[c][1])),
+                "epsilon": float(eps[c]),
+                "spent_epsilon": float(res.spent_epsilon[c]),
+                "filter": filt.kind,
+                "alpha": float(rdp_order(filt)) if filt.kind == "rdp" else None,
+                "state": [float(v) for v in res.state[c]],
+                "exhausted_round": int(res.exhausted_round[c]),
+            }
+        )
+    return {
+        "accuracy_per_round": accuracy,
+        "accuracy": next((a for a in reversed(accuracy) if a is not None), None),
+        "contributing_per_round": [r.contributing for r in res.rounds],
+        "rounds_run": int(sum(r.released for r in res.rounds)),
+        "trusted_server": False,
+        "noise_multiplier": z,
+        "min_reports": cfg.min_reports,
+        "placement": cfg.placement,
+        "accounting": cfg.accounting,
+        "exhausted": int((res.exhausted_round >= 0).sum()),
+        "devices": devices,
+        **extra,
+    }
+
+
+# --- the run ----------------------------------------------------------------------------------
+
+
+def settings(args: argparse.Namespace, task) -> dict[str, Any]:
+    keys = ("task", "budgets", "delta", "rounds", "clients_per_round", "clip", "lr", "local_epochs", "batch_size")
+    out = {key: getattr(args, key) for key in keys}
+    for key in ("min_reports", "fedfilter_z"):  # absent: the default (keeps earlier results.json resumable)
+        if getattr(args, key) is not None:
+            out[key] = getattr(args, key)
+    out.update(
+        num_clients=task.num_clients,
+        max_examples=args.max_examples,
+        max_test=args.max_test,
+        alpha=args.alpha if args.task == "mnist-dirichlet" else None,
+        eval_every=args.eval_every,
+        seed=args.seed,
+        test_examples=int(len(task.test_data[1])),
+    )
+    return out
+
+
+def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
+    from tqdm import tqdm
+
+    from fedfilter.simulations.harness.flower_central_dp import flower_noise_multiplier, run_flower
+
+    task = load(args)
+    config = settings(args, task)
+    path = Path(args.out) / "results.json" if args.out else None
+    doc: dict[str, Any] = {"schema": SCHEMA, "settings": config, "results": []}
+    if path is not None and path.exists():
+        old = json.loads(path.read_text())
+        if old.get("schema") == SCHEMA and old.get("settings") == config:
+            doc = old  # resume: finished arms are kept
+        else:
+            raise SystemExit(f"{path} holds a run with other settings; choose another --out or move it away.")
+    n, k = task.num_clients, args.clients_per_round
+    if k > n:
+        raise SystemExit(f"--clients-per-round={k} exceeds the {n} clients of {args.task}.")
+    for epsilon in args.epsilon:
+        entry = next((r for r in doc["results"] if r["epsilon"] == epsilon), None)
+        if entry is None:
+            eps = budgets(n, epsilon, args.budgets, args.seed)
+            z = flower_noise_multiplier(float(eps.min()), args.delta, args.rounds, n, k)
+            entry = {"epsilon": epsilon, "smallest_epsilon": float(eps.min()), "noise_multiplier": z, "arms": {}}
+            doc["results"].append(entry)
+        eps = budgets(n, epsilon, args.budgets, args.seed)
+        z = entry["noise_multiplier"]
+        if args.budgets == "tiers":
+            log(
+                f"epsilon {epsilon:g}: budget tiers {sorted(set(eps.tolist()))}; (a) Flower's central DP holds one "
+                f"budget for the population, so it runs at the smallest, {eps.min():g}, for every device."
+            )
+        log(f"epsilon {epsilon:g}: z = {z:.4f} (Flower's accountant admits {args.rounds} rounds at {eps.min():g})")
+        if args.fedfilter_z is not None:
+            log(f"epsilon {epsilon:g}: (b)-(d) at z = {args.fedfilter_z:g}; each device's filter enforces its budget")
+        for arm in args.arms:
+            if arm in entry["arms"]:
+                continue
+            started = time.perf_counter()
+            with tqdm(
+                total=args.rounds,
+                desc=f"eps {epsilon:g} ({arm}) {ARMS[arm]}",
+                disable=args.no_progress,
+                file=sys.stderr,
+            ) as bar:
+                if arm in ("a", "e"):
+                    result = run_flower(
+                        task,
+                        clients_per_round=args.clients_per_round,
+                        rounds=args.rounds,
+                        clip=args.clip,
+                        delta=args.delta,
+                        z=z if arm == "a" else None,
+                        epsilon=float(eps.min()) if arm == "a" else None,
+                        local_epochs=args.local_epochs,
+                        lr=args.lr,
+                        batch_size=args.batch_size,
+                        seed=args.seed,
+                        eval_every=args.eval_every,
+                        progress=lambda: bar.update(1),
+                    )
+                else:
+                    result = engine_arm(task, args, arm=arm, z=args.fedfilter_z or z, eps=eps, bar=bar)
+            result["name"] = ARMS[arm]
+            result["seconds"] = round(time.perf_counter() - started, 2)
+            entry["arms"][arm] = result
+            if path is not None:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                tmp = path.with_suffix(".tmp")
+                tmp.write_text(json.dumps(doc, indent=1))
+                tmp.replace(path)
+    return doc
+
+
+def table(doc: dict[str, Any]) -> str:
+    s = doc["settings"]
+    lines = [
+        f"{s['task']}: {s['num_clients']} devices, {s['clients_per_round']} per round, {s['rounds']} rounds, "
+        f"clip {s['clip']}, delta {s['delta']:g}, budgets {s['budgets']}",
+        f"{'eps':>5} {'arm':<24} {'accuracy':>9} {'rounds':>6} {'devices/round':>17} {'exhausted':>9} {'server':>9}",
+    ]
+    for entry in doc["results"]:
+        for arm, r in entry["arms"].items():
+            contrib = r["contributing_per_round"]
+            spread = f"{contrib[0]}..{contrib[-1]}" if contrib else "-"
+            acc = "-" if r["accuracy"] is None else f"{r['accuracy']:.4f}"
+            lines.append(
+                f"{entry['epsilon']:>5g} ({arm}) {r['name']:<20} {acc:>9} {r['rounds_run']:>6} {spread:>17} "
+                f"{r.get('exhausted', '-'):>9} {'trusted' if r['trusted_server'] else 'none':>9}"
+            )
+        a = entry["arms"].get("a")
+        if a is not None:
+            lines.append(
+                f"      (a) ran at epsilon {entry['smallest_epsilon']:g} for every device, z = "
+                f"{entry['noise_multiplier']:.4f}; Flower's accountant: spent {a['spent_epsilon']:.4f}"
+            )
+    return "\n".join(lines)
+
+
+def markdown(doc: dict[str, Any]) -> str:
+    """The results as a markdown table (docs/results.md): final and best accuracy, rounds released,
+    devices contributing in the first and last round, devices out of budget, and the largest share of
+    its budget a device spent (by the arm's own accountant)."""
+    lines = [
+        "| epsilon | arm | server | final accuracy | best accuracy | rounds released | devices first / last round "
+        "| out of budget | max spent / budget |",
+        "|---:|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for entry in doc["results"]:
+        for arm, r in entry["arms"].items():
+            accs = [a for a in r["accuracy_per_round"] if a is not None]
+            contrib = r["contributing_per_round"]
+            if "devices" in r:
+                share = max(d["spent_epsilon"] / d["epsilon"] for d in r["devices"])
+            elif "spent_epsilon" in r:
+                share = r["spent_epsilon"] / r["epsilon_budget"]
+            else:
+                share = None
+            lines.append(
+                f"| {entry['epsilon']:g} | ({arm}) {r['name']} | {'trusted' if r['trusted_server'] else 'untrusted'} "
+                f"| {accs[-1]:.3f} | {max(accs):.3f} | {r['rounds_run']} | {contrib[0]} / {contrib[-1]} "
+                f"| {r.get('exhausted', '-')} | {'-' if share is None else f'{share:.3f}'} |"
+            )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    say = (lambda text: print(text, file=sys.stderr)) if args.json else print
+    doc = run(args, log=say)
+    say(markdown(doc) if args.markdown else table(doc))
+    if args.json:
+        print(json.dumps(doc))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,84 @@
+"""``benchmarks/fl_vs_flower_dp.py --smoke --json`` (issue 27): the five arms run, and every arm's
+guarantee holds by a reference that is not the code under test.
+
+(a) Flower's central DP: its accountant's spent epsilon is within the population budget (the smallest
+tier), and so is Google's dp_accounting on the same releases. (b)-(d) fedfilter: every device's
+epsilon recomputed from its final filter state (mpmath: the RDP conversion at the filter's order, the
+exact Gaussian-DP curve; ``helpers.budget_reference``) is within its own budget.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from fractions import Fraction
+from pathlib import Path
+
+import pytest
+from dp_accounting import dp_event, rdp
+from helpers.budget_reference import gdp_delta, rdp_epsilon
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def smoke() -> dict:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "fl_vs_flower_dp.py"), "--smoke", "--json", "--no-progress"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "runs at the smallest" in proc.stderr  # the smoke size has budget tiers, and says what (a) does
+    return json.loads(proc.stdout)
+
+
+def test_every_arm_reports_finite_accuracy_and_its_rounds(smoke):
+    rounds = smoke["settings"]["rounds"]
+    assert smoke["results"]
+    for entry in smoke["results"]:
+        assert sorted(entry["arms"]) == list("abcde")
+        for arm in entry["arms"].values():
+            assert math.isfinite(arm["accuracy"]) and 0 <= arm["accuracy"] <= 1
+            assert len(arm["accuracy_per_round"]) == len(arm["contributing_per_round"]) == rounds
+            assert 0 <= arm["rounds_run"] <= rounds
+            assert all(0 <= c <= smoke["settings"]["clients_per_round"] for c in arm["contributing_per_round"])
+        assert entry["arms"]["a"]["trusted_server"] and not entry["arms"]["b"]["trusted_server"]
+
+
+def test_flower_central_dp_stays_within_the_smallest_budget(smoke):
+    delta = smoke["settings"]["delta"]
+    for entry in smoke["results"]:
+        a = entry["arms"]["a"]
+        smallest = min(d["epsilon"] for d in entry["arms"]["b"]["devices"])
+        assert a["epsilon_budget"] == smallest == entry["smallest_epsilon"]
+        assert a["releases"] == a["rounds_run"] == smoke["settings"]["rounds"]  # z was planned for every round
+        assert a["spent_epsilon"] <= a["epsilon_budget"]
+        reference = rdp.RdpAccountant()
+        reference.compose(dp_event.GaussianDpEvent(a["noise_multiplier"]), a["releases"])
+        assert reference.get_epsilon(delta) <= a["epsilon_budget"]
+        assert reference.get_epsilon(delta) == pytest.approx(a["spent_epsilon"], rel=1e-9)
+
+
+def test_every_fedfilter_device_stays_within_its_own_budget(smoke):
+    delta = smoke["settings"]["delta"]
+    for entry in smoke["results"]:
+        for key in "bcd":
+            devices = entry["arms"][key]["devices"]
+            assert len(devices) == smoke["settings"]["num_clients"]
+            assert any(d["state"][0] > 0 for d in devices)  # something was spent
+            for d in devices:
+                state = Fraction(d["state"][0])
+                if d["filter"] == "rdp":  # Rényi loss alpha * rho at the filter's one order (privacy/filters.py)
+                    alpha = d["alpha"]
+                    assert rdp_epsilon([Fraction(alpha) * state], [alpha], delta) <= d["epsilon"]
+                else:  # the Gaussian-DP filter's state is mu^2
+                    assert d["filter"] == "gdp" and gdp_delta(d["epsilon"], state) <= delta
+                assert d["spent_epsilon"] <= d["epsilon"]
