@@ -6,6 +6,7 @@ import argparse
 import tomllib
 
 import pytest
+from helpers.flower_messages import delivered
 
 from fedfilter.app.config import APP_PYPROJECT, app_defaults, resolve_config
 
@@ -71,23 +72,12 @@ def test_unknown_keys_and_wrong_types_are_refused_by_name(layer, words):
 
 
 def test_the_client_app_refuses_an_unknown_training_setting():
-    import time
 
-    from flwr.app import ConfigRecord, Context, Message, Metadata, RecordDict
+    from flwr.app import ConfigRecord, Context, Message, RecordDict
 
     from fedfilter.app.client_app import train
 
-    meta = Metadata(
-        run_id=7,
-        message_id="m",
-        src_node_id=1,
-        dst_node_id=2,
-        reply_to_message_id="",
-        group_id="1",
-        created_at=time.time(),
-        ttl=3600.0,
-        message_type="train",
-    )
+    meta = delivered(RecordDict(), dst_node_id=2).metadata  # as node 2 receives it
     ctx = Context(run_id=7, node_id=2, node_config={}, state=RecordDict(), run_config={})
 
     def message(config):

@@ -8,16 +8,16 @@ input a hostile coordinator chooses: message, context with its run config, FAB);
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, Metadata, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.cli.build import build_fab_from_disk
 from flwr.clientapp import ClientApp
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
+from helpers.flower_messages import delivered
 
 from fedfilter.client.filter_mod import individual_filter_mod
 from fedfilter.client.ledger.budget import BudgetLedger
@@ -41,18 +41,7 @@ def message(kind: str = "train", round_id: int = 1, *, extra: dict | None = None
     )
     for key, record in (extra or {}).items():
         content[key] = record
-    meta = Metadata(
-        run_id=7,
-        message_id=f"m-{kind}-{round_id}",
-        src_node_id=1,
-        dst_node_id=42,
-        reply_to_message_id="",
-        group_id="1",
-        created_at=time.time(),
-        ttl=3600.0,
-        message_type=kind,
-    )
-    return Message(content=content, metadata=meta)
+    return delivered(content, message_type=kind, message_id=f"m-{kind}-{round_id}")
 
 
 def device(tmp_path: Path, name: str = "ledger", **hostile) -> Context:

@@ -6,11 +6,11 @@ Messages and Contexts are built by hand and the mod is called directly: no Flowe
 from __future__ import annotations
 
 import math
-import time
 
 import numpy as np
 import pytest
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, Metadata, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from helpers.flower_messages import delivered
 from helpers.mods import KEYS, SHAPES, Handler, context, model_arrays, records, spec, train_message
 
 from fedfilter.client.filter_mod import individual_filter_mod
@@ -358,17 +358,7 @@ def test_builtin_client_app_trains_its_partition_behind_the_filter(tmp_path):
             REQUEST_RECORD: request_record(spec(1, z=0.5, clip=0.4)),
         }
     )
-    meta = Metadata(
-        run_id=7,
-        message_id="m",
-        src_node_id=1,
-        dst_node_id=2,
-        reply_to_message_id="",
-        group_id="1",
-        created_at=time.time(),
-        ttl=3600.0,
-        message_type="train",
-    )
+    meta = delivered(RecordDict(), dst_node_id=2).metadata  # as node 2 receives it
     device = {"ledger-dir": str(tmp_path / "dev2"), "budget-epsilon": 10.0, "reply-hold-s": 0}  # a fast test
     enrol_device(device)
     app = make_client_app({2: device})

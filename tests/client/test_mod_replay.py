@@ -16,7 +16,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from flwr.app import Array, ArrayRecord, Context, Message, Metadata, RecordDict
+from flwr.app import Array, ArrayRecord, Context, Message, RecordDict
+from helpers.flower_messages import delivered
 
 from fedfilter.client.filter_mod import individual_filter_mod
 from fedfilter.client.ledger.budget import BudgetLedger
@@ -38,18 +39,7 @@ def _message(message_id: str) -> Message:
             REQUEST_RECORD: request_record(SPEC),
         }
     )
-    meta = Metadata(
-        run_id=7,
-        message_id=message_id,
-        src_node_id=1,
-        dst_node_id=42,
-        reply_to_message_id="",
-        group_id="1",
-        created_at=time.time(),
-        ttl=3600.0,
-        message_type="train",
-    )
-    return Message(content=content, metadata=meta)
+    return delivered(content, message_id=message_id)
 
 
 def _context(ledger_dir: Path) -> Context:

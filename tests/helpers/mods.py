@@ -7,16 +7,15 @@ around ``Handler()``, which counts its calls (``calls == 0``: nothing trained).
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
-from flwr.app import Array, ArrayRecord, Context, Message, Metadata, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
 
 from fedfilter.client.ledger.budget import BudgetLedger
 from fedfilter.client.ledger.schema import LEDGER_FILE
 from fedfilter.client.settings.node_config import enrol_device
 from fedfilter.protocol.request import RoundSpec
 from fedfilter.protocol.wire import ARRAYS_RECORD, REQUEST_RECORD, request_record
+from helpers.flower_messages import delivered
 
 KEYS = ["w", "b"]
 SHAPES = [(40, 50), (50,)]
@@ -35,18 +34,7 @@ def train_message(
         content[REQUEST_RECORD] = request
     elif spec is not None:
         content[REQUEST_RECORD] = request_record(spec)
-    meta = Metadata(
-        run_id=7,
-        message_id=message_id,
-        src_node_id=1,
-        dst_node_id=42,
-        reply_to_message_id="",
-        group_id="1",
-        created_at=time.time(),
-        ttl=3600.0,
-        message_type=message_type,
-    )
-    return Message(content=content, metadata=meta)
+    return delivered(content, message_type=message_type, message_id=message_id)
 
 
 def spec(round_id=1, *, run_id="run-a", z=1.0, clip=1.0, placement="local", m=1) -> RoundSpec:
