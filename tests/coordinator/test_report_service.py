@@ -15,37 +15,13 @@ from pathlib import Path
 
 import grpc
 import pytest
+from helpers.reports import make_record
 
 from fedfilter.coordinator.public_ledger import PublicLedger
 from fedfilter.coordinator.report_service import start_server, watch
 from fedfilter.protos import fedfilter_pb2, fedfilter_pb2_grpc
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def make_record(run_id: str, round_id: int) -> fedfilter_pb2.PublicRoundRecord:
-    record = fedfilter_pb2.PublicRoundRecord(
-        run_id=run_id,
-        round_id=round_id,
-        request=fedfilter_pb2.RoundRequest(
-            run_id=run_id,
-            round_id=round_id,
-            noise_multiplier=1.1,
-            clip=1.0,
-            placement=fedfilter_pb2.LOCAL,
-            local_epochs=1,
-            learning_rate=0.05,
-        ),
-        clients_sampled=10,
-        reports_received=8,
-        markers_received=1,
-        replies_dropped=1,
-        released=True,
-        aggregate_norm=3.25,
-        wall_time_s=0.5,
-    )
-    record.metrics["accuracy"] = 0.5 + round_id / 100
-    return record
 
 
 @pytest.fixture()
