@@ -56,6 +56,7 @@ import math
 import sys
 import time
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -114,15 +115,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--fedfilter-z",
-        type=float,
         default=None,
-        help="(b)-(d): this noise multiplier instead of (a)'s (fedfilter charges a device only when asked)",
+        help="(b)-(d): this noise multiplier instead of (a)'s (fedfilter charges a device only when asked), or "
+        "'plan': each placement's own planner (the smallest z whose filter pays for the rounds a device is "
+        "expected to be asked, full clip every time; fedfilter.privacy.federation_plan)",
     )
     p.add_argument("--clip", type=float, default=0.5)
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--local-epochs", type=int, default=None, help="default 1")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--eval-every", type=int, default=1)
+    p.add_argument(
+        "--model",
+        choices=("task", "dp-cnn"),
+        default="task",
+        help="the task's model (default), or for FEMNIST/MNIST the small CNN of the DP-SGD literature "
+        "(Opacus' SampleConvNet layout, fedfilter.simulations.tasks.models.MnistCNN: 27,726 parameters at "
+        "62 classes against FemnistCNN's 222,078; DP noise grows with the dimension)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--arms", default="abcde", help="which of a-e to run (default all)")
     p.add_argument("--out", default=None, help="directory for results.json (checkpoint after every arm)")
@@ -164,8 +174,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         )
     if args.min_reports is not None and not 2 <= args.min_reports <= args.clients_per_round:
         problems.append(f"--min-reports must be in [2, clients-per-round]. Found {args.min_reports!r}.")
-    if args.fedfilter_z is not None and not (math.isfinite(args.fedfilter_z) and args.fedfilter_z > 0):
-        problems.append(f"--fedfilter-z must be finite and > 0. Found {args.fedfilter_z!r}.")
+    if args.fedfilter_z is not None and args.fedfilter_z != "plan":
+        given = args.fedfilter_z
+        try:
+            args.fedfilter_z = float(given)
+        except ValueError:
+            args.fedfilter_z = math.nan
+        if not (math.isfinite(args.fedfilter_z) and args.fedfilter_z > 0):
+            problems.append(f"--fedfilter-z must be 'plan' or a finite number > 0. Found {given!r}.")
     if not (math.isfinite(args.clip) and args.clip > 0):
         problems.append(f"--clip must be finite and > 0. Found {args.clip!r}.")
     if not args.arms or set(args.arms) - set(ARMS):
@@ -197,7 +213,14 @@ def load(args: argparse.Namespace):
     if args.max_test and len(test[1]) > args.max_test:
         idx = np.sort(rng.choice(len(test[1]), size=args.max_test, replace=False))
         test = (np.ascontiguousarray(test[0][idx]), np.ascontiguousarray(test[1][idx]))
-    return replace(task, train_data=train, test_data=test)
+    model_fn = task.model_fn
+    if args.model == "dp-cnn":
+        if task.name not in ("femnist", "mnist"):
+            raise SystemExit(f"--model dp-cnn is for 28x28 images (femnist, mnist-dirichlet); not {args.task}.")
+        from fedfilter.simulations.tasks.models import MnistCNN
+
+        model_fn = partial(MnistCNN, num_classes=task.num_classes)
+    return replace(task, train_data=train, test_data=test, model_fn=model_fn)
 
 
 def budgets(n: int, epsilon: float, kind: str, seed: int) -> np.ndarray:
@@ -221,7 +244,7 @@ def engine_arm(task, args, *, arm: str, z: float, eps: np.ndarray, bar) -> dict[
 
     n, k = task.num_clients, args.clients_per_round
     distributed = arm in ("b", "c")
-    m = args.min_reports or max(2, k // 2)
+    m = min_reports(args)
     cfg = EngineConfig(
         task=task.name,
         num_clients=n,
@@ -290,6 +313,53 @@ def engine_arm(task, args, *, arm: str, z: float, eps: np.ndarray, bar) -> dict[
     }
 
 
+def min_reports(args: argparse.Namespace) -> int:
+    """(b), (c): SecAgg+'s threshold m (``--min-reports``, default half the devices asked, at least 2)."""
+    return int(args.min_reports or max(2, args.clients_per_round // 2))
+
+
+def fedfilter_noise_multipliers(task, args: argparse.Namespace, epsilon: float, flower_z: float) -> dict[str, float]:
+    """The z of (b), (c) and (d): (a)'s, ``--fedfilter-z``, or with ``plan`` each placement's own plan.
+
+    The plan is what a fedfilter coordinator can choose from public facts alone: the smallest noise
+    multiplier (rounded up to 2 decimals) whose filter, at the smallest budget, pays full-clip rounds
+    for as many rounds as a device is expected to be asked (``ceil(rounds * clients_per_round /
+    num_clients)``), by ``plan_federation``'s ``least_affordable_noise_multiplier``: rdp Skellam rounds
+    with ``min_reports`` shares for (b) and (c) (the same z: (b) minus (c) is the accounting alone), the
+    Gaussian-DP filter for (d). A device asked more often than that spends its budget and drops out;
+    its filter, not the plan, enforces the budget. No accuracy is looked at.
+    """
+    if args.fedfilter_z is None:
+        return dict.fromkeys("bcd", flower_z)
+    if args.fedfilter_z != "plan":
+        return dict.fromkeys("bcd", float(args.fedfilter_z))
+    from fedfilter.privacy.federation_plan import plan_federation
+
+    model = task.model_fn()
+    dim = int(sum(p.numel() for p in model.parameters()))
+    k = args.clients_per_round
+    asked = math.ceil(args.rounds * k / task.num_clients)
+    out = {}
+    for arm, placement, m in (("b", "distributed", min_reports(args)), ("d", "local", 1)):
+        plan = plan_federation(
+            devices=k,
+            dim=dim,
+            noise_multiplier=flower_z,
+            clip=args.clip,
+            epsilon=epsilon,
+            delta=args.delta,
+            rounds=asked,
+            placement=placement,
+            min_reports=m,
+        )
+        z = plan["least_affordable_noise_multiplier"]
+        if z is None:
+            raise SystemExit(f"no noise multiplier pays for {asked} rounds at epsilon {epsilon:g} ({placement})")
+        out[arm] = math.ceil(z * 100) / 100
+    out["c"] = out["b"]
+    return out
+
+
 # --- the run ----------------------------------------------------------------------------------
 
 
@@ -299,6 +369,8 @@ def settings(args: argparse.Namespace, task) -> dict[str, Any]:
     for key in ("min_reports", "fedfilter_z"):  # absent: the default (keeps earlier results.json resumable)
         if getattr(args, key) is not None:
             out[key] = getattr(args, key)
+    if args.model != "task":
+        out["model"] = args.model
     out.update(
         num_clients=task.num_clients,
         max_examples=args.max_examples,
@@ -344,10 +416,17 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
                 f"budget for the population, so it runs at the smallest, {eps.min():g}, for every device."
             )
         log(f"epsilon {epsilon:g}: z = {z:.4f} (Flower's accountant admits {args.rounds} rounds at {eps.min():g})")
+        arm_z = fedfilter_noise_multipliers(task, args, float(eps.min()), z)
         if args.fedfilter_z is not None:
-            log(f"epsilon {epsilon:g}: (b)-(d) at z = {args.fedfilter_z:g}; each device's filter enforces its budget")
+            chosen = ", ".join(f"({arm}) {arm_z[arm]:g}" for arm in "bcd")
+            how = "planned by each placement's own accountant" if args.fedfilter_z == "plan" else "given"
+            log(f"epsilon {epsilon:g}: fedfilter's z {how}: {chosen}; each device's filter enforces its budget")
         for arm in args.arms:
             if arm in entry["arms"]:
+                continue
+            done = next((r["arms"]["e"] for r in doc["results"] if "e" in r["arms"]), None)
+            if arm == "e" and done is not None:  # no privacy: the same run at every epsilon (same seed)
+                entry["arms"]["e"] = done
                 continue
             started = time.perf_counter()
             with tqdm(
@@ -373,7 +452,7 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
                         progress=lambda: bar.update(1),
                     )
                 else:
-                    result = engine_arm(task, args, arm=arm, z=args.fedfilter_z or z, eps=eps, bar=bar)
+                    result = engine_arm(task, args, arm=arm, z=arm_z[arm], eps=eps, bar=bar)
             result["name"] = ARMS[arm]
             result["seconds"] = round(time.perf_counter() - started, 2)
             entry["arms"][arm] = result
@@ -385,62 +464,12 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
     return doc
 
 
-def table(doc: dict[str, Any]) -> str:
-    s = doc["settings"]
-    lines = [
-        f"{s['task']}: {s['num_clients']} devices, {s['clients_per_round']} per round, {s['rounds']} rounds, "
-        f"clip {s['clip']}, delta {s['delta']:g}, budgets {s['budgets']}",
-        f"{'eps':>5} {'arm':<24} {'accuracy':>9} {'rounds':>6} {'devices/round':>17} {'exhausted':>9} {'server':>9}",
-    ]
-    for entry in doc["results"]:
-        for arm, r in entry["arms"].items():
-            contrib = r["contributing_per_round"]
-            spread = f"{contrib[0]}..{contrib[-1]}" if contrib else "-"
-            acc = "-" if r["accuracy"] is None else f"{r['accuracy']:.4f}"
-            lines.append(
-                f"{entry['epsilon']:>5g} ({arm}) {r['name']:<20} {acc:>9} {r['rounds_run']:>6} {spread:>17} "
-                f"{r.get('exhausted', '-'):>9} {'trusted' if r['trusted_server'] else 'none':>9}"
-            )
-        a = entry["arms"].get("a")
-        if a is not None:
-            lines.append(
-                f"      (a) ran at epsilon {entry['smallest_epsilon']:g} for every device, z = "
-                f"{entry['noise_multiplier']:.4f}; Flower's accountant: spent {a['spent_epsilon']:.4f}"
-            )
-    return "\n".join(lines)
-
-
-def markdown(doc: dict[str, Any]) -> str:
-    """The results as a markdown table (docs/results.md): final and best accuracy, rounds released,
-    devices contributing in the first and last round, devices out of budget, and the largest share of
-    its budget a device spent (by the arm's own accountant)."""
-    lines = [
-        "| epsilon | arm | server | final accuracy | best accuracy | rounds released | devices first / last round "
-        "| out of budget | max spent / budget |",
-        "|---:|---|---|---:|---:|---:|---:|---:|---:|",
-    ]
-    for entry in doc["results"]:
-        for arm, r in entry["arms"].items():
-            accs = [a for a in r["accuracy_per_round"] if a is not None]
-            contrib = r["contributing_per_round"]
-            if "devices" in r:
-                share = max(d["spent_epsilon"] / d["epsilon"] for d in r["devices"])
-            elif "spent_epsilon" in r:
-                share = r["spent_epsilon"] / r["epsilon_budget"]
-            else:
-                share = None
-            lines.append(
-                f"| {entry['epsilon']:g} | ({arm}) {r['name']} | {'trusted' if r['trusted_server'] else 'untrusted'} "
-                f"| {accs[-1]:.3f} | {max(accs):.3f} | {r['rounds_run']} | {contrib[0]} / {contrib[-1]} "
-                f"| {r.get('exhausted', '-')} | {'-' if share is None else f'{share:.3f}'} |"
-            )
-    return "\n".join(lines)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     say = (lambda text: print(text, file=sys.stderr)) if args.json else print
     doc = run(args, log=say)
+    from fl_vs_flower_dp_report import markdown, table
+
     say(markdown(doc) if args.markdown else table(doc))
     if args.json:
         print(json.dumps(doc))

@@ -82,3 +82,49 @@ def test_every_fedfilter_device_stays_within_its_own_budget(smoke):
                 else:  # the Gaussian-DP filter's state is mu^2
                     assert d["filter"] == "gdp" and gdp_delta(d["epsilon"], state) <= delta
                 assert d["spent_epsilon"] <= d["epsilon"]
+
+
+def _benchmark():
+    """The benchmark script as a module (its report module sits beside it)."""
+    import importlib
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        return importlib.import_module("fl_vs_flower_dp")
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+
+
+def test_planned_noise_multipliers_pay_for_the_rounds_a_device_is_asked_and_no_fewer():
+    """``--fedfilter-z plan``: (d)'s z is the smallest (to 2 decimals) whose exact Gaussian-DP curve
+    (mpmath, not the code under test) pays ``ceil(rounds k / n)`` full-clip rounds at the smallest
+    budget; (b) and (c) share one z, the smallest the device's rdp filter admits for those rounds."""
+    from fedfilter.privacy.planner import admits_rounds
+
+    bench = _benchmark()
+    args = bench.parse_args(["--smoke", "--fedfilter-z", "plan"])
+    task = bench.load(args)
+    epsilon = float(bench.budgets(task.num_clients, args.epsilon[0], args.budgets, args.seed).min())
+    z = bench.fedfilter_noise_multipliers(task, args, epsilon, flower_z=2.0)
+    asked = math.ceil(args.rounds * args.clients_per_round / task.num_clients)
+    assert z["b"] == z["c"] and z["b"] != z["d"]
+    # (d): k full-clip Gaussian rounds are sqrt(k) / z -GDP (papers/004 Section 3; mu^2 adds up).
+    assert gdp_delta(epsilon, Fraction(asked) / Fraction(z["d"]) ** 2) <= args.delta
+    assert gdp_delta(epsilon, Fraction(asked) / Fraction(z["d"] - 0.01) ** 2) > args.delta
+    dim = sum(p.numel() for p in task.model_fn().parameters())
+    common = dict(epsilon=epsilon, delta=args.delta, clip=args.clip, dim=dim, rounds=asked)
+    m = bench.min_reports(args)
+    assert admits_rounds("rdp", noise_multiplier=z["b"], placement="distributed", min_reports=m, **common)
+    assert not admits_rounds("rdp", noise_multiplier=z["b"] - 0.01, placement="distributed", min_reports=m, **common)
+    # Without --fedfilter-z every arm runs at (a)'s z; with a number, at that number.
+    assert bench.fedfilter_noise_multipliers(task, bench.parse_args(["--smoke"]), epsilon, 2.0) == dict.fromkeys(
+        "bcd", 2.0
+    )
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-1", "nan", "inf"])
+def test_a_bad_fedfilter_z_is_refused_by_name_and_value(value, capsys):
+    with pytest.raises(SystemExit) as exc:
+        _benchmark().parse_args(["--smoke", "--fedfilter-z", value])
+    assert exc.value.code == 2
+    assert f"--fedfilter-z must be 'plan' or a finite number > 0. Found {value!r}." in capsys.readouterr().err

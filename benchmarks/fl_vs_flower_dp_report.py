@@ -1,0 +1,198 @@
+"""The results of ``benchmarks/fl_vs_flower_dp.py`` (issue 27) as text, markdown and plots.
+
+``table`` and ``markdown`` print one ``results.json``; run as a script, this draws the plots
+docs/results.md shows from one or more of them:
+
+    python benchmarks/fl_vs_flower_dp_report.py out/fl_vs_flower_dp/mnist-dirichlet-plan \
+        --plots docs/results_fl_vs_flower_dp/mnist-dirichlet
+
+* ``accuracy_vs_epsilon.png``: final accuracy of every arm against the (smallest) per-device epsilon;
+* ``contributing.png``: devices contributing per round, per arm and epsilon;
+* ``dropout.png``: which devices ran out of budget first (rounds until exhausted against the device's
+  training examples, coloured by its budget tier), for (b) and (c).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+ARM_STYLE = {  # colour and marker per arm, the same in every plot
+    "a": ("tab:blue", "o"),
+    "b": ("tab:green", "s"),
+    "c": ("tab:olive", "D"),
+    "d": ("tab:red", "v"),
+    "e": ("tab:gray", "x"),
+}
+
+
+def table(doc: dict[str, Any]) -> str:
+    s = doc["settings"]
+    lines = [
+        f"{s['task']}: {s['num_clients']} devices, {s['clients_per_round']} per round, {s['rounds']} rounds, "
+        f"clip {s['clip']}, delta {s['delta']:g}, budgets {s['budgets']}",
+        f"{'eps':>5} {'arm':<24} {'accuracy':>9} {'rounds':>6} {'devices/round':>17} {'exhausted':>9} {'server':>9}",
+    ]
+    for entry in doc["results"]:
+        for arm, r in entry["arms"].items():
+            contrib = r["contributing_per_round"]
+            spread = f"{contrib[0]}..{contrib[-1]}" if contrib else "-"
+            acc = "-" if r["accuracy"] is None else f"{r['accuracy']:.4f}"
+            lines.append(
+                f"{entry['epsilon']:>5g} ({arm}) {r['name']:<20} {acc:>9} {r['rounds_run']:>6} {spread:>17} "
+                f"{r.get('exhausted', '-'):>9} {'trusted' if r['trusted_server'] else 'none':>9}"
+            )
+        a = entry["arms"].get("a")
+        if a is not None:
+            lines.append(
+                f"      (a) ran at epsilon {entry['smallest_epsilon']:g} for every device, z = "
+                f"{entry['noise_multiplier']:.4f}; Flower's accountant: spent {a['spent_epsilon']:.4f}"
+            )
+    return "\n".join(lines)
+
+
+def markdown(doc: dict[str, Any]) -> str:
+    """The results as a markdown table (docs/results.md): final and best accuracy, rounds released,
+    devices contributing in the first and last round, devices out of budget, and the largest share of
+    its budget a device spent (by the arm's own accountant)."""
+    lines = [
+        "| epsilon | arm | server | final accuracy | best accuracy | rounds released | devices first / last round "
+        "| out of budget | max spent / budget |",
+        "|---:|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for entry in doc["results"]:
+        for arm, r in entry["arms"].items():
+            accs = [a for a in r["accuracy_per_round"] if a is not None]
+            contrib = r["contributing_per_round"]
+            if "devices" in r:
+                share = max(d["spent_epsilon"] / d["epsilon"] for d in r["devices"])
+            elif "spent_epsilon" in r:
+                share = r["spent_epsilon"] / r["epsilon_budget"]
+            else:
+                share = None
+            lines.append(
+                f"| {entry['epsilon']:g} | ({arm}) {r['name']} | {'trusted' if r['trusted_server'] else 'untrusted'} "
+                f"| {accs[-1]:.3f} | {max(accs):.3f} | {r['rounds_run']} | {contrib[0]} / {contrib[-1]} "
+                f"| {r.get('exhausted', '-')} | {'-' if share is None else f'{share:.3f}'} |"
+            )
+    return "\n".join(lines)
+
+
+def _final(r: dict[str, Any]) -> float:
+    return [a for a in r["accuracy_per_round"] if a is not None][-1]
+
+
+def plot(docs: list[dict[str, Any]], out: Path) -> list[Path]:
+    """The three figures of the module docstring for ``docs`` (one task), written under ``out``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out.mkdir(parents=True, exist_ok=True)
+    s = docs[0]["settings"]
+    title = f"{s['task']}: {s['num_clients']} devices, {s['clients_per_round']} per round, {s['rounds']} rounds"
+    written = []
+
+    # Accuracy against epsilon, one line per arm (every results.json given, by epsilon).
+    points: dict[str, list[tuple[float, float]]] = {}
+    names: dict[str, str] = {}
+    for doc in docs:
+        for entry in doc["results"]:
+            for arm, r in entry["arms"].items():
+                points.setdefault(arm, []).append((entry["smallest_epsilon"], _final(r)))
+                names[arm] = r["name"]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for arm in sorted(points):
+        xy = sorted(points[arm])
+        colour, marker = ARM_STYLE[arm]
+        style = "--" if arm == "e" else "-"
+        ax.plot(
+            [x for x, _ in xy], [y for _, y in xy], style, color=colour, marker=marker, label=f"({arm}) {names[arm]}"
+        )
+    ax.set_xscale("log")
+    ax.set_xlabel(f"per-device epsilon (smallest tier), delta = {s['delta']:g}")
+    ax.set_ylabel("final test accuracy")
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    written.append(out / "accuracy_vs_epsilon.png")
+    fig.savefig(written[-1], dpi=120)
+    plt.close(fig)
+
+    # Devices contributing per round.
+    entries = [e for doc in docs for e in doc["results"]]
+    fig, axes = plt.subplots(1, len(entries), figsize=(4 * len(entries), 3.2), squeeze=False, sharey=True)
+    for ax, entry in zip(axes[0], entries, strict=True):
+        for arm, r in sorted(entry["arms"].items()):
+            colour, _ = ARM_STYLE[arm]
+            rounds = range(1, len(r["contributing_per_round"]) + 1)
+            ax.plot(rounds, r["contributing_per_round"], color=colour, label=f"({arm})")
+        ax.set_title(f"epsilon {entry['epsilon']:g}", fontsize=9)
+        ax.set_xlabel("round")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("devices contributing")
+    axes[0][-1].legend(fontsize=8)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    written.append(out / "contributing.png")
+    fig.savefig(written[-1], dpi=120)
+    plt.close(fig)
+
+    # Who drops out first: rounds until exhausted (never: the run's length + 1) against data size.
+    cells = [(e, arm) for e in entries for arm in ("b", "c") if arm in e["arms"]]
+    if cells:
+        fig, axes = plt.subplots(1, len(cells), figsize=(4 * len(cells), 3.4), squeeze=False, sharey=True)
+        for ax, (entry, arm) in zip(axes[0], cells, strict=True):
+            devices = entry["arms"][arm]["devices"]
+            never = s["rounds"] + 1
+            tiers = sorted({d["epsilon"] for d in devices})
+            cmap = plt.get_cmap("viridis", max(len(tiers), 2))
+            for i, tier in enumerate(tiers):
+                mine = [d for d in devices if d["epsilon"] == tier]
+                ax.scatter(
+                    [d["examples"] for d in mine],
+                    [d["exhausted_round"] + 1 if d["exhausted_round"] >= 0 else never for d in mine],
+                    s=6,
+                    alpha=0.5,
+                    color=cmap(i),
+                    label=f"epsilon {tier:g}",
+                )
+            out_of_budget = sum(d["exhausted_round"] >= 0 for d in devices)
+            ax.set_title(f"({arm}) epsilon {entry['epsilon']:g}: {out_of_budget} ran out", fontsize=9)
+            ax.set_xlabel("training examples")
+            ax.grid(alpha=0.3)
+        axes[0][0].set_ylabel(f"round the budget ran out ({never}: never)")
+        axes[0][-1].legend(fontsize=7)
+        fig.suptitle(title, fontsize=9)
+        fig.tight_layout()
+        written.append(out / "dropout.png")
+        fig.savefig(written[-1], dpi=120)
+        plt.close(fig)
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("runs", nargs="+", help="directories holding results.json (one task)")
+    p.add_argument("--plots", required=True, help="directory for the figures")
+    args = p.parse_args(argv)
+    docs = []
+    for run in args.runs:
+        path = Path(run) / "results.json"
+        if not path.is_file():
+            p.error(f"runs: no results.json in {run!r}")
+        docs.append(json.loads(path.read_text()))
+    if len({d["settings"]["task"] for d in docs}) != 1:
+        p.error(f"runs: one task at a time. Found {sorted({d['settings']['task'] for d in docs})}")
+    for path in plot(docs, Path(args.plots)):
+        print(path, file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
