@@ -236,6 +236,14 @@ def budgets(n: int, epsilon: float, kind: str, seed: int) -> np.ndarray:
 # --- (b), (c), (d): fedfilter through the vectorised engine ---------------------------------------
 
 
+def label_entropy(labels: np.ndarray) -> float:
+    """The entropy (nats) of a device's label distribution: its label skew (0: one label)."""
+    if len(labels) == 0:
+        return 0.0
+    p = np.unique(labels, return_counts=True)[1] / len(labels)
+    return float(-(p * np.log(p)).sum())
+
+
 def engine_arm(task, args, *, arm: str, z: float, eps: np.ndarray, bar) -> dict[str, Any]:
     from fedfilter.deploy.devices import simulated_worst_case_epsilon
     from fedfilter.privacy.filters import rdp_order
@@ -289,6 +297,7 @@ def engine_arm(task, args, *, arm: str, z: float, eps: np.ndarray, bar) -> dict[
             {
                 "id": res.client_ids[c],
                 "examples": int(len(task.train_data[c][1])),
+                "label_entropy": label_entropy(task.train_data[c][1]),
                 "epsilon": float(eps[c]),
                 "spent_epsilon": float(res.spent_epsilon[c]),
                 "filter": filt.kind,

@@ -8,8 +8,8 @@ docs/results.md shows from one or more of them:
 
 * ``accuracy_vs_epsilon.png``: final accuracy of every arm against the (smallest) per-device epsilon;
 * ``contributing.png``: devices contributing per round, per arm and epsilon;
-* ``dropout.png``: which devices ran out of budget first (rounds until exhausted against the device's
-  training examples, coloured by its budget tier), for (b) and (c).
+* ``dropout.png``: which devices run out of budget: the share out of budget by the end, by budget
+  tier, by data size and by label skew (quartiles), for (b), (c) and (d).
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ import json
 import sys
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 ARM_STYLE = {  # colour and marker per arm, the same in every plot
     "a": ("tab:blue", "o"),
@@ -85,6 +87,25 @@ def _final(r: dict[str, Any]) -> float:
     return [a for a in r["accuracy_per_round"] if a is not None][-1]
 
 
+def _quartiles(devices: list[dict[str, Any]], key: str) -> list[tuple[str, list[dict[str, Any]]]]:
+    """The devices in four groups by ``key`` (quartiles; ties go to the lower group), named by range."""
+    values = np.array([d[key] for d in devices], dtype=float)
+    edges = np.quantile(values, [0, 0.25, 0.5, 0.75, 1])
+    groups = []
+    for j in range(4):
+        lo, hi = edges[j], edges[j + 1]
+        inside = [d for d, v in zip(devices, values, strict=True) if (lo < v or j == 0) and v <= hi]
+        groups.append((f"{lo:.3g}-{hi:.3g}", inside))
+    return groups
+
+
+def _groups(devices: list[dict[str, Any]]) -> list[list[tuple[str, list[dict[str, Any]]]]]:
+    """By budget tier, by data size, by label skew (devices without a label entropy: one empty group)."""
+    tiers = [(f"{t:g}", [d for d in devices if d["epsilon"] == t]) for t in sorted({d["epsilon"] for d in devices})]
+    skew = _quartiles(devices, "label_entropy") if all("label_entropy" in d for d in devices) else [("-", [])]
+    return [tiers, _quartiles(devices, "examples"), skew]
+
+
 def plot(docs: list[dict[str, Any]], out: Path) -> list[Path]:
     """The three figures of the module docstring for ``docs`` (one task), written under ``out``."""
     import matplotlib
@@ -143,31 +164,29 @@ def plot(docs: list[dict[str, Any]], out: Path) -> list[Path]:
     fig.savefig(written[-1], dpi=120)
     plt.close(fig)
 
-    # Who drops out first: rounds until exhausted (never: the run's length + 1) against data size.
-    cells = [(e, arm) for e in entries for arm in ("b", "c") if arm in e["arms"]]
+    # Who drops out first: the share of devices whose budget ran out by the end, by budget tier, by
+    # data size (quartiles of training examples) and by label skew (quartiles of label entropy).
+    cells = [(e, arm) for e in entries for arm in ("b", "c", "d") if arm in e["arms"]]
     if cells:
-        fig, axes = plt.subplots(1, len(cells), figsize=(4 * len(cells), 3.4), squeeze=False, sharey=True)
-        for ax, (entry, arm) in zip(axes[0], cells, strict=True):
+        fig, axes = plt.subplots(1, 3, figsize=(13, 3.6), sharey=True)
+        width = 0.8 / len(cells)
+        for i, (entry, arm) in enumerate(cells):
             devices = entry["arms"][arm]["devices"]
-            never = s["rounds"] + 1
-            tiers = sorted({d["epsilon"] for d in devices})
-            cmap = plt.get_cmap("viridis", max(len(tiers), 2))
-            for i, tier in enumerate(tiers):
-                mine = [d for d in devices if d["epsilon"] == tier]
-                ax.scatter(
-                    [d["examples"] for d in mine],
-                    [d["exhausted_round"] + 1 if d["exhausted_round"] >= 0 else never for d in mine],
-                    s=6,
-                    alpha=0.5,
-                    color=cmap(i),
-                    label=f"epsilon {tier:g}",
-                )
-            out_of_budget = sum(d["exhausted_round"] >= 0 for d in devices)
-            ax.set_title(f"({arm}) epsilon {entry['epsilon']:g}: {out_of_budget} ran out", fontsize=9)
-            ax.set_xlabel("training examples")
-            ax.grid(alpha=0.3)
-        axes[0][0].set_ylabel(f"round the budget ran out ({never}: never)")
-        axes[0][-1].legend(fontsize=7)
+            colour, _ = ARM_STYLE[arm]
+            shade = 0.35 + 0.65 * (i + 1) / len(cells)
+            label = f"({arm}) epsilon {entry['epsilon']:g}"
+            for ax, groups in zip(axes, _groups(devices), strict=True):
+                share = [np.mean([d["exhausted_round"] >= 0 for d in g]) if g else np.nan for _, g in groups]
+                ax.bar(np.arange(len(groups)) + i * width, share, width, color=colour, alpha=shade, label=label)
+                ax.set_xticks(np.arange(len(groups)) + 0.4 - width / 2, [name for name, _ in groups], fontsize=8)
+        for ax, what in zip(
+            axes, ("budget tier (epsilon)", "training examples", "label entropy (low = skewed)"), strict=True
+        ):
+            ax.set_xlabel(what)
+            ax.grid(alpha=0.3, axis="y")
+        axes[0].set_ylabel("share out of budget by the end")
+        axes[0].set_ylim(0, 1)
+        axes[-1].legend(fontsize=7)
         fig.suptitle(title, fontsize=9)
         fig.tight_layout()
         written.append(out / "dropout.png")
