@@ -330,7 +330,7 @@ def run_size(n: int, args) -> dict:
 
     def node_app(msg, ctx):
         started, cpu_started = time.perf_counter(), time.process_time()
-        app = secure_app if RECORD_KEY_CONFIGS in msg.content.config_records else plain_app
+        app = secure_app if isinstance(msg.content.get(RECORD_KEY_CONFIGS), ConfigRecord) else plain_app
         reply = app(msg, ctx)
         client_time[current["variant"]] += time.perf_counter() - started
         client_cpu[current["variant"]] += time.process_time() - cpu_started

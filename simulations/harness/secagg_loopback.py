@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from flwr.app import Context, Message, RecordDict
+from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key
 from flwr.common.serde import message_from_proto, message_to_proto
 from flwr.supercore.task_identity import TaskIdentity
@@ -22,8 +22,9 @@ SERVER_NODE = 1
 
 def stage_of(message: Message) -> str:
     """The SecAgg+ stage a train message carries, or its message type."""
-    configs = message.content.config_records.get(RECORD_KEY_CONFIGS) if message.has_content() else None
-    if configs is not None and Key.STAGE in configs:
+    # content.get, not the config_records view (Flower rebuilds that at every access)
+    configs = message.content.get(RECORD_KEY_CONFIGS) if message.has_content() else None
+    if isinstance(configs, ConfigRecord) and Key.STAGE in configs:
         return str(configs[Key.STAGE])
     return message.metadata.message_type
 
