@@ -1,7 +1,7 @@
 """Seconds per round with and without Flower's SecAgg+, same clients, same model, same run.
 
     python benchmarks/secagg_overhead.py [--clients 10 100 1000] [--rounds 3] [--warmup 1] [--num-shares auto]
-        [--workflow product|flower]
+        [--workflow product|flower] [--profile FILE]
 
 Where: in-process rounds through ``simulations/harness/secagg_loopback.py``'s ``LoopbackGrid`` (every message goes
 through Flower's wire format to an in-process ClientApp, one node after the other; no Ray, no
@@ -38,6 +38,10 @@ round's key checks, sealing, signing and verifying on the clients), the CPU seco
 of each variant's round and of the server's unmasking (``time.process_time``: the whole in-process
 federation's CPU, which the load of other jobs on the machine does not inflate), and the peak
 resident memory of the process.
+
+``--profile FILE``: after the timed rounds, one more secure round (untimed, without the primitives'
+timers) under ``cProfile``; its stats go to ``FILE`` (``python -m pstats FILE``) and the script prints
+the entries with the most own time and that time grouped by where the code lives (``profile_split``).
 """
 
 from __future__ import annotations
@@ -216,6 +220,75 @@ def time_primitives(spent: dict[str, float]):
     return restore
 
 
+# Where a function's own time is charged in --profile's split: the first fragment that matches its file
+# path (Python) or its name (a C function or method), else "other Python" / "other C (builtins)".
+_PROFILE_GROUPS = (
+    ("flwr/app/message", "Flower records (RecordDict, ConfigRecord, Message)"),
+    ("flwr/common/serde", "Flower serde (records <-> protobuf)"),
+    ("secaggplus_mod", "Flower secaggplus_mod"),
+    ("flwr/server/workflow", "Flower server workflow"),
+    ("flwr/common/secure_aggregation", "Flower SecAgg+ utils"),
+    ("flwr/", "Flower, other"),
+    ("_collections_abc", "typing/abc machinery"),
+    ("<frozen abc>", "typing/abc machinery"),
+    ("typing.py", "typing/abc machinery"),
+    ("logging", "logging"),
+    ("cryptography", "cryptography (Python part)"),
+    ("torch", "torch"),
+    ("numpy", "numpy"),
+    ("/protocol/", "fedfilter protocol/ (primitives)"),
+    ("/client/", "fedfilter client/ (device mod, consistency)"),
+    ("/coordinator/", "fedfilter coordinator/"),
+    ("/simulations/", "loopback harness"),
+)
+_PROFILE_C_GROUPS = (
+    ("ed25519", "Ed25519 (C)"),
+    ("x25519", "X25519 (C)"),
+    ("hkdf", "HKDF (C)"),
+    ("ciphers", "AES, HMAC (C)"),
+    ("hmac", "AES, HMAC (C)"),
+    ("_abc", "typing/abc machinery"),
+    ("isinstance", "isinstance (C)"),
+    ("torch", "torch"),
+    ("ufunc", "numpy"),
+    ("numpy", "numpy"),
+    ("protobuf", "protobuf (C)"),
+    ("Serialize", "protobuf (C)"),
+    ("Parse", "protobuf (C)"),
+)
+
+
+def profile_split(stats) -> dict[str, float]:
+    """``pstats.Stats`` -> own seconds per group of ``_PROFILE_GROUPS``, largest first."""
+    groups: dict[str, float] = defaultdict(float)
+    for (filename, _, name), (_, _, tottime, _, _) in stats.stats.items():
+        rules, where, other = (
+            (_PROFILE_C_GROUPS, name, "other C (builtins)")
+            if filename == "~"
+            else (_PROFILE_GROUPS, filename, "other Python")
+        )
+        groups[next((g for fragment, g in rules if fragment in where), other)] += tottime
+    return dict(sorted(groups.items(), key=lambda kv: -kv[1]))
+
+
+def _profiled_round(run_round, path: Path) -> None:
+    import cProfile
+    import io
+    import pstats
+
+    profiler = cProfile.Profile()
+    profiler.runcall(run_round)
+    profiler.dump_stats(path)
+    stats = pstats.Stats(profiler)
+    total = sum(t for _, _, t, _, _ in stats.stats.values())
+    print(f"# --profile: one secure round under cProfile, {total:.3f} s of own time (profiler included); {path}")
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(15)
+    print("\n".join("#   " + line for line in text.getvalue().splitlines() if line.strip()))
+    for group, seconds in profile_split(stats).items():
+        print(f"#   {seconds:7.3f} s {100 * seconds / total:5.1f}%  {group}")
+
+
 def run_size(n: int, args) -> dict:
     import resource
 
@@ -255,15 +328,20 @@ def run_size(n: int, args) -> dict:
     client_cpu = {"plain": 0.0, "secagg": 0.0}  # CPU seconds (process_time): robust to machine load
     current = {"variant": "plain"}
 
+    stages: set[str] = set()  # the SecAgg+ stages the clients were sent
+
     def node_app(msg, ctx):
         started, cpu_started = time.perf_counter(), time.process_time()
-        app = secure_app if RECORD_KEY_CONFIGS in msg.content.config_records else plain_app
+        configs = msg.content.get(RECORD_KEY_CONFIGS)
+        app = secure_app if isinstance(configs, ConfigRecord) else plain_app
+        if app is secure_app:
+            stages.add(str(configs.get("stage")))
         reply = app(msg, ctx)
         client_time[current["variant"]] += time.perf_counter() - started
         client_cpu[current["variant"]] += time.process_time() - cpu_started
         return reply
 
-    grid = LoopbackGrid({nid: node_app for nid in nodes})
+    grid = LoopbackGrid({nid: node_app for nid in nodes}, record=False)  # keeps no message: see its docstring
     graph = round_graph(n, math.ceil(n / 2), args.num_shares)  # the coordinator's own choice, min-reports n/2
     threshold = graph.threshold
     shares = 1.0 if graph.num_shares == n else graph.num_shares  # as run_secure_round passes it to Flower
@@ -317,14 +395,14 @@ def run_size(n: int, args) -> dict:
                     per_client[variant].append((client_time[variant] - before) / n)
                     for key, value in primitive_s.items():
                         primitives_timed[key] += (value - before_primitives.get(key, 0.0)) / args.rounds
-        # the messages each node got in a secure round: 4 stages; in a plain one: 1
-        stages = sorted(
-            {
-                str(m.content.config_records[RECORD_KEY_CONFIGS]["stage"])
-                for m in grid.sent
-                if RECORD_KEY_CONFIGS in m.content.config_records
-            }
-        )
+        unmask_s, unmask_cpu_s = unmask_s[-args.rounds :], unmask_cpu_s[-args.rounds :]  # the timed rounds'
+        if args.profile:
+            restore()  # the primitives' timers would be profiled too
+            round_id += 1
+            cfg[Key.CURRENT_ROUND] = round_id
+            current["variant"], strategy.secagg = "secagg", True
+            strategy.on_fit_config_fn = lambda r: {"secagg": True, "q": q, "round": r}
+            _profiled_round(lambda: secagg(grid, context), args.profile)
     finally:
         restore()
         stop.set()
@@ -338,8 +416,8 @@ def run_size(n: int, args) -> dict:
         "threshold": threshold,
         "num_shares": graph.num_shares,
         "failure_probability": graph.failure_probability,
-        "server_unmask_s": statistics.median(unmask_s[-args.rounds :]),
-        "server_unmask_cpu_s": statistics.median(unmask_cpu_s[-args.rounds :]),
+        "server_unmask_s": statistics.median(unmask_s),
+        "server_unmask_cpu_s": statistics.median(unmask_cpu_s),
         "plain_cpu_s_per_round": statistics.median(cpu_times["plain"]),
         "secagg_cpu_s_per_round": statistics.median(cpu_times["secagg"]),
         "cpu_ratio": statistics.median(cpu_times["secagg"]) / statistics.median(cpu_times["plain"]),
@@ -353,7 +431,7 @@ def run_size(n: int, args) -> dict:
         "plain_rest_s_per_round": plain - n * statistics.median(per_client["plain"]),
         "secagg_rest_s_per_round": sec - n * statistics.median(per_client["secagg"]),
         "rounds_timed": args.rounds,
-        "secagg_stages": stages,
+        "secagg_stages": sorted(stages),
         "accuracy_after": float(accuracy),
         # mean seconds per secure round inside each SecAgg+ primitive (all clients, or the server)
         "primitive_s_per_round": {k: round(v, 4) for k, v in sorted(primitives_timed.items())},
@@ -379,6 +457,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--local-epochs", type=int, default=2)
     parser.add_argument("--lr", type=float, default=0.1)
     parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
+    parser.add_argument(
+        "--profile", type=Path, default=None, help="profile one more secure round (after the timed ones) into this file"
+    )
     args = parser.parse_args(argv)
     import torch
 

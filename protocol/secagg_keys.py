@@ -19,9 +19,12 @@ RFC 7748 section 6.1). ``public_key_problems`` runs those checks on every neighb
 device does anything else in the round.
 
 Private keys are parsed once per round, not once per neighbour, and a pairwise key is agreed once:
-parsed private keys and derived pairwise keys sit in small per-process LRU caches keyed by the raw key
-bytes (memory only, never persisted; the same private keys, and the pk2 pairwise keys, are in Flower's
-in-memory SecAgg+ state anyway).
+parsed private keys sit in a small per-process LRU cache, and each ``pk1`` pairwise key that
+``public_key_problems`` agrees at share-keys waits, keyed by the raw key bytes, until Flower's collect
+stage asks for it (then it is dropped). Only those are kept: the ``pk2`` keys Flower agrees at
+share-keys go into its own state and are never asked for again, so a cache of every agreed key (as
+before) lost the ``pk1`` keys of a process that runs many devices (a simulation) to them. Memory
+only, never persisted; the same private keys are in Flower's in-memory SecAgg+ state anyway.
 
 Imports only ``cryptography``; installed over Flower's functions by ``secagg_masks.use_cryptographic_masks``.
 """
@@ -29,6 +32,7 @@ Imports only ``cryptography``; installed over Flower's functions by ``secagg_mas
 from __future__ import annotations
 
 import base64
+from collections import OrderedDict
 from collections.abc import Mapping
 from functools import lru_cache
 
@@ -51,7 +55,11 @@ KEY_BYTES = 32
 # Changing this tag changes every pairwise key: both sides of a federation must run the same version.
 _KDF_INFO = b"fedfilter/secaggplus-pairwise/x25519-hkdf-sha256/v1"
 _PRIVATE_CACHE = 64  # a process runs a few devices' rounds (or, in a simulation, many one after another)
-_PAIRWISE_CACHE = 4096  # pairwise keys agreed once at share-keys, found again at collect (about 100 B each)
+# pk1 pairwise keys agreed at share-keys, waiting for the collect stage (about 250 B each): one device
+# leaves k there; a process that runs a whole simulated federation, k per device (100 devices, k = 29:
+# 2,900; 1,000 devices, k = 79: 79,000). Beyond the bound the oldest is dropped and agreed again.
+_PENDING_PK1 = 1 << 17
+_pending: OrderedDict[tuple[bytes, bytes], bytes] = OrderedDict()
 
 
 def generate_key_pairs() -> tuple[X25519PrivateKey, X25519PublicKey]:
@@ -115,13 +123,12 @@ def generate_shared_key(private_key: X25519PrivateKey, public_key: X25519PublicK
             "generate_shared_key needs X25519 keys, found "
             f"{type(private_key).__name__} and {type(public_key).__name__}."
         )
-    return _pairwise_key(private_key.private_bytes_raw(), public_key_to_bytes(public_key))
+    pair = (private_key.private_bytes_raw(), public_key_to_bytes(public_key))
+    agreed = _pending.pop(pair, None)  # a pk1 key public_key_problems agreed at share-keys: used once more
+    return agreed if agreed is not None else _pairwise_key(*pair)
 
 
-@lru_cache(maxsize=_PAIRWISE_CACHE)
 def _pairwise_key(private_raw: bytes, public_raw: bytes) -> bytes:
-    # Cached by the raw keys: the device's check at share-keys (public_key_problems) and Flower's
-    # collect stage agree the same pk1 key; the second finds it here.
     secret = _exchange(_load_private(private_raw), X25519PublicKey.from_public_bytes(public_raw))
     derived = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=_KDF_INFO).derive(secret)
     return base64.urlsafe_b64encode(derived)
@@ -144,8 +151,14 @@ def public_key_problems(sk1: bytes, keys: Mapping[str, object]) -> list[str]:
             problems.append(f"node {nid}'s public keys must be a pair (pk1, pk2), found {pair!r:.80}.")
             continue
         try:
-            generate_shared_key(own, bytes_to_public_key(pair[0]))
+            pk1 = bytes_to_public_key(pair[0])
+            agreed = generate_shared_key(own, pk1)
             bytes_to_public_key(pair[1])
         except ValueError as err:
             problems.append(f"node {nid}'s public keys are refused: {err}")
+            continue
+        # Flower's collect stage agrees this key again (after training): keep it for that call.
+        _pending[(sk1, public_key_to_bytes(pk1))] = agreed
+        if len(_pending) > _PENDING_PK1:
+            _pending.popitem(last=False)
     return problems

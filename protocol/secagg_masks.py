@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import math
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -110,6 +111,9 @@ def _check_shapes(dimensions_list: Sequence[tuple[int, ...]]) -> list[tuple[int,
     shapes = []
     for index, dims in enumerate(dimensions_list):
         shape = tuple(dims)
+        if all(type(d) is int and d >= 0 for d in shape):  # what Flower passes (ndarray.shape): as is
+            shapes.append(shape)
+            continue
         if any(isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 0 for d in shape):
             raise ValueError(f"dimensions_list[{index}] must be a tuple of non-negative ints, found {dims!r}.")
         shapes.append(tuple(int(d) for d in shape))
@@ -157,7 +161,7 @@ def aes_mask_gen(seed: bytes, num_range: int, dimensions_list: Sequence[tuple[in
     key = mask_key(seed)
     value_range = _check_range(num_range)
     shapes = _check_shapes(dimensions_list)
-    sizes = [int(np.prod(shape, dtype=np.int64)) for shape in shapes]
+    sizes = [math.prod(shape) for shape in shapes]  # exact ints (np.prod costs ~4 us a call, 30 calls a device)
     stream = _uniform_below(key, value_range, sum(sizes))
     output: list[np.ndarray] = []
     start = 0

@@ -41,6 +41,7 @@ from __future__ import annotations
 import base64
 import struct
 from collections.abc import Iterable, Mapping
+from functools import lru_cache
 from typing import cast
 
 from cryptography.exceptions import InvalidSignature
@@ -75,6 +76,7 @@ _CERT_TAG = b"fedfilter/secaggplus/identity-certificate/v1"
 _KEY_BYTES = 32
 _CERT_BYTES = 32 + 64  # identity public key, Ed25519 signature
 _MAX_NODE_ID = 2**64 - 1  # Flower's node ids are uint64
+_CHANNELS = 4096  # sealed-key channels a process keeps: k per device (a simulation runs many devices)
 
 
 def new_signing_key() -> bytes:
@@ -93,9 +95,12 @@ def public_key_of(private_key: bytes) -> bytes:
     )
 
 
+@lru_cache(maxsize=_CHANNELS)
 def _channel(shared_key: bytes) -> Fernet:
     # A key of its own, derived from the pairwise key Flower's share-keys stage agreed (ECDH + HKDF),
-    # so this message and Flower's share ciphertexts never share a Fernet key.
+    # so this message and Flower's share ciphertexts never share a Fernet key. Cached: the pairwise key
+    # is the same both ways, so a device opens its neighbour's token under the channel it sealed its own
+    # with (memory only; the pairwise keys themselves sit in Flower's SecAgg+ state).
     derived = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=_BIND_TAG).derive(shared_key)
     return Fernet(base64.urlsafe_b64encode(derived))
 

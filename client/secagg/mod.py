@@ -110,8 +110,15 @@ def _refusal(msg: Message, problems: list[str], after: str) -> Message:
     return Message(Error(code=ErrorCode.MOD_FAILED_PRECONDITION, reason=reason), reply_to=msg)
 
 
+def _config(records: RecordDict, name: str) -> ConfigRecord | None:
+    """``records.config_records.get(name)`` without that view: Flower rebuilds it (every record,
+    type-checked and written back) at each access, and this mod reads its records a few times a stage."""
+    record = records.get(name)
+    return record if isinstance(record, ConfigRecord) else None
+
+
 def _flower_state(context: Context) -> SecAggPlusState | None:
-    record = context.state.config_records.get(RECORD_KEY_STATE)
+    record = _config(context.state, RECORD_KEY_STATE)
     if record is None:
         return None
     state = SecAggPlusState(**dict(record))
@@ -122,13 +129,14 @@ def _flower_state(context: Context) -> SecAggPlusState | None:
 
 
 def _own_state(context: Context) -> ConfigRecord:
-    if CONSISTENCY_STATE_RECORD not in context.state.config_records:
-        context.state.config_records[CONSISTENCY_STATE_RECORD] = ConfigRecord({"phase": ""})
-    return context.state.config_records[CONSISTENCY_STATE_RECORD]
+    record = _config(context.state, CONSISTENCY_STATE_RECORD)
+    if record is None:
+        record = context.state[CONSISTENCY_STATE_RECORD] = ConfigRecord({"phase": ""})
+    return record
 
 
 def _extra(msg: Message) -> ConfigRecord:
-    record = msg.content.config_records.get(CONSISTENCY_RECORD)
+    record = _config(msg.content, CONSISTENCY_RECORD)
     return record if record is not None else ConfigRecord()
 
 
@@ -146,7 +154,7 @@ def _holders(flower: SecAggPlusState) -> set[int]:
 def _collect_problems(msg: Message, context: Context, flower: SecAggPlusState | None) -> list[str]:
     """What ``secaggplus_mod`` would raise on only AFTER training (too few neighbours, a ciphertext it
     cannot read), and the neighbours' signing keys the consistency round needs, checked before it."""
-    configs = msg.content.config_records[RECORD_KEY_CONFIGS]
+    configs = cast(ConfigRecord, _config(msg.content, RECORD_KEY_CONFIGS))  # the mod checked it is there
     if flower is None or flower.current_stage != Stage.SHARE_KEYS or _own_state(context).get("phase") != "shared":
         return ["the collect stage must follow this device's share-keys stage."]
     srcs, ciphertexts = configs.get(Key.SOURCE_LIST), configs.get(Key.CIPHERTEXT_LIST)
@@ -213,14 +221,14 @@ def _key_problems(msg: Message, flower: SecAggPlusState | None) -> list[str]:
     sk1 = getattr(flower, "sk1", None) if flower is not None else None
     if not isinstance(sk1, bytes):
         return []  # no setup yet: Flower's own stage check refuses
-    configs = msg.content.config_records[RECORD_KEY_CONFIGS]
+    configs = cast(ConfigRecord, _config(msg.content, RECORD_KEY_CONFIGS))
     return public_key_problems(sk1, {nid: pair for nid, pair in configs.items() if nid != Key.STAGE})
 
 
 def _consistency_reply(msg: Message, context: Context) -> Message:
     """Sign, once per round, the survivor set the coordinator names (Bonawitz et al. 2017, Round 3)."""
     flower, own = _flower_state(context), _own_state(context)
-    survivors = msg.content.config_records[RECORD_KEY_CONFIGS].get(Key.ACTIVE_NODE_ID_LIST)
+    survivors = cast(ConfigRecord, _config(msg.content, RECORD_KEY_CONFIGS)).get(Key.ACTIVE_NODE_ID_LIST)
     problems = check_node_ids("survivor node ids", survivors)
     if flower is None or flower.current_stage != Stage.COLLECT_MASKED_VECTORS or own.get("phase") != "collected":
         problems.append("a survivor set is signed once per round, after this device sent its masked vector.")
@@ -245,7 +253,7 @@ def _unmask_problems(msg: Message, context: Context, flower: SecAggPlusState | N
     own = _own_state(context)
     if flower is None or flower.current_stage != Stage.COLLECT_MASKED_VECTORS or own.get("phase") != "signed":
         return ["shares are revealed once per round, after this device signed a survivor set."]
-    configs, extra = msg.content.config_records[RECORD_KEY_CONFIGS], _extra(msg)
+    configs, extra = cast(ConfigRecord, _config(msg.content, RECORD_KEY_CONFIGS)), _extra(msg)
     survivors = cast(list[int], own["survivors"])
     keys = dict(zip(cast(list[int], own["keys:K"]), cast(list[bytes], own["keys:V"])))
     signers = extra.get("signer", [])
@@ -284,12 +292,12 @@ def _seal_signing_key(msg: Message, reply: Message, context: Context, pin: Pinni
             pk2=flower.pk2,
             signing_key=public,
         )
-    dsts = cast(list[int], reply.content.config_records[RECORD_KEY_CONFIGS][Key.DESTINATION_LIST])
+    dsts = cast(list[int], cast(ConfigRecord, _config(reply.content, RECORD_KEY_CONFIGS))[Key.DESTINATION_LIST])
     sealed = [
         seal_signing_key(flower.ss2_dict[d], src=flower.nid, dst=d, public_key=public, certificate=certificate)
         for d in dsts
     ]
-    reply.content.config_records[CONSISTENCY_RECORD] = ConfigRecord({"dst": list(dsts), "sealed": sealed})
+    reply.content[CONSISTENCY_RECORD] = ConfigRecord({"dst": list(dsts), "sealed": sealed})
     own["sign_sk"], own["phase"] = sign_sk, "shared"
 
 
@@ -325,14 +333,15 @@ def secure_aggregation_mod(msg: Message, context: Context, call_next: Callable[[
     """
     if msg.metadata.message_type != MessageType.TRAIN or not msg.has_content():
         return call_next(msg, context)
-    if RECORD_KEY_CONFIGS not in msg.content.config_records:
+    configs = _config(msg.content, RECORD_KEY_CONFIGS)
+    if configs is None:
         return call_next(msg, context)  # a local round: unmarked
     use_cryptographic_masks()
-    stage = msg.content.config_records[RECORD_KEY_CONFIGS].get(Key.STAGE)
+    stage = configs.get(Key.STAGE)
     flower = _flower_state(context)
     pin = None
     if stage == Stage.SETUP:
-        context.state.config_records[CONSISTENCY_STATE_RECORD] = ConfigRecord({"phase": ""})
+        context.state[CONSISTENCY_STATE_RECORD] = ConfigRecord({"phase": ""})
     elif stage == Stage.SHARE_KEYS:
         try:
             pin = pinning(context.node_config)
@@ -353,16 +362,16 @@ def secure_aggregation_mod(msg: Message, context: Context, call_next: Callable[[
     def masked_call_next(inner: Message, ctx: Context) -> Message:
         # secaggplus_mod has read its configs already; the training code must not see them.
         removed = {
-            name: inner.content.config_records.pop(name)
+            name: inner.content.pop(name)
             for name in (RECORD_KEY_CONFIGS, CONSISTENCY_RECORD)
-            if name in inner.content.config_records
+            if _config(inner.content, name) is not None
         }
         token = _MASKED.set(True)
         try:
             reply = call_next(inner, ctx)
         finally:
             _MASKED.reset(token)
-            inner.content.config_records.update(removed)
+            inner.content.update(removed)
         if reply.has_error():
             raise _InnerError(reply)
         return reply
@@ -397,7 +406,7 @@ def secagg_round_grid(spec: RoundSpec, context: Context, policy: ClientPolicy) -
             f"round request refused: placement={spec.placement!r} is refused under secure aggregation "
             "(SecAgg+ would quantize a float report); a masked round needs placement='distributed'."
         )
-    state = context.state.config_records.get(SECAGG_STATE_RECORD)
+    state = _config(context.state, SECAGG_STATE_RECORD)
     problems = check_secagg_state(state if state is not None else {}, int(spec.min_reports), policy.secagg_graph)
     if problems or state is None:
         raise RoundSpecError("secure aggregation refused: " + " ".join(problems or ["no SecAgg+ state."]))

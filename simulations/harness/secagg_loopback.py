@@ -4,6 +4,9 @@ workflow and client mod, all four stages) runs in one process, without Ray, dete
 Tests use it to look at everything the coordinator receives (``received``), to drop nodes at a
 chosen stage (``drop(stage, node_id) -> bool``: that node's reply is lost, as if it went offline),
 and to read each node's ``Context`` afterwards. Not a simulation engine: one message at a time.
+``record=False`` keeps neither list (a benchmark: a coordinator keeps no message after its round, and
+thousands of retained messages a round make Python's full garbage collections more frequent and
+slower, a cost no real wire has).
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from flwr.app import Context, Message, RecordDict
+from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key
 from flwr.common.serde import message_from_proto, message_to_proto
 from flwr.supercore.task_identity import TaskIdentity
@@ -22,8 +25,9 @@ SERVER_NODE = 1
 
 def stage_of(message: Message) -> str:
     """The SecAgg+ stage a train message carries, or its message type."""
-    configs = message.content.config_records.get(RECORD_KEY_CONFIGS) if message.has_content() else None
-    if configs is not None and Key.STAGE in configs:
+    # content.get, not the config_records view (Flower rebuilds that at every access)
+    configs = message.content.get(RECORD_KEY_CONFIGS) if message.has_content() else None
+    if isinstance(configs, ConfigRecord) and Key.STAGE in configs:
         return str(configs[Key.STAGE])
     return message.metadata.message_type
 
@@ -47,8 +51,10 @@ class LoopbackGrid:
         *,
         run_id: int = 7,
         drop: Callable[[str, int], bool] | None = None,
+        record: bool = True,
     ) -> None:
         self.apps = dict(apps)
+        self.record = record
         self.run = _Run(run_id)
         self.drop = drop or (lambda stage, nid: False)
         self.contexts = {
@@ -63,6 +69,7 @@ class LoopbackGrid:
         }
         self.sent: list[Message] = []
         self.received: list[Message] = []
+        self.count = 0  # messages sent (message ids are unique with or without record)
         # Messages built by server code read the process's task identity (a ServerApp process has it).
         TaskIdentity._run_id = run_id
         TaskIdentity._node_id = SERVER_NODE
@@ -88,8 +95,10 @@ class LoopbackGrid:
         for i, msg in enumerate(messages):
             nid = int(msg.metadata.dst_node_id)
             stage = stage_of(msg)
-            self.sent.append(msg)
-            msg.metadata.__dict__["_message_id"] = f"m{len(self.sent)}-{i}"
+            self.count += 1
+            if self.record:
+                self.sent.append(msg)
+            msg.metadata.__dict__["_message_id"] = f"m{self.count}-{i}"
             msg.metadata.__dict__["_src_node_id"] = SERVER_NODE
             msg.metadata.__dict__["_run_id"] = self.run.run_id
             if nid not in self.apps:
@@ -103,6 +112,7 @@ class LoopbackGrid:
             if self.drop(stage, nid):
                 continue
             reply = message_from_proto(message_to_proto(reply))
-            self.received.append(reply)
+            if self.record:
+                self.received.append(reply)
             replies.append(reply)
         return replies

@@ -205,8 +205,8 @@ def odometer_compare(tmp_path: Path) -> None:
 def secagg_overhead(tmp_path: Path) -> None:
     """Flower's SecAgg+ workflow and client mod in-process (3 clients); the script checks every
     unmasked sum against the clients' integer reports itself (it raises otherwise)."""
-    out = tmp_path / "rows.json"
-    text = run("secagg_overhead.py", "--clients", 3, "--rounds", 1, "--warmup", 0, "--json", out)
+    out, prof = tmp_path / "rows.json", tmp_path / "round.prof"
+    text = run("secagg_overhead.py", "--clients", 3, "--rounds", 1, "--warmup", 0, "--json", out, "--profile", prof)
     assert "LoopbackGrid" in text and "| 3 | 2 |" in text  # 3 clients, threshold ceil(3 / 2)
     (row,) = json.loads(out.read_text())
     assert row["clients"] == 3 and row["threshold"] == 2
@@ -222,9 +222,12 @@ def secagg_overhead(tmp_path: Path) -> None:
         "unmask",
     ]
     assert row["primitive_s_per_round"]["client check_signatures"] > 0
-    assert row["unmasked_sums_checked"] == 1  # the one secure round, equal to the sum of the integer reports
+    assert row["unmasked_sums_checked"] == 2  # the timed and the profiled round, each equal to the reports' sum
     assert row["primitive_s_per_round"]["client create_shares"] > 0
     assert row["primitive_s_per_round"]["server combine_shares"] > 0
+    # --profile: the extra secure round's stats, and its own time split by where the code lives
+    assert prof.stat().st_size > 0 and "one secure round under cProfile" in text
+    assert re.search(r"#\s+\d+\.\d+ s\s+\d+\.\d% {2}Flower records", text)
 
 
 def secagg_accuracy(tmp_path: Path) -> None:

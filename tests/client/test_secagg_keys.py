@@ -181,12 +181,28 @@ def test_the_override_reaches_secaggs_call_sites_and_leaves_node_authentication_
         assert symmetric.generate_shared_key is not secagg_keys.generate_shared_key
 
 
-def test_a_pairwise_key_checked_at_share_keys_is_agreed_once():
+def test_a_pairwise_key_checked_at_share_keys_is_agreed_once(monkeypatch):
+    agreed = []
+    derive = secagg_keys._pairwise_key
+    monkeypatch.setattr(secagg_keys, "_pairwise_key", lambda *pair: agreed.append(pair) or derive(*pair))
     sk1, _ = generate_key_pairs()
     pk1 = public_key_to_bytes(generate_key_pairs()[1])
     raw = private_key_to_bytes(sk1)
-    assert public_key_problems(raw, {"1": [pk1, pk1]}) == []
-    hits = secagg_keys._pairwise_key.cache_info().hits
+    assert public_key_problems(raw, {"1": [pk1, pk1]}) == [] and agreed == [(raw, pk1)]
     key = generate_shared_key(bytes_to_private_key(raw), bytes_to_public_key(pk1))  # Flower's collect stage
-    assert secagg_keys._pairwise_key.cache_info().hits == hits + 1
-    assert key == generate_shared_key(bytes_to_private_key(raw), bytes_to_public_key(pk1))
+    assert len(agreed) == 1  # found, not agreed again
+    # used once: a later call agrees it afresh, to the same key
+    assert key == generate_shared_key(bytes_to_private_key(raw), bytes_to_public_key(pk1)) and len(agreed) == 2
+
+
+def test_keys_waiting_for_the_collect_stage_are_bounded_and_an_evicted_one_is_agreed_again(monkeypatch):
+    monkeypatch.setattr(secagg_keys, "_PENDING_PK1", 2)
+    monkeypatch.setattr(secagg_keys, "_pending", secagg_keys.OrderedDict())
+    raw = private_key_to_bytes(generate_key_pairs()[0])
+    pks = [public_key_to_bytes(generate_key_pairs()[1]) for _ in range(3)]
+    assert public_key_problems(raw, {str(i): [pk, pk] for i, pk in enumerate(pks)}) == []
+    assert list(secagg_keys._pending) == [(raw, pks[1]), (raw, pks[2])]  # the oldest went
+    own = bytes_to_private_key(raw)
+    for pk in pks:  # each, found or agreed again, is the key both ends derive
+        assert generate_shared_key(own, bytes_to_public_key(pk)) == secagg_keys._pairwise_key(raw, pk)
+    assert not secagg_keys._pending

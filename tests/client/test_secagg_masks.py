@@ -126,6 +126,14 @@ def test_key_uses_the_full_seed_and_rejects_bad_input():
         aes_mask_gen(b"k" * 32, 2**63 + 1, [(2,)])
     with pytest.raises(ValueError, match=r"dimensions_list\[1\]"):
         aes_mask_gen(b"k" * 32, 16, [(2,), (-1,)])
+    for bad in (True, 2.0, "2"):
+        with pytest.raises(ValueError, match=r"dimensions_list\[0\]"):
+            aes_mask_gen(b"k" * 32, 16, [(bad,)])
+    # numpy ints in a shape (a caller other than Flower's ndarray.shape) give what Python ints give
+    numpy_shapes = aes_mask_gen(b"k" * 32, 16, [(np.int64(2), np.int32(3)), ()])
+    int_shapes = aes_mask_gen(b"k" * 32, 16, [(2, 3), ()])
+    assert [a.shape for a in numpy_shapes] == [(2, 3), ()]
+    assert all(np.array_equal(a, b) for a, b in zip(numpy_shapes, int_shapes))
 
 
 def test_masks_are_the_aes256_ctr_keystream_of_an_independent_implementation():

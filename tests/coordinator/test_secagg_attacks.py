@@ -262,3 +262,23 @@ def test_a_swapped_signing_key_is_refused_before_training(tmp_path, monkeypatch)
     seen = run_attack(tmp_path, monkeypatch, n, lambda s: attacker(s, forge))
     assert victim in refused(seen, Stage.COLLECT_MASKED_VECTORS)
     assert victim not in seen.y and charges(tmp_path, n)[0] == 0.0
+
+
+def test_a_coordinator_that_shows_fewer_than_threshold_signatures_gets_no_share(tmp_path, monkeypatch):
+    """The coordinator holds signatures back so that each device is shown one fewer than its
+    threshold (the honest coordinator shows exactly the threshold's worth since issue 23): every
+    device refuses, though each signature it was shown is valid."""
+    n = 3
+
+    def forge(stage, msg):
+        if stage == Stage.UNMASK:
+            ctx = seen.grid.contexts[int(msg.metadata.dst_node_id)]
+            t = int(ctx.state.config_records[RECORD_KEY_STATE]["threshold"])
+            record = msg.content.config_records[CONSISTENCY_RECORD]
+            record["signer"], record["signature"] = list(record["signer"])[: t - 1], list(record["signature"])[: t - 1]
+
+    seen = Seen()
+    seen = run_attack(tmp_path, monkeypatch, n, lambda s: attacker(s, forge), seen=seen)
+    assert answered(seen, Stage.UNMASK) == set()
+    assert all("below the threshold" in r.error.reason for s, q, r in seen.log if s == Stage.UNMASK)
+    assert_no_single_report(seen)

@@ -147,13 +147,14 @@ def test_the_default_sparse_graph_gives_each_node_k_holders_and_unmasks_the_exac
     share_keys = [m for m in grid.sent if m.content.config_records[RECORD_KEY_CONFIGS].get(Key.STAGE) == "share_keys"]
     assert {len(m.content.config_records[RECORD_KEY_CONFIGS]) - 1 for m in share_keys} == {graph.num_shares}
     # The consistency round ran on the sparse graph: every survivor signed, and each unmask request
-    # carried at least t signatures, all by that node's k neighbours (the devices verified them).
+    # carried the t signatures its device needs (it verifies every one it is shown), its own first, all
+    # by that node's k neighbours (the devices verified them).
     assert len([m for m in grid.sent if stage_of(m) == CONSISTENCY_STAGE]) == len(nodes) - 1
     unmask = [m for m in grid.sent if stage_of(m) == "unmask"]
     assert len(unmask) == len(nodes) - 1
     for m in unmask:
         signers = m.content.config_records[CONSISTENCY_RECORD]["signer"]
-        assert graph.threshold <= len(signers) <= graph.num_shares and 511 not in signers
+        assert len(signers) == graph.threshold and signers[0] == m.metadata.dst_node_id and 511 not in signers
     assert out.reason == "" and out.reports == len(nodes) - 1
     sums = decode_sum(out.aggregate, out.reports, out.quantization_range)
     for i, got in enumerate(sums):
