@@ -23,7 +23,8 @@ per-device ``(epsilon, delta)``, five ways:
     ``min_reports = max(2, clients_per_round // 2)`` unless ``--min-reports``: each report carries
     ``1/min_reports`` of the sum's noise, so with every asked device reporting the sum carries
     ``clients_per_round / min_reports`` times (a)'s variance. Each device's worst-case budget is the
-    demo's rule (``fedfilter.deploy.devices.simulated_worst_case_epsilon``: ``min_reports`` times its budget).
+    demo's rule (``fedfilter.deploy.devices.simulated_worst_case_epsilon``: ``min_reports`` times its budget,
+    or ``--worst-case-factor`` times).
 (c) ``fedfilter-worst-case``: (b) with every contribution charged a full round's worst case (the
     engine's ``accounting="worst-case"``): the uniform accounting of a system without individual
     accounting. (b) minus (c) is what individual accounting alone buys.
@@ -61,6 +62,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from fl_vs_flower_dp_plan import budgets, fedfilter_noise_multipliers, min_reports
 
 ARMS = {
     "a": "flower-central",
@@ -74,8 +76,6 @@ TASKS = {
     "shakespeare": ("shakespeare", "iid"),
     "mnist-dirichlet": ("mnist", "dirichlet"),
 }
-TIER_SHARES = (0.34, 0.43, 0.23)  # Jorgensen et al. 2015: conservatives, pragmatists, liberals
-TIER_FACTORS = (1.0, 2.0, 3.0)
 SCHEMA = "fedfilter.bench.fl_vs_flower_dp.v1"
 
 SMOKE = dict(
@@ -119,6 +119,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="(b)-(d): this noise multiplier instead of (a)'s (fedfilter charges a device only when asked), or "
         "'plan': each placement's own planner (the smallest z whose filter pays for the rounds a device is "
         "expected to be asked, full clip every time; fedfilter.privacy.federation_plan)",
+    )
+    p.add_argument(
+        "--worst-case-factor",
+        type=int,
+        default=None,
+        help="(b), (c): each device's worst-case budget is this times its epsilon (default min-reports, the "
+        "demo's rule); a large factor shows what the account against a coordinator that breaks SecAgg+ costs",
     )
     p.add_argument("--clip", type=float, default=0.5)
     p.add_argument("--lr", type=float, default=0.05)
@@ -174,6 +181,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         )
     if args.min_reports is not None and not 2 <= args.min_reports <= args.clients_per_round:
         problems.append(f"--min-reports must be in [2, clients-per-round]. Found {args.min_reports!r}.")
+    if args.worst_case_factor is not None and args.worst_case_factor < 1:
+        problems.append(f"--worst-case-factor must be >= 1. Found {args.worst_case_factor!r}.")
     if args.fedfilter_z is not None and args.fedfilter_z != "plan":
         given = args.fedfilter_z
         try:
@@ -223,19 +232,6 @@ def load(args: argparse.Namespace):
     return replace(task, train_data=train, test_data=test, model_fn=model_fn)
 
 
-def budgets(n: int, epsilon: float, kind: str, seed: int) -> np.ndarray:
-    """Each device's epsilon: all ``epsilon``, or the tiers (module docstring)."""
-    if kind == "equal":
-        return np.full(n, float(epsilon))
-    counts = np.floor(np.array(TIER_SHARES) * n).astype(int)
-    counts[0] += n - counts.sum()  # the remainder to the most conservative tier
-    eps = np.repeat(np.array(TIER_FACTORS) * float(epsilon), counts)
-    return eps[np.random.default_rng([seed, 2015]).permutation(n)]
-
-
-# --- (b), (c), (d): fedfilter through the vectorised engine ---------------------------------------
-
-
 def label_entropy(labels: np.ndarray) -> float:
     """The entropy (nats) of a device's label distribution: its label skew (0: one label)."""
     if len(labels) == 0:
@@ -263,7 +259,9 @@ def engine_arm(task, args, *, arm: str, z: float, eps: np.ndarray, bar) -> dict[
         clip=args.clip,
         placement="distributed" if distributed else "local",
         min_reports=m if distributed else 1,
-        worst_case_epsilon=[simulated_worst_case_epsilon(e, m) for e in eps] if distributed else None,
+        worst_case_epsilon=[simulated_worst_case_epsilon(e, args.worst_case_factor or m) for e in eps]
+        if distributed
+        else None,
         accounting="worst-case" if arm == "c" else "individual",
         rounds=args.rounds,
         fraction=k / n,
@@ -322,60 +320,17 @@ def engine_arm(task, args, *, arm: str, z: float, eps: np.ndarray, bar) -> dict[
     }
 
 
-def min_reports(args: argparse.Namespace) -> int:
-    """(b), (c): SecAgg+'s threshold m (``--min-reports``, default half the devices asked, at least 2)."""
-    return int(args.min_reports or max(2, args.clients_per_round // 2))
-
-
-def fedfilter_noise_multipliers(task, args: argparse.Namespace, epsilon: float, flower_z: float) -> dict[str, float]:
-    """The z of (b), (c) and (d): (a)'s, ``--fedfilter-z``, or with ``plan`` each placement's own plan.
-
-    The plan is what a fedfilter coordinator can choose from public facts alone: the smallest noise
-    multiplier (rounded up to 2 decimals) whose filter, at the smallest budget, pays full-clip rounds
-    for as many rounds as a device is expected to be asked (``ceil(rounds * clients_per_round /
-    num_clients)``), by ``plan_federation``'s ``least_affordable_noise_multiplier``: rdp Skellam rounds
-    with ``min_reports`` shares for (b) and (c) (the same z: (b) minus (c) is the accounting alone), the
-    Gaussian-DP filter for (d). A device asked more often than that spends its budget and drops out;
-    its filter, not the plan, enforces the budget. No accuracy is looked at.
-    """
-    if args.fedfilter_z is None:
-        return dict.fromkeys("bcd", flower_z)
-    if args.fedfilter_z != "plan":
-        return dict.fromkeys("bcd", float(args.fedfilter_z))
-    from fedfilter.privacy.federation_plan import plan_federation
-
-    model = task.model_fn()
-    dim = int(sum(p.numel() for p in model.parameters()))
-    k = args.clients_per_round
-    asked = math.ceil(args.rounds * k / task.num_clients)
-    out = {}
-    for arm, placement, m in (("b", "distributed", min_reports(args)), ("d", "local", 1)):
-        plan = plan_federation(
-            devices=k,
-            dim=dim,
-            noise_multiplier=flower_z,
-            clip=args.clip,
-            epsilon=epsilon,
-            delta=args.delta,
-            rounds=asked,
-            placement=placement,
-            min_reports=m,
-        )
-        z = plan["least_affordable_noise_multiplier"]
-        if z is None:
-            raise SystemExit(f"no noise multiplier pays for {asked} rounds at epsilon {epsilon:g} ({placement})")
-        out[arm] = math.ceil(z * 100) / 100
-    out["c"] = out["b"]
-    return out
-
-
 # --- the run ----------------------------------------------------------------------------------
 
 
 def settings(args: argparse.Namespace, task) -> dict[str, Any]:
     keys = ("task", "budgets", "delta", "rounds", "clients_per_round", "clip", "lr", "local_epochs", "batch_size")
     out = {key: getattr(args, key) for key in keys}
-    for key in ("min_reports", "fedfilter_z"):  # absent: the default (keeps earlier results.json resumable)
+    for key in (
+        "min_reports",
+        "fedfilter_z",
+        "worst_case_factor",
+    ):  # absent: the default (keeps earlier results.json resumable)
         if getattr(args, key) is not None:
             out[key] = getattr(args, key)
     if args.model != "task":

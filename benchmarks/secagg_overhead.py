@@ -41,7 +41,7 @@ resident memory of the process.
 
 ``--profile FILE``: after the timed rounds, one more secure round (untimed, without the primitives'
 timers) under ``cProfile``; its stats go to ``FILE`` (``python -m pstats FILE``) and the script prints
-the entries with the most own time and that time grouped by where the code lives (``profile_split``).
+the entries with the most own time and that time grouped by where the code lives (``round_profile.py``).
 """
 
 from __future__ import annotations
@@ -220,75 +220,6 @@ def time_primitives(spent: dict[str, float]):
     return restore
 
 
-# Where a function's own time is charged in --profile's split: the first fragment that matches its file
-# path (Python) or its name (a C function or method), else "other Python" / "other C (builtins)".
-_PROFILE_GROUPS = (
-    ("flwr/app/message", "Flower records (RecordDict, ConfigRecord, Message)"),
-    ("flwr/common/serde", "Flower serde (records <-> protobuf)"),
-    ("secaggplus_mod", "Flower secaggplus_mod"),
-    ("flwr/server/workflow", "Flower server workflow"),
-    ("flwr/common/secure_aggregation", "Flower SecAgg+ utils"),
-    ("flwr/", "Flower, other"),
-    ("_collections_abc", "typing/abc machinery"),
-    ("<frozen abc>", "typing/abc machinery"),
-    ("typing.py", "typing/abc machinery"),
-    ("logging", "logging"),
-    ("cryptography", "cryptography (Python part)"),
-    ("torch", "torch"),
-    ("numpy", "numpy"),
-    ("/protocol/", "fedfilter protocol/ (primitives)"),
-    ("/client/", "fedfilter client/ (device mod, consistency)"),
-    ("/coordinator/", "fedfilter coordinator/"),
-    ("/simulations/", "loopback harness"),
-)
-_PROFILE_C_GROUPS = (
-    ("ed25519", "Ed25519 (C)"),
-    ("x25519", "X25519 (C)"),
-    ("hkdf", "HKDF (C)"),
-    ("ciphers", "AES, HMAC (C)"),
-    ("hmac", "AES, HMAC (C)"),
-    ("_abc", "typing/abc machinery"),
-    ("isinstance", "isinstance (C)"),
-    ("torch", "torch"),
-    ("ufunc", "numpy"),
-    ("numpy", "numpy"),
-    ("protobuf", "protobuf (C)"),
-    ("Serialize", "protobuf (C)"),
-    ("Parse", "protobuf (C)"),
-)
-
-
-def profile_split(stats) -> dict[str, float]:
-    """``pstats.Stats`` -> own seconds per group of ``_PROFILE_GROUPS``, largest first."""
-    groups: dict[str, float] = defaultdict(float)
-    for (filename, _, name), (_, _, tottime, _, _) in stats.stats.items():
-        rules, where, other = (
-            (_PROFILE_C_GROUPS, name, "other C (builtins)")
-            if filename == "~"
-            else (_PROFILE_GROUPS, filename, "other Python")
-        )
-        groups[next((g for fragment, g in rules if fragment in where), other)] += tottime
-    return dict(sorted(groups.items(), key=lambda kv: -kv[1]))
-
-
-def _profiled_round(run_round, path: Path) -> None:
-    import cProfile
-    import io
-    import pstats
-
-    profiler = cProfile.Profile()
-    profiler.runcall(run_round)
-    profiler.dump_stats(path)
-    stats = pstats.Stats(profiler)
-    total = sum(t for _, _, t, _, _ in stats.stats.values())
-    print(f"# --profile: one secure round under cProfile, {total:.3f} s of own time (profiler included); {path}")
-    text = io.StringIO()
-    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(15)
-    print("\n".join("#   " + line for line in text.getvalue().splitlines() if line.strip()))
-    for group, seconds in profile_split(stats).items():
-        print(f"#   {seconds:7.3f} s {100 * seconds / total:5.1f}%  {group}")
-
-
 def run_size(n: int, args) -> dict:
     import resource
 
@@ -402,7 +333,9 @@ def run_size(n: int, args) -> dict:
             cfg[Key.CURRENT_ROUND] = round_id
             current["variant"], strategy.secagg = "secagg", True
             strategy.on_fit_config_fn = lambda r: {"secagg": True, "q": q, "round": r}
-            _profiled_round(lambda: secagg(grid, context), args.profile)
+            from round_profile import profiled_round
+
+            profiled_round(lambda: secagg(grid, context), args.profile)
     finally:
         restore()
         stop.set()

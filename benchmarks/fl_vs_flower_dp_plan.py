@@ -1,0 +1,77 @@
+"""What each arm of ``benchmarks/fl_vs_flower_dp.py`` is asked to run (issue 27): the devices' budgets,
+SecAgg+'s threshold and fedfilter's noise multiplier.
+
+Budget tiers (``--budgets tiers``): the shares of Jorgensen et al. (ICDE 2015), used for individualized
+DP-SGD by Boenisch et al. (PETS 2023): 34 % of the devices at ``epsilon``, 43 % at ``2 epsilon``, 23 % at
+``3 epsilon`` (assigned by a permutation drawn from ``--seed``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+import numpy as np
+
+TIER_SHARES = (0.34, 0.43, 0.23)  # Jorgensen et al. 2015: conservatives, pragmatists, liberals
+TIER_FACTORS = (1.0, 2.0, 3.0)
+
+
+def budgets(n: int, epsilon: float, kind: str, seed: int) -> np.ndarray:
+    """Each device's epsilon: all ``epsilon``, or the tiers (module docstring)."""
+    if kind == "equal":
+        return np.full(n, float(epsilon))
+    counts = np.floor(np.array(TIER_SHARES) * n).astype(int)
+    counts[0] += n - counts.sum()  # the remainder to the most conservative tier
+    eps = np.repeat(np.array(TIER_FACTORS) * float(epsilon), counts)
+    return eps[np.random.default_rng([seed, 2015]).permutation(n)]
+
+
+# --- (b), (c), (d): fedfilter through the vectorised engine ---------------------------------------
+
+
+def min_reports(args: argparse.Namespace) -> int:
+    """(b), (c): SecAgg+'s threshold m (``--min-reports``, default half the devices asked, at least 2)."""
+    return int(args.min_reports or max(2, args.clients_per_round // 2))
+
+
+def fedfilter_noise_multipliers(task, args: argparse.Namespace, epsilon: float, flower_z: float) -> dict[str, float]:
+    """The z of (b), (c) and (d): (a)'s, ``--fedfilter-z``, or with ``plan`` each placement's own plan.
+
+    The plan is what a fedfilter coordinator can choose from public facts alone: the smallest noise
+    multiplier (rounded up to 2 decimals) whose filter, at the smallest budget, pays full-clip rounds
+    for as many rounds as a device is expected to be asked (``ceil(rounds * clients_per_round /
+    num_clients)``), by ``plan_federation``'s ``least_affordable_noise_multiplier``: rdp Skellam rounds
+    with ``min_reports`` shares for (b) and (c) (the same z: (b) minus (c) is the accounting alone), the
+    Gaussian-DP filter for (d). A device asked more often than that spends its budget and drops out;
+    its filter, not the plan, enforces the budget. No accuracy is looked at.
+    """
+    if args.fedfilter_z is None:
+        return dict.fromkeys("bcd", flower_z)
+    if args.fedfilter_z != "plan":
+        return dict.fromkeys("bcd", float(args.fedfilter_z))
+    from fedfilter.privacy.federation_plan import plan_federation
+
+    model = task.model_fn()
+    dim = int(sum(p.numel() for p in model.parameters()))
+    k = args.clients_per_round
+    asked = math.ceil(args.rounds * k / task.num_clients)
+    out = {}
+    for arm, placement, m in (("b", "distributed", min_reports(args)), ("d", "local", 1)):
+        plan = plan_federation(
+            devices=k,
+            dim=dim,
+            noise_multiplier=flower_z,
+            clip=args.clip,
+            epsilon=epsilon,
+            delta=args.delta,
+            rounds=asked,
+            placement=placement,
+            min_reports=m,
+        )
+        z = plan["least_affordable_noise_multiplier"]
+        if z is None:
+            raise SystemExit(f"no noise multiplier pays for {asked} rounds at epsilon {epsilon:g} ({placement})")
+        out[arm] = math.ceil(z * 100) / 100
+    out["c"] = out["b"]
+    return out
