@@ -31,6 +31,11 @@ per-device ``(epsilon, delta)``, five ways:
 (d) ``fedfilter-local``: fedfilter's local placement (each report carries Gaussian noise ``z C``;
     the exact Gaussian-DP filter).
 (e) ``no-privacy``: Flower's plain ``FedAvg`` on the same Grid and ClientApps.
+(f) ``engine-central`` (a diagnostic, not in the default ``--arms``): (a)'s mechanism through
+    fedfilter's engine: the engine's ``central`` placement (papers/004's trusted curator: the clipped
+    updates summed in the clear, one Gaussian draw ``N(0, (z C)^2)`` added), at (a)'s ``z``, each
+    device's Gaussian-DP filter. A TRUSTED server. (f) against (a) is the engine against Flower's
+    strategy code on one mechanism; (b) against (f) is what the distributed mechanism costs.
 
 Every arm averages uniformly (Flower's accountant requires equal weights; fedfilter's coordinator takes
 the plain mean) and steps with ``server_lr = 1``. Budget tiers (``--budgets tiers``): the shares of
@@ -70,6 +75,7 @@ ARMS = {
     "c": "fedfilter-worst-case",
     "d": "fedfilter-local",
     "e": "no-privacy",
+    "f": "engine-central",
 }
 TASKS = {
     "femnist": ("femnist", "iid"),
@@ -141,7 +147,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "62 classes against FemnistCNN's 222,078; DP noise grows with the dimension)",
     )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--arms", default="abcde", help="which of a-e to run (default all)")
+    p.add_argument("--arms", default="abcde", help="which of a-f to run (default a-e; f is a diagnostic)")
     p.add_argument("--out", default=None, help="directory for results.json (checkpoint after every arm)")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--markdown", action="store_true", help="print the table as markdown (rerun with --out: no rerun)")
@@ -248,6 +254,7 @@ def engine_arm(task, args, *, arm: str, z: float, eps: np.ndarray, bar) -> dict[
 
     n, k = task.num_clients, args.clients_per_round
     distributed = arm in ("b", "c")
+    central = arm == "f"
     m = min_reports(args)
     cfg = EngineConfig(
         task=task.name,
@@ -257,7 +264,7 @@ def engine_arm(task, args, *, arm: str, z: float, eps: np.ndarray, bar) -> dict[
         filter_kind="rdp" if distributed else "gdp",
         noise_multiplier=z,
         clip=args.clip,
-        placement="distributed" if distributed else "local",
+        placement="distributed" if distributed else "central" if central else "local",
         min_reports=m if distributed else 1,
         worst_case_epsilon=[simulated_worst_case_epsilon(e, args.worst_case_factor or m) for e in eps]
         if distributed
@@ -309,7 +316,7 @@ def engine_arm(task, args, *, arm: str, z: float, eps: np.ndarray, bar) -> dict[
         "accuracy": next((a for a in reversed(accuracy) if a is not None), None),
         "contributing_per_round": [r.contributing for r in res.rounds],
         "rounds_run": int(sum(r.released for r in res.rounds)),
-        "trusted_server": False,
+        "trusted_server": central,
         "noise_multiplier": z,
         "min_reports": cfg.min_reports,
         "placement": cfg.placement,
@@ -416,7 +423,7 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
                         progress=lambda: bar.update(1),
                     )
                 else:
-                    result = engine_arm(task, args, arm=arm, z=arm_z[arm], eps=eps, bar=bar)
+                    result = engine_arm(task, args, arm=arm, z=z if arm == "f" else arm_z[arm], eps=eps, bar=bar)
             result["name"] = ARMS[arm]
             result["seconds"] = round(time.perf_counter() - started, 2)
             entry["arms"][arm] = result

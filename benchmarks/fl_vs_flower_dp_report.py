@@ -10,6 +10,13 @@ docs/results.md shows from one or more of them:
 * ``contributing.png``: devices contributing per round, per arm and epsilon;
 * ``dropout.png``: which devices run out of budget: the share out of budget by the end, by budget
   tier, by data size and by label skew (quartiles), for (b), (c) and (d).
+
+With ``--seeds`` it prints, for runs that differ only in ``--seed``, each arm's final accuracy per seed,
+its mean, and every arm's paired difference to (a) (the same seed: the same partition, initial model
+and local shuffling; the noise streams differ by mechanism) with its mean and sample standard deviation:
+
+    python benchmarks/fl_vs_flower_dp_report.py out/fl_vs_flower_dp/femnist-plan \
+        out/fl_vs_flower_dp/femnist-plan-seed{1,2,3,4} --seeds
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ ARM_STYLE = {  # colour and marker per arm, the same in every plot
     "c": ("tab:olive", "D"),
     "d": ("tab:red", "v"),
     "e": ("tab:gray", "x"),
+    "f": ("tab:purple", "^"),
 }
 
 
@@ -61,9 +69,9 @@ def markdown(doc: dict[str, Any]) -> str:
     devices contributing in the first and last round, devices out of budget, and the largest share of
     its budget a device spent (by the arm's own accountant)."""
     lines = [
-        "| epsilon | arm | server | final accuracy | best accuracy | rounds released | devices first / last round "
+        "| epsilon | arm | server | z | final accuracy | best accuracy | rounds released | devices first / last round "
         "| out of budget | max spent / budget |",
-        "|---:|---|---|---:|---:|---:|---:|---:|---:|",
+        "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for entry in doc["results"]:
         for arm, r in entry["arms"].items():
@@ -75,11 +83,46 @@ def markdown(doc: dict[str, Any]) -> str:
                 share = r["spent_epsilon"] / r["epsilon_budget"]
             else:
                 share = None
+            z = r.get("noise_multiplier")
             lines.append(
                 f"| {entry['epsilon']:g} | ({arm}) {r['name']} | {'trusted' if r['trusted_server'] else 'untrusted'} "
+                f"| {'-' if z is None else f'{z:.3g}'} "
                 f"| {accs[-1]:.3f} | {max(accs):.3f} | {r['rounds_run']} | {contrib[0]} / {contrib[-1]} "
                 f"| {r.get('exhausted', '-')} | {'-' if share is None else f'{share:.3f}'} |"
             )
+    return "\n".join(lines)
+
+
+def seeds_markdown(docs: list[dict[str, Any]]) -> str:
+    """Runs that differ only in their seed, as one markdown table per epsilon (module docstring)."""
+    same = [{k: v for k, v in d["settings"].items() if k != "seed"} for d in docs]
+    if any(s != same[0] for s in same):
+        raise ValueError("--seeds: the runs differ in more than their seed.")
+    seeds = [d["settings"]["seed"] for d in docs]
+    if len(set(seeds)) != len(seeds):
+        raise ValueError(f"--seeds: a seed appears twice. Found {seeds}.")
+    lines = []
+    for epsilon in sorted({e["epsilon"] for d in docs for e in d["results"]}):
+        entries = [next((e for e in d["results"] if e["epsilon"] == epsilon), {"arms": {}}) for d in docs]
+        arms = sorted(set.intersection(*(set(e["arms"]) for e in entries)))
+        head = " | ".join(f"seed {s}" for s in seeds)
+        lines += [
+            f"epsilon {epsilon:g} ({len(seeds)} seeds):",
+            "",
+            f"| arm | {head} | mean | minus (a): mean (sd) |",
+            "|---|" + "---:|" * (len(seeds) + 2),
+        ]
+        for arm in arms:
+            finals = np.array([_final(e["arms"][arm]) for e in entries])
+            cells = " | ".join(f"{v:.3f}" for v in finals)
+            if arm != "a" and "a" in arms:
+                diff = finals - np.array([_final(e["arms"]["a"]) for e in entries])
+                sd = f"{diff.std(ddof=1):.3f}" if len(diff) > 1 else "-"
+                gap = f"{diff.mean():+.3f} ({sd})"
+            else:
+                gap = "-"
+            lines.append(f"| ({arm}) {entries[0]['arms'][arm]['name']} | {cells} | {finals.mean():.3f} | {gap} |")
+        lines.append("")
     return "\n".join(lines)
 
 
@@ -101,7 +144,11 @@ def _quartiles(devices: list[dict[str, Any]], key: str) -> list[tuple[str, list[
 
 def _groups(devices: list[dict[str, Any]]) -> list[list[tuple[str, list[dict[str, Any]]]]]:
     """By budget tier, by data size, by label skew (devices without a label entropy: one empty group)."""
-    tiers = [(f"{t:g}", [d for d in devices if d["epsilon"] == t]) for t in sorted({d["epsilon"] for d in devices})]
+    # named by their multiple of the smallest budget, so runs at different epsilons share the groups
+    low = min(d["epsilon"] for d in devices)
+    tiers = [
+        (f"{t / low:g} x", [d for d in devices if d["epsilon"] == t]) for t in sorted({d["epsilon"] for d in devices})
+    ]
     skew = _quartiles(devices, "label_entropy") if all("label_entropy" in d for d in devices) else [("-", [])]
     return [tiers, _quartiles(devices, "examples"), skew]
 
@@ -135,6 +182,9 @@ def plot(docs: list[dict[str, Any]], out: Path) -> list[Path]:
             [x for x, _ in xy], [y for _, y in xy], style, color=colour, marker=marker, label=f"({arm}) {names[arm]}"
         )
     ax.set_xscale("log")
+    ticks = sorted({x for xy in points.values() for x, _ in xy})
+    ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
+    ax.minorticks_off()
     ax.set_xlabel(f"per-device epsilon (smallest tier), delta = {s['delta']:g}")
     ax.set_ylabel("final test accuracy")
     ax.set_title(title, fontsize=9)
@@ -180,7 +230,9 @@ def plot(docs: list[dict[str, Any]], out: Path) -> list[Path]:
                 ax.bar(np.arange(len(groups)) + i * width, share, width, color=colour, alpha=shade, label=label)
                 ax.set_xticks(np.arange(len(groups)) + 0.4 - width / 2, [name for name, _ in groups], fontsize=8)
         for ax, what in zip(
-            axes, ("budget tier (epsilon)", "training examples", "label entropy (low = skewed)"), strict=True
+            axes,
+            ("budget tier (multiple of the smallest epsilon)", "training examples", "label entropy (low = skewed)"),
+            strict=True,
         ):
             ax.set_xlabel(what)
             ax.grid(alpha=0.3, axis="y")
@@ -198,8 +250,11 @@ def plot(docs: list[dict[str, Any]], out: Path) -> list[Path]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("runs", nargs="+", help="directories holding results.json (one task)")
-    p.add_argument("--plots", required=True, help="directory for the figures")
+    p.add_argument("--plots", default=None, help="directory for the figures")
+    p.add_argument("--seeds", action="store_true", help="print the runs (one per seed) as a markdown table")
     args = p.parse_args(argv)
+    if not (args.plots or args.seeds):
+        p.error("give --plots DIR, --seeds, or both.")
     docs = []
     for run in args.runs:
         path = Path(run) / "results.json"
@@ -208,8 +263,14 @@ def main(argv: list[str] | None = None) -> int:
         docs.append(json.loads(path.read_text()))
     if len({d["settings"]["task"] for d in docs}) != 1:
         p.error(f"runs: one task at a time. Found {sorted({d['settings']['task'] for d in docs})}")
-    for path in plot(docs, Path(args.plots)):
-        print(path, file=sys.stderr)
+    if args.seeds:
+        try:
+            print(seeds_markdown(docs))
+        except ValueError as err:
+            p.error(str(err))
+    if args.plots:
+        for path in plot(docs, Path(args.plots)):
+            print(path, file=sys.stderr)
     return 0
 
 

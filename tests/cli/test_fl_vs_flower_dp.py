@@ -1,8 +1,8 @@
-"""``benchmarks/fl_vs_flower_dp.py --smoke --json`` (issue 27): the five arms run, and every arm's
+"""``benchmarks/fl_vs_flower_dp.py --smoke --json`` (issue 27): the six arms run, and every arm's
 guarantee holds by a reference that is not the code under test.
 
 (a) Flower's central DP: its accountant's spent epsilon is within the population budget (the smallest
-tier), and so is Google's dp_accounting on the same releases. (b)-(d) fedfilter: every device's
+tier), and so is Google's dp_accounting on the same releases. (b)-(d), (f) fedfilter: every device's
 epsilon recomputed from its final filter state (mpmath: the RDP conversion at the filter's order, the
 exact Gaussian-DP curve; ``helpers.budget_reference``) is within its own budget.
 """
@@ -28,7 +28,8 @@ ROOT = Path(__file__).resolve().parents[2]
 def smoke() -> dict:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "fl_vs_flower_dp.py"), "--smoke", "--json", "--no-progress"],
+        [sys.executable, str(ROOT / "benchmarks" / "fl_vs_flower_dp.py"), "--smoke", "--json", "--no-progress"]
+        + ["--arms", "abcdef"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -44,13 +45,17 @@ def test_every_arm_reports_finite_accuracy_and_its_rounds(smoke):
     rounds = smoke["settings"]["rounds"]
     assert smoke["results"]
     for entry in smoke["results"]:
-        assert sorted(entry["arms"]) == list("abcde")
+        assert sorted(entry["arms"]) == list("abcdef")
         for arm in entry["arms"].values():
             assert math.isfinite(arm["accuracy"]) and 0 <= arm["accuracy"] <= 1
             assert len(arm["accuracy_per_round"]) == len(arm["contributing_per_round"]) == rounds
             assert 0 <= arm["rounds_run"] <= rounds
             assert all(0 <= c <= smoke["settings"]["clients_per_round"] for c in arm["contributing_per_round"])
         assert entry["arms"]["a"]["trusted_server"] and not entry["arms"]["b"]["trusted_server"]
+        # (f), the diagnostic: (a)'s mechanism (central Gaussian noise, trusted server) at (a)'s z
+        f = entry["arms"]["f"]
+        assert f["trusted_server"] and f["placement"] == "central"
+        assert f["noise_multiplier"] == entry["noise_multiplier"]
 
 
 def test_flower_central_dp_stays_within_the_smallest_budget(smoke):
@@ -70,7 +75,7 @@ def test_flower_central_dp_stays_within_the_smallest_budget(smoke):
 def test_every_fedfilter_device_stays_within_its_own_budget(smoke):
     delta = smoke["settings"]["delta"]
     for entry in smoke["results"]:
-        for key in "bcd":
+        for key in "bcdf":
             devices = entry["arms"][key]["devices"]
             assert len(devices) == smoke["settings"]["num_clients"]
             assert any(d["state"][0] > 0 for d in devices)  # something was spent
@@ -128,3 +133,25 @@ def test_a_bad_fedfilter_z_is_refused_by_name_and_value(value, capsys):
         _benchmark().parse_args(["--smoke", "--fedfilter-z", value])
     assert exc.value.code == 2
     assert f"--fedfilter-z must be 'plan' or a finite number > 0. Found {value!r}." in capsys.readouterr().err
+
+
+def test_seed_table_pairs_each_arm_with_flowers_run_of_the_same_seed():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import fl_vs_flower_dp_report as report
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+
+    def doc(seed: int, a: float, b: float, **extra) -> dict:
+        arm = lambda name, acc: {"name": name, "accuracy_per_round": [None, acc]}  # noqa: E731
+        settings = {"task": "femnist", "rounds": 2, "seed": seed, **extra}
+        return {"settings": settings, "results": [{"epsilon": 8.0, "arms": {"a": arm("x", a), "b": arm("y", b)}}]}
+
+    table = report.seeds_markdown([doc(0, 0.5, 0.4), doc(1, 0.3, 0.4)])
+    # (b) - (a) per seed: -0.1 and +0.1: mean 0, sample sd sqrt(0.02) = 0.141
+    assert "| (b) y | 0.400 | 0.400 | 0.400 | +0.000 (0.141) |" in table
+    assert "| (a) x | 0.500 | 0.300 | 0.400 | - |" in table
+    with pytest.raises(ValueError, match="more than their seed"):
+        report.seeds_markdown([doc(0, 0.5, 0.4), doc(1, 0.3, 0.4, rounds=3)])
+    with pytest.raises(ValueError, match="appears twice"):
+        report.seeds_markdown([doc(0, 0.5, 0.4), doc(0, 0.3, 0.4)])
