@@ -7,6 +7,8 @@ docs/results.md shows from one or more of them:
         --plots docs/results_fl_vs_flower_dp/mnist-dirichlet
 
 * ``accuracy_vs_epsilon.png``: final accuracy of every arm against the (smallest) per-device epsilon;
+* ``accuracy_per_round.png``: test accuracy at each evaluated round, per arm and epsilon (where a run
+  takes off, which a final accuracy alone hides);
 * ``contributing.png``: devices contributing per round, per arm and epsilon;
 * ``dropout.png``: which devices run out of budget: the share out of budget by the end, by budget
   tier, by data size and by label skew (quartiles), for (b), (c) and (d).
@@ -153,6 +155,27 @@ def _groups(devices: list[dict[str, Any]]) -> list[list[tuple[str, list[dict[str
     return [tiers, _quartiles(devices, "examples"), skew]
 
 
+def _per_round(plt, entries: list[dict[str, Any]], key: str, label: str, title: str, out: Path) -> Path:
+    """One panel per epsilon, one line per arm: ``r[key + "_per_round"]`` at the rounds it was measured."""
+    fig, axes = plt.subplots(1, len(entries), figsize=(4 * len(entries), 3.2), squeeze=False, sharey=True)
+    for ax, entry in zip(axes[0], entries, strict=True):
+        for arm, r in sorted(entry["arms"].items()):
+            colour, marker = ARM_STYLE[arm]
+            xy = [(i + 1, v) for i, v in enumerate(r[f"{key}_per_round"]) if v is not None]
+            ax.plot([x for x, _ in xy], [y for _, y in xy], color=colour, marker=marker, markersize=3, label=f"({arm})")
+        ax.set_title(f"epsilon {entry['epsilon']:g}", fontsize=9)
+        ax.set_xlabel("round")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel(label)
+    axes[0][-1].legend(fontsize=8)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    path = out / f"{key}_per_round.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def plot(docs: list[dict[str, Any]], out: Path) -> list[Path]:
     """The three figures of the module docstring for ``docs`` (one task), written under ``out``."""
     import matplotlib
@@ -195,8 +218,10 @@ def plot(docs: list[dict[str, Any]], out: Path) -> list[Path]:
     fig.savefig(written[-1], dpi=120)
     plt.close(fig)
 
-    # Devices contributing per round.
     entries = [e for doc in docs for e in doc["results"]]
+    written.append(_per_round(plt, entries, "accuracy", "test accuracy", title, out))
+
+    # Devices contributing per round.
     fig, axes = plt.subplots(1, len(entries), figsize=(4 * len(entries), 3.2), squeeze=False, sharey=True)
     for ax, entry in zip(axes[0], entries, strict=True):
         for arm, r in sorted(entry["arms"].items()):
