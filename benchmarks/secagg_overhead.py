@@ -164,6 +164,7 @@ _PRIMITIVES = {
     ),
     "fedfilter.client.secagg.mod": (
         "public_key_problems",
+        "decrypt_share",
         "survivors_tag",
         "check_tags",
     ),

@@ -11,8 +11,9 @@ Usage (the order is the device's own, so the device knows its reply is masked)::
 
 What it does with each message:
 
-* a ``train`` message carrying SecAgg+ configs (``"secaggplus_configs"``): installs the cryptographic
-  mask generator in this process (``protocol/secagg_masks.py``; idempotent), then hands the message to
+* a ``train`` message carrying SecAgg+ configs (``"secaggplus_configs"``): installs fedfilter's SecAgg+
+  primitives in this process (masks, Shamir sharing, X25519 keys, AES-GCM share ciphertexts:
+  ``protocol/secagg_masks.py``; idempotent), then hands the message to
   Flower's ``secaggplus_mod``. That mod calls the inner handler only in its COLLECT_MASKED_VECTORS
   stage and then masks the reply's arrays; the ``call_next`` it gets here sets the mark
   (``reply_masked()``) for exactly that call, and removes the SecAgg+ configs record from the message
@@ -44,7 +45,6 @@ from flwr.client.mod import secaggplus_mod
 from flwr.client.mod.secure_aggregation.secaggplus_mod import SecAggPlusState
 from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
 from flwr.common.constant import ErrorCode
-from flwr.common.secure_aggregation.crypto.symmetric_encryption import decrypt
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, RECORD_KEY_STATE, Key, Stage
 from flwr.common.secure_aggregation.secaggplus_utils import share_keys_plaintext_separate
 from flwr.compat.common.recorddict_compat import fitres_to_recorddict
@@ -67,6 +67,7 @@ from fedfilter.client.secagg.neighbourhood import check_secagg_state
 from fedfilter.client.secagg.pinning import Pinning, PinningError, pinning
 from fedfilter.client.settings.policy import ClientPolicy
 from fedfilter.protocol.request import RoundSpec, RoundSpecError
+from fedfilter.protocol.secagg_aead import decrypt as decrypt_share
 from fedfilter.protocol.secagg_keys import public_key_problems
 from fedfilter.protocol.secagg_masks import use_cryptographic_masks
 from fedfilter.protocol.wire import CONSISTENCY_RECORD, CONSISTENCY_STAGE
@@ -176,14 +177,20 @@ def _collect_problems(msg: Message, context: Context, flower: SecAggPlusState | 
         if src == flower.nid or shared is None:
             problems.append(f"node {src} is not a neighbour this device shared keys with.")
             continue
+        why = ""
         try:
             if not isinstance(ciphertext, bytes):
-                raise TypeError
-            actual, dst, _, _ = share_keys_plaintext_separate(decrypt(shared, ciphertext))
-        except (InvalidToken, TypeError, ValueError):
-            actual, dst = -1, -1
+                raise TypeError(f"found {type(ciphertext).__name__}, not bytes.")
+            # The decryption Flower's collect stage runs after training (fedfilter's AES-GCM, which this
+            # mod installed: protocol/secagg_aead.py), run here first. Its result is not kept for Flower's
+            # call: the plaintexts are the neighbours' key shares, and a second decryption costs ~1-2 us.
+            actual, dst, _, _ = share_keys_plaintext_separate(decrypt_share(shared, ciphertext))
+        except (InvalidToken, TypeError, ValueError) as err:
+            actual, dst, why = -1, -1, str(err).rstrip(".")
         if (actual, dst) != (src, flower.nid):
-            problems.append(f"node {src}'s share ciphertext is not one it sealed for this device.")
+            problems.append(
+                f"node {src}'s share ciphertext is not one it sealed for this device" + (f" ({why})." if why else ".")
+            )
         if pin is None:
             continue
         certificate = open_certificate(shared, sealed.get(src), src=src, dst=flower.nid)

@@ -117,6 +117,25 @@ def test_a_device_running_flowers_primitives_fails_the_round_by_name(device_prim
     assert "Flower's Shamir" in out.reason
 
 
+def test_a_device_on_flowers_share_encryption_is_refused_by_name_before_its_neighbours_train(device_primitives):
+    """Node 302's secaggplus_mod seals its shares with Flower's Fernet: every other device meets its
+    Fernet token in its check before training and refuses, naming it, and nothing is released. (The
+    other direction, Flower's decrypt refusing fedfilter's ciphertexts, is in test_secagg_aead.py: in
+    this in-process grid its InvalidToken would propagate instead of becoming an error reply.)"""
+    encryption = importlib.import_module("flwr.common.secure_aggregation.crypto.symmetric_encryption")
+    nodes = list(range(300, 306))
+    device_primitives[302] = {"encrypt": encryption.encrypt}
+    grid = LoopbackGrid({nid: _app(_reports(nodes)) for nid in nodes})
+    out = secure_round.run_secure_round(grid, {n: RecordDict() for n in nodes}, server_round=1, min_reports=3)
+    assert out.aggregate is None and out.reports == 0
+    collect = [r for r in grid.received if r.has_error() and "secure aggregation refused" in r.error.reason]
+    assert {int(r.metadata.src_node_id) for r in collect} == set(nodes) - {302}
+    for reply in collect:
+        reason = reply.error.reason
+        assert "node 302's share ciphertext is not one it sealed for this device (the share ciphertext is a " in reason
+        assert "Fernet token" in reason and "Nothing was trained, spent or released" in reason
+
+
 def test_a_coordinator_running_flowers_primitives_fails_the_round(monkeypatch, device_primitives):
     # The coordinator's workflow keeps Flower's combine and generator; every device runs fedfilter's
     # (set in its own secaggplus_mod only: installing them process-wide would reach the coordinator too).
