@@ -10,15 +10,15 @@ every sampled node a neighbour (``num_shares = 1.0``) and the same threshold (mo
 nodes, as the devices now require):
 
 * plain: ``SecAggPlusWorkflow`` with ``secaggplus_mod`` on the clients (Flower's semi-honest protocol);
-* checked: ``ConsistencyCheckedSecAggPlus`` with ``secure_aggregation_mod`` (sealed per-round Ed25519
-  keys, the consistency round, the unmask checks; ``client/secagg/consistency.py``).
+* checked: ``ConsistencyCheckedSecAggPlus`` with ``secure_aggregation_mod`` (the collect-stage checks,
+  the consistency round's survivor-set MACs, the unmask checks; ``client/secagg/consistency.py``).
 
 The clients' inner handler returns a fixed integer report of ``--dim`` coordinates (no training, no
 noise, no ledger): the difference is the protocol's. Printed, as medians over the timed rounds
 (alternating, after one untimed round of each): the CPU seconds per secure round of each variant
 (this process runs every device and the server, so it is the federation's compute; CPU time, as the
-machine is shared), the CPU seconds spent inside the devices' added steps (the sealed keys, the
-collect-stage checks, signing, the unmask checks; all devices together), the consistency round's
+machine is shared), the CPU seconds spent inside the devices' added steps (the collect-stage checks,
+the MACs on the survivor set, the unmask checks; all devices together), the consistency round's
 wall time, and the bytes on the wire per round (every message both ways, serialized).
 """
 
@@ -82,7 +82,7 @@ def run(n: int, rounds: int, dim: int) -> dict:
     }
     # CPU seconds inside the device's added steps (all devices of the round together).
     added = [0.0]
-    for name in ("_collect_problems", "_seal_signing_key", "_consistency_reply", "_unmask_problems"):
+    for name in ("_collect_problems", "_seal_certificate", "_consistency_reply", "_unmask_problems"):
         original = getattr(device, name)
 
         def timed(*a, _f=original, **kw):

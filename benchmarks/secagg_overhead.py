@@ -11,7 +11,7 @@ Flower's real protocol code runs on both sides: the legacy ``DefaultWorkflow`` f
 (``--workflow product``) what fedfilter runs: the coordinator's ``ConsistencyCheckedSecAggPlus``
 (Flower's ``SecAggPlusWorkflow``: setup, share keys, collect masked vectors, unmask, plus the
 consistency round before unmask) with ``secure_aggregation_mod`` on the clients (Flower's
-``secaggplus_mod`` with the devices' key checks, sealed signing keys and survivor-set signatures);
+``secaggplus_mod`` with the devices' key checks and survivor-set MACs);
 ``--workflow flower`` runs Flower's bare ``SecAggPlusWorkflow`` with ``secaggplus_mod``. Both with
 fedfilter's SecAgg+ primitives installed (``fedfilter.protocol.secagg_masks``: AES-256-CTR masks,
 prime-field Shamir sharing, X25519 key agreement with raw keys) and with the integer grid of distributed placement
@@ -34,7 +34,7 @@ workflow, wire format), as measured around each ClientApp call; the server's sec
 stage (its wall time minus the clients' time inside it: Shamir combine, mask regeneration,
 dequantization); then the seconds per secure round spent inside SecAgg+'s primitives (Shamir split on
 the clients and combine on the server; ECDH key agreement; share encryption; masks; the consistency
-round's key checks, sealing, signing and verifying on the clients), the CPU seconds
+round's key checks, making and checking the survivor-set MACs on the clients), the CPU seconds
 of each variant's round and of the server's unmasking (``time.process_time``: the whole in-process
 federation's CPU, which the load of other jobs on the machine does not inflate), and the peak
 resident memory of the process.
@@ -164,10 +164,9 @@ _PRIMITIVES = {
     ),
     "fedfilter.client.secagg.mod": (
         "public_key_problems",
-        "seal_signing_key",
-        "open_signing_key",
-        "sign_survivors",
-        "check_signatures",
+        "decrypt_share",
+        "survivors_tag",
+        "check_tags",
     ),
 }
 
@@ -367,7 +366,7 @@ def run_size(n: int, args) -> dict:
         "secagg_stages": sorted(stages),
         "accuracy_after": float(accuracy),
         # mean seconds per secure round inside each SecAgg+ primitive (all clients, or the server)
-        "primitive_s_per_round": {k: round(v, 4) for k, v in sorted(primitives_timed.items())},
+        "primitive_s_per_round": {k: round(v, 6) for k, v in sorted(primitives_timed.items())},
         "unmasked_sums_checked": sum(1 for r in sent.values() if r),
     }
 

@@ -3,15 +3,17 @@
 ``ConsistencyCheckedSecAggPlus`` is Flower's ``SecAggPlusWorkflow`` (flwr 1.41/1.42) with three small
 additions; Flower's four stages and their messages are otherwise its own:
 
-* share keys: each device's reply carries its per-round signing key sealed for each destination
-  (``CONSISTENCY_RECORD``: ``dst``, ``sealed``); the workflow keeps them;
-* collect masked vectors: each device's message carries the sealed keys addressed to it (``src``,
-  ``sealed``), beside Flower's share ciphertexts;
+* share keys: a device with peer-key pinning on adds its owner's certificate sealed for each
+  destination (``CONSISTENCY_RECORD``: ``dst``, ``sealed``); the workflow keeps them (devices without
+  pinning add nothing);
+* collect masked vectors: a device to which certificates were sealed gets them (``src``, ``sealed``)
+  beside Flower's share ciphertexts; the others get no extra record;
 * between collect and unmask, the consistency round (Bonawitz et al., CCS 2017, Round 3
   ConsistencyCheck; the device's side and the argument are in ``client/secagg/consistency.py``):
   every survivor gets the survivor set (Flower's ``active_node_ids`` after the collect stage) and
-  signs it; each unmask message then carries ``threshold`` of its neighbours' signatures, the
-  device's own first (``signer``, ``signature``): the number the device needs, each of which it verifies.
+  answers with one MAC on it for each neighbour it holds shares of (``dst``, ``tag``); each unmask
+  message then carries the tags addressed to its device by ``threshold - 1`` of its neighbours
+  (``signer``, ``tag``): the number the device needs (it counts itself), each of which it verifies.
 
 The additions are message routing only: the devices check everything, so a coordinator that skips or
 forges any of it gets refusals, not shares. The grid is wrapped (``_Relay``) to add or read the extra
@@ -74,9 +76,9 @@ class ConsistencyCheckedSecAggPlus(SecAggPlusWorkflow):
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
-        self._sealed: dict[int, list[tuple[int, bytes]]] = {}  # dst -> [(src, sealed signing key)]
-        self._signatures: dict[int, bytes] = {}  # signer -> signature on the survivor set
-        self.signers = 0  # devices that signed the survivor set (for the round's log)
+        self._sealed: dict[int, list[tuple[int, bytes]]] = {}  # dst -> [(src, sealed certificate)]
+        self._tags: dict[int, dict[int, bytes]] = {}  # dst -> {src: src's tag on the survivor set for dst}
+        self.signers = 0  # devices that authenticated the survivor set (for the round's log)
 
     def share_keys_stage(self, grid: Grid, context: LegacyContext, state: WorkflowState) -> bool:
         self._sealed = {}
@@ -84,7 +86,7 @@ class ConsistencyCheckedSecAggPlus(SecAggPlusWorkflow):
         def keep(reply: Message) -> None:
             record = reply.content.config_records.get(CONSISTENCY_RECORD)
             if record is None:
-                return  # the device sealed nothing: its neighbours will refuse to train
+                return  # no pinning on this device (or it sealed nothing: pinned neighbours will refuse)
             dsts, sealed = record.get("dst"), record.get("sealed")
             if isinstance(dsts, list) and isinstance(sealed, list):
                 for dst, token in zip(dsts, sealed):
@@ -95,15 +97,16 @@ class ConsistencyCheckedSecAggPlus(SecAggPlusWorkflow):
 
     def collect_masked_vectors_stage(self, grid: Grid, context: LegacyContext, state: WorkflowState) -> bool:
         def add(msg: Message) -> None:
-            pairs = self._sealed.get(int(msg.metadata.dst_node_id), [])
-            msg.content.config_records[CONSISTENCY_RECORD] = ConfigRecord(
-                {"src": [src for src, _ in pairs], "sealed": [token for _, token in pairs]}
-            )
+            pairs = self._sealed.get(int(msg.metadata.dst_node_id))
+            if pairs:  # only certificates are relayed here: without pinning the message is Flower's own
+                msg.content.config_records[CONSISTENCY_RECORD] = ConfigRecord(
+                    {"src": [src for src, _ in pairs], "sealed": [token for _, token in pairs]}
+                )
 
         return super().collect_masked_vectors_stage(cast(Grid, _Relay(grid, outgoing=add)), context, state)
 
     def consistency_stage(self, grid: Grid, context: LegacyContext, state: WorkflowState) -> None:
-        """Send the survivor set to every survivor and keep the signatures that come back."""
+        """Send the survivor set to every survivor and keep the tags that come back, by destination."""
         group = str(context.state.config_records[_MAIN_CONFIGS_RECORD][_CURRENT_ROUND_KEY])
         survivors = sorted(state.active_node_ids)
 
@@ -118,28 +121,35 @@ class ConsistencyCheckedSecAggPlus(SecAggPlusWorkflow):
 
         log(DEBUG, "[Consistency] Sending the survivor set to %s clients.", len(survivors))
         replies = grid.send_and_receive([make(nid) for nid in survivors], timeout=self.timeout)
-        self._signatures = {}
+        self._tags = {}
+        signers = set()
         for reply in replies:
             if reply.has_error():
                 continue
-            signature = reply.content.config_records.get(RECORD_KEY_CONFIGS, ConfigRecord()).get("signature")
-            if isinstance(signature, bytes):
-                self._signatures[int(reply.metadata.src_node_id)] = signature
-        self.signers = len(self._signatures)
+            record = reply.content.config_records.get(RECORD_KEY_CONFIGS, ConfigRecord())
+            dsts, tags = record.get("dst"), record.get("tag")
+            if not (isinstance(dsts, list) and isinstance(tags, list)):
+                continue
+            src = int(reply.metadata.src_node_id)
+            signers.add(src)
+            for dst, tag in zip(dsts, tags):
+                if isinstance(dst, int) and isinstance(tag, bytes):  # the receiver checks the rest
+                    self._tags.setdefault(dst, {})[src] = tag
+        self.signers = len(signers)
 
     def unmask_stage(self, grid: Grid, context: LegacyContext, state: WorkflowState) -> bool:
         self.consistency_stage(grid, context, state)
 
         def add(msg: Message) -> None:
             nid = int(msg.metadata.dst_node_id)
-            signed = set(self._signatures) & state.nid_to_neighbours.get(nid, set())
+            tags = self._tags.get(nid, {})
             # A device reveals only if `threshold` of its holders (itself included, as Flower counts)
-            # signed the set it signed, and it verifies every signature it is shown (an Ed25519
-            # verification each, about 85 us): show it that many, its own first, not all k. What the
-            # device checks is unchanged; a coordinator could always show it any subset.
-            signers = sorted(signed, key=lambda n: (n != nid, n))[: state.threshold]
+            # authenticated to it the set it authenticated, and it verifies every tag it is shown: show
+            # it the `threshold - 1` it needs besides itself, not all k - 1. What the device checks does
+            # not depend on it; a coordinator could always show it any subset.
+            signers = sorted(set(tags) & state.nid_to_neighbours.get(nid, set()))[: max(state.threshold - 1, 0)]
             msg.content.config_records[CONSISTENCY_RECORD] = ConfigRecord(
-                {"signer": signers, "signature": [self._signatures[n] for n in signers]}
+                {"signer": signers, "tag": [tags[n] for n in signers]}
             )
 
         return super().unmask_stage(cast(Grid, _Relay(grid, outgoing=add)), context, state)

@@ -8,7 +8,7 @@ key loads in about 1.5 us.
 
 Contract kept from ``flwr.common.secure_aggregation.crypto.symmetric_encryption.generate_shared_key``:
 the pairwise key is HKDF-SHA256 (RFC 5869) of the ECDH output to 32 bytes, url-safe base64 encoded,
-so it is a Fernet key (share ciphertexts, the consistency round's sealed signing key) and a mask seed
+so it is a Fernet key (share ciphertexts; the consistency round derives its own keys from it) and a mask seed
 (``secagg_masks.aes_mask_gen`` hashes the full seed). The HKDF ``info`` is a fedfilter tag, so no key
 agreed here equals one agreed by Flower's own functions.
 

@@ -29,6 +29,10 @@ Keys. Flower's P-384 ECDH with PEM-encoded keys (``generate_key_pairs`` ... ``ge
 is replaced by X25519 with raw keys (``fedfilter.protocol.secagg_keys``) at SecAgg+'s two call sites
 only: the defining modules also serve Flower's node authentication, which keeps its own.
 
+Share encryption. Flower's Fernet ``encrypt``/``decrypt`` of the share ciphertexts is replaced by
+AES-256-GCM under a key of its own (``fedfilter.protocol.secagg_aead``) in Flower's SecAgg+ client mod,
+their only caller (the server workflow only relays ciphertexts); the defining module keeps Flower's.
+
 The math imports only numpy and ``cryptography``; Flower is imported only by the installer.
 """
 
@@ -45,7 +49,7 @@ from types import ModuleType
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
-from fedfilter.protocol import secagg_keys, secagg_shamir
+from fedfilter.protocol import secagg_aead, secagg_keys, secagg_shamir
 
 # Changing this tag changes every mask: both sides of a federation must run the same version.
 _DOMAIN_TAG = b"fedfilter/secaggplus-mask/aes256ctr/v1"
@@ -81,6 +85,9 @@ def _overrides() -> dict[str, tuple[object, tuple[str, ...]]]:
         "bytes_to_private_key": (secagg_keys.bytes_to_private_key, _SECAGG_SIDES),
         "bytes_to_public_key": (secagg_keys.bytes_to_public_key, _SECAGG_SIDES),
         "generate_shared_key": (secagg_keys.generate_shared_key, _SECAGG_SIDES),
+        # AES-256-GCM share ciphertexts (protocol/secagg_aead.py): only the device encrypts and decrypts them.
+        "encrypt": (secagg_aead.encrypt, (_CLIENT_MOD,)),
+        "decrypt": (secagg_aead.decrypt, (_CLIENT_MOD,)),
     }
 
 
@@ -184,9 +191,9 @@ def _flower_modules() -> dict[str, ModuleType]:
 
 
 def use_cryptographic_masks() -> None:
-    """Replace Flower's SecAgg+ mask generator, Shamir sharing and key agreement by fedfilter's in this
-    process (idempotent): in the modules listed in ``_overrides`` and, for the masks and Shamir, in any
-    other loaded ``flwr`` module that holds Flower's original under the same name."""
+    """Replace Flower's SecAgg+ mask generator, Shamir sharing, key agreement and share encryption by
+    fedfilter's in this process (idempotent): in the modules listed in ``_overrides`` and, for the masks
+    and Shamir, in any other loaded ``flwr`` module that holds Flower's original under the same name."""
     if cryptographic_masks_installed():
         # The device's mod calls this at every SecAgg+ message: the sweep of sys.modules below cost about
         # 0.9 ms a call (0.4 s of a 100-device round). A flwr module loaded after the first install that
@@ -213,7 +220,8 @@ def use_cryptographic_masks() -> None:
 
 
 def cryptographic_masks_installed() -> bool:
-    """True when every known Flower call site uses fedfilter's masks, Shamir sharing and key agreement."""
+    """True when every known Flower call site uses fedfilter's masks, Shamir sharing, key agreement and
+    share encryption."""
     modules = _flower_modules()
     return all(
         getattr(modules[name], attribute) is replacement

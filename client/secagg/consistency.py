@@ -9,28 +9,50 @@ kinds of share and strips every mask off that node's single report. The maliciou
 actively secure protocol, Figure 4; carried over to SecAgg+'s neighbourhoods by Bell et al. 2020
 for the malicious case) adds what this module implements:
 
-* a per-round Ed25519 signing key whose public half reaches each neighbour sealed under the
-  pairwise channel key of Flower's share-keys stage (``seal_signing_key``: the coordinator relays
-  it but cannot swap it without also swapping the channel's key, i.e. without playing that
-  neighbour itself, which is the Sybil case: issue 22 item 2);
-* a consistency round: each device signs, once per round, the survivor set it is told
-  (``survivors_message``), and before it reveals any share it checks that at least ``threshold``
-  of its neighbours (itself included, as Flower counts) signed that same set, every signature
-  shown to it valid (``check_signatures``);
+* a consistency round: each device authenticates, once per round, the survivor set it is told
+  (``survivors_message``) to each neighbour with a MAC (``survivors_tag``: HMAC-SHA256, RFC 2104,
+  over the set, the run, the round, ``src`` and ``dst``, under a key only that pair of devices
+  holds), and before it reveals any share it checks that at least ``threshold`` of its neighbours
+  (itself included, as Flower counts) authenticated that same set to it, every tag shown to it
+  valid (``check_tags``);
 * unmask lists checked against that set (``check_unmask_lists``): no repeats, active and dropped
-  disjoint, both inside the neighbours whose shares it holds, itself active, the active ones signed
-  survivors and the dropped ones not.
+  disjoint, both inside the neighbours whose shares it holds, itself active, the active ones
+  survivors it authenticated and the dropped ones not.
 
 * peer-key pinning (cross-silo, an owner setting): each device's long-term Ed25519 identity signs
-  its round keys (Flower's ``pk1``, ``pk2`` and the signing key; ``certify``), sent inside the
-  sealed message; a device with pinned peers refuses, before training, a neighbour whose keys no
+  its round keys (Flower's ``pk1`` and ``pk2``; ``certify``), sent sealed for each neighbour under
+  the pair's channel (``seal_certificate``: it also hides from the coordinator which identity is
+  behind a node); a device with pinned peers refuses, before training, a neighbour whose keys no
   pinned identity certified, and two neighbours with one identity (``check_certificate``), so a
-  coordinator cannot play a neighbour itself.
+  coordinator cannot play a neighbour itself. Without pinning no sealed message is sent at all.
 
 Each device then reveals, for every node, one kind of share only, and all devices that reveal agree
 on one survivor set. Together with ``2 * threshold > share_num`` (``secagg_grid.check_secagg_state``:
 two disjoint groups of ``threshold`` holders of one node's shares cannot exist) no coordinator that
 talks to genuine devices collects both kinds of share of any node.
+
+The MAC key, and why a MAC is enough. Flower's ``secaggplus_mod`` (flwr 1.41, 1.42) makes two key
+pairs per round at setup: ``sk1``/``pk1``, whose pairwise keys seed the pairwise masks, and
+``sk2``/``pk2``, whose pairwise keys (``ss2_dict``, ``generate_shared_key(sk2, pk2 of the
+neighbour)``) encrypt the share ciphertexts of the share-keys stage. ``sk1`` is Shamir-shared
+(``create_shares(state.sk1, ...)``) and its shares are revealed to the coordinator for every node
+it lists as dropped (``_unmask``: ``sk1_share_dict[nid] for nid in dead_nids``), so the coordinator
+can learn a dropped node's ``sk1`` and every mask key it agreed. ``sk2`` is never shared, sent or
+revealed. The MAC key of a pair is therefore derived from their ``ss2`` key, by HKDF-SHA256
+(RFC 5869) under its own info tag (``_MAC_KEY_TAG``): it is neither the share-encryption key nor
+the certificate channel's key nor a mask key, and learning a MAC key teaches nothing about them.
+Before, a device's per-round Ed25519 signing key reached each neighbour only sealed under the pair's
+``ss2`` key: whoever knows that key (a coordinator that played one side of the pair's share-keys
+stage itself, the Sybil case of issue 22 item 2, which pinning refuses) could seal a signing key of
+its own there and sign any set; whoever does not can forge neither that nor a MAC under a key
+derived from it. The forgers are the same. MACs lose only third-party verifiability (a tag convinces
+only its ``dst``), which no device uses: each verifies only the tags its own neighbours addressed to
+it. The tag binds the run id, the round (Flower's group id), the sorted survivor set, ``src`` and
+``dst``: a tag is not accepted in another run or round, for another set, by another destination, or
+reflected back to its maker (the pair's key is the same both ways). A device counts itself without a tag of its own: it
+reaches ``check_tags`` only after it authenticated exactly that set itself (before, the coordinator
+showed it its own signature, which any coordinator could always do), so it needs ``threshold - 1``
+valid tags from distinct neighbours.
 
 Pure protocol logic over bytes and ints (``cryptography`` only, no Flower, no I/O): the Flower glue
 is ``client/secagg/mod.py``; the coordinator's side is ``coordinator/secagg_consistency_round.py``.
@@ -39,6 +61,7 @@ is ``client/secagg/mod.py``; the coordinator's side is ``coordinator/secagg_cons
 from __future__ import annotations
 
 import base64
+import hmac
 import struct
 from collections.abc import Iterable, Mapping
 from functools import lru_cache
@@ -47,47 +70,41 @@ from typing import cast
 from cryptography.exceptions import InvalidSignature
 from cryptography.fernet import Fernet, InvalidToken
 from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives import hmac as crypto_hmac
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from fedfilter.checks import int_in
 
 __all__ = [
-    "new_signing_key",
     "public_key_of",
-    "seal_signing_key",
-    "open_signing_key",
+    "seal_certificate",
+    "open_certificate",
     "survivors_message",
-    "sign_survivors",
-    "check_signatures",
+    "survivors_tag",
+    "check_tags",
     "check_unmask_lists",
     "check_node_ids",
     "certify",
     "check_certificate",
 ]
 
-# The ConfigRecord that carries this protocol's fields beside Flower's "secaggplus_configs" (Flower's
-# own record is type-checked stage by stage, so extra keys go here), and the stage name of the
-# consistency round (sent between collect-masked-vectors and unmask, in Flower's configs record).
-
-_BIND_TAG = b"fedfilter/secaggplus/signing-key/v1"
-_SIGN_TAG = b"fedfilter/secaggplus/survivors/v1"
-_CERT_TAG = b"fedfilter/secaggplus/identity-certificate/v1"
+# Domain tags. Changing one changes what it tags: both sides of a federation must run the same version.
+_SEAL_TAG = b"fedfilter/secaggplus/certificate-seal/v2"  # HKDF info of the certificate channel, and its header
+_MAC_KEY_TAG = b"fedfilter/secaggplus/survivors-mac-key/v1"  # HKDF info of a pair's MAC key
+_SURVIVORS_TAG = b"fedfilter/secaggplus/survivors/v2"  # the first bytes of every MAC'd message
+_CERT_TAG = b"fedfilter/secaggplus/identity-certificate/v2"
 _KEY_BYTES = 32
+_TAG_BYTES = 32  # HMAC-SHA256
 _CERT_BYTES = 32 + 64  # identity public key, Ed25519 signature
 _MAX_NODE_ID = 2**64 - 1  # Flower's node ids are uint64
-_CHANNELS = 4096  # sealed-key channels a process keeps: k per device (a simulation runs many devices)
-
-
-def new_signing_key() -> bytes:
-    """A fresh Ed25519 private key (32 raw bytes), one per SecAgg+ round."""
-    return Ed25519PrivateKey.generate().private_bytes(
-        serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()
-    )
+# Derived keys a process keeps (memory only): k per device, and a simulation runs many devices. The pairwise
+# keys they come from sit in Flower's in-memory SecAgg+ state anyway.
+_DERIVED = 4096
 
 
 def public_key_of(private_key: bytes) -> bytes:
-    """The raw 32-byte public key of a raw Ed25519 private key."""
+    """The raw 32-byte public key of a raw Ed25519 private key (an owner's identity key)."""
     return (
         Ed25519PrivateKey.from_private_bytes(private_key)
         .public_key()
@@ -95,65 +112,59 @@ def public_key_of(private_key: bytes) -> bytes:
     )
 
 
-@lru_cache(maxsize=_CHANNELS)
+def _derive(shared_key: bytes, info: bytes) -> bytes:
+    return HKDF(algorithm=hashes.SHA256(), length=_KEY_BYTES, salt=None, info=info).derive(shared_key)
+
+
+@lru_cache(maxsize=_DERIVED)
 def _channel(shared_key: bytes) -> Fernet:
     # A key of its own, derived from the pairwise key Flower's share-keys stage agreed (ECDH + HKDF),
-    # so this message and Flower's share ciphertexts never share a Fernet key. Cached: the pairwise key
-    # is the same both ways, so a device opens its neighbour's token under the channel it sealed its own
-    # with (memory only; the pairwise keys themselves sit in Flower's SecAgg+ state).
-    derived = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=_BIND_TAG).derive(shared_key)
-    return Fernet(base64.urlsafe_b64encode(derived))
+    # so this message and the share ciphertexts never share a key. Cached: the pairwise key is the same
+    # both ways, so a device opens its neighbour's token under the channel it sealed its own with.
+    return Fernet(base64.urlsafe_b64encode(_derive(shared_key, _SEAL_TAG)))
 
 
-def seal_signing_key(shared_key: bytes, *, src: int, dst: int, public_key: bytes, certificate: bytes = b"") -> bytes:
-    """``src``'s signing key for ``dst`` (and its owner's ``certificate``, when pinning is on),
-    authenticated and encrypted under their pairwise key."""
-    return _channel(shared_key).encrypt(_BIND_TAG + struct.pack(">QQ", src, dst) + public_key + certificate)
+@lru_cache(maxsize=_DERIVED)
+def _mac_key(shared_key: bytes) -> bytes:
+    # Cached: each pair's key makes two tags (one each way) and checks two.
+    return _derive(shared_key, _MAC_KEY_TAG)
 
 
-def open_signing_key(shared_key: bytes, token: object, *, src: int, dst: int) -> tuple[bytes, bytes] | None:
-    """The signing key ``src`` sealed for ``dst`` and the certificate after it (``b""`` if none), or
-    ``None`` when the token is not exactly that."""
+# --- peer-key pinning (cross-silo): the owner's long-term identity certifies the round's keys -----
+def seal_certificate(shared_key: bytes, *, src: int, dst: int, certificate: bytes) -> bytes:
+    """``src``'s owner's ``certificate`` for ``dst``, authenticated and encrypted under their pairwise key."""
+    return _channel(shared_key).encrypt(_SEAL_TAG + struct.pack(">QQ", src, dst) + certificate)
+
+
+def open_certificate(shared_key: bytes, token: object, *, src: int, dst: int) -> bytes | None:
+    """The certificate ``src`` sealed for ``dst``, or ``None`` when the token is not exactly that."""
     if not isinstance(token, bytes):
         return None
     try:
         plain = _channel(shared_key).decrypt(token)
     except (InvalidToken, ValueError, TypeError):
         return None
-    head = _BIND_TAG + struct.pack(">QQ", src, dst)
-    rest = plain[len(head) :]
-    if not plain.startswith(head) or len(rest) not in (_KEY_BYTES, _KEY_BYTES + _CERT_BYTES):
+    head = _SEAL_TAG + struct.pack(">QQ", src, dst)
+    if not plain.startswith(head) or len(plain) != len(head) + _CERT_BYTES:
         return None
-    return rest[:_KEY_BYTES], rest[_KEY_BYTES:]
+    return plain[len(head) :]
 
 
-# --- peer-key pinning (cross-silo): the owner's long-term identity certifies the round's keys -----
-def _certified(*, run_id: int, round_id: str, nid: int, pk1: bytes, pk2: bytes, signing_key: bytes) -> bytes:
-    round_bytes = round_id.encode()
-    parts = [round_bytes, pk1, pk2, signing_key]
+def _certified(*, run_id: int, round_id: str, nid: int, pk1: bytes, pk2: bytes) -> bytes:
+    parts = [round_id.encode(), pk1, pk2]
     return _CERT_TAG + struct.pack(">QQ", run_id % 2**64, nid) + b"".join(struct.pack(">I", len(p)) + p for p in parts)
 
 
-def certify(
-    identity_key: bytes, *, run_id: int, round_id: str, nid: int, pk1: bytes, pk2: bytes, signing_key: bytes
-) -> bytes:
+def certify(identity_key: bytes, *, run_id: int, round_id: str, nid: int, pk1: bytes, pk2: bytes) -> bytes:
     """The owner's identity public key and its signature on this round's keys of node ``nid``: Flower's
-    two SecAgg+ public keys and the round's signing key (64 + 32 bytes)."""
+    two SecAgg+ public keys (64 + 32 bytes). ``pk2`` is what the pair's MAC key comes from."""
     identity = Ed25519PrivateKey.from_private_bytes(identity_key)
-    body = _certified(run_id=run_id, round_id=round_id, nid=nid, pk1=pk1, pk2=pk2, signing_key=signing_key)
+    body = _certified(run_id=run_id, round_id=round_id, nid=nid, pk1=pk1, pk2=pk2)
     return public_key_of(identity_key) + identity.sign(body)
 
 
 def check_certificate(
-    certificate: bytes,
-    pinned: frozenset[bytes],
-    *,
-    run_id: int,
-    round_id: str,
-    nid: int,
-    pk1: bytes,
-    pk2: bytes,
-    signing_key: bytes,
+    certificate: bytes, pinned: frozenset[bytes], *, run_id: int, round_id: str, nid: int, pk1: bytes, pk2: bytes
 ) -> tuple[bytes | None, str]:
     """The pinned identity that certified node ``nid``'s keys, or ``None`` and why not."""
     if len(certificate) != _CERT_BYTES:
@@ -161,7 +172,7 @@ def check_certificate(
     identity, signature = certificate[:_KEY_BYTES], certificate[_KEY_BYTES:]
     if identity not in pinned:
         return None, f"node {nid}'s identity key {identity.hex()} is not pinned."
-    body = _certified(run_id=run_id, round_id=round_id, nid=nid, pk1=pk1, pk2=pk2, signing_key=signing_key)
+    body = _certified(run_id=run_id, round_id=round_id, nid=nid, pk1=pk1, pk2=pk2)
     try:
         Ed25519PublicKey.from_public_bytes(identity).verify(signature, body)
     except InvalidSignature:
@@ -169,47 +180,63 @@ def check_certificate(
     return identity, ""
 
 
+# --- the consistency round: the survivor set, authenticated pair by pair -------------------------
 def survivors_message(*, run_id: int, round_id: str, survivors: Iterable[int]) -> bytes:
-    """The bytes a device signs: a domain tag, the run, the round (Flower's group id) and the sorted set."""
+    """The bytes a device authenticates: a domain tag, the run, the round (Flower's group id) and the
+    sorted set, each length-prefixed where its length varies."""
     ids = sorted(set(int(n) for n in survivors))
     round_bytes = round_id.encode()
     return (
-        _SIGN_TAG
+        _SURVIVORS_TAG
         + struct.pack(">QI", run_id % 2**64, len(round_bytes))
         + round_bytes
         + struct.pack(f">I{len(ids)}Q", len(ids), *ids)
     )
 
 
-def sign_survivors(private_key: bytes, message: bytes) -> bytes:
-    return Ed25519PrivateKey.from_private_bytes(private_key).sign(message)
+def survivors_tag(shared_key: bytes, message: bytes, *, src: int, dst: int) -> bytes:
+    """HMAC-SHA256 of ``message || src || dst`` (``src``, ``dst``: 8 bytes each, big-endian) under the MAC
+    key derived from the pair's ``ss2`` key (Flower's ``ss2_dict``; never a mask key: see above)."""
+    mac = crypto_hmac.HMAC(_mac_key(shared_key), hashes.SHA256())
+    mac.update(message + struct.pack(">QQ", src, dst))
+    return mac.finalize()
 
 
-def check_signatures(
-    message: bytes, keys: Mapping[int, bytes], signatures: Mapping[int, object], threshold: int
+def check_tags(
+    message: bytes, *, me: int, keys: Mapping[int, bytes], signers: object, tags: object, threshold: int
 ) -> list[str]:
-    """Problems with the consistency round's signatures as shown to a device.
+    """Problems with the survivor-set tags shown to device ``me``; empty when it may reveal.
 
-    ``keys`` are the signing keys of the device's neighbours (itself included) that it verified
-    itself; every signature shown must be by one of them and valid on ``message``; at least
-    ``threshold`` distinct neighbours must have signed.
+    ``message``: the set ``me`` authenticated itself (``survivors_message``). ``keys``: the ``ss2`` keys
+    of the neighbours whose shares ``me`` holds. ``signers[i]`` must be one of them, not repeated, and
+    ``tags[i]`` its valid tag on ``message`` addressed to ``me``; ``me`` counts itself (module docstring),
+    so at least ``threshold - 1`` distinct neighbours' valid tags are needed.
     """
+    if not isinstance(signers, list) or any(not int_in(n, 0, _MAX_NODE_ID) for n in signers):
+        return [f"the survivor-set tag signers must be a list of node ids. Found {signers!r:.80}."]
+    if not isinstance(tags, list) or len(tags) != len(signers):
+        return [f"the survivor-set tags must be a list as long as the {len(signers)} signers. Found {tags!r:.80}."]
     problems = []
-    valid = 0
-    for nid, sig in signatures.items():
+    if repeats := sorted({n for n in signers if signers.count(n) > 1}):
+        problems.append(f"the survivor-set tag signers repeat node ids {repeats}.")
+    valid: set[int] = set()
+    for nid, tag in zip(signers, tags):
+        if nid == me:
+            problems.append(f"a survivor-set tag names this device ({me}) as its maker.")
+            continue
         if nid not in keys:
-            problems.append(f"a signature names node {nid}, not a neighbour whose signing key this device holds.")
+            problems.append(f"a survivor-set tag names node {nid}, not a neighbour whose shares this device holds.")
             continue
-        try:
-            if not isinstance(sig, bytes):
-                raise InvalidSignature
-            Ed25519PublicKey.from_public_bytes(keys[nid]).verify(sig, message)
-        except InvalidSignature:
-            problems.append(f"node {nid}'s signature on the survivor set is invalid.")
+        expected = survivors_tag(keys[nid], message, src=nid, dst=me)
+        if not isinstance(tag, bytes) or len(tag) != _TAG_BYTES or not hmac.compare_digest(tag, expected):
+            problems.append(f"node {nid}'s tag on the survivor set is invalid.")
             continue
-        valid += 1
-    if valid < threshold:
-        problems.append(f"{valid} neighbours signed this device's survivor set, below the threshold {threshold}.")
+        valid.add(nid)  # a set: a neighbour counts once, however often it is shown
+    if len(valid) + 1 < threshold:
+        problems.append(
+            f"{len(valid)} neighbours authenticated this device's survivor set ({len(valid) + 1} with itself), "
+            f"below the threshold {threshold}."
+        )
     return problems
 
 
@@ -235,13 +262,13 @@ def check_unmask_lists(
     """Problems with an unmask request; empty when the device may reveal its shares.
 
     ``holders``: the nodes whose shares this device holds (itself and the neighbours whose share
-    ciphertexts it received: the set live at the collect stage). ``survivors``: the set it signed.
+    ciphertexts it received: the set live at the collect stage). ``survivors``: the set it authenticated.
     """
     problems = check_node_ids("active node ids", active) + check_node_ids("dropped node ids", dead)
     if problems:
         return problems
     active, dead = cast(list[int], active), cast(list[int], dead)  # checked above
-    mine, signed = set(holders), set(survivors)
+    mine, agreed = set(holders), set(survivors)
     if both := sorted(set(active) & set(dead)):
         problems.append(f"nodes {both} are listed both active and dropped.")
     if me in dead:
@@ -250,10 +277,10 @@ def check_unmask_lists(
         problems.append(f"this device ({me}) is not listed as active.")
     if outside := sorted((set(active) | set(dead)) - mine):
         problems.append(f"nodes {outside} are not neighbours whose shares this device holds.")
-    if not_signed := sorted(set(active) - signed):
-        problems.append(f"nodes {not_signed} are listed active but are not in the signed survivor set.")
-    if signed_dead := sorted(set(dead) & signed):
-        problems.append(f"nodes {signed_dead} are listed dropped but are in the signed survivor set.")
+    if not_agreed := sorted(set(active) - agreed):
+        problems.append(f"nodes {not_agreed} are listed active but are not in the authenticated survivor set.")
+    if agreed_dead := sorted(set(dead) & agreed):
+        problems.append(f"nodes {agreed_dead} are listed dropped but are in the authenticated survivor set.")
     if len(active) < threshold:
         problems.append(f"{len(active)} active nodes, below the threshold {threshold}.")
     return problems

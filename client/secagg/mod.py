@@ -11,8 +11,9 @@ Usage (the order is the device's own, so the device knows its reply is masked)::
 
 What it does with each message:
 
-* a ``train`` message carrying SecAgg+ configs (``"secaggplus_configs"``): installs the cryptographic
-  mask generator in this process (``protocol/secagg_masks.py``; idempotent), then hands the message to
+* a ``train`` message carrying SecAgg+ configs (``"secaggplus_configs"``): installs fedfilter's SecAgg+
+  primitives in this process (masks, Shamir sharing, X25519 keys, AES-GCM share ciphertexts:
+  ``protocol/secagg_masks.py``; idempotent), then hands the message to
   Flower's ``secaggplus_mod``. That mod calls the inner handler only in its COLLECT_MASKED_VECTORS
   stage and then masks the reply's arrays; the ``call_next`` it gets here sets the mark
   (``reply_masked()``) for exactly that call, and removes the SecAgg+ configs record from the message
@@ -44,7 +45,6 @@ from flwr.client.mod import secaggplus_mod
 from flwr.client.mod.secure_aggregation.secaggplus_mod import SecAggPlusState
 from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
 from flwr.common.constant import ErrorCode
-from flwr.common.secure_aggregation.crypto.symmetric_encryption import decrypt
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, RECORD_KEY_STATE, Key, Stage
 from flwr.common.secure_aggregation.secaggplus_utils import share_keys_plaintext_separate
 from flwr.compat.common.recorddict_compat import fitres_to_recorddict
@@ -55,19 +55,19 @@ from fedfilter.client.secagg.consistency import (
     certify,
     check_certificate,
     check_node_ids,
-    check_signatures,
+    check_tags,
     check_unmask_lists,
-    new_signing_key,
-    open_signing_key,
+    open_certificate,
     public_key_of,
-    seal_signing_key,
-    sign_survivors,
+    seal_certificate,
     survivors_message,
+    survivors_tag,
 )
 from fedfilter.client.secagg.neighbourhood import check_secagg_state
 from fedfilter.client.secagg.pinning import Pinning, PinningError, pinning
 from fedfilter.client.settings.policy import ClientPolicy
 from fedfilter.protocol.request import RoundSpec, RoundSpecError
+from fedfilter.protocol.secagg_aead import decrypt as decrypt_share
 from fedfilter.protocol.secagg_keys import public_key_problems
 from fedfilter.protocol.secagg_masks import use_cryptographic_masks
 from fedfilter.protocol.wire import CONSISTENCY_RECORD, CONSISTENCY_STAGE
@@ -83,7 +83,7 @@ __all__ = [
 log = logging.getLogger("fedfilter.client")
 
 SECAGG_STATE_RECORD = RECORD_KEY_STATE  # context.state: secaggplus_mod's saved protocol state
-# context.state: this mod's own protocol state beside Flower's (phase, signing key, neighbours' keys)
+# context.state: this mod's own protocol state beside Flower's (phase, the survivor set it authenticated)
 CONSISTENCY_STATE_RECORD = "fedfilter.secagg.state"
 
 # True only while secaggplus_mod runs the inner handler (its COLLECT_MASKED_VECTORS stage).
@@ -153,7 +153,7 @@ def _holders(flower: SecAggPlusState) -> set[int]:
 
 def _collect_problems(msg: Message, context: Context, flower: SecAggPlusState | None) -> list[str]:
     """What ``secaggplus_mod`` would raise on only AFTER training (too few neighbours, a ciphertext it
-    cannot read), and the neighbours' signing keys the consistency round needs, checked before it."""
+    cannot read), and, with pinning, the neighbours' certificates, checked before it."""
     configs = cast(ConfigRecord, _config(msg.content, RECORD_KEY_CONFIGS))  # the mod checked it is there
     if flower is None or flower.current_stage != Stage.SHARE_KEYS or _own_state(context).get("phase") != "shared":
         return ["the collect stage must follow this device's share-keys stage."]
@@ -166,53 +166,55 @@ def _collect_problems(msg: Message, context: Context, flower: SecAggPlusState | 
         return [f"the share ciphertexts must be a list as long as the {len(srcs)} sources."]
     if len(srcs) + 1 < flower.threshold:
         problems.append(f"{len(srcs) + 1} nodes shared keys with this one, below the threshold {flower.threshold}.")
-    sealed = _pairs(_extra(msg), "src", "sealed")
     try:
         pin = pinning(context.node_config)
     except PinningError as err:
         return [str(err)]
+    sealed = _pairs(_extra(msg), "src", "sealed") if pin is not None else {}
     identities = {public_key_of(pin.identity_key)} if pin is not None else set()
-    keys = {flower.nid: public_key_of(cast(bytes, _own_state(context)["sign_sk"]))}
     for src, ciphertext in zip(srcs, ciphertexts):
         shared = flower.ss2_dict.get(src)
         if src == flower.nid or shared is None:
             problems.append(f"node {src} is not a neighbour this device shared keys with.")
             continue
+        why = ""
         try:
             if not isinstance(ciphertext, bytes):
-                raise TypeError
-            actual, dst, _, _ = share_keys_plaintext_separate(decrypt(shared, ciphertext))
-        except (InvalidToken, TypeError, ValueError):
-            actual, dst = -1, -1
+                raise TypeError(f"found {type(ciphertext).__name__}, not bytes.")
+            # The decryption Flower's collect stage runs after training (fedfilter's AES-GCM, which this
+            # mod installed: protocol/secagg_aead.py), run here first. Its result is not kept for Flower's
+            # call: the plaintexts are the neighbours' key shares, and a second decryption costs ~1-2 us.
+            actual, dst, _, _ = share_keys_plaintext_separate(decrypt_share(shared, ciphertext))
+        except (InvalidToken, TypeError, ValueError) as err:
+            actual, dst, why = -1, -1, str(err).rstrip(".")
         if (actual, dst) != (src, flower.nid):
-            problems.append(f"node {src}'s share ciphertext is not one it sealed for this device.")
-        opened = open_signing_key(shared, sealed.get(src), src=src, dst=flower.nid)
-        if opened is None:
-            problems.append(f"node {src}'s signing key is missing or not sealed by it for this device.")
-            continue
-        keys[src], certificate = opened
-        if pin is not None:
-            pk1, pk2 = flower.public_keys_dict.get(src, (b"", b""))
-            identity, problem = check_certificate(
-                certificate,
-                pin.pinned,
-                run_id=int(context.run_id),
-                round_id=msg.metadata.group_id,
-                nid=src,
-                pk1=pk1,
-                pk2=pk2,
-                signing_key=keys[src],
+            problems.append(
+                f"node {src}'s share ciphertext is not one it sealed for this device" + (f" ({why})." if why else ".")
             )
-            if identity is not None and identity in identities:
-                problem = f"node {src} shows the identity key of another node ({identity.hex()})."
-            if problem:
-                problems.append(problem)
-            elif identity is not None:
-                identities.add(identity)
+        if pin is None:
+            continue
+        certificate = open_certificate(shared, sealed.get(src), src=src, dst=flower.nid)
+        if certificate is None:
+            problems.append(f"node {src}'s certificate is missing or not sealed by it for this device.")
+            continue
+        pk1, pk2 = flower.public_keys_dict.get(src, (b"", b""))
+        identity, problem = check_certificate(
+            certificate,
+            pin.pinned,
+            run_id=int(context.run_id),
+            round_id=msg.metadata.group_id,
+            nid=src,
+            pk1=pk1,
+            pk2=pk2,
+        )
+        if identity is not None and identity in identities:
+            problem = f"node {src} shows the identity key of another node ({identity.hex()})."
+        if problem:
+            problems.append(problem)
+        elif identity is not None:
+            identities.add(identity)
     if not problems:
-        own = _own_state(context)
-        own["keys:K"], own["keys:V"] = list(keys), list(keys.values())
-        own["phase"] = "collected"
+        _own_state(context)["phase"] = "collected"
     return problems
 
 
@@ -226,62 +228,65 @@ def _key_problems(msg: Message, flower: SecAggPlusState | None) -> list[str]:
 
 
 def _consistency_reply(msg: Message, context: Context) -> Message:
-    """Sign, once per round, the survivor set the coordinator names (Bonawitz et al. 2017, Round 3)."""
+    """Authenticate, once per round, the survivor set the coordinator names to each neighbour in it
+    whose shares this device holds (Bonawitz et al. 2017, Round 3; MACs: consistency.py)."""
     flower, own = _flower_state(context), _own_state(context)
     survivors = cast(ConfigRecord, _config(msg.content, RECORD_KEY_CONFIGS)).get(Key.ACTIVE_NODE_ID_LIST)
     problems = check_node_ids("survivor node ids", survivors)
     if flower is None or flower.current_stage != Stage.COLLECT_MASKED_VECTORS or own.get("phase") != "collected":
-        problems.append("a survivor set is signed once per round, after this device sent its masked vector.")
+        problems.append("a survivor set is authenticated once per round, after this device sent its masked vector.")
     elif not problems:
         survivors = cast(list[int], survivors)
         if flower.nid not in survivors:
             problems.append(f"this device ({flower.nid}) is not in the survivor set.")
         if len(_holders(flower) & set(survivors)) < flower.threshold:
             problems.append(f"fewer than the threshold {flower.threshold} of this device's neighbours survive.")
-    if problems:
+    if problems or flower is None:
         own["phase"] = "refused"
         return _refusal(msg, problems, "No share was revealed.")
     survivors = cast(list[int], survivors)
     message = survivors_message(run_id=int(context.run_id), round_id=msg.metadata.group_id, survivors=survivors)
-    own["survivors"], own["phase"] = sorted(survivors), "signed"
-    signature = sign_survivors(cast(bytes, own["sign_sk"]), message)
-    return Message(RecordDict({RECORD_KEY_CONFIGS: ConfigRecord({"signature": signature})}), reply_to=msg)
+    own["survivors"], own["phase"] = sorted(survivors), "authenticated"
+    dsts = sorted((_holders(flower) & set(survivors)) - {flower.nid})
+    tags = [survivors_tag(flower.ss2_dict[d], message, src=flower.nid, dst=d) for d in dsts]
+    return Message(RecordDict({RECORD_KEY_CONFIGS: ConfigRecord({"dst": dsts, "tag": tags})}), reply_to=msg)
 
 
 def _unmask_problems(msg: Message, context: Context, flower: SecAggPlusState | None) -> list[str]:
-    """The unmask request against the signed survivor set and the neighbours' signatures on it."""
+    """The unmask request against the authenticated survivor set and the neighbours' tags on it."""
     own = _own_state(context)
-    if flower is None or flower.current_stage != Stage.COLLECT_MASKED_VECTORS or own.get("phase") != "signed":
-        return ["shares are revealed once per round, after this device signed a survivor set."]
+    if flower is None or flower.current_stage != Stage.COLLECT_MASKED_VECTORS or own.get("phase") != "authenticated":
+        return ["shares are revealed once per round, after this device authenticated a survivor set."]
     configs, extra = cast(ConfigRecord, _config(msg.content, RECORD_KEY_CONFIGS)), _extra(msg)
     survivors = cast(list[int], own["survivors"])
-    keys = dict(zip(cast(list[int], own["keys:K"]), cast(list[bytes], own["keys:V"])))
-    signers = extra.get("signer", [])
-    problems = check_node_ids("signer node ids", signers)
-    if not problems:
-        signatures = _pairs(extra, "signer", "signature")
-        message = survivors_message(run_id=int(context.run_id), round_id=msg.metadata.group_id, survivors=survivors)
-        problems = check_signatures(message, keys, signatures, flower.threshold)
+    message = survivors_message(run_id=int(context.run_id), round_id=msg.metadata.group_id, survivors=survivors)
+    holders = _holders(flower)
+    keys = {nid: flower.ss2_dict[nid] for nid in holders - {flower.nid} if nid in flower.ss2_dict}
+    problems = check_tags(
+        message,
+        me=flower.nid,
+        keys=keys,
+        signers=extra.get("signer", []),
+        tags=extra.get("tag", []),
+        threshold=flower.threshold,
+    )
     return problems + check_unmask_lists(
         me=flower.nid,
         active=configs.get(Key.ACTIVE_NODE_ID_LIST),
         dead=configs.get(Key.DEAD_NODE_ID_LIST),
-        holders=_holders(flower),
+        holders=holders,
         survivors=survivors,
         threshold=flower.threshold,
     )
 
 
-def _seal_signing_key(msg: Message, reply: Message, context: Context, pin: Pinning | None) -> None:
-    """After Flower's share-keys stage: a fresh signing key, its public half (certified by the owner's
-    identity when pinning is on) sealed for each destination under the pairwise key that stage agreed,
-    so the coordinator relays it but cannot swap it."""
+def _seal_certificate(msg: Message, reply: Message, context: Context, pin: Pinning | None) -> None:
+    """After Flower's share-keys stage: with pinning, the owner's certificate of this round's keys sealed
+    for each destination under the pairwise key that stage agreed (the coordinator relays it but can
+    neither read nor swap it); without, nothing is sent."""
     flower, own = _flower_state(context), _own_state(context)
     if flower is None or reply.has_error():
         return
-    sign_sk = new_signing_key()
-    public = public_key_of(sign_sk)
-    certificate = b""
     if pin is not None:
         certificate = certify(
             pin.identity_key,
@@ -290,15 +295,11 @@ def _seal_signing_key(msg: Message, reply: Message, context: Context, pin: Pinni
             nid=flower.nid,
             pk1=flower.pk1,
             pk2=flower.pk2,
-            signing_key=public,
         )
-    dsts = cast(list[int], cast(ConfigRecord, _config(reply.content, RECORD_KEY_CONFIGS))[Key.DESTINATION_LIST])
-    sealed = [
-        seal_signing_key(flower.ss2_dict[d], src=flower.nid, dst=d, public_key=public, certificate=certificate)
-        for d in dsts
-    ]
-    reply.content[CONSISTENCY_RECORD] = ConfigRecord({"dst": list(dsts), "sealed": sealed})
-    own["sign_sk"], own["phase"] = sign_sk, "shared"
+        dsts = cast(list[int], cast(ConfigRecord, _config(reply.content, RECORD_KEY_CONFIGS))[Key.DESTINATION_LIST])
+        sealed = [seal_certificate(flower.ss2_dict[d], src=flower.nid, dst=d, certificate=certificate) for d in dsts]
+        reply.content[CONSISTENCY_RECORD] = ConfigRecord({"dst": list(dsts), "sealed": sealed})
+    own["phase"] = "shared"
 
 
 @once_per_message  # the device runtime puts it around every approved app, which may list it too
@@ -387,7 +388,7 @@ def secure_aggregation_mod(msg: Message, context: Context, call_next: Callable[[
         # stage trains nothing, so the refusal costs nothing.
         return _refusal(msg, [str(err)], "Nothing was trained, spent or released.")
     if stage == Stage.SHARE_KEYS:
-        _seal_signing_key(msg, reply, context, pin)
+        _seal_certificate(msg, reply, context, pin)
     return reply
 
 

@@ -1,8 +1,10 @@
-"""The device's malicious-server checks (issue 22): sealed signing keys, signatures on the survivor set,
+"""The device's malicious-server checks (issue 22): sealed certificates, MACs on the survivor set,
 unmask lists, and the SecAgg+ parameters, each at its boundary; the round with exactly ``threshold``
 neighbours is served.
 
-References are independent of the code under test: signatures are made here with ``cryptography``
+References are independent of the code under test: tags are computed here with the standard library's
+``hmac`` over the message written out from its format, under a key from an RFC 5869 HKDF written out
+from ``hmac`` (``helpers.crypto_reference``); certificates are checked with ``cryptography``'s Ed25519
 directly; the share-count bound is the pigeonhole count written out (two disjoint groups of
 ``threshold`` among ``share_num`` holders exist iff ``2 * threshold <= share_num``).
 """
@@ -10,6 +12,8 @@ directly; the share-count bound is the pigeonhole count written out (two disjoin
 from __future__ import annotations
 
 import base64
+import hashlib
+import hmac
 import itertools
 import os
 
@@ -17,24 +21,26 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from flwr.common.secure_aggregation.secaggplus_constants import Stage
+from helpers.crypto_reference import hkdf_sha256
 from helpers.secagg import ledger_records, node_id, run_round
 
 from fedfilter.client.secagg.consistency import (
     certify,
     check_certificate,
     check_node_ids,
-    check_signatures,
+    check_tags,
     check_unmask_lists,
-    new_signing_key,
-    open_signing_key,
+    open_certificate,
     public_key_of,
-    seal_signing_key,
-    sign_survivors,
+    seal_certificate,
     survivors_message,
+    survivors_tag,
 )
 from fedfilter.client.secagg.neighbourhood import check_secagg_state
 from fedfilter.coordinator.secure_round import AUTO_SHARES, round_graph
 from fedfilter.protocol.secagg_grid import MODULUS_RANGE, secaggplus_settings
+
+MAC_KEY_INFO = b"fedfilter/secaggplus/survivors-mac-key/v1"
 
 
 def channel_key() -> bytes:
@@ -45,96 +51,170 @@ def raw_public(key: Ed25519PrivateKey) -> bytes:
     return key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
 
 
-# --- sealed signing keys ------------------------------------------------------------------------
-def test_a_sealed_signing_key_opens_only_for_its_pair_and_direction():
+def new_identity() -> bytes:
+    return Ed25519PrivateKey.generate().private_bytes(
+        serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()
+    )
+
+
+# --- sealed certificates (pinning) ---------------------------------------------------------------
+def test_a_sealed_certificate_opens_only_for_its_pair_and_direction():
     k, other = channel_key(), channel_key()
-    pk = public_key_of(new_signing_key())
-    token = seal_signing_key(k, src=5, dst=9, public_key=pk)
-    assert open_signing_key(k, token, src=5, dst=9) == (pk, b"")
-    assert open_signing_key(other, token, src=5, dst=9) is None  # the coordinator's own key
-    assert open_signing_key(k, token, src=9, dst=5) is None  # replayed in the other direction
-    assert open_signing_key(k, token, src=5, dst=8) is None  # replayed to another node
-    assert open_signing_key(k, token[:-1] + bytes([token[-1] ^ 1]), src=5, dst=9) is None
-    assert open_signing_key(k, None, src=5, dst=9) is None
-    assert open_signing_key(k, b"not a token", src=5, dst=9) is None
-
-
-def test_the_signing_key_is_ed25519_and_fresh():
-    sk = new_signing_key()
-    ref = Ed25519PrivateKey.from_private_bytes(sk)
-    assert public_key_of(sk) == raw_public(ref)
-    assert new_signing_key() != sk
+    cert = certify(new_identity(), run_id=1, round_id="1", nid=5, pk1=b"a" * 32, pk2=b"b" * 32)
+    token = seal_certificate(k, src=5, dst=9, certificate=cert)
+    assert open_certificate(k, token, src=5, dst=9) == cert
+    assert open_certificate(other, token, src=5, dst=9) is None  # the coordinator's own key
+    assert open_certificate(k, token, src=9, dst=5) is None  # replayed in the other direction
+    assert open_certificate(k, token, src=5, dst=8) is None  # replayed to another node
+    assert open_certificate(k, token[:-1] + bytes([token[-1] ^ 1]), src=5, dst=9) is None
+    assert open_certificate(k, seal_certificate(k, src=5, dst=9, certificate=cert[:-1]), src=5, dst=9) is None
+    assert open_certificate(k, None, src=5, dst=9) is None
+    assert open_certificate(k, b"not a token", src=5, dst=9) is None
 
 
 # --- certificates of pinned identities -----------------------------------------------------------
 def test_a_certificate_binds_the_identity_to_the_nodes_keys_and_round():
-    identity = new_signing_key()
+    identity = new_identity()
     pinned = frozenset({public_key_of(identity)})
-    keys = {"run_id": 7, "round_id": "2", "nid": 11, "pk1": b"a" * 65, "pk2": b"b" * 65, "signing_key": b"c" * 32}
+    keys = {"run_id": 7, "round_id": "2", "nid": 11, "pk1": b"a" * 32, "pk2": b"b" * 32}
     cert = certify(identity, **keys)
-    assert cert[:32] == public_key_of(identity) and len(cert) == 96
+    assert cert[:32] == public_key_of(identity) == raw_public(Ed25519PrivateKey.from_private_bytes(identity))
+    assert len(cert) == 96
     Ed25519PrivateKey.from_private_bytes(identity).public_key().verify(cert[32:], _reference_body(**keys))
     assert check_certificate(cert, pinned, **keys) == (public_key_of(identity), "")
-    for change in ({"pk2": b"x" * 65}, {"pk1": b"x" * 65}, {"nid": 12}, {"round_id": "3"}, {"signing_key": b"d" * 32}):
+    for change in ({"pk2": b"x" * 32}, {"pk1": b"x" * 32}, {"nid": 12}, {"round_id": "3"}, {"run_id": 8}):
         identity_found, problem = check_certificate(cert, pinned, **{**keys, **change})
         assert identity_found is None and "does not sign the keys" in problem, change
     assert "is not pinned" in check_certificate(cert, frozenset({b"z" * 32}), **keys)[1]
     assert "no certificate" in check_certificate(b"", pinned, **keys)[1]
 
 
-def _reference_body(*, run_id, round_id, nid, pk1, pk2, signing_key):
+def _reference_body(*, run_id, round_id, nid, pk1, pk2):
     """The certified bytes, written out here from the format (tag, run, node, length-prefixed fields)."""
-    out = b"fedfilter/secaggplus/identity-certificate/v1" + run_id.to_bytes(8, "big") + nid.to_bytes(8, "big")
-    for part in (round_id.encode(), pk1, pk2, signing_key):
+    out = b"fedfilter/secaggplus/identity-certificate/v2" + run_id.to_bytes(8, "big") + nid.to_bytes(8, "big")
+    for part in (round_id.encode(), pk1, pk2):
         out += len(part).to_bytes(4, "big") + part
     return out
 
 
-# --- signatures on the survivor set -------------------------------------------------------------
-def _signed(n_signers: int, survivors=(1, 2, 3, 4, 5)):
-    keys = {nid: Ed25519PrivateKey.generate() for nid in range(1, 6)}
-    msg = survivors_message(run_id=7, round_id="3", survivors=survivors)
-    sigs = {nid: keys[nid].sign(msg) for nid in list(keys)[:n_signers]}
-    return msg, {nid: raw_public(k) for nid, k in keys.items()}, sigs, keys
+# --- MACs on the survivor set --------------------------------------------------------------------
+def _reference_message(*, run_id, round_id, survivors):
+    ids = sorted(set(survivors))
+    return (
+        b"fedfilter/secaggplus/survivors/v2"
+        + run_id.to_bytes(8, "big")
+        + len(round_id.encode()).to_bytes(4, "big")
+        + round_id.encode()
+        + len(ids).to_bytes(4, "big")
+        + b"".join(i.to_bytes(8, "big") for i in ids)
+    )
 
 
-@pytest.mark.parametrize("threshold", [2, 3, 5])
-def test_exactly_threshold_valid_signatures_pass_and_one_fewer_fails(threshold):
-    msg, pubs, sigs, _ = _signed(threshold)
-    assert check_signatures(msg, pubs, sigs, threshold) == []
-    msg, pubs, sigs, _ = _signed(threshold - 1)
-    (problem,) = check_signatures(msg, pubs, sigs, threshold)
-    assert f"{threshold - 1} neighbours signed" in problem and f"threshold {threshold}" in problem
+def _reference_tag(ss2: bytes, *, run_id, round_id, survivors, src, dst) -> bytes:
+    body = _reference_message(run_id=run_id, round_id=round_id, survivors=survivors)
+    body += src.to_bytes(8, "big") + dst.to_bytes(8, "big")
+    return hmac.new(hkdf_sha256(ss2, MAC_KEY_INFO), body, hashlib.sha256).digest()
 
 
-def test_the_device_verifies_with_its_own_key_too():
-    sk = new_signing_key()
-    msg = survivors_message(run_id=1, round_id="1", survivors=[4, 8])
-    assert check_signatures(msg, {4: public_key_of(sk)}, {4: sign_survivors(sk, msg)}, 1) == []
+ME, SURVIVORS, RUN, ROUND = 1, (1, 2, 3, 4, 5, 6), 7, "3"
 
 
-def test_a_signature_on_another_set_round_or_run_is_refused():
-    msg, pubs, sigs, keys = _signed(3)
-    for other in (
-        survivors_message(run_id=7, round_id="3", survivors=(1, 2, 3, 4)),  # the victim left out
-        survivors_message(run_id=7, round_id="4", survivors=(1, 2, 3, 4, 5)),
-        survivors_message(run_id=8, round_id="3", survivors=(1, 2, 3, 4, 5)),
-    ):
-        problems = check_signatures(other, pubs, sigs, 3)
-        assert len(problems) == 4 and all("invalid" in p for p in problems[:3])
+def _shown(n_signers: int, **over):
+    """Device ME's view: the ss2 key it shares with each of its neighbours 2..6, and the tags the first
+    ``n_signers`` of them addressed to it on SURVIVORS (made with the reference, not the code)."""
+    keys = {nid: channel_key() for nid in range(2, 7)}
+    where = {"run_id": RUN, "round_id": ROUND, "survivors": SURVIVORS, **over}
+    signers = list(keys)[:n_signers]
+    tags = [_reference_tag(keys[nid], **where, src=nid, dst=ME) for nid in signers]
+    return keys, signers, tags
 
 
-def test_forged_and_foreign_signatures_are_refused():
-    msg, pubs, sigs, _ = _signed(3)
-    forger = Ed25519PrivateKey.generate()  # the coordinator's own key
-    forged = {**sigs, 4: forger.sign(msg)}
-    assert any("node 4's signature" in p for p in check_signatures(msg, pubs, forged, 3))
-    stranger = {**sigs, 99: forger.sign(msg)}
-    assert any("node 99" in p and "not a neighbour" in p for p in check_signatures(msg, pubs, stranger, 3))
-    assert any("node 2's signature" in p for p in check_signatures(msg, pubs, {**sigs, 2: "x"}, 3))
+def check(keys, signers, tags, threshold, *, survivors=SURVIVORS, run_id=RUN, round_id=ROUND):
+    msg = survivors_message(run_id=run_id, round_id=round_id, survivors=survivors)
+    return check_tags(msg, me=ME, keys=keys, signers=signers, tags=tags, threshold=threshold)
 
 
-def test_the_signed_message_is_the_set_not_the_order():
+def test_a_tag_is_hmac_sha256_of_the_set_run_round_src_and_dst_under_the_pairs_mac_key():
+    ss2 = channel_key()
+    for src, dst, run_id, round_id, survivors in [(5, 9, 7, "3", [9, 5, 2]), (2**64 - 1, 0, 2**64 + 3, "", [])]:
+        msg = survivors_message(run_id=run_id, round_id=round_id, survivors=survivors)
+        assert msg == _reference_message(run_id=run_id % 2**64, round_id=round_id, survivors=survivors)
+        want = _reference_tag(ss2, run_id=run_id % 2**64, round_id=round_id, survivors=survivors, src=src, dst=dst)
+        assert survivors_tag(ss2, msg, src=src, dst=dst) == want
+
+
+@pytest.mark.parametrize("threshold", [2, 3, 6])
+def test_threshold_minus_one_neighbours_tags_pass_and_one_fewer_fails(threshold):
+    """The device counts itself (it authenticated the set itself): ``threshold - 1`` neighbours suffice."""
+    assert check(*_shown(threshold - 1), threshold) == []
+    (problem,) = check(*_shown(threshold - 2), threshold)
+    assert f"{threshold - 2} neighbours authenticated" in problem and f"threshold {threshold}" in problem
+
+
+def test_a_tag_on_another_set_round_or_run_is_refused():
+    for other in ({"survivors": (1, 2, 3, 4, 5)}, {"round_id": "4"}, {"round_id": "31"}, {"run_id": RUN + 1}):
+        problems = check(*_shown(3, **other), 4)
+        assert sum("tag on the survivor set is invalid" in p for p in problems) == 3, other
+        assert "0 neighbours authenticated" in problems[-1]
+
+
+def test_a_tag_for_another_destination_or_from_another_source_is_refused():
+    """Under the pair's own key: a tag 2 made for 9 shown to ME as 2's; 2's tag for ME shown as 3's
+    (same key); ME's own tag for 2 reflected back to ME as 2's (the pair's key is the same both ways)."""
+    keys, signers, tags = _shown(2)
+    k2 = keys[2]
+    redirected = _reference_tag(k2, run_id=RUN, round_id=ROUND, survivors=SURVIVORS, src=2, dst=9)
+    reflected = _reference_tag(k2, run_id=RUN, round_id=ROUND, survivors=SURVIVORS, src=ME, dst=2)
+    for tag in (redirected, reflected):
+        assert "node 2's tag on the survivor set is invalid" in check(keys, [2, 3], [tag, tags[1]], 3)[0]
+    assert "node 3's tag" in check({**keys, 3: k2}, [2, 3], [tags[0], tags[0]], 3)[0]
+
+
+def test_a_tag_under_any_key_but_the_mac_key_is_refused():
+    """The pairwise key itself, its HKDF under the other tags (share ciphertexts, sealed certificates),
+    the pair's mask key (from ``sk1``, which the coordinator learns for dropped nodes) and a key of the
+    coordinator's own: none makes a tag the device accepts."""
+    keys, signers, tags = _shown(3)
+    body = _reference_message(run_id=RUN, round_id=ROUND, survivors=SURVIVORS) + (2).to_bytes(8, "big")
+    body += ME.to_bytes(8, "big")
+    k2 = keys[2]
+    wrong = [
+        k2,
+        base64.urlsafe_b64decode(k2),
+        hkdf_sha256(k2, b"fedfilter/secaggplus/share-aead/aes256gcm/v1"),
+        hkdf_sha256(k2, b"fedfilter/secaggplus/certificate-seal/v2"),
+        hkdf_sha256(channel_key(), MAC_KEY_INFO),  # another pair's (e.g. the mask key's) derivation
+        os.urandom(32),
+    ]
+    for key in wrong:
+        forged = hmac.new(key, body, hashlib.sha256).digest()
+        problems = check(keys, signers, [forged, *tags[1:]], 4)
+        assert problems[0] == "node 2's tag on the survivor set is invalid." and "below the threshold" in problems[1]
+
+
+def test_the_same_neighbour_shown_twice_counts_once():
+    keys, signers, tags = _shown(2)
+    problems = check(keys, signers + signers[:1], tags + tags[:1], 4)
+    assert problems == [
+        f"the survivor-set tag signers repeat node ids [{signers[0]}].",
+        "2 neighbours authenticated this device's survivor set (3 with itself), below the threshold 4.",
+    ]
+
+
+def test_tags_naming_the_device_itself_strangers_or_malformed_are_refused():
+    keys, signers, tags = _shown(3)
+    own = _reference_tag(keys[2], run_id=RUN, round_id=ROUND, survivors=SURVIVORS, src=ME, dst=ME)
+    assert any(f"names this device ({ME})" in p for p in check({**keys, ME: keys[2]}, [ME, *signers], [own, *tags], 4))
+    assert any("node 99, not a neighbour" in p for p in check(keys, [99, *signers], [tags[0], *tags], 4))
+    for bad in ("x", tags[1][:-1], tags[1] + b"\0", None):
+        assert any("node 3's tag" in p for p in check(keys, signers, [tags[0], bad, tags[2]], 4)), bad
+    assert "must be a list of node ids" in check(keys, "2,3", tags, 2)[0]
+    assert "must be a list of node ids" in check(keys, [2, True], tags[:2], 2)[0]
+    assert "as long as the 3 signers" in check(keys, signers, tags[:2], 2)[0]
+    assert "as long as the 3 signers" in check(keys, signers, None, 2)[0]
+
+
+def test_the_authenticated_message_is_the_set_not_the_order():
     a = survivors_message(run_id=7, round_id="3", survivors=[3, 1, 2])
     assert a == survivors_message(run_id=7, round_id="3", survivors=[1, 2, 3])
     assert a != survivors_message(run_id=7, round_id="3", survivors=[1, 2])
@@ -164,8 +244,8 @@ def test_honest_unmask_lists_pass():
         ([2, 3, 4], [5], "this device (1) is not listed as active"),
         ([1, 2, 3, 4, 6], [5], "nodes [6] are not neighbours"),
         ([1, 2, 3, 4], [5, 7], "nodes [7] are not neighbours"),
-        ([1, 2, 3, 4, 5], [], "nodes [5] are listed active but are not in the signed survivor set"),
-        ([1, 2, 3], [4, 5], "nodes [4] are listed dropped but are in the signed survivor set"),
+        ([1, 2, 3, 4, 5], [], "nodes [5] are listed active but are not in the authenticated survivor set"),
+        ([1, 2, 3], [4, 5], "nodes [4] are listed dropped but are in the authenticated survivor set"),
         ([1, 2], [5], "2 active nodes, below the threshold 3"),
         ("1,2", [5], "active node ids must be a list"),
         ([1, True], [5], "active node ids must be a list"),

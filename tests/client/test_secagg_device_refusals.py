@@ -115,11 +115,10 @@ def test_too_few_neighbours_are_refused_before_training_not_after(tmp_path):
     msg.content[RECORD_KEY_CONFIGS] = ConfigRecord(
         {Key.STAGE: Stage.COLLECT_MASKED_VECTORS, Key.CIPHERTEXT_LIST: [b"x", b"y"], Key.SOURCE_LIST: [1, 2]}
     )
-    from fedfilter.client.secagg.consistency import new_signing_key
     from fedfilter.client.secagg.mod import CONSISTENCY_STATE_RECORD
 
     flower = ConfigRecord({"current_stage": Stage.SHARE_KEYS, "threshold": 5, "nid": 42})
-    own = ConfigRecord({"phase": "shared", "sign_sk": new_signing_key()})
+    own = ConfigRecord({"phase": "shared"})
     state = RecordDict({RECORD_KEY_STATE: flower, CONSISTENCY_STATE_RECORD: own})
     ctx = Context(run_id=7, node_id=42, node_config={}, state=state, run_config={})
     called = []

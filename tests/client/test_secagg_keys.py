@@ -4,13 +4,12 @@ independent HKDF (RFC 5869 from hashlib/hmac); refusals of malformed and low-ord
 from __future__ import annotations
 
 import base64
-import hashlib
-import hmac
 import importlib
 
 import pytest
 from cryptography.fernet import Fernet, InvalidToken
 from cryptography.hazmat.primitives.asymmetric import ec
+from helpers.crypto_reference import hkdf_sha256
 
 from fedfilter.protocol import secagg_keys, secagg_masks
 from fedfilter.protocol.secagg_keys import (
@@ -78,16 +77,6 @@ def _ladder(scalar: bytes, u: bytes) -> bytes:
     return (x2 * pow(z2, p - 2, p) % p).to_bytes(32, "little")
 
 
-def _hkdf_sha256(ikm: bytes, info: bytes, length: int = 32) -> bytes:
-    """RFC 5869 with salt = HashLen zero bytes (what an absent salt means), from hmac and hashlib."""
-    prk = hmac.new(bytes(32), ikm, hashlib.sha256).digest()
-    out, block, counter = b"", b"", 1
-    while len(out) < length:
-        block = hmac.new(prk, block + info + bytes([counter]), hashlib.sha256).digest()
-        out, counter = out + block, counter + 1
-    return out[:length]
-
-
 @pytest.mark.parametrize("scalar, u, expected", FUNCTION_VECTORS)
 def test_the_x25519_function_matches_rfc_7748_section_5_2(scalar, u, expected):
     private = bytes_to_private_key(bytes.fromhex(scalar))
@@ -108,7 +97,7 @@ def test_rfc_7748_section_6_1_keys_and_the_pairwise_key_both_sides_derive():
     assert public_key_to_bytes(bob.public_key()) == BOB_PK
     a = generate_shared_key(alice, bytes_to_public_key(BOB_PK))
     b = generate_shared_key(bob, bytes_to_public_key(ALICE_PK))
-    expected = base64.urlsafe_b64encode(_hkdf_sha256(SHARED_K, secagg_keys._KDF_INFO))
+    expected = base64.urlsafe_b64encode(hkdf_sha256(SHARED_K, secagg_keys._KDF_INFO))
     assert a == b == expected
     Fernet(a)  # Flower's callers use it as a Fernet key
 

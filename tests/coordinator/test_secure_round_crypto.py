@@ -117,6 +117,25 @@ def test_a_device_running_flowers_primitives_fails_the_round_by_name(device_prim
     assert "Flower's Shamir" in out.reason
 
 
+def test_a_device_on_flowers_share_encryption_is_refused_by_name_before_its_neighbours_train(device_primitives):
+    """Node 302's secaggplus_mod seals its shares with Flower's Fernet: every other device meets its
+    Fernet token in its check before training and refuses, naming it, and nothing is released. (The
+    other direction, Flower's decrypt refusing fedfilter's ciphertexts, is in test_secagg_aead.py: in
+    this in-process grid its InvalidToken would propagate instead of becoming an error reply.)"""
+    encryption = importlib.import_module("flwr.common.secure_aggregation.crypto.symmetric_encryption")
+    nodes = list(range(300, 306))
+    device_primitives[302] = {"encrypt": encryption.encrypt}
+    grid = LoopbackGrid({nid: _app(_reports(nodes)) for nid in nodes})
+    out = secure_round.run_secure_round(grid, {n: RecordDict() for n in nodes}, server_round=1, min_reports=3)
+    assert out.aggregate is None and out.reports == 0
+    collect = [r for r in grid.received if r.has_error() and "secure aggregation refused" in r.error.reason]
+    assert {int(r.metadata.src_node_id) for r in collect} == set(nodes) - {302}
+    for reply in collect:
+        reason = reply.error.reason
+        assert "node 302's share ciphertext is not one it sealed for this device (the share ciphertext is a " in reason
+        assert "Fernet token" in reason and "Nothing was trained, spent or released" in reason
+
+
 def test_a_coordinator_running_flowers_primitives_fails_the_round(monkeypatch, device_primitives):
     # The coordinator's workflow keeps Flower's combine and generator; every device runs fedfilter's
     # (set in its own secaggplus_mod only: installing them process-wide would reach the coordinator too).
@@ -146,15 +165,21 @@ def test_the_default_sparse_graph_gives_each_node_k_holders_and_unmasks_the_exac
     assert {m.content.config_records[RECORD_KEY_CONFIGS][Key.THRESHOLD] for m in setup} == {graph.threshold}
     share_keys = [m for m in grid.sent if m.content.config_records[RECORD_KEY_CONFIGS].get(Key.STAGE) == "share_keys"]
     assert {len(m.content.config_records[RECORD_KEY_CONFIGS]) - 1 for m in share_keys} == {graph.num_shares}
-    # The consistency round ran on the sparse graph: every survivor signed, and each unmask request
-    # carried the t signatures its device needs (it verifies every one it is shown), its own first, all
-    # by that node's k neighbours (the devices verified them).
+    # The consistency round ran on the sparse graph: every survivor authenticated the set, and each unmask
+    # request carried the t - 1 neighbours' tags its device needs besides itself (it verifies every one it
+    # is shown), none its own, all by that node's k neighbours (the devices verified them).
     assert len([m for m in grid.sent if stage_of(m) == CONSISTENCY_STAGE]) == len(nodes) - 1
+    neighbours = {
+        m.metadata.dst_node_id: {int(k) for k in m.content.config_records[RECORD_KEY_CONFIGS] if k != Key.STAGE}
+        for m in share_keys
+    }
     unmask = [m for m in grid.sent if stage_of(m) == "unmask"]
     assert len(unmask) == len(nodes) - 1
     for m in unmask:
-        signers = m.content.config_records[CONSISTENCY_RECORD]["signer"]
-        assert len(signers) == graph.threshold and signers[0] == m.metadata.dst_node_id and 511 not in signers
+        record, me = m.content.config_records[CONSISTENCY_RECORD], m.metadata.dst_node_id
+        signers = record["signer"]
+        assert len(signers) == len(set(signers)) == len(record["tag"]) == graph.threshold - 1
+        assert me not in signers and 511 not in signers and set(signers) <= neighbours[me]
     assert out.reason == "" and out.reports == len(nodes) - 1
     sums = decode_sum(out.aggregate, out.reports, out.quantization_range)
     for i, got in enumerate(sums):
@@ -190,8 +215,9 @@ def test_more_dropouts_than_the_graphs_bound_assumes_unmask_nothing():
 def test_a_node_with_exactly_threshold_surviving_neighbours_on_a_sparse_graph_is_unmasked():
     """24 nodes, k = 7 given, t = 4 (above k / 2, and ceil(24 * 4 / 7) = 14 >= 12 reports); three of
     one node's neighbours drop out after sharing keys (the graph's bound assumes up to 3): it keeps
-    exactly t = 4 holders (itself included), signs, gets exactly t signatures, reveals, and the sum is
-    exact. The boundary the devices' checks (``>= threshold``) must serve."""
+    exactly t = 4 holders (itself included), authenticates the set, gets the t - 1 = 3 neighbours' tags
+    it needs (all it has), reveals, and the sum is exact. The boundary the devices' checks
+    (``>= threshold``) must serve."""
     nodes = list(range(800, 824))
     reports = _reports(nodes, seed=8)
     graph = secure_round.round_graph(len(nodes), 12, 7)
@@ -214,7 +240,7 @@ def test_a_node_with_exactly_threshold_surviving_neighbours_on_a_sparse_graph_is
     )
     assert len(gone) == 3 and out.reason == "" and out.reports == len(nodes) - 3
     (request,) = [m for m in grid.sent if stage_of(m) == "unmask" and m.metadata.dst_node_id == victim]
-    assert len(request.content.config_records[CONSISTENCY_RECORD]["signer"]) == graph.threshold
+    assert len(request.content.config_records[CONSISTENCY_RECORD]["signer"]) == graph.threshold - 1
     (reply,) = [r for r in grid.received if r.metadata.reply_to_message_id == request.metadata.message_id]
     assert not reply.has_error() and victim in reply.content.config_records[RECORD_KEY_CONFIGS][Key.NODE_ID_LIST]
     sums = decode_sum(out.aggregate, out.reports, out.quantization_range)

@@ -133,7 +133,7 @@ def test_the_coordinator_received_masked_vectors_and_protocol_messages_only(simu
             for name, metrics in reply["metrics"].items():
                 assert (name, metrics) == ("fitres.num_examples", {"num_examples": 1})
             allowed = {RECORD_KEY_CONFIGS, "fedfilter.secagg", "fitres.metrics", "fitres.status"}
-            assert set(reply["configs"]) <= allowed, reply  # fedfilter.secagg: sealed signing keys
+            assert set(reply["configs"]) <= allowed, reply  # fedfilter.secagg: sealed certificates (pinning)
             assert reply["configs"].get("fitres.metrics", {}) == {}  # no metric of the device's
             if Key.MASKED_PARAMETERS in reply["configs"].get(RECORD_KEY_CONFIGS, {}):
                 assert stage == "collect_masked_vectors"

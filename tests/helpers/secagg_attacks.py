@@ -1,7 +1,9 @@
 """A malicious coordinator for SecAgg+ rounds: it watches and forges messages between the stages.
 
 ``run_attack`` runs a round whose coordinator is ``attacker(seen, forge)``; ``refused``/``answered``
-name the devices that refused or answered a stage and ``charges`` reads what each device paid.
+name the devices that refused or answered a stage and ``charges`` reads what each device paid;
+``assert_no_single_report`` does what the audit did with what the attacker gathered: collect both kinds
+of key share of a victim, strip its masks off its masked vector and compare with its own report.
 """
 
 from __future__ import annotations
@@ -9,9 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+import pytest
 from flwr.app import Array, ArrayRecord, Message, RecordDict
 from flwr.clientapp import ClientApp
-from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
+from flwr.common import bytes_to_ndarray
+from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key, Stage
 from flwr.serverapp.strategy import FedAvg
 
 import fedfilter.client.mechanisms.skellam as release_distributed
@@ -22,7 +26,10 @@ from fedfilter.client.settings.node_config import enrol_device
 from fedfilter.coordinator import secure_round
 from fedfilter.coordinator.run_log import NothingReleasedError
 from fedfilter.coordinator.strategy import IndividualFilterStrategy
-from fedfilter.protocol.secagg_grid import grid_step
+from fedfilter.protocol.secagg_grid import grid_step, secaggplus_settings
+from fedfilter.protocol.secagg_keys import bytes_to_private_key, bytes_to_public_key, generate_shared_key
+from fedfilter.protocol.secagg_masks import aes_mask_gen
+from fedfilter.protocol.secagg_shamir import combine_shares
 from fedfilter.protocol.wire import ARRAYS_RECORD
 from fedfilter.simulations.harness.secagg_loopback import LoopbackGrid, stage_of
 
@@ -95,7 +102,15 @@ def attacker(seen: Seen, forge, *, modulus_range=None, consistency=None):
 
 
 def run_attack(
-    tmp_path, monkeypatch, n, workflow, *, min_reports=2, seen: Seen | None = None, extra: dict | None = None
+    tmp_path,
+    monkeypatch,
+    n,
+    workflow,
+    *,
+    min_reports=2,
+    seen: Seen | None = None,
+    extra: dict | None = None,
+    rounds: int = 1,
 ) -> Seen:
     seen = seen if seen is not None else Seen()
     configs = {
@@ -156,7 +171,7 @@ def run_attack(
     )
     initial = ArrayRecord({k: Array(np.zeros(s, dtype=np.float32)) for k, s in zip(["w", "b"], SHAPES)})
     try:
-        strategy.start(grid=grid, initial_arrays=initial, num_rounds=1, timeout=60)
+        strategy.start(grid=grid, initial_arrays=initial, num_rounds=rounds, timeout=60)
     except NothingReleasedError:  # the attacked round released nothing: what the tests then check is
         pass  # which shares left the devices and what the coordinator could read from them
     return seen
@@ -183,3 +198,58 @@ def charges(tmp_path, n) -> list[float]:
         finally:
             ledger.close()
     return out
+
+
+# --- what the attacker reads out of what it gathered -----------------------------------------
+def gathered_shares(seen: Seen, victim: int) -> tuple[list[bytes], list[bytes]]:
+    """The victim's shares of its private-mask seed and of ``sk1`` among the unmask replies (Flower
+    lists the active ids' seed shares first, then the dropped ids' sk1 shares)."""
+    seed_shares, sk1_shares = [], []
+    for s, q, r in seen.log:
+        if s != Stage.UNMASK or r.has_error():
+            continue
+        n_active = len(configs_of(q)[Key.ACTIVE_NODE_ID_LIST])
+        for index, (nid, share) in enumerate(zip(configs_of(r)[Key.NODE_ID_LIST], configs_of(r)[Key.SHARE_LIST])):
+            if nid == victim:
+                (seed_shares if index < n_active else sk1_shares).append(share)
+    return seed_shares, sk1_shares
+
+
+def unmask(seen: Seen, victim: int, seed_shares: list[bytes], sk1_shares: list[bytes]) -> list[np.ndarray] | None:
+    """The victim's quantized report from its masked vector and both kinds of share, or None when the
+    coordinator holds fewer than the threshold of either kind (or no masked vector of it)."""
+    setup = {
+        int(r.metadata.src_node_id): configs_of(r) for s, q, r in seen.log if s == Stage.SETUP and not r.has_error()
+    }
+    collect = [
+        (q, r)
+        for s, q, r in seen.log
+        if s == Stage.COLLECT_MASKED_VECTORS and not r.has_error() and r.metadata.src_node_id == victim
+    ]
+    setup_request = next(q for s, q, r in seen.log if s == Stage.SETUP)
+    threshold, mod_range = configs_of(setup_request)[Key.THRESHOLD], configs_of(setup_request)[Key.MOD_RANGE]
+    if not collect or len(seed_shares) < threshold or len(sk1_shares) < threshold:
+        return None
+    (request, reply) = collect[0]
+    seed, sk1 = combine_shares(seed_shares), combine_shares(sk1_shares)
+    vector = [bytes_to_ndarray(b).astype(np.int64) for b in configs_of(reply)[Key.MASKED_PARAMETERS]]
+    shapes = [a.shape for a in vector]
+    vector = [v - m for v, m in zip(vector, aes_mask_gen(seed, mod_range, shapes))]
+    for peer in configs_of(request)[Key.SOURCE_LIST]:  # the neighbours it added pairwise masks with
+        shared = generate_shared_key(bytes_to_private_key(sk1), bytes_to_public_key(setup[peer][Key.PUBLIC_KEY_1]))
+        sign = -1 if victim > peer else 1
+        vector = [v + sign * m for v, m in zip(vector, aes_mask_gen(shared, mod_range, shapes))]
+    return [np.mod(v, mod_range) for v in vector[1:]]  # the first array is Flower's weight factor
+
+
+def is_report(seen: Seen, victim: int, got: list[np.ndarray]) -> bool:
+    q = secaggplus_settings(len(seen.grid.apps))["quantization_range"]
+    return all(np.array_equal(g.ravel(), np.mod(a.ravel(), q)) for g, a in zip(got, seen.y[victim]))
+
+
+def assert_no_single_report(seen: Seen) -> None:
+    for victim in seen.y:
+        got = unmask(seen, victim, *gathered_shares(seen, victim))
+        if got is not None:
+            exact = "and read its single report exactly" if is_report(seen, victim, got) else ""
+            pytest.fail(f"the coordinator gathered both kinds of key share of node {victim} {exact}")
