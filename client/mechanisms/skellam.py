@@ -11,9 +11,9 @@ The rule, written once (``SkellamMechanism``, run by ``mechanisms/spend.py``; th
   ``Sk(n' mu_share)`` with ``n' mu_share >= mu_total``: no deficit whatever drops out, and a round
   below ``t`` is never unmasked.
 * In one ledger transaction (``fedfilter.client.release.release``; ``BudgetLedger.reserve``: replay
-  refusal, every quota): the Gaussian allowance ``a_G`` every filter admits at ``sigma``; its charge
-  ``g``; the largest integer-grid L2 whose worst-case Skellam charge is at most ``g``
-  (``skellam_allowance``, constant work). The update
+  refusal, every quota): the Gaussian allowance ``a_G`` every filter admits at ``sigma`` (not capped at
+  ``C``); its charge ``g``; the largest integer-grid L2, at most ``min(a_G, C) / gamma``, whose
+  worst-case Skellam charge is at most ``g`` (``skellam_allowance``, constant work). The update
   is clipped to that L2 (times ``gamma``), snapped toward zero onto the grid (``k``, int64), and
   charged ``skellam_charge`` at its exact integer norms; the charge is checked against every filter
   again (defence in depth) and recorded with ``placement="distributed"``, the sensitivity and noise
@@ -22,9 +22,10 @@ The rule, written once (``SkellamMechanism``, run by ``mechanisms/spend.py``; th
   clips to 0, so ``k = 0`` and its charge is 0).
 * The worst-case account (``fedfilter.client.ledger.worst_case``, issue 22): what the report costs ALONE,
   to a coordinator that forges the other peers and reads it exactly, ``k + Sk(mu_share)``. Its
-  Gaussian allowance ``a_W`` at the share's std ``sqrt(mu_share) gamma``, its charge ``w``, and the
-  largest L2 whose worst-case Skellam charge at ``mu_share`` and the worst-case filter's order is at
-  most ``w``: the round's L2 allowance is the smaller of the two (``l2_allowance``: both bisections
+  Gaussian allowance ``a_W`` at the share's std ``sqrt(mu_share) gamma`` (not capped at ``C``), its
+  charge ``w``, and the largest L2, at most ``min(a_W, C) / gamma``, whose worst-case Skellam charge at
+  ``mu_share`` and the worst-case filter's order is at most ``w``: the round's L2 allowance is the
+  smaller of the two (``l2_allowance``: both bisections
   always run, so neither the time nor the reply shows which account binds). The update is charged
   to both, at its exact norms, in the same transaction. A device without a worst-case budget refuses
   the round before training (``worst_case.require_worst_case``).
@@ -137,24 +138,56 @@ def l2_allowance(
     sigma: float,
     grid: SkellamGrid,
     dim: int,
+    clip: float,
 ) -> np.ndarray:
-    """The round's integer-grid L2 allowance: the largest L2 whose Skellam charges fit BOTH accounts.
+    """The round's integer-grid L2 allowance: the largest L2, at most ``clip / gamma``, whose Skellam
+    charges fit BOTH accounts.
 
     ``a_gauss``: the Gaussian allowance every main filter admits at the sum's std ``sigma``;
-    ``a_worst``: the worst-case account's at the share's std ``grid.noise_std``. Each is turned into
-    its charge and then into the largest L2 whose worst-case Skellam charge (``skellam_allowance``:
-    ``mu_total`` and the main filter's order; ``mu_share`` and the worst-case filter's order) is at
-    most that charge; the result is the smaller. Both bisections always run (constant work). The
-    device (one row) and the engine (one row per client) both call this.
+    ``a_worst``: the worst-case account's at the share's std ``grid.noise_std``; both NOT capped at
+    ``clip`` (``round_allowance(..., clip=inf)``). Each is turned into its charge, what that account
+    can pay this round, and then into the largest L2 in ``[0, min(a, clip) / gamma]`` whose
+    worst-case Skellam charge (``skellam_allowance``: ``mu_total`` and the main filter's order;
+    ``mu_share`` and the worst-case filter's order) is at most that charge; the result is the
+    smaller. Both bisections always run (constant work). The device (one row) and the engine (one
+    row per client) both call this.
+
+    Why uncapped: a Skellam release of norm L2 costs more than a Gaussian one of the same norm (the
+    discreteness term of ``skellam_rho``, largest at small orders and small ``mu``). Capping the
+    Gaussian allowance at ``C`` first capped the charge at a Gaussian full round's, below a Skellam
+    full round's, so a device released less than ``C`` in every round however much budget it had
+    left: 0.74 to 0.77 C with the worst-case account at the settings of ``benchmarks/fl_vs_flower_dp.py``
+    (FEMNIST and MNIST at epsilon 8). ``fedfilter plan`` counts full-``C`` Skellam rounds, as this does.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from fedfilter.privacy.filters import make_filter
+    >>> from fedfilter.protocol.request import RoundSpec
+    >>> spec = RoundSpec("run", 0, 2.0, 1.0, placement="distributed", min_reports=10)
+    >>> grid = skellam_grid(spec, target_range=2**22, sample_num=20)
+    >>> filt, worst = make_filter("rdp", 1e3, 1e-5), make_filter("rdp", 1e4, 1e-5)
+    >>> a, w = filt.allowance(np.zeros(1), noise_std=2.0), worst.allowance(np.zeros(1), noise_std=grid.noise_std)
+    >>> float(l2_allowance(filt, a, worst, w, sigma=2.0, grid=grid, dim=1000, clip=1.0)) * grid.gamma  # a full C
+    1.0
     """
+    top = float(clip)
     gaussian = filt.charge(sensitivity=a_gauss, noise_std=sigma)
     main = skellam_allowance(
-        gaussian, mu_total=grid.mu_total, alpha=rdp_order(filt), dim=dim, max_l2=np.asarray(a_gauss) / grid.gamma
+        gaussian,
+        mu_total=grid.mu_total,
+        alpha=rdp_order(filt),
+        dim=dim,
+        max_l2=np.minimum(np.asarray(a_gauss), top) / grid.gamma,
     )
     w_std = grid.noise_std
     worst_gauss = worst.charge(sensitivity=a_worst, noise_std=w_std)
     alone = skellam_allowance(
-        worst_gauss, mu_total=grid.mu_share, alpha=rdp_order(worst), dim=dim, max_l2=np.asarray(a_worst) / grid.gamma
+        worst_gauss,
+        mu_total=grid.mu_share,
+        alpha=rdp_order(worst),
+        dim=dim,
+        max_l2=np.minimum(np.asarray(a_worst), top) / grid.gamma,
     )
     return np.minimum(main, alone)
 
@@ -251,11 +284,11 @@ class SkellamMechanism:
     def allowance(self, account: Account) -> float:
         """``l2_allowance`` (both accounts, constant work) in model units: times the grid step."""
         worst = _worst_filter(account)
-        allowance = account.allowance(noise_std=self.sigma, clip=self.clip)  # every budget and quota
-        a_worst = account.worst_allowance(noise_std=self.grid.noise_std, clip=self.clip)  # the report alone
-        l2_allow = float(
-            l2_allowance(account.filter, allowance, worst, a_worst, sigma=self.sigma, grid=self.grid, dim=self.dim)
-        )
+        # Not capped at C (l2_allowance says why): every budget and quota; the report alone.
+        allowance = account.allowance(noise_std=self.sigma, clip=math.inf)
+        a_worst = account.worst_allowance(noise_std=self.grid.noise_std, clip=math.inf)
+        sizes = dict(sigma=self.sigma, grid=self.grid, dim=self.dim, clip=self.clip)
+        l2_allow = float(l2_allowance(account.filter, allowance, worst, a_worst, **sizes))
         return l2_allow * self.grid.gamma
 
     def clip_and_snap(self, arrays: Sequence[np.ndarray], bound) -> tuple[SkellamPayload, float]:

@@ -167,14 +167,16 @@ class Engine:
         return all_or_nothing(allowance, None if self.full_allowance is None else self.full_allowance[clients])
 
     # --- privacy: the filters, vectorised over clients ------------------------------------------
-    def allowance(self, clients: np.ndarray) -> np.ndarray:
-        """``round_allowance`` for each client in ``clients`` (``RowsAccount``, one call per distinct budget)."""
+    def allowance(self, clients: np.ndarray, clip: float | None = None) -> np.ndarray:
+        """``round_allowance`` for each client in ``clients`` (``RowsAccount``, one call per distinct budget),
+        at most ``clip`` (default the request's C; ``inf`` for the Skellam rule, ``skellam.l2_allowance``)."""
         cfg, out = self.config, np.zeros(len(clients))
+        top = cfg.clip if clip is None else clip
         groups = self.group[clients]
         for g in range(len(self.filters)):
             at = groups == g
             if at.any():
-                out[at] = RowsAccount(self, clients[at], g).allowance(noise_std=cfg.accounted_std, clip=cfg.clip)
+                out[at] = RowsAccount(self, clients[at], g).allowance(noise_std=cfg.accounted_std, clip=top)
         return out
 
     def has_budget(self, clients: np.ndarray) -> np.ndarray:
@@ -184,14 +186,16 @@ class Engine:
             return ~self._distributed.exhausted(clients)
         return ~exhausted(self.uniform(clients, self.allowance(clients)), self.config.clip, self.config.exhausted_below)
 
-    def worst_allowance(self, clients: np.ndarray, noise_std: float) -> np.ndarray:
-        """What each client's worst-case account still admits at its share's std (``tx.worst_allowance``)."""
+    def worst_allowance(self, clients: np.ndarray, noise_std: float, clip: float | None = None) -> np.ndarray:
+        """What each client's worst-case account still admits at its share's std (``tx.worst_allowance``),
+        at most ``clip`` (default the request's C)."""
         out = np.zeros(len(clients))
+        top = self.config.clip if clip is None else clip
         groups = self.group[clients]
         for g in range(len(self.filters)):
             at = groups == g
             if at.any():
-                out[at] = RowsAccount(self, clients[at], g).worst_allowance(noise_std=noise_std, clip=self.config.clip)
+                out[at] = RowsAccount(self, clients[at], g).worst_allowance(noise_std=noise_std, clip=top)
         return out
 
     def _spend(self, clients: np.ndarray, allow: np.ndarray, out: np.ndarray, norms: np.ndarray) -> None:

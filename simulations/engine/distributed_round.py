@@ -16,6 +16,7 @@ bitwise the one the devices' reports add up to; ``aggregate`` draws the sum's no
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -118,14 +119,17 @@ class DistributedPlacement:
         """Each client's ``L2_allow`` (grid units), from the Gaussian allowances its ledger would give
         (the main account's at sigma, the worst-case account's at the share's std): the device's rule."""
         e, m = self.engine, self.mechanism
-        a_gauss = e.allowance(clients)
-        a_worst = e.worst_allowance(clients, self.grid.noise_std)  # gamma, mu_share: the same for all
+        # Not capped at C (skellam.l2_allowance says why), as on the device.
+        a_gauss = e.allowance(clients, clip=math.inf)
+        a_worst = e.worst_allowance(clients, self.grid.noise_std, clip=math.inf)  # gamma, mu_share: the same for all
         out = np.zeros(len(clients))
         groups = e.group[clients]
         for g, (filt, worst) in enumerate(zip(e.filters, e.worst_filters)):
             at = groups == g
             if at.any():
-                allow = l2_allowance(filt, a_gauss[at], worst, a_worst[at], sigma=m.sigma, grid=self.grid, dim=m.dim)
+                allow = l2_allowance(
+                    filt, a_gauss[at], worst, a_worst[at], sigma=m.sigma, grid=self.grid, dim=m.dim, clip=m.clip
+                )
                 out[at] = np.asarray(allow, dtype=np.float64).reshape(np.shape(a_gauss[at]))
         return out
 

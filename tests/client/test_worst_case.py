@@ -13,6 +13,7 @@ import math
 import mpmath
 import numpy as np
 import pytest
+from helpers.budget_reference import mp_bound
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_secagg_device_release import release_skellam
@@ -51,23 +52,6 @@ def request(round_id, *, z=1.0, m=1, clip=1.0) -> RoundSpec:
 
 
 # --- independent references -----------------------------------------------------------------------
-def mp_akl(l1, l2sq, mu, order) -> mpmath.mpf:
-    """Agarwal, Kairouz, Liu 2021 (Theorem 3.5 / Corollary 3.6) at an integer order, at 50 digits."""
-    l1, l2sq, mu, a = (mpmath.mpf(v) for v in (l1, l2sq, mu, order))
-    return a * l2sq / (2 * mu) + min(((2 * a - 1) * l2sq + 6 * l1) / (4 * mu**2), 3 * l1 / (2 * mu))
-
-
-def mp_bound(l1, l2sq, mu, alpha) -> mpmath.mpf:
-    """The bound at a real order, exactly: ceil below 2, else the convex interpolation of
-    (alpha - 1) D_alpha between the integer orders around alpha (van Erven and Harremoës 2014)."""
-    alpha = mpmath.mpf(alpha)
-    n = int(mpmath.floor(alpha))
-    if n < 2:
-        return mp_akl(l1, l2sq, mu, 2)
-    t = alpha - n
-    return ((1 - t) * (n - 1) * mp_akl(l1, l2sq, mu, n) + t * n * mp_akl(l1, l2sq, mu, n + 1)) / (alpha - 1)
-
-
 def mp_divergence(k: list[int], mu: float, alpha: float) -> mpmath.mpf:
     """The exact D_alpha(Sk(mu) + k || Sk(mu)) by direct summation with mpmath's Bessel functions
     (pmf exp(-mu) I_|x|(mu)); the window reaches 40 standard deviations past the shift."""
@@ -173,17 +157,30 @@ def test_the_two_account_allowance_is_admitted_by_both(eps, ratio, main_used, wo
     spec = request(0, z=z, m=m)
     grid = skellam_grid(spec, target_range=2**30, sample_num=m)
     sigma = z * 1.0
-    a_main = float(np.minimum(1.0, filt.allowance(np.minimum(state, filt.budget), noise_std=sigma)))
-    a_worst = float(np.minimum(1.0, worst.allowance(np.minimum(w_state, worst.budget), noise_std=grid.noise_std)))
+    # What each account can pay this round, not capped at the clip (the device's rule: l2_allowance).
+    a_main = float(filt.allowance(np.minimum(state, filt.budget), noise_std=sigma))
+    a_worst = float(worst.allowance(np.minimum(w_state, worst.budget), noise_std=grid.noise_std))
     a_main = a_main if filt.within_budget(state) else 0.0
     a_worst = a_worst if worst.within_budget(w_state) else 0.0
-    l2 = float(l2_allowance(filt, a_main, worst, a_worst, sigma=sigma, grid=grid, dim=dim))
-    assert 0.0 <= l2 <= min(a_main, a_worst) / grid.gamma
+    l2 = float(l2_allowance(filt, a_main, worst, a_worst, sigma=sigma, grid=grid, dim=dim, clip=1.0))
+    assert 0.0 <= l2 <= min(a_main, a_worst, 1.0) / grid.gamma
     l1 = float(l1_cap(l2, dim))  # the worst L1 of any integer vector of this L2
     main_charge = skellam_charge(filt, l1, l2, grid.mu_total)
     worst_charge = skellam_charge(worst, l1, l2, grid.mu_share)
     if l2 > 0:
         assert bool(filt.admits(state, main_charge)) and bool(worst.admits(w_state, worst_charge))
+    # And it is the largest: below the clip, a slightly longer update does not fit what the binding
+    # account can pay (the charge of its Gaussian allowance, which the bisection compares against).
+    if 0 < l2 < (1.0 / grid.gamma) * (1 - 1e-9):
+        longer = l2 * (1 + 1e-9)
+        l1 = float(l1_cap(longer, dim))
+        pays_main = filt.charge(sensitivity=a_main, noise_std=sigma)[0]
+        over_main = skellam_charge(filt, l1, longer, grid.mu_total)[0] > pays_main
+        over_worst = (
+            skellam_charge(worst, l1, longer, grid.mu_share)[0]
+            > worst.charge(sensitivity=a_worst, noise_std=grid.noise_std)[0]
+        )
+        assert over_main or over_worst
 
 
 def test_a_spent_worst_case_account_stops_contribution_while_the_main_one_has_budget_left(tmp_path):
@@ -321,7 +318,7 @@ def test_the_two_account_allowance_does_the_same_work_whichever_account_binds():
     for name, (a_main, a_worst) in cases.items():
 
         def call(a_main=a_main, a_worst=a_worst):
-            results[name] = float(l2_allowance(filt, a_main, worst, a_worst, sigma=1.0, grid=grid, dim=1000))
+            results[name] = float(l2_allowance(filt, a_main, worst, a_worst, sigma=1.0, grid=grid, dim=1000, clip=1.0))
 
         traces[name] = trace_of(call)
     assert results["main binds"] < results["fresh"] and results["worst binds"] < results["fresh"]
@@ -342,3 +339,26 @@ def test_node_config_worst_case_epsilon_enrols_and_must_match(tmp_path):
         device_config({**config, "worst-case-epsilon": 50.0}).open_ledger()
     plain = {k: v for k, v in config.items() if k != "worst-case-epsilon"}
     device_config(plain).open_ledger().close()  # not given: not checked (the ledger's own is used)
+
+
+@pytest.mark.parametrize(("z", "m", "dim"), [(2.87, 52, 27_726), (1.29, 100, 61_706), (1.0, 10, 1_000)])
+def test_a_device_with_budget_to_spare_releases_a_full_clip(tmp_path, z, m, dim):
+    """Regression: the Gaussian allowance was capped at C BEFORE it became a charge, so a Skellam round
+    (which costs more than a Gaussian one of the same norm) was held below a Gaussian full round's
+    charge: 0.74 to 0.77 C in every round at the first two settings (issue 27's FEMNIST and MNIST at
+    epsilon 8), whatever the budget left. A fresh device whose accounts can pay a full-C Skellam round
+    now clips at C (times the clip's slack), and the round is admitted by both accounts."""
+    from fedfilter.client.mechanisms.skellam import SkellamMechanism
+
+    ledger = enrol(tmp_path, epsilon=64.0, worst=64.0 * m)
+    spec = request(0, z=z, m=m, clip=0.5)
+    grid = skellam_grid(spec, target_range=secaggplus_settings(2 * m)["quantization_range"], sample_num=2 * m)
+    mech = SkellamMechanism.for_update(spec, grid, [np.zeros(dim, np.float32)])
+    full = 0.5 / grid.gamma
+    l1 = float(l1_cap(full, dim))
+    main, worst = ledger.filter, ledger.worst_filter
+    assert bool(main.admits(main.initial_state(1), skellam_charge(main, l1, full, grid.mu_total)))
+    assert bool(worst.admits(worst.initial_state(1), skellam_charge(worst, l1, full, grid.mu_share)))
+    with ledger.reserve(spec.run_id, spec.round_id) as account:
+        assert mech.allowance(account) == 0.5
+    ledger.close()

@@ -82,6 +82,26 @@ def gdp_mu2_budget(epsilon: float, delta: float) -> mpmath.mpf:
         return lo * lo
 
 
+def mp_akl(l1, l2sq, mu, order) -> mpmath.mpf:
+    """The Skellam mechanism's RDP bound (Agarwal, Kairouz, Liu 2021, Theorem 3.5 / Corollary 3.6) at an
+    integer order, for sensitivities ``l1`` and ``l2sq = l2**2`` and variance ``mu``, at 50 digits."""
+    with mpmath.workdps(_DPS):
+        l1, l2sq, mu, a = (mpmath.mpf(v) for v in (l1, l2sq, mu, order))
+        return a * l2sq / (2 * mu) + min(((2 * a - 1) * l2sq + 6 * l1) / (4 * mu**2), 3 * l1 / (2 * mu))
+
+
+def mp_bound(l1, l2sq, mu, alpha) -> mpmath.mpf:
+    """``mp_akl`` at a real order, exactly: the bound at 2 below 2, else the convex interpolation of
+    (alpha - 1) D_alpha between the integer orders around alpha (van Erven and Harremoës 2014)."""
+    with mpmath.workdps(_DPS):
+        alpha = mpmath.mpf(alpha)
+        n = int(mpmath.floor(alpha))
+        if n < 2:
+            return mp_akl(l1, l2sq, mu, 2)
+        t = alpha - n
+        return ((1 - t) * (n - 1) * mp_akl(l1, l2sq, mu, n) + t * n * mp_akl(l1, l2sq, mu, n + 1)) / (alpha - 1)
+
+
 def zcdp_epsilon(rho: Fraction, delta: float) -> mpmath.mpf:
     """Bun-Steinke Proposition 1.3: ``rho + 2 sqrt(rho log(1/delta))``, 50 digits."""
     with mpmath.workdps(_DPS):

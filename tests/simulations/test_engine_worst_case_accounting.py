@@ -13,7 +13,7 @@ import mpmath
 import numpy as np
 import pytest
 from dp_accounting import dp_event, rdp
-from helpers.budget_reference import rdp_epsilon
+from helpers.budget_reference import mp_bound, rdp_epsilon
 
 from fedfilter.privacy.filters import rdp_order
 from fedfilter.simulations.engine import Engine, EngineConfig
@@ -108,11 +108,17 @@ def test_distributed_worst_case_charges_the_full_rounds_worst_skellam_charge(dig
         one = engine.state[c, 0] / k[c]
         # every full round costs the same (the charge at the bound, whatever the update) ...
         assert engine.state[c, 0] == pytest.approx(k[c] * one, rel=1e-12)
-        # ... between the Gaussian charges (rho = mu^2 / 2) at the full round's L2 and at the clip: a Skellam
-        # release costs at least the Gaussian of its norm, and the allowance fits a full-clip Gaussian charge
-        bound = Fraction(float(engine.full_allowance[c])) * Fraction(gamma) / (Fraction(Z) * Fraction(0.1))
-        assert float(bound**2 / 2) <= one <= float(Fraction(1, 2) / Fraction(Z) ** 2)
+        # ... at least the Gaussian charge (rho = mu^2 / 2) at the full round's L2 (a Skellam release costs at
+        # least the Gaussian of its norm), and at most the worst-case Skellam charge of a full-clip round
+        # (mpmath's Agarwal-Kairouz-Liu bound at the worst L1 of that L2, at the filter's order)
+        full_l2 = float(engine.full_allowance[c])
+        bound = Fraction(full_l2) * Fraction(gamma) / (Fraction(Z) * Fraction(0.1))
+        clip_l2 = 0.1 / gamma
         alpha = rdp_order(engine.filters[engine.group[c]])
+        mu = engine._distributed.grid.mu_total
+        dim = engine._distributed.mechanism.dim
+        full_clip = mp_bound(min(clip_l2 * np.sqrt(dim), clip_l2**2), clip_l2**2, mu, alpha) / alpha
+        assert float(bound**2 / 2) <= one <= float(full_clip) * (1 + 1e-9)  # the code rounds up by 256 ulps
         assert at_alpha(Fraction(float(engine.state[c, 0])), alpha) <= eps
         if k[c] < ROUNDS:  # exhausted: one more full round would not fit
             assert at_alpha(Fraction(float(engine.state[c, 0] + one)), alpha) > eps
