@@ -100,16 +100,18 @@ def seeds_markdown(docs: list[dict[str, Any]]) -> str:
     same = [{k: v for k, v in d["settings"].items() if k != "seed"} for d in docs]
     if any(s != same[0] for s in same):
         raise ValueError("--seeds: the runs differ in more than their seed.")
-    seeds = [d["settings"]["seed"] for d in docs]
-    if len(set(seeds)) != len(seeds):
-        raise ValueError(f"--seeds: a seed appears twice. Found {seeds}.")
+    all_seeds = [d["settings"]["seed"] for d in docs]
+    if len(set(all_seeds)) != len(all_seeds):
+        raise ValueError(f"--seeds: a seed appears twice. Found {all_seeds}.")
     lines = []
     for epsilon in sorted({e["epsilon"] for d in docs for e in d["results"]}):
-        entries = [next((e for e in d["results"] if e["epsilon"] == epsilon), {"arms": {}}) for d in docs]
+        # the runs that hold this epsilon, and the arms every one of them ran
+        held = [(d["settings"]["seed"], e) for d in docs for e in d["results"] if e["epsilon"] == epsilon]
+        seeds, entries = [s for s, _ in held], [e for _, e in held]
         arms = sorted(set.intersection(*(set(e["arms"]) for e in entries)))
         head = " | ".join(f"seed {s}" for s in seeds)
         lines += [
-            f"epsilon {epsilon:g} ({len(seeds)} seeds):",
+            f"epsilon {epsilon:g} ({len(seeds)} seed{'s' if len(seeds) > 1 else ''}):",
             "",
             f"| arm | {head} | mean | minus (a): mean (sd) |",
             "|---|" + "---:|" * (len(seeds) + 2),
