@@ -398,6 +398,7 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
             done = next((r["arms"]["e"] for r in doc["results"] if "e" in r["arms"]), None)
             if arm == "e" and done is not None:  # no privacy: the same run at every epsilon (same seed)
                 entry["arms"]["e"] = done
+                _checkpoint(path, doc)
                 continue
             started = time.perf_counter()
             with tqdm(
@@ -427,12 +428,18 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
             result["name"] = ARMS[arm]
             result["seconds"] = round(time.perf_counter() - started, 2)
             entry["arms"][arm] = result
-            if path is not None:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                tmp = path.with_suffix(".tmp")
-                tmp.write_text(json.dumps(doc, indent=1))
-                tmp.replace(path)
+            _checkpoint(path, doc)
     return doc
+
+
+def _checkpoint(path: Path | None, doc: dict[str, Any]) -> None:
+    """Write ``doc`` to ``path`` (atomically) after every arm, run or copied, so a rerun resumes."""
+    if path is None:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(doc, indent=1))
+    tmp.replace(path)
 
 
 def main(argv: list[str] | None = None) -> int:

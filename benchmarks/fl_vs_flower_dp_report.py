@@ -49,7 +49,7 @@ def table(doc: dict[str, Any]) -> str:
         f"{'eps':>5} {'arm':<24} {'accuracy':>9} {'rounds':>6} {'devices/round':>17} {'exhausted':>9} {'server':>9}",
     ]
     for entry in doc["results"]:
-        for arm, r in entry["arms"].items():
+        for arm, r in sorted(entry["arms"].items()):
             contrib = r["contributing_per_round"]
             spread = f"{contrib[0]}..{contrib[-1]}" if contrib else "-"
             acc = "-" if r["accuracy"] is None else f"{r['accuracy']:.4f}"
@@ -76,7 +76,7 @@ def markdown(doc: dict[str, Any]) -> str:
         "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for entry in doc["results"]:
-        for arm, r in entry["arms"].items():
+        for arm, r in sorted(entry["arms"].items()):
             accs = [a for a in r["accuracy_per_round"] if a is not None]
             contrib = r["contributing_per_round"]
             if "devices" in r:

@@ -155,3 +155,13 @@ def test_seed_table_pairs_each_arm_with_flowers_run_of_the_same_seed():
         report.seeds_markdown([doc(0, 0.5, 0.4), doc(1, 0.3, 0.4, rounds=3)])
     with pytest.raises(ValueError, match="appears twice"):
         report.seeds_markdown([doc(0, 0.5, 0.4), doc(0, 0.3, 0.4)])
+
+
+def test_the_no_privacy_run_copied_to_a_later_epsilon_is_checkpointed(tmp_path):
+    """(e) runs once and is copied to every other epsilon; the copy is written to results.json too
+    (it was not when (e) was an epsilon's last arm, so a finished run's file lacked it)."""
+    bench = _benchmark()
+    args = bench.parse_args(["--smoke", "--epsilon", "4,8", "--arms", "e", "--no-progress", "--out", str(tmp_path)])
+    bench.run(args, log=lambda *_: None)
+    stored = json.loads((tmp_path / "results.json").read_text())
+    assert [sorted(e["arms"]) for e in stored["results"]] == [["e"], ["e"]]
