@@ -287,8 +287,18 @@ class SkellamMechanism:
         # Not capped at C (l2_allowance says why): every budget and quota; the report alone.
         allowance = account.allowance(noise_std=self.sigma, clip=math.inf)
         a_worst = account.worst_allowance(noise_std=self.grid.noise_std, clip=math.inf)
-        sizes = dict(sigma=self.sigma, grid=self.grid, dim=self.dim, clip=self.clip)
-        l2_allow = float(l2_allowance(account.filter, allowance, worst, a_worst, **sizes))
+        l2_allow = float(
+            l2_allowance(
+                account.filter,
+                allowance,
+                worst,
+                a_worst,
+                sigma=self.sigma,
+                grid=self.grid,
+                dim=self.dim,
+                clip=self.clip,
+            )
+        )
         return l2_allow * self.grid.gamma
 
     def clip_and_snap(self, arrays: Sequence[np.ndarray], bound) -> tuple[SkellamPayload, float]:
