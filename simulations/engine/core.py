@@ -167,17 +167,19 @@ class Engine:
         return all_or_nothing(allowance, None if self.full_allowance is None else self.full_allowance[clients])
 
     # --- privacy: the filters, vectorised over clients ------------------------------------------
-    def allowance(self, clients: np.ndarray, clip: float | None = None) -> np.ndarray:
-        """``round_allowance`` for each client in ``clients`` (``RowsAccount``, one call per distinct budget),
-        at most ``clip`` (default the request's C; ``inf`` for the Skellam rule, ``skellam.l2_allowance``)."""
-        cfg, out = self.config, np.zeros(len(clients))
-        top = cfg.clip if clip is None else clip
-        groups = self.group[clients]
+    def _by_budget(self, clients: np.ndarray, ask) -> np.ndarray:
+        """``ask(RowsAccount)`` once per distinct budget among ``clients``, scattered back to their rows."""
+        out, groups = np.zeros(len(clients)), self.group[clients]
         for g in range(len(self.filters)):
-            at = groups == g
-            if at.any():
-                out[at] = RowsAccount(self, clients[at], g).allowance(noise_std=cfg.accounted_std, clip=top)
+            if (at := groups == g).any():
+                out[at] = ask(RowsAccount(self, clients[at], g))
         return out
+
+    def allowance(self, clients: np.ndarray, clip: float | None = None) -> np.ndarray:
+        """``round_allowance`` for each client in ``clients``, at most ``clip`` (default the request's C;
+        ``inf`` for the Skellam rule, ``skellam.l2_allowance``)."""
+        std, top = self.config.accounted_std, self.config.clip if clip is None else clip
+        return self._by_budget(clients, lambda account: account.allowance(noise_std=std, clip=top))
 
     def has_budget(self, clients: np.ndarray) -> np.ndarray:
         """True where a client would still contribute data this round (the placement's exhaustion rule:
@@ -189,14 +191,8 @@ class Engine:
     def worst_allowance(self, clients: np.ndarray, noise_std: float, clip: float | None = None) -> np.ndarray:
         """What each client's worst-case account still admits at its share's std (``tx.worst_allowance``),
         at most ``clip`` (default the request's C)."""
-        out = np.zeros(len(clients))
         top = self.config.clip if clip is None else clip
-        groups = self.group[clients]
-        for g in range(len(self.filters)):
-            at = groups == g
-            if at.any():
-                out[at] = RowsAccount(self, clients[at], g).worst_allowance(noise_std=noise_std, clip=top)
-        return out
+        return self._by_budget(clients, lambda account: account.worst_allowance(noise_std=noise_std, clip=top))
 
     def _spend(self, clients: np.ndarray, allow: np.ndarray, out: np.ndarray, norms: np.ndarray) -> None:
         """The device's spend template on every budget group's rows: ``norms`` are the active clients'
