@@ -246,7 +246,7 @@ def label_entropy(labels: np.ndarray) -> float:
     return float(-(p * np.log(p)).sum())
 
 
-def engine_arm(task, args, *, arm: str, z: float, eps: np.ndarray, bar) -> dict[str, Any]:
+def engine_arm(task, args, *, arm: str, z: float, eps: np.ndarray, bar, run_id: str = "fl-vs-flower") -> dict[str, Any]:
     from fedfilter.deploy.devices import simulated_worst_case_epsilon
     from fedfilter.privacy.filters import rdp_order
     from fedfilter.protocol.secagg_grid import grid_step
@@ -276,7 +276,7 @@ def engine_arm(task, args, *, arm: str, z: float, eps: np.ndarray, bar) -> dict[
         lr=args.lr,
         batch_size=args.batch_size,
         seed=args.seed,
-        run_id="fl-vs-flower",  # the same noise streams in (b), (c) and (d): paired comparisons
+        run_id=run_id,  # the same noise streams (and sampling) in (b), (c) and (d): paired comparisons
         eval_every=args.eval_every,
         group_by="none",
         noise_draw="aggregate",
@@ -313,6 +313,7 @@ def engine_arm(task, args, *, arm: str, z: float, eps: np.ndarray, bar) -> dict[
         )
     return {
         "accuracy_per_round": accuracy,
+        "loss_per_round": [r.loss for r in res.rounds],
         "accuracy": next((a for a in reversed(accuracy) if a is not None), None),
         "contributing_per_round": [r.contributing for r in res.rounds],
         "rounds_run": int(sum(r.released for r in res.rounds)),

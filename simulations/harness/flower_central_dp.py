@@ -108,8 +108,8 @@ def run_flower(
     progress: Callable[[], object] = lambda: None,
 ) -> dict[str, Any]:
     """Central DP with noise multiplier ``z`` and Flower's accountant at ``max_epsilon = epsilon``, or
-    plain FedAvg (``z=None``); ``progress()`` after every round. Returns accuracy per round (None where
-    not evaluated), devices per round, rounds run and, with ``z``, what Flower's accountant spent."""
+    plain FedAvg (``z=None``); ``progress()`` after every round. Returns accuracy and test loss per round
+    (None where not evaluated), devices per round, rounds run and, with ``z``, what Flower's accountant spent."""
     import torch
     from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
     from flwr.serverapp import Grid
@@ -138,6 +138,7 @@ def run_flower(
     torch.manual_seed(seed)  # the engine's initial model (EngineConfig.seed)
     model = task.model_fn()
     accuracy: list[float | None] = []
+    losses: list[float | None] = []
 
     def central_evaluation(server_round: int, arrays):
         if server_round == 0:
@@ -145,10 +146,12 @@ def run_flower(
         progress()
         if server_round % eval_every and server_round != rounds:
             accuracy.append(None)
+            losses.append(None)
             return None
         set_weights(model, arrays.to_numpy_ndarrays())
         loss, acc = evaluate(model, *task.test_data, loss_fn=task.loss)
         accuracy.append(float(acc))
+        losses.append(float(loss))
         return MetricRecord({"accuracy": float(acc), "loss": float(loss)})
 
     random.seed(seed)  # FedAvg's node sampling
@@ -166,6 +169,7 @@ def run_flower(
         stopped = str(e)
     out: dict[str, Any] = {
         "accuracy_per_round": accuracy,
+        "loss_per_round": losses,
         "accuracy": next((a for a in reversed(accuracy) if a is not None), None),
         "contributing_per_round": [k] * len(accuracy),
         "rounds_run": len(accuracy),

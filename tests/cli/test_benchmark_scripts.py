@@ -252,6 +252,20 @@ class Case:
     slow: bool = False  # imports torch and Flower in a subprocess: 35 to 55 s on two loaded cores
 
 
+def fl_vs_flower_dp_noise(tmp_path: Path) -> None:
+    """Every client asked and the noise removed: Flower's DP wrapper (a) and the engine's central placement
+    (f) release the same models (the same test loss to 1e-6); (b), snapped to the SecAgg+ grid, nearly."""
+    settings = ("--smoke", "--clients-per-round", 10, "--budgets", "equal", "--eval-every", 1, "--rounds", 3)
+    text = run("fl_vs_flower_dp_noise.py", "--noise-free", "--arms", "abf", "--", *settings)
+    (a, b, f) = rows_of(text)
+    assert [a[1][:3], b[1][:3], f[1][:3]] == ["(a)", "(b)", "(f)"]
+    loss_a, loss_b, loss_f = (float(row[3]) for row in (a, b, f))
+    assert loss_f == pytest.approx(loss_a, rel=1e-6) and a[4] == f[4]
+    assert loss_b == pytest.approx(loss_f, rel=0.05)
+    scaled = rows_of(run("fl_vs_flower_dp_noise.py", "--f-scale", 2, "--", *settings))
+    assert len(scaled) == 1 and scaled[0][1].startswith("(f)") and float(scaled[0][3]) != loss_f
+
+
 CASES = [
     Case(study_dropout),
     Case(reproduce_mnist),
@@ -264,6 +278,7 @@ CASES = [
     Case(odometer_compare),
     Case(secagg_overhead, slow=True),
     Case(secagg_accuracy, slow=True),
+    Case(fl_vs_flower_dp_noise, slow=True),
 ]
 
 
