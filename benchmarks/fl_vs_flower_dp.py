@@ -127,6 +127,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "expected to be asked, full clip every time; fedfilter.privacy.federation_plan)",
     )
     p.add_argument(
+        "--plan-quantile",
+        type=float,
+        default=None,
+        help="with --fedfilter-z plan: pay for this quantile of the number of times a device is asked "
+        "(Binomial(rounds, asked / devices)) instead of the expected number; more noise, fewer devices "
+        "whose filter shrinks their last updates",
+    )
+    p.add_argument(
         "--worst-case-factor",
         type=int,
         default=None,
@@ -197,6 +205,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             args.fedfilter_z = math.nan
         if not (math.isfinite(args.fedfilter_z) and args.fedfilter_z > 0):
             problems.append(f"--fedfilter-z must be 'plan' or a finite number > 0. Found {given!r}.")
+    if args.plan_quantile is not None and not (0 < args.plan_quantile < 1 and args.fedfilter_z == "plan"):
+        problems.append(f"--plan-quantile must lie in (0, 1), with --fedfilter-z plan. Found {args.plan_quantile!r}.")
     if not (math.isfinite(args.clip) and args.clip > 0):
         problems.append(f"--clip must be finite and > 0. Found {args.clip!r}.")
     if not args.arms or set(args.arms) - set(ARMS):
@@ -337,6 +347,7 @@ def settings(args: argparse.Namespace, task) -> dict[str, Any]:
     for key in (
         "min_reports",
         "fedfilter_z",
+        "plan_quantile",
         "worst_case_factor",
     ):  # absent: the default (keeps earlier results.json resumable)
         if getattr(args, key) is not None:

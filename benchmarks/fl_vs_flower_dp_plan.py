@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from fractions import Fraction
 
 import numpy as np
 
@@ -35,13 +36,30 @@ def min_reports(args: argparse.Namespace) -> int:
     return int(args.min_reports or max(2, args.clients_per_round // 2))
 
 
+def asks_planned(rounds: int, asked: int, devices: int, quantile: float | None) -> int:
+    """How many times the plan pays for a device to be asked: the expected number rounded up
+    (``quantile=None``), or the ``quantile`` of the number a device is asked, ``Binomial(rounds, asked /
+    devices)`` (each round asks ``asked`` of the ``devices`` uniformly at random): the smallest ``a`` with
+    ``P(X <= a) >= quantile``, in exact rational arithmetic."""
+    if quantile is None:
+        return math.ceil(rounds * asked / devices)
+    p, q = Fraction(asked, devices), Fraction(quantile)
+    cdf = Fraction(0)
+    for a in range(rounds + 1):
+        cdf += math.comb(rounds, a) * p**a * (1 - p) ** (rounds - a)
+        if cdf >= q:
+            return a
+    return rounds
+
+
 def fedfilter_noise_multipliers(task, args: argparse.Namespace, epsilon: float, flower_z: float) -> dict[str, float]:
     """The z of (b), (c) and (d): (a)'s, ``--fedfilter-z``, or with ``plan`` each placement's own plan.
 
     The plan is what a fedfilter coordinator can choose from public facts alone: the smallest noise
     multiplier (rounded up to 2 decimals) whose filter, at the smallest budget, pays full-clip rounds
     for as many rounds as a device is expected to be asked (``ceil(rounds * clients_per_round /
-    num_clients)``), by ``plan_federation``'s ``least_affordable_noise_multiplier``: rdp Skellam rounds
+    num_clients)``, or with ``--plan-quantile`` that quantile of the number of times it is asked, by
+    ``asks_planned``), by ``plan_federation``'s ``least_affordable_noise_multiplier``: rdp Skellam rounds
     with ``min_reports`` shares for (b) and (c) (the same z: (b) minus (c) is the accounting alone), the
     Gaussian-DP filter for (d). A device asked more often than that spends its budget and drops out;
     its filter, not the plan, enforces the budget. No accuracy is looked at.
@@ -55,7 +73,7 @@ def fedfilter_noise_multipliers(task, args: argparse.Namespace, epsilon: float, 
     model = task.model_fn()
     dim = int(sum(p.numel() for p in model.parameters()))
     k = args.clients_per_round
-    asked = math.ceil(args.rounds * k / task.num_clients)
+    asked = asks_planned(args.rounds, k, task.num_clients, args.plan_quantile)
     out = {}
     for arm, placement, m in (("b", "distributed", min_reports(args)), ("d", "local", 1)):
         plan = plan_federation(

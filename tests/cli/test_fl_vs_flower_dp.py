@@ -135,6 +135,35 @@ def test_a_bad_fedfilter_z_is_refused_by_name_and_value(value, capsys):
     assert f"--fedfilter-z must be 'plan' or a finite number > 0. Found {value!r}." in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("rounds", "asked", "devices", "quantile"),
+    [(20, 200, 1000, 0.9), (20, 200, 1000, 0.5), (30, 100, 643, 0.95), (20, 105, 105, 0.99), (5, 1, 7, 0.2)],
+)
+def test_the_planned_asks_are_the_binomial_quantile(rounds, asked, devices, quantile):
+    """``--plan-quantile``: the plan pays for the quantile of Binomial(rounds, asked / devices) (scipy's
+    ppf, the smallest a with P(X <= a) >= q); without it, the expected number rounded up."""
+    from scipy.stats import binom
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from fl_vs_flower_dp_plan import asks_planned
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    assert asks_planned(rounds, asked, devices, quantile) == int(binom.ppf(quantile, rounds, asked / devices))
+    assert asks_planned(rounds, asked, devices, None) == math.ceil(rounds * asked / devices)
+
+
+@pytest.mark.parametrize("value", ["0", "1", "1.5", "-0.1"])
+def test_a_bad_plan_quantile_is_refused_by_name_and_value(value, capsys):
+    with pytest.raises(SystemExit) as exc:
+        _benchmark().parse_args(["--smoke", "--fedfilter-z", "plan", "--plan-quantile", value])
+    assert exc.value.code == 2
+    assert (
+        f"--plan-quantile must lie in (0, 1), with --fedfilter-z plan. Found {float(value)!r}."
+        in capsys.readouterr().err
+    )
+
+
 def test_seed_table_pairs_each_arm_with_flowers_run_of_the_same_seed():
     sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
