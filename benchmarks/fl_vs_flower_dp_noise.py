@@ -11,9 +11,10 @@ arguments; its ``load``, ``engine_arm`` and Flower driver run unchanged):
 ``--f-scale X``: (f), the central Gaussian mechanism through the engine, at ``X`` times (a)'s z, with
     budgets that never bind, so only the noise's scale differs from (f). ``X = sqrt(k / m)`` gives the
     variance (b)'s sum carries (``k`` reports of ``1/m`` of the noise each, min-reports ``m``).
-``--draws N``: the listed engine arms (b, f) with ``N`` other noise streams each: the engine's run id
-    keys its noise streams (and its sampling, when fewer than all clients are asked), so the spread
-    over run ids is how much the final accuracy depends on which noise is drawn, the seed held fixed.
+``--draws N``: the listed arms with ``N`` other noise streams each, the seed held fixed: so the spread
+    is how much the final accuracy depends on which noise is drawn. The engine's run id keys its noise
+    streams (and its sampling, when fewer than all clients are asked); (a) gets another seed for
+    numpy's global generator, which Flower's wrapper draws its noise from (its sampling is unchanged).
 
 Nothing here is a privacy claim: a noise-free run releases everything. Run (the extra ``app``)::
 
@@ -80,6 +81,7 @@ def run_arm(args: argparse.Namespace, task, arm: str, *, z_scale: float = 1.0, r
             batch_size=args.batch_size,
             seed=args.seed,
             eval_every=args.eval_every,
+            noise_seed=None if run_id == "fl-vs-flower" else int(run_id.rsplit("-", 1)[1]) * 1_000_003 + args.seed,
         )
     else:
         if z_scale != 1.0:
@@ -103,8 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     ours = p.parse_args(argv[:split])
     seeds = [int(s) for s in ours.seeds.split(",")]
     arms = "f" if ours.f_scale is not None else ours.arms
-    if set(arms) - set("abf") or not arms or (ours.draws is not None and "a" in arms):
-        p.error(f"--arms must be letters among a, b, f (b, f with --draws). Found {ours.arms!r}.")
+    if set(arms) - set("abf") or not arms:
+        p.error(f"--arms must be letters among a, b, f. Found {ours.arms!r}.")
     if ours.draws is not None and ours.draws < 1:
         p.error(f"--draws must be an integer >= 1. Found {ours.draws!r}.")
     if ours.f_scale is not None and not (math.isfinite(ours.f_scale) and ours.f_scale > 0):

@@ -106,9 +106,11 @@ def run_flower(
     seed: int,
     eval_every: int,
     progress: Callable[[], object] = lambda: None,
+    noise_seed: int | None = None,
 ) -> dict[str, Any]:
     """Central DP with noise multiplier ``z`` and Flower's accountant at ``max_epsilon = epsilon``, or
-    plain FedAvg (``z=None``); ``progress()`` after every round. Returns accuracy and test loss per round
+    plain FedAvg (``z=None``); ``progress()`` after every round; ``noise_seed`` (default ``seed``) seeds
+    only Flower's noise draws. Returns accuracy and test loss per round
     (None where not evaluated), devices per round, rounds run and, with ``z``, what Flower's accountant spent."""
     import torch
     from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
@@ -155,7 +157,7 @@ def run_flower(
         return MetricRecord({"accuracy": float(acc), "loss": float(loss)})
 
     random.seed(seed)  # FedAvg's node sampling
-    np.random.seed(seed)  # Flower's central noise (np.random.normal)
+    np.random.seed(seed if noise_seed is None else noise_seed)  # Flower's central noise (np.random.normal)
     stopped = None
     try:
         strategy.start(

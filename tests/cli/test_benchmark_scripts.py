@@ -264,6 +264,9 @@ def fl_vs_flower_dp_noise(tmp_path: Path) -> None:
     assert loss_b == pytest.approx(loss_f, rel=0.05)
     scaled = rows_of(run("fl_vs_flower_dp_noise.py", "--f-scale", 2, "--", *settings))
     assert len(scaled) == 1 and scaled[0][1].startswith("(f)") and float(scaled[0][3]) != loss_f
+    draws = rows_of(run("fl_vs_flower_dp_noise.py", "--draws", 2, "--arms", "af", "--", *settings))
+    assert [row[1].split(",")[1].strip() for row in draws] == ["fl-vs-flower-draw-1", "fl-vs-flower-draw-2"] * 2
+    assert len({row[3] for row in draws[:2]}) == 2 and len({row[3] for row in draws[2:]}) == 2  # other draws
 
 
 CASES = [
