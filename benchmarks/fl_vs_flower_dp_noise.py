@@ -26,11 +26,12 @@ Nothing here is a privacy claim: a noise-free run releases everything. Run (the 
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from pathlib import Path
 
 import numpy as np
+
+from fedfilter.checks import positive_finite
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -109,8 +110,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--arms must be letters among a, b, f. Found {ours.arms!r}.")
     if ours.draws is not None and ours.draws < 1:
         p.error(f"--draws must be an integer >= 1. Found {ours.draws!r}.")
-    if ours.f_scale is not None and not (math.isfinite(ours.f_scale) and ours.f_scale > 0):
-        p.error(f"--f-scale must be a finite number > 0. Found {ours.f_scale!r}.")
+    if ours.f_scale is not None and (problem := positive_finite("--f-scale", ours.f_scale)) is not None:
+        p.error(problem)
     if ours.noise_free:
         remove_noise()
     what = (
