@@ -121,7 +121,6 @@ def run_flower(
     from fedfilter.simulations.harness.secagg_loopback import LoopbackGrid
     from fedfilter.simulations.tasks.training import evaluate, set_weights
 
-    logging.getLogger("flwr").setLevel(logging.WARNING)  # Flower logs every round at INFO
     n, k = task.num_clients, clients_per_round
     app = client_app(task, local_epochs=local_epochs, lr=lr, batch_size=batch_size)
     nodes = {NODE_BASE + pid: app for pid in range(n)}
@@ -156,6 +155,10 @@ def run_flower(
         losses.append(float(loss))
         return MetricRecord({"accuracy": float(acc), "loss": float(loss)})
 
+    # The process's state this run sets is put back after it (a caller's logging and generators are its own).
+    flwr_log, level = logging.getLogger("flwr"), logging.getLogger("flwr").level
+    py_state, np_state = random.getstate(), np.random.get_state()
+    flwr_log.setLevel(logging.WARNING)  # Flower logs every round at INFO
     random.seed(seed)  # FedAvg's node sampling
     np.random.seed(seed if noise_seed is None else noise_seed)  # Flower's central noise (np.random.normal)
     stopped = None
@@ -169,6 +172,10 @@ def run_flower(
         )
     except PrivacyBudgetExhausted as e:  # the planned z should prevent it: reported, not hidden
         stopped = str(e)
+    finally:
+        flwr_log.setLevel(level)
+        random.setstate(py_state)
+        np.random.set_state(np_state)
     out: dict[str, Any] = {
         "accuracy_per_round": accuracy,
         "loss_per_round": losses,

@@ -189,8 +189,20 @@ def test_seed_table_pairs_each_arm_with_flowers_run_of_the_same_seed():
 def test_the_no_privacy_run_copied_to_a_later_epsilon_is_checkpointed(tmp_path):
     """(e) runs once and is copied to every other epsilon; the copy is written to results.json too
     (it was not when (e) was an epsilon's last arm, so a finished run's file lacked it)."""
+    import logging
+    import random
+
+    import numpy as np
+
     bench = _benchmark()
     args = bench.parse_args(["--smoke", "--epsilon", "4,8", "--arms", "e", "--no-progress", "--out", str(tmp_path)])
+    level, py_state, np_state = logging.getLogger("flwr").level, random.getstate(), np.random.get_state()
     bench.run(args, log=lambda *_: None)
     stored = json.loads((tmp_path / "results.json").read_text())
     assert [sorted(e["arms"]) for e in stored["results"]] == [["e"], ["e"]]
+    # An in-process run leaves the process as it found it: Flower's log level (later tests read its INFO
+    # lines) and the global generators it seeds.
+    assert logging.getLogger("flwr").level == level and random.getstate() == py_state
+    assert all(
+        np.array_equal(a, b) if isinstance(a, np.ndarray) else a == b for a, b in zip(np.random.get_state(), np_state)
+    )
