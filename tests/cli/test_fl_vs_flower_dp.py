@@ -196,6 +196,9 @@ def test_the_no_privacy_run_copied_to_a_later_epsilon_is_checkpointed(tmp_path):
 
     bench = _benchmark()
     args = bench.parse_args(["--smoke", "--epsilon", "4,8", "--arms", "e", "--no-progress", "--out", str(tmp_path)])
+    import flwr.clientapp
+    import flwr.serverapp  # noqa: F401  (Flower sets its logger's level when first imported: before the snapshot)
+
     level, py_state, np_state = logging.getLogger("flwr").level, random.getstate(), np.random.get_state()
     bench.run(args, log=lambda *_: None)
     stored = json.loads((tmp_path / "results.json").read_text())
