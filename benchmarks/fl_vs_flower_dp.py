@@ -256,6 +256,31 @@ def label_entropy(labels: np.ndarray) -> float:
     return float(-(p * np.log(p)).sum())
 
 
+def flower_arm(
+    task, args, *, z: float | None, epsilon: float | None, progress=lambda: None, noise_seed: int | None = None
+) -> dict[str, Any]:
+    """(a) with ``z`` and Flower's accountant at ``epsilon``, or (e) with ``z=None``: Flower's own
+    strategy code at the run's settings (``flower_central_dp.run_flower``)."""
+    from fedfilter.simulations.harness.flower_central_dp import run_flower
+
+    return run_flower(
+        task,
+        clients_per_round=args.clients_per_round,
+        rounds=args.rounds,
+        clip=args.clip,
+        delta=args.delta,
+        z=z,
+        epsilon=epsilon,
+        local_epochs=args.local_epochs,
+        lr=args.lr,
+        batch_size=args.batch_size,
+        seed=args.seed,
+        eval_every=args.eval_every,
+        progress=progress,
+        noise_seed=noise_seed,
+    )
+
+
 def engine_arm(task, args, *, arm: str, z: float, eps: np.ndarray, bar, run_id: str = "fl-vs-flower") -> dict[str, Any]:
     from fedfilter.deploy.devices import simulated_worst_case_epsilon
     from fedfilter.privacy.filters import rdp_order
@@ -369,7 +394,7 @@ def settings(args: argparse.Namespace, task) -> dict[str, Any]:
 def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
     from tqdm import tqdm
 
-    from fedfilter.simulations.harness.flower_central_dp import flower_noise_multiplier, run_flower
+    from fedfilter.simulations.harness.flower_central_dp import flower_noise_multiplier
 
     task = load(args)
     config = settings(args, task)
@@ -420,19 +445,12 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
                 file=sys.stderr,
             ) as bar:
                 if arm in ("a", "e"):
-                    result = run_flower(
+                    private = arm == "a"
+                    result = flower_arm(
                         task,
-                        clients_per_round=args.clients_per_round,
-                        rounds=args.rounds,
-                        clip=args.clip,
-                        delta=args.delta,
-                        z=z if arm == "a" else None,
-                        epsilon=float(eps.min()) if arm == "a" else None,
-                        local_epochs=args.local_epochs,
-                        lr=args.lr,
-                        batch_size=args.batch_size,
-                        seed=args.seed,
-                        eval_every=args.eval_every,
+                        args,
+                        z=z if private else None,
+                        epsilon=float(eps.min()) if private else None,
                         progress=lambda: bar.update(1),
                     )
                 else:

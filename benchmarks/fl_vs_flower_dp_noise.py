@@ -59,38 +59,30 @@ def remove_noise() -> None:
     distributed.aggregate_skellam = lambda n, mu_share, dim, stream: np.zeros(dim, dtype=np.int64)
 
 
-def run_arm(args: argparse.Namespace, task, arm: str, *, z_scale: float = 1.0, run_id: str = "fl-vs-flower") -> dict:
-    """One arm's result (accuracy and test loss per round) at the benchmark's settings (its first epsilon)."""
+def run_arm(args: argparse.Namespace, task, arm: str, *, z_scale: float = 1.0, draw: int = 0) -> dict:
+    """One arm's result (accuracy and test loss per round) at the benchmark's settings (its first epsilon);
+    ``draw`` 0 is the benchmark's own noise, ``draw`` i > 0 another (``run_id(i)``, or for (a) another
+    seed of numpy's global generator)."""
     from tqdm import tqdm
 
-    from fedfilter.simulations.harness.flower_central_dp import flower_noise_multiplier, run_flower
+    from fedfilter.simulations.harness.flower_central_dp import flower_noise_multiplier
 
     n, k, epsilon = task.num_clients, args.clients_per_round, args.epsilon[0]
     eps = bench.budgets(n, epsilon, args.budgets, args.seed)
     z = flower_noise_multiplier(float(eps.min()), args.delta, args.rounds, n, k)
     if arm == "a":
-        result = run_flower(
-            task,
-            clients_per_round=k,
-            rounds=args.rounds,
-            clip=args.clip,
-            delta=args.delta,
-            z=z,
-            epsilon=float(eps.min()),
-            local_epochs=args.local_epochs,
-            lr=args.lr,
-            batch_size=args.batch_size,
-            seed=args.seed,
-            eval_every=args.eval_every,
-            noise_seed=None if run_id == "fl-vs-flower" else int(run_id.rsplit("-", 1)[1]) * 1_000_003 + args.seed,
-        )
-    else:
-        if z_scale != 1.0:
-            z, eps = z * z_scale, np.full(n, NEVER_BINDS)
-        arm_z = z if arm == "f" else bench.fedfilter_noise_multipliers(task, args, float(eps.min()), z)[arm]
-        with tqdm(disable=True) as bar:
-            result = bench.engine_arm(task, args, arm=arm, z=arm_z, eps=eps, bar=bar, run_id=run_id)
-    return result
+        noise_seed = None if draw == 0 else draw * 1_000_003 + args.seed
+        return bench.flower_arm(task, args, z=z, epsilon=float(eps.min()), noise_seed=noise_seed)
+    if z_scale != 1.0:
+        z, eps = z * z_scale, np.full(n, NEVER_BINDS)
+    arm_z = z if arm == "f" else bench.fedfilter_noise_multipliers(task, args, float(eps.min()), z)[arm]
+    with tqdm(disable=True) as bar:
+        return bench.engine_arm(task, args, arm=arm, z=arm_z, eps=eps, bar=bar, run_id=run_id(draw))
+
+
+def run_id(draw: int) -> str:
+    """The engine's run id for ``draw``: it keys the engine's noise streams (and its sampling)."""
+    return "fl-vs-flower" if draw == 0 else f"fl-vs-flower-draw-{draw}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -100,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     how = p.add_mutually_exclusive_group(required=True)
     how.add_argument("--noise-free", action="store_true", help="every listed arm with its noise draws zeroed")
     how.add_argument("--f-scale", type=float, help="(f) at this multiple of (a)'s z, budgets that never bind")
-    how.add_argument("--draws", type=int, help="the engine arms with this many other noise streams each")
+    how.add_argument("--draws", type=int, help="every listed arm with this many other noise draws each")
     p.add_argument("--arms", default="af", help="arms among a, b, f (--noise-free; default af)")
     p.add_argument("--seeds", default="0", help="comma-separated seeds (default 0)")
     ours = p.parse_args(argv[:split])
@@ -121,19 +113,19 @@ def main(argv: list[str] | None = None) -> int:
         if ours.f_scale is not None
         else "run id: the noise streams"
     )
-    run_ids = [f"fl-vs-flower-draw-{i}" for i in range(1, (ours.draws or 0) + 1)] or ["fl-vs-flower"]
+    draws = range(1, ours.draws + 1) if ours.draws else [0]
     print(f"| seed | arm ({what}) | final accuracy | final test loss | accuracy at each evaluation |")
     print("|---|---|---|---|---|")
     for seed in seeds:
         args = bench.parse_args([*argv[split + 1 :], "--seed", str(seed), "--no-progress"])
         task = bench.load(args)
         for arm in arms:
-            for run_id in run_ids:
-                result = run_arm(args, task, arm, z_scale=ours.f_scale or 1.0, run_id=run_id)
+            for draw in draws:
+                result = run_arm(args, task, arm, z_scale=ours.f_scale or 1.0, draw=draw)
                 curve = [a for a in result["accuracy_per_round"] if a is not None]
                 loss = [x for x in result["loss_per_round"] if x is not None][-1]
                 shown = " ".join(f"{a:.3f}" for a in curve)
-                name = f"({arm}) {bench.ARMS[arm]}" + (f", {run_id}" if ours.draws else "")
+                name = f"({arm}) {bench.ARMS[arm]}" + (f", {run_id(draw)}" if ours.draws else "")
                 print(f"| {seed} | {name} | {curve[-1]:.3f} | {loss:.6f} | {shown} |", flush=True)
     return 0
 

@@ -110,8 +110,8 @@ def run_flower(
 ) -> dict[str, Any]:
     """Central DP with noise multiplier ``z`` and Flower's accountant at ``max_epsilon = epsilon``, or
     plain FedAvg (``z=None``); ``progress()`` after every round; ``noise_seed`` (default ``seed``) seeds
-    only Flower's noise draws. Returns accuracy and test loss per round
-    (None where not evaluated), devices per round, rounds run and, with ``z``, what Flower's accountant spent."""
+    only Flower's noise draws. Returns accuracy and test loss per round (None where not evaluated),
+    devices per round, rounds run and, with ``z``, what Flower's accountant spent."""
     import torch
     from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
     from flwr.serverapp import Grid
@@ -156,7 +156,8 @@ def run_flower(
         return MetricRecord({"accuracy": float(acc), "loss": float(loss)})
 
     # The process's state this run sets is put back after it (a caller's logging and generators are its own).
-    flwr_log, level = logging.getLogger("flwr"), logging.getLogger("flwr").level
+    flwr_log = logging.getLogger("flwr")
+    level = flwr_log.level
     py_state, np_state = random.getstate(), np.random.get_state()
     flwr_log.setLevel(logging.WARNING)  # Flower logs every round at INFO
     random.seed(seed)  # FedAvg's node sampling
