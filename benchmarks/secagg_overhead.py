@@ -347,7 +347,7 @@ def run_size(n: int, args) -> dict:
         "workflow": args.workflow,
         "threshold": threshold,
         "num_shares": graph.num_shares,
-        "failure_probability": graph.failure_probability,
+        "abort_probability": graph.abort_probability,
         "server_unmask_s": statistics.median(unmask_s),
         "server_unmask_cpu_s": statistics.median(unmask_cpu_s),
         "plain_cpu_s_per_round": statistics.median(cpu_times["plain"]),

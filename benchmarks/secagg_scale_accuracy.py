@@ -37,7 +37,6 @@ def rows(results: dict) -> list[dict]:
                 "released": sum(r["released_per_round"]),
                 "rounds": r["rounds"],
                 "graph": graph,
-                "delta_honest": r.get("max_honest_coordinator_delta"),
                 "within": r["exhaustion"]["all_within_budget"],
                 "seconds": r["seconds"],
             }
@@ -48,18 +47,18 @@ def rows(results: dict) -> list[dict]:
 def table(results: dict) -> str:
     lines = [
         "| devices per round | epsilon | placement | accuracy (round 5 / 10) | rounds released | SecAgg+ k / t | "
-        "failure per round | max delta (honest coordinator) | s |",
-        "|---:|---:|---|---|---:|---|---:|---:|---:|",
+        "abort bound per round | s |",
+        "|---:|---:|---|---|---:|---|---:|---:|",
     ]
     for x in rows(results):
         acc = x["accuracy"]
         mid = acc[len(acc) // 2 - 1] if len(acc) >= 2 else acc[-1]
         g = x["graph"]
         kt = f"{g['num_shares']} / {g['threshold']}" if g else "-"
-        fail = f"{g['failure_probability']:.2g}" if g else "-"
+        abort = f"{g['abort_probability']:.2g}" if g else "-"
         lines.append(
             f"| {x['devices']} | {x['epsilon']:g} | {x['placement']} | {mid:.3f} / {x['final']:.3f} | "
-            f"{x['released']}/{x['rounds']} | {kt} | {fail} | {x['delta_honest']:.6g} | {x['seconds']:.0f} |"
+            f"{x['released']}/{x['rounds']} | {kt} | {abort} | {x['seconds']:.0f} |"
         )
     within = all(x["within"] for x in rows(results))
     lines.append("")

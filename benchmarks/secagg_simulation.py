@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"# {platform.node()}, {os.cpu_count()} CPUs, python {platform.python_version()}; {n} simulated devices, "
         f"min-reports {args.min_reports}, SecAgg+ graph k={graph.num_shares} t={graph.threshold} "
-        f"(failure probability <= {graph.failure_probability:.3g} per round)",
+        f"(abort probability <= {graph.abort_probability:.3g} per round at the assumed drop-outs)",
         flush=True,
     )
     started = time.perf_counter()
@@ -168,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         "min_reports": args.min_reports,
         "num_shares": graph.num_shares,
         "threshold": graph.threshold,
-        "failure_probability": graph.failure_probability,
+        "abort_probability": graph.abort_probability,
         "enrol_s": enrol_s,
         "flwr_run_s": run_s,
         "run_wall_time_s": getattr(run, "wall_time_s", math.nan),

@@ -12,8 +12,8 @@ additions; Flower's four stages and their messages are otherwise its own:
   ConsistencyCheck; the device's side and the argument are in ``client/secagg/consistency.py``):
   every survivor gets the survivor set (Flower's ``active_node_ids`` after the collect stage) and
   answers with one MAC on it for each neighbour it holds shares of (``dst``, ``tag``); each unmask
-  message then carries the tags addressed to its device by ``threshold - 1`` of its neighbours
-  (``signer``, ``tag``): the number the device needs (it counts itself), each of which it verifies.
+  message then carries every tag addressed to its device by its surviving neighbours (``signer``,
+  ``tag``): a device reveals a node's mask-seed share only if that node's own tag was shown to it.
 
 The additions are message routing only: the devices check everything, so a coordinator that skips or
 forges any of it gets refusals, not shares. The grid is wrapped (``_Relay``) to add or read the extra
@@ -143,11 +143,10 @@ class ConsistencyCheckedSecAggPlus(SecAggPlusWorkflow):
         def add(msg: Message) -> None:
             nid = int(msg.metadata.dst_node_id)
             tags = self._tags.get(nid, {})
-            # A device reveals only if `threshold` of its holders (itself included, as Flower counts)
-            # authenticated to it the set it authenticated, and it verifies every tag it is shown: show
-            # it the `threshold - 1` it needs besides itself, not all k - 1. What the device checks does
-            # not depend on it; a coordinator could always show it any subset.
-            signers = sorted(set(tags) & state.nid_to_neighbours.get(nid, set()))[: max(state.threshold - 1, 0)]
+            # A device reveals the mask-seed share of each active neighbour only if that neighbour's own
+            # tag on the set (and the round's parameters) was shown to it, and needs `threshold - 1` such
+            # tags in all (client/secagg/consistency.py): show it every tag its neighbours addressed to it.
+            signers = sorted(set(tags) & state.nid_to_neighbours.get(nid, set()))
             msg.content.config_records[CONSISTENCY_RECORD] = ConfigRecord(
                 {"signer": signers, "tag": [tags[n] for n in signers]}
             )

@@ -17,8 +17,9 @@ runs SecAgg+ only on its legacy server path, so this module keeps that path an i
 The SecAgg+ parameters: ``secaggplus_settings(n_sampled)`` (exact quantization of integer reports,
 ``fedfilter.protocol.secagg_grid``) and the neighbourhood graph ``round_graph`` chooses for the nodes
 sampled (``num_shares`` k and ``threshold`` t; by default the sparse graph of
-``fedfilter.privacy.secagg_graph.choose_graph``, raised where needed so that every sum SecAgg+
-can unmask holds at least ``min_reports`` reports, ``fewest_released_reports``). Flower's mask
+``fedfilter.privacy.secagg_graph.choose_graph``). Every graph passes the rule the devices check
+(``fedfilter.protocol.secagg_rule.graph_problems``: ``t - c >= min_reports`` and ``2 t > k + c``), so
+every sum a coordinator can unmask holds ``min_reports`` honest reports, whatever it claims. Flower's mask
 generator and Shamir sharing are replaced by ``fedfilter.protocol.secagg_masks`` for the round
 (devices install the same ones).
 A consistency round runs before any share is revealed (``ConsistencyCheckedSecAggPlus``,
@@ -45,17 +46,10 @@ from flwr.server.workflow.secure_aggregation.secaggplus_workflow import Workflow
 from flwr.serverapp import Grid
 
 from fedfilter.coordinator.secagg_consistency_round import ConsistencyCheckedSecAggPlus
-from fedfilter.privacy.secagg_graph import choose_graph, dropouts_accounted, graph_failure_probability
-from fedfilter.protocol.rules import reconstruction_threshold
-from fedfilter.protocol.secagg_grid import (
-    DEFAULT_CORRUPT_RATE,
-    DEFAULT_DROPOUT_RATE,
-    decode_sum,
-    fewest_released_reports,
-    grid_step,
-    secaggplus_settings,
-)
+from fedfilter.privacy.secagg_graph import choose_graph, graph_abort_probability
+from fedfilter.protocol.secagg_grid import DEFAULT_DROPOUT_RATE, decode_sum, grid_step, secaggplus_settings
 from fedfilter.protocol.secagg_masks import cryptographic_masks
+from fedfilter.protocol.secagg_rule import graph_problems, smallest_threshold
 
 __all__ = [
     "AUTO_SHARES",
@@ -87,7 +81,6 @@ class SecureSum:
     threshold: int = 0
     reason: str = ""  # why there is no usable sum, for the log
     num_shares: int = 0  # the graph's neighbourhood size k (== sampled: the full graph)
-    failure_probability: float = 1.0  # round_graph's bound for this round's graph
 
 
 def check_num_shares(num_shares: int | float | str, min_reports: int) -> int | float | str:
@@ -120,12 +113,12 @@ def check_num_shares(num_shares: int | float | str, min_reports: int) -> int | f
 class RoundGraph:
     """One round's SecAgg+ neighbourhood: ``num_shares`` holders per node (itself included; == the
     number sampled for the full graph), ``threshold`` shares to rebuild a secret, and the per-round
-    failure bound of ``graph_failure_probability`` under the coordinator's assumed rates."""
+    bound on the probability that the round aborts under the assumed drop-out rate (1.0 when no
+    round among the nodes sampled can be unmasked)."""
 
     num_shares: int
     threshold: int
-    failure_probability: float
-    dropout_rate: float = DEFAULT_DROPOUT_RATE  # the drop-outs the bound assumes (dropouts_accounted)
+    abort_probability: float
 
 
 def round_graph(
@@ -133,48 +126,44 @@ def round_graph(
     min_reports: int,
     num_shares: int | float | str = AUTO_SHARES,
     *,
+    colluders: int = 0,
     dropout_rate: float = DEFAULT_DROPOUT_RATE,
-    corrupt_rate: float = DEFAULT_CORRUPT_RATE,
 ) -> RoundGraph:
     """The graph for ``n_sampled`` nodes (>= 2), the one place the coordinator chooses k and t.
 
-    k: ``choose_graph``'s for ``"auto"`` (the full graph where it finds none, e.g. 3 nodes at the
-    default rates); Flower's rule for a fraction (``round(f n)``, made odd, at least 3); an integer
-    as given, at most n. t: at least 2, above k / 2 (the device's rule for the consistency round),
-    the graph's own (``"auto"``) or ``min_reports`` (full graph), and high enough that every sum
-    SecAgg+ can unmask holds ``min_reports`` reports (``fewest_released_reports(n, k, t) >=
-    min_reports``). When no t < k does that, the full graph with ``t = max(min_reports, n // 2 + 1)``.
-    Devices check all of this again (``check_secagg_state``).
+    k: ``choose_graph``'s for ``"auto"``; Flower's rule for a fraction (``round(f n)``, made odd, at
+    least 3); an integer as given, at most n. t: the smallest the devices' rule allows for that k
+    (``smallest_threshold``: ``t - c >= m``, ``2 t > k + c``), with k raised to hold t where a given k
+    is too small. With fewer nodes than ``m + c`` no round can be unmasked: the graph then has
+    ``threshold = m + c`` (Flower halts after its setup stage) and abort probability 1. Devices check
+    the rule again (``check_secagg_state``).
     """
-    n, m = int(n_sampled), int(min_reports)
+    n, m, c = int(n_sampled), int(min_reports), int(colluders)
     if n < 2:
         raise ValueError(f"n_sampled must be >= 2 for SecAgg+. Found {n_sampled!r}.")
+    if isinstance(colluders, bool) or not isinstance(colluders, int) or c < 0:
+        raise ValueError(f"secagg_colluders must be an integer >= 0. Found {colluders!r}.")
     shares = check_num_shares(num_shares, m)
-    if n == 2:  # no neighbourhood to choose, and no bound (its graph_failure_probability needs k >= 3)
-        return RoundGraph(2, reconstruction_threshold(m), 1.0, dropout_rate)
+    if m + c > n:  # fewer sampled than the sum needs: Flower halts after its setup stage, nothing is unmasked
+        return RoundGraph(n, max(2, m + c), 1.0)
     if shares == AUTO_SHARES:
-        try:
-            chosen = choose_graph(n, dropout_rate=dropout_rate, corrupt_rate=corrupt_rate)
-            k, t = chosen.num_shares, chosen.threshold
-        except ValueError:  # too few nodes for the abort target at these rates: the full graph
-            k, t = n, 2
-    elif isinstance(shares, float):  # flwr 1.42 setup_stage's rule for a fraction
+        chosen = choose_graph(n, min_reports=m, colluders=c, dropout_rate=dropout_rate)
+        return RoundGraph(chosen.num_shares, chosen.threshold, chosen.abort_probability)
+    if isinstance(shares, float):  # flwr 1.42 setup_stage's rule for a fraction
         k = round(shares * n)
         k = k + 1 if k < n and k % 2 == 0 else k
-        k, t = (n if k <= 2 else min(k, n)), 2
+        k = n if k <= 2 else min(k, n)
     else:
-        k, t = min(int(shares), n), 2
-    if k >= n:
-        k, t = n, max(t, reconstruction_threshold(m))
-    t = max(t, 2, k // 2 + 1, -(-m * k // n))  # ceil(m k / n): n t / k >= m
-    if k < n and t >= k:
-        k, t = n, max(reconstruction_threshold(m), n // 2 + 1)
-    if fewest_released_reports(n, k, t) < m:
-        raise ValueError(f"min_reports {m} exceeds what SecAgg+ can guarantee among {n} sampled nodes.")
-    if t > n:  # fewer sampled than min_reports: Flower halts after its setup stage, nothing is unmasked
-        return RoundGraph(k, t, 1.0, dropout_rate)
-    failure = graph_failure_probability(n, k, t, dropout_rate=dropout_rate, corrupt_rate=corrupt_rate)
-    return RoundGraph(k, t, failure, dropout_rate)
+        k = min(int(shares), n)
+    t = smallest_threshold(k, min_reports=m, colluders=c)
+    while t > k and k < n:  # the given k cannot hold the threshold the rule needs: the next allowed one
+        k = min(n, t if t % 2 == 1 or t == n else t + 1)
+        t = smallest_threshold(k, min_reports=m, colluders=c)
+    if problems := graph_problems(sample_num=n, share_num=k, threshold=t, min_reports=m, colluders=c):
+        raise ValueError(
+            f"no SecAgg+ graph among {n} sampled nodes holds min_reports {m} with {c} colluders: " + " ".join(problems)
+        )
+    return RoundGraph(k, t, graph_abort_probability(n, k, t, dropout_rate=dropout_rate))
 
 
 class _SampledNodes(LegacyStrategy):
@@ -224,7 +213,6 @@ class _MessageApiSecAggPlus(ConsistencyCheckedSecAggPlus):
         self.graph = graph
         self.masked_vectors = 0
         self.threshold = 0
-        self.unaccounted_dropouts = 0
 
     def setup_stage(self, grid: Grid, context: LegacyContext, state: WorkflowState) -> bool:
         ok = super().setup_stage(grid, context, state)
@@ -240,12 +228,6 @@ class _MessageApiSecAggPlus(ConsistencyCheckedSecAggPlus):
         ok = super().collect_masked_vectors_stage(grid, context, state)
         # Count only (flwr 1.41.0 leaves the survivors in state.active_node_ids after this stage).
         self.masked_vectors = len(state.active_node_ids)
-        # The graph's failure bound holds for at most its assumed drop-outs: beyond them, unmask nothing.
-        n, dropped = len(state.sampled_node_ids), len(state.sampled_node_ids) - self.masked_vectors
-        k = self.graph.num_shares
-        if ok and n >= 3 and not dropouts_accounted(n, min(k, n), dropped, dropout_rate=self.graph.dropout_rate):
-            self.unaccounted_dropouts = dropped
-            return False
         return ok
 
 
@@ -256,6 +238,7 @@ def run_secure_round(
     server_round: int,
     min_reports: int,
     num_shares: int | float | str = AUTO_SHARES,
+    colluders: int = 0,
     timeout: float | None = None,
 ) -> SecureSum:
     """Run Flower's SecAgg+ once over the nodes in ``contents`` (node id -> train message content).
@@ -267,8 +250,8 @@ def run_secure_round(
     if len(contents) < 2:
         out.reason = f"SecAgg+ needs at least 2 sampled nodes. Found {len(contents)}."
         return out
-    graph = round_graph(len(contents), min_reports, num_shares)
-    out.num_shares, out.failure_probability = graph.num_shares, graph.failure_probability
+    graph = round_graph(len(contents), min_reports, num_shares, colluders=colluders)
+    out.num_shares = graph.num_shares
     settings = secaggplus_settings(len(contents))
     out.quantization_range = int(settings["quantization_range"])
     adapter = _SampledNodes([GridClientProxy(int(nid), grid, int(grid.run.run_id)) for nid in contents])
@@ -297,11 +280,6 @@ def run_secure_round(
     out.threshold = workflow.threshold
     if failure:
         out.reason = failure
-    elif workflow.unaccounted_dropouts:
-        out.reason = (
-            f"{workflow.unaccounted_dropouts} of {out.sampled} nodes sent no masked input, more than the "
-            f"SecAgg+ graph's failure bound assumes (drop-out rate {graph.dropout_rate}): nothing unmasked"
-        )
     elif adapter.aggregate is None:
         out.reason = f"SecAgg+ halted: fewer than its threshold {workflow.threshold} nodes stayed"
     elif not adapter.unit_weights:
@@ -312,14 +290,14 @@ def run_secure_round(
     log(
         INFO,
         "fedfilter secure round %d: %d sampled, %d masked vectors, %d in the sum "
-        "(SecAgg+ graph: %d shares, threshold %d, failure probability <= %.3g)",
+        "(SecAgg+ graph: %d shares, threshold %d, abort probability <= %.3g at the assumed drop-outs)",
         server_round,
         out.sampled,
         out.masked_vectors,
         out.reports,
         graph.num_shares,
         graph.threshold,
-        graph.failure_probability,
+        graph.abort_probability,
     )
     return out
 

@@ -135,7 +135,12 @@ class IndividualFilterStrategy(Strategy):
     secagg_num_shares : int, float or "auto", default "auto"
         Distributed placement: the SecAgg+ neighbourhood. ``"auto"`` (the sparse graph
         ``secure_round.round_graph`` chooses for the number sampled), a fraction in (0, 1] of the
-        sampled nodes (1.0: all) or an odd integer >= 3.
+        sampled nodes (1.0: all) or an odd integer >= 3. Its threshold is the smallest the devices'
+        rule allows (``protocol/secagg_rule.py``).
+    secagg_colluders : int, default 0
+        Distributed placement: the most devices of a SecAgg+ neighbourhood that may be the
+        coordinator's own or collude with it. The threshold is raised to ``min_reports`` plus this;
+        devices refuse a graph below their own ``secagg-colluders``.
 
     Raises
     ------
@@ -167,6 +172,7 @@ class IndividualFilterStrategy(Strategy):
         public_config: Mapping[str, Any] | None = None,
         message_ttl_s: float | None = None,
         secagg_num_shares: int | float | str = AUTO_SHARES,
+        secagg_colluders: int = 0,
     ) -> None:
         problems = []
         if not isinstance(strategy, Strategy):
@@ -198,6 +204,8 @@ class IndividualFilterStrategy(Strategy):
                 check_num_shares(secagg_num_shares, min_reports)
             except ValueError as err:
                 problems.append(str(err))
+        if isinstance(secagg_colluders, bool) or not isinstance(secagg_colluders, int) or secagg_colluders < 0:
+            problems.append(f"secagg_colluders must be an integer >= 0. Found {short_repr(secagg_colluders)}.")
         if problems:
             raise ValueError(" ".join(problems))
         self.strategy = strategy
@@ -210,6 +218,7 @@ class IndividualFilterStrategy(Strategy):
         self.public_config = dict(public_config) if public_config is not None else None
         self.message_ttl_s = message_ttl_s
         self.secagg_num_shares = secagg_num_shares
+        self.secagg_colluders = secagg_colluders
         self.last_outcome: RoundOutcome | None = None
         self._asked: list[int] = []
         self._keys: list[str] = []
@@ -361,6 +370,7 @@ class IndividualFilterStrategy(Strategy):
             server_round=server_round,
             min_reports=self.min_reports,
             num_shares=self.secagg_num_shares,
+            colluders=self.secagg_colluders,
             timeout=self._round_timeout,
         )
         n = secure.reports

@@ -23,10 +23,10 @@ sum of the shares' variances, and every device's loss is that of ``k + Sk(mu_tot
 The device's side of this contract, ``check_secagg_state``, lives with the device
 (``fedfilter.client.secagg.neighbourhood``): the coordinator chooses every SecAgg+ parameter in the
 setup stage, so the device refuses, before it trains, any that would make Flower's map inexact, its
-masking or unmasking fail, or the released sum smaller than ``min_reports`` reports. The names
-here are what both sides compute: the grid (``SECAGG_GRID_BITS``, ``grid_step``), Flower's
-settings for it (``quantization_range``, ``secaggplus_settings``), the report's encoding and the
-sum's decoding, and the dropout and corruption rates a neighbourhood graph is sized for.
+masking or unmasking fail, or a graph that breaks ``protocol/secagg_rule.py``. The names here are
+what both sides compute: the grid (``SECAGG_GRID_BITS``, ``grid_step``), Flower's settings for it
+(``quantization_range``, ``secaggplus_settings``), the report's encoding and the sum's decoding, and
+the drop-out rate a coordinator's neighbourhood graph is sized for.
 """
 
 from __future__ import annotations
@@ -46,10 +46,8 @@ __all__ = [
     "grid_step",
     "quantization_range",
     "secaggplus_settings",
-    "DEFAULT_CORRUPT_RATE",
     "DEFAULT_DROPOUT_RATE",
     "MAX_QUANTIZATION_RANGE",
-    "fewest_released_reports",
     "power_of_two",
     "encode_report",
     "decode_sum",
@@ -120,18 +118,7 @@ def decode_sum(aggregated: Sequence[np.ndarray], n_reports: int, q: int) -> list
     return out
 
 
-# The rates the coordinator's default graph is chosen for and the device's default policy assumes: at
-# most 10% of the sampled devices drop out before their masked input arrives, at most 5% collude with
-# the coordinator. Both sides use these same numbers by default, so a default device accepts a default
-# coordinator's graph; an owner who assumes more sets its own.
+# The drop-out rate the coordinator's default graph is sized for (utility only: a round with more
+# drop-outs may abort; privacy does not depend on it): at most 10% of the sampled devices drop out
+# before their masked input arrives.
 DEFAULT_DROPOUT_RATE = 0.1
-DEFAULT_CORRUPT_RATE = 0.05
-
-
-def fewest_released_reports(sample_num: int, share_num: int, threshold: int) -> int:
-    """``ceil(n t / k)`` with ``k = min(share_num, n)``: the fewest reports in any sum Flower's SecAgg+
-    unmasks on its ring (module docstring)."""
-    n, k, t = int(sample_num), min(int(share_num), int(sample_num)), int(threshold)
-    if n < 1 or k < 1 or t < 1:
-        raise ValueError(f"sample_num, share_num and threshold must be >= 1. Found {n}, {share_num}, {t}.")
-    return -(-n * t // k)

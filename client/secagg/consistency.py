@@ -10,14 +10,20 @@ actively secure protocol, Figure 4; carried over to SecAgg+'s neighbourhoods by 
 for the malicious case) adds what this module implements:
 
 * a consistency round: each device authenticates, once per round, the survivor set it is told
-  (``survivors_message``) to each neighbour with a MAC (``survivors_tag``: HMAC-SHA256, RFC 2104,
-  over the set, the run, the round, ``src`` and ``dst``, under a key only that pair of devices
-  holds), and before it reveals any share it checks that at least ``threshold`` of its neighbours
-  (itself included, as Flower counts) authenticated that same set to it, every tag shown to it
-  valid (``check_tags``);
+  together with a digest of the round's parameters as it received them (the fedfilter request and
+  the SecAgg+ setup: ``round_parameters``) to each neighbour with a MAC (``survivors_message``,
+  ``survivors_tag``: HMAC-SHA256, RFC 2104, over the set, the digest, the run, the round, ``src`` and
+  ``dst``, under a key only that pair of devices holds), and before it reveals any share it checks
+  that at least ``threshold`` of its neighbours (itself included, as Flower counts) authenticated
+  that same set and the same parameters to it, every tag shown to it valid (``check_tags``);
 * unmask lists checked against that set (``check_unmask_lists``): no repeats, active and dropped
   disjoint, both inside the neighbours whose shares it holds, itself active, the active ones
-  survivors it authenticated and the dropped ones not.
+  survivors it authenticated and the dropped ones not, and every active neighbour one whose own tag
+  it verified. A node's mask-seed share thus leaves a device only if that node itself confirmed the
+  survivor set and the parameters it was given: all honest devices that help unmask a report ran
+  the same request (the same noise share) and the same graph, which the bound of
+  ``protocol/secagg_rule.py`` needs (a coordinator that sent different requests to different devices
+  cannot mix them in one sum).
 
 * peer-key pinning (cross-silo, an owner setting): each device's long-term Ed25519 identity signs
   its round keys (Flower's ``pk1`` and ``pk2``; ``certify``), sent sealed for each neighbour under
@@ -61,6 +67,7 @@ is ``client/secagg/mod.py``; the coordinator's side is ``coordinator/secagg_cons
 from __future__ import annotations
 
 import base64
+import hashlib
 import hmac
 import struct
 from collections.abc import Iterable, Mapping
@@ -80,6 +87,7 @@ __all__ = [
     "public_key_of",
     "seal_certificate",
     "open_certificate",
+    "round_parameters",
     "survivors_message",
     "survivors_tag",
     "check_tags",
@@ -92,7 +100,8 @@ __all__ = [
 # Domain tags. Changing one changes what it tags: both sides of a federation must run the same version.
 _SEAL_TAG = b"fedfilter/secaggplus/certificate-seal/v2"  # HKDF info of the certificate channel, and its header
 _MAC_KEY_TAG = b"fedfilter/secaggplus/survivors-mac-key/v1"  # HKDF info of a pair's MAC key
-_SURVIVORS_TAG = b"fedfilter/secaggplus/survivors/v2"  # the first bytes of every MAC'd message
+_SURVIVORS_TAG = b"fedfilter/secaggplus/survivors/v3"  # the first bytes of every MAC'd message
+_PARAMETERS_TAG = b"fedfilter/secaggplus/round-parameters/v1"  # the first bytes of the digested parameters
 _CERT_TAG = b"fedfilter/secaggplus/identity-certificate/v2"
 _KEY_BYTES = 32
 _TAG_BYTES = 32  # HMAC-SHA256
@@ -181,15 +190,30 @@ def check_certificate(
 
 
 # --- the consistency round: the survivor set, authenticated pair by pair -------------------------
-def survivors_message(*, run_id: int, round_id: str, survivors: Iterable[int]) -> bytes:
-    """The bytes a device authenticates: a domain tag, the run, the round (Flower's group id) and the
-    sorted set, each length-prefixed where its length varies."""
+def round_parameters(*records: Mapping[str, object]) -> bytes:
+    """SHA-256 of the round's parameters as a device received them (records of str keys to str, bytes,
+    bool, int, float or lists of them): each key, the value's type and ``repr``, in sorted key order,
+    record by record. Two devices get the same digest exactly when they got the same values."""
+    digest = hashlib.sha256(_PARAMETERS_TAG)
+    for record in records:
+        items = sorted((str(k), f"{type(v).__name__}:{v!r}") for k, v in record.items())
+        encoded = [p.encode() for item in items for p in item]
+        digest.update(struct.pack(">I", len(encoded)) + b"".join(struct.pack(">I", len(p)) + p for p in encoded))
+    return digest.digest()
+
+
+def survivors_message(*, run_id: int, round_id: str, survivors: Iterable[int], parameters: bytes) -> bytes:
+    """The bytes a device authenticates: a domain tag, the run, the round (Flower's group id), the
+    digest of the round's parameters (``round_parameters``) and the sorted set, each length-prefixed
+    where its length varies."""
     ids = sorted(set(int(n) for n in survivors))
     round_bytes = round_id.encode()
     return (
         _SURVIVORS_TAG
         + struct.pack(">QI", run_id % 2**64, len(round_bytes))
         + round_bytes
+        + struct.pack(">I", len(parameters))
+        + parameters
         + struct.pack(f">I{len(ids)}Q", len(ids), *ids)
     )
 
@@ -204,18 +228,20 @@ def survivors_tag(shared_key: bytes, message: bytes, *, src: int, dst: int) -> b
 
 def check_tags(
     message: bytes, *, me: int, keys: Mapping[int, bytes], signers: object, tags: object, threshold: int
-) -> list[str]:
-    """Problems with the survivor-set tags shown to device ``me``; empty when it may reveal.
+) -> tuple[list[str], set[int]]:
+    """Problems with the survivor-set tags shown to device ``me`` (empty when it may reveal) and the
+    neighbours whose valid tag it verified.
 
-    ``message``: the set ``me`` authenticated itself (``survivors_message``). ``keys``: the ``ss2`` keys
-    of the neighbours whose shares ``me`` holds. ``signers[i]`` must be one of them, not repeated, and
-    ``tags[i]`` its valid tag on ``message`` addressed to ``me``; ``me`` counts itself (module docstring),
-    so at least ``threshold - 1`` distinct neighbours' valid tags are needed.
+    ``message``: the set and parameters ``me`` authenticated itself (``survivors_message``). ``keys``:
+    the ``ss2`` keys of the neighbours whose shares ``me`` holds. ``signers[i]`` must be one of them,
+    not repeated, and ``tags[i]`` its valid tag on ``message`` addressed to ``me``; ``me`` counts itself
+    (module docstring), so at least ``threshold - 1`` distinct neighbours' valid tags are needed.
     """
     if not isinstance(signers, list) or any(not int_in(n, 0, _MAX_NODE_ID) for n in signers):
-        return [f"the survivor-set tag signers must be a list of node ids. Found {signers!r:.80}."]
+        return [f"the survivor-set tag signers must be a list of node ids. Found {signers!r:.80}."], set()
     if not isinstance(tags, list) or len(tags) != len(signers):
-        return [f"the survivor-set tags must be a list as long as the {len(signers)} signers. Found {tags!r:.80}."]
+        found = f"{tags!r:.80}"
+        return [f"the survivor-set tags must be a list as long as the {len(signers)} signers. Found {found}."], set()
     problems = []
     if repeats := sorted({n for n in signers if signers.count(n) > 1}):
         problems.append(f"the survivor-set tag signers repeat node ids {repeats}.")
@@ -237,7 +263,7 @@ def check_tags(
             f"{len(valid)} neighbours authenticated this device's survivor set ({len(valid) + 1} with itself), "
             f"below the threshold {threshold}."
         )
-    return problems
+    return problems, valid
 
 
 def check_node_ids(name: str, ids: object) -> list[str]:
@@ -257,12 +283,15 @@ def check_unmask_lists(
     dead: object,
     holders: Iterable[int],
     survivors: Iterable[int],
+    tagged: Iterable[int],
     threshold: int,
 ) -> list[str]:
     """Problems with an unmask request; empty when the device may reveal its shares.
 
     ``holders``: the nodes whose shares this device holds (itself and the neighbours whose share
     ciphertexts it received: the set live at the collect stage). ``survivors``: the set it authenticated.
+    ``tagged``: the neighbours whose own valid tag on that set and the round's parameters it verified
+    (``check_tags``); every other active node must be one of them.
     """
     problems = check_node_ids("active node ids", active) + check_node_ids("dropped node ids", dead)
     if problems:
@@ -281,6 +310,11 @@ def check_unmask_lists(
         problems.append(f"nodes {not_agreed} are listed active but are not in the authenticated survivor set.")
     if agreed_dead := sorted(set(dead) & agreed):
         problems.append(f"nodes {agreed_dead} are listed dropped but are in the authenticated survivor set.")
+    if untagged := sorted(set(active) - set(tagged) - {me}):
+        problems.append(
+            f"nodes {untagged} are listed active but this device was not shown their own tag on the survivor "
+            "set and the round's parameters."
+        )
     if len(active) < threshold:
         problems.append(f"{len(active)} active nodes, below the threshold {threshold}.")
     return problems

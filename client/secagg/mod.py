@@ -59,6 +59,7 @@ from fedfilter.client.secagg.consistency import (
     check_unmask_lists,
     open_certificate,
     public_key_of,
+    round_parameters,
     seal_certificate,
     survivors_message,
     survivors_tag,
@@ -70,7 +71,7 @@ from fedfilter.protocol.request import RoundSpec, RoundSpecError
 from fedfilter.protocol.secagg_aead import decrypt as decrypt_share
 from fedfilter.protocol.secagg_keys import public_key_problems
 from fedfilter.protocol.secagg_masks import use_cryptographic_masks
-from fedfilter.protocol.wire import CONSISTENCY_RECORD, CONSISTENCY_STAGE
+from fedfilter.protocol.wire import CONSISTENCY_RECORD, CONSISTENCY_STAGE, REQUEST_RECORD
 
 __all__ = [
     "secure_aggregation_mod",
@@ -146,6 +147,18 @@ def _pairs(record: ConfigRecord, keys: str, values: str) -> dict:
     return dict(zip(k, v)) if isinstance(k, list) and isinstance(v, list) else {}
 
 
+# The SecAgg+ setup every device of a round must share (Flower's state fields; the node's own keys aside).
+_SETUP_FIELDS = ("sample_num", "share_num", "threshold", "clipping_range", "target_range", "mod_range", "max_weight")
+
+
+def _parameters(msg: Message, flower: SecAggPlusState) -> bytes:
+    """The digest of the round's parameters as this device received them: the fedfilter request (the
+    noise share it adds) and the SecAgg+ setup (the grid and graph it checked)."""
+    request = _config(msg.content, REQUEST_RECORD)
+    setup = {name: getattr(flower, name, None) for name in _SETUP_FIELDS}
+    return round_parameters(dict(request) if request is not None else {}, setup)
+
+
 def _holders(flower: SecAggPlusState) -> set[int]:
     """The nodes whose shares this device holds: itself and the neighbours whose ciphertexts it read."""
     return {int(n) for n in flower.rd_seed_share_dict}
@@ -214,7 +227,8 @@ def _collect_problems(msg: Message, context: Context, flower: SecAggPlusState | 
         elif identity is not None:
             identities.add(identity)
     if not problems:
-        _own_state(context)["phase"] = "collected"
+        own = _own_state(context)
+        own["phase"], own["parameters"] = "collected", _parameters(msg, flower)
     return problems
 
 
@@ -224,7 +238,12 @@ def _key_problems(msg: Message, flower: SecAggPlusState | None) -> list[str]:
     if not isinstance(sk1, bytes):
         return []  # no setup yet: Flower's own stage check refuses
     configs = cast(ConfigRecord, _config(msg.content, RECORD_KEY_CONFIGS))
-    return public_key_problems(sk1, {nid: pair for nid, pair in configs.items() if nid != Key.STAGE})
+    keys = {nid: pair for nid, pair in configs.items() if nid != Key.STAGE}
+    share_num = getattr(flower, "share_num", 0)
+    if isinstance(share_num, int) and len(keys) > share_num:
+        # Every bound on the sum assumes at most share_num holders of this device's secrets.
+        return [f"{len(keys)} nodes' keys (this one included) for a neighbourhood of share_num {share_num}."]
+    return public_key_problems(sk1, keys)
 
 
 def _consistency_reply(msg: Message, context: Context) -> Message:
@@ -245,7 +264,12 @@ def _consistency_reply(msg: Message, context: Context) -> Message:
         own["phase"] = "refused"
         return _refusal(msg, problems, "No share was revealed.")
     survivors = cast(list[int], survivors)
-    message = survivors_message(run_id=int(context.run_id), round_id=msg.metadata.group_id, survivors=survivors)
+    message = survivors_message(
+        run_id=int(context.run_id),
+        round_id=msg.metadata.group_id,
+        survivors=survivors,
+        parameters=cast(bytes, own["parameters"]),
+    )
     own["survivors"], own["phase"] = sorted(survivors), "authenticated"
     dsts = sorted((_holders(flower) & set(survivors)) - {flower.nid})
     tags = [survivors_tag(flower.ss2_dict[d], message, src=flower.nid, dst=d) for d in dsts]
@@ -259,10 +283,15 @@ def _unmask_problems(msg: Message, context: Context, flower: SecAggPlusState | N
         return ["shares are revealed once per round, after this device authenticated a survivor set."]
     configs, extra = cast(ConfigRecord, _config(msg.content, RECORD_KEY_CONFIGS)), _extra(msg)
     survivors = cast(list[int], own["survivors"])
-    message = survivors_message(run_id=int(context.run_id), round_id=msg.metadata.group_id, survivors=survivors)
+    message = survivors_message(
+        run_id=int(context.run_id),
+        round_id=msg.metadata.group_id,
+        survivors=survivors,
+        parameters=cast(bytes, own["parameters"]),
+    )
     holders = _holders(flower)
     keys = {nid: flower.ss2_dict[nid] for nid in holders - {flower.nid} if nid in flower.ss2_dict}
-    problems = check_tags(
+    problems, tagged = check_tags(
         message,
         me=flower.nid,
         keys=keys,
@@ -276,6 +305,7 @@ def _unmask_problems(msg: Message, context: Context, flower: SecAggPlusState | N
         dead=configs.get(Key.DEAD_NODE_ID_LIST),
         holders=holders,
         survivors=survivors,
+        tagged=tagged,
         threshold=flower.threshold,
     )
 

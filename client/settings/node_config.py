@@ -34,10 +34,9 @@ key                      default   meaning
                                    ``secure_aggregation_mod`` before ``individual_filter_mod``)
 ``max-min-reports``      100       largest ``min-reports`` accepted (each distributed report
                                    carries 1/m of the accounted noise variance)
-``secagg-max-failure-probability``  2**-40  largest per-round probability that a SecAgg+ graph's
-                                   guarantee fails (``client/secagg/neighbourhood.py``), under:
-``secagg-dropout-rate``  0.1       the drop-out rate the device assumes for that bound
-``secagg-corrupt-rate``  0.05      the rate of devices colluding with the coordinator it assumes
+``secagg-colluders``     0         the most devices of a SecAgg+ neighbourhood that may be the
+                                   coordinator's own or collude with it; the device requires
+                                   threshold >= min-reports + this (``protocol/secagg_rule.py``)
 ``secagg-min-threshold`` 2         smallest SecAgg+ threshold accepted
 ``noise-seed``           (none)    reproducible noise for tests ONLY: whoever knows it can
                                    subtract the noise. Default: OS cryptographic randomness.
@@ -74,15 +73,26 @@ NODE_CONFIG_KEYS = (
     "min-noise-multiplier",
     "after-exhaustion",
     "max-min-reports",
-    "secagg-max-failure-probability",
-    "secagg-dropout-rate",
-    "secagg-corrupt-rate",
+    "secagg-colluders",
     "secagg-min-threshold",
     "noise-seed",
     "reply-hold-s",
     "secagg-identity-key",  # SecAgg+ peer-key pinning (client/secagg/pinning.py)
     "secagg-pinned-peers",
 )
+
+
+# Keys earlier versions read. Each is refused by name rather than ignored: an owner who set one relied
+# on an assumption the device no longer makes.
+RETIRED_KEYS = {
+    key: (
+        f"node-config {key!r} is no longer read: the device's main guarantee no longer rests on the "
+        "coordinator's graph or population (every graph it accepts gives each unmasked sum min-reports "
+        "honest reports), so no per-round graph failure probability, drop-out or corruption rate is "
+        "assumed. Remove it; to allow devices that collude with the coordinator, set 'secagg-colluders'."
+    )
+    for key in ("secagg-max-failure-probability", "secagg-dropout-rate", "secagg-corrupt-rate")
+}
 
 
 @dataclass(frozen=True)
@@ -214,12 +224,11 @@ def device_config(node_config: Mapping[str, Any]) -> DeviceConfig:
     graph = SecAggGraphPolicy()
     policy: ClientPolicy | None = None
     quotas: Quotas | None = None
+    problems += [why for key, why in RETIRED_KEYS.items() if key in node_config]
     try:
         graph = SecAggGraphPolicy(
-            max_failure_probability=get("secagg-max-failure-probability", _as_float, graph.max_failure_probability),
-            dropout_rate=get("secagg-dropout-rate", _as_float, graph.dropout_rate),
-            corrupt_rate=get("secagg-corrupt-rate", _as_float, graph.corrupt_rate),
             min_threshold=get("secagg-min-threshold", _as_int, graph.min_threshold),
+            colluders=get("secagg-colluders", _as_int, graph.colluders),
         )
     except ValueError as err:
         problems.append(f"node-config 'secagg-*': {err}")

@@ -10,11 +10,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from fedfilter.checks import finite, int_in, is_int, is_number, positive_finite, short_repr
+from fedfilter.checks import finite, int_in, is_int, positive_finite, short_repr
 from fedfilter.client.mechanisms.gaussian import (
     NOISE_STD_RANGE,
 )
-from fedfilter.privacy.secagg_graph import PRIVACY_FAILURE_TARGET
 from fedfilter.protocol.request import (
     AFTER_EXHAUSTION,
     INT64_MAX,
@@ -22,33 +21,29 @@ from fedfilter.protocol.request import (
     RoundSpecError,
     request_problems,
 )
-from fedfilter.protocol.secagg_grid import (
-    DEFAULT_CORRUPT_RATE,
-    DEFAULT_DROPOUT_RATE,
-)
 
 
 @dataclass(frozen=True)
 class SecAggGraphPolicy:
-    """The device owner's limits on SecAgg+ neighbourhoods (never the coordinator's)."""
+    """The device owner's limits on SecAgg+ graphs (never the coordinator's).
 
-    max_failure_probability: float = PRIVACY_FAILURE_TARGET  # per round, under the rates below
+    ``colluders``: the most devices among any of its neighbourhoods that the owner allows to be the
+    coordinator's own or to collude with it; the device then requires ``threshold - colluders >=
+    min_reports`` and ``2 threshold > share_num + colluders`` (``protocol/secagg_rule.py``). 0: every
+    device of its rounds is genuine. ``min_threshold``: the smallest threshold it accepts at all.
+    """
+
     min_threshold: int = 2
-    dropout_rate: float = DEFAULT_DROPOUT_RATE
-    corrupt_rate: float = DEFAULT_CORRUPT_RATE
+    colluders: int = 0
 
     def __post_init__(self) -> None:
         problems = []
-        p = self.max_failure_probability
-        if not is_number(p) or not (math.isfinite(p) and 0 <= p <= 1):
-            problems.append(f"secagg max_failure_probability must be in [0, 1]. Found {p!r}.")
         t = self.min_threshold
         if not is_int(t) or t < 2:
             problems.append(f"secagg min_threshold must be an integer >= 2. Found {t!r}.")
-        for name in ("dropout_rate", "corrupt_rate"):
-            r = getattr(self, name)
-            if not is_number(r) or not (math.isfinite(r) and 0 <= r < 1):
-                problems.append(f"secagg {name} must be in [0, 1). Found {r!r}.")
+        c = self.colluders
+        if not is_int(c) or not 0 <= c <= INT64_MAX:
+            problems.append(f"secagg colluders must be an integer >= 0. Found {c!r}.")
         if problems:
             raise ValueError(" ".join(problems))
 

@@ -15,7 +15,7 @@ import numpy as np
 from fedfilter.checks import is_int, positive_finite, short_repr
 from fedfilter.client.settings.policy import ClientPolicy
 from fedfilter.privacy.filters import FILTER_KINDS
-from fedfilter.privacy.secagg_graph import SecAggGraph, honest_coordinator_delta
+from fedfilter.privacy.secagg_graph import SecAggGraph
 from fedfilter.protocol.request import AFTER_EXHAUSTION, PLACEMENTS
 from fedfilter.protocol.rules import accounted_noise_std, added_noise_std
 
@@ -52,17 +52,17 @@ class EngineConfig:
         round with fewer than ``min_reports`` reports is not released; needs ``filter_kind="rdp"``.
         ``central`` (simulation only; papers/004's private GD): the coordinator sums the clipped
         updates and adds one ``N(0, sigma^2 I)`` draw; needs ``noise_draw="aggregate"``.
-    secagg_graph, secagg_dropout_rate, secagg_corrupt_rate
+    secagg_graph, secagg_dropout_rate, secagg_colluders
         Distributed placement: the SecAgg+ neighbourhoods (``fedfilter.privacy.secagg_graph``).
         ``full``: Flower's full graph (every asked client holds a share of every other's secrets);
-        ``sparse``: ``choose_graph(n_asked, ...)`` on Flower's ring over a permutation drawn per round.
-        Either way k and t are the coordinator's (``coordinator.secure_round.round_graph``: t above
-        k / 2, as the devices' consistency round requires, and every unmaskable sum holding at least
-        ``min_reports`` reports; on the full graph ``max(min_reports, n_asked // 2 + 1)``). A round is
-        released only when the simulated ring can be unmasked (every client keeps ``threshold``
-        reporting holders) and it has ``min_reports`` reports, and each client's guarantee against an
-        honest coordinator adds the graph's failure probability under the assumed rates for every
-        distributed round it reported in (``EngineResult.honest_coordinator_delta``).
+        ``sparse``: ``choose_graph(n_asked, ...)`` on Flower's ring over a permutation drawn per round,
+        sized for ``secagg_dropout_rate``. Either way k and t are the coordinator's
+        (``coordinator.secure_round.round_graph``), passing the rule the devices check with
+        ``secagg_colluders`` (``protocol/secagg_rule.py``: ``t >= min_reports + colluders``,
+        ``2 t > k + colluders``), so every sum that can be unmasked holds ``min_reports`` honest
+        reports and no graph failure probability enters any delta. A round is released only when
+        the simulated ring can be unmasked (every client keeps ``threshold`` reporting holders, as
+        Flower's ``_check_threshold`` requires) and it has ``min_reports`` reports.
     worst_case_epsilon
         The device's worst-case budget (``fedfilter.client.ledger.worst_case``), at ``delta``: one number or
         one per client, each at least that client's ``epsilon``; required with ``placement=
@@ -151,7 +151,7 @@ class EngineConfig:
     min_reports: int = 1
     secagg_graph: str = "full"
     secagg_dropout_rate: float = 0.1
-    secagg_corrupt_rate: float = 0.0
+    secagg_colluders: int = 0
     after_exhaustion: str | Sequence[str] = "noise-only"
     worst_case_epsilon: float | Sequence[float] | np.ndarray | None = None
     exhausted_below: float = ClientPolicy.exhausted_below  # the device's default
@@ -209,10 +209,12 @@ class EngineConfig:
             )
         if self.secagg_graph not in SECAGG_GRAPHS:
             problems.append(f"secagg_graph must be one of {SECAGG_GRAPHS}. Found {self.secagg_graph!r}.")
-        for name in ("secagg_dropout_rate", "secagg_corrupt_rate"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1:
-                problems.append(f"{name} must be a number in [0, 1). Found {v!r}.")
+        v = self.secagg_dropout_rate
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1:
+            problems.append(f"secagg_dropout_rate must be a number in [0, 1). Found {v!r}.")
+        c = self.secagg_colluders
+        if isinstance(c, bool) or not isinstance(c, int) or c < 0:
+            problems.append(f"secagg_colluders must be an integer >= 0. Found {c!r}.")
         if self.noise_draw not in NOISE_DRAWS:
             problems.append(f"noise_draw must be one of {NOISE_DRAWS}. Found {self.noise_draw!r}.")
         if self.norms not in NORMS:
@@ -308,19 +310,6 @@ class EngineResult:
     group_accuracy: dict[str, float] | None = None  # at the last evaluation
     graph: SecAggGraph | None = None  # distributed placement: the SecAgg+ graph every round ran on
     graph_rounds: np.ndarray | None = None  # int64: distributed rounds each client reported in
-
-    def honest_coordinator_delta(self) -> np.ndarray:
-        """Each client's delta against an honest coordinator: ``delta`` plus its graph's failure
-        probability for every distributed round it reported in (``secagg_graph.honest_coordinator_delta``,
-        the rule a device applies); ``delta`` itself in the other placements."""
-        n = len(self.client_ids)
-        if self.graph is None or self.graph_rounds is None:
-            return np.full(n, self.config.delta)
-        out = np.empty(n)
-        beta = self.graph.failure_probability
-        for count in np.unique(self.graph_rounds):
-            out[self.graph_rounds == count] = honest_coordinator_delta(self.config.delta, [beta] * int(count))
-        return out
 
     # (n_clients, dim) the worst-case accounts (distributed placement; None otherwise), bitwise the ledgers'
     worst_state: np.ndarray | None = field(default=None, repr=False)

@@ -26,11 +26,7 @@ from fedfilter.client.mechanisms.spend import spend
 from fedfilter.coordinator.secure_round import AUTO_SHARES
 from fedfilter.coordinator.secure_round import round_graph as coordinator_round_graph
 from fedfilter.privacy.filters import exhausted
-from fedfilter.privacy.secagg_graph import (
-    SecAggGraph,
-    dropouts_accounted,
-    graph_abort_probability,
-)
+from fedfilter.privacy.secagg_graph import SecAggGraph
 from fedfilter.protocol.rules import reports_needed
 from fedfilter.simulations.engine.accounts import RowsAccount
 from fedfilter.simulations.engine.mechanisms import EngineSkellam
@@ -67,19 +63,13 @@ def ring_unmasks(reporting_in_ring_order: np.ndarray, num_shares: int, threshold
 def round_graph(cfg, n_asked: int) -> SecAggGraph:
     """The SecAgg+ graph of a distributed round with ``n_asked`` clients: k and t from the coordinator's
     one rule (``coordinator.secure_round.round_graph``: ``"auto"`` for ``cfg.secagg_graph = "sparse"``,
-    Flower's full graph 1.0 otherwise; t above k / 2, as devices require, and every unmaskable sum of
-    at least ``min_reports`` reports), with its failure and abort bounds under the assumed rates."""
-    rates = {"dropout_rate": cfg.secagg_dropout_rate, "corrupt_rate": cfg.secagg_corrupt_rate}
+    Flower's full graph 1.0 otherwise), which passes the devices' rule with ``cfg.secagg_colluders``,
+    with its abort bound under the assumed drop-out rate."""
     shares = AUTO_SHARES if cfg.secagg_graph == "sparse" else 1.0
-    g = coordinator_round_graph(n_asked, cfg.min_reports, shares, **rates)
-    if n_asked < 3:
-        return SecAggGraph(g.num_shares, g.threshold, 0.0, 0.0)  # no third node to collude or to hold a share
-    return SecAggGraph(
-        g.num_shares,
-        g.threshold,
-        g.failure_probability,
-        graph_abort_probability(n_asked, g.num_shares, g.threshold, dropout_rate=cfg.secagg_dropout_rate),
+    g = coordinator_round_graph(
+        n_asked, cfg.min_reports, shares, colluders=cfg.secagg_colluders, dropout_rate=cfg.secagg_dropout_rate
     )
+    return SecAggGraph(g.num_shares, g.threshold, g.abort_probability)
 
 
 @dataclass
@@ -196,11 +186,9 @@ class DistributedPlacement:
 
     def unmasks(self, clients: np.ndarray, active: np.ndarray, reporting: np.ndarray, round_id: int) -> bool:
         """SecAgg+ on this round's ring: the asked clients in an order drawn per round, unmasked only
-        when the drop-outs are within the graph's assumption and every node keeps enough holders."""
+        when every node keeps enough reporting holders (privacy does not depend on the drop-outs)."""
         cfg = self.engine.config
         sent = np.isin(clients, active) | np.isin(clients, reporting)
-        n, dropped = len(clients), int(len(clients) - sent.sum())
-        if n >= 3 and not dropouts_accounted(n, self.graph.num_shares, dropped, dropout_rate=cfg.secagg_dropout_rate):
-            return False  # more drop-outs than the graph's failure bound assumes: nothing is unmasked
+        n = len(clients)
         order = graph_rng(cfg.seed, cfg.run_id, round_id).permutation(n)
         return ring_unmasks(sent[order], self.graph.num_shares, self.graph.threshold)

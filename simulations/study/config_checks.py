@@ -56,7 +56,7 @@ FEDERATION_KEYS: dict[str, tuple[type, str]] = {
     "chunk_size": (int, "positive"),
     "secagg_graph": (str, "full|sparse"),
     "secagg_dropout_rate": (float, "unit"),
-    "secagg_corrupt_rate": (float, "unit"),
+    "secagg_colluders": (int, "nonneg"),
     # Distributed runs: each client's worst-case-epsilon is this times its epsilon (client/ledger/worst_case.py);
     # required when sweep.noise includes 'distributed' (the runner passes worst_case_epsilon).
     "worst_case_factor": (float, "positive"),

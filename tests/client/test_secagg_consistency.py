@@ -32,6 +32,7 @@ from fedfilter.client.secagg.consistency import (
     check_unmask_lists,
     open_certificate,
     public_key_of,
+    round_parameters,
     seal_certificate,
     survivors_message,
     survivors_tag,
@@ -98,49 +99,53 @@ def _reference_body(*, run_id, round_id, nid, pk1, pk2):
 
 
 # --- MACs on the survivor set --------------------------------------------------------------------
-def _reference_message(*, run_id, round_id, survivors):
+def _reference_message(*, run_id, round_id, survivors, parameters):
     ids = sorted(set(survivors))
     return (
-        b"fedfilter/secaggplus/survivors/v2"
+        b"fedfilter/secaggplus/survivors/v3"
         + run_id.to_bytes(8, "big")
         + len(round_id.encode()).to_bytes(4, "big")
         + round_id.encode()
+        + len(parameters).to_bytes(4, "big")
+        + parameters
         + len(ids).to_bytes(4, "big")
         + b"".join(i.to_bytes(8, "big") for i in ids)
     )
 
 
-def _reference_tag(ss2: bytes, *, run_id, round_id, survivors, src, dst) -> bytes:
-    body = _reference_message(run_id=run_id, round_id=round_id, survivors=survivors)
+def _reference_tag(ss2: bytes, *, run_id, round_id, survivors, src, dst, parameters) -> bytes:
+    body = _reference_message(run_id=run_id, round_id=round_id, survivors=survivors, parameters=parameters)
     body += src.to_bytes(8, "big") + dst.to_bytes(8, "big")
     return hmac.new(hkdf_sha256(ss2, MAC_KEY_INFO), body, hashlib.sha256).digest()
 
 
 ME, SURVIVORS, RUN, ROUND = 1, (1, 2, 3, 4, 5, 6), 7, "3"
+PARAMS = round_parameters({"noise-multiplier": 1.0, "min-reports": 4}, {"threshold": 4, "share_num": 6})
 
 
 def _shown(n_signers: int, **over):
     """Device ME's view: the ss2 key it shares with each of its neighbours 2..6, and the tags the first
     ``n_signers`` of them addressed to it on SURVIVORS (made with the reference, not the code)."""
     keys = {nid: channel_key() for nid in range(2, 7)}
-    where = {"run_id": RUN, "round_id": ROUND, "survivors": SURVIVORS, **over}
+    where = {"run_id": RUN, "round_id": ROUND, "survivors": SURVIVORS, "parameters": PARAMS, **over}
     signers = list(keys)[:n_signers]
     tags = [_reference_tag(keys[nid], **where, src=nid, dst=ME) for nid in signers]
     return keys, signers, tags
 
 
-def check(keys, signers, tags, threshold, *, survivors=SURVIVORS, run_id=RUN, round_id=ROUND):
-    msg = survivors_message(run_id=run_id, round_id=round_id, survivors=survivors)
-    return check_tags(msg, me=ME, keys=keys, signers=signers, tags=tags, threshold=threshold)
+def check(keys, signers, tags, threshold, *, survivors=SURVIVORS, run_id=RUN, round_id=ROUND, parameters=PARAMS):
+    msg = survivors_message(run_id=run_id, round_id=round_id, survivors=survivors, parameters=parameters)
+    return check_tags(msg, me=ME, keys=keys, signers=signers, tags=tags, threshold=threshold)[0]
 
 
 def test_a_tag_is_hmac_sha256_of_the_set_run_round_src_and_dst_under_the_pairs_mac_key():
     ss2 = channel_key()
-    for src, dst, run_id, round_id, survivors in [(5, 9, 7, "3", [9, 5, 2]), (2**64 - 1, 0, 2**64 + 3, "", [])]:
-        msg = survivors_message(run_id=run_id, round_id=round_id, survivors=survivors)
-        assert msg == _reference_message(run_id=run_id % 2**64, round_id=round_id, survivors=survivors)
-        want = _reference_tag(ss2, run_id=run_id % 2**64, round_id=round_id, survivors=survivors, src=src, dst=dst)
-        assert survivors_tag(ss2, msg, src=src, dst=dst) == want
+    cases = [(5, 9, 7, "3", [9, 5, 2], PARAMS), (2**64 - 1, 0, 2**64 + 3, "", [], b"")]
+    for src, dst, run_id, round_id, survivors, params in cases:
+        msg = survivors_message(run_id=run_id, round_id=round_id, survivors=survivors, parameters=params)
+        where = {"run_id": run_id % 2**64, "round_id": round_id, "survivors": survivors, "parameters": params}
+        assert msg == _reference_message(**where)
+        assert survivors_tag(ss2, msg, src=src, dst=dst) == _reference_tag(ss2, **where, src=src, dst=dst)
 
 
 @pytest.mark.parametrize("threshold", [2, 3, 6])
@@ -151,8 +156,10 @@ def test_threshold_minus_one_neighbours_tags_pass_and_one_fewer_fails(threshold)
     assert f"{threshold - 2} neighbours authenticated" in problem and f"threshold {threshold}" in problem
 
 
-def test_a_tag_on_another_set_round_or_run_is_refused():
-    for other in ({"survivors": (1, 2, 3, 4, 5)}, {"round_id": "4"}, {"round_id": "31"}, {"run_id": RUN + 1}):
+def test_a_tag_on_another_set_round_run_or_parameters_is_refused():
+    other_params = round_parameters({"noise-multiplier": 0.1, "min-reports": 4}, {"threshold": 4, "share_num": 6})
+    others = ({"survivors": (1, 2, 3, 4, 5)}, {"round_id": "4"}, {"round_id": "31"}, {"run_id": RUN + 1})
+    for other in (*others, {"parameters": other_params}):
         problems = check(*_shown(3, **other), 4)
         assert sum("tag on the survivor set is invalid" in p for p in problems) == 3, other
         assert "0 neighbours authenticated" in problems[-1]
@@ -163,8 +170,9 @@ def test_a_tag_for_another_destination_or_from_another_source_is_refused():
     (same key); ME's own tag for 2 reflected back to ME as 2's (the pair's key is the same both ways)."""
     keys, signers, tags = _shown(2)
     k2 = keys[2]
-    redirected = _reference_tag(k2, run_id=RUN, round_id=ROUND, survivors=SURVIVORS, src=2, dst=9)
-    reflected = _reference_tag(k2, run_id=RUN, round_id=ROUND, survivors=SURVIVORS, src=ME, dst=2)
+    where = {"run_id": RUN, "round_id": ROUND, "survivors": SURVIVORS, "parameters": PARAMS}
+    redirected = _reference_tag(k2, **where, src=2, dst=9)
+    reflected = _reference_tag(k2, **where, src=ME, dst=2)
     for tag in (redirected, reflected):
         assert "node 2's tag on the survivor set is invalid" in check(keys, [2, 3], [tag, tags[1]], 3)[0]
     assert "node 3's tag" in check({**keys, 3: k2}, [2, 3], [tags[0], tags[0]], 3)[0]
@@ -175,7 +183,8 @@ def test_a_tag_under_any_key_but_the_mac_key_is_refused():
     the pair's mask key (from ``sk1``, which the coordinator learns for dropped nodes) and a key of the
     coordinator's own: none makes a tag the device accepts."""
     keys, signers, tags = _shown(3)
-    body = _reference_message(run_id=RUN, round_id=ROUND, survivors=SURVIVORS) + (2).to_bytes(8, "big")
+    body = _reference_message(run_id=RUN, round_id=ROUND, survivors=SURVIVORS, parameters=PARAMS)
+    body += (2).to_bytes(8, "big")
     body += ME.to_bytes(8, "big")
     k2 = keys[2]
     wrong = [
@@ -203,7 +212,7 @@ def test_the_same_neighbour_shown_twice_counts_once():
 
 def test_tags_naming_the_device_itself_strangers_or_malformed_are_refused():
     keys, signers, tags = _shown(3)
-    own = _reference_tag(keys[2], run_id=RUN, round_id=ROUND, survivors=SURVIVORS, src=ME, dst=ME)
+    own = _reference_tag(keys[2], run_id=RUN, round_id=ROUND, survivors=SURVIVORS, parameters=PARAMS, src=ME, dst=ME)
     assert any(f"names this device ({ME})" in p for p in check({**keys, ME: keys[2]}, [ME, *signers], [own, *tags], 4))
     assert any("node 99, not a neighbour" in p for p in check(keys, [99, *signers], [tags[0], *tags], 4))
     for bad in ("x", tags[1][:-1], tags[1] + b"\0", None):
@@ -215,23 +224,61 @@ def test_tags_naming_the_device_itself_strangers_or_malformed_are_refused():
 
 
 def test_the_authenticated_message_is_the_set_not_the_order():
-    a = survivors_message(run_id=7, round_id="3", survivors=[3, 1, 2])
-    assert a == survivors_message(run_id=7, round_id="3", survivors=[1, 2, 3])
-    assert a != survivors_message(run_id=7, round_id="3", survivors=[1, 2])
-    assert a != survivors_message(run_id=7, round_id="31", survivors=[1, 2, 3])
+    a = survivors_message(run_id=7, round_id="3", survivors=[3, 1, 2], parameters=PARAMS)
+    assert a == survivors_message(run_id=7, round_id="3", survivors=[1, 2, 3], parameters=PARAMS)
+    assert a != survivors_message(run_id=7, round_id="3", survivors=[1, 2], parameters=PARAMS)
+    assert a != survivors_message(run_id=7, round_id="31", survivors=[1, 2, 3], parameters=PARAMS)
+    assert a != survivors_message(run_id=7, round_id="3", survivors=[1, 2, 3], parameters=PARAMS[:-1] + b"\0")
+
+
+def test_the_parameters_digest_is_the_values_received_not_their_order():
+    """Equal records in any key order give one digest; any value, its type, a key or the record it sits
+    in changes it (the coordinator cannot give two devices different requests under one digest)."""
+    request, setup = {"noise-multiplier": 1.0, "clip": 0.5, "min-reports": 4}, {"threshold": 4, "share_num": 7}
+    base = round_parameters(request, setup)
+    assert base == round_parameters(dict(reversed(list(request.items()))), setup)
+    assert len(base) == 32
+    for changed in (
+        round_parameters({**request, "noise-multiplier": 0.5}, setup),
+        round_parameters({**request, "clip": 1}, setup),  # the same number, as an int
+        round_parameters({**request, "min-reports": 5}, setup),
+        round_parameters(request, {**setup, "share_num": 9}),
+        round_parameters({**request, "threshold": 4}, {"share_num": 7}),  # a key moved to the other record
+        round_parameters(request),
+    ):
+        assert changed != base
+
+
+def test_the_tags_verified_are_returned():
+    keys, signers, tags = _shown(3)
+    msg = survivors_message(run_id=RUN, round_id=ROUND, survivors=SURVIVORS, parameters=PARAMS)
+    bad = [tags[0], b"x" * 32, tags[2]]
+    problems, tagged = check_tags(msg, me=ME, keys=keys, signers=signers, tags=bad, threshold=2)
+    assert tagged == {signers[0], signers[2]}
+    assert problems == [f"node {signers[1]}'s tag on the survivor set is invalid."]
 
 
 # --- unmask lists -------------------------------------------------------------------------------
 HOLDERS, SIGNED = {1, 2, 3, 4, 5}, {1, 2, 3, 4}
 
 
-def lists(active, dead, me=1, threshold=3):
-    return check_unmask_lists(me=me, active=active, dead=dead, holders=HOLDERS, survivors=SIGNED, threshold=threshold)
+def lists(active, dead, me=1, threshold=3, tagged=SIGNED - {1}):
+    return check_unmask_lists(
+        me=me, active=active, dead=dead, holders=HOLDERS, survivors=SIGNED, tagged=tagged, threshold=threshold
+    )
 
 
 def test_honest_unmask_lists_pass():
     assert lists([1, 2, 3, 4], [5]) == []
     assert lists([1, 2, 3], []) == []  # a subset is no leak (the unmask fails for lack of shares)
+
+
+def test_an_active_node_whose_own_tag_was_not_shown_gets_no_seed_share():
+    """Node 4 is a survivor the device authenticated, but the device never verified 4's own tag on the
+    set and the parameters: 4 may have been told another request, so its report is not unmasked here."""
+    (problem,) = lists([1, 2, 3, 4], [5], tagged={2, 3})
+    assert "nodes [4] are listed active but this device was not shown their own tag" in problem
+    assert lists([1, 2, 3], [], tagged={2, 3}) == []
 
 
 @pytest.mark.parametrize(
@@ -318,13 +365,12 @@ def test_share_count_problems_are_named(over, words):
 
 def test_the_smallest_sound_settings_pass():
     assert check_secagg_state(state(share_num=11, sample_num=11, threshold=6), min_reports=6) == []
-    # Three nodes: the fewest with a neighbourhood guarantee (issue 23's graph check refuses one node,
-    # no SecAgg+ graph, and two, where each learns the other's report from the sum).
     assert check_secagg_state(state(share_num=3, sample_num=3, threshold=2), min_reports=2) == []
     (one,) = check_secagg_state(state(share_num=1, sample_num=1, threshold=1), min_reports=1)
     assert "sample_num and share_num must be >= 2" in one
-    (two,) = check_secagg_state(state(share_num=2, sample_num=2, threshold=2), min_reports=1)
-    assert "a SecAgg+ round of 2 nodes has no neighbourhood guarantee" in two
+    # Two genuine devices: each sum holds both reports (t = 2); a device that reads the sum knowing its own
+    # noise is a colluder, and with secagg-colluders 1 the rule needs t >= 3 > 2 nodes.
+    assert check_secagg_state(state(share_num=2, sample_num=2, threshold=2), min_reports=2) == []
 
 
 def test_the_coordinators_graphs_pass_the_whole_device_check():

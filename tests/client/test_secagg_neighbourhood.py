@@ -1,6 +1,6 @@
-"""SecAgg+ neighbourhoods on the device: the fewest reports an unmasking can hold (against a brute force
-over Flower's own threshold rule on its ring), the owner's graph limits, and the coordinator's default
-graphs passing the default device's check (and a coordinator's weak graph refused, with nothing spent).
+"""SecAgg+ graphs on the device: the rule it checks (``protocol/secagg_rule.py``) against a brute force
+of the counting argument behind it, the coordinator's graphs always accepted and nothing else, the
+owner's limits, and a graph outside them refused with nothing spent.
 """
 
 from __future__ import annotations
@@ -8,87 +8,101 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from flwr.server.workflow.secure_aggregation.secaggplus_workflow import SecAggPlusWorkflow, WorkflowState
 from helpers.secagg import assert_refused_before_training, run_round
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fedfilter.client.secagg.neighbourhood import check_secagg_graph
+from fedfilter.client.settings.node_config import RETIRED_KEYS, device_config
 from fedfilter.client.settings.policy import SecAggGraphPolicy
-from fedfilter.coordinator.secure_round import RoundGraph, round_graph
-from fedfilter.privacy.secagg_graph import PRIVACY_FAILURE_TARGET, graph_failure_probability
-from fedfilter.protocol.secagg_grid import fewest_released_reports
+from fedfilter.coordinator.secure_round import AUTO_SHARES, RoundGraph, round_graph
+from fedfilter.protocol.secagg_rule import fewest_honest_reports, graph_problems
 
 
-def _flower_ring(n: int, k: int) -> dict[int, set[int]]:
-    """flwr 1.42 ``setup_stage``'s neighbours (before its shuffle, which only relabels the ring)."""
-    half = k >> 1
-    return {idx: {(idx + offset) % n for offset in range(-half, half + 1)} for idx in range(n)}
+def both_kinds_possible(k: int, t: int, c: int) -> bool:
+    """Brute force of the step the bound rests on: can a coordinator, with ``c`` colluders among a node's
+    ``k`` holders, get ``t`` key shares of a node that authenticated itself as a survivor and was shown
+    ``t - 1`` tags? Each other holder is a tagger (honest, believes the node alive), a revealer (honest,
+    believes it dropped), silent, or a colluder (tags and reveals)."""
+    others = k - 1
+    for colluding in range(0, min(c, others) + 1):
+        for taggers in range(0, others - colluding + 1):
+            revealers = others - colluding - taggers
+            if taggers + colluding >= t - 1 and revealers + colluding >= t:
+                return True
+    return False
 
 
-def _flower_halts(n: int, k: int, t: int, alive: set[int]) -> bool:
-    state = WorkflowState()
-    state.sampled_node_ids, state.active_node_ids = set(range(n)), alive
-    state.nid_to_neighbours, state.threshold = _flower_ring(n, k), t
-    # Flower's own rule, private in flwr 1.42 and reachable only mid-round: the brute force must run
-    # Flower's code, not a copy of it (kept on purpose; the integrator lists it as an allowed private).
-    return not SecAggPlusWorkflow(num_shares=1.0, reconstruction_threshold=2)._check_threshold(state)
-
-
-@pytest.mark.parametrize("n, k", [(5, 3), (7, 3), (8, 5), (9, 5), (10, 7), (6, 6), (7, 7), (11, 9)])
-def test_every_sum_flower_unmasks_holds_at_least_the_fewest_released_reports(n, k):
+@pytest.mark.parametrize("k", range(2, 12))
+def test_the_rule_is_exactly_where_a_survivor_can_lose_its_key(k):
+    """``2 t > k + c`` holds exactly when no split of a survivor's holders yields both its tags and its key."""
     for t in range(2, k + 1):
-        smallest = min(
-            (
-                len(alive)
-                for r in range(n + 1)
-                for alive in map(set, itertools.combinations(range(n), r))
-                if not _flower_halts(n, k, t, alive)
-            ),
-            default=None,
-        )
-        bound = fewest_released_reports(n, k, t)
-        assert smallest is None or smallest >= bound, (n, k, t, smallest, bound)
-        if k == n:
-            assert bound == t and smallest == t  # the full graph: exactly the threshold
+        for c in range(0, k):
+            refused = any(
+                "must exceed half" in p
+                for p in graph_problems(sample_num=k, share_num=k, threshold=t, min_reports=1, colluders=c)
+            )
+            assert refused == both_kinds_possible(k, t, c), (k, t, c)
 
 
-def test_the_full_graph_keeps_the_former_rule_threshold_at_least_min_reports():
-    state = {"sample_num": 10, "share_num": 10, "threshold": 5}
-    assert check_secagg_graph(state, 5, SecAggGraphPolicy()) == []
-    (problem,) = check_secagg_graph(state, 6, SecAggGraphPolicy())
-    assert "sum of 5 reports" in problem and "threshold 5" in problem and "below min-reports 6" in problem
+def test_the_bound_is_the_threshold_less_the_colluders_whatever_the_claimed_population():
+    for n in (10, 200, 10**6):  # the claimed population changes nothing
+        assert graph_problems(sample_num=n, share_num=9, threshold=9, min_reports=9) == []
+        (problem,) = graph_problems(sample_num=n, share_num=9, threshold=8, min_reports=9)
+        assert "leaves 8 honest reports" in problem and "below min-reports 9" in problem
+    assert fewest_honest_reports(12, 2) == 10
+    assert graph_problems(sample_num=30, share_num=21, threshold=12, min_reports=10, colluders=2) == []
+    problems = graph_problems(sample_num=30, share_num=21, threshold=12, min_reports=10, colluders=3)
+    assert any("leaves 9" in p for p in problems)
 
 
-@pytest.mark.parametrize("n", [3, 10, 100, 1000])
-def test_the_coordinators_default_graph_passes_the_default_devices_check(n):
-    m = -(-n // 2)  # the app's default min-reports for n clients: ceil(n / 2)
-    graph = round_graph(n, m)
-    k, t = graph.num_shares, graph.threshold
-    assert (k == n or (k % 2 == 1 and k < n)) and k // 2 < t <= k
-    assert fewest_released_reports(n, k, t) >= m
-    state = {"sample_num": n, "share_num": k, "threshold": t}
-    assert check_secagg_graph(state, m, SecAggGraphPolicy()) == []
-    assert graph.failure_probability <= PRIVACY_FAILURE_TARGET
-    if n >= 100:
-        assert k <= 101  # O(log n) holders, not n: the point of the sparse graph
-    # The device recomputes the bound itself; it equals the coordinator's for the same rates.
-    assert graph.failure_probability == graph_failure_probability(n, k, t, dropout_rate=0.1, corrupt_rate=0.05)
+def accepted(n, k, t, m, c) -> bool:
+    """The rule written out independently: a graph Flower can run, whose threshold holds m honest reports
+    with c colluders and exceeds half the holders plus the colluders."""
+    return 2 <= t <= k <= n and t - c >= m and 2 * t > k + c
 
 
-def test_round_graph_keeps_explicit_choices_and_raises_t_to_the_released_floor():
+@pytest.mark.parametrize("c", [0, 1, 2])
+def test_the_device_accepts_exactly_the_graphs_the_rule_allows(c):
+    policy = SecAggGraphPolicy(colluders=c)
+    for n, m in itertools.product(range(2, 12), range(1, 8)):
+        for k in range(2, n + 1):
+            for t in range(1, k + 1):
+                state = {"sample_num": n, "share_num": k, "threshold": t}
+                assert (check_secagg_graph(state, m, policy) == []) == accepted(n, k, t, m, c), (n, k, t, m, c)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    n=st.integers(2, 3000),
+    m_fraction=st.floats(0.0, 1.0),
+    c=st.integers(0, 5),
+    shares=st.one_of(st.just(AUTO_SHARES), st.sampled_from([1.0, 0.5, 0.1]), st.sampled_from([3, 5, 21, 101])),
+)
+def test_whatever_the_coordinator_picks_the_device_accepts(n, m_fraction, c, shares):
+    m = max(1, round(m_fraction * n))
+    graph = round_graph(n, m, shares, colluders=c)
+    state = {"sample_num": n, "share_num": graph.num_shares, "threshold": graph.threshold}
+    if m + c > n:  # no round can be unmasked: Flower halts after its setup stage
+        assert graph.abort_probability == 1.0 and graph.threshold == max(2, m + c) > n
+        return
+    assert check_secagg_graph(state, m, SecAggGraphPolicy(colluders=c)) == []
+    assert graph.num_shares == n or graph.num_shares % 2 == 1
+
+
+def test_round_graph_keeps_explicit_choices_and_raises_t_to_the_rule():
     full = round_graph(10, 4, 1.0)
-    assert (full.num_shares, full.threshold) == (10, 6)  # t > k / 2 (consistency round) and >= min_reports
+    assert (full.num_shares, full.threshold) == (10, 6)  # 2 t > k, and t >= min_reports
     assert round_graph(10, 4, "1.0") == full  # as a run config holds it
-    sparse = round_graph(100, 50, 21)
-    assert sparse.num_shares == 21 and fewest_released_reports(100, 21, sparse.threshold) >= 50
-    assert round_graph(100, 90, 21).threshold == 19  # ceil(100 * 19 / 21) = 91 >= 90
-    assert round_graph(100, 98, 21).num_shares == 100  # no t < 21 holds 98 reports: the full graph
-    # A tiny explicit neighbourhood runs, but its bound is far above the default device's limit.
-    weak = round_graph(10, 3, 3)
-    assert (weak.num_shares, weak.threshold) == (3, 3 // 2 + 1)
-    problems = check_secagg_graph({"sample_num": 10, "share_num": 3, "threshold": 2}, 3, SecAggGraphPolicy())
-    assert weak.failure_probability > PRIVACY_FAILURE_TARGET and "secagg-max-failure-probability" in problems[0]
+    sparse = round_graph(100, 50, 101)
+    assert (sparse.num_shares, sparse.threshold) == (100, 51)
+    assert round_graph(100, 10, 21).threshold == 11  # 2 t > 21
+    assert round_graph(100, 30, 21).num_shares == 31  # 21 holders cannot hold a threshold of 30
+    assert round_graph(100, 30, 21, colluders=2).threshold == 32
     with pytest.raises(ValueError, match="secagg_num_shares"):
         round_graph(10, 3, "many")
+    with pytest.raises(ValueError, match="secagg_colluders"):
+        round_graph(10, 3, colluders=-1)
     # Fewer sampled than min_reports: a graph Flower halts on (t > n), not an error that ends the run.
     assert round_graph(3, 4) == round_graph(3, 4, 1.0) == RoundGraph(3, 4, 1.0)
     assert round_graph(2, 3) == RoundGraph(2, 3, 1.0)
@@ -96,30 +110,38 @@ def test_round_graph_keeps_explicit_choices_and_raises_t_to_the_released_floor()
 
 def test_the_owners_policy_is_checked_and_bad_policies_are_refused_by_name():
     state = {"sample_num": 100, "share_num": 29, "threshold": 18}
-    assert check_secagg_graph(state, 50, SecAggGraphPolicy()) == []
-    (problem,) = check_secagg_graph(state, 50, SecAggGraphPolicy(min_threshold=20))
+    assert check_secagg_graph(state, 18, SecAggGraphPolicy()) == []
+    (problem,) = check_secagg_graph(state, 18, SecAggGraphPolicy(min_threshold=20))
     assert "threshold 18 is below this device's secagg-min-threshold 20" in problem
-    (problem,) = check_secagg_graph(state, 50, SecAggGraphPolicy(corrupt_rate=0.3))
-    assert "secagg-max-failure-probability" in problem and "corrupt rate 0.3" in problem
-    assert "not one Flower builds" in check_secagg_graph({**state, "share_num": 28}, 50, SecAggGraphPolicy())[0]
-    assert any(
-        "exceeds sample_num" in p for p in check_secagg_graph({**state, "share_num": 101}, 50, SecAggGraphPolicy())
-    )
-    assert "integers" in check_secagg_graph({**state, "share_num": None}, 50, SecAggGraphPolicy())[0]
+    problems = check_secagg_graph(state, 18, SecAggGraphPolicy(colluders=1))
+    assert any("threshold 18 with 1 colluders leaves 17 honest reports" in p for p in problems)
+    too_many = check_secagg_graph({**state, "share_num": 101}, 18, SecAggGraphPolicy())
+    assert any("exceeds sample_num" in p for p in too_many)
+    assert "integers" in check_secagg_graph({**state, "share_num": None}, 18, SecAggGraphPolicy())[0]
     with pytest.raises(ValueError) as err:
-        SecAggGraphPolicy(max_failure_probability=2.0, min_threshold=1, dropout_rate=1.0, corrupt_rate=float("nan"))
-    for word in ("max_failure_probability", "min_threshold", "dropout_rate", "corrupt_rate"):
+        SecAggGraphPolicy(min_threshold=1, colluders=-2)
+    for word in ("min_threshold", "colluders"):
         assert word in str(err.value)
+
+
+@pytest.mark.parametrize("key", sorted(RETIRED_KEYS))
+def test_a_retired_graph_setting_is_refused_by_name_not_ignored(tmp_path, key):
+    """An owner who set an assumed corruption or failure rate relied on it: the device says it no longer
+    reads it and what replaced it, rather than serve rounds under an assumption it does not make."""
+    config = {"ledger-dir": str(tmp_path / "d"), "budget-epsilon": 1.0, key: 0.1}
+    with pytest.raises(ValueError) as err:
+        device_config(config)
+    assert key in str(err.value) and "secagg-colluders" in str(err.value)
 
 
 @pytest.mark.parametrize(
     "over, words",
     [
         ({"secagg-min-threshold": 5}, ["threshold 4 is below this device's secagg-min-threshold 5"]),
-        ({"secagg-corrupt-rate": 0.7}, ["secagg-max-failure-probability", "corrupt rate 0.7"]),
+        ({"secagg-colluders": 1}, ["threshold 4 with 1 colluders leaves 3 honest reports"]),
     ],
 )
 def test_a_graph_outside_the_owners_limits_is_refused_before_training(tmp_path, monkeypatch, over, words):
-    n = 6  # Flower's full graph of 6 with threshold 4
+    n = 6  # Flower's full graph of 6 with threshold 4, min-reports 4
     result = run_round(tmp_path, monkeypatch, n, threshold=4, node_over={i: over for i in range(n)})
     assert_refused_before_training(tmp_path, result, n, "secure aggregation refused", *words)

@@ -11,11 +11,10 @@ victim's report ``k + Sk(mu_share)``, which carries 1/t of the noise the main ac
 
 from __future__ import annotations
 
-import math
-
 import mpmath
 import numpy as np
 from flwr.common import parameters_to_ndarrays
+from helpers.budget_reference import mp_skellam_divergence as mp_divergence
 from helpers.secagg import DTYPES, RUN, node_id, run_round
 
 from fedfilter.client.ledger.budget import BudgetLedger
@@ -30,21 +29,6 @@ from fedfilter.protocol.secagg_grid import decode_sum, grid_step
 DELTA = 1e-5
 T = 4  # the reconstruction threshold, = min_reports; the coordinator forges all T other nodes
 Z = 2.0**-8  # mu_total = (z C / gamma)^2 = 256 grid steps squared, mu_share = 64: mpmath can sum it
-
-
-def mp_divergence(k: list[int], mu: float, alpha: float) -> mpmath.mpf:
-    """The exact D_alpha(Sk(mu) + k || Sk(mu)) at 50 digits: pmf exp(-mu) I_|x|(mu) by mpmath's Bessel
-    functions, summed over a window 40 standard deviations past the largest shift."""
-    mpmath.mp.dps = 50
-    mu_, a = mpmath.mpf(mu), mpmath.mpf(alpha)
-    shifts = sorted({abs(v) for v in k if v})
-    width = (shifts[-1] if shifts else 0) + int(40 * math.sqrt(mu)) + 40
-    pmf = [mpmath.exp(-mu_) * mpmath.besseli(x, mu_) for x in range(2 * width + 1)]
-    total = mpmath.mpf(0)
-    for shift in shifts:
-        s = mpmath.fsum(pmf[abs(x - shift)] ** a * pmf[abs(x)] ** (1 - a) for x in range(-width, width + 1))
-        total += sum(1 for v in k if abs(v) == shift) * mpmath.log(s) / (a - 1)
-    return total
 
 
 def test_a_sybil_coordinator_reads_one_report_and_the_worst_case_account_covers_it(tmp_path, monkeypatch):

@@ -36,6 +36,7 @@ from helpers.secagg_attacks import (
 )
 
 from fedfilter.client.secagg.consistency import survivors_message, survivors_tag
+from fedfilter.client.secagg.mod import CONSISTENCY_STATE_RECORD
 from fedfilter.protocol.wire import CONSISTENCY_RECORD
 
 CONSISTENCY = "fedfilter_consistency_check"  # the consistency round's stage name (absent before issue 22)
@@ -188,7 +189,11 @@ def test_tags_the_coordinator_made_itself_are_refused(tmp_path, monkeypatch):
     def forged_round(workflow, grid, context, state):
         type(workflow).__mro__[1].consistency_stage(workflow, grid, context, state)  # the honest round
         group = str(context.state.config_records["config"]["current_round"])
-        message = survivors_message(run_id=seen.grid.run.run_id, round_id=group, survivors=state.active_node_ids)
+        # The round's parameters are public to the coordinator: it digests them as a device does.
+        parameters = seen.grid.contexts[nid_of(0)].state.config_records[CONSISTENCY_STATE_RECORD]["parameters"]
+        message = survivors_message(
+            run_id=seen.grid.run.run_id, round_id=group, survivors=state.active_node_ids, parameters=parameters
+        )
         workflow._tags = {
             dst: {src: survivors_tag(own_key, message, src=src, dst=dst) for src in tags}
             for dst, tags in workflow._tags.items()
@@ -223,7 +228,7 @@ def test_a_swapped_pk2_the_mac_keys_source_is_refused_before_training(tmp_path, 
 
 def test_a_coordinator_that_shows_one_tag_fewer_than_needed_gets_no_share(tmp_path, monkeypatch):
     """The coordinator holds tags back so that each device is shown one fewer than the ``threshold - 1``
-    it needs besides itself (the honest coordinator shows exactly that many): every device refuses,
+    it needs besides itself (the honest coordinator shows every neighbour's): every device refuses,
     though each tag it was shown is valid."""
     n = 5  # threshold 3: two tags needed, one shown
 
@@ -232,7 +237,7 @@ def test_a_coordinator_that_shows_one_tag_fewer_than_needed_gets_no_share(tmp_pa
             ctx = seen.grid.contexts[int(msg.metadata.dst_node_id)]
             t = int(ctx.state.config_records[RECORD_KEY_STATE]["threshold"])
             record = msg.content.config_records[CONSISTENCY_RECORD]
-            assert len(record["signer"]) == t - 1
+            assert len(record["signer"]) == n - 1  # the full graph: every other node's tag
             record["signer"], record["tag"] = list(record["signer"])[: t - 2], list(record["tag"])[: t - 2]
 
     seen = Seen()
@@ -241,4 +246,5 @@ def test_a_coordinator_that_shows_one_tag_fewer_than_needed_gets_no_share(tmp_pa
     reasons = [r.error.reason for s, q, r in seen.log if s == Stage.UNMASK]
     assert all("1 neighbours authenticated" in r and "below the threshold 3" in r for r in reasons)
     assert not any("invalid" in r for r in reasons)
+    assert all("not shown their own tag" in r for r in reasons)  # and the others' seed shares are withheld
     assert_no_single_report(seen)

@@ -25,11 +25,17 @@ from helpers.crypto_reference import hkdf_sha256
 from helpers.secagg_attacks import Seen, answered, assert_no_single_report, attacker, nid_of, refused, run_attack
 
 from fedfilter.client.secagg.consistency import survivors_message, survivors_tag
+from fedfilter.client.secagg.mod import CONSISTENCY_STATE_RECORD
 from fedfilter.protocol.secagg_keys import bytes_to_private_key, bytes_to_public_key, generate_shared_key
 from fedfilter.protocol.wire import CONSISTENCY_RECORD, CONSISTENCY_STAGE
 
 N = 5  # threshold 3: each device needs two neighbours' tags (it counts itself)
 MAC_KEY_INFO = b"fedfilter/secaggplus/survivors-mac-key/v1"
+
+
+def parameters(seen: Seen, nid: int) -> bytes:
+    """The digest of the round's parameters device ``nid`` authenticates (public: the coordinator sent them)."""
+    return seen.grid.contexts[nid].state.config_records[CONSISTENCY_STATE_RECORD]["parameters"]
 
 
 def flower_state(seen: Seen, nid: int) -> SecAggPlusState:
@@ -121,7 +127,12 @@ def true_tag(seen: Seen, msg, i: int, **over) -> bytes:
     """The tag i would make for the unmask message's device under their real ``ss2`` key, with ``over``
     replacing the run, round or survivor set it binds."""
     k = int(msg.metadata.dst_node_id)
-    where = {"run_id": seen.grid.run.run_id, "round_id": msg.metadata.group_id, "survivors": survivors(seen, k)}
+    where = {
+        "run_id": seen.grid.run.run_id,
+        "round_id": msg.metadata.group_id,
+        "survivors": survivors(seen, k),
+        "parameters": parameters(seen, k),
+    }
     message = survivors_message(**{**where, **over})
     return survivors_tag(flower_state(seen, k).ss2_dict[i], message, src=i, dst=k)
 
@@ -167,7 +178,10 @@ def test_a_tag_under_another_key_of_the_pair_is_refused(tmp_path, monkeypatch, w
             "mask-mac-key": hkdf_sha256(mask, MAC_KEY_INFO),
         }[which]
         body = survivors_message(
-            run_id=seen.grid.run.run_id, round_id=msg.metadata.group_id, survivors=survivors(seen, k)
+            run_id=seen.grid.run.run_id,
+            round_id=msg.metadata.group_id,
+            survivors=survivors(seen, k),
+            parameters=parameters(seen, k),
         )
         body += i.to_bytes(8, "big") + k.to_bytes(8, "big")
         assert hmac.new(hkdf_sha256(ss2, MAC_KEY_INFO), body, hashlib.sha256).digest() == tag  # the right key works
@@ -178,13 +192,14 @@ def test_a_tag_under_another_key_of_the_pair_is_refused(tmp_path, monkeypatch, w
 
 # --- too few distinct neighbours -------------------------------------------------------------------
 def test_the_same_neighbour_shown_twice_counts_once(tmp_path, monkeypatch):
-    """Each device is shown ``threshold - 1`` tags, all valid, but the same neighbour's twice."""
+    """Each device is shown ``threshold - 1`` tags, all valid, but the same neighbour's twice (and none
+    of the others': their seed shares are withheld too)."""
     seen = Seen()
 
     def forge(stage, msg):
         if stage == Stage.UNMASK:
             record = msg.content.config_records[CONSISTENCY_RECORD]
-            assert len(record["signer"]) == 2
+            assert len(record["signer"]) == N - 1  # the honest coordinator shows every neighbour's tag
             record["signer"], record["tag"] = [record["signer"][0]] * 2, [record["tag"][0]] * 2
 
     seen = run_attack(tmp_path, monkeypatch, N, lambda s: attacker(s, forge), seen=seen)

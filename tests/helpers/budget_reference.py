@@ -17,6 +17,7 @@ capped at the budget and so cannot show a budget that is too large), and convert
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from fractions import Fraction
 
@@ -245,3 +246,18 @@ def rdp_epsilon(rdp: Sequence[Fraction], orders: Sequence[float], delta: float) 
             _mp(r) + mpmath.log1p(-1 / mpmath.mpf(a)) - mpmath.log(d * a) / (mpmath.mpf(a) - 1)
             for r, a in zip(rdp, orders)
         )
+
+
+def mp_skellam_divergence(k: list[int], mu: float, alpha: float) -> mpmath.mpf:
+    """The exact D_alpha(Sk(mu) + k || Sk(mu)) at 50 digits: pmf exp(-mu) I_|x|(mu) by mpmath's Bessel
+    functions, summed over a window 40 standard deviations past the largest shift."""
+    mpmath.mp.dps = 50
+    mu_, a = mpmath.mpf(mu), mpmath.mpf(alpha)
+    shifts = sorted({abs(v) for v in k if v})
+    width = (shifts[-1] if shifts else 0) + int(40 * math.sqrt(mu)) + 40
+    pmf = [mpmath.exp(-mu_) * mpmath.besseli(x, mu_) for x in range(2 * width + 1)]
+    total = mpmath.mpf(0)
+    for shift in shifts:
+        s = mpmath.fsum(pmf[abs(x - shift)] ** a * pmf[abs(x)] ** (1 - a) for x in range(-width, width + 1))
+        total += sum(1 for v in k if abs(v) == shift) * mpmath.log(s) / (a - 1)
+    return total

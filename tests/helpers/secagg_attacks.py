@@ -168,6 +168,7 @@ def run_attack(
         placement="distributed",
         min_reports=min_reports,
         run_name=RUN,
+        secagg_num_shares=1.0,  # Flower's full graph: the attacks below are written for its threshold
     )
     initial = ArrayRecord({k: Array(np.zeros(s, dtype=np.float32)) for k, s in zip(["w", "b"], SHAPES)})
     try:
