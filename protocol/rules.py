@@ -77,8 +77,9 @@ def default_min_reports(clients: int, placement: str) -> int:
 
 
 def reconstruction_threshold(min_reports: int) -> int:
-    """The full graph's SecAgg+ threshold: the fewest reports an unmasked sum holds (Flower reads an
-    int 1 as 'all')."""
+    """The smallest SecAgg+ threshold a release of ``min_reports`` reports can use, ``max(m, 2)`` (Flower
+    reads an int 1 as 'all'); the graph rule adds the colluders the devices allow
+    (``protocol/secagg_rule.py``)."""
     return max(int(min_reports), 2)
 
 

@@ -20,7 +20,8 @@ what its report ALONE costs at the noise this device itself adds:
 
 The device contributes while BOTH accounts admit the round (the allowance is the smaller of the
 two); both charges are recorded in one ledger transaction before any noise. The guarantees it holds
-are then: (eps_i, delta) against a coordinator that runs SecAgg+ with genuine devices; (eps_worst,
+are then: (eps_i, delta) against a coordinator that controls no more devices than the owner's
+``secagg-colluders`` (docs/secure-aggregation.md: no graph failure term enters delta); (eps_worst,
 delta) against any coordinator (``guarantee_lines``). There is no default: a device without a
 worst-case budget refuses distributed rounds (``require_worst_case``).
 
@@ -49,7 +50,10 @@ from fedfilter.protocol.secagg_grid import grid_step
 
 SETTING = "worst-case-epsilon"
 # What the error and the printed guarantee call the two accounts (README, `fedfilter ledger show`).
-TRUSTS_SECAGG = "against a coordinator that runs SecAgg+ with genuine devices"
+TRUSTS_SECAGG = (
+    "against a coordinator that may lie about SecAgg+ rounds (population, graph, drop-outs) but controls "
+    "no more of a round's devices than this device's secagg-colluders allows (default none)"
+)
 TRUSTS_NOTHING = "against any coordinator"
 
 

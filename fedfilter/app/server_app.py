@@ -77,7 +77,8 @@ def inner_strategy(cfg: Mapping[str, Any], min_available_nodes: int) -> FedAvg:
     """
     min_train = 1
     if cfg["placement"] == "distributed":
-        min_train = min(reconstruction_threshold(cfg["min-reports"]), min_available_nodes)
+        needed = reconstruction_threshold(cfg["min-reports"]) + cfg["secagg-colluders"]
+        min_train = min(needed, min_available_nodes)
         if min_train < cfg["min-reports"]:
             message = "fedfilter: %d nodes connected, fewer than min-reports=%d: no distributed round can be released"
             log(WARNING, message, min_available_nodes, cfg["min-reports"])
@@ -136,6 +137,7 @@ def run(grid: Grid, context: Context, overrides: Mapping[str, Any] | None = None
         placement=cfg["placement"],
         min_reports=cfg["min-reports"],
         secagg_num_shares=cfg["num-shares"],
+        secagg_colluders=cfg["secagg-colluders"],
         public_ledger=cfg["public-ledger"],
         run_name=cfg["run-name"] or run_id_for(context.run_id),
         public_config={k: v for k, v in cfg.items() if k not in ("public-ledger", "run-name")},

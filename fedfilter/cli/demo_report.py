@@ -13,6 +13,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from fedfilter.client.ledger.worst_case import TRUSTS_SECAGG
+
 DELTA = 1e-5  # every demo device's delta (fedfilter.cli.demo.DEFAULTS["delta"])
 
 
@@ -121,9 +123,9 @@ def guarantee_text(args: argparse.Namespace) -> str:
     elif args.placement == "distributed":
         text = (
             f"each client: (budget_epsilon, {d:g})-DP over its whole lifetime for everything the "
-            f"coordinator sees (Skellam shares masked by SecAgg+: only the sum of >= {args.min_reports} reports "
-            "is unmasked, and it carries at least the accounted noise; rdp filter; exhausted clients send "
-            "pure noise) against a coordinator that runs SecAgg+ with genuine devices that add their shares; "
+            f"coordinator sees (Skellam shares masked by SecAgg+: every sum it can unmask holds >= "
+            f"{args.min_reports} reports, so at least the accounted noise; rdp filter; exhausted clients send "
+            f"pure noise) {TRUSTS_SECAGG}; "
             f"(worst_case_epsilon = {args.min_reports} x budget_epsilon, {d:g})-DP against any coordinator "
             "(one that forges the other SecAgg+ peers and reads a report alone), enforced by each device's "
             "worst-case account"

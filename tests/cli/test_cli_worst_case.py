@@ -17,7 +17,7 @@ def test_enrol_with_a_worst_case_budget_and_show_both_guarantees(tmp_path, capsy
     assert "worst-case-epsilon=60" in capsys.readouterr().out
     assert main(["ledger", "show", "--dir", d]) == 0
     text = capsys.readouterr().out
-    assert "(eps_i=8, delta=1e-05) against a coordinator that runs SecAgg+ with genuine devices" in text
+    assert "(eps_i=8, delta=1e-05) against a coordinator that may lie about SecAgg+ rounds" in text
     assert "(eps_worst=60, delta=1e-05) against any coordinator" in text
     assert main(["ledger", "show", "--dir", d, "--json"]) == 0
     worst = json.loads(capsys.readouterr().out)["worst_case"]
