@@ -6,7 +6,10 @@
 * ``decode_sum`` in ``fedfilter.coordinator.secure_round`` is wrapped (in this process only) to save
   the integer sum the coordinator unmasked, with the round, the number of reports and ``q``.
 
-Everything is written to ``probe_dir()`` for the test; nothing here changes what is sent or released.
+Everything is written to ``probe_dir()`` for the test; nothing here changes what is sent or released,
+except in the attack the test asks for with ``FEDFILTER_TEST_SECAGG_CLAIM="n,k,t"`` (``_install_claim``):
+the coordinator then runs SecAgg+ with neighbourhood ``k`` and threshold ``t`` and tells every device
+that ``n`` nodes were sampled (with Flower's grid for ``n``), whatever ``min-reports`` it asks for.
 """
 
 from __future__ import annotations
@@ -78,6 +81,11 @@ class RecordingGrid(Grid):
         messages = list(messages)
         stages = sorted({_stage(m) for m in messages})
         groups = sorted({m.metadata.group_id for m in messages})
+        if CLAIM_ENV in os.environ:
+            claimed = int(os.environ[CLAIM_ENV].split(",")[0])
+            for message in messages:
+                if _stage(message) == "setup":
+                    message.content.config_records[RECORD_KEY_CONFIGS][Key.SAMPLE_NUMBER] = claimed
         replies = list(self.inner.send_and_receive(messages, timeout=timeout))
         self.calls.append({"stages": stages, "groups": groups, "replies": [_describe(r) for r in replies]})
         for reply in replies:
@@ -89,6 +97,20 @@ class RecordingGrid(Grid):
         return replies
 
 
+CLAIM_ENV = "FEDFILTER_TEST_SECAGG_CLAIM"
+
+
+def _install_claim() -> None:
+    """The attack: the coordinator's own graph (k, t) in place of the one the rule picks, and the grid
+    Flower's settings give for the claimed population (so that the devices' grid check passes)."""
+    if CLAIM_ENV not in os.environ:
+        return
+    n, k, t = (int(x) for x in os.environ[CLAIM_ENV].split(","))
+    settings = secure_round.secaggplus_settings
+    secure_round.round_graph = lambda *args, **kwargs: secure_round.RoundGraph(k, t, 0.0)
+    secure_round.secaggplus_settings = lambda _sampled: settings(n)
+
+
 def _install_sum_spy() -> None:
     """Wrap the coordinator's secure round and its decode step to save the unmasked integer sum."""
     run_secure_round, decode_sum = strategy_module.run_secure_round, secure_round.decode_sum
@@ -96,7 +118,11 @@ def _install_sum_spy() -> None:
 
     def run_spy(grid, contents, *, server_round, **kwargs):
         current["round"] = int(server_round)
-        return run_secure_round(grid, contents, server_round=server_round, **kwargs)
+        out = run_secure_round(grid, contents, server_round=server_round, **kwargs)
+        # What SecAgg+ unmasked, released or not: the number of reports in the sum the coordinator holds.
+        unmasked = {"reports": out.reports if out.aggregate is not None else 0, "reason": out.reason}
+        (probe_dir() / f"unmasked-r{server_round}.json").write_text(json.dumps(unmasked))
+        return out
 
     def decode_spy(aggregated, n_reports, q):
         sums = decode_sum(aggregated, n_reports, q)
@@ -116,6 +142,7 @@ def main(grid: Grid, context: Context) -> None:
     cfg = context.run_config
     n = int(cfg["num-nodes"])
     _install_sum_spy()
+    _install_claim()
     recording = RecordingGrid(grid)
     inner = FedAvg(
         fraction_train=1.0, fraction_evaluate=0.0, min_train_nodes=n, min_available_nodes=n, min_evaluate_nodes=0
