@@ -49,7 +49,7 @@ revealed. The MAC key of a pair is therefore derived from their ``ss2`` key, by 
 the certificate channel's key nor a mask key, and learning a MAC key teaches nothing about them.
 Before, a device's per-round Ed25519 signing key reached each neighbour only sealed under the pair's
 ``ss2`` key: whoever knows that key (a coordinator that played one side of the pair's share-keys
-stage itself, the Sybil case of issue 22 item 2, which pinning refuses) could seal a signing key of
+stage itself, the Sybil case, which pinning refuses) could seal a signing key of
 its own there and sign any set; whoever does not can forge neither that nor a MAC under a key
 derived from it. The forgers are the same. MACs lose only third-party verifiability (a tag convinces
 only its ``dst``), which no device uses: each verifies only the tags its own neighbours addressed to
