@@ -12,7 +12,7 @@ import shutil
 import sqlite3
 
 import pytest
-from helpers.ledger import _schema_1_ledger, assert_refused, restart_device
+from helpers.ledger import STEP, _schema_1_ledger, assert_refused, restart_device, serve, spent
 from helpers.mods import Handler, context, spec, train_message
 
 from fedfilter.cli import main as cli_main
@@ -24,25 +24,6 @@ from fedfilter.client.ledger.owner import accept_restore, inspect, migrate
 from fedfilter.client.ledger.schema import ANCHORED_KEY, LEDGER_FILE
 from fedfilter.client.ledger.seal import SEAL_FILE
 from fedfilter.client.ledger.storage import LedgerUnavailableError
-
-STEP = 0.002  # a small update: each round spends a little of the budget, never all of it
-
-
-def serve(ctx, rounds, run_id="run-a"):
-    for r in rounds:
-        reply = individual_filter_mod(
-            train_message(spec(r, run_id=run_id), message_id=f"{run_id}{r}"), ctx, Handler(STEP)
-        )
-        assert not reply.has_error(), reply.error.reason
-
-
-def spent(ledger_dir):
-    ledger = BudgetLedger.open(ledger_dir)
-    try:
-        return len(ledger.records()), ledger.spent_epsilon()
-    finally:
-        ledger.close()
-
 
 @pytest.fixture
 def device(tmp_path):
