@@ -3,9 +3,17 @@
 The seal (``fedfilter.client.ledger.seal``) lives beside the database, so a backup of the ledger
 directory holds a seal that matches it: restoring that backup would give spent budget back. The
 anchor names the same latest spend (sequence number and a SHA-256 digest of the whole row), but in
-the owner's state directory (``fedfilter.client.ledger.owner_state``), one file per ledger directory (keyed
-by its resolved path). A ledger that does not hold the spend its anchor names, or that is not the
-ledger the anchor was written for, is refused until the owner acts (``fedfilter.client.ledger.budget``).
+the owner's state directory (``fedfilter.client.ledger.owner_state``), one file per ledger directory
+(keyed by its resolved path). It is bound to three things, each checked on every open and every spend
+(``fedfilter.client.ledger.budget``): its ledger directory (the ``directory`` it names, so another
+directory's anchor renamed to this key is refused), its enrolment (the database's random
+``ledger_id``, written in the transaction that enrols it and never again), and the spend it names.
+A ledger that fails any of them is refused until the owner acts.
+
+An enrolled ledger has its anchor from enrolment on (spend #0: "enrolled, nothing spent yet"), so an
+enrolled ledger without one was copied or moved here, or the owner's state directory changed; it is
+refused even before its first spend (a copy taken then would be a second full budget). Ledgers
+enrolled since anchors exist all got that anchor at enrolment; older ones get it when migrated.
 
 Crash orders (the spend path is: COMMIT, seal, anchor, then the release; ``BudgetLedger.reserve``):
 
@@ -23,7 +31,7 @@ database has not committed. The anchor is written durably (two slots written in 
 
 What it cannot see: a restore of the *whole* machine (ledger and owner's state directory from the
 same backup) is consistent and passes; so does a ledger directory moved together with the state
-directory. A ledger restored or moved without its anchor is refused (no anchor, but spends).
+directory to the same path. A ledger restored or moved without its anchor is refused.
 """
 
 from __future__ import annotations
@@ -61,9 +69,9 @@ class AnchorError(ValueError):
 
 @dataclass(frozen=True)
 class Anchor:
-    directory: str  # the ledger directory it anchors (resolved), for the owner's eyes
-    ledger_id: str  # random id of the anchored database (its meta table)
-    seq: int  # latest committed spend (0: none yet)
+    directory: str  # the ledger directory it anchors (resolved); a ledger elsewhere is refused
+    ledger_id: str  # random id of the anchored database and its enrolment (its meta table)
+    seq: int  # latest committed spend (0: enrolled, nothing spent yet)
     digest: str  # SHA-256 of that spend row as stored ("" for seq 0)
     state_after: str  # that row's lifetime filter state (JSON text): what the owner would give back
 
@@ -232,7 +240,9 @@ def _row(conn: sqlite3.Connection, seq: int | None = None) -> tuple | None:
 _STATE_AFTER = 10  # index of state_after in ANCHOR_ROW_SQL
 
 
-def anchor_problem(conn: sqlite3.Connection, ledger_id: str, anchor_file: Path, filt, anchor: Anchor | None):
+def anchor_problem(
+    conn: sqlite3.Connection, directory: Path, ledger_id: str, anchor_file: Path, filt, anchor: Anchor | None
+):
     """Why this database is not (a continuation of) the ledger its anchor names; None if it is;
     ``OLDER`` for a ledger written before anchors (the owner migrates it)."""
 
@@ -240,14 +250,20 @@ def anchor_problem(conn: sqlite3.Connection, ledger_id: str, anchor_file: Path, 
         return f"lifetime epsilon spent {filt.epsilon_spent(floats(state_text)):.4g}"
 
     latest = _row(conn)
+    ends = f"#{latest[0]}, {spent(latest[_STATE_AFTER])}" if latest else "#0, nothing spent"
     if anchor is None:
         if not is_anchored(conn):
             return OLDER
-        if latest is None:
-            return None  # nothing was ever spent: nothing a restore could give back
         return (
-            f"has spends (up to #{latest[0]}) but no roll-back anchor at {anchor_file}: it was restored or "
-            "moved onto this device, or the owner's state directory (FEDFILTER_STATE_DIR) changed."
+            f"has no roll-back anchor at {anchor_file}, though a ledger has one from its enrolment on (the "
+            f"database ends at {ends}): it was copied or moved here from another directory, or restored, or the "
+            "owner's state directory (FEDFILTER_STATE_DIR) changed."
+        )
+    here = str(Path(directory).resolve())
+    if anchor.directory != here:
+        return (
+            f"has a roll-back anchor ({anchor_file}) written for another ledger directory, {anchor.directory}, "
+            f"not for {here}: that directory's ledger and its anchor were brought here."
         )
     if anchor.ledger_id != ledger_id:
         return (
@@ -258,7 +274,6 @@ def anchor_problem(conn: sqlite3.Connection, ledger_id: str, anchor_file: Path, 
         return None
     row = _row(conn, anchor.seq)
     if row is None:
-        ends = f"#{latest[0]}, {spent(latest[_STATE_AFTER])}" if latest else "#0, nothing spent"
         return (
             f"is behind its roll-back anchor ({anchor_file}): the anchor names spend #{anchor.seq} "
             f"({spent(anchor.state_after)}), the database ends at {ends}. A restored backup or an older "
@@ -276,7 +291,7 @@ def check_anchor(
     conn: sqlite3.Connection, directory: Path, ledger_id: str, anchor_file: Path, filt, *, allow_older: bool = False
 ) -> None:
     """Refuse (``LedgerUnavailableError``) a ledger behind or beside its anchor, or written before anchors."""
-    problem = anchor_problem(conn, ledger_id, anchor_file, filt, _read_or_refuse(directory, anchor_file))
+    problem = anchor_problem(conn, directory, ledger_id, anchor_file, filt, _read_or_refuse(directory, anchor_file))
     if problem == OLDER:
         if allow_older:
             return
@@ -305,7 +320,7 @@ def advance_anchor(
         with locked(anchor_file):
             current = None if owner else _read_or_refuse(directory, anchor_file)
             if current is not None:
-                problem = anchor_problem(conn, ledger_id, anchor_file, filt, current)
+                problem = anchor_problem(conn, directory, ledger_id, anchor_file, filt, current)
                 if problem is not None:  # (OLDER cannot happen: the checks before a spend refuse it)
                     raise owner_must_act(directory, problem, rollback_remedy(directory))
             if current is None or anchor.seq > current.seq:

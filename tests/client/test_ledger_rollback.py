@@ -25,6 +25,7 @@ from fedfilter.client.ledger.schema import ANCHORED_KEY, LEDGER_FILE
 from fedfilter.client.ledger.seal import SEAL_FILE
 from fedfilter.client.ledger.storage import LedgerUnavailableError
 
+
 @pytest.fixture
 def device(tmp_path):
     """A device that answered three rounds, a backup of its ledger directory taken then (with the
@@ -112,17 +113,23 @@ def test_a_database_restored_in_place_without_its_seal_is_refused_by_the_seal_re
     assert_refused_under_the_open_ledger(ctx, caplog, ledger_dir, "lost spends", "seal names spend #6")
 
 
-def test_a_ledger_without_its_anchor_is_refused_unless_it_never_spent(device, caplog, tmp_path):
+def test_a_ledger_without_its_anchor_is_refused_also_before_its_first_spend(device, caplog, tmp_path):
     ledger_dir, ctx, _ = device
     restart_device()
     anchor_path(ledger_dir).unlink()  # moved onto another device, or the state directory was lost
     assert_refused(ctx, caplog, "no roll-back anchor", "accept-restore")
     accept_restore(ledger_dir)
     assert spent(ledger_dir)[0] == 6  # accepted as it is: every spend kept
-    # A ledger that never spent has nothing a restore could give back: it opens without its anchor.
+    # A ledger has its anchor from enrolment on: one that never spent is refused without it as well
+    # (a copy of it elsewhere would be a second full budget), until the owner accepts it.
     fresh = tmp_path / "fresh"
     BudgetLedger.enrol(fresh, client_id="f", epsilon=1.0, delta=1e-5).close()
+    assert read_anchor(anchor_path(fresh)).seq == 0
     anchor_path(fresh).unlink()
+    with pytest.raises(LedgerUnavailableError, match="no roll-back anchor"):
+        BudgetLedger.open(fresh)
+    assert inspect(fresh).at_risk_epsilon is None  # unknown: nothing names what a copy spent
+    accept_restore(fresh)
     BudgetLedger.open(fresh).close()
 
 
