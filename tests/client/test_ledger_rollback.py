@@ -18,7 +18,7 @@ from helpers.mods import Handler, context, spec, train_message
 from fedfilter.cli import main as cli_main
 from fedfilter.client.filter_mod import individual_filter_mod
 from fedfilter.client.flower import ledger_cache as device_ledgers
-from fedfilter.client.ledger.anchor import anchor_path, read_anchor
+from fedfilter.client.ledger.anchor import AnchorError, anchor_path, read_anchor, read_anchor_file
 from fedfilter.client.ledger.budget import BudgetLedger
 from fedfilter.client.ledger.owner import accept_restore, inspect, migrate
 from fedfilter.client.ledger.schema import ANCHORED_KEY, LEDGER_FILE
@@ -171,18 +171,24 @@ def test_a_damaged_anchor_is_refused(device, caplog):
     assert_refused(ctx, caplog, "damaged roll-back anchor")
 
 
-def test_a_torn_anchor_write_falls_back_to_the_previous_spend(device):
+def test_a_torn_anchor_write_opens_when_the_database_holds_exactly_the_spend_it_was_writing(device):
     # A crash in the middle of writing the newest slot: that spend was never released (the release
-    # follows the write), and the other slot still names the previous one.
-    ledger_dir, _, _ = device
+    # follows the write), the other slot still names the previous one, and the database holds the
+    # spend being anchored (the COMMIT precedes the anchor write): only that case opens.
+    ledger_dir, ctx, _ = device
     restart_device()
     path = anchor_path(ledger_dir)
     raw = bytearray(path.read_bytes())
     newest = raw.index(b'"seq": 6')
     raw[newest : newest + 8] = b"\0" * 8
     path.write_bytes(bytes(raw))
-    assert read_anchor(path).seq == 5
+    read = read_anchor_file(path)
+    assert read.anchor.seq == 5 and read.damaged
+    with pytest.raises(AnchorError, match="damaged"):  # never read as "#6 was not released"
+        read_anchor(path)
     BudgetLedger.open(ledger_dir).close()
+    serve(ctx, (7,))  # #6 is anchored again (over the damaged slot) before #7 is spent
+    assert read_anchor(path).seq == 7
 
 
 def test_another_copy_that_spent_on_its_own_is_refused(device, tmp_path):
