@@ -14,6 +14,7 @@ from helpers.mods import context
 
 from fedfilter.client.ledger.anchor import anchor_path
 from fedfilter.client.ledger.budget import BudgetLedger
+from fedfilter.client.ledger.owner import inspect
 from fedfilter.client.ledger.storage import LedgerUnavailableError
 
 BUDGET = {"budget-epsilon": 20.0}
@@ -39,6 +40,8 @@ def test_another_directorys_ledger_with_its_anchor_renamed_to_this_directorys_ke
     assert "accept-restore" in str(err.value)  # the owner acts
     assert_refused(ctx, caplog, "another ledger directory", str(there.resolve()))
     assert spend_rows(here) == 1  # nothing spent
+    view = inspect(here)  # what accept-restore shows: that anchor says nothing about this directory
+    assert str(there.resolve()) in view.anchored and view.at_risk_epsilon is None
 
 
 def _slot_naming(raw: bytes, seq: int) -> int:
@@ -72,6 +75,8 @@ def test_a_damaged_newest_anchor_slot_and_a_copy_one_spend_older_are_refused(tmp
     assert "#5" in str(err.value) and "accept-restore" in str(err.value)
     assert_refused(ctx, caplog, "damaged roll-back anchor")
     assert spend_rows(ledger_dir) == 5  # nothing spent
+    view = inspect(ledger_dir)  # what accept-restore shows
+    assert "damaged" in view.anchored and view.at_risk_epsilon is None
 
 
 def test_a_copy_taken_after_enrolment_before_any_spend_is_no_second_budget(tmp_path, caplog):
