@@ -3,27 +3,51 @@
 The seal (``fedfilter.client.ledger.seal``) lives beside the database, so a backup of the ledger
 directory holds a seal that matches it: restoring that backup would give spent budget back. The
 anchor names the same latest spend (sequence number and a SHA-256 digest of the whole row), but in
-the owner's state directory (``fedfilter.client.ledger.owner_state``), one file per ledger directory (keyed
-by its resolved path). A ledger that does not hold the spend its anchor names, or that is not the
-ledger the anchor was written for, is refused until the owner acts (``fedfilter.client.ledger.budget``).
+the owner's state directory (``fedfilter.client.ledger.owner_state``), one file per ledger directory
+(keyed by its resolved path). It is bound to three things, each checked on every open and every spend
+(``fedfilter.client.ledger.budget``): its ledger directory (the ``directory`` it names, so another
+directory's anchor renamed to this key is refused), its enrolment (the database's random
+``ledger_id``, written in the transaction that enrols it and never again), and the spend it names.
+A ledger that fails any of them is refused until the owner acts.
 
-Crash orders (the spend path is: COMMIT, seal, anchor, then the release; ``BudgetLedger.reserve``):
+An enrolled ledger has its anchor from enrolment on (spend #0: "enrolled, nothing spent yet"), so an
+enrolled ledger without one was copied or moved here, or the owner's state directory changed; it is
+refused even before its first spend (a copy taken then would be a second full budget). Ledgers
+enrolled since anchors exist all got that anchor at enrolment; older ones get it when migrated.
+
+Crash orders. The spend path is: COMMIT, seal, anchor, then the release (``BudgetLedger.reserve``);
+a spend whose anchor write failed is anchored before the next spend is committed, so the database is
+never more than one spend past the anchor. The anchor file has two slots, written in turn (each
+write goes to the slot that does not hold the newest anchor, with a generation one higher):
 
 * crash before the COMMIT is durable: nothing recorded, nothing released;
-* crash after the COMMIT, before the anchor is replaced: the anchor names the previous spend, which
-  the database still holds, so the device opens as before (not locked out). Restoring a copy that
-  ends at that previous spend passes, and loses only the last spend, which was never released;
-* crash after the anchor, before the release: the anchor names a spend that was never released
-  (wasted budget, never lost).
+* crash after the COMMIT, before the anchor write starts: both slots intact, naming the previous
+  spend; the database holds one spend more (never released). The device opens; restoring a copy
+  that ends at the previous spend passes, and loses only that unreleased spend;
+* crash during the anchor write (a torn write): the slot being written is damaged, the other names
+  the previous spend, and the database holds exactly one spend past it, never released;
+* crash after the anchor, before the release: the anchor names a spend never released (wasted
+  budget, never lost).
+
+A damaged slot found later cannot be told from a torn one by the file alone: bit rot, or a partly
+restored state directory, can hit the slot that names the newest spend (released long ago) as well
+as the older one. So a damaged slot is never read as "not released": the device opens only when the
+database shows the torn case, holding exactly one spend past the readable slot (what a crash during
+the write leaves). A database that ends at the readable slot's spend is refused until the owner acts
+(``accept-restore``): it may be a copy one spend older, restored under an anchor whose newest slot
+was damaged since. That also refuses a crash's torn write followed by a restore of a backup at the
+previous spend, which loses nothing: the two cannot be told apart. A blank slot counts as damaged
+unless the file's history leaves it blank (slot 1 before the file's second write).
 
 So whatever left the device is covered by the anchor, and the anchor never names a spend the
-database has not committed. The anchor is written durably (two slots written in turn, ``fdatasync``:
+database has not committed. Each slot is written durably (``pwrite`` + ``fdatasync``:
 ``write_anchor``) and only forward, under an exclusive ``flock`` so that two copies of one ledger
-(two processes) cannot move it backwards.
+(two processes) cannot move it backwards; an owner's act (enrolment, migration, an accepted restore)
+writes a new file.
 
 What it cannot see: a restore of the *whole* machine (ledger and owner's state directory from the
 same backup) is consistent and passes; so does a ledger directory moved together with the state
-directory. A ledger restored or moved without its anchor is refused (no anchor, but spends).
+directory to the same path. A ledger restored or moved without its anchor is refused.
 """
 
 from __future__ import annotations
@@ -56,16 +80,24 @@ _SLOT = 16384  # bytes per slot (two slots per file); the anchor's JSON is far s
 
 
 class AnchorError(ValueError):
-    """The anchor file exists but cannot be read or fails its checksum."""
+    """The anchor file exists but cannot be read, fails its checksum, or has a damaged slot."""
 
 
 @dataclass(frozen=True)
 class Anchor:
-    directory: str  # the ledger directory it anchors (resolved), for the owner's eyes
-    ledger_id: str  # random id of the anchored database (its meta table)
-    seq: int  # latest committed spend (0: none yet)
+    directory: str  # the ledger directory it anchors (resolved); a ledger elsewhere is refused
+    ledger_id: str  # random id of the anchored database and its enrolment (its meta table)
+    seq: int  # latest committed spend (0: enrolled, nothing spent yet)
     digest: str  # SHA-256 of that spend row as stored ("" for seq 0)
     state_after: str  # that row's lifetime filter state (JSON text): what the owner would give back
+
+
+@dataclass(frozen=True)
+class AnchorRead:
+    """An anchor file as read: its newest readable slot, and what damaged the other one (if any)."""
+
+    anchor: Anchor
+    damaged: str | None  # the other slot's damage: it may have named a later spend (None: intact)
 
 
 def row_digest(row: tuple) -> str:
@@ -84,7 +116,7 @@ def _checksum(body: dict) -> str:
 
 
 def _parse_slot(raw: bytes) -> tuple[int, Anchor] | None:
-    """One slot: (generation, anchor); None if it was never written; ``ValueError`` if damaged."""
+    """One slot: (generation, anchor); None if it is blank; ``ValueError`` if damaged."""
     if not raw.strip(b"\0 "):
         return None
     body = json.loads(raw.decode())
@@ -93,42 +125,68 @@ def _parse_slot(raw: bytes) -> tuple[int, Anchor] | None:
         raise ValueError("checksum or format mismatch")
     gen = body.pop("gen")
     anchor = Anchor(**body)
-    if not (isinstance(gen, int) and isinstance(anchor.seq, int) and anchor.seq >= 0):
-        raise ValueError(f"gen and seq must be integers >= 0. Found {gen!r}, {anchor.seq!r}.")
+    if not (isinstance(gen, int) and gen >= 1 and isinstance(anchor.seq, int) and anchor.seq >= 0):
+        raise ValueError(f"gen must be an integer >= 1 and seq >= 0. Found {gen!r}, {anchor.seq!r}.")
     return gen, anchor
 
 
-def _slots(raw: bytes, path: Path) -> list[tuple[int, Anchor]]:
-    """The readable slots of an anchor file; ``AnchorError`` if none is (both damaged, or truncated)."""
+_PARSE_ERRORS = (ValueError, TypeError, KeyError, AttributeError, UnicodeDecodeError)
+
+
+def _slots(raw: bytes, path: Path) -> AnchorRead:
+    """The newest readable slot of an anchor file and the other's damage; ``AnchorError`` if none is readable."""
     if len(raw) != 2 * _SLOT:
         raise AnchorError(f"the roll-back anchor {path} is damaged (size {len(raw)}, expected {2 * _SLOT}).")
-    found, errors = [], []
+    slots: list[tuple[int, Anchor] | None] = []
+    errors: list[str | None] = []
     for i in (0, 1):
         try:
-            slot = _parse_slot(raw[i * _SLOT : (i + 1) * _SLOT])
-        except (ValueError, TypeError, KeyError, AttributeError, UnicodeDecodeError) as err:
+            slots.append(_parse_slot(raw[i * _SLOT : (i + 1) * _SLOT]))
+            errors.append(None)
+        except _PARSE_ERRORS as err:
+            slots.append(None)
             errors.append(f"slot {i}: {err}")
-            continue
-        if slot is not None:
-            found.append(slot)
+    # Blank is "never written" only where the file's history allows it: slot 0 is written when the
+    # file is created (atomically), slot 1 at its second write (generation 2).
+    if slots[0] is None and errors[0] is None:
+        errors[0] = "slot 0: blank, though it is written when the file is created"
+    if slots[1] is None and errors[1] is None and slots[0] is not None and slots[0][0] > 1:
+        errors[1] = f"slot 1: blank, though slot 0 holds write {slots[0][0]}"
+    found = [slot for slot in slots if slot is not None]
+    damage = "; ".join(e for e in errors if e)
     if not found:
-        raise AnchorError(f"the roll-back anchor {path} is damaged ({'; '.join(errors) or 'no slot written'}).")
-    return found
+        raise AnchorError(f"the roll-back anchor {path} is damaged ({damage}).")
+    return AnchorRead(max(found, key=lambda slot: slot[0])[1], damage or None)
 
 
-def read_anchor(path: Path) -> Anchor | None:
-    """The anchor at ``path`` (its newest readable slot); None if there is none; ``AnchorError`` if damaged.
-
-    A damaged newest slot with a readable older one is a write cut short by a crash: that spend was
-    never released (the release follows the write), so the older slot is the anchor.
-    """
+def read_anchor_file(path: Path) -> AnchorRead | None:
+    """The anchor file at ``path`` as read (its newest readable slot, and the other slot's damage);
+    None if there is none; ``AnchorError`` if no slot is readable."""
     try:
         raw = Path(path).read_bytes()
     except FileNotFoundError:
         return None
     except OSError as err:
         raise AnchorError(f"cannot read the roll-back anchor {path}: {err}") from err
-    return max(_slots(raw, path), key=lambda slot: slot[0])[1]
+    return _slots(raw, path)
+
+
+def read_anchor(path: Path) -> Anchor | None:
+    """The anchor at ``path``; None if there is none; ``AnchorError`` if any slot is damaged.
+
+    A damaged slot may have named a later spend than the readable one, released since: it is never
+    read as "not released" (the module's docstring). Only ``check_anchor``, which sees the database,
+    accepts the one case a database proves to be a torn write.
+    """
+    read = read_anchor_file(path)
+    if read is None:
+        return None
+    if read.damaged:
+        raise AnchorError(
+            f"the roll-back anchor {path} is damaged ({read.damaged}); its other slot names spend "
+            f"#{read.anchor.seq}, and the damaged one may have named a later spend."
+        )
+    return read.anchor
 
 
 def _slot_bytes(anchor: Anchor, gen: int) -> bytes:
@@ -140,15 +198,16 @@ def _slot_bytes(anchor: Anchor, gen: int) -> bytes:
     return raw.ljust(_SLOT, b" ")
 
 
-def write_anchor(path: Path, anchor: Anchor) -> None:
+def write_anchor(path: Path, anchor: Anchor, *, new_file: bool = False) -> None:
     """Replace the anchor durably; callers hold ``locked``.
 
     Two fixed slots, written in turn (``pwrite`` + ``fdatasync``, one sync per spend): a write cut
     short damages only the slot being written, and the other still holds the previous anchor. The
-    file itself is created once, atomically (temporary file, fsync, rename, fsync of the directory).
+    file itself is created atomically (temporary file, fsync, rename, fsync of the directory): the
+    first time, and for an owner's act (``new_file``), which starts its history afresh.
     """
     path = Path(path)
-    if not path.exists():
+    if new_file or not path.exists():
         fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
         try:
             with os.fdopen(fd, "wb") as f:
@@ -168,7 +227,7 @@ def write_anchor(path: Path, anchor: Anchor) -> None:
     fd = os.open(path, os.O_RDWR)
     try:
         raw = os.pread(fd, 2 * _SLOT + 1, 0)
-        # A damaged or short file reaches here only through an owner's act (a device refuses it first).
+        # A damaged or short file reaches here only after the checks accepted it (a torn write).
         gens = [_slot_gen(raw, i) if len(raw) == 2 * _SLOT else None for i in (0, 1)]
         gen = max((g for g in gens if g is not None), default=0)
         target = 1 if gen > 0 and gens[0] == gen else 0  # write over the slot that is not the newest
@@ -183,7 +242,7 @@ def write_anchor(path: Path, anchor: Anchor) -> None:
 def _slot_gen(raw: bytes, i: int) -> int | None:
     try:
         slot = _parse_slot(raw[i * _SLOT : (i + 1) * _SLOT])
-    except (ValueError, TypeError, KeyError, AttributeError, UnicodeDecodeError):
+    except _PARSE_ERRORS:
         return None
     return None if slot is None else slot[0]
 
@@ -215,9 +274,9 @@ def retire_anchor(path: Path) -> Path | None:
 
 
 # --- the checks (the ledger calls these under its lock; client/ledger/budget.py) ---------------------------
-def _read_or_refuse(directory: Path, anchor_file: Path) -> Anchor | None:
+def _read_or_refuse(directory: Path, anchor_file: Path) -> AnchorRead | None:
     try:
-        return read_anchor(anchor_file)
+        return read_anchor_file(anchor_file)
     except AnchorError as err:
         raise owner_must_act(directory, f"has a damaged roll-back anchor ({err}).", rollback_remedy(directory)) from err
 
@@ -229,10 +288,16 @@ def _row(conn: sqlite3.Connection, seq: int | None = None) -> tuple | None:
     return conn.execute(ANCHOR_ROW_SQL + " WHERE seq=?", (seq,)).fetchone()
 
 
+def _spends_after(conn: sqlite3.Connection, seq: int) -> int:
+    return conn.execute("SELECT COUNT(*) FROM spends WHERE seq > ?", (seq,)).fetchone()[0]
+
+
 _STATE_AFTER = 10  # index of state_after in ANCHOR_ROW_SQL
 
 
-def anchor_problem(conn: sqlite3.Connection, ledger_id: str, anchor_file: Path, filt, anchor: Anchor | None):
+def anchor_problem(
+    conn: sqlite3.Connection, directory: Path, ledger_id: str, anchor_file: Path, filt, read: AnchorRead | None
+):
     """Why this database is not (a continuation of) the ledger its anchor names; None if it is;
     ``OLDER`` for a ledger written before anchors (the owner migrates it)."""
 
@@ -240,25 +305,38 @@ def anchor_problem(conn: sqlite3.Connection, ledger_id: str, anchor_file: Path, 
         return f"lifetime epsilon spent {filt.epsilon_spent(floats(state_text)):.4g}"
 
     latest = _row(conn)
-    if anchor is None:
+    ends = f"#{latest[0]}, {spent(latest[_STATE_AFTER])}" if latest else "#0, nothing spent"
+    if read is None:
         if not is_anchored(conn):
             return OLDER
-        if latest is None:
-            return None  # nothing was ever spent: nothing a restore could give back
         return (
-            f"has spends (up to #{latest[0]}) but no roll-back anchor at {anchor_file}: it was restored or "
-            "moved onto this device, or the owner's state directory (FEDFILTER_STATE_DIR) changed."
+            f"has no roll-back anchor at {anchor_file}, though a ledger has one from its enrolment on (the "
+            f"database ends at {ends}): it was copied or moved here from another directory, or restored, or the "
+            "owner's state directory (FEDFILTER_STATE_DIR) changed."
+        )
+    anchor, here = read.anchor, str(Path(directory).resolve())
+    if anchor.directory != here:
+        return (
+            f"has a roll-back anchor ({anchor_file}) written for another ledger directory, {anchor.directory}, "
+            f"not for {here}: that directory's ledger and its anchor were brought here."
         )
     if anchor.ledger_id != ledger_id:
         return (
             f"is not the ledger its roll-back anchor ({anchor_file}) names (ledger {anchor.ledger_id}, "
             f"spend #{anchor.seq}, {spent(anchor.state_after)}): it was replaced or re-created."
         )
+    if read.damaged and _spends_after(conn, anchor.seq) != 1:
+        # Only a crash during the write leaves the database exactly one spend past the readable slot.
+        return (
+            f"has a damaged roll-back anchor ({anchor_file}: {read.damaged}). Its readable slot names spend "
+            f"#{anchor.seq} ({spent(anchor.state_after)}), the database ends at {ends}; the damaged slot may "
+            "have named a later spend, released already, so this may be an older copy that would give "
+            "spent budget back."
+        )
     if anchor.seq == 0:
         return None
     row = _row(conn, anchor.seq)
     if row is None:
-        ends = f"#{latest[0]}, {spent(latest[_STATE_AFTER])}" if latest else "#0, nothing spent"
         return (
             f"is behind its roll-back anchor ({anchor_file}): the anchor names spend #{anchor.seq} "
             f"({spent(anchor.state_after)}), the database ends at {ends}. A restored backup or an older "
@@ -274,15 +352,21 @@ def anchor_problem(conn: sqlite3.Connection, ledger_id: str, anchor_file: Path, 
 
 def check_anchor(
     conn: sqlite3.Connection, directory: Path, ledger_id: str, anchor_file: Path, filt, *, allow_older: bool = False
-) -> None:
-    """Refuse (``LedgerUnavailableError``) a ledger behind or beside its anchor, or written before anchors."""
-    problem = anchor_problem(conn, ledger_id, anchor_file, filt, _read_or_refuse(directory, anchor_file))
+) -> bool:
+    """Refuse (``LedgerUnavailableError``) a ledger behind or beside its anchor, or written before anchors.
+
+    Returns whether the database holds a spend the anchor does not name yet (its anchor write failed
+    or tore; never released): the ledger anchors it before committing another (``BudgetLedger.reserve``).
+    """
+    read = _read_or_refuse(directory, anchor_file)
+    problem = anchor_problem(conn, directory, ledger_id, anchor_file, filt, read)
     if problem == OLDER:
         if allow_older:
-            return
+            return False
         raise owner_must_act(directory, older_format("2 (written before roll-back anchors)"), migrate_remedy(directory))
     if problem is not None:
         raise owner_must_act(directory, problem, rollback_remedy(directory))
+    return read is not None and _spends_after(conn, read.anchor.seq) > 0
 
 
 def advance_anchor(
@@ -292,7 +376,8 @@ def advance_anchor(
 
     Re-checked under the anchor's own lock, so a second copy of this ledger in another process (its
     own SQLite lock) cannot move it backwards or sideways. ``owner``: an owner's act (enrolment,
-    migration, an accepted restore) that sets the anchor to this database whatever it named before.
+    migration, an accepted restore) that sets the anchor to this database whatever it named before,
+    in a new file.
     """
     latest = _row(conn)
     where = str(Path(directory).resolve())
@@ -305,11 +390,11 @@ def advance_anchor(
         with locked(anchor_file):
             current = None if owner else _read_or_refuse(directory, anchor_file)
             if current is not None:
-                problem = anchor_problem(conn, ledger_id, anchor_file, filt, current)
+                problem = anchor_problem(conn, directory, ledger_id, anchor_file, filt, current)
                 if problem is not None:  # (OLDER cannot happen: the checks before a spend refuse it)
                     raise owner_must_act(directory, problem, rollback_remedy(directory))
-            if current is None or anchor.seq > current.seq:
-                write_anchor(anchor_file, anchor)
+            if current is None or anchor.seq > current.anchor.seq:
+                write_anchor(anchor_file, anchor, new_file=owner)
     except OSError as err:
         raise LedgerWriteError(
             f"cannot write the budget ledger's roll-back anchor {anchor_file} (the owner's state directory): "
@@ -319,12 +404,14 @@ def advance_anchor(
 
 def refuse_if_spent_here(directory: Path, anchor_file: Path) -> None:
     """A directory that holds no enrolled ledger, but whose anchor names spends: no fresh budget."""
-    anchor = _read_or_refuse(directory, anchor_file)
-    if anchor is not None and anchor.seq > 0:
+    read = _read_or_refuse(directory, anchor_file)
+    if read is not None and (read.anchor.seq > 0 or read.damaged):
+        damaged = f" (its other slot is damaged: {read.damaged})" if read.damaged else ""
         raise owner_must_act(
             directory,
-            f"holds no enrolled ledger, but its roll-back anchor ({anchor_file}) names spend #{anchor.seq} "
-            f"of ledger {anchor.ledger_id}: this device had spent budget here.",
+            f"holds no enrolled ledger, but its roll-back anchor ({anchor_file}) names spend #{read.anchor.seq} "
+            f"of ledger {read.anchor.ledger_id}{damaged}: this device {'had' if read.anchor.seq else 'may have'} "
+            "spent budget here.",
             f"put the ledger's files back, or start a new ledger (a fresh budget) with "
             f"`fedfilter ledger enrol --dir {directory} ... --recover replace`.",
         )

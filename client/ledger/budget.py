@@ -333,17 +333,22 @@ class BudgetLedger(QuotaAccounts, WorstCaseAccount):
         with self._lock:
             self._conn.execute("BEGIN IMMEDIATE")
             try:
-                advance_seal(self._conn, self.directory, self._ledger_id)
-                # After the seal, before the caller releases anything (ledger_anchor: the crash orders).
-                advance_anchor(self._conn, self.directory, self._ledger_id, self.anchor_file, self.filter, owner=owner)
+                self._advance_locked(owner=owner)
             finally:
                 if self._conn.in_transaction:
                     self._conn.execute("ROLLBACK")
 
+    def _advance_locked(self, *, owner: bool = False) -> None:
+        """Seal, then anchor, the latest committed spend (caller holds the write transaction)."""
+        advance_seal(self._conn, self.directory, self._ledger_id)
+        # After the seal, before the caller releases anything (client/ledger/anchor.py: the crash orders).
+        advance_anchor(self._conn, self.directory, self._ledger_id, self.anchor_file, self.filter, owner=owner)
+
     # --- the roll-back anchor (client/ledger/anchor.py: what it is, and the crash orders) ----------
-    def _check_anchor(self) -> None:
-        """Refuse a ledger behind or beside its roll-back anchor (caller holds the lock)."""
-        check_anchor(self._conn, self.directory, self._ledger_id, self.anchor_file, self.filter)
+    def _check_anchor(self) -> bool:
+        """Refuse a ledger behind or beside its roll-back anchor (caller holds the lock); True if the
+        database holds a spend the anchor does not name yet (never released)."""
+        return check_anchor(self._conn, self.directory, self._ledger_id, self.anchor_file, self.filter)
 
     # --- reading ------------------------------------------------------------------------------
     def _last_state(self, run_id: str | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -450,7 +455,14 @@ class BudgetLedger(QuotaAccounts, WorstCaseAccount):
                 # Both re-read every round: a cached connection (the mod keeps one) must see a
                 # restore in place (same inode) as well as one that replaced the files.
                 self._check_seal()
-                self._check_anchor()
+                if self._check_anchor():
+                    # A spend whose seal or anchor write failed or tore (never released) is anchored
+                    # before the next: the database stays at most one spend past the anchor, which is
+                    # what lets a damaged anchor slot be told from a torn write (client/ledger/anchor.py).
+                    try:
+                        self._advance_locked()
+                    except OSError as err:
+                        raise_storage_error(self.directory, err)
                 seen = self._conn.execute(
                     "SELECT status FROM spends WHERE run_id=? AND round_id=?", (run_id, round_id)
                 ).fetchone()

@@ -4,9 +4,11 @@ A device never does either on its own (``BudgetLedger.open`` refuses both cases,
 invariant 6); ``fedfilter ledger migrate`` and ``fedfilter ledger accept-restore`` call these.
 
 * ``migrate``: an older format (schema 1, or a schema 2 ledger written before roll-back anchors)
-  gains the current schema, its seal and its anchor, keeping every spend. Only a ledger that is
-  otherwise intact: one that its seal or anchor shows to be an older copy is refused here (that is a
-  restore, not a format).
+  gains the current schema, its seal and its anchor, keeping every spend the database holds. Only a
+  ledger that is otherwise intact: one that its seal or anchor shows to be an older copy is refused
+  here (that is a restore, not a format). Spends the device made beyond the database are out of its
+  sight when no seal or anchor names them (an older ledger swapped in with both gone): ``inspect``
+  names the budget at risk, as for ``accept_restore``.
 * ``accept_restore``: the owner accepts the database as it is now, against its seal and its anchor
   (a restored backup, a copy moved onto this device, a lost state directory). What the anchor names
   beyond the database is budget the device will spend a second time: ``inspect`` shows it first.
@@ -18,7 +20,14 @@ import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 
-from fedfilter.client.ledger.anchor import AnchorError, anchor_path, check_anchor, read_anchor, retire_anchor
+from fedfilter.client.ledger.anchor import (
+    AnchorError,
+    anchor_path,
+    check_anchor,
+    read_anchor,
+    read_anchor_file,
+    retire_anchor,
+)
 from fedfilter.client.ledger.budget import BudgetLedger
 from fedfilter.client.ledger.schema import (
     ANCHORED_KEY,
@@ -53,7 +62,9 @@ class LedgerView:
     database: str  # the database's latest spend and lifetime epsilon spent
     anchored: str  # what the anchor names ("none" or "damaged" included)
     sealed: str  # what the seal names
-    at_risk_epsilon: float | None  # epsilon the anchor names beyond the database (all of it if another ledger)
+    # epsilon the anchor names beyond the database (all of it if another ledger); None: unknown (no intact
+    # anchor of this directory: none, damaged, or another directory's)
+    at_risk_epsilon: float | None
 
 
 def _connect(directory: Path) -> sqlite3.Connection:
@@ -90,20 +101,27 @@ def inspect(directory, *, state_dir: Path | None = None) -> LedgerView:
         f"ledger {ids[0] if ids else '(schema 1, no id)'}, spend #{row[0] if row else 0}, "
         f"lifetime epsilon spent {db_spent:.4g} of {enrolment.epsilon:g}"
     )
-    at_risk: float | None = None
+    at_risk: float | None = None  # unknown unless an intact anchor of this directory names what was spent
     try:
-        anchor = read_anchor(anchor_file)
-        if anchor is None:
+        read = read_anchor_file(anchor_file)
+        if read is None:
             anchored = "none"
         else:
+            anchor = read.anchor
             anchor_spent = filt.epsilon_spent(floats(anchor.state_after))
             anchored = (
                 f"ledger {anchor.ledger_id}, spend #{anchor.seq}, lifetime epsilon spent {anchor_spent:.4g} "
                 "(as this ledger's filter reads it)"
             )
-            # Another ledger (a re-created or older-format database): none of the anchored spends is in it.
-            same = ids is not None and ids[0] == anchor.ledger_id
-            at_risk = max(0.0, anchor_spent - db_spent) if same else anchor_spent
+            foreign = anchor.directory != str(directory.resolve())
+            if foreign:
+                anchored += f"; written for another directory, {anchor.directory}"
+            if read.damaged:
+                anchored += f"; its other slot is damaged ({read.damaged}) and may have named a later spend"
+            elif not foreign:
+                # Another ledger (a re-created or older-format database): none of the anchored spends is in it.
+                same = ids is not None and ids[0] == anchor.ledger_id
+                at_risk = max(0.0, anchor_spent - db_spent) if same else anchor_spent
     except AnchorError as err:
         anchored = f"damaged ({err})"
     try:
@@ -132,7 +150,7 @@ def _adopt(directory: Path, conn: sqlite3.Connection, state_dir: Path | None) ->
 
 
 def migrate(directory, *, state_dir: Path | None = None) -> tuple[BudgetLedger, bool]:
-    """The owner's command: migrate an older format, keeping every spend; (ledger, migrated?).
+    """The owner's command: migrate an older format, keeping every spend the database holds; (ledger, migrated?).
 
     Refused (``LedgerUnavailableError``) when the seal or the anchor shows the database to be an
     older copy: that is for ``accept_restore``, which names the budget at risk.

@@ -62,7 +62,10 @@ def older_format(version: str) -> str:
 
 
 def migrate_remedy(directory: Path) -> str:
-    return f"run `fedfilter ledger migrate --dir {directory}` once (it keeps every spend)."
+    return (
+        f"run `fedfilter ledger migrate --dir {directory}` once (it keeps every spend the database holds and "
+        "names the budget at risk)."
+    )
 
 
 def rollback_remedy(directory: Path) -> str:

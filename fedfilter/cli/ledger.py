@@ -15,7 +15,7 @@ import json
 import sys
 
 from fedfilter.client.ledger.budget import BudgetLedger
-from fedfilter.client.ledger.owner import accept_restore, inspect, migrate
+from fedfilter.client.ledger.owner import LedgerView, accept_restore, inspect, migrate
 from fedfilter.client.ledger.quota import Quotas
 from fedfilter.client.ledger.report import odometer_report
 from fedfilter.client.ledger.schema import RECOVER
@@ -113,11 +113,30 @@ def _enrol(args: argparse.Namespace) -> int:
     return 0
 
 
+def _print_view(view: LedgerView, again: str) -> None:
+    """The database beside what its anchor and seal name, and the budget at risk (``again``: when it is spent)."""
+    at_risk = (
+        "unknown (no intact roll-back anchor of this directory names what the device spent)"
+        if view.at_risk_epsilon is None
+        else f"{view.at_risk_epsilon:.4g}"
+    )
+    print(f"  database             {view.database}")
+    print(f"  roll-back anchor     {view.anchored}  ({view.anchor_file})")
+    print(f"  seal                 {view.sealed}")
+    print(f"  budget at risk       lifetime epsilon {at_risk}: spent already, and spent again {again}")
+
+
 @_owner_errors
 def _migrate(args: argparse.Namespace) -> int:
+    view = inspect(args.dir)  # before migrating: what the anchor and seal name beside the database
     ledger, migrated = migrate(args.dir)
     ledger.close()
-    print(f"{'migrated' if migrated else 'nothing to migrate: already current'}: {args.dir} (every spend kept)")
+    if not migrated:
+        print(f"nothing to migrate: the ledger at {args.dir} opens as it is.")
+        return 0
+    # Migrating keeps the spends the database holds; spends beyond it only an anchor or seal can show.
+    print(f"migrated: {args.dir} is in the current format; the spends its database holds are kept as they are.\n")
+    _print_view(view, "if this database is not the device's latest")
     return 0
 
 
@@ -127,12 +146,8 @@ def _accept_restore(args: argparse.Namespace) -> int:
     if view.refused is None:
         print(f"nothing to accept: the ledger at {args.dir} opens as it is.")
         return 0
-    at_risk = "unknown (no readable anchor)" if view.at_risk_epsilon is None else f"{view.at_risk_epsilon:.4g}"
     print(f"refused now: {view.refused}\n")
-    print(f"  database             {view.database}")
-    print(f"  roll-back anchor     {view.anchored}  ({view.anchor_file})")
-    print(f"  seal                 {view.sealed}")
-    print(f"  budget at risk       lifetime epsilon {at_risk}: spent already, and spent again if you accept")
+    _print_view(view, "if you accept")
     if not args.confirm:
         print("\nnothing changed. To accept this database as the device's ledger, run again with --confirm.")
         return 2
@@ -196,7 +211,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         "alone (at --delta; at least --epsilon). Needed for distributed rounds; set once, for life",
     )
     enrol.set_defaults(func=_enrol)
-    mig = lsub.add_parser("migrate", help="bring a ledger in an older format up to date (keeps every spend)")
+    mig = lsub.add_parser(
+        "migrate",
+        help="bring a ledger in an older format up to date (keeps the spends it holds; names the budget at risk)",
+    )
     mig.add_argument("--dir", required=True, help="the device's ledger directory")
     mig.set_defaults(func=_migrate)
     acc = lsub.add_parser(

@@ -246,13 +246,15 @@ class FlowerCluster:
         extra_args: Sequence[str] = (),
         owner_state_dir: Path | None = None,
         device_args: Sequence[str] = (),
+        device_runtime: bool = True,
     ) -> SuperNodeHandle:
         """A SuperNode with its own ``FLWR_HOME`` and Runtime API port.
 
         With ``owner_state_dir`` it is the device owner's command, ``fedfilter supernode`` (Flower's
         SuperNode plus the device's runtime: only the apps approved in that state directory run, inside
         the device's filter; ``device_args`` are its own flags, e.g. ``--secure-aggregation``); without,
-        Flower's plain ``flower-supernode``. ``node_config`` is written to
+        or with ``device_runtime=False``, Flower's plain ``flower-supernode`` (which still runs with
+        that state directory, where the device's roll-back anchor is). ``node_config`` is written to
         ``supernodes/<name>/node-config.toml`` and passed as ``--node-config FILE`` (no quoting
         pitfalls for paths). Does not wait: see ``wait_online``.
         """
@@ -264,6 +266,7 @@ class FlowerCluster:
         env = flower_env(home / "flwr-home")
         if owner_state_dir is not None:
             env[STATE_DIR_ENV] = str(owner_state_dir)
+        if owner_state_dir is not None and device_runtime:
             argv = [sys.executable, "-m", "fedfilter", "supernode", *device_args]
         else:
             argv = [tool("flower-supernode")]

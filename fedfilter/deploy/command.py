@@ -364,7 +364,8 @@ def deploy_local(options: DeployOptions, echo: Callable[[str], None] = print) ->
                         name,
                         private_key=private_key,
                         node_config=config,
-                        owner_state_dir=out / OWNERS_DIR / str(index) if options.device_runtime else None,
+                        owner_state_dir=out / OWNERS_DIR / str(index),  # where enrolment put its anchor
+                        device_runtime=options.device_runtime,
                         # Distributed placement is the owner's choice too: these owners enable it.
                         device_args=["--secure-aggregation"] if options.placement == "distributed" else [],
                     )

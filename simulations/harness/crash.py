@@ -7,7 +7,8 @@ logged, and that the ledger's spent covers everything released and stays within 
 Used by tests/client/test_crash.py (50 kills) and benchmarks/crash_soak.py (as many as asked).
 
 ``crash_once`` kills the spender at one chosen point of a round instead (after the COMMIT, after the
-seal, after the roll-back anchor; client/ledger/anchor.py lists what each must leave behind).
+seal, in the middle of the roll-back anchor's write, after it; client/ledger/anchor.py lists what each
+must leave behind).
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ REPO = Path(str(fedfilter.__file__)).resolve().parents[1]
 EPSILON, DELTA = 50.0, 1e-5
 
 
-CRASH_POINTS = ("after-commit", "after-seal", "after-anchor")
+CRASH_POINTS = ("after-commit", "after-seal", "mid-anchor", "after-anchor")
+TORN_BYTES = 32  # what reaches the disk of the anchor slot being written when "mid-anchor" kills
 
 
 def _die(*_args, **_kwargs):
@@ -51,6 +53,22 @@ def _crash_at(point: str) -> None:
             _die()
 
         ledger.advance_anchor = anchor_then_die
+    elif point == "mid-anchor":
+        from fedfilter.client.ledger import anchor as anchor_module
+
+        class TornOs:
+            """``os`` for the anchor module, whose slot write stops after a few bytes (a torn write)."""
+
+            def __getattr__(self, name):
+                return getattr(os, name)
+
+            @staticmethod
+            def pwrite(fd, data, offset):
+                os.pwrite(fd, data[:TORN_BYTES], offset)
+                os.fdatasync(fd)
+                _die()
+
+        anchor_module.os = TornOs()  # type: ignore[assignment]
     else:
         raise ValueError(f"crash point must be one of {CRASH_POINTS}. Found {point!r}.")
 
@@ -80,7 +98,7 @@ def spender(directory: str, crash_point: str | None = None) -> None:
 
 def audit(directory: Path) -> tuple[int, int]:
     """Return (rounds released, rounds in the ledger); raise AssertionError on any violation."""
-    from fedfilter.client.ledger.anchor import anchor_path, read_anchor
+    from fedfilter.client.ledger.anchor import anchor_path, read_anchor_file
     from fedfilter.client.ledger.budget import BudgetLedger
     from fedfilter.client.ledger.schema import LEDGER_FILE
 
@@ -102,9 +120,11 @@ def audit(directory: Path) -> tuple[int, int]:
         assert r in records, f"round {r} was released but the ledger lost its spend"
         assert records[r].sensitivity == s
         spent_released += s * s  # noise std is 1: mu_t^2 = s^2
-    # Whatever left the device is covered by the roll-back anchor (a restore behind it is refused).
-    anchor = read_anchor(anchor_path(directory))
-    assert anchor is not None, "records were committed but no roll-back anchor was written"
+    # Whatever left the device is covered by the roll-back anchor (a restore behind it is refused);
+    # after a torn anchor write, by its readable slot (the torn one was never released).
+    read = read_anchor_file(anchor_path(directory))
+    assert read is not None, "records were committed but no roll-back anchor was written"
+    anchor = read.anchor
     assert all(records[r].seq <= anchor.seq for r, _ in released), (anchor, released[-1:])
     state = ledger.state()
     assert state[0] >= spent_released * (1 - 1e-12), (state, spent_released)

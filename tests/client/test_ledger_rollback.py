@@ -12,36 +12,18 @@ import shutil
 import sqlite3
 
 import pytest
-from helpers.ledger import _schema_1_ledger, assert_refused, restart_device
+from helpers.ledger import STEP, _schema_1_ledger, assert_refused, restart_device, serve, spent
 from helpers.mods import Handler, context, spec, train_message
 
 from fedfilter.cli import main as cli_main
 from fedfilter.client.filter_mod import individual_filter_mod
 from fedfilter.client.flower import ledger_cache as device_ledgers
-from fedfilter.client.ledger.anchor import anchor_path, read_anchor
+from fedfilter.client.ledger.anchor import AnchorError, anchor_path, read_anchor, read_anchor_file
 from fedfilter.client.ledger.budget import BudgetLedger
 from fedfilter.client.ledger.owner import accept_restore, inspect, migrate
 from fedfilter.client.ledger.schema import ANCHORED_KEY, LEDGER_FILE
 from fedfilter.client.ledger.seal import SEAL_FILE
 from fedfilter.client.ledger.storage import LedgerUnavailableError
-
-STEP = 0.002  # a small update: each round spends a little of the budget, never all of it
-
-
-def serve(ctx, rounds, run_id="run-a"):
-    for r in rounds:
-        reply = individual_filter_mod(
-            train_message(spec(r, run_id=run_id), message_id=f"{run_id}{r}"), ctx, Handler(STEP)
-        )
-        assert not reply.has_error(), reply.error.reason
-
-
-def spent(ledger_dir):
-    ledger = BudgetLedger.open(ledger_dir)
-    try:
-        return len(ledger.records()), ledger.spent_epsilon()
-    finally:
-        ledger.close()
 
 
 @pytest.fixture
@@ -131,17 +113,23 @@ def test_a_database_restored_in_place_without_its_seal_is_refused_by_the_seal_re
     assert_refused_under_the_open_ledger(ctx, caplog, ledger_dir, "lost spends", "seal names spend #6")
 
 
-def test_a_ledger_without_its_anchor_is_refused_unless_it_never_spent(device, caplog, tmp_path):
+def test_a_ledger_without_its_anchor_is_refused_also_before_its_first_spend(device, caplog, tmp_path):
     ledger_dir, ctx, _ = device
     restart_device()
     anchor_path(ledger_dir).unlink()  # moved onto another device, or the state directory was lost
     assert_refused(ctx, caplog, "no roll-back anchor", "accept-restore")
     accept_restore(ledger_dir)
     assert spent(ledger_dir)[0] == 6  # accepted as it is: every spend kept
-    # A ledger that never spent has nothing a restore could give back: it opens without its anchor.
+    # A ledger has its anchor from enrolment on: one that never spent is refused without it as well
+    # (a copy of it elsewhere would be a second full budget), until the owner accepts it.
     fresh = tmp_path / "fresh"
     BudgetLedger.enrol(fresh, client_id="f", epsilon=1.0, delta=1e-5).close()
+    assert read_anchor(anchor_path(fresh)).seq == 0
     anchor_path(fresh).unlink()
+    with pytest.raises(LedgerUnavailableError, match="no roll-back anchor"):
+        BudgetLedger.open(fresh)
+    assert inspect(fresh).at_risk_epsilon is None  # unknown: nothing names what a copy spent
+    accept_restore(fresh)
     BudgetLedger.open(fresh).close()
 
 
@@ -183,18 +171,24 @@ def test_a_damaged_anchor_is_refused(device, caplog):
     assert_refused(ctx, caplog, "damaged roll-back anchor")
 
 
-def test_a_torn_anchor_write_falls_back_to_the_previous_spend(device):
+def test_a_torn_anchor_write_opens_when_the_database_holds_exactly_the_spend_it_was_writing(device):
     # A crash in the middle of writing the newest slot: that spend was never released (the release
-    # follows the write), and the other slot still names the previous one.
-    ledger_dir, _, _ = device
+    # follows the write), the other slot still names the previous one, and the database holds the
+    # spend being anchored (the COMMIT precedes the anchor write): only that case opens.
+    ledger_dir, ctx, _ = device
     restart_device()
     path = anchor_path(ledger_dir)
     raw = bytearray(path.read_bytes())
     newest = raw.index(b'"seq": 6')
     raw[newest : newest + 8] = b"\0" * 8
     path.write_bytes(bytes(raw))
-    assert read_anchor(path).seq == 5
+    read = read_anchor_file(path)
+    assert read.anchor.seq == 5 and read.damaged
+    with pytest.raises(AnchorError, match="damaged"):  # never read as "#6 was not released"
+        read_anchor(path)
     BudgetLedger.open(ledger_dir).close()
+    serve(ctx, (7,))  # #6 is anchored again (over the damaged slot) before #7 is spent
+    assert read_anchor(path).seq == 7
 
 
 def test_another_copy_that_spent_on_its_own_is_refused(device, tmp_path):

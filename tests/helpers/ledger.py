@@ -1,8 +1,8 @@
-"""A device that restarts, and what a ledger refusal looks like through the mod.
+"""A device that restarts, serves rounds, and what a ledger refusal looks like through the mod.
 
-Shared by the fail-closed and roll-back tests (tests/client/test_ledger_fail_closed.py,
-test_ledger_rollback.py, test_mod_errors.py); ``_schema_1_ledger`` writes a ledger as fedfilter did
-before seals (schema 1).
+Shared by the fail-closed, roll-back, anchor and migrate tests (tests/client/test_ledger_fail_closed.py,
+test_ledger_rollback.py, test_ledger_anchor_binding.py, test_ledger_migrate.py, test_mod_errors.py);
+``_schema_1_ledger`` writes a ledger as fedfilter did before seals (schema 1).
 """
 
 import json
@@ -13,6 +13,7 @@ import numpy as np
 
 from fedfilter.client.filter_mod import individual_filter_mod
 from fedfilter.client.flower import ledger_cache as device_ledgers
+from fedfilter.client.ledger.budget import BudgetLedger
 from fedfilter.client.ledger.schema import LEDGER_FILE
 from fedfilter.privacy.filters import make_filter
 from helpers.mods import Handler, spec, train_message
@@ -22,6 +23,36 @@ def restart_device() -> None:
     """A device restart: the mod's process-wide cache of open ledgers is gone."""
     for key, entry in list(device_ledgers._ledgers.items()):
         device_ledgers.forget_ledger(key, entry)
+
+
+STEP = 0.002  # a small update: each round spends a little of the budget, never all of it
+
+
+def serve(ctx, rounds, run_id="run-a"):
+    """The device answers these rounds through the mod; each must be answered."""
+    for r in rounds:
+        reply = individual_filter_mod(
+            train_message(spec(r, run_id=run_id), message_id=f"{run_id}{r}"), ctx, Handler(STEP)
+        )
+        assert not reply.has_error(), reply.error.reason
+
+
+def spent(ledger_dir):
+    """(spends, lifetime epsilon spent) of the ledger at ``ledger_dir``, opened as the device does."""
+    ledger = BudgetLedger.open(ledger_dir)
+    try:
+        return len(ledger.records()), ledger.spent_epsilon()
+    finally:
+        ledger.close()
+
+
+def spend_rows(ledger_dir) -> int:
+    """How many spends the database holds, read with plain SQLite (also when the device refuses it)."""
+    conn = sqlite3.connect(ledger_dir / LEDGER_FILE)
+    try:
+        return conn.execute("SELECT COUNT(*) FROM spends").fetchone()[0]
+    finally:
+        conn.close()
 
 
 def assert_refused(ctx, caplog, *log_words):
