@@ -18,8 +18,9 @@ additions; Flower's four stages and their messages are otherwise its own:
 The additions are message routing only: the devices check everything, so a coordinator that skips or
 forges any of it gets refusals, not shares. Every stage's error replies are counted by refusal code
 (``refusals``, ``coordinator/replies.refusal_of``) for the round's log: a device's SecAgg+ refusal
-names its check (``secagg-keys``, ``secagg-consistency``, ...; ``protocol/refusals.py``). The grid is wrapped (``_Relay``) to add or read the extra
-record on the messages Flower's stages send and receive, so Flower's stage code runs unchanged.
+names its check (``secagg-keys``, ``secagg-consistency``, ...; ``protocol/refusals.py``). The grid is
+wrapped (``_Relay``) to add or read the extra record on the messages Flower's stages send and receive,
+so Flower's stage code runs unchanged.
 """
 
 from __future__ import annotations

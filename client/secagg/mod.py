@@ -178,7 +178,10 @@ def _collect_problems(msg: Message, context: Context, flower: SecAggPlusState | 
         return [("secagg-ciphertext", f"the share ciphertexts must be a list as long as the {len(srcs)} sources.")]
     if len(srcs) + 1 < flower.threshold:
         problems.append(
-            ("secagg-graph", f"{len(srcs) + 1} nodes shared keys with this one, below the threshold {flower.threshold}.")
+            (
+                "secagg-graph",
+                f"{len(srcs) + 1} nodes shared keys with this one, below the threshold {flower.threshold}.",
+            )
         )
     try:
         pin = pinning(context.node_config)
@@ -205,14 +208,17 @@ def _collect_problems(msg: Message, context: Context, flower: SecAggPlusState | 
             problems.append(
                 (
                     "secagg-ciphertext",
-                    f"node {src}'s share ciphertext is not one it sealed for this device" + (f" ({why})." if why else "."),
+                    f"node {src}'s share ciphertext is not one it sealed for this device"
+                    + (f" ({why})." if why else "."),
                 )
             )
         if pin is None:
             continue
         certificate = open_certificate(shared, sealed.get(src), src=src, dst=flower.nid)
         if certificate is None:
-            problems.append(("secagg-pinning", f"node {src}'s certificate is missing or not sealed by it for this device."))
+            problems.append(
+                ("secagg-pinning", f"node {src}'s certificate is missing or not sealed by it for this device.")
+            )
             continue
         pk1, pk2 = flower.public_keys_dict.get(src, (b"", b""))
         identity, problem = check_certificate(
@@ -285,10 +291,10 @@ def _unmask_problems(msg: Message, context: Context, flower: SecAggPlusState | N
         "secagg-consistency",
         check_tags(
             message,
-        me=flower.nid,
-        keys=keys,
-        signers=extra.get("signer", []),
-        tags=extra.get("tag", []),
+            me=flower.nid,
+            keys=keys,
+            signers=extra.get("signer", []),
+            tags=extra.get("tag", []),
             threshold=flower.threshold,
         ),
     )
@@ -385,8 +391,8 @@ def secure_aggregation_mod(msg: Message, context: Context, call_next: Callable[[
             pin = pinning(context.node_config)
         except PinningError as err:
             return _refusal(msg, [("secagg-pinning-settings", str(err))], "Nothing was trained, spent or released.")
-        if problems := _key_problems(msg, flower):
-            return _refusal(msg, _tagged("secagg-keys", problems), "Nothing was trained, spent or released.")
+        if keys := _tagged("secagg-keys", _key_problems(msg, flower)):
+            return _refusal(msg, keys, "Nothing was trained, spent or released.")
     elif stage == CONSISTENCY_STAGE:
         return _consistency_reply(msg, context)
     elif stage == Stage.COLLECT_MASKED_VECTORS and (problems := _collect_problems(msg, context, flower)):

@@ -139,7 +139,9 @@ def _play(tmp_path, monkeypatch, code: str, *, spent: bool) -> Seen:
     if spent:
         extra = {i: {**extra.get(i, {}), "budget-epsilon": 0.3, "run-quota": 1.0} for i in range(N)}
     seen = Seen()
-    workflow = attacker(seen, (lambda s, m: forge(seen, s, m)) if forge else (lambda s, m: None), consistency=consistency)
+    workflow = attacker(
+        seen, (lambda s, m: forge(seen, s, m)) if forge else (lambda s, m: None), consistency=consistency
+    )
     return run_attack(
         tmp_path,
         monkeypatch,
