@@ -92,6 +92,7 @@ def test_the_filter_wraps_an_app_that_lists_no_mod(tmp_path):
     assert spent(tmp_path) > 0
 
 
+@pytest.mark.timeout(30, method="thread")  # a mod acting twice would wait forever on its own ledger lock
 def test_an_app_that_lists_the_mods_itself_is_filtered_once(tmp_path):
     """Attack: an approved app listing the mods itself must not be filtered (and charged) twice."""
     handlers = {
@@ -141,7 +142,9 @@ def test_an_apps_own_mods_add_nothing_to_the_reply(tmp_path, second_arrays):
     reference_app = raw_app()
     if second_arrays:
         reference_app = ClientApp()
-        reference_app.train()(lambda msg, ctx: Message(RecordDict({"arrays": msg.content[ARRAYS_RECORD]}), reply_to=msg))
+        reference_app.train()(
+            lambda msg, ctx: Message(RecordDict({"arrays": msg.content[ARRAYS_RECORD]}), reply_to=msg)
+        )
     got = device_handler(hostile_app, secure_aggregation=True)(message(), device(tmp_path, "hostile", **seed))
     want = device_handler(reference_app, secure_aggregation=True)(message(), device(tmp_path, "reference", **seed))
     assert not got.has_error() and not want.has_error()
