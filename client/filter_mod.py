@@ -75,6 +75,7 @@ from __future__ import annotations
 import logging
 import sqlite3
 from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -125,13 +126,15 @@ from fedfilter.protocol.wire import (
     round_spec_from_record,
 )
 
-__all__ = [
-    "individual_filter_mod",
-]
+__all__ = ["individual_filter_mod"]
 
 log = logging.getLogger("fedfilter.client")
 
 RUN_BINDING = "fedfilter.run"  # context.state: the request run-id this Flower run is bound to
+
+# Set while this mod's body handles a message: a copy nested past once_per_message (``__wrapped__``) passes
+# through instead of waiting forever on the ledger lock the outer copy holds (flower/ledger_cache.py).
+_FILTERING: ContextVar[bool] = ContextVar("fedfilter_filtering", default=False)
 
 # Errors the mod answers with. Both are Flower's MOD_FAILED_PRECONDITION (6); the reason says more.
 ERROR_CODE = ErrorCode.MOD_FAILED_PRECONDITION
@@ -349,12 +352,17 @@ def individual_filter_mod(msg: Message, context: Context, call_next: Callable[[M
     >>> from flwr.clientapp import ClientApp
     >>> app = ClientApp(mods=[individual_filter_mod])
     """
+    if _FILTERING.get():  # a second copy inside the first, past once_per_message: the outer one filters
+        return call_next(msg, context)
     hold = ReplyHold()  # the clock starts when the message reaches the device's mod
+    token = _FILTERING.set(True)
     try:
         reply = _filter_round(msg, context, call_next, hold)
     except Exception:
         hold.wait()  # Flower answers with the exception: not before the hold either
         raise
+    finally:
+        _FILTERING.reset(token)
     return hold.reply(reply, msg)
 
 
@@ -453,7 +461,7 @@ def _filter_round(msg: Message, context: Context, call_next, hold: ReplyHold) ->
                 msg, _ledger_code(err), f"{_ledger_cause(device, err)}; nothing was trained, spent or released."
             )
         try:
-            with entry.lock:  # one message at a time per device ledger in this process
+            with entry.held():  # one message at a time per device ledger in this process
                 if entry.closed:
                     continue
                 outcome = _filtered_release(entry.ledger, device, spec, msg, context, call_next, keys, received, grid)

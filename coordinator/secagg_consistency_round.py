@@ -16,8 +16,11 @@ additions; Flower's four stages and their messages are otherwise its own:
   ``tag``): a device reveals a node's mask-seed share only if that node's own tag was shown to it.
 
 The additions are message routing only: the devices check everything, so a coordinator that skips or
-forges any of it gets refusals, not shares. The grid is wrapped (``_Relay``) to add or read the extra
-record on the messages Flower's stages send and receive, so Flower's stage code runs unchanged.
+forges any of it gets refusals, not shares. Every stage's error replies are counted by refusal code
+(``refusals``, ``coordinator/replies.refusal_of``) for the round's log: a device's SecAgg+ refusal
+names its check (``secagg-keys``, ``secagg-consistency``, ...; ``protocol/refusals.py``). The grid is
+wrapped (``_Relay``) to add or read the extra record on the messages Flower's stages send and receive,
+so Flower's stage code runs unchanged.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from flwr.server.workflow import SecAggPlusWorkflow
 from flwr.server.workflow.secure_aggregation.secaggplus_workflow import WorkflowState
 from flwr.serverapp import Grid
 
+from fedfilter.coordinator.replies import refusal_of
 from fedfilter.protocol.wire import CONSISTENCY_RECORD, CONSISTENCY_STAGE
 
 __all__ = ["ConsistencyCheckedSecAggPlus"]
@@ -45,15 +49,17 @@ _MAIN_CONFIGS_RECORD = "config"
 
 class _Relay:
     """A grid whose ``send_and_receive`` lets the workflow add a record to each message sent
-    (``outgoing(msg)``) and read each reply (``incoming(reply)``); every other call goes to the grid."""
+    (``outgoing(msg)``), read each reply (``incoming(reply)``) and each error reply (``refused(reply)``);
+    every other call goes to the grid."""
 
     def __init__(
         self,
         grid: Grid,
         outgoing: Callable[[Message], None] = lambda m: None,
         incoming: Callable[[Message], None] = lambda m: None,
+        refused: Callable[[Message], None] = lambda m: None,
     ) -> None:
-        self._grid, self._outgoing, self._incoming = grid, outgoing, incoming
+        self._grid, self._outgoing, self._incoming, self._refused = grid, outgoing, incoming, refused
 
     def __getattr__(self, name: str):
         return getattr(self._grid, name)
@@ -66,8 +72,7 @@ class _Relay:
             self._outgoing(msg)
         replies = list(self._grid.send_and_receive(messages, timeout=timeout))
         for reply in replies:
-            if not reply.has_error():
-                self._incoming(reply)
+            (self._refused if reply.has_error() else self._incoming)(reply)
         return replies
 
 
@@ -79,6 +84,14 @@ class ConsistencyCheckedSecAggPlus(SecAggPlusWorkflow):
         self._sealed: dict[int, list[tuple[int, bytes]]] = {}  # dst -> [(src, sealed certificate)]
         self._tags: dict[int, dict[int, bytes]] = {}  # dst -> {src: src's tag on the survivor set for dst}
         self.signers = 0  # devices that authenticated the survivor set (for the round's log)
+        self.refusals: dict[str, int] = {}  # refusal code -> error replies, all stages (for the round's log)
+
+    def _count(self, reply: Message) -> None:
+        code = refusal_of(reply) or "unknown"
+        self.refusals[code] = self.refusals.get(code, 0) + 1
+
+    def setup_stage(self, grid: Grid, context: LegacyContext, state: WorkflowState) -> bool:
+        return super().setup_stage(cast(Grid, _Relay(grid, refused=self._count)), context, state)
 
     def share_keys_stage(self, grid: Grid, context: LegacyContext, state: WorkflowState) -> bool:
         self._sealed = {}
@@ -93,7 +106,7 @@ class ConsistencyCheckedSecAggPlus(SecAggPlusWorkflow):
                     if isinstance(dst, int) and isinstance(token, bytes):  # the receiver checks the rest
                         self._sealed.setdefault(dst, []).append((int(reply.metadata.src_node_id), token))
 
-        return super().share_keys_stage(cast(Grid, _Relay(grid, incoming=keep)), context, state)
+        return super().share_keys_stage(cast(Grid, _Relay(grid, incoming=keep, refused=self._count)), context, state)
 
     def collect_masked_vectors_stage(self, grid: Grid, context: LegacyContext, state: WorkflowState) -> bool:
         def add(msg: Message) -> None:
@@ -103,7 +116,8 @@ class ConsistencyCheckedSecAggPlus(SecAggPlusWorkflow):
                     {"src": [src for src, _ in pairs], "sealed": [token for _, token in pairs]}
                 )
 
-        return super().collect_masked_vectors_stage(cast(Grid, _Relay(grid, outgoing=add)), context, state)
+        relay = _Relay(grid, outgoing=add, refused=self._count)
+        return super().collect_masked_vectors_stage(cast(Grid, relay), context, state)
 
     def consistency_stage(self, grid: Grid, context: LegacyContext, state: WorkflowState) -> None:
         """Send the survivor set to every survivor and keep the tags that come back, by destination."""
@@ -125,6 +139,7 @@ class ConsistencyCheckedSecAggPlus(SecAggPlusWorkflow):
         signers = set()
         for reply in replies:
             if reply.has_error():
+                self._count(reply)
                 continue
             record = reply.content.config_records.get(RECORD_KEY_CONFIGS, ConfigRecord())
             dsts, tags = record.get("dst"), record.get("tag")
@@ -151,4 +166,4 @@ class ConsistencyCheckedSecAggPlus(SecAggPlusWorkflow):
                 {"signer": signers, "tag": [tags[n] for n in signers]}
             )
 
-        return super().unmask_stage(cast(Grid, _Relay(grid, outgoing=add)), context, state)
+        return super().unmask_stage(cast(Grid, _Relay(grid, outgoing=add, refused=self._count)), context, state)

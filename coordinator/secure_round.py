@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from logging import INFO
 
 import numpy as np
@@ -81,6 +81,7 @@ class SecureSum:
     threshold: int = 0
     reason: str = ""  # why there is no usable sum, for the log
     num_shares: int = 0  # the graph's neighbourhood size k (== sampled: the full graph)
+    refusals: dict[str, int] = field(default_factory=dict)  # refusal code -> error replies, all stages
 
 
 def check_num_shares(num_shares: int | float | str, min_reports: int) -> int | float | str:
@@ -277,6 +278,7 @@ def run_secure_round(
             # then not released (nothing reached aggregate_fit), and one bad node cannot stop the run.
             failure = f"SecAgg+ failed on a malformed reply ({type(err).__name__}: {err})"
     out.masked_vectors = workflow.masked_vectors
+    out.refusals = dict(workflow.refusals)
     out.threshold = workflow.threshold
     if failure:
         out.reason = failure

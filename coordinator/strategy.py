@@ -380,6 +380,7 @@ class IndividualFilterStrategy(Strategy):
             reports=n,
             dropped=secure.sampled - n + len(stray),
             reasons=[secure.reason] if secure.reason else [],
+            refusals=secure.refusals,
         )
         if stray:
             outcome.reasons.append("a reply outside secure aggregation in a distributed round")

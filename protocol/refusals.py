@@ -32,6 +32,36 @@ REFUSALS: dict[str, str] = {
         "SecAgg+ messages reach individual_filter_mod outside secure_aggregation_mod: put it first, "
         "ClientApp(mods=[secure_aggregation_mod, individual_filter_mod])"
     ),
+    # SecAgg+ (client/secagg/mod.py): each family of the device's checks on the coordinator's protocol messages.
+    "secagg-placement": "a SecAgg+ round asked for placement 'local' (SecAgg+ quantizes): send placement='distributed'",
+    "secagg-setup": (
+        "the SecAgg+ parameters fail the device's checks (quantization, modulus, max_weight, clipping range, "
+        "sample, share and threshold numbers): run SecAgg+ through IndividualFilterStrategy"
+    ),
+    "secagg-graph": (
+        "the SecAgg+ neighbourhood graph could unmask fewer than min-reports reports, breaks the device's "
+        "secagg-* limits, or too few neighbours shared keys: raise the threshold or sample more nodes"
+    ),
+    "secagg-stage": "a SecAgg+ stage came out of order or twice in a round: run each stage once, in order",
+    "secagg-keys": "a neighbour's public keys were refused (malformed, low-order or repeated keys) at share-keys",
+    "secagg-ciphertext": "a share ciphertext or its source list is not one a neighbour sealed for the device",
+    "secagg-pinning": (
+        "a neighbour's certificate is missing, not sealed for the device, or not by a key its owner pinned "
+        "(peer-key pinning): relay every certificate, and only pinned peers"
+    ),
+    "secagg-pinning-settings": (
+        "the device's peer-key pinning settings are unusable: its owner fixes secagg-identity-key and "
+        "secagg-pinned-peers"
+    ),
+    "secagg-consistency": (
+        "the survivor set or the neighbours' tags on it failed the consistency check: send every device "
+        "the same survivor set and relay the tags unchanged (ConsistencyCheckedSecAggPlus)"
+    ),
+    "secagg-unmask": "the unmask request's active and dropped lists disagree with the authenticated survivor set",
+    "secagg-not-enabled": (
+        "a SecAgg+ round reached a device whose owner has not enabled distributed placement "
+        "(`fedfilter supernode --secure-aggregation`)"
+    ),
     "filter-not-rdp": "distributed rounds need the rdp filter: the device's owner enrols it with --filter rdp",
     "device-settings": (
         "the device's privacy settings are missing or invalid: its owner fixes its node config "

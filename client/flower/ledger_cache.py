@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,12 +33,27 @@ def _file_identity(path: Path) -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
+class NestedFilterError(RuntimeError):
+    """A thread asked for the ledger it already holds: a second copy of the filter inside the first."""
+
+
 @dataclass
 class _OpenLedger:
     ledger: BudgetLedger
     identity: tuple[int, int] | None
-    lock: threading.Lock
+    lock: threading.Lock  # not re-entrant: held() refuses the thread that holds it instead of waiting forever
     closed: bool = False
+    holder: int | None = None  # the thread inside held()
+
+    @contextmanager
+    def held(self) -> Iterator[_OpenLedger]:
+        """The lock, for one message at a time."""
+        with self.lock:
+            self.holder = threading.get_ident()
+            try:
+                yield self
+            finally:
+                self.holder = None
 
     def close(self) -> None:
         with self.lock:
@@ -59,6 +76,12 @@ def cached_ledger(device: DeviceConfig) -> tuple[tuple, _OpenLedger]:
     path = device.ledger_dir / LEDGER_FILE
     stale = []
     with _ledgers_lock:
+        entry = _ledgers.get(key)
+        if entry is not None and entry.holder == threading.get_ident():
+            raise NestedFilterError(
+                f"the budget ledger at {device.ledger_dir} is held by this thread: individual_filter_mod runs "
+                "inside another copy of itself (past once_per_message); list it once around the app."
+            )
         entry = _ledgers.pop(key, None)
         if entry is not None and _file_identity(path) != entry.identity:
             stale.append(entry)

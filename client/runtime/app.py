@@ -18,6 +18,7 @@ from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFI
 
 from fedfilter.client.filter_mod import individual_filter_mod
 from fedfilter.client.secagg.mod import secure_aggregation_mod
+from fedfilter.protocol.refusals import refusal_reason
 
 Handler = Callable[[Message, Context], Message]
 
@@ -67,8 +68,11 @@ def device_handler(app: Handler, *, secure_aggregation: bool, allowed: frozenset
         ):
             return _refuse(
                 msg,
-                "fedfilter: this device's owner has not enabled distributed placement (SecAgg+ rounds; "
-                "`fedfilter supernode --secure-aggregation`). Nothing was run or spent.",
+                refusal_reason(
+                    "secagg-not-enabled",
+                    "this device's owner has not enabled distributed placement (SecAgg+ rounds; "
+                    "`fedfilter supernode --secure-aggregation`). Nothing was run or spent.",
+                ),
             )
         return with_mods(msg, context)
 

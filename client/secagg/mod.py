@@ -64,9 +64,10 @@ from fedfilter.client.secagg.consistency import (
     survivors_message,
     survivors_tag,
 )
-from fedfilter.client.secagg.neighbourhood import check_secagg_state
+from fedfilter.client.secagg.neighbourhood import check_secagg_graph, check_secagg_state
 from fedfilter.client.secagg.pinning import Pinning, PinningError, pinning
 from fedfilter.client.settings.policy import ClientPolicy
+from fedfilter.protocol.refusals import refusal_reason
 from fedfilter.protocol.request import RoundSpec, RoundSpecError
 from fedfilter.protocol.secagg_aead import decrypt as decrypt_share
 from fedfilter.protocol.secagg_keys import public_key_problems
@@ -105,8 +106,19 @@ class _InnerError(Exception):
         self.reply = reply
 
 
-def _refusal(msg: Message, problems: list[str], after: str) -> Message:
-    reason = "fedfilter: secure aggregation refused: " + " ".join(problems) + " " + after
+# A refusal's problems, each with the code of its family (protocol/refusals.py). The reply carries the
+# first problem's code: the checks run in a fixed order, so the code is a function of the messages
+# and the settings, like the words.
+Problems = list[tuple[str, str]]
+
+
+def _tagged(code: str, problems: list[str]) -> Problems:
+    return [(code, text) for text in problems]
+
+
+def _refusal(msg: Message, problems: Problems, after: str) -> Message:
+    text = "secure aggregation refused: " + " ".join(text for _, text in problems) + " " + after
+    reason = refusal_reason(problems[0][0], text)
     log.warning("fedfilter mod: %s", reason)
     return Message(Error(code=ErrorCode.MOD_FAILED_PRECONDITION, reason=reason), reply_to=msg)
 
@@ -164,31 +176,36 @@ def _holders(flower: SecAggPlusState) -> set[int]:
     return {int(n) for n in flower.rd_seed_share_dict}
 
 
-def _collect_problems(msg: Message, context: Context, flower: SecAggPlusState | None) -> list[str]:
+def _collect_problems(msg: Message, context: Context, flower: SecAggPlusState | None) -> Problems:
     """What ``secaggplus_mod`` would raise on only AFTER training (too few neighbours, a ciphertext it
     cannot read), and, with pinning, the neighbours' certificates, checked before it."""
     configs = cast(ConfigRecord, _config(msg.content, RECORD_KEY_CONFIGS))  # the mod checked it is there
     if flower is None or flower.current_stage != Stage.SHARE_KEYS or _own_state(context).get("phase") != "shared":
-        return ["the collect stage must follow this device's share-keys stage."]
+        return [("secagg-stage", "the collect stage must follow this device's share-keys stage.")]
     srcs, ciphertexts = configs.get(Key.SOURCE_LIST), configs.get(Key.CIPHERTEXT_LIST)
-    problems = check_node_ids("source node ids", srcs)
+    problems = _tagged("secagg-ciphertext", check_node_ids("source node ids", srcs))
     if problems:
         return problems
     srcs = cast(list[int], srcs)
     if not isinstance(ciphertexts, list) or len(ciphertexts) != len(srcs):
-        return [f"the share ciphertexts must be a list as long as the {len(srcs)} sources."]
+        return [("secagg-ciphertext", f"the share ciphertexts must be a list as long as the {len(srcs)} sources.")]
     if len(srcs) + 1 < flower.threshold:
-        problems.append(f"{len(srcs) + 1} nodes shared keys with this one, below the threshold {flower.threshold}.")
+        problems.append(
+            (
+                "secagg-graph",
+                f"{len(srcs) + 1} nodes shared keys with this one, below the threshold {flower.threshold}.",
+            )
+        )
     try:
         pin = pinning(context.node_config)
     except PinningError as err:
-        return [str(err)]
+        return [("secagg-pinning-settings", str(err))]
     sealed = _pairs(_extra(msg), "src", "sealed") if pin is not None else {}
     identities = {public_key_of(pin.identity_key)} if pin is not None else set()
     for src, ciphertext in zip(srcs, ciphertexts):
         shared = flower.ss2_dict.get(src)
         if src == flower.nid or shared is None:
-            problems.append(f"node {src} is not a neighbour this device shared keys with.")
+            problems.append(("secagg-ciphertext", f"node {src} is not a neighbour this device shared keys with."))
             continue
         why = ""
         try:
@@ -202,13 +219,19 @@ def _collect_problems(msg: Message, context: Context, flower: SecAggPlusState | 
             actual, dst, why = -1, -1, str(err).rstrip(".")
         if (actual, dst) != (src, flower.nid):
             problems.append(
-                f"node {src}'s share ciphertext is not one it sealed for this device" + (f" ({why})." if why else ".")
+                (
+                    "secagg-ciphertext",
+                    f"node {src}'s share ciphertext is not one it sealed for this device"
+                    + (f" ({why})." if why else "."),
+                )
             )
         if pin is None:
             continue
         certificate = open_certificate(shared, sealed.get(src), src=src, dst=flower.nid)
         if certificate is None:
-            problems.append(f"node {src}'s certificate is missing or not sealed by it for this device.")
+            problems.append(
+                ("secagg-pinning", f"node {src}'s certificate is missing or not sealed by it for this device.")
+            )
             continue
         pk1, pk2 = flower.public_keys_dict.get(src, (b"", b""))
         identity, problem = check_certificate(
@@ -223,7 +246,7 @@ def _collect_problems(msg: Message, context: Context, flower: SecAggPlusState | 
         if identity is not None and identity in identities:
             problem = f"node {src} shows the identity key of another node ({identity.hex()})."
         if problem:
-            problems.append(problem)
+            problems.append(("secagg-pinning", problem))
         elif identity is not None:
             identities.add(identity)
     if not problems:
@@ -251,15 +274,17 @@ def _consistency_reply(msg: Message, context: Context) -> Message:
     whose shares this device holds (Bonawitz et al. 2017, Round 3; MACs: consistency.py)."""
     flower, own = _flower_state(context), _own_state(context)
     survivors = cast(ConfigRecord, _config(msg.content, RECORD_KEY_CONFIGS)).get(Key.ACTIVE_NODE_ID_LIST)
-    problems = check_node_ids("survivor node ids", survivors)
+    problems = _tagged("secagg-consistency", check_node_ids("survivor node ids", survivors))
     if flower is None or flower.current_stage != Stage.COLLECT_MASKED_VECTORS or own.get("phase") != "collected":
-        problems.append("a survivor set is authenticated once per round, after this device sent its masked vector.")
+        once = "a survivor set is authenticated once per round, after this device sent its masked vector."
+        problems.insert(0, ("secagg-stage", once))
     elif not problems:
         survivors = cast(list[int], survivors)
         if flower.nid not in survivors:
-            problems.append(f"this device ({flower.nid}) is not in the survivor set.")
+            problems.append(("secagg-consistency", f"this device ({flower.nid}) is not in the survivor set."))
         if len(_holders(flower) & set(survivors)) < flower.threshold:
-            problems.append(f"fewer than the threshold {flower.threshold} of this device's neighbours survive.")
+            few = f"fewer than the threshold {flower.threshold} of this device's neighbours survive."
+            problems.append(("secagg-consistency", few))
     if problems or flower is None:
         own["phase"] = "refused"
         return _refusal(msg, problems, "No share was revealed.")
@@ -276,11 +301,11 @@ def _consistency_reply(msg: Message, context: Context) -> Message:
     return Message(RecordDict({RECORD_KEY_CONFIGS: ConfigRecord({"dst": dsts, "tag": tags})}), reply_to=msg)
 
 
-def _unmask_problems(msg: Message, context: Context, flower: SecAggPlusState | None) -> list[str]:
+def _unmask_problems(msg: Message, context: Context, flower: SecAggPlusState | None) -> Problems:
     """The unmask request against the authenticated survivor set and the neighbours' tags on it."""
     own = _own_state(context)
     if flower is None or flower.current_stage != Stage.COLLECT_MASKED_VECTORS or own.get("phase") != "authenticated":
-        return ["shares are revealed once per round, after this device authenticated a survivor set."]
+        return [("secagg-stage", "shares are revealed once per round, after this device authenticated a survivor set.")]
     configs, extra = cast(ConfigRecord, _config(msg.content, RECORD_KEY_CONFIGS)), _extra(msg)
     survivors = cast(list[int], own["survivors"])
     message = survivors_message(
@@ -291,7 +316,7 @@ def _unmask_problems(msg: Message, context: Context, flower: SecAggPlusState | N
     )
     holders = _holders(flower)
     keys = {nid: flower.ss2_dict[nid] for nid in holders - {flower.nid} if nid in flower.ss2_dict}
-    problems, tagged = check_tags(
+    tag_problems, tagged = check_tags(
         message,
         me=flower.nid,
         keys=keys,
@@ -299,15 +324,30 @@ def _unmask_problems(msg: Message, context: Context, flower: SecAggPlusState | N
         tags=extra.get("tag", []),
         threshold=flower.threshold,
     )
-    return problems + check_unmask_lists(
-        me=flower.nid,
-        active=configs.get(Key.ACTIVE_NODE_ID_LIST),
-        dead=configs.get(Key.DEAD_NODE_ID_LIST),
-        holders=holders,
-        survivors=survivors,
-        tagged=tagged,
-        threshold=flower.threshold,
+    return _tagged("secagg-consistency", tag_problems) + _tagged(
+        "secagg-unmask",
+        check_unmask_lists(
+            me=flower.nid,
+            active=configs.get(Key.ACTIVE_NODE_ID_LIST),
+            dead=configs.get(Key.DEAD_NODE_ID_LIST),
+            holders=holders,
+            survivors=survivors,
+            tagged=tagged,
+            threshold=flower.threshold,
+        ),
     )
+
+
+def _share_keys_code(err: ValueError) -> str:
+    """The family of a refusal at Flower's share-keys stage (flwr 1.41 ``_share_keys`` and its stage
+    check; ``secagg_keys`` for a low-order pk2), read from its words: the stage order, too few
+    neighbours for the threshold, else the keys (identical or unusable)."""
+    text = str(err)
+    if "stage" in text:
+        return "secagg-stage"
+    if "threshold" in text:
+        return "secagg-graph"
+    return "secagg-keys"
 
 
 def _seal_certificate(msg: Message, reply: Message, context: Context, pin: Pinning | None) -> None:
@@ -377,9 +417,9 @@ def secure_aggregation_mod(msg: Message, context: Context, call_next: Callable[[
         try:
             pin = pinning(context.node_config)
         except PinningError as err:
-            return _refusal(msg, [str(err)], "Nothing was trained, spent or released.")
-        if problems := _key_problems(msg, flower):
-            return _refusal(msg, problems, "Nothing was trained, spent or released.")
+            return _refusal(msg, [("secagg-pinning-settings", str(err))], "Nothing was trained, spent or released.")
+        if keys := _tagged("secagg-keys", _key_problems(msg, flower)):
+            return _refusal(msg, keys, "Nothing was trained, spent or released.")
     elif stage == CONSISTENCY_STAGE:
         return _consistency_reply(msg, context)
     elif stage == Stage.COLLECT_MASKED_VECTORS and (problems := _collect_problems(msg, context, flower)):
@@ -416,7 +456,7 @@ def secure_aggregation_mod(msg: Message, context: Context, call_next: Callable[[
             raise
         # Flower's share-keys checks (threshold, duplicate keys) and a low-order pk2 (secagg_keys): this
         # stage trains nothing, so the refusal costs nothing.
-        return _refusal(msg, [str(err)], "Nothing was trained, spent or released.")
+        return _refusal(msg, [(_share_keys_code(err), str(err))], "Nothing was trained, spent or released.")
     if stage == Stage.SHARE_KEYS:
         _seal_certificate(msg, reply, context, pin)
     return reply
@@ -435,12 +475,19 @@ def secagg_round_grid(spec: RoundSpec, context: Context, policy: ClientPolicy) -
     if spec.placement != "distributed":
         raise RoundSpecError(
             f"round request refused: placement={spec.placement!r} is refused under secure aggregation "
-            "(SecAgg+ would quantize a float report); a masked round needs placement='distributed'."
+            "(SecAgg+ would quantize a float report); a masked round needs placement='distributed'.",
+            code="secagg-placement",
         )
     state = _config(context.state, SECAGG_STATE_RECORD)
     problems = check_secagg_state(state if state is not None else {}, int(spec.min_reports), policy.secagg_graph)
     if problems or state is None:
-        raise RoundSpecError("secure aggregation refused: " + " ".join(problems or ["no SecAgg+ state."]))
+        # Problems of the graph alone (check_secagg_state checks it last, once the rest is sound): the
+        # graph's code; any other problem with the setup: the setup's.
+        graph = state is not None and problems == check_secagg_graph(state, int(spec.min_reports), policy.secagg_graph)
+        raise RoundSpecError(
+            "secure aggregation refused: " + " ".join(problems or ["no SecAgg+ state."]),
+            code="secagg-graph" if graph else "secagg-setup",
+        )
     # check_secagg_state has established that both are ints; the casts tell the type checker.
     q, n = cast(int, state["target_range"]), cast(int, state["sample_num"])
     return skellam_grid(spec, target_range=q, sample_num=n)

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.cli.build import build_fab_from_disk
 from flwr.clientapp import ClientApp
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
@@ -92,6 +92,7 @@ def test_the_filter_wraps_an_app_that_lists_no_mod(tmp_path):
     assert spent(tmp_path) > 0
 
 
+@pytest.mark.timeout(30, method="thread")  # a mod acting twice would wait forever on its own ledger lock
 def test_an_app_that_lists_the_mods_itself_is_filtered_once(tmp_path):
     """Attack: an approved app listing the mods itself must not be filtered (and charged) twice."""
     handlers = {
@@ -106,6 +107,54 @@ def test_an_app_that_lists_the_mods_itself_is_filtered_once(tmp_path):
             assert set(reply.content.keys()) == {ARRAYS_RECORD, STATUS_RECORD}
     assert spent(tmp_path, "plain") > 0
     assert spent(tmp_path, "listed") == pytest.approx(spent(tmp_path, "plain"), rel=1e-12)
+
+
+def hostile_mod(*, second_arrays: bool):
+    """An app's own mod, listed outside the app's copy of ``individual_filter_mod``: it reads the device's
+    ledger and settings and adds them, with the example count, to the reply (and, with ``second_arrays``,
+    the raw trained weights as a second ArrayRecord)."""
+
+    def mod(msg: Message, context: Context, call_next) -> Message:
+        reply = call_next(msg, context)
+        ledger = BudgetLedger.open(Path(context.node_config["ledger-dir"]))
+        try:
+            budget = ledger.summary()
+        finally:
+            ledger.close()
+        reply.content["metrics"] = MetricRecord({"num-examples": 1234, "spent": float(budget["spent_epsilon"])})
+        reply.content["leak"] = ConfigRecord({k: str(v) for k, v in context.node_config.items()})
+        if second_arrays:
+            reply.content["raw"] = ArrayRecord({k: Array(v.numpy()) for k, v in reply.content[ARRAYS_RECORD].items()})
+        return reply
+
+    return mod
+
+
+@pytest.mark.parametrize("second_arrays", [False, True])
+def test_an_apps_own_mods_add_nothing_to_the_reply(tmp_path, second_arrays):
+    """Attack: an approved app lists its own mods, one of them outside its copy of the filter. The device's
+    filter is outermost (device_handler; mod_once passes the app's copy through), so the reply is exactly
+    the noisy update and the status: bit for bit the reply of a device running a plain app (the same
+    training; with a second ArrayRecord the training output is unusable, so the update is zero: the reply
+    of a plain app that trains nothing), under the same owner's noise seed."""
+    seed = {"noise-seed": 9}
+    hostile_app = raw_app([hostile_mod(second_arrays=second_arrays), individual_filter_mod])
+    reference_app = raw_app()
+    if second_arrays:
+        reference_app = ClientApp()
+        reference_app.train()(
+            lambda msg, ctx: Message(RecordDict({"arrays": msg.content[ARRAYS_RECORD]}), reply_to=msg)
+        )
+    got = device_handler(hostile_app, secure_aggregation=True)(message(), device(tmp_path, "hostile", **seed))
+    want = device_handler(reference_app, secure_aggregation=True)(message(), device(tmp_path, "reference", **seed))
+    assert not got.has_error() and not want.has_error()
+    assert set(got.content.keys()) == {ARRAYS_RECORD, STATUS_RECORD}
+    assert dict(got.content[STATUS_RECORD]) == {"status": "report"}
+    assert list(got.content[ARRAYS_RECORD].keys()) == ["w"]
+    arrays = {k: a.numpy() for k, a in got.content[ARRAYS_RECORD].items()}
+    expected = {k: a.numpy() for k, a in want.content[ARRAYS_RECORD].items()}
+    assert all(arrays[k].dtype == expected[k].dtype and arrays[k].tobytes() == expected[k].tobytes() for k in expected)
+    assert spent(tmp_path, "hostile") == pytest.approx(spent(tmp_path, "reference"), rel=1e-12)
 
 
 @pytest.mark.parametrize("kind", ["query", "evaluate", "query.leak", "system"])

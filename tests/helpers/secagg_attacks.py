@@ -48,6 +48,7 @@ class Seen:
     log: list = field(default_factory=list)
     y: dict = field(default_factory=dict)  # node -> its integer report (test hook)
     grid: LoopbackGrid | None = None
+    strategy: IndividualFilterStrategy | None = None  # the coordinator (its last_outcome: the round's counts)
 
 
 class Forging:
@@ -111,7 +112,11 @@ def run_attack(
     seen: Seen | None = None,
     extra: dict | None = None,
     rounds: int = 1,
+    prepare=None,
+    data_seed: int = 5,
 ) -> Seen:
+    """``prepare(configs)``: called after the devices are enrolled (node id -> node config), e.g. to spend
+    their budgets in an earlier run; ``data_seed``: the devices' training steps (their "data")."""
     seen = seen if seen is not None else Seen()
     configs = {
         nid_of(i): {
@@ -131,8 +136,10 @@ def run_attack(
     }
     for config in configs.values():
         enrol_device(config)
+    if prepare is not None:
+        prepare(configs)
     gamma = grid_step(CLIP)
-    rng = np.random.default_rng(5)
+    rng = np.random.default_rng(data_seed)
     step = {nid: [(rng.integers(-3, 4, s) * 8 * gamma).astype(np.float32) for s in SHAPES] for nid in configs}
     current = [0]
     sampler = release_distributed.add_skellam_noise
@@ -170,6 +177,7 @@ def run_attack(
         run_name=RUN,
         secagg_num_shares=1.0,  # Flower's full graph: the attacks below are written for its threshold
     )
+    seen.strategy = strategy
     initial = ArrayRecord({k: Array(np.zeros(s, dtype=np.float32)) for k, s in zip(["w", "b"], SHAPES)})
     try:
         strategy.start(grid=grid, initial_arrays=initial, num_rounds=rounds, timeout=60)
