@@ -105,7 +105,7 @@ from fedfilter.client.mechanisms.gaussian import (
 )
 from fedfilter.client.mechanisms.skellam import SkellamGrid, SkellamMechanism
 from fedfilter.client.release import Release, noise_stream, release
-from fedfilter.client.secagg.mod import masked_report_content, reply_masked, secagg_round_grid
+from fedfilter.client.secagg.masked_round import masked_report_content, reply_masked, secagg_round_grid
 from fedfilter.client.settings.errors import DeviceSettingsError
 from fedfilter.client.settings.node_config import (
     DeviceConfig,

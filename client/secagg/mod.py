@@ -34,23 +34,18 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from contextvars import ContextVar
 from typing import cast
 
-import numpy as np
 from cryptography.fernet import InvalidToken
 from flwr.app import ConfigRecord, Context, Error, Message, RecordDict
 from flwr.app.message_type import MessageType
 from flwr.client.mod import secaggplus_mod
 from flwr.client.mod.secure_aggregation.secaggplus_mod import SecAggPlusState
-from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
 from flwr.common.constant import ErrorCode
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, RECORD_KEY_STATE, Key, Stage
 from flwr.common.secure_aggregation.secaggplus_utils import share_keys_plaintext_separate
-from flwr.compat.common.recorddict_compat import fitres_to_recorddict
 
 from fedfilter.client.flower.mod_once import once_per_message
-from fedfilter.client.mechanisms.skellam import SkellamGrid, skellam_grid
 from fedfilter.client.secagg.consistency import (
     certify,
     check_certificate,
@@ -64,38 +59,20 @@ from fedfilter.client.secagg.consistency import (
     survivors_message,
     survivors_tag,
 )
-from fedfilter.client.secagg.neighbourhood import check_secagg_graph, check_secagg_state
+from fedfilter.client.secagg.masked_round import SECAGG_STATE_RECORD, masked, reply_masked
 from fedfilter.client.secagg.pinning import Pinning, PinningError, pinning
-from fedfilter.client.settings.policy import ClientPolicy
 from fedfilter.protocol.refusals import refusal_reason
-from fedfilter.protocol.request import RoundSpec, RoundSpecError
 from fedfilter.protocol.secagg_aead import decrypt as decrypt_share
 from fedfilter.protocol.secagg_keys import public_key_problems
 from fedfilter.protocol.secagg_masks import use_cryptographic_masks
 from fedfilter.protocol.wire import CONSISTENCY_RECORD, CONSISTENCY_STAGE, REQUEST_RECORD
 
-__all__ = [
-    "secure_aggregation_mod",
-    "reply_masked",
-    "secagg_round_grid",
-    "masked_report_content",
-    "SECAGG_STATE_RECORD",
-]
+__all__ = ["secure_aggregation_mod", "reply_masked", "SECAGG_STATE_RECORD"]  # the last two: masked_round
 
 log = logging.getLogger("fedfilter.client")
 
-SECAGG_STATE_RECORD = RECORD_KEY_STATE  # context.state: secaggplus_mod's saved protocol state
 # context.state: this mod's own protocol state beside Flower's (phase, the survivor set it authenticated)
 CONSISTENCY_STATE_RECORD = "fedfilter.secagg.state"
-
-# True only while secaggplus_mod runs the inner handler (its COLLECT_MASKED_VECTORS stage).
-_MASKED: ContextVar[bool] = ContextVar("fedfilter_reply_masked", default=False)
-
-
-def reply_masked() -> bool:
-    """True inside ``secure_aggregation_mod``'s masked stage: the reply being built will be masked by
-    SecAgg+ (its arrays never reach the coordinator in the clear)."""
-    return _MASKED.get()
 
 
 class _InnerError(Exception):
@@ -437,11 +414,10 @@ def secure_aggregation_mod(msg: Message, context: Context, call_next: Callable[[
             for name in (RECORD_KEY_CONFIGS, CONSISTENCY_RECORD)
             if _config(inner.content, name) is not None
         }
-        token = _MASKED.set(True)
         try:
-            reply = call_next(inner, ctx)
+            with masked():
+                reply = call_next(inner, ctx)
         finally:
-            _MASKED.reset(token)
             inner.content.update(removed)
         if reply.has_error():
             raise _InnerError(reply)
@@ -460,47 +436,3 @@ def secure_aggregation_mod(msg: Message, context: Context, call_next: Callable[[
     if stage == Stage.SHARE_KEYS:
         _seal_certificate(msg, reply, context, pin)
     return reply
-
-
-# --- what individual_filter_mod needs under the mark -------------------------------------------
-def secagg_round_grid(spec: RoundSpec, context: Context, policy: ClientPolicy) -> SkellamGrid:
-    """The checks of a request under SecAgg+, before any training; ``RoundSpecError`` names the value.
-
-    Under the mark only ``distributed`` is served (a ``local`` float report would be mangled by
-    Flower's quantizer), the coordinator's SecAgg+ setup must make Flower's map exact and release
-    only sums of at least ``min_reports`` on a graph within the owner's ``policy``
-    (``check_secagg_state``), and the request's numbers must
-    give a usable grid (``skellam_grid``).
-    """
-    if spec.placement != "distributed":
-        raise RoundSpecError(
-            f"round request refused: placement={spec.placement!r} is refused under secure aggregation "
-            "(SecAgg+ would quantize a float report); a masked round needs placement='distributed'.",
-            code="secagg-placement",
-        )
-    state = _config(context.state, SECAGG_STATE_RECORD)
-    problems = check_secagg_state(state if state is not None else {}, int(spec.min_reports), policy.secagg_graph)
-    if problems or state is None:
-        # Problems of the graph alone (check_secagg_state checks it last, once the rest is sound): the
-        # graph's code; any other problem with the setup: the setup's.
-        graph = state is not None and problems == check_secagg_graph(state, int(spec.min_reports), policy.secagg_graph)
-        raise RoundSpecError(
-            "secure aggregation refused: " + " ".join(problems or ["no SecAgg+ state."]),
-            code="secagg-graph" if graph else "secagg-setup",
-        )
-    # check_secagg_state has established that both are ints; the casts tell the type checker.
-    q, n = cast(int, state["target_range"]), cast(int, state["sample_num"])
-    return skellam_grid(spec, target_range=q, sample_num=n)
-
-
-def masked_report_content(report: list[np.ndarray]) -> RecordDict:
-    """The reply ``secaggplus_mod`` reads (the legacy ``fitres.*`` layout) and nothing else: the report
-    (masked by the mod), ``num_examples = 1``, no metric, status OK. The last three are constants, and
-    they are all that reaches the coordinator in the clear."""
-    fitres = FitRes(
-        status=Status(code=Code.OK, message="Success"),
-        parameters=ndarrays_to_parameters([np.asarray(a, dtype=np.float64) for a in report]),
-        num_examples=1,
-        metrics={},
-    )
-    return fitres_to_recorddict(fitres, keep_input=True)

@@ -12,7 +12,7 @@ device's check, called from ``secagg_round_grid`` before any training. Pure: no 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 from fedfilter.checks import is_int, is_number
 from fedfilter.client.settings.policy import SecAggGraphPolicy
@@ -29,7 +29,7 @@ def check_secagg_graph(state: Mapping[str, Any], min_reports: int, policy: SecAg
     problems = graph_problems(
         sample_num=n, share_num=k, threshold=t, min_reports=min_reports, colluders=policy.colluders
     )
-    if is_int(t) and 2 <= t < policy.min_threshold:  # below 2: graph_problems names it
+    if is_int(t) and 2 <= cast(int, t) < policy.min_threshold:  # below 2: graph_problems names it
         problems.append(f"threshold {t} is below this device's secagg-min-threshold {policy.min_threshold}.")
     return problems
 
