@@ -79,7 +79,6 @@ DEFINED_ONCE = {
     "CONSISTENCY_RECORD": "protocol/wire.py",
     "SECAGG_GRID_BITS": "protocol/secagg_grid.py",
     "DEFAULT_DROPOUT_RATE": "protocol/secagg_grid.py",
-    "DEFAULT_CORRUPT_RATE": "protocol/secagg_grid.py",
     "NOISE_GRID_BITS": "client/mechanisms/gaussian.py",
     "MAX_MU_SHARE": "client/mechanisms/skellam_noise.py",
     "CLIP_SLACK": "client/mechanisms/skellam.py",
