@@ -305,13 +305,16 @@ def anchor_problem(
         return f"lifetime epsilon spent {filt.epsilon_spent(floats(state_text)):.4g}"
 
     latest = _row(conn)
-    ends = f"#{latest[0]}, {spent(latest[_STATE_AFTER])}" if latest else "#0, nothing spent"
+
+    def ends() -> str:  # only when a problem is named: a ledger this version cannot read fails later, by name
+        return f"#{latest[0]}, {spent(latest[_STATE_AFTER])}" if latest else "#0, nothing spent"
+
     if read is None:
         if not is_anchored(conn):
             return OLDER
         return (
             f"has no roll-back anchor at {anchor_file}, though a ledger has one from its enrolment on (the "
-            f"database ends at {ends}): it was copied or moved here from another directory, or restored, or the "
+            f"database ends at {ends()}): it was copied or moved here from another directory, or restored, or the "
             "owner's state directory (FEDFILTER_STATE_DIR) changed."
         )
     anchor, here = read.anchor, str(Path(directory).resolve())
@@ -329,7 +332,7 @@ def anchor_problem(
         # Only a crash during the write leaves the database exactly one spend past the readable slot.
         return (
             f"has a damaged roll-back anchor ({anchor_file}: {read.damaged}). Its readable slot names spend "
-            f"#{anchor.seq} ({spent(anchor.state_after)}), the database ends at {ends}; the damaged slot may "
+            f"#{anchor.seq} ({spent(anchor.state_after)}), the database ends at {ends()}; the damaged slot may "
             "have named a later spend, released already, so this may be an older copy that would give "
             "spent budget back."
         )
@@ -339,7 +342,7 @@ def anchor_problem(
     if row is None:
         return (
             f"is behind its roll-back anchor ({anchor_file}): the anchor names spend #{anchor.seq} "
-            f"({spent(anchor.state_after)}), the database ends at {ends}. A restored backup or an older "
+            f"({spent(anchor.state_after)}), the database ends at {ends()}. A restored backup or an older "
             "copy, which would give spent budget back."
         )
     if row_digest(row) != anchor.digest:
