@@ -5,7 +5,7 @@ the device's ledger ``Reservation`` for one client, here for many rows at once. 
 ``worst_allowance`` are ``round_allowance`` on the rows' states (the lifetime and run-quota filters;
 the worst-case account in distributed placement); ``commit`` is the one admits check over every row
 (defence in depth) and then one ``spend`` per state array. The engine has no owner quotas beyond the
-run quota, and keeps no spend rows.
+run quota, and keeps no spend rows. ``spent_epsilon`` reads the rows' states back in epsilon.
 """
 
 from __future__ import annotations
@@ -98,3 +98,28 @@ def full_round_allowance(engine) -> np.ndarray:
         raise RuntimeError("internal error: a full round's allowance is read off the fresh states, before round 1")
     distributed = getattr(engine, "_distributed", None)
     return engine.allowance(everyone) if distributed is None else distributed.l2_allowance(everyone)
+
+
+# Above this many distinct 1-d states, spent epsilon is read off a grid of actual states (see
+# ``spent_epsilon``); each epsilon costs an mpmath solve (~30 ms) for the Gaussian-DP filter.
+_EXACT_SPENT_LIMIT = 256
+
+
+def spent_epsilon(filt: GaussianFilter, states: np.ndarray, exact_limit: int = _EXACT_SPENT_LIMIT) -> np.ndarray:
+    """``filt.epsilon_spent`` for every row, never below the exact value.
+
+    Distinct rows are solved once. With more than ``exact_limit`` distinct one-coordinate states,
+    each state gets the epsilon of the smallest *actual* state at or above it among
+    ``exact_limit`` quantiles (epsilon grows with the state): an upper bound, rounded up.
+    """
+    states = np.asarray(states, dtype=np.float64).reshape(len(states), -1)
+    if len(states) == 0:
+        return np.zeros(0)
+    uniq, inverse = np.unique(states, axis=0, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    if len(uniq) <= exact_limit or uniq.shape[1] != 1:
+        values = np.array([filt.epsilon_spent(u) for u in uniq])
+        return values[inverse]
+    grid = np.unique(np.quantile(uniq[:, 0], np.linspace(0, 1, exact_limit), method="higher"))
+    values = np.array([filt.epsilon_spent(np.array([g])) for g in grid])
+    return values[np.searchsorted(grid, states[:, 0], side="left")]

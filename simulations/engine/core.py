@@ -42,9 +42,9 @@ from fedfilter.client.mechanisms.gaussian import (
     snap_toward_zero,
 )
 from fedfilter.client.mechanisms.spend import spend
-from fedfilter.privacy.filters import GaussianFilter, exhausted, make_filter
+from fedfilter.privacy.filters import exhausted, make_filter
 from fedfilter.protocol.rules import model_step, reports_needed
-from fedfilter.simulations.engine.accounts import RowsAccount, all_or_nothing, full_round_allowance
+from fedfilter.simulations.engine.accounts import RowsAccount, all_or_nothing, full_round_allowance, spent_epsilon
 from fedfilter.simulations.engine.config import EngineConfig, EngineResult, RoundRecord
 from fedfilter.simulations.engine.distributed_round import DistributedPlacement
 from fedfilter.simulations.engine.layerwise import LayerwiseClippedSum, supported
@@ -53,30 +53,6 @@ from fedfilter.simulations.engine.norms import clip_rows
 from fedfilter.simulations.engine.seeds import aggregate_noise_rng, client_noise_stream, sampling_rng
 from fedfilter.simulations.engine.updates import Layout, PerExampleGradients, local_seed, local_sgd_update
 from fedfilter.simulations.tasks.training import evaluate, get_weights, set_weights
-
-# Above this many distinct 1-d states, spent epsilon is read off a grid of actual states (see
-# ``spent_epsilon``); each epsilon costs an mpmath solve (~30 ms) for the Gaussian-DP filter.
-_EXACT_SPENT_LIMIT = 256
-
-
-def spent_epsilon(filt: GaussianFilter, states: np.ndarray, exact_limit: int = _EXACT_SPENT_LIMIT) -> np.ndarray:
-    """``filt.epsilon_spent`` for every row, never below the exact value.
-
-    Distinct rows are solved once. With more than ``exact_limit`` distinct one-coordinate states,
-    each state gets the epsilon of the smallest *actual* state at or above it among
-    ``exact_limit`` quantiles (epsilon grows with the state): an upper bound, rounded up.
-    """
-    states = np.asarray(states, dtype=np.float64).reshape(len(states), -1)
-    if len(states) == 0:
-        return np.zeros(0)
-    uniq, inverse = np.unique(states, axis=0, return_inverse=True)
-    inverse = inverse.reshape(-1)
-    if len(uniq) <= exact_limit or uniq.shape[1] != 1:
-        values = np.array([filt.epsilon_spent(u) for u in uniq])
-        return values[inverse]
-    grid = np.unique(np.quantile(uniq[:, 0], np.linspace(0, 1, exact_limit), method="higher"))
-    values = np.array([filt.epsilon_spent(np.array([g])) for g in grid])
-    return values[np.searchsorted(grid, states[:, 0], side="left")]
 
 
 class Engine:
