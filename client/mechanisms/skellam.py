@@ -270,6 +270,14 @@ class SkellamMechanism:
         """The std this report carries, model units: ``sqrt(mu_share) * gamma``."""
         return self.grid.noise_std
 
+    @property
+    def floor(self) -> float:
+        """``sqrt(dim)`` grid steps, model units (``spend.nothing_left``): from there on an update
+        clipped to the allowance keeps a coordinate of at least one step (its largest is at least
+        ``L / sqrt(dim)``), so it is charged and the accounts move; below it, one of equal coordinates
+        snaps to zero, costs nothing, and would leave the device "contributing" nothing for ever."""
+        return math.sqrt(self.dim) * self.grid.gamma
+
     def check(self, update: Sequence[np.ndarray], filt: GaussianFilter) -> list[np.ndarray]:
         """The floating-point arrays to release, refused before anything is spent (and an rdp filter required)."""
         if filt.kind != "rdp":

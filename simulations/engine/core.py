@@ -3,7 +3,7 @@
 Per round, for the clients asked (``FilteredClient.release`` for each, in vectorised form):
 
 1. allowance ``fedfilter.privacy.filters.round_allowance`` on the ``(n_clients, dim)`` states
-   (lifetime filter and run-quota filter, as the ledger holds them); ``exhausted`` decides who
+   (lifetime filter and run-quota filter, as the ledger holds them); ``spend.nothing_left`` decides who
    has nothing left (noise-only report, or a ``left`` marker);
 2. update (per-example gradient, or local SGD), certified norm and clip with
    ``fedfilter.client.mechanisms.gaussian.certified_norm`` / ``clip_to_norm`` on each client's arrays (the very
@@ -41,8 +41,8 @@ from fedfilter.client.mechanisms.gaussian import (
     noise_grid,
     snap_toward_zero,
 )
-from fedfilter.client.mechanisms.spend import spend
-from fedfilter.privacy.filters import exhausted, make_filter
+from fedfilter.client.mechanisms.spend import nothing_left, spend
+from fedfilter.privacy.filters import make_filter
 from fedfilter.protocol.rules import model_step, reports_needed
 from fedfilter.simulations.engine.accounts import RowsAccount, all_or_nothing, full_round_allowance, spent_epsilon
 from fedfilter.simulations.engine.config import EngineConfig, EngineResult, RoundRecord
@@ -162,7 +162,12 @@ class Engine:
         the Gaussian allowance, or in distributed placement the Skellam one on the integer grid)."""
         if self._distributed is not None:
             return ~self._distributed.exhausted(clients)
-        return ~exhausted(self.uniform(clients, self.allowance(clients)), self.config.clip, self.config.exhausted_below)
+        return ~self._gaussian_out(self.uniform(clients, self.allowance(clients)))
+
+    def _gaussian_out(self, allow: np.ndarray) -> np.ndarray:
+        """The device's exhaustion rule (``spend.nothing_left``) for the Gaussian release."""
+        cfg = self.config
+        return nothing_left(allow, clip=cfg.clip, floor=EngineGaussian.floor, exhausted_below=cfg.exhausted_below)
 
     def worst_allowance(self, clients: np.ndarray, noise_std: float, clip: float | None = None) -> np.ndarray:
         """What each client's worst-case account still admits at its share's std (``tx.worst_allowance``),
@@ -264,7 +269,7 @@ class Engine:
         sent pure noise, and the mean the coordinator steps with (None if not released)."""
         cfg = self.config
         allow = self.uniform(clients, self.allowance(clients))
-        out = exhausted(allow, cfg.clip, cfg.exhausted_below)
+        out = self._gaussian_out(allow)
         active, reporting = clients[~out], clients[out & ~self.leave[clients]]
         total = np.zeros(self.layout.dim, dtype=np.float64)
         norms = np.zeros(len(active))
