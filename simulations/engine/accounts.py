@@ -5,13 +5,16 @@ the device's ledger ``Reservation`` for one client, here for many rows at once. 
 ``worst_allowance`` are ``round_allowance`` on the rows' states (the lifetime and run-quota filters;
 the worst-case account in distributed placement); ``commit`` is the one admits check over every row
 (defence in depth) and then one ``spend`` per state array. The engine has no owner quotas beyond the
-run quota, and keeps no spend rows. ``spent_epsilon`` reads the rows' states back in epsilon.
+run quota, which caps both accounts as on the device (``fedfilter.client.ledger.quota``: one run per
+engine, so the run's worst-case charges are the worst-case account's state), and keeps no spend rows.
+``spent_epsilon`` reads the rows' states back in epsilon.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from fedfilter.client.ledger.quota import WORST, Cap, refusing, within_caps
 from fedfilter.client.mechanisms.spend import ReleaseRecord
 from fedfilter.privacy.filters import GaussianFilter, round_allowance
 
@@ -40,6 +43,7 @@ class RowsAccount:
         self.filter: GaussianFilter = engine.filters[group]
         self.run_filter: GaussianFilter = engine.run_filters[group]
         self.worst_filter: GaussianFilter | None = None if engine.worst_filters is None else engine.worst_filters[group]
+        self._group = group
 
     def allowance(self, *, noise_std: float, clip: float) -> np.ndarray:
         """``round_allowance`` of each row: the lifetime and run-quota filters, at most ``clip``."""
@@ -58,20 +62,29 @@ class RowsAccount:
         e = self._engine
         if self.worst_filter is None or e.worst_state is None:
             raise RuntimeError("internal error: no worst-case accounts (distributed placement keeps them)")
-        return round_allowance(self.worst_filter, e.worst_state[self.rows], noise_std=noise_std, clip=clip)
+        allow = round_allowance(self.worst_filter, e.worst_state[self.rows], noise_std=noise_std, clip=clip)
+        return within_caps(allow, self._worst_quota(), noise_std=noise_std)
+
+    def _worst_quota(self) -> list[Cap]:
+        """The worst-case account's run quota, as on the device: one run per engine, so its state is the account's."""
+        e = self._engine
+        if e.worst_run_filters is None or e.worst_state is None or e.config.run_quota >= 1:
+            return []
+        return [(f"{WORST}'s run quota", e.worst_run_filters[self._group], e.worst_state[self.rows])]
 
     def commit(self, record: ReleaseRecord) -> None:
         """Check that every row's charge fits every account, then spend each state array once."""
         e, rows = self._engine, self.rows
         charge, worst = record.charge, record.worst_charge
-        admitted = np.all(self.filter.admits(e.state[rows], charge)) and np.all(
-            self.run_filter.admits(e.run_state[rows], charge)
+        admitted = bool(np.all(self.filter.admits(e.state[rows], charge))) and bool(
+            np.all(self.run_filter.admits(e.run_state[rows], charge))
         )
         worst_filter, worst_state = self.worst_filter, e.worst_state
         if worst is not None:
             if worst_filter is None or worst_state is None:
                 raise RuntimeError("internal error: no worst-case accounts (distributed placement keeps them)")
-            admitted = admitted and np.all(worst_filter.admits(worst_state[rows], worst))
+            worst_caps = [(WORST, worst_filter, worst_state[rows]), *self._worst_quota()]
+            admitted = admitted and not refusing(worst_caps, worst)
         if not admitted:
             raise RuntimeError("internal error: a clipped update exceeds its allowance; nothing spent")
         e.state[rows] = self.filter.spend(e.state[rows], charge)

@@ -103,6 +103,8 @@ class Engine:
         self.worst_filters = (
             [worst_case_filter(f, float(w)) for f, (_, w) in zip(self.filters, values)] if keep_worst else None
         )
+        worst_filters = self.worst_filters or []  # the run quota caps both accounts (client/ledger/quota.py)
+        self.worst_run_filters = [w.scaled(cfg.run_quota) for w in worst_filters] if keep_worst else None
         self.state = self.filters[0].initial_state(n)
         self.run_state = self.filters[0].initial_state(n)
         self.worst_state = self.filters[0].initial_state(n) if keep_worst else None
