@@ -13,6 +13,10 @@ released sum of at least ``min_reports`` reports. The device charges the rdp fil
 Theorem 3.5), and the counts here run that very charge through the filter's own rounding, so the
 planner never promises a round the ledger would refuse. Only the rdp filter is valid for Skellam
 noise (``skellam.py``).
+
+``alone=True`` plans the device's worst-case account (``client/ledger/worst_case.py``) instead: what
+each report costs read alone, at the device's own share ``skellam_share(mu_total, min_reports)``, under
+a budget ``worst-case-epsilon`` at the same delta, with the same charge and rounding.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from fedfilter.privacy import pure_dp
 from fedfilter.privacy.filters import GaussianFilter, make_filter, rdp_order
 from fedfilter.privacy.renyi import DEFAULT_ORDERS, epsilon_from_rdp
 from fedfilter.privacy.rounding import down, mul_up, up
-from fedfilter.privacy.skellam import l1_cap, released_variance, skellam_rho
+from fedfilter.privacy.skellam import l1_cap, released_variance, skellam_rho, skellam_share
 from fedfilter.protocol.secagg_grid import grid_step
 
 MAX_PLANNED_ROUNDS = 10_000_000
@@ -241,15 +245,17 @@ def check_distributed_filter(kind: str) -> None:
         raise ValueError(f"filter must be 'rdp' for placement 'distributed'. Found {kind!r}.")
 
 
-def distributed_mu(noise_multiplier: float, clip: float, min_reports: int) -> float:
+def distributed_mu(noise_multiplier: float, clip: float, min_reports: int, *, alone: bool = False) -> float:
     """The Skellam variance per coordinate a release carries, in grid units: ``mu_total = (z C /
-    gamma)^2`` rounded down, each of ``min_reports`` shares ``up(mu_total / t)``, and the least
-    variance of their sum (``released_variance``), whichever is smaller."""
+    gamma)^2`` rounded down, each of ``min_reports`` shares ``skellam_share(mu_total, t)``, and the least
+    variance of their sum (``released_variance``), whichever is smaller. ``alone``: the variance one
+    report carries read alone, its share (what the worst-case account is charged at)."""
     _check_z(noise_multiplier)
     _check_setting(clip, min_reports, 1)
     ratio = down(noise_multiplier * (clip / grid_step(clip)))  # clip / gamma is exact (gamma = 2**k)
     mu_total = float(down(ratio * ratio))
-    return min(mu_total, released_variance(float(up(mu_total / min_reports)), min_reports))
+    share = skellam_share(mu_total, min_reports)
+    return share if alone else min(mu_total, released_variance(share, min_reports))
 
 
 @dataclass(frozen=True)
@@ -268,8 +274,8 @@ class DistributedPlan:
     rounds: int  # full-norm rounds admitted
 
 
-def _full_round(filt, noise_multiplier: float, clip: float, min_reports: int, dim: int):
-    mu = distributed_mu(noise_multiplier, clip, min_reports)
+def _full_round(filt, noise_multiplier: float, clip: float, min_reports: int, dim: int, alone: bool = False):
+    mu = distributed_mu(noise_multiplier, clip, min_reports, alone=alone)
     l2 = clip / grid_step(clip)
     l1 = float(l1_cap(l2, dim))
     order = rdp_order(filt)
@@ -286,13 +292,15 @@ def plan_distributed_rounds(
     dim: int,
     kind: str = "rdp",
     orders=None,
+    alone: bool = False,
 ) -> DistributedPlan:
-    """Full-norm Skellam rounds a fresh client's rdp filter admits (worst-case L1 every round)."""
+    """Full-norm Skellam rounds a fresh client's rdp filter admits (worst-case L1 every round);
+    ``alone``: its worst-case account's, each report read alone (``epsilon`` is then worst-case-epsilon)."""
     check_distributed_filter(kind)
     _check_z(noise_multiplier)
     _check_setting(clip, min_reports, dim)
     filt = make_filter("rdp", epsilon, delta, orders)
-    order, mu, l2, l1, charge = _full_round(filt, noise_multiplier, clip, min_reports, dim)
+    order, mu, l2, l1, charge = _full_round(filt, noise_multiplier, clip, min_reports, dim, alone)
     _, rounds = _run_charges(filt, charge, MAX_PLANNED_ROUNDS)
     if rounds >= MAX_PLANNED_ROUNDS:
         raise ValueError(
@@ -311,9 +319,11 @@ def plan_distributed_epsilon(
     dim: int,
     kind: str = "rdp",
     orders=None,
+    alone: bool = False,
 ) -> dict:
     """The smallest budget epsilon (found by bisection, 60 steps) whose rdp filter admits ``rounds``
-    full-norm Skellam rounds; the answer is itself checked (its filter admits them).
+    full-norm Skellam rounds; the answer is itself checked (its filter admits them). ``alone``: the
+    smallest worst-case-epsilon whose account admits them, each report read alone.
 
     Also ``fixed_composition_epsilon``: the same rounds fixed in advance, their Skellam RDP curve
     composed at every order and converted at the best one (no filter; a reference, often a little
@@ -327,7 +337,7 @@ def plan_distributed_epsilon(
 
     def admits(eps: float) -> bool:
         filt = make_filter("rdp", eps, delta, orders)
-        charge = _full_round(filt, noise_multiplier, clip, min_reports, dim)[4]
+        charge = _full_round(filt, noise_multiplier, clip, min_reports, dim, alone)[4]
         return _run_charges(filt, charge, rounds)[1] >= rounds
 
     hi = 1.0
@@ -340,7 +350,7 @@ def plan_distributed_epsilon(
         mid = (lo + hi) / 2
         lo, hi = (lo, mid) if admits(mid) else (mid, hi)
     orders_arr = np.asarray(DEFAULT_ORDERS if orders is None else orders, dtype=np.float64)
-    mu = distributed_mu(noise_multiplier, clip, min_reports)
+    mu = distributed_mu(noise_multiplier, clip, min_reports, alone=alone)
     l2 = clip / grid_step(clip)
     per_order = up(skellam_rho(float(l1_cap(l2, dim)), l2, mu, orders_arr) * orders_arr * rounds * (1 + 2.0**-48))
     return {
@@ -370,9 +380,11 @@ def rounds_admitted(
     min_reports: int = 1,
     dim: int = 1,
     orders=None,
+    alone: bool = False,
 ) -> int:
     """Full-norm rounds a fresh client's filter admits, counted up to ``limit`` (so it stays cheap
-    where ``plan_rounds`` would count millions): ``min(rounds, limit)``."""
+    where ``plan_rounds`` would count millions): ``min(rounds, limit)``. ``alone`` (distributed): its
+    worst-case account's, each report read alone, under ``epsilon`` = worst-case-epsilon."""
     _check_z(noise_multiplier)
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit < MAX_PLANNED_ROUNDS:
         raise ValueError(f"limit must be an integer in [1, {MAX_PLANNED_ROUNDS}). Found {limit!r}.")
@@ -380,7 +392,7 @@ def rounds_admitted(
         check_distributed_filter(kind)
         _check_setting(clip, min_reports, dim)
         filt = make_filter("rdp", epsilon, delta, orders)
-        charge = _full_round(filt, noise_multiplier, clip, min_reports, dim)[4]
+        charge = _full_round(filt, noise_multiplier, clip, min_reports, dim, alone)[4]
         return _run_charges(filt, charge, limit)[1]
     if kind in BASELINE_KINDS:
         return min(plan_rounds(kind, epsilon=epsilon, delta=delta, noise_multiplier=noise_multiplier).rounds, limit)

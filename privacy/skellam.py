@@ -243,6 +243,19 @@ def device_epsilon(
     return epsilon_from_rdp(orders, device_rdp_curve(k_int, mu_total, orders).tolist(), delta)
 
 
+def skellam_share(mu_total: float, min_reports: int) -> float:
+    """One report's share of the sum's Skellam variance, ``mu_total / m`` rounded up (so ``m`` shares
+    carry at least ``mu_total``): what a device adds, and all a report carries read alone (its
+    worst-case account, ``client/ledger/worst_case.py``). The device's grid and the planner both call this.
+
+    >>> skellam_share(2.25, 2) == float(np.nextafter(1.125, np.inf))
+    True
+    """
+    if isinstance(min_reports, bool) or not isinstance(min_reports, int) or min_reports < 1:
+        raise ValueError(f"min_reports must be an integer >= 1. Found {min_reports!r}.")
+    return float(up(mu_total / min_reports))
+
+
 def released_variance(mu_share: float, threshold: int) -> float:
     """The least Skellam variance per coordinate of a released sum: ``threshold * mu_share``, rounded
     down (fewer than ``threshold`` reports are never released)."""

@@ -473,10 +473,18 @@ class BudgetLedger(QuotaAccounts, WorstCaseAccount):
                     )
                 state, run_state = self._last_state_locked(run_id)
                 coordinator_state = self._coordinator_state_locked(self.quotas.federation)
-                caps = self._quota_caps_locked(coordinator_state)
                 self._load_worst_case()
+                caps, worst_caps = self._quota_caps_locked(run_id, coordinator_state)
                 reservation = Reservation(
-                    self, run_id, round_id, state, run_state, coordinator_state, caps, self._worst_state_locked()
+                    self,
+                    run_id,
+                    round_id,
+                    state,
+                    run_state,
+                    coordinator_state,
+                    caps,
+                    self._worst_state_locked(),
+                    worst_caps,
                 )
                 try:
                     yield reservation

@@ -2,8 +2,9 @@
 
 The report is for the owner only: it is never sent anywhere (the coordinator learns nothing from
 it). "Exhausted" means what the device itself decided and recorded: each round's ledger record
-has the status the release chose (``client/release.py``): ``contributed`` while the allowance was
-at least ``ClientPolicy.exhausted_below`` of the clip, ``noise-only`` or ``left`` once it was not.
+has the status the release chose (``client/release.py``): ``contributed`` while both accounts had
+something left (``client/mechanisms/spend.nothing_left``: more than ``ClientPolicy.exhausted_below`` of
+the clip, and at least the mechanism's floor), ``noise-only`` or ``left`` once either had not.
 So the round a device ran out of budget is its first record of the run whose status is not
 ``contributed``; no second threshold is applied here. A device whose last contribution of a run
 used its budget up reports no exhausted round for that run (it never had to stop in it); in its

@@ -25,7 +25,8 @@ are then: (eps_i, delta) against a coordinator that controls no more devices tha
 delta) against any coordinator (``guarantee_lines``). There is no default: a device without a
 worst-case budget refuses distributed rounds (``require_worst_case``).
 
-The quotas (per run, per coordinator, per day) cap the main account only.
+The quotas (per run, per coordinator, per day) cap both accounts, each at the same fraction of its own
+budget, the worst-case one over the worst-case charges of the same spends (``ledger.quota``).
 
 Past spends (``past_worst_charge``). An owner may add the worst-case budget to a ledger that already
 has spends (``fedfilter ledger worst-case``). Their worst-case charges are recomputed from what each

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
@@ -200,6 +201,11 @@ class GaussianMechanism:
         added_std = added_noise_std(z, clip, spec.placement, spec.min_reports)
         gamma, _ = noise_grid(added_std)  # before anything is spent: an impossible std is refused here
         return cls(spec.placement, z, clip, accounted_noise_std(z, clip), added_std, gamma)
+
+    # ``spend.nothing_left``: none. A Gaussian release is charged at its clipped norm, whatever of it
+    # the noise grid (2**16 times finer than the noise) keeps, so every round with an allowance moves
+    # the accounts; and the owner's threshold already stops it.
+    floor: ClassVar[float] = 0.0
 
     def check(self, update: Sequence[np.ndarray], filt: GaussianFilter) -> list[np.ndarray]:
         """The arrays to release, refused (``ValueError``) before anything is spent. Every filter kind accounts it."""

@@ -62,8 +62,8 @@ from fedfilter.client.mechanisms.gaussian_noise import NoiseStream
 from fedfilter.client.mechanisms.skellam_noise import MAX_MU_SHARE, add_skellam_noise
 from fedfilter.client.mechanisms.spend import Account
 from fedfilter.privacy.filters import GaussianFilter, rdp_order
-from fedfilter.privacy.rounding import down, up
-from fedfilter.privacy.skellam import integer_norms, l2_up, skellam_allowance, skellam_charge
+from fedfilter.privacy.rounding import down
+from fedfilter.privacy.skellam import integer_norms, l2_up, skellam_allowance, skellam_charge, skellam_share
 from fedfilter.protocol.request import RoundSpec, RoundSpecError
 from fedfilter.protocol.rules import accounted_noise_std
 from fedfilter.protocol.secagg_grid import encode_report, grid_step
@@ -104,7 +104,7 @@ def skellam_grid(spec: RoundSpec, *, target_range: int, sample_num: int) -> Skel
     sigma = accounted_noise_std(z, clip)
     ratio = sigma / gamma if gamma > 0 else math.inf
     mu_total = float(down(ratio * ratio)) if math.isfinite(ratio) else math.inf
-    mu_share = float(up(mu_total / m)) if math.isfinite(mu_total) else math.inf
+    mu_share = skellam_share(mu_total, m) if math.isfinite(mu_total) else math.inf
     if not (math.isfinite(mu_total) and mu_total > 0 and mu_share > 0):
         problems.append(
             f"noise_multiplier * clip / grid step = {ratio!r} gives no usable Skellam variance ({mu_total!r})."
@@ -269,6 +269,14 @@ class SkellamMechanism:
     def added_std(self) -> float:
         """The std this report carries, model units: ``sqrt(mu_share) * gamma``."""
         return self.grid.noise_std
+
+    @property
+    def floor(self) -> float:
+        """``sqrt(dim)`` grid steps, model units (``spend.nothing_left``): from there on an update
+        clipped to the allowance keeps a coordinate of at least one step (its largest is at least
+        ``L / sqrt(dim)``), so it is charged and the accounts move; below it, one of equal coordinates
+        snaps to zero, costs nothing, and would leave the device "contributing" nothing for ever."""
+        return math.sqrt(self.dim) * self.grid.gamma
 
     def check(self, update: Sequence[np.ndarray], filt: GaussianFilter) -> list[np.ndarray]:
         """The floating-point arrays to release, refused before anything is spent (and an rdp filter required)."""

@@ -8,7 +8,8 @@ bound, how the update is clipped and snapped, what it is charged, what noise it 
 
 1. the allowance the account admits for this mechanism (every budget and quota, and the
    worst-case account);
-2. ``exhausted``: nothing worth giving is left;
+2. ``nothing_left``: nothing worth giving is left in EITHER account (the main one with its quotas,
+   or the worst-case one): the round is then what exhaustion means for this device (``status_of``);
 3. clip and snap the update to the allowance (to 0 when exhausted: the same steps run whether or
    not the budget is spent, so their time does not tell);
 4. its charges at its exact (snapped) norm;
@@ -106,6 +107,10 @@ class Mechanism(Protocol):
     def added_std(self) -> float:
         """The std of the noise this report carries, model units."""
 
+    @property
+    def floor(self) -> float:
+        """The least allowance, model units, that carries data whatever the update (``nothing_left``)."""
+
     def allowance(self, account: Account) -> Any:
         """The norm bound, model units, both the main and the worst-case account admit."""
 
@@ -116,6 +121,45 @@ class Mechanism(Protocol):
         """The main and worst-case charges of the snapped update."""
 
 
+def nothing_left(allowance, *, clip, floor, exhausted_below: float) -> np.ndarray:
+    """Where a release has nothing left to give: the one exhaustion rule of every path.
+
+    ``allowance`` is the smaller of what the main account (lifetime budget and every quota) and the
+    worst-case account admit, so this is True when EITHER account is spent: the allowance is at most
+    ``exhausted_below`` of the clip (``privacy.filters.exhausted``), or below the mechanism's
+    ``floor``, the least allowance that carries data whatever the update (``Mechanism.floor``).
+
+    Why a floor. A Skellam release is snapped toward zero onto SecAgg+'s grid and charged at the
+    snapped norms. An update clipped to an allowance of L grid steps over d coordinates can snap to
+    zero (one of equal coordinates does below ``sqrt(d)`` steps): it is then charged 0, so neither
+    account moves, and the next round finds the same allowance. Without the floor, a device whose
+    worst-case account bound a few steps above ``exhausted_below`` of the clip recorded
+    "contributed" rounds of sensitivity 0 for ever, and a ``leave`` device never left. From the floor
+    on, an update clipped to the allowance keeps a coordinate of at least one step, so each round
+    spends and the allowance falls to the floor. The device (``spend``) and the engine (local and
+    distributed rounds) both call this; it is the same arithmetic whichever account binds.
+
+    Parameters
+    ----------
+    allowance : float or numpy.ndarray
+        The release's norm bound, model units (one per row in the engine).
+    clip : float
+        The request's ``C``.
+    floor : float
+        The mechanism's ``floor``, model units.
+    exhausted_below : float
+        The owner's threshold, a fraction of the clip.
+
+    Examples
+    --------
+    >>> bool(nothing_left(0.5, clip=1.0, floor=0.01, exhausted_below=1e-3))
+    False
+    >>> bool(nothing_left(0.005, clip=1.0, floor=0.01, exhausted_below=1e-3))
+    True
+    """
+    return exhausted(allowance, clip, exhausted_below) | (np.asarray(allowance) < floor)
+
+
 def status_of(spent, after_exhaustion: str):
     """The release's status: ``"contributed"``, or, once spent, ``"left"``/``"noise-only"`` as the owner chose.
 
@@ -124,7 +168,7 @@ def status_of(spent, after_exhaustion: str):
     Parameters
     ----------
     spent : bool or numpy.ndarray
-        Whether the budget is exhausted (``privacy.filters.exhausted``), per row in the engine.
+        Whether either account is spent (``nothing_left``), per row in the engine.
     after_exhaustion : str
         The owner's choice: ``"leave"`` or ``"noise-only"``.
 
@@ -170,7 +214,8 @@ def spend(
     >>> record, payload = spend(tx, mechanism, arrays, exhausted_below=0.0, after_exhaustion="leave")  # doctest: +SKIP
     """
     allowance = mechanism.allowance(account)
-    spent = exhausted(allowance, mechanism.clip, exhausted_below)  # one per row in the engine
+    # One per row in the engine. Which account bound is not recorded and changes nothing below.
+    spent = nothing_left(allowance, clip=mechanism.clip, floor=mechanism.floor, exhausted_below=exhausted_below)
     # The same steps whether or not the budget is spent (their time must not tell): an exhausted
     # release clips to 0, so its snapped update is zero and its charge 0.
     payload, sensitivity = mechanism.clip_and_snap(arrays, np.where(spent, 0.0, allowance))

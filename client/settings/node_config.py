@@ -21,7 +21,8 @@ key                      default   meaning
                                    match. Without it the device refuses distributed rounds
                                    (``client/ledger/worst_case.py``)
 ``filter``               gdp       ``gdp``, ``zcdp`` or ``rdp``
-``run-quota``            1.0       share of the lifetime budget one run may spend
+``run-quota``            1.0       share of the lifetime budget one run may spend (and the same
+                                   share of worst-case-epsilon's: each quota caps both accounts)
 ``client-id``            (enrolled) name stored in the ledger at enrolment (there: default the
                                    directory's name); if given, the enrolment must match it
 ``federation``           default   the coordinator this device serves; every run is charged to it

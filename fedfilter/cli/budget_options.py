@@ -2,14 +2,17 @@
 
 Both plan a client's budget before a run, for either placement: ``--placement distributed --dim D``
 plans Skellam noise over SecAgg+ (issue 15), where only the rdp filter is valid, so ``--filter``
-defaults to rdp there and gdp/zcdp are refused with a clear message.
+defaults to rdp there and gdp/zcdp are refused with a clear message. ``worst_case_plan`` and
+``worst_case_rows`` are the worst-case account's side of a distributed plan, for ``fedfilter rounds``
+and ``fedfilter plan``.
 """
 
 from __future__ import annotations
 
 import argparse
 
-from fedfilter.privacy.planner import check_distributed_filter
+from fedfilter.client.ledger.worst_case import SETTING, check_worst_case_epsilon
+from fedfilter.privacy.planner import check_distributed_filter, plan_distributed_epsilon, plan_distributed_rounds
 from fedfilter.protocol.request import PLACEMENTS
 
 FILTER_HELP = {
@@ -99,3 +102,46 @@ def add_placement_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dim", type=int, default=None, help="model size (coordinates); placement distributed")
     p.add_argument("--clip", type=float, default=1.0, help="clip norm C (sets the grid step); placement distributed")
     p.add_argument("--min-reports", type=int, default=1, help="fewest reports in a released sum (distributed)")
+
+
+def worst_case_plan(
+    *, rounds: int, main_rounds: int, worst_case_epsilon: float | None, epsilon: float, **setting
+) -> dict:
+    """The worst-case account's side of a distributed plan: the worst-case-epsilon ``rounds`` full-norm
+    rounds need, each report read alone (None for no rounds), the share's Skellam variance, and with
+    ``worst_case_epsilon`` the rounds it admits and the device's, the fewer of those and ``main_rounds``
+    (what the main budget ``epsilon`` admits: the device stops when either account is spent).
+    ``setting``: ``plan_distributed_rounds``'s delta, noise_multiplier, clip, min_reports, dim, kind.
+
+    The planner's ``alone=True`` counts with the charge and rounding of the device's worst-case
+    account (``privacy.planner``); ``worst_case_epsilon`` is checked as at enrolment."""
+    needed = plan_distributed_epsilon(rounds=rounds, alone=True, **setting)["epsilon"] if rounds >= 1 else None
+    out = {
+        "worst_case_epsilon_needed": needed,
+        "worst_case_share_variance": plan_distributed_rounds(epsilon=epsilon, alone=True, **setting).mu,
+        "worst_case_epsilon": worst_case_epsilon,
+        "worst_case_rounds": None,
+        "device_rounds": None,
+    }
+    if worst_case_epsilon is not None:
+        check_worst_case_epsilon(worst_case_epsilon, epsilon)
+        worst = plan_distributed_rounds(epsilon=worst_case_epsilon, alone=True, **setting).rounds
+        out.update(worst_case_rounds=worst, device_rounds=min(main_rounds, worst))
+    return out
+
+
+def worst_case_rows(w: dict, rounds: int, min_reports: int) -> list[tuple[str, str]]:
+    """The worst-case account's lines of ``fedfilter rounds`` and ``fedfilter plan``."""
+    alone = (
+        f"each report read alone by a coordinator that forges the other SecAgg+ peers: Skellam variance "
+        f"{w['worst_case_share_variance']:.6g} per coordinate, 1/{min_reports} of the sum's"
+    )
+    needed = w["worst_case_epsilon_needed"]
+    rows = [("worst case", f"{SETTING} {needed:.6g} admits these {rounds} rounds" if needed else "no rounds")]
+    rows.append(("", f"({alone})"))
+    if w["worst_case_epsilon"] is not None:
+        rows += [
+            ("", f"{SETTING} {w['worst_case_epsilon']:g} admits {w['worst_case_rounds']} full-norm rounds"),
+            ("device", f"{w['device_rounds']} full-norm rounds   (it stops when either account is spent)"),
+        ]
+    return rows

@@ -2,7 +2,9 @@
 
 The figures come from ``fedfilter.privacy.federation_plan`` (the expected noise norm of the
 released mean against the clip, and the device's own filter for the rounds); this module only
-reads the arguments, counts a model's parameters (``--app-dir``) and prints.
+reads the arguments, counts a model's parameters (``--app-dir``) and prints. In distributed placement
+it adds the device's worst-case account (``budget_options.worst_case_plan``): the worst-case-epsilon
+the wanted rounds need, each report read alone, and with ``--worst-case-epsilon`` the rounds it admits.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from fedfilter.cli.budget_options import table, worst_case_plan, worst_case_rows
 from fedfilter.client.settings.policy import ClientPolicy
 from fedfilter.privacy.federation_plan import TARGET_NOISE_TO_CLIP, plan_federation
 from fedfilter.privacy.filters import FILTER_KINDS
@@ -111,6 +114,19 @@ def _plan(args: argparse.Namespace) -> int:
         min_reports=args.min_reports,
         filter=args.filter,
     )
+    if p["placement"] == "distributed":
+        p["worst_case"] = worst_case_plan(
+            rounds=p["rounds"],
+            main_rounds=p["rounds_afforded"],
+            worst_case_epsilon=args.worst_case_epsilon,
+            epsilon=p["epsilon"],
+            delta=p["delta"],
+            noise_multiplier=p["noise_multiplier"],
+            clip=p["clip"],
+            min_reports=p["min_reports"],
+            dim=p["dim"],
+            kind=p["filter"],
+        )
     if args.json:
         print(json.dumps(p))
         return 0
@@ -126,6 +142,10 @@ def _plan(args: argparse.Namespace) -> int:
         f"signal's bound (the clip)    {p['clip']:g}   -> noise / clip = {p['noise_to_clip']:.3g}",
         f"rounds a device affords      {p['rounds_afforded']} full-clip rounds (the {p['rounds']} wanted need "
         f"epsilon {p['epsilon_needed']:.4g})",
+    ]
+    if "worst_case" in p:
+        lines += ["", table(worst_case_rows(p["worst_case"], p["rounds"], p["min_reports"]))]
+    lines += [
         "",
         f"Verdict: {p['verdict']}.",
     ]
@@ -180,6 +200,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         choices=list(FILTER_KINDS),
         default=None,
         help="the devices' filter (default gdp; rdp if distributed)",
+    )
+    p.add_argument(
+        "--worst-case-epsilon",
+        type=float,
+        default=None,
+        help="placement distributed: a typical device's worst-case budget (each report read alone); show its rounds",
     )
     p.add_argument(
         "--json", action="store_true", help="print one JSON object (keys include mean_noise_norm, noise_dominates)"

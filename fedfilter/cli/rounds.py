@@ -1,7 +1,10 @@
 """``fedfilter rounds``: how many full-norm rounds a fresh client's budget admits, before a run.
 
 Options shared with ``fedfilter epsilon`` (placement, filters, the output table) are in
-``fedfilter.cli.budget_options``.
+``fedfilter.cli.budget_options``. In distributed placement it also shows the device's worst-case
+account (``client/ledger/worst_case.py``): the worst-case-epsilon those rounds need, each report read
+alone at the device's own share, and with ``--worst-case-epsilon`` the rounds that budget admits (the
+planner's ``alone=True``: the charge and rounding the device's account uses).
 """
 
 from __future__ import annotations
@@ -9,7 +12,14 @@ from __future__ import annotations
 import argparse
 import json
 
-from fedfilter.cli.budget_options import FILTER_HELP, add_placement_options, distributed_kind, table
+from fedfilter.cli.budget_options import (
+    FILTER_HELP,
+    add_placement_options,
+    distributed_kind,
+    table,
+    worst_case_plan,
+    worst_case_rows,
+)
 from fedfilter.privacy.filters import FILTER_KINDS
 from fedfilter.privacy.planner import BASELINE_KINDS, plan_distributed_rounds, plan_rounds
 
@@ -17,6 +27,18 @@ from fedfilter.privacy.planner import BASELINE_KINDS, plan_distributed_rounds, p
 def _distributed_rounds(args: argparse.Namespace) -> int:
     kind = distributed_kind(args)
     p = plan_distributed_rounds(
+        epsilon=args.epsilon,
+        delta=args.delta,
+        noise_multiplier=args.noise_multiplier,
+        clip=args.clip,
+        min_reports=args.min_reports,
+        dim=args.dim,
+        kind=kind,
+    )
+    worst = worst_case_plan(
+        rounds=p.rounds,
+        main_rounds=p.rounds,
+        worst_case_epsilon=args.worst_case_epsilon,
         epsilon=args.epsilon,
         delta=args.delta,
         noise_multiplier=args.noise_multiplier,
@@ -39,6 +61,7 @@ def _distributed_rounds(args: argparse.Namespace) -> int:
         "gaussian_rounds": plan_rounds(
             "rdp", epsilon=args.epsilon, delta=args.delta, noise_multiplier=args.noise_multiplier
         ).rounds,
+        **worst,
     }
     if args.json:
         print(json.dumps(out))
@@ -53,6 +76,7 @@ def _distributed_rounds(args: argparse.Namespace) -> int:
         ("rounds", f"{p.rounds}   (every update of norm C, worst-case L1 on the grid)"),
         ("gaussian", f"{out['gaussian_rounds']}   (the same budget with Gaussian noise, placement local)"),
         ("grid", f"L2 {p.l2:g}, L1 <= {p.l1:.6g}, Skellam variance {p.mu:.6g} per coordinate (grid units)"),
+        *worst_case_rows(worst, p.rounds, p.min_reports),
     ]
     print(table(rows))
     return 0
@@ -104,5 +128,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="default gdp (rdp with --placement distributed)",
     )
     p.add_argument("--json", action="store_true", help="print a JSON object (a list with --filter all)")
+    p.add_argument(
+        "--worst-case-epsilon",
+        type=float,
+        default=None,
+        help="placement distributed: the device's worst-case budget (each report read alone); show its rounds",
+    )
     add_placement_options(p)
     p.set_defaults(func=_rounds)

@@ -77,8 +77,9 @@ Agreement with the Flower path, precisely
   ``fedfilter.simulations.reproduce``.
 """
 
+from fedfilter.simulations.engine.accounts import spent_epsilon
 from fedfilter.simulations.engine.config import EngineConfig, EngineResult, RoundRecord
-from fedfilter.simulations.engine.core import Engine, run_engine, spent_epsilon
+from fedfilter.simulations.engine.core import Engine, run_engine
 from fedfilter.simulations.engine.seeds import client_noise_seed
 
 __all__ = ["EngineConfig", "EngineResult", "RoundRecord", "Engine", "run_engine", "spent_epsilon", "client_noise_seed"]

@@ -5,13 +5,16 @@ the device's ledger ``Reservation`` for one client, here for many rows at once. 
 ``worst_allowance`` are ``round_allowance`` on the rows' states (the lifetime and run-quota filters;
 the worst-case account in distributed placement); ``commit`` is the one admits check over every row
 (defence in depth) and then one ``spend`` per state array. The engine has no owner quotas beyond the
-run quota, and keeps no spend rows.
+run quota, which caps both accounts as on the device (``fedfilter.client.ledger.quota``: one run per
+engine, so the run's worst-case charges are the worst-case account's state), and keeps no spend rows.
+``spent_epsilon`` reads the rows' states back in epsilon.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from fedfilter.client.ledger.quota import WORST, Cap, refusing, within_caps
 from fedfilter.client.mechanisms.spend import ReleaseRecord
 from fedfilter.privacy.filters import GaussianFilter, round_allowance
 
@@ -40,6 +43,7 @@ class RowsAccount:
         self.filter: GaussianFilter = engine.filters[group]
         self.run_filter: GaussianFilter = engine.run_filters[group]
         self.worst_filter: GaussianFilter | None = None if engine.worst_filters is None else engine.worst_filters[group]
+        self._group = group
 
     def allowance(self, *, noise_std: float, clip: float) -> np.ndarray:
         """``round_allowance`` of each row: the lifetime and run-quota filters, at most ``clip``."""
@@ -58,20 +62,29 @@ class RowsAccount:
         e = self._engine
         if self.worst_filter is None or e.worst_state is None:
             raise RuntimeError("internal error: no worst-case accounts (distributed placement keeps them)")
-        return round_allowance(self.worst_filter, e.worst_state[self.rows], noise_std=noise_std, clip=clip)
+        allow = round_allowance(self.worst_filter, e.worst_state[self.rows], noise_std=noise_std, clip=clip)
+        return within_caps(allow, self._worst_quota(), noise_std=noise_std)
+
+    def _worst_quota(self) -> list[Cap]:
+        """The worst-case account's run quota, as on the device: one run per engine, so its state is the account's."""
+        e = self._engine
+        if e.worst_run_filters is None or e.worst_state is None or e.config.run_quota >= 1:
+            return []
+        return [(f"{WORST}'s run quota", e.worst_run_filters[self._group], e.worst_state[self.rows])]
 
     def commit(self, record: ReleaseRecord) -> None:
         """Check that every row's charge fits every account, then spend each state array once."""
         e, rows = self._engine, self.rows
         charge, worst = record.charge, record.worst_charge
-        admitted = np.all(self.filter.admits(e.state[rows], charge)) and np.all(
-            self.run_filter.admits(e.run_state[rows], charge)
+        admitted = bool(np.all(self.filter.admits(e.state[rows], charge))) and bool(
+            np.all(self.run_filter.admits(e.run_state[rows], charge))
         )
         worst_filter, worst_state = self.worst_filter, e.worst_state
         if worst is not None:
             if worst_filter is None or worst_state is None:
                 raise RuntimeError("internal error: no worst-case accounts (distributed placement keeps them)")
-            admitted = admitted and np.all(worst_filter.admits(worst_state[rows], worst))
+            worst_caps = [(WORST, worst_filter, worst_state[rows]), *self._worst_quota()]
+            admitted = admitted and not refusing(worst_caps, worst)
         if not admitted:
             raise RuntimeError("internal error: a clipped update exceeds its allowance; nothing spent")
         e.state[rows] = self.filter.spend(e.state[rows], charge)
@@ -98,3 +111,28 @@ def full_round_allowance(engine) -> np.ndarray:
         raise RuntimeError("internal error: a full round's allowance is read off the fresh states, before round 1")
     distributed = getattr(engine, "_distributed", None)
     return engine.allowance(everyone) if distributed is None else distributed.l2_allowance(everyone)
+
+
+# Above this many distinct 1-d states, spent epsilon is read off a grid of actual states (see
+# ``spent_epsilon``); each epsilon costs an mpmath solve (~30 ms) for the Gaussian-DP filter.
+_EXACT_SPENT_LIMIT = 256
+
+
+def spent_epsilon(filt: GaussianFilter, states: np.ndarray, exact_limit: int = _EXACT_SPENT_LIMIT) -> np.ndarray:
+    """``filt.epsilon_spent`` for every row, never below the exact value.
+
+    Distinct rows are solved once. With more than ``exact_limit`` distinct one-coordinate states,
+    each state gets the epsilon of the smallest *actual* state at or above it among
+    ``exact_limit`` quantiles (epsilon grows with the state): an upper bound, rounded up.
+    """
+    states = np.asarray(states, dtype=np.float64).reshape(len(states), -1)
+    if len(states) == 0:
+        return np.zeros(0)
+    uniq, inverse = np.unique(states, axis=0, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    if len(uniq) <= exact_limit or uniq.shape[1] != 1:
+        values = np.array([filt.epsilon_spent(u) for u in uniq])
+        return values[inverse]
+    grid = np.unique(np.quantile(uniq[:, 0], np.linspace(0, 1, exact_limit), method="higher"))
+    values = np.array([filt.epsilon_spent(np.array([g])) for g in grid])
+    return values[np.searchsorted(grid, states[:, 0], side="left")]

@@ -3,7 +3,7 @@
 Per round, for the clients asked (``FilteredClient.release`` for each, in vectorised form):
 
 1. allowance ``fedfilter.privacy.filters.round_allowance`` on the ``(n_clients, dim)`` states
-   (lifetime filter and run-quota filter, as the ledger holds them); ``exhausted`` decides who
+   (lifetime filter and run-quota filter, as the ledger holds them); ``spend.nothing_left`` decides who
    has nothing left (noise-only report, or a ``left`` marker);
 2. update (per-example gradient, or local SGD), certified norm and clip with
    ``fedfilter.client.mechanisms.gaussian.certified_norm`` / ``clip_to_norm`` on each client's arrays (the very
@@ -41,10 +41,10 @@ from fedfilter.client.mechanisms.gaussian import (
     noise_grid,
     snap_toward_zero,
 )
-from fedfilter.client.mechanisms.spend import spend
-from fedfilter.privacy.filters import GaussianFilter, exhausted, make_filter
+from fedfilter.client.mechanisms.spend import nothing_left, spend
+from fedfilter.privacy.filters import make_filter
 from fedfilter.protocol.rules import model_step, reports_needed
-from fedfilter.simulations.engine.accounts import RowsAccount, all_or_nothing, full_round_allowance
+from fedfilter.simulations.engine.accounts import RowsAccount, all_or_nothing, full_round_allowance, spent_epsilon
 from fedfilter.simulations.engine.config import EngineConfig, EngineResult, RoundRecord
 from fedfilter.simulations.engine.distributed_round import DistributedPlacement
 from fedfilter.simulations.engine.layerwise import LayerwiseClippedSum, supported
@@ -53,30 +53,6 @@ from fedfilter.simulations.engine.norms import clip_rows
 from fedfilter.simulations.engine.seeds import aggregate_noise_rng, client_noise_stream, sampling_rng
 from fedfilter.simulations.engine.updates import Layout, PerExampleGradients, local_seed, local_sgd_update
 from fedfilter.simulations.tasks.training import evaluate, get_weights, set_weights
-
-# Above this many distinct 1-d states, spent epsilon is read off a grid of actual states (see
-# ``spent_epsilon``); each epsilon costs an mpmath solve (~30 ms) for the Gaussian-DP filter.
-_EXACT_SPENT_LIMIT = 256
-
-
-def spent_epsilon(filt: GaussianFilter, states: np.ndarray, exact_limit: int = _EXACT_SPENT_LIMIT) -> np.ndarray:
-    """``filt.epsilon_spent`` for every row, never below the exact value.
-
-    Distinct rows are solved once. With more than ``exact_limit`` distinct one-coordinate states,
-    each state gets the epsilon of the smallest *actual* state at or above it among
-    ``exact_limit`` quantiles (epsilon grows with the state): an upper bound, rounded up.
-    """
-    states = np.asarray(states, dtype=np.float64).reshape(len(states), -1)
-    if len(states) == 0:
-        return np.zeros(0)
-    uniq, inverse = np.unique(states, axis=0, return_inverse=True)
-    inverse = inverse.reshape(-1)
-    if len(uniq) <= exact_limit or uniq.shape[1] != 1:
-        values = np.array([filt.epsilon_spent(u) for u in uniq])
-        return values[inverse]
-    grid = np.unique(np.quantile(uniq[:, 0], np.linspace(0, 1, exact_limit), method="higher"))
-    values = np.array([filt.epsilon_spent(np.array([g])) for g in grid])
-    return values[np.searchsorted(grid, states[:, 0], side="left")]
 
 
 class Engine:
@@ -127,6 +103,8 @@ class Engine:
         self.worst_filters = (
             [worst_case_filter(f, float(w)) for f, (_, w) in zip(self.filters, values)] if keep_worst else None
         )
+        worst_filters = self.worst_filters or []  # the run quota caps both accounts (client/ledger/quota.py)
+        self.worst_run_filters = [w.scaled(cfg.run_quota) for w in worst_filters] if keep_worst else None
         self.state = self.filters[0].initial_state(n)
         self.run_state = self.filters[0].initial_state(n)
         self.worst_state = self.filters[0].initial_state(n) if keep_worst else None
@@ -186,7 +164,12 @@ class Engine:
         the Gaussian allowance, or in distributed placement the Skellam one on the integer grid)."""
         if self._distributed is not None:
             return ~self._distributed.exhausted(clients)
-        return ~exhausted(self.uniform(clients, self.allowance(clients)), self.config.clip, self.config.exhausted_below)
+        return ~self._gaussian_out(self.uniform(clients, self.allowance(clients)))
+
+    def _gaussian_out(self, allow: np.ndarray) -> np.ndarray:
+        """The device's exhaustion rule (``spend.nothing_left``) for the Gaussian release."""
+        cfg = self.config
+        return nothing_left(allow, clip=cfg.clip, floor=EngineGaussian.floor, exhausted_below=cfg.exhausted_below)
 
     def worst_allowance(self, clients: np.ndarray, noise_std: float, clip: float | None = None) -> np.ndarray:
         """What each client's worst-case account still admits at its share's std (``tx.worst_allowance``),
@@ -288,7 +271,7 @@ class Engine:
         sent pure noise, and the mean the coordinator steps with (None if not released)."""
         cfg = self.config
         allow = self.uniform(clients, self.allowance(clients))
-        out = exhausted(allow, cfg.clip, cfg.exhausted_below)
+        out = self._gaussian_out(allow)
         active, reporting = clients[~out], clients[out & ~self.leave[clients]]
         total = np.zeros(self.layout.dim, dtype=np.float64)
         norms = np.zeros(len(active))

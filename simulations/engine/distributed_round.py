@@ -22,10 +22,9 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from fedfilter.client.mechanisms.skellam import CLIP_SLACK, SkellamGrid, l2_allowance
-from fedfilter.client.mechanisms.spend import spend
+from fedfilter.client.mechanisms.spend import nothing_left, spend
 from fedfilter.coordinator.secure_round import AUTO_SHARES
 from fedfilter.coordinator.secure_round import round_graph as coordinator_round_graph
-from fedfilter.privacy.filters import exhausted
 from fedfilter.privacy.secagg_graph import SecAggGraph
 from fedfilter.protocol.rules import reports_needed
 from fedfilter.simulations.engine.accounts import RowsAccount
@@ -124,9 +123,9 @@ class DistributedPlacement:
         return out
 
     def _exhausted(self, l2_allow: np.ndarray) -> np.ndarray:
-        return exhausted(
-            np.asarray(l2_allow) * self.grid.gamma, self.engine.config.clip, self.engine.config.exhausted_below
-        )
+        cfg, floor = self.engine.config, self.mechanism.floor  # the device's rule on SkellamMechanism.allowance
+        allowance = np.asarray(l2_allow) * self.grid.gamma
+        return nothing_left(allowance, clip=cfg.clip, floor=floor, exhausted_below=cfg.exhausted_below)
 
     def exhausted(self, clients: np.ndarray) -> np.ndarray:
         """True where a client has nothing left to give (the device's rule on its ``L2_allow``;

@@ -7,7 +7,8 @@ per round, inside its ledger transaction:
    ``a_W = tx.worst_allowance(noise_std=sqrt(mu_share) gamma, clip=C)`` (the worst-case account's,
    ``fedfilter.client.ledger.worst_case``); ``L2_allow = skellam.l2_allowance(...)``: the largest
    integer-grid L2 norm whose worst-case Skellam charges fit both;
-2. exhausted when ``L2_allow * gamma <= exhausted_below * C``;
+2. exhausted (``spend.nothing_left``, either account) when ``L2_allow * gamma <= exhausted_below * C`` or
+   below ``SkellamMechanism.floor``, sqrt(dim) grid steps;
 3. clip to ``L2_allow * gamma`` (a few ulps short), snap toward zero on ``gamma = grid_step(C)`` (integer ``k``), exact
    integer norms, ``charge = skellam_charge(filt, l1, l2_up(l2sq), mu_total)`` and the worst-case
    ``skellam_charge(worst, l1, l2_up(l2sq), mu_share)``, admits, spend both;

@@ -13,6 +13,7 @@ the model: the integer sum of the reports is exact whatever the order, so the me
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord
 from flwr.clientapp import ClientApp
@@ -52,7 +53,7 @@ TRAIN = {
 }
 
 
-def flower_reference(tmp_path):
+def flower_reference(tmp_path, run_quota: float = 1.0):
     torch.set_num_threads(1)
     torch.manual_seed(SEED)
     model = load_task("digits", num_clients=1).model_fn()
@@ -69,6 +70,7 @@ def flower_reference(tmp_path):
             "worst-case-epsilon": WORST[k],
             "budget-delta": 1e-5,
             "filter": "rdp",
+            "run-quota": run_quota,
             "after-exhaustion": AFTER[k],
             "noise-seed": client_noise_seed(SEED, k),
             "reply-hold-s": 0,
@@ -111,10 +113,12 @@ def flower_reference(tmp_path):
     return np.array(states), np.array(run_states), np.array(worst_states), statuses, seen
 
 
-def test_engine_matches_the_flower_secagg_path_bitwise(tmp_path, monkeypatch):
+# A run quota caps both accounts (client/ledger/quota.py): at 0.3 it binds the worst-case accounts too.
+@pytest.mark.parametrize("run_quota", [1.0, 0.3])
+def test_engine_matches_the_flower_secagg_path_bitwise(tmp_path, monkeypatch, run_quota):
     for name, value in (("_run_id", 1), ("_node_id", 1), ("_task_id", 1)):
         monkeypatch.setattr(TaskIdentity, name, value)  # restored after the loopback grid sets them
-    states, run_states, worst_states, statuses, seen = flower_reference(tmp_path)
+    states, run_states, worst_states, statuses, seen = flower_reference(tmp_path, run_quota)
     assert len(seen) == ROUNDS
 
     result = run_engine(
@@ -125,6 +129,7 @@ def test_engine_matches_the_flower_secagg_path_bitwise(tmp_path, monkeypatch):
             worst_case_epsilon=WORST,
             delta=1e-5,
             filter_kind="rdp",
+            run_quota=run_quota,
             noise_multiplier=Z,
             clip=CLIP,
             placement="distributed",
@@ -137,6 +142,7 @@ def test_engine_matches_the_flower_secagg_path_bitwise(tmp_path, monkeypatch):
             seed=SEED,
             run_id=RUN,
             noise_draw="per-client",
+            secagg_graph="sparse",  # the strategy's default secagg_num_shares="auto": the same graph and threshold
             group_by="none",
             torch_threads=1,
         )
@@ -155,7 +161,9 @@ def test_engine_matches_the_flower_secagg_path_bitwise(tmp_path, monkeypatch):
         first = next((i + 1 for i, s in enumerate(statuses[k]) if s != "contributed"), -1)
         assert result.exhausted_round[k] == first
     # What the coordinator saw: the number of reports in each sum, and whether it was released.
-    assert [(r.reports_seen, r.released) for r in result.rounds] == [counts for counts, _ in seen]
+    # (The strategy counts the reports in the unmasked sum, none when nothing is unmasked; the engine's
+    # reports_seen counts the masked reports sent, released or not.)
+    assert [(r.reports_seen if r.released else 0, r.released) for r in result.rounds] == [c for c, _ in seen]
     # The model: the integer sum is exact, so the released mean and the step are the coordinator's.
     _, final = seen[-1]
     for a, b in zip(result.weights, final):

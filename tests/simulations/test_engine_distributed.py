@@ -140,6 +140,26 @@ def test_leave_clients_stop_reporting_and_rounds_below_min_reports_are_not_relea
     assert left > 0, "no spent leave client was asked"
 
 
+def test_clients_whose_worst_case_account_binds_leave_with_most_of_their_budget(digits):
+    # Worst-case budgets equal to the main ones (m = 4): the share read alone binds first. The digits
+    # updates (2410 coordinates) are diffuse: clipped to a few grid steps they snap to zero, so before
+    # the one exhaustion rule had its floor (spend.nothing_left) these clients "contributed" nothing
+    # for ever, a few steps above the threshold, and never left.
+    eps = [0.5, 1.0, 1.5, 2.0, 3.0] * 2
+    engine = Engine(config(epsilon=eps, worst_case_epsilon=eps, after_exhaustion="leave", rounds=8), task=digits)
+    records = [engine.step() for _ in range(8)]
+    result = engine.result()
+    assert (result.exhausted_round > 0).all()
+    assert (result.spent_fraction < 0.5).all()  # the main accounts are far from spent
+    assert records[-1].left == N and records[-1].reports_seen == 0 and not records[-1].released
+    # Each client's allowance, now, is below the floor (or the owner's threshold): the device's rule.
+    p = engine._distributed
+    left_allowance = p.l2_allowance(np.arange(N)) * p.grid.gamma
+    floor = p.mechanism.floor
+    assert np.all((left_allowance < floor) | (left_allowance <= engine.config.exhausted_below * engine.config.clip))
+    assert floor == math.sqrt(engine.layout.dim) * p.grid.gamma
+
+
 @pytest.mark.parametrize("draw", ["per-client", "aggregate"])
 def test_pure_noise_round_has_the_skellam_sum_std(digits, draw):
     # Every client is spent from round 1 (tiny budget) and reports its share alone: the mean is the
