@@ -69,6 +69,7 @@ from fedfilter.client.ledger.schema import (
     read_enrolment,
     schema_version,
     spend_record,
+    spends_by_run,
 )
 from fedfilter.client.ledger.seal import SEAL_FILE, Seal, SealError, advance_seal, check_seal, move_aside, read_seal
 from fedfilter.client.ledger.storage import (
@@ -404,20 +405,12 @@ class BudgetLedger(QuotaAccounts, WorstCaseAccount):
         """The owner's view: budget, spent, remaining, and spending per run and per coordinator
         (never sent anywhere)."""
         e = self.enrolment
-        runs: dict[str, dict] = {}
-        coordinators: dict[str, dict] = {}
-        for rec in self.records():
-            run = runs.setdefault(
-                rec.run_id, {"run_id": rec.run_id, "rounds": 0, "contributed": 0, "noise_only": 0, "left": 0}
-            )
-            run["rounds"] += 1
-            run[rec.status.replace("-", "_")] += 1
-            run["state"] = rec.run_state_after
-            coordinators.setdefault(rec.coordinator, {"federation": rec.coordinator, "rounds": 0})["rounds"] += 1
-        for run in runs.values():
-            run["spent_epsilon"] = self.filter.epsilon_spent(run.pop("state"))
-        for name, c in coordinators.items():
-            c["spent_epsilon"] = self.filter.epsilon_spent(self.coordinator_state(name)) if name else None
+        runs, rounds_by_coordinator = spends_by_run(self.records(), self.filter)
+        spent = self.filter.epsilon_spent
+        coordinators = [
+            {"federation": n, "rounds": r, "spent_epsilon": spent(self.coordinator_state(n)) if n else None}
+            for n, r in rounds_by_coordinator.items()
+        ]
         state = self.state()
         worst = self.worst_summary()
         return {
@@ -428,8 +421,8 @@ class BudgetLedger(QuotaAccounts, WorstCaseAccount):
             "run_quota": e.run_quota,
             "spent_epsilon": self.filter.epsilon_spent(state),
             "remaining_fraction": float(self.filter.remaining_fraction(state)),
-            "runs": list(runs.values()),
-            "coordinators": list(coordinators.values()),
+            "runs": runs,
+            "coordinators": coordinators,
             "worst_case": worst,  # None: no worst-case-epsilon set (the device refuses distributed rounds)
         }
 

@@ -322,3 +322,21 @@ def check_device_opens(conn: sqlite3.Connection, directory: Path, seal: Seal | N
         raise owner_must_act(directory, older_format(version), migrate_remedy(directory))
     if needs_worst_case_columns(conn):  # an older format: only its owner migrates it (prepare adds them)
         raise owner_must_act(directory, older_format(version), migrate_remedy(directory))
+
+
+def spends_by_run(records: list[SpendRecord], filt) -> tuple[list[dict], dict[str, int]]:
+    """The owner's view of its spends: per run, its rounds by status and the epsilon it spent (from its
+    last ``run_state_after``); and the rounds served per coordinator (federation)."""
+    runs: dict[str, dict] = {}
+    coordinators: dict[str, int] = {}
+    for rec in records:
+        run = runs.setdefault(
+            rec.run_id, {"run_id": rec.run_id, "rounds": 0, "contributed": 0, "noise_only": 0, "left": 0}
+        )
+        run["rounds"] += 1
+        run[rec.status.replace("-", "_")] += 1
+        run["state"] = rec.run_state_after
+        coordinators[rec.coordinator] = coordinators.get(rec.coordinator, 0) + 1
+    for run in runs.values():
+        run["spent_epsilon"] = filt.epsilon_spent(run.pop("state"))
+    return list(runs.values()), coordinators
