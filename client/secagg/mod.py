@@ -100,6 +100,13 @@ def _refusal(msg: Message, problems: Problems, after: str) -> Message:
     return Message(Error(code=ErrorCode.MOD_FAILED_PRECONDITION, reason=reason), reply_to=msg)
 
 
+def _pinning_settings(err: PinningError) -> tuple[str, str]:
+    """The owner's pinning settings cannot be used: the details (file paths, the OS error) go to the
+    device's log only; the coordinator learns the code and that the owner must act."""
+    log.warning("fedfilter mod: SecAgg+ pinning settings: %s", err)
+    return ("secagg-pinning-settings", "this device's SecAgg+ pinning settings cannot be used (details in its log).")
+
+
 def _config(records: RecordDict, name: str) -> ConfigRecord | None:
     """``records.config_records.get(name)`` without that view: Flower rebuilds it (every record,
     type-checked and written back) at each access, and this mod reads its records a few times a stage."""
@@ -176,7 +183,7 @@ def _collect_problems(msg: Message, context: Context, flower: SecAggPlusState | 
     try:
         pin = pinning(context.node_config)
     except PinningError as err:
-        return [("secagg-pinning-settings", str(err))]
+        return [_pinning_settings(err)]
     sealed = _pairs(_extra(msg), "src", "sealed") if pin is not None else {}
     identities = {public_key_of(pin.identity_key)} if pin is not None else set()
     for src, ciphertext in zip(srcs, ciphertexts):
@@ -394,7 +401,7 @@ def secure_aggregation_mod(msg: Message, context: Context, call_next: Callable[[
         try:
             pin = pinning(context.node_config)
         except PinningError as err:
-            return _refusal(msg, [("secagg-pinning-settings", str(err))], "Nothing was trained, spent or released.")
+            return _refusal(msg, [_pinning_settings(err)], "Nothing was trained, spent or released.")
         if keys := _tagged("secagg-keys", _key_problems(msg, flower)):
             return _refusal(msg, keys, "Nothing was trained, spent or released.")
     elif stage == CONSISTENCY_STAGE:

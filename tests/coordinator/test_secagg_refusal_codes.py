@@ -183,6 +183,14 @@ def test_each_secagg_refusal_carries_its_code_counted_by_the_coordinator_alike_w
         assert any(line.endswith(f"{code} ({REFUSALS[code]})") for line in describe_refusals(counted))
 
 
+def test_unusable_pinning_settings_tell_the_coordinator_nothing_of_the_owners_files(tmp_path, monkeypatch):
+    """The code reaches the coordinator; the paths and the OS error stay in the device's log."""
+    seen = _play(tmp_path, monkeypatch, "secagg-pinning-settings", spent=False)
+    reasons = [reason for _, reason in _refusals(seen).values()]
+    assert reasons and all(refusal_code(r) == "secagg-pinning-settings" for r in reasons)
+    assert not any("/nonexistent" in r or "identity.pem" in r or "No such file" in r for r in reasons), reasons
+
+
 def test_the_device_runtime_without_secure_aggregation_refuses_secagg_rounds_by_code(tmp_path):
     from helpers.mods import context
 
