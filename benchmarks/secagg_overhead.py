@@ -1,7 +1,7 @@
 """Seconds per round with and without Flower's SecAgg+, same clients, same model, same run.
 
     python benchmarks/secagg_overhead.py [--clients 10 100 1000] [--rounds 3] [--warmup 1] [--num-shares auto]
-        [--workflow product|flower] [--profile FILE]
+        [--min-reports-fraction 0.5] [--workflow product|flower] [--profile FILE]
 
 Where: in-process rounds through ``simulations/harness/secagg_loopback.py``'s ``LoopbackGrid`` (every message goes
 through Flower's wire format to an in-process ClientApp, one node after the other; no Ray, no
@@ -17,7 +17,9 @@ fedfilter's SecAgg+ primitives installed (``fedfilter.protocol.secagg_masks``: A
 prime-field Shamir sharing, X25519 key agreement with raw keys) and with the integer grid of distributed placement
 (``fedfilter.protocol.secagg_grid``: ``secaggplus_settings``, ``encode_report``, ``decode_sum``), on the
 neighbourhood graph the coordinator ships by default (``coordinator.secure_round.round_graph`` for
-``min-reports = ceil(clients / 2)`` and ``--num-shares``, default ``auto``: the sparse graph).
+``min-reports = ceil(clients * --min-reports-fraction)``, default a half, and ``--num-shares``, default
+``auto``: the sparse graph). The devices' rule ties the graph to min-reports (``t >= min-reports``,
+``2 t > k``), so the fraction is what sets k and t, and with them the secure round's cost.
 
 The clients: the built-in digits task, ``local-epochs`` epochs of SGD (``fedfilter.app.task``), the
 update clipped to C = 0.4 and snapped toward zero on the grid (``mechanism.snap_toward_zero``); a plain
@@ -272,7 +274,8 @@ def run_size(n: int, args) -> dict:
         return reply
 
     grid = LoopbackGrid({nid: node_app for nid in nodes}, record=False)  # keeps no message: see its docstring
-    graph = round_graph(n, math.ceil(n / 2), args.num_shares)  # the coordinator's own choice, min-reports n/2
+    min_reports = math.ceil(n * args.min_reports_fraction)
+    graph = round_graph(n, min_reports, args.num_shares)  # the coordinator's own choice
     threshold = graph.threshold
     shares = 1.0 if graph.num_shares == n else graph.num_shares  # as run_secure_round passes it to Flower
     workflow = ConsistencyCheckedSecAggPlus if product else SecAggPlusWorkflow
@@ -345,6 +348,7 @@ def run_size(n: int, args) -> dict:
     return {
         "clients": n,
         "workflow": args.workflow,
+        "min_reports": min_reports,
         "threshold": threshold,
         "num_shares": graph.num_shares,
         "abort_probability": graph.abort_probability,
@@ -380,6 +384,12 @@ def main(argv: list[str] | None = None) -> int:
         "--num-shares", default="auto", help="SecAgg+ neighbourhoods: auto (default), a share of the nodes, an odd int"
     )
     parser.add_argument(
+        "--min-reports-fraction",
+        type=float,
+        default=0.5,
+        help="min-reports as a share of the clients, rounded up (default 0.5); it sets the graph's k and t",
+    )
+    parser.add_argument(
         "--workflow",
         choices=("product", "flower"),
         default="product",
@@ -393,6 +403,8 @@ def main(argv: list[str] | None = None) -> int:
         "--profile", type=Path, default=None, help="profile one more secure round (after the timed ones) into this file"
     )
     args = parser.parse_args(argv)
+    if not 0.0 < args.min_reports_fraction <= 1.0:
+        parser.error(f"--min-reports-fraction must be in (0, 1]. Found {args.min_reports_fraction}.")
     import torch
 
     print(
@@ -401,16 +413,17 @@ def main(argv: list[str] | None = None) -> int:
         f"secure rounds: {args.workflow} workflow"
     )
     print(
-        "| clients | shares k | threshold t | plain s/round | SecAgg+ s/round | ratio | client ms/client-round "
-        "plain / SecAgg+ | rest s/round plain / SecAgg+ | server unmask s |"
+        "| clients | shares k | threshold t | min-reports | plain s/round | SecAgg+ s/round | ratio "
+        "| client ms/client-round plain / SecAgg+ | rest s/round plain / SecAgg+ | server unmask s |"
     )
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     rows = []
     for n in args.clients:
         row = run_size(n, args)
         rows.append(row)
         print(
-            f"| {n} | {row['num_shares']} | {row['threshold']} | {row['plain_s_per_round']:.3f} | "
+            f"| {n} | {row['num_shares']} | {row['threshold']} | {row['min_reports']} | "
+            f"{row['plain_s_per_round']:.3f} | "
             f"{row['secagg_s_per_round']:.3f} | {row['ratio']:.2f} | "
             f"{1e3 * row['plain_client_s_per_client_round']:.1f} / "
             f"{1e3 * row['secagg_client_s_per_client_round']:.1f} | {row['plain_rest_s_per_round']:.3f} / "
