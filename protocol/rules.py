@@ -25,6 +25,7 @@ __all__ = [
     "accounted_noise_std",
     "added_noise_std",
     "check_message_ttl",
+    "DEFAULT_MAX_MIN_REPORTS",
     "default_min_reports",
     "model_step",
     "reconstruction_threshold",
@@ -69,11 +70,16 @@ def released_mean_noise_std(
     return added_noise_std(noise_multiplier, clip, placement, min_reports) / math.sqrt(reports)
 
 
+#: The largest ``min-reports`` a device accepts unless its owner says otherwise (``max-min-reports``).
+DEFAULT_MAX_MIN_REPORTS = 100
+
+
 def default_min_reports(clients: int, placement: str) -> int:
-    """The ``min-reports`` a run asks for when its operator does not choose: ``ceil(clients / 2)`` in
-    distributed placement (a majority of the sampled devices: the sum SecAgg+ may release holds at
-    least that many reports), 1 in local placement (each report carries all its noise)."""
-    return -(-int(clients) // 2) if placement == "distributed" else 1
+    """The ``min-reports`` a run asks for when its operator does not choose: in distributed placement
+    ``ceil(clients / 2)``, at most ``DEFAULT_MAX_MIN_REPORTS`` (what a default device accepts; the
+    SecAgg+ threshold, and so each device's work, grows with it: docs/results.md, "What the
+    device-checked SecAgg+ rule costs"); 1 in local placement (each report carries all its noise)."""
+    return min(-(-int(clients) // 2), DEFAULT_MAX_MIN_REPORTS) if placement == "distributed" else 1
 
 
 def reconstruction_threshold(min_reports: int) -> int:

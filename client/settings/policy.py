@@ -21,6 +21,7 @@ from fedfilter.protocol.request import (
     RoundSpecError,
     request_problems,
 )
+from fedfilter.protocol.rules import DEFAULT_MAX_MIN_REPORTS
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,7 @@ class ClientPolicy:
     exhausted_below: float = 1e-3
     # Distributed mode trusts secure aggregation to release only sums of >= m reports, and each
     # report carries only 1/sqrt(m) of the accounted noise: the owner caps the m it will believe.
-    max_min_reports: int = 100
+    max_min_reports: int = DEFAULT_MAX_MIN_REPORTS
     # The owner's limits on SecAgg+ neighbourhood graphs (failure probability per round, threshold).
     secagg_graph: SecAggGraphPolicy = field(default_factory=SecAggGraphPolicy)
 

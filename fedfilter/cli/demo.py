@@ -23,7 +23,7 @@ actor that serves many nodes in turn); the demo prints so, and its guarantee the
 ``--placement distributed`` runs the same app with distributed noise over Flower's SecAgg+: every
 device masks its report (``secaggplus_mod`` around the filter mod) and adds only its Skellam share
 of the noise, the coordinator unmasks only the sum of at least ``--min-reports`` reports (the
-SecAgg+ reconstruction threshold; default ``ceil(clients / 2)``) and never releases a round with
+SecAgg+ reconstruction threshold; default ``ceil(clients / 2)``, at most 100) and never releases a round with
 fewer. The devices are enrolled with the Renyi filter (``rdp``), which accounts the Skellam
 mechanism; the defaults (noise multiplier, budget range) are the distributed ones below.
 
@@ -121,7 +121,7 @@ def register(subparsers: Any) -> None:
         default=None,
         metavar="M",
         help="distributed: the SecAgg+ threshold, the fewest reports a released round has; each share is "
-        "calibrated to it (default ceil(clients / 2))",
+        "calibrated to it (default ceil(clients / 2), at most 100)",
     )
     p.add_argument(
         "--noise-multiplier",

@@ -59,7 +59,7 @@ class DeployOptions:
     filter_kind: str | None = None  # None: DEFAULT_FILTER[placement]
     after_exhaustion: str = "noise-only"
     placement: str = "local"
-    min_reports: int | None = None  # distributed: the SecAgg+ threshold; None: ceil(clients / 2)
+    min_reports: int | None = None  # distributed: the SecAgg+ threshold; None: rules.default_min_reports
     min_noise_multiplier: float | None = None
     data_dir: Path | None = None  # root of the offline data sets on every device
     run_config: dict[str, Any] = field(default_factory=dict)  # extra --run-config overrides
