@@ -9,7 +9,7 @@ import json
 import shutil
 import sqlite3
 
-from helpers.ledger import _schema_1_ledger, restart_device, serve, spend_rows, spent
+from helpers.ledger import _schema_1_ledger, pre_anchor, restart_device, serve, spend_rows, spent
 from helpers.mods import context
 
 from fedfilter.cli import main as cli_main
@@ -37,28 +37,19 @@ def test_migrating_a_schema_1_ledger_swapped_in_without_seal_or_anchor_names_the
     assert spent(ledger_dir)[0] == 1
 
 
-def test_migrating_an_intact_pre_anchor_ledger_claims_only_the_spends_it_holds(tmp_path, capsys):
+def test_migrating_an_intactpre_anchor_ledger_claims_only_the_spends_it_holds(tmp_path, capsys):
     restart_device()
     ledger_dir = tmp_path / "ledger"
     serve(context(tmp_path, **BUDGET), range(1, 4))
     restart_device()
-    _pre_anchor(ledger_dir)
+    pre_anchor(ledger_dir)
     assert cli_main(["ledger", "migrate", "--dir", str(ledger_dir)]) == 0
     out = capsys.readouterr().out
     assert "every spend kept" not in out and "budget at risk" in out and "spend #3" in out
     assert spent(ledger_dir)[0] == 3
 
 
-def _pre_anchor(ledger_dir):
-    """The ledger as fedfilter wrote it before roll-back anchors: no meta flag, no anchor."""
-    conn = sqlite3.connect(ledger_dir / LEDGER_FILE)
-    conn.execute("DELETE FROM meta WHERE key=?", (ANCHORED_KEY,))
-    conn.commit()
-    conn.close()
-    anchor_path(ledger_dir).unlink()
-
-
-def test_migrate_refuses_a_pre_anchor_ledger_whose_sealed_spend_differs_from_its_seal(tmp_path, capsys):
+def test_migrate_refuses_apre_anchor_ledger_whose_sealed_spend_differs_from_its_seal(tmp_path, capsys):
     # A fork: the database holds spend #6, but not the #6 its seal names (another copy spent it).
     restart_device()
     ledger_dir = tmp_path / "ledger"
@@ -74,7 +65,7 @@ def test_migrate_refuses_a_pre_anchor_ledger_whose_sealed_spend_differs_from_its
     serve(ctx, range(10, 13))  # #4-#6 again, other rounds
     restart_device()
     (ledger_dir / SEAL_FILE).write_bytes(seal)
-    _pre_anchor(ledger_dir)
+    pre_anchor(ledger_dir)
     assert spend_rows(ledger_dir) == 6  # the row is there: only its contents differ
     assert cli_main(["ledger", "migrate", "--dir", str(ledger_dir)]) == 2
     err = capsys.readouterr().err

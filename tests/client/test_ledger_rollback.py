@@ -12,7 +12,7 @@ import shutil
 import sqlite3
 
 import pytest
-from helpers.ledger import STEP, _schema_1_ledger, assert_refused, restart_device, serve, spent
+from helpers.ledger import STEP, _schema_1_ledger, assert_refused, pre_anchor, restart_device, serve, spent
 from helpers.mods import Handler, context, spec, train_message
 
 from fedfilter.cli import main as cli_main
@@ -21,7 +21,7 @@ from fedfilter.client.flower import ledger_cache as device_ledgers
 from fedfilter.client.ledger.anchor import AnchorError, anchor_path, read_anchor, read_anchor_file
 from fedfilter.client.ledger.budget import BudgetLedger
 from fedfilter.client.ledger.owner import accept_restore, inspect, migrate
-from fedfilter.client.ledger.schema import ANCHORED_KEY, LEDGER_FILE
+from fedfilter.client.ledger.schema import LEDGER_FILE
 from fedfilter.client.ledger.seal import SEAL_FILE
 from fedfilter.client.ledger.storage import LedgerUnavailableError
 
@@ -206,19 +206,10 @@ def test_another_copy_that_spent_on_its_own_is_refused(device, tmp_path):
         BudgetLedger.open(ledger_dir)
 
 
-def _pre_anchor(ledger_dir):
-    """The ledger as fedfilter wrote it before roll-back anchors: no meta flag, no anchor."""
-    conn = sqlite3.connect(ledger_dir / LEDGER_FILE)
-    conn.execute("DELETE FROM meta WHERE key=?", (ANCHORED_KEY,))
-    conn.commit()
-    conn.close()
-    anchor_path(ledger_dir).unlink()
-
-
 def test_a_ledger_from_before_anchors_is_migrated_only_by_its_owner(device, caplog):
     ledger_dir, ctx, _ = device
     restart_device()
-    _pre_anchor(ledger_dir)
+    pre_anchor(ledger_dir)
     assert_refused(ctx, caplog, "older format", "fedfilter ledger migrate")
     assert cli_main(["ledger", "migrate", "--dir", str(ledger_dir)]) == 0
     assert read_anchor(anchor_path(ledger_dir)).seq == 6
@@ -227,13 +218,13 @@ def test_a_ledger_from_before_anchors_is_migrated_only_by_its_owner(device, capl
     serve(ctx, (7,))
 
 
-def test_migrate_refuses_a_pre_anchor_ledger_that_its_seal_shows_to_be_an_older_copy(device):
+def test_migrate_refuses_apre_anchor_ledger_that_its_seal_shows_to_be_an_older_copy(device):
     ledger_dir, _, backup = device
     restart_device()
     seal = (ledger_dir / SEAL_FILE).read_bytes()
     restore(backup, ledger_dir)
     (ledger_dir / SEAL_FILE).write_bytes(seal)  # the seal of the newer state
-    _pre_anchor(ledger_dir)
+    pre_anchor(ledger_dir)
     with pytest.raises(LedgerUnavailableError, match="lost spends"):
         migrate(ledger_dir)
     assert json.loads((ledger_dir / SEAL_FILE).read_text())["seq"] == 6  # nothing changed

@@ -13,8 +13,9 @@ import numpy as np
 
 from fedfilter.client.filter_mod import individual_filter_mod
 from fedfilter.client.flower import ledger_cache as device_ledgers
+from fedfilter.client.ledger.anchor import anchor_path
 from fedfilter.client.ledger.budget import BudgetLedger
-from fedfilter.client.ledger.schema import LEDGER_FILE
+from fedfilter.client.ledger.schema import ANCHORED_KEY, LEDGER_FILE
 from fedfilter.privacy.filters import make_filter
 from helpers.mods import Handler, spec, train_message
 
@@ -91,3 +92,12 @@ def _schema_1_ledger(directory):
     """.replace("'STATE'", repr(state))
     )
     conn.close()
+
+
+def pre_anchor(ledger_dir):
+    """The ledger as fedfilter wrote it before roll-back anchors: no meta flag, no anchor."""
+    conn = sqlite3.connect(ledger_dir / LEDGER_FILE)
+    conn.execute("DELETE FROM meta WHERE key=?", (ANCHORED_KEY,))
+    conn.commit()
+    conn.close()
+    anchor_path(ledger_dir).unlink()
