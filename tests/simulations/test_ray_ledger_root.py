@@ -32,6 +32,7 @@ RAY = str(Path(sys.executable).with_name("ray"))
 
 
 def free_ports(k: int) -> list[int]:
+    """``k`` distinct ports, free now, all held until every one is chosen."""
     socks = [socket.socket() for _ in range(k)]
     for s in socks:
         s.bind(("127.0.0.1", 0))
@@ -41,11 +42,34 @@ def free_ports(k: int) -> list[int]:
     return ports
 
 
+_WORKER_RANGES = iter(range(20000, 32000, 50))
+
+
+def free_worker_range(width: int = 21) -> int:
+    """The first port of ``width`` free ports below the kernel's ephemeral range (32768-60999), so
+    the ports ``free_ports`` hands to the other node can never fall among this node's workers."""
+    for first in _WORKER_RANGES:
+        try:
+            held = []
+            for port in range(first, first + width):
+                s = socket.socket()
+                held.append(s)
+                s.bind(("127.0.0.1", port))
+            return first
+        except OSError:
+            continue
+        finally:
+            for s in held:
+                s.close()
+    raise AssertionError("no free worker port range below 32000")
+
+
 def start_node(tmp: Path, name: str, settings: Path, head_port: int | None) -> subprocess.Popen:
     """``ray start --block`` in its own process group (stopped by group id, nothing else), with a
     short temp dir of its own (Ray's socket paths must stay under 108 bytes)."""
     temp_dir = tempfile.mkdtemp(prefix=f"ffray-{name}-", dir="/tmp")
     p = free_ports(9)
+    workers = free_worker_range()
     args = [
         RAY,
         "start",
@@ -59,8 +83,8 @@ def start_node(tmp: Path, name: str, settings: Path, head_port: int | None) -> s
         f"--dashboard-agent-grpc-port={p[3]}",
         f"--metrics-export-port={p[4]}",
         f"--runtime-env-agent-port={p[5]}",
-        f"--min-worker-port={p[6]}",
-        f"--max-worker-port={p[6] + 20}",
+        f"--min-worker-port={workers}",
+        f"--max-worker-port={workers + 20}",
         "--disable-usage-stats",
     ]
     if head_port is None:
@@ -106,6 +130,17 @@ def stop(proc: subprocess.Popen) -> None:
     shutil.rmtree(proc.temp_dir, ignore_errors=True)  # type: ignore[attr-defined]
 
 
+def joined(ray, node: subprocess.Popen, timeout: float) -> bool:
+    """Whether a second node is alive in the cluster within ``timeout`` seconds (False at once if
+    its ``ray start`` exited)."""
+    deadline = time.monotonic() + timeout
+    while len([n for n in ray.nodes() if n["Alive"]]) < 2:
+        if node.poll() is not None or time.monotonic() > deadline:
+            return False
+        time.sleep(0.5)
+    return True
+
+
 def ledger_path(root: Path, name: str) -> str:
     """Where a device's ledger lives (the check reads settings and the root, never the ledger)."""
     return str(root / name)
@@ -135,12 +170,17 @@ def test_two_ray_nodes_whose_ledger_roots_differ_are_refused(tmp_path):
     other = None
     try:
         wait_for_port(head, head.head_port, tmp_path / "nodeA.log")  # type: ignore[attr-defined]
-        other = start_node(tmp_path, "nodeB", settings["nodeB"], head.head_port)  # type: ignore[attr-defined]
         ray.init(address=f"127.0.0.1:{head.head_port}", log_to_driver=False)  # type: ignore[attr-defined]
-        deadline = time.monotonic() + 120
-        while len([n for n in ray.nodes() if n["Alive"]]) < 2:
-            assert time.monotonic() < deadline, "the second Ray node did not join"
-            time.sleep(0.5)
+        # A loaded machine can lose the joining node's start (a port taken between choice and bind):
+        # one more attempt with fresh ports, and the node's own log if that fails too.
+        for attempt in (1, 2):
+            other = start_node(tmp_path, "nodeB", settings["nodeB"], head.head_port)  # type: ignore[attr-defined]
+            if joined(ray, other, timeout=90):
+                break
+            log = (tmp_path / "nodeB.log").read_text()[-3000:]
+            stop(other)
+            other = None
+            assert attempt == 1, f"the second Ray node did not join; its log ends:\n{log}"
         settings_on = ray.remote(num_cpus=0)(with_device_settings)
 
         def on(node: str, pid: int):
