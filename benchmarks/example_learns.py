@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedfilter.privacy.federation_plan import mean_noise_norm
+from fedfilter.planning.federation import mean_noise_norm
 from fedfilter.protocol.rules import added_noise_std
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "quickstart-pytorch"

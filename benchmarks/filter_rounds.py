@@ -22,7 +22,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fedfilter.client.ledger.budget import BudgetLedger  # noqa: E402
 from fedfilter.client.release import FilteredClient  # noqa: E402
-from fedfilter.privacy.planner import plan_rounds  # noqa: E402
+from fedfilter.planning.rounds import plan_rounds  # noqa: E402
 from fedfilter.protocol.request import RoundSpec  # noqa: E402
 
 EPSILONS = (0.3, 0.5, 1.0, 2.0, 8.0)

@@ -68,7 +68,7 @@ def fedfilter_noise_multipliers(task, args: argparse.Namespace, epsilon: float, 
         return dict.fromkeys("bcd", flower_z)
     if args.fedfilter_z != "plan":
         return dict.fromkeys("bcd", float(args.fedfilter_z))
-    from fedfilter.privacy.federation_plan import plan_federation
+    from fedfilter.planning.federation import plan_federation
 
     model = task.model_fn()
     dim = int(sum(p.numel() for p in model.parameters()))

@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fedfilter.simulations.reproduce.adult_gd import EPSILONS, GRID, PAPER_TABLE, VARIANTS  # noqa: E402
 
-RESULTS = Path("simulations/reproduce/results")  # the default of --results
+RESULTS = Path("fedfilter/simulations/reproduce/results")  # the default of --results
 
 
 def _rows(path: Path) -> list[dict]:

@@ -32,7 +32,7 @@ from fedfilter.client.release import release
 from fedfilter.client.settings.policy import ClientPolicy, check_request
 from fedfilter.deploy.devices import simulated_worst_case_epsilon
 from fedfilter.protocol.request import RoundSpec
-from fedfilter.protocol.secagg_grid import secaggplus_settings  # noqa: E402
+from fedfilter.protocol.secagg.grid import secaggplus_settings  # noqa: E402
 
 DELTA = 1e-5
 

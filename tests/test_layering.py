@@ -14,7 +14,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[1]
+ROOT = REPO / "fedfilter"  # the packages; paths below are relative to it
 STUDIES = "fedfilter.simulations"
 
 
@@ -45,7 +46,7 @@ def test_client_and_coordinator_never_import_the_studies():
 
 
 def test_the_app_reaches_the_studies_only_through_task_py():
-    offenders = _offenders(ROOT / "fedfilter" / "app")
+    offenders = _offenders(ROOT / "app")
     assert offenders and all(line.startswith("task.py: ") for line in offenders), offenders
 
 
@@ -67,7 +68,7 @@ def test_the_coordinator_and_the_shared_code_never_import_the_device():
 
 # --- each constant and rule once ---------------------------------------------------------------------
 
-CODE = ("client", "coordinator", "privacy", "protocol", "protos", "simulations", "fedfilter", "benchmarks")
+CODE = (ROOT, REPO / "benchmarks")
 # name -> the one file that defines it (a module-level assignment)
 DEFINED_ONCE = {
     "PLACEMENTS": "protocol/request.py",
@@ -77,12 +78,12 @@ DEFINED_ONCE = {
     "REQUEST_FIELDS": "protocol/wire.py",
     "REPLY_DTYPE": "protocol/wire.py",
     "CONSISTENCY_RECORD": "protocol/wire.py",
-    "SECAGG_GRID_BITS": "protocol/secagg_grid.py",
-    "DEFAULT_DROPOUT_RATE": "protocol/secagg_grid.py",
+    "SECAGG_GRID_BITS": "protocol/secagg/grid.py",
+    "DEFAULT_DROPOUT_RATE": "protocol/secagg/grid.py",
     "NOISE_GRID_BITS": "client/mechanisms/gaussian.py",
     "MAX_MU_SHARE": "client/mechanisms/skellam_noise.py",
     "CLIP_SLACK": "client/mechanisms/skellam.py",
-    "TRAIN_KEYS": "fedfilter/app/config.py",
+    "TRAIN_KEYS": "app/config.py",
 }
 # names that once had a second, differently named copy: none may come back
 RETIRED = ("GRID_BITS", "_MU_MAX", "_CLIP_SLACK", "_TRAIN_KEYS", "_REQUEST_TYPES")
@@ -90,9 +91,10 @@ RETIRED = ("GRID_BITS", "_MU_MAX", "_CLIP_SLACK", "_TRAIN_KEYS", "_REQUEST_TYPES
 
 def _sources():
     for folder in CODE:
-        for path in sorted((ROOT / folder).rglob("*.py")):
+        for path in sorted(folder.rglob("*.py")):
             if "_pb2" not in path.name and "build" not in path.parts:
-                yield path.relative_to(ROOT).as_posix(), ast.parse(path.read_text(encoding="utf-8"))
+                rel = path.relative_to(ROOT if path.is_relative_to(ROOT) else REPO).as_posix()
+                yield rel, ast.parse(path.read_text(encoding="utf-8"))
 
 
 def _assigned(tree: ast.Module) -> set[str]:
@@ -156,5 +158,5 @@ def test_the_round_rules_are_written_once():
     texts = {rel: (ROOT / rel).read_text(encoding="utf-8") for rel, _ in _sources()}
     assert [rel for rel, t in texts.items() if 'f"flwr-{' in t] == ["protocol/rules.py"]
     assert [rel for rel, t in texts.items() if "must exceed the round timeout {" in t] == ["protocol/rules.py"]
-    assert [rel for rel, t in texts.items() if "must be a finite number > 0. Found" in t] == ["fedfilter/checks.py"]
+    assert [rel for rel, t in texts.items() if "must be a finite number > 0. Found" in t] == ["checks.py"]
     assert not [rel for rel, t in texts.items() if "type(default)(" in t]

@@ -8,7 +8,7 @@ rate when ``server-lr`` is not 1, without momentum: ``w + server-lr * mean``), w
 the wrapper adds the round request, checks every reply, hands the inner strategy the plain mean of
 the valid noisy updates (in ``distributed`` placement, the only distributed path: runs the round
 through Flower's SecAgg+ and releases the mean of the unmasked sum only,
-``fedfilter.coordinator.secure_round``), and appends one ``PublicRoundRecord`` (with the server-side
+``fedfilter.coordinator.secagg.secure_round``), and appends one ``PublicRoundRecord`` (with the server-side
 evaluation on the task's test data) to the public ledger. Nothing per client is written anywhere.
 
 Messages live longer than a round (``message-ttl-s`` > ``round-timeout-s``), so Flower does not
@@ -34,7 +34,7 @@ from flwr.serverapp.strategy import FedAvg, FedAvgM
 
 from fedfilter.app.config import TRAIN_KEYS, app_defaults, resolve_config
 from fedfilter.checks import positive_finite
-from fedfilter.coordinator.secure_round import check_num_shares
+from fedfilter.coordinator.secagg.secure_round import check_num_shares
 from fedfilter.coordinator.strategy import IndividualFilterStrategy
 from fedfilter.protocol.rules import check_message_ttl, reconstruction_threshold, run_id_for
 

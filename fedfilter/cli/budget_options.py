@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 
 from fedfilter.client.ledger.worst_case import SETTING, check_worst_case_epsilon
-from fedfilter.privacy.planner import check_distributed_filter, plan_distributed_epsilon, plan_distributed_rounds
+from fedfilter.planning.rounds import check_distributed_filter, plan_distributed_epsilon, plan_distributed_rounds
 from fedfilter.protocol.request import PLACEMENTS
 
 FILTER_HELP = {

@@ -9,8 +9,8 @@ import argparse
 import json
 
 from fedfilter.cli.budget_options import FILTER_HELP, add_placement_options, distributed_kind, table
+from fedfilter.planning.rounds import plan_distributed_epsilon, plan_epsilon
 from fedfilter.privacy.filters import FILTER_KINDS
-from fedfilter.privacy.planner import plan_distributed_epsilon, plan_epsilon
 
 
 def _epsilon(args: argparse.Namespace) -> int:

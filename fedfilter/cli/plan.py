@@ -1,6 +1,6 @@
 """``fedfilter plan``: will this federation learn, and can its devices pay for it?
 
-The figures come from ``fedfilter.privacy.federation_plan`` (the expected noise norm of the
+The figures come from ``fedfilter.planning.federation`` (the expected noise norm of the
 released mean against the clip, and the device's own filter for the rounds); this module only
 reads the arguments, counts a model's parameters (``--app-dir``) and prints. In distributed placement
 it adds the device's worst-case account (``budget_options.worst_case_plan``): the worst-case-epsilon
@@ -21,7 +21,7 @@ import numpy as np
 
 from fedfilter.cli.budget_options import table, worst_case_plan, worst_case_rows
 from fedfilter.client.settings.policy import ClientPolicy
-from fedfilter.privacy.federation_plan import TARGET_NOISE_TO_CLIP, plan_federation
+from fedfilter.planning.federation import TARGET_NOISE_TO_CLIP, plan_federation
 from fedfilter.privacy.filters import FILTER_KINDS
 from fedfilter.protocol.request import PLACEMENTS
 

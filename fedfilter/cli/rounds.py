@@ -20,8 +20,8 @@ from fedfilter.cli.budget_options import (
     worst_case_plan,
     worst_case_rows,
 )
+from fedfilter.planning.rounds import BASELINE_KINDS, plan_distributed_rounds, plan_rounds
 from fedfilter.privacy.filters import FILTER_KINDS
-from fedfilter.privacy.planner import BASELINE_KINDS, plan_distributed_rounds, plan_rounds
 
 
 def _distributed_rounds(args: argparse.Namespace) -> int:

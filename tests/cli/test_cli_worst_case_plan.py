@@ -23,7 +23,7 @@ from fedfilter.client.mechanisms.skellam import skellam_grid
 from fedfilter.privacy.filters import make_filter, rdp_order
 from fedfilter.privacy.skellam import l1_cap, skellam_charge
 from fedfilter.protocol.request import RoundSpec
-from fedfilter.protocol.secagg_grid import grid_step, quantization_range
+from fedfilter.protocol.secagg.grid import grid_step, quantization_range
 
 DELTA = 1e-5
 # (epsilon, z, clip, m, dim, worst-case-epsilon): README's digits example, and a small model at m = 10.

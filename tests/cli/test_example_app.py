@@ -165,7 +165,7 @@ def _example_request() -> tuple[float, float]:
 def _plan() -> dict:
     """``fedfilter plan`` for the example's federation: 3 devices, its model, 2 rounds."""
     from fedfilter.cli.plan import app_model_parameters
-    from fedfilter.privacy.federation_plan import plan_federation
+    from fedfilter.planning.federation import plan_federation
 
     _, clip = _example_request()
     dim = app_model_parameters(FEDFILTER_APP, None)

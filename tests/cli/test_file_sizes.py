@@ -3,18 +3,7 @@
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-FOLDERS = (
-    "client",
-    "coordinator",
-    "privacy",
-    "protocol",
-    "protos",
-    "simulations",
-    "fedfilter",
-    "benchmarks",
-    "tests",
-    "examples",
-)
+FOLDERS = ("fedfilter", "benchmarks", "tests", "examples")
 LIMIT = 500
 
 

@@ -104,7 +104,7 @@ def test_planned_noise_multipliers_pay_for_the_rounds_a_device_is_asked_and_no_f
     """``--fedfilter-z plan``: (d)'s z is the smallest (to 2 decimals) whose exact Gaussian-DP curve
     (mpmath, not the code under test) pays ``ceil(rounds k / n)`` full-clip rounds at the smallest
     budget; (b) and (c) share one z, the smallest the device's rdp filter admits for those rounds."""
-    from fedfilter.privacy.planner import admits_rounds
+    from fedfilter.planning.rounds import admits_rounds
 
     bench = _benchmark()
     args = bench.parse_args(["--smoke", "--fedfilter-z", "plan"])

@@ -1,9 +1,9 @@
-"""The wheel installs one import root, fedfilter, holding the folders that package-dir maps into it.
+"""The wheel installs one import root, fedfilter, holding every package of fedfilter/ and nothing else.
 
-The repository keeps client/, coordinator/, protos/ and simulations/ beside fedfilter/ on disk; an
-editable install hides a wrong mapping (its finder reads the source tree), so these tests build a real
-wheel, read its file list, and install it into a throwaway venv that reuses this interpreter's
-dependencies but not its editable fedfilter.
+An editable install hides a package missing from the wheel (it reads the source tree), so these tests
+build a real wheel, read its file list, and install it into a throwaway venv that reuses this
+interpreter's dependencies but not its editable fedfilter. The drivers only tests and benchmarks use
+(tests/harness/) stay out of it.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tomllib
 import venv
 import zipfile
 from pathlib import Path
@@ -20,16 +19,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-# Folder on disk -> package it installs as (pyproject's [tool.setuptools.package-dir]).
-MAPPED = {
-    "fedfilter": "fedfilter",
-    "client": "fedfilter/client",
-    "coordinator": "fedfilter/coordinator",
-    "privacy": "fedfilter/privacy",
-    "protocol": "fedfilter/protocol",
-    "protos": "fedfilter/protos",
-    "simulations": "fedfilter/simulations",
-}
+# The packages the design names, each a folder of fedfilter/ on disk and in the wheel.
+FOLDERS = ("client", "coordinator", "privacy", "protocol", "protos", "simulations")
 SKIP = shutil.ignore_patterns("__pycache__", "*.pyc", "build", "*.egg-info", "logs", "results")
 # Not marked slow: building and installing the wheel takes about 8 s here.
 
@@ -46,8 +37,7 @@ def wheel(tmp_path_factory) -> Path:
     src = tmp_path_factory.mktemp("src")
     for name in ("pyproject.toml", "README.md", "LICENSE"):
         shutil.copy2(REPO / name, src / name)
-    for folder in MAPPED:
-        shutil.copytree(REPO / folder, src / folder, ignore=SKIP)
+    shutil.copytree(REPO / "fedfilter", src / "fedfilter", ignore=SKIP)
     out = tmp_path_factory.mktemp("wheel")
     _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(out), "."], src)
     wheels = list(out.glob("fedfilter-*.whl"))
@@ -55,10 +45,10 @@ def wheel(tmp_path_factory) -> Path:
     return wheels[0]
 
 
-def _package_modules(folder: str) -> set[str]:
-    """Every .py file of the folder's packages (directories with an __init__.py all the way up), as
-    wheel paths: a package folder missing from pyproject's list shows up as missing files."""
-    root, target = REPO / folder, MAPPED[folder]
+def _package_modules() -> set[str]:
+    """Every .py file of fedfilter's packages (directories with an __init__.py all the way up), as
+    wheel paths: a package folder that packages.find would miss shows up as missing files."""
+    root, target = REPO / "fedfilter", "fedfilter"
     found = set()
     for path in root.rglob("*.py"):
         rel = path.relative_to(root)
@@ -70,7 +60,7 @@ def _package_modules(folder: str) -> set[str]:
     return found
 
 
-def test_the_wheel_holds_one_import_root_with_every_mapped_package(wheel: Path) -> None:
+def test_the_wheel_holds_one_import_root_with_every_package(wheel: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
     tops = {n.split("/", 1)[0] for n in names}
     dist_info = [t for t in tops if t.endswith(".dist-info")]
@@ -78,34 +68,31 @@ def test_the_wheel_holds_one_import_root_with_every_mapped_package(wheel: Path) 
     assert len(dist_info) == 1, f"expected one .dist-info. Found {dist_info}."
 
     listed = set(names)
-    for folder in MAPPED:
-        missing = _package_modules(folder) - listed
-        assert not missing, f"{folder}/ modules missing from the wheel: {sorted(missing)}"
+    missing = _package_modules() - listed
+    assert not missing, f"fedfilter/ modules missing from the wheel: {sorted(missing)}"
+    assert {f"fedfilter/{folder}/__init__.py" for folder in FOLDERS} <= listed
     assert "fedfilter/client/filter_mod.py" in listed  # the rglob above found something to check
     data = {
         "fedfilter/app/pyproject.toml",
-        *(f"fedfilter/protos/{p.name}" for p in (REPO / "protos").glob("*.proto")),
-        *(f"fedfilter/simulations/configs/{p.name}" for p in (REPO / "simulations/configs").glob("*.toml")),
+        *(f"fedfilter/protos/{p.name}" for p in (REPO / "fedfilter/protos").glob("*.proto")),
+        *(f"fedfilter/simulations/configs/{p.name}" for p in (REPO / "fedfilter/simulations/configs").glob("*.toml")),
     }
     assert any(d.endswith(".proto") for d in data) and any(d.endswith(".toml") and "configs" in d for d in data)
     assert not data - listed, f"package data missing from the wheel: {sorted(data - listed)}"
-    # Nothing of the source folders leaks in under its own name (it would import as `client`, ...).
-    assert not [
-        n
-        for n in names
-        if n.split("/", 1)[0] in {"client", "coordinator", "privacy", "protocol", "protos", "simulations"}
-    ]
+    # Test drivers (tests/harness/) do not ship, under any name.
+    assert not [n for n in names if "harness" in n.split("/")], [n for n in names if "harness" in n]
 
     entry_points = zipfile.ZipFile(wheel).read(f"{dist_info[0]}/entry_points.txt").decode()
     scripts = entry_points.split("[console_scripts]", 1)[1].split("[", 1)[0]
     assert "fedfilter = fedfilter.cli:main" in [line.strip() for line in scripts.splitlines()], entry_points
 
 
-def test_this_test_maps_the_folders_pyproject_maps() -> None:
-    # MAPPED drives every check here: a folder added to package-dir must be checked too.
-    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
-    package_dir = pyproject["tool"]["setuptools"]["package-dir"]
-    assert {folder: package.replace(".", "/") for package, folder in package_dir.items()} == MAPPED
+def test_every_package_folder_is_a_package() -> None:
+    # packages.find picks up folders with an __init__.py: a folder of modules without one would be left
+    # out of the wheel while the editable install still imports it.
+    for d in (REPO / "fedfilter").rglob("*"):
+        if d.is_dir() and d.name != "__pycache__" and any(d.glob("*.py")):
+            assert (d / "__init__.py").is_file(), f"{d.relative_to(REPO)} holds modules but no __init__.py"
 
 
 # Study and app libraries: a device or a coordinator installs `fedfilter` without them (pyproject's extras).

@@ -1,6 +1,6 @@
 """Invariant 2 (DESIGN.md): a spend is durable before the report leaves; kill -9 at random moments."""
 
-from fedfilter.simulations.harness.crash import run_cycles
+from harness.crash import run_cycles
 
 
 def test_fifty_kills_never_lose_a_spend(tmp_path):

@@ -7,13 +7,13 @@ import signal
 
 import numpy as np
 import pytest
+from harness.crash import CRASH_POINTS, audit, crash_once
 
 from fedfilter.client.ledger.anchor import anchor_path, read_anchor, read_anchor_file
 from fedfilter.client.ledger.budget import BudgetLedger
 from fedfilter.client.ledger.storage import LedgerUnavailableError
 from fedfilter.client.release import FilteredClient
 from fedfilter.protocol.request import RoundSpec
-from fedfilter.simulations.harness.crash import CRASH_POINTS, audit, crash_once
 
 
 def released_rounds(directory, rounds):

@@ -10,9 +10,9 @@ import mpmath
 import numpy as np
 import pytest
 
-from fedfilter.privacy.federation_plan import TARGET_NOISE_TO_CLIP, mean_noise_norm, plan_federation
+from fedfilter.planning.federation import TARGET_NOISE_TO_CLIP, mean_noise_norm, plan_federation
+from fedfilter.planning.rounds import plan_rounds
 from fedfilter.privacy.noise_norm import chi_mean, expected_noise_norm
-from fedfilter.privacy.planner import plan_rounds
 
 QUICKSTART_CNN = 62_006  # Flower's quickstart-pytorch CNN (CIFAR-10), the model of issue 24
 

@@ -4,8 +4,8 @@ import math
 
 import pytest
 
+from fedfilter.planning.rounds import plan_rounds
 from fedfilter.privacy import pure_dp
-from fedfilter.privacy.planner import plan_rounds
 
 
 def test_basic_filter_is_the_sum():

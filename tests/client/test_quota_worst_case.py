@@ -19,7 +19,7 @@ from fedfilter.client.mechanisms.skellam import skellam_grid
 from fedfilter.client.mechanisms.spend import ReleaseRecord
 from fedfilter.client.settings.policy import ClientPolicy
 from fedfilter.protocol.request import RoundSpec
-from fedfilter.protocol.secagg_grid import secaggplus_settings
+from fedfilter.protocol.secagg.grid import secaggplus_settings
 
 N_SAMPLED, M, FRACTION = 10, 10, 0.25
 Q = secaggplus_settings(N_SAMPLED)["quantization_range"]

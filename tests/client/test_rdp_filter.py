@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 from fedfilter.client.ledger.budget import BudgetLedger
 from fedfilter.client.ledger.schema import LEDGER_FILE
 from fedfilter.client.release import FilteredClient
+from fedfilter.planning.rounds import plan_rounds
 from fedfilter.privacy import renyi
 from fedfilter.privacy.filters import rdp_filter, rdp_order
-from fedfilter.privacy.planner import plan_rounds
 from fedfilter.protocol.request import RoundSpec
 
 GRID = [(z, eps, delta) for z in (5.0, 20.0, 170.0) for eps in (0.3, 1.0, 2.0, 8.0) for delta in (1e-5, 1e-9)]

@@ -27,7 +27,7 @@ from fedfilter.client.settings.node_config import enrol_device
 from fedfilter.protocol.refusals import REFUSALS, refusal_code
 from fedfilter.protocol.wire import REQUEST_RECORD, request_record
 
-MOD_SOURCE = Path(__file__).resolve().parents[2] / "client" / "filter_mod.py"
+MOD_SOURCE = Path(__file__).resolve().parents[2] / "fedfilter" / "client" / "filter_mod.py"
 
 
 def _handler(shift: float):

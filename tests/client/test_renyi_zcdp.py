@@ -7,9 +7,9 @@ import pytest
 from dp_accounting import dp_event
 from dp_accounting.rdp import rdp_privacy_accountant as rdp_acc
 
+from fedfilter.planning.rounds import plan_epsilon, plan_rounds
 from fedfilter.privacy import renyi, zcdp
 from fedfilter.privacy.filters import rdp_filter, rdp_order
-from fedfilter.privacy.planner import plan_epsilon, plan_rounds
 
 SEQUENCES = [[1.0], [2.0, 3.0, 3.0], [0.7, 5.0, 1.5, 10.0], [170.0] * 112, [4.0] * 50 + [1.2] * 3]
 

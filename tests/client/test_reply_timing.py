@@ -20,7 +20,7 @@ from fedfilter.client.filter_mod import individual_filter_mod
 from fedfilter.client.flower.reply_timing import ReplyHold, held_deadline
 from fedfilter.client.ledger.budget import BudgetLedger
 from fedfilter.client.settings.node_config import DEFAULT_REPLY_HOLD_S, reply_hold_s
-from fedfilter.simulations.harness import reply_timing as bench
+from harness import reply_timing as bench
 
 
 class FakeClock:

@@ -1,4 +1,4 @@
-"""AES-256-GCM share ciphertexts (protocol/secagg_aead.py) in place of Flower's Fernet.
+"""AES-256-GCM share ciphertexts (protocol/secagg/aead.py) in place of Flower's Fernet.
 
 References independent of the code under test: pycryptodome's AES-GCM (not ``cryptography``'s), keyed
 by an RFC 5869 HKDF written out from ``hmac`` (``helpers.crypto_reference``), over the format written
@@ -19,7 +19,7 @@ from cryptography.fernet import Fernet, InvalidToken
 from helpers.crypto_reference import hkdf_sha256
 
 from fedfilter.protocol import secagg_masks
-from fedfilter.protocol.secagg_aead import FORMAT_TAG, ShareCiphertextError, decrypt, encrypt
+from fedfilter.protocol.secagg.aead import FORMAT_TAG, ShareCiphertextError, decrypt, encrypt
 
 KEY_INFO = b"fedfilter/secaggplus/share-aead/aes256gcm/v1"
 CLIENT_MOD = "flwr.client.mod.secure_aggregation.secaggplus_mod"

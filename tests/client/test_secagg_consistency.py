@@ -38,8 +38,8 @@ from fedfilter.client.secagg.consistency import (
     survivors_tag,
 )
 from fedfilter.client.secagg.neighbourhood import check_secagg_state
-from fedfilter.coordinator.secure_round import AUTO_SHARES, round_graph
-from fedfilter.protocol.secagg_grid import MODULUS_RANGE, secaggplus_settings
+from fedfilter.coordinator.secagg.secure_round import AUTO_SHARES, round_graph
+from fedfilter.protocol.secagg.grid import MODULUS_RANGE, secaggplus_settings
 
 MAC_KEY_INFO = b"fedfilter/secaggplus/survivors-mac-key/v1"
 

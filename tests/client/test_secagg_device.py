@@ -2,7 +2,7 @@
 
 Flower's own ``SecAggPlusWorkflow`` (driven by a minimal legacy server here) talks to in-process
 ClientApps ``ClientApp(mods=[secure_aggregation_mod, individual_filter_mod])`` through the wire
-format (``simulations/harness/secagg_loopback.py``). As in the product, the workflow is made to send Message-API
+format (``tests/harness/secagg_loopback.py``). As in the product, the workflow is made to send Message-API
 content (``"arrays"``, ``"config"``, ``"fedfilter.request"``) in its collect stage. The tests look at
 everything the coordinator received, and at each device's integer report (captured by a test hook:
 a wrapper around the Skellam sampler, which never ships in a reply).
@@ -30,7 +30,7 @@ from fedfilter.client.mechanisms.gaussian_noise import round_noise_stream
 from fedfilter.client.mechanisms.skellam_noise import add_skellam_noise
 from fedfilter.privacy.rounding import down, up
 from fedfilter.privacy.skellam import integer_norms, l2_up, skellam_charge
-from fedfilter.protocol.secagg_grid import decode_sum, grid_step
+from fedfilter.protocol.secagg.grid import decode_sum, grid_step
 from fedfilter.protocol.wire import ARRAYS_RECORD, REQUEST_RECORD
 
 

@@ -12,7 +12,7 @@ from helpers.secagg import RUN, assert_refused_before_training, node_id, run_rou
 
 from fedfilter.client.filter_mod import individual_filter_mod
 from fedfilter.protocol.request import RoundSpec
-from fedfilter.protocol.secagg_grid import secaggplus_settings
+from fedfilter.protocol.secagg.grid import secaggplus_settings
 
 
 def test_distributed_is_refused_without_secure_aggregation_mod(tmp_path):

@@ -22,7 +22,7 @@ from fedfilter.privacy.filters import rdp_order
 from fedfilter.privacy.rounding import down
 from fedfilter.privacy.skellam import integer_norms, l2_up, skellam_charge
 from fedfilter.protocol.request import RoundSpec, RoundSpecError
-from fedfilter.protocol.secagg_grid import grid_step, secaggplus_settings
+from fedfilter.protocol.secagg.grid import grid_step, secaggplus_settings
 
 POLICY = ClientPolicy(allow_distributed=True)
 N_SAMPLED = 10
@@ -177,7 +177,7 @@ def test_a_crash_between_the_commit_and_the_reply_leaves_the_spend(tmp_path):
         from fedfilter.client.mechanisms.gaussian_noise import NoiseStream
         from fedfilter.client.release import release
         from fedfilter.protocol.request import RoundSpec
-        from fedfilter.protocol.secagg_grid import secaggplus_settings
+        from fedfilter.protocol.secagg.grid import secaggplus_settings
 
         ledger = BudgetLedger.enrol({str(tmp_path / "dev")!r}, client_id="dev", epsilon=4.0, delta=1e-5,
                                     filter_kind="rdp", worst_case_epsilon=1000.0)

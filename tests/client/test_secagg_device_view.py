@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 from flwr.common import bytes_to_ndarray
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key, Stage
+from harness.secagg_loopback import stage_of
 from helpers.secagg import DTYPES, KEYS, RUN, ledger_records, node_config, node_id, run_round
 
 from fedfilter.client.ledger.budget import BudgetLedger
@@ -14,9 +15,8 @@ from fedfilter.client.secagg.mod import reply_masked
 from fedfilter.client.settings.node_config import enrol_device
 from fedfilter.client.settings.policy import ClientPolicy
 from fedfilter.protocol.request import RoundSpec
-from fedfilter.protocol.secagg_grid import encode_report
+from fedfilter.protocol.secagg.grid import encode_report
 from fedfilter.protocol.wire import CONSISTENCY_STAGE
-from fedfilter.simulations.harness.secagg_loopback import stage_of
 
 EXHAUSTED = 2
 FLOATING = [j for j, d in enumerate(DTYPES) if np.dtype(d).kind == "f"]

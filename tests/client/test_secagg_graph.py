@@ -2,7 +2,7 @@
 
 References: enumeration of every drop-out set on Flower's own ring with Flower's own threshold rule
 (``SecAggPlusWorkflow._check_threshold``), scipy's hypergeometric distribution, and the devices' rule
-(``protocol/secagg_rule.py``) for every graph chosen.
+(``protocol/secagg/rule.py``) for every graph chosen.
 """
 
 from __future__ import annotations
@@ -15,14 +15,14 @@ import pytest
 from flwr.server.workflow.secure_aggregation.secaggplus_workflow import SecAggPlusWorkflow, WorkflowState
 from scipy.stats import hypergeom
 
-from fedfilter.privacy.secagg_graph import (
+from fedfilter.protocol.secagg.graph import (
     ABORT_TARGET,
     SecAggGraph,
     _abort_exact,
     choose_graph,
     graph_abort_probability,
 )
-from fedfilter.protocol.secagg_rule import graph_problems
+from fedfilter.protocol.secagg.rule import graph_problems
 
 
 def flower_neighbours(n: int, num_shares: int) -> dict[int, set[int]]:

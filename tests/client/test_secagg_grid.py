@@ -8,7 +8,7 @@ import pytest
 from flwr.common.secure_aggregation.quantization import quantize
 
 from fedfilter.client.secagg.neighbourhood import check_secagg_state
-from fedfilter.protocol.secagg_grid import (
+from fedfilter.protocol.secagg.grid import (
     MODULUS_RANGE,
     decode_sum,
     encode_report,

@@ -1,4 +1,4 @@
-"""X25519 with raw keys for SecAgg+ (protocol/secagg_keys.py), against RFC 7748's test vectors and an
+"""X25519 with raw keys for SecAgg+ (protocol/secagg/keys.py), against RFC 7748's test vectors and an
 independent HKDF (RFC 5869 from hashlib/hmac); refusals of malformed and low-order keys."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from helpers.crypto_reference import hkdf_sha256
 
 from fedfilter.protocol import secagg_keys, secagg_masks
-from fedfilter.protocol.secagg_keys import (
+from fedfilter.protocol.secagg.keys import (
     bytes_to_private_key,
     bytes_to_public_key,
     generate_key_pairs,

@@ -15,7 +15,7 @@ import pytest
 from scipy import stats
 
 from fedfilter.protocol import secagg_shamir
-from fedfilter.protocol.secagg_masks import (
+from fedfilter.protocol.secagg.masks import (
     aes_mask_gen,
     cryptographic_masks,
     cryptographic_masks_installed,

@@ -1,4 +1,4 @@
-"""SecAgg+ graphs on the device: the rule it checks (``protocol/secagg_rule.py``) against a brute force
+"""SecAgg+ graphs on the device: the rule it checks (``protocol/secagg/rule.py``) against a brute force
 of the counting argument behind it, the coordinator's graphs always accepted and nothing else, the
 owner's limits, and a graph outside them refused with nothing spent.
 """
@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from fedfilter.client.secagg.neighbourhood import check_secagg_graph
 from fedfilter.client.settings.node_config import RETIRED_KEYS, device_config
 from fedfilter.client.settings.policy import SecAggGraphPolicy
-from fedfilter.coordinator.secure_round import AUTO_SHARES, RoundGraph, round_graph
-from fedfilter.protocol.secagg_rule import fewest_honest_reports, graph_problems
+from fedfilter.coordinator.secagg.secure_round import AUTO_SHARES, RoundGraph, round_graph
+from fedfilter.protocol.secagg.rule import fewest_honest_reports, graph_problems
 
 
 def both_kinds_possible(k: int, t: int, c: int) -> bool:

@@ -1,4 +1,4 @@
-"""Prime-field Shamir sharing (``protocol/secagg_shamir.py``) against independent references and Flower's own.
+"""Prime-field Shamir sharing (``protocol/secagg/shamir.py``) against independent references and Flower's own.
 
 References: a Gaussian elimination of the Vandermonde system mod p written here (not Lagrange), brute-force
 enumeration of every polynomial over a small prime for the hiding property, and Flower's
@@ -18,7 +18,7 @@ from flwr.common.secure_aggregation.crypto import shamir as flower_shamir
 from flwr.supercore.primitives.asymmetric import generate_key_pairs, private_key_to_bytes
 
 from fedfilter.protocol import secagg_shamir
-from fedfilter.protocol.secagg_shamir import MAGIC, PRIME, combine_shares, create_shares
+from fedfilter.protocol.secagg.shamir import MAGIC, PRIME, combine_shares, create_shares
 
 _HEADER = 12
 _VALUE = 66

@@ -6,16 +6,16 @@ from fractions import Fraction
 
 import pytest
 
-from fedfilter.privacy.filters import rdp_filter
-from fedfilter.privacy.planner import (
+from fedfilter.planning.rounds import (
     distributed_mu,
     plan_distributed_epsilon,
     plan_distributed_rounds,
     plan_rounds,
 )
+from fedfilter.privacy.filters import rdp_filter
 from fedfilter.privacy.rounding import up
 from fedfilter.privacy.skellam import l1_cap, released_variance, skellam_charge
-from fedfilter.protocol.secagg_grid import grid_step
+from fedfilter.protocol.secagg.grid import grid_step
 
 SETTINGS = [
     (1.0, 1e-5, 20.0, 1.0, 10, 1000),

@@ -27,7 +27,7 @@ from fedfilter.privacy.filters import make_filter, rdp_order
 from fedfilter.privacy.renyi import epsilon_from_rdp
 from fedfilter.privacy.skellam import l1_cap, skellam_charge, skellam_rdp_exact
 from fedfilter.protocol.request import RoundSpec, RoundSpecError
-from fedfilter.protocol.secagg_grid import grid_step, secaggplus_settings
+from fedfilter.protocol.secagg.grid import grid_step, secaggplus_settings
 
 DELTA = 1e-5
 N_SAMPLED = 10

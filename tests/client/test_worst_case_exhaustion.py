@@ -22,7 +22,7 @@ from fedfilter.client.ledger.report import device_report
 from fedfilter.client.mechanisms.skellam import skellam_grid
 from fedfilter.client.settings.policy import ClientPolicy
 from fedfilter.protocol.request import RoundSpec
-from fedfilter.protocol.secagg_grid import secaggplus_settings
+from fedfilter.protocol.secagg.grid import secaggplus_settings
 
 N_SAMPLED, M, ROUNDS, RUN = 10, 10, 40, "run-x"
 Q = secaggplus_settings(N_SAMPLED)["quantization_range"]

@@ -1,7 +1,7 @@
 """A Sybil coordinator (issue 22, item 4): it plays the other t SecAgg+ nodes itself and reads one
 device's report exactly. The device's worst-case account covers exactly what it could read.
 
-Flower's SecAgg+ workflow and client mod run over the loopback grid (``simulations/harness/secagg_loopback.py``,
+Flower's SecAgg+ workflow and client mod run over the loopback grid (``tests/harness/secagg_loopback.py``,
 ``test_secagg_device.run_round``). Node 0 is the victim, a real device. The other t nodes are the
 coordinator's own: it generated their keys and knows every value they send (here: they run the same
 app, and the coordinator reads their reports through the test hook, as it would from its own
@@ -24,7 +24,7 @@ from fedfilter.privacy.filters import rdp_order
 from fedfilter.privacy.renyi import epsilon_from_rdp
 from fedfilter.privacy.skellam import skellam_rdp_exact
 from fedfilter.protocol.request import RoundSpec
-from fedfilter.protocol.secagg_grid import decode_sum, grid_step
+from fedfilter.protocol.secagg.grid import decode_sum, grid_step
 
 DELTA = 1e-5
 T = 4  # the reconstruction threshold, = min_reports; the coordinator forges all T other nodes

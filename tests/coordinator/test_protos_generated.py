@@ -10,7 +10,7 @@ import pytest
 from fedfilter.coordinator.public_ledger import looks_per_client
 from fedfilter.protos import fedfilter_pb2, fedfilter_pb2_grpc
 
-PROTOS = Path(__file__).resolve().parents[2] / "protos"
+PROTOS = Path(__file__).resolve().parents[2] / "fedfilter" / "protos"
 
 # Independent of coordinator.public_ledger's list, on purpose.
 PER_CLIENT = re.compile(r"budget|epsilon|spent|example|client_?id|node_?id", re.IGNORECASE)

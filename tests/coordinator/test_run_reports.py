@@ -19,7 +19,7 @@ from fedfilter.client.filter_mod import individual_filter_mod
 from fedfilter.client.settings.node_config import enrol_device
 from fedfilter.coordinator.public_ledger import PublicLedger
 from fedfilter.coordinator.strategy import IndividualFilterStrategy, NothingReleasedError
-from fedfilter.privacy.federation_plan import plan_federation
+from fedfilter.planning.federation import plan_federation
 
 NODES = [11, 12, 13, 14]
 DIM = 4000  # coordinates: the norm of the mean's noise then varies by about 1% around its mean

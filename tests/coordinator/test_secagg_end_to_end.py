@@ -2,7 +2,7 @@
 
 The coordinator is ``IndividualFilterStrategy(FedAvg, placement="distributed")`` (``start``, its
 public ledger); every device is ``ClientApp(mods=[secure_aggregation_mod, individual_filter_mod])``
-with its own budget ledger and a seeded noise stream; ``simulations/harness/secagg_loopback.py`` carries every
+with its own budget ledger and a seeded noise stream; ``tests/harness/secagg_loopback.py`` carries every
 message through Flower's wire format, in one process, without Ray. Test hooks (never in a reply):
 a wrapper around the devices' Skellam sampler records each device's integer update ``k`` and report
 ``y = k + noise``; a wrapper around ``decode_sum`` records the integer sum the coordinator unmasked.
@@ -25,6 +25,7 @@ from flwr.clientapp import ClientApp
 from flwr.common import bytes_to_ndarray
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key
 from flwr.serverapp.strategy import FedAvg, Result
+from harness.secagg_loopback import LoopbackGrid, stage_of
 
 import fedfilter.client.mechanisms.skellam as release_distributed
 from fedfilter.client.filter_mod import individual_filter_mod
@@ -33,15 +34,14 @@ from fedfilter.client.mechanisms.gaussian_noise import round_noise_stream
 from fedfilter.client.mechanisms.skellam_noise import add_skellam_noise
 from fedfilter.client.secagg.mod import secure_aggregation_mod
 from fedfilter.client.settings.node_config import enrol_device
-from fedfilter.coordinator import secure_round
 from fedfilter.coordinator.public_ledger import PublicLedger
+from fedfilter.coordinator.secagg import secure_round
 from fedfilter.coordinator.strategy import IndividualFilterStrategy, NothingReleasedError
 from fedfilter.privacy.filters import rdp_order
 from fedfilter.privacy.rounding import down
 from fedfilter.privacy.skellam import skellam_rdp_exact
-from fedfilter.protocol.secagg_grid import grid_step
+from fedfilter.protocol.secagg.grid import grid_step
 from fedfilter.protocol.wire import ARRAYS_RECORD, CONSISTENCY_RECORD, REQUEST_RECORD, round_spec_from_record
-from fedfilter.simulations.harness.secagg_loopback import LoopbackGrid, stage_of
 
 KEYS = ["w", "b"]
 SHAPES = [(20, 40), (40,)]  # 840 coordinates: enough for an empirical look at the noise's variance

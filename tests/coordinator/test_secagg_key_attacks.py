@@ -1,4 +1,4 @@
-"""A coordinator that forwards bad X25519 keys (protocol/secagg_keys.py), and a device still on Flower's
+"""A coordinator that forwards bad X25519 keys (protocol/secagg/keys.py), and a device still on Flower's
 P-384 keys: refused at the share-keys stage, before anything is trained, spent or revealed."""
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ import mpmath
 import numpy as np
 import pytest
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key, Stage
+from harness.secagg_loopback import LoopbackGrid, stage_of
 from helpers import secagg as secagg_helpers
 from helpers.budget_reference import mp_skellam_divergence
 from helpers.secagg import RUN, node_id, run_round
@@ -24,9 +25,8 @@ from helpers.secagg import RUN, node_id, run_round
 from fedfilter.client.ledger.budget import BudgetLedger
 from fedfilter.privacy.filters import rdp_order
 from fedfilter.protocol.request import RoundSpec
-from fedfilter.protocol.secagg_grid import grid_step, secaggplus_settings
+from fedfilter.protocol.secagg.grid import grid_step, secaggplus_settings
 from fedfilter.protocol.wire import REQUEST_RECORD
-from fedfilter.simulations.harness.secagg_loopback import LoopbackGrid, stage_of
 
 Z = 2.0**-8  # mu_total = (z C / gamma)^2 = 256 grid steps squared: mpmath sums the divergence exactly
 LOW_NOISE = {"min-noise-multiplier": 1e-6}  # the owners accept this z (the test's noise is tiny on purpose)

@@ -201,8 +201,8 @@ def test_the_device_runtime_without_secure_aggregation_refuses_secagg_rounds_by_
 
 
 def test_every_secagg_refusal_names_a_known_code_and_each_code_is_played():
-    sources = [REPO / "client" / "secagg" / p for p in ("mod.py", "masked_round.py")] + [
-        REPO / "client" / "runtime" / "app.py"
+    sources = [REPO / "fedfilter" / "client" / "secagg" / p for p in ("mod.py", "masked_round.py")] + [
+        REPO / "fedfilter" / "client" / "runtime" / "app.py"
     ]
     named = {code for path in sources for code in re.findall(r'"(secagg-[a-z-]+)"', path.read_text())}
     assert named <= set(REFUSALS), named - set(REFUSALS)

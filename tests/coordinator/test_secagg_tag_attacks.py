@@ -26,7 +26,7 @@ from helpers.secagg_attacks import Seen, answered, assert_no_single_report, atta
 
 from fedfilter.client.secagg.consistency import survivors_message, survivors_tag
 from fedfilter.client.secagg.mod import CONSISTENCY_STATE_RECORD
-from fedfilter.protocol.secagg_keys import bytes_to_private_key, bytes_to_public_key, generate_shared_key
+from fedfilter.protocol.secagg.keys import bytes_to_private_key, bytes_to_public_key, generate_shared_key
 from fedfilter.protocol.wire import CONSISTENCY_RECORD, CONSISTENCY_STAGE
 
 N = 5  # threshold 3: each device needs two neighbours' tags (it counts itself)

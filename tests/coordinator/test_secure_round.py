@@ -19,13 +19,14 @@ from flwr.common import Code, FitRes, Status, bytes_to_ndarray, ndarrays_to_para
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, RECORD_KEY_STATE, Key
 from flwr.compat.common import recorddict_compat as compat
 from flwr.serverapp.strategy import FedAdam, FedAvg, Result
+from harness.secagg_loopback import LoopbackGrid, stage_of
 
 from fedfilter.client.secagg.mod import secure_aggregation_mod
-from fedfilter.coordinator import secure_round
 from fedfilter.coordinator.public_ledger import PublicLedger
+from fedfilter.coordinator.secagg import secure_round
 from fedfilter.coordinator.strategy import IndividualFilterStrategy, NothingReleasedError
 from fedfilter.protocol import secagg_masks
-from fedfilter.protocol.secagg_grid import encode_report, grid_step
+from fedfilter.protocol.secagg.grid import encode_report, grid_step
 from fedfilter.protocol.wire import (
     ARRAYS_RECORD,
     CONSISTENCY_RECORD,
@@ -34,7 +35,6 @@ from fedfilter.protocol.wire import (
     round_spec_from_record,
 )
 from fedfilter.protos import fedfilter_pb2
-from fedfilter.simulations.harness.secagg_loopback import LoopbackGrid, stage_of
 
 KEYS = ["w", "b"]
 SHAPES = [(3, 4), (4,)]

@@ -18,13 +18,13 @@ from flwr.clientapp import ClientApp
 from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, RECORD_KEY_STATE, Key
 from flwr.compat.common import recorddict_compat as compat
+from harness.secagg_loopback import LoopbackGrid, stage_of
 
 from fedfilter.client.secagg import mod as secagg_device
-from fedfilter.coordinator import secure_round
+from fedfilter.coordinator.secagg import secure_round
 from fedfilter.protocol import secagg_masks
-from fedfilter.protocol.secagg_grid import decode_sum, encode_report
+from fedfilter.protocol.secagg.grid import decode_sum, encode_report
 from fedfilter.protocol.wire import CONSISTENCY_RECORD, CONSISTENCY_STAGE
-from fedfilter.simulations.harness.secagg_loopback import LoopbackGrid, stage_of
 
 CLIENT_MOD = "flwr.client.mod.secure_aggregation.secaggplus_mod"
 SHAPES = [(5, 3), (7,)]

@@ -79,7 +79,7 @@ def _reports(probes: Path, round_id: int) -> dict[int, list[np.ndarray]]:
 
 
 def _quantization_range() -> int:
-    from fedfilter.protocol.secagg_grid import secaggplus_settings
+    from fedfilter.protocol.secagg.grid import secaggplus_settings
 
     return int(secaggplus_settings(N)["quantization_range"])
 

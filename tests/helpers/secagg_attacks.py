@@ -17,21 +17,21 @@ from flwr.clientapp import ClientApp
 from flwr.common import bytes_to_ndarray
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key, Stage
 from flwr.serverapp.strategy import FedAvg
+from harness.secagg_loopback import LoopbackGrid, stage_of
 
 import fedfilter.client.mechanisms.skellam as release_distributed
 from fedfilter.client.filter_mod import individual_filter_mod
 from fedfilter.client.ledger.budget import BudgetLedger
 from fedfilter.client.secagg.mod import secure_aggregation_mod
 from fedfilter.client.settings.node_config import enrol_device
-from fedfilter.coordinator import secure_round
 from fedfilter.coordinator.run_log import NothingReleasedError
+from fedfilter.coordinator.secagg import secure_round
 from fedfilter.coordinator.strategy import IndividualFilterStrategy
-from fedfilter.protocol.secagg_grid import grid_step, secaggplus_settings
-from fedfilter.protocol.secagg_keys import bytes_to_private_key, bytes_to_public_key, generate_shared_key
-from fedfilter.protocol.secagg_masks import aes_mask_gen
-from fedfilter.protocol.secagg_shamir import combine_shares
+from fedfilter.protocol.secagg.grid import grid_step, secaggplus_settings
+from fedfilter.protocol.secagg.keys import bytes_to_private_key, bytes_to_public_key, generate_shared_key
+from fedfilter.protocol.secagg.masks import aes_mask_gen
+from fedfilter.protocol.secagg.shamir import combine_shares
 from fedfilter.protocol.wire import ARRAYS_RECORD
-from fedfilter.simulations.harness.secagg_loopback import LoopbackGrid, stage_of
 
 SHAPES = [(4, 3), (3,)]
 CLIP, Z, RUN = 1.0, 0.5, "secagg-attack"

@@ -2,7 +2,7 @@
 
 The reference is the real code path without the transport: ``IndividualFilterStrategy`` (placement
 ``distributed``) runs each round through Flower's ``SecAggPlusWorkflow`` over
-``simulations/harness/secagg_loopback.py``,
+``tests/harness/secagg_loopback.py``,
 whose nodes are the built-in ClientApp's ``train`` handler under the device's own mods
 ``[secure_aggregation_mod, individual_filter_mod]`` with a device ``node_config`` (own rdp ledger on disk,
 own budget, ``noise-seed``). The engine (``noise_draw="per-client"``) must reproduce every device's
@@ -19,6 +19,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord
 from flwr.clientapp import ClientApp
 from flwr.serverapp.strategy import FedAvg
 from flwr.supercore.task_identity import TaskIdentity
+from harness.secagg_loopback import LoopbackGrid
 
 from fedfilter.app.client_app import train as client_train
 from fedfilter.client.filter_mod import individual_filter_mod
@@ -28,7 +29,6 @@ from fedfilter.client.settings.node_config import enrol_device
 from fedfilter.coordinator.strategy import IndividualFilterStrategy
 from fedfilter.simulations.engine import EngineConfig, run_engine
 from fedfilter.simulations.engine.seeds import client_noise_seed
-from fedfilter.simulations.harness.secagg_loopback import LoopbackGrid
 from fedfilter.simulations.tasks.registry import load_task
 from fedfilter.simulations.tasks.training import get_weights
 

@@ -10,7 +10,7 @@ import pytest
 from fedfilter.client.mechanisms.skellam_noise import add_skellam_noise
 from fedfilter.privacy.filters import make_filter
 from fedfilter.protocol.rules import model_step
-from fedfilter.protocol.secagg_grid import grid_step, quantization_range
+from fedfilter.protocol.secagg.grid import grid_step, quantization_range
 from fedfilter.simulations.engine import Engine, EngineConfig, run_engine
 from fedfilter.simulations.engine.seeds import client_noise_stream
 from fedfilter.simulations.engine.skellam_round import SkellamRound, wrap_centred

@@ -8,8 +8,8 @@ import itertools
 import numpy as np
 import pytest
 
-from fedfilter.coordinator.secure_round import round_graph
-from fedfilter.privacy.secagg_graph import choose_graph
+from fedfilter.coordinator.secagg.secure_round import round_graph
+from fedfilter.protocol.secagg.graph import choose_graph
 from fedfilter.simulations.engine import Engine, EngineConfig, run_engine
 from fedfilter.simulations.engine.distributed_round import ring_unmasks
 from fedfilter.simulations.engine.seeds import graph_rng

@@ -8,7 +8,7 @@ import json
 import pytest
 from helpers.tiny_study import TINY_STUDY
 
-from fedfilter.privacy.secagg_graph import choose_graph
+from fedfilter.protocol.secagg.graph import choose_graph
 from fedfilter.simulations.study import runner
 from fedfilter.simulations.study.config import StudyConfigError, parse_study
 

@@ -47,7 +47,7 @@ def test_data_dir_env_override_and_missing(monkeypatch, tmp_path):
 
 
 def test_no_absolute_work_paths_in_our_files():
-    files = list((REPO / "simulations" / "tasks").glob("*.py"))
+    files = list((REPO / "fedfilter" / "simulations" / "tasks").glob("*.py"))
     files += list((REPO / "tests").glob("test_tasks_*.py"))
     marker = "/" + "work" + "/"
     assert [f.name for f in files if marker in f.read_text()] == []

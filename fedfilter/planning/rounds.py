@@ -1,0 +1,406 @@
+"""Budget planning: how many full-norm rounds a fresh client gets, and what a run costs.
+
+A "full-norm round" releases an update clipped to norm exactly C with noise std ``z * C``, so
+every round costs ``mu_t = 1/z``. The counts come from running the very filter the client runs
+(the same rounding), so the planner never promises a round the ledger would refuse.
+
+Distributed placement (issue 15, ``plan_distributed_rounds`` / ``plan_distributed_epsilon``):
+A full-norm round releases the clipped update snapped to the integer grid of step ``gamma =
+grid_step(C)`` (``protocol/secagg/grid.py``), so ``||k||_2 <= C / gamma`` and, in the worst case,
+``||k||_1 = l1_cap(C / gamma, dim)``, plus Skellam noise of variance ``mu`` per coordinate on the
+released sum of at least ``min_reports`` reports. The device charges the rdp filter
+``skellam_charge`` at the filter's order alpha* (papers/004 Theorem 4.3; Agarwal, Kairouz, Liu 2021
+Theorem 3.5), and the counts here run that very charge through the filter's own rounding, so the
+planner never promises a round the ledger would refuse. Only the rdp filter is valid for Skellam
+noise (``skellam.py``).
+
+``alone=True`` plans the device's worst-case account (``client/ledger/worst_case.py``) instead: what
+each report costs read alone, at the device's own share ``skellam_share(mu_total, min_reports)``, under
+a budget ``worst-case-epsilon`` at the same delta, with the same charge and rounding.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from fedfilter.checks import positive_finite
+from fedfilter.privacy import pure_dp
+from fedfilter.privacy.filters import GaussianFilter, make_filter, rdp_order
+from fedfilter.privacy.renyi import DEFAULT_ORDERS, epsilon_from_rdp
+from fedfilter.privacy.rounding import down, mul_up, up
+from fedfilter.privacy.skellam import l1_cap, released_variance, skellam_rho, skellam_share
+from fedfilter.protocol.secagg.grid import grid_step
+
+MAX_PLANNED_ROUNDS = 10_000_000
+BASELINE_KINDS = ("basic", "advanced")
+
+
+def _check_z(noise_multiplier: float) -> None:
+    if (problem := positive_finite("noise_multiplier", noise_multiplier)) is not None:
+        raise ValueError(problem)
+
+
+@dataclass(frozen=True)
+class RoundsPlan:
+    filter: str
+    epsilon: float
+    delta: float
+    noise_multiplier: float
+    rounds: int  # full-norm rounds admitted
+    last_round_fraction: float  # norm fraction (of C) the next, partial round may still carry
+
+
+def _run_full_rounds(filt: GaussianFilter, noise_multiplier: float, limit: int) -> tuple[np.ndarray, int]:
+    """Spend full-norm charges while the filter admits them."""
+    return _run_charges(filt, float(filt.charge(sensitivity=1.0, noise_std=noise_multiplier)[0]), limit)
+
+
+def _run_charges(filt: GaussianFilter, charge: float, limit: int) -> tuple[np.ndarray, int]:
+    """Spend ``charge`` while the filter admits it: a scalar loop with the same rounding as
+    ``GaussianFilter.spend`` (``add_up``) and ``within_budget`` (``<=``)."""
+    s, b, k = 0.0, float(filt.budget[0]), 0
+    while k < limit:
+        nxt = math.nextafter(s + charge, math.inf)
+        if nxt > b:
+            break
+        s, k = nxt, k + 1
+    return np.array([s]), k
+
+
+def plan_rounds(kind: str, *, epsilon: float, delta: float, noise_multiplier: float, orders=None) -> RoundsPlan:
+    """Full-norm rounds a fresh client's filter admits at a noise multiplier, and what is left.
+
+    Every round is charged as if the client's update had the full clip norm ``C`` (its largest
+    cost), so the plan is a lower bound on the rounds the client actually contributes to.
+
+    Parameters
+    ----------
+    kind : {"gdp", "rdp", "zcdp", "basic", "advanced"}
+        A filter of ``FILTER_KINDS``, or a papers/003 baseline: basic or advanced composition of
+        pure-DP steps (Theorems 3.4 and 5.1), for comparison.
+    epsilon : float
+        The client's lifetime budget epsilon; a finite number > 0.
+    delta : float
+        The budget's delta, in (0, 1).
+    noise_multiplier : float
+        ``z``: each round's Gaussian noise std is ``z * C``. A finite number > 0.
+    orders : sequence of float, optional
+        The Rényi orders of the rdp filter (default ``renyi.DEFAULT_ORDERS``).
+
+    Returns
+    -------
+    RoundsPlan
+        ``rounds``: full-norm rounds admitted; ``last_round_fraction``: the share of ``C`` (at most
+        1) the next, partial round may still carry.
+
+    Raises
+    ------
+    ValueError
+        Naming a bad argument and its value, or a noise multiplier too large to plan.
+
+    Examples
+    --------
+    >>> plan = plan_rounds("gdp", epsilon=4.0, delta=1e-5, noise_multiplier=10.0)
+    >>> plan.rounds
+    85
+    >>> round(plan.last_round_fraction, 3)
+    0.741
+    """
+    _check_z(noise_multiplier)
+    if kind in BASELINE_KINDS:
+        k = _baseline_rounds(kind, epsilon, delta, 1.0 / noise_multiplier)
+        return RoundsPlan(kind, epsilon, delta, noise_multiplier, k, 0.0)
+    filt = make_filter(kind, epsilon, delta, orders)
+    state, k = _run_full_rounds(filt, noise_multiplier, MAX_PLANNED_ROUNDS)
+    if k >= MAX_PLANNED_ROUNDS:
+        raise ValueError(
+            f"more than {MAX_PLANNED_ROUNDS} rounds; noise_multiplier={noise_multiplier} is too large to plan."
+        )
+    frac = float(filt.allowance(state, noise_std=noise_multiplier))
+    return RoundsPlan(kind, epsilon, delta, noise_multiplier, k, min(frac, 1.0))
+
+
+def plan_epsilon(kind: str, *, noise_multiplier: float, rounds: int, delta: float, orders=None) -> dict:
+    """The smallest budget epsilon whose filter admits ``rounds`` full-norm rounds.
+
+    Also reports ``fixed_composition_epsilon``: the epsilon of the same rounds fixed in advance
+    (no filter) under the kind's own conversion. It equals ``epsilon`` up to rounding: none of the
+    filters pays anything for adaptivity (for rdp: one threshold, the full delta; see filters.py).
+    """
+    _check_z(noise_multiplier)
+    if not (isinstance(rounds, int) and rounds >= 1):
+        raise ValueError(f"rounds must be an integer >= 1. Found {rounds!r}.")
+    # Any epsilon works for building the filter: only its charge and readout are used.
+    filt = make_filter(kind, 1.0, delta, orders)
+    charge = filt.charge(sensitivity=1.0, noise_std=noise_multiplier)
+    state = filt.initial_state()
+    for _ in range(rounds):
+        state = filt.spend(state, charge)
+    if kind == "rdp":
+        # Gaussian-only rounds are (alpha, alpha rho)-RDP at every order, so the smallest budget whose
+        # filter admits them reads the best order (epsilon_spent reads one filter's alpha* only, which
+        # a state holding Skellam charges needs; see filters.py).
+        eps = epsilon_from_rdp(filt.orders, mul_up(np.asarray(filt.orders), state[0]), delta)
+    else:
+        eps = filt.epsilon_spent(state)
+    if kind == "rdp":  # dp_accounting's fixed composition: k rounds at order alpha cost k alpha / (2 z^2)
+        per_order = np.asarray(filt.orders) * rounds / (2.0 * noise_multiplier**2)
+        fixed = epsilon_from_rdp(filt.orders, up(per_order * (1 + 2.0**-50)), delta)  # 4 roundings
+    else:
+        fixed = eps
+    return {
+        "filter": kind,
+        "noise_multiplier": noise_multiplier,
+        "rounds": rounds,
+        "delta": delta,
+        "epsilon": eps,
+        "fixed_composition_epsilon": fixed,
+    }
+
+
+# --- papers/003 baselines for Gaussian rounds, through papers/003 Lemma 3.3 ---------------------
+
+
+def _basic_feasible(k: int, epsilon: float, delta: float, mu: float) -> bool:
+    # Lemma 3.3 feeds 2 eps_t to the pure filter: k * 2 eps_t <= epsilon (Theorem 3.4, delta_g = 0),
+    # and spends delta' = delta on sum 2 delta_t / (eps_t e^eps_t).
+    # k upward-rounded additions each add at most one ulp: leave room for them.
+    eps_t = epsilon / (2 * k) * (1 - (4 * k + 8) * 2.0**-52)
+    _, delta_t = pure_dp.gaussian_as_approx_dp(mu, eps_t)
+    stats = (0.0, 0.0, 0.0)
+    step = pure_dp.pure_step_stats(2 * eps_t)
+    dsum = 0.0
+    dstep = pure_dp.lemma33_delta_charge(eps_t, delta_t)
+    for _ in range(k):  # k is small for these baselines
+        stats = pure_dp.add_stats(stats, step)
+        dsum = math.nextafter(dsum + dstep, math.inf)
+    return pure_dp.basic_admits(stats, epsilon) and dsum <= delta
+
+
+def _advanced_feasible(k: int, epsilon: float, delta: float, mu: float) -> bool:
+    for share in (0.1, 0.25, 0.5, 0.75, 0.9):  # split delta between delta_g and Lemma 3.3's delta_g'
+        delta_g, delta_p = delta * share, delta * (1 - share)
+        lo, hi = 0.0, epsilon  # largest per-step eps_t with K(k steps of 2 eps_t) <= epsilon
+        for _ in range(60):
+            mid = (lo + hi) / 2
+            stats = tuple(k * x for x in pure_dp.pure_step_stats(2 * mid))
+            stats = tuple(math.nextafter(x, math.inf) * (1 + k * 2.0**-52) for x in stats)
+            if pure_dp.advanced_admits(stats, epsilon, delta_g):
+                lo = mid
+            else:
+                hi = mid
+        if lo <= 0:
+            continue
+        _, delta_t = pure_dp.gaussian_as_approx_dp(mu, lo)
+        if k * pure_dp.lemma33_delta_charge(lo, delta_t) * (1 + k * 2.0**-52) <= delta_p:
+            return True
+    return False
+
+
+def _baseline_rounds(kind: str, epsilon: float, delta: float, mu: float) -> int:
+    feasible = _basic_feasible if kind == "basic" else _advanced_feasible
+    if kind == "advanced" and not delta < 1 / math.e:
+        raise ValueError(f"the advanced filter needs delta < 1/e. Found {delta!r}.")
+    if not feasible(1, epsilon, delta, mu):
+        return 0
+    lo, hi = 1, 2
+    while feasible(hi, epsilon, delta, mu):
+        lo, hi = hi, hi * 2
+        if hi > 1_000_000:
+            raise ValueError("more than a million baseline rounds; plan with a smaller noise multiplier.")
+    while hi - lo > 1:  # feasibility is monotone in k
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if feasible(mid, epsilon, delta, mu) else (lo, mid)
+    return lo
+
+
+# --- placement 'distributed': Skellam noise over SecAgg+ (issue 15) ----------------------------------
+
+GAUSSIAN_ONLY_KINDS = ("gdp", "zcdp")
+
+
+def _check_setting(clip: float, min_reports: int, dim: int) -> None:
+    problems = []
+    if (problem := positive_finite("clip", clip)) is not None:
+        problems.append(problem)
+    if isinstance(min_reports, bool) or not isinstance(min_reports, int) or min_reports < 1:
+        problems.append(f"min_reports must be an integer >= 1. Found {min_reports!r}.")
+    if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
+        problems.append(f"dim (the model size) must be an integer >= 1. Found {dim!r}.")
+    if problems:
+        raise ValueError(" ".join(problems))
+
+
+def check_distributed_filter(kind: str) -> None:
+    """Refuse the Gaussian-only filters for Skellam releases (``skellam.py``'s docstring)."""
+    if kind in GAUSSIAN_ONLY_KINDS:
+        raise ValueError(
+            f"filter={kind!r}: placement 'distributed' (Skellam noise over SecAgg+) needs filter='rdp'; "
+            "the gdp and zcdp filters are valid for Gaussian noise only."
+        )
+    if kind != "rdp":
+        raise ValueError(f"filter must be 'rdp' for placement 'distributed'. Found {kind!r}.")
+
+
+def distributed_mu(noise_multiplier: float, clip: float, min_reports: int, *, alone: bool = False) -> float:
+    """The Skellam variance per coordinate a release carries, in grid units: ``mu_total = (z C /
+    gamma)^2`` rounded down, each of ``min_reports`` shares ``skellam_share(mu_total, t)``, and the least
+    variance of their sum (``released_variance``), whichever is smaller. ``alone``: the variance one
+    report carries read alone, its share (what the worst-case account is charged at)."""
+    _check_z(noise_multiplier)
+    _check_setting(clip, min_reports, 1)
+    ratio = down(noise_multiplier * (clip / grid_step(clip)))  # clip / gamma is exact (gamma = 2**k)
+    mu_total = float(down(ratio * ratio))
+    share = skellam_share(mu_total, min_reports)
+    return share if alone else min(mu_total, released_variance(share, min_reports))
+
+
+@dataclass(frozen=True)
+class DistributedPlan:
+    epsilon: float
+    delta: float
+    noise_multiplier: float
+    clip: float
+    min_reports: int
+    dim: int
+    order: float  # alpha*, where the rdp filter's threshold holds and Skellam charges are taken
+    mu: float  # Skellam variance per coordinate of a release (grid units)
+    l2: float  # C / gamma: a full-norm update's L2 norm on the grid
+    l1: float  # l1_cap(l2, dim): the worst-case L1 norm
+    charge: float  # one full-norm round, in rho units
+    rounds: int  # full-norm rounds admitted
+
+
+def _full_round(filt, noise_multiplier: float, clip: float, min_reports: int, dim: int, alone: bool = False):
+    mu = distributed_mu(noise_multiplier, clip, min_reports, alone=alone)
+    l2 = clip / grid_step(clip)
+    l1 = float(l1_cap(l2, dim))
+    order = rdp_order(filt)
+    return order, mu, l2, l1, float(skellam_rho(l1, l2, mu, order))
+
+
+def plan_distributed_rounds(
+    *,
+    epsilon: float,
+    delta: float,
+    noise_multiplier: float,
+    clip: float,
+    min_reports: int,
+    dim: int,
+    kind: str = "rdp",
+    orders=None,
+    alone: bool = False,
+) -> DistributedPlan:
+    """Full-norm Skellam rounds a fresh client's rdp filter admits (worst-case L1 every round);
+    ``alone``: its worst-case account's, each report read alone (``epsilon`` is then worst-case-epsilon)."""
+    check_distributed_filter(kind)
+    _check_z(noise_multiplier)
+    _check_setting(clip, min_reports, dim)
+    filt = make_filter("rdp", epsilon, delta, orders)
+    order, mu, l2, l1, charge = _full_round(filt, noise_multiplier, clip, min_reports, dim, alone)
+    _, rounds = _run_charges(filt, charge, MAX_PLANNED_ROUNDS)
+    if rounds >= MAX_PLANNED_ROUNDS:
+        raise ValueError(
+            f"more than {MAX_PLANNED_ROUNDS} rounds; noise_multiplier={noise_multiplier} is too large to plan."
+        )
+    return DistributedPlan(epsilon, delta, noise_multiplier, clip, min_reports, dim, order, mu, l2, l1, charge, rounds)
+
+
+def plan_distributed_epsilon(
+    *,
+    rounds: int,
+    delta: float,
+    noise_multiplier: float,
+    clip: float,
+    min_reports: int,
+    dim: int,
+    kind: str = "rdp",
+    orders=None,
+    alone: bool = False,
+) -> dict:
+    """The smallest budget epsilon (found by bisection, 60 steps) whose rdp filter admits ``rounds``
+    full-norm Skellam rounds; the answer is itself checked (its filter admits them). ``alone``: the
+    smallest worst-case-epsilon whose account admits them, each report read alone.
+
+    Also ``fixed_composition_epsilon``: the same rounds fixed in advance, their Skellam RDP curve
+    composed at every order and converted at the best one (no filter; a reference, often a little
+    lower, as a filter holds one order fixed before the run).
+    """
+    check_distributed_filter(kind)
+    _check_z(noise_multiplier)
+    _check_setting(clip, min_reports, dim)
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or not 1 <= rounds < MAX_PLANNED_ROUNDS:
+        raise ValueError(f"rounds must be an integer in [1, {MAX_PLANNED_ROUNDS}). Found {rounds!r}.")
+
+    def admits(eps: float) -> bool:
+        filt = make_filter("rdp", eps, delta, orders)
+        charge = _full_round(filt, noise_multiplier, clip, min_reports, dim, alone)[4]
+        return _run_charges(filt, charge, rounds)[1] >= rounds
+
+    hi = 1.0
+    while not admits(hi):
+        hi *= 2
+        if hi > 1e6:
+            raise ValueError(f"no epsilon up to 1e6 admits {rounds} rounds at noise_multiplier={noise_multiplier}.")
+    lo = 0.0
+    for _ in range(60):  # hi is always a checked, admitting epsilon
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if admits(mid) else (mid, hi)
+    orders_arr = np.asarray(DEFAULT_ORDERS if orders is None else orders, dtype=np.float64)
+    mu = distributed_mu(noise_multiplier, clip, min_reports, alone=alone)
+    l2 = clip / grid_step(clip)
+    per_order = up(skellam_rho(float(l1_cap(l2, dim)), l2, mu, orders_arr) * orders_arr * rounds * (1 + 2.0**-48))
+    return {
+        "filter": "rdp",
+        "placement": "distributed",
+        "noise_multiplier": noise_multiplier,
+        "clip": clip,
+        "min_reports": min_reports,
+        "dim": dim,
+        "rounds": rounds,
+        "delta": delta,
+        "epsilon": hi,
+        "order": rdp_order(make_filter("rdp", hi, delta, orders)),
+        "fixed_composition_epsilon": epsilon_from_rdp(orders_arr.tolist(), per_order.tolist(), delta),
+    }
+
+
+def rounds_admitted(
+    kind: str,
+    *,
+    epsilon: float,
+    delta: float,
+    noise_multiplier: float,
+    limit: int,
+    placement: str = "local",
+    clip: float = 1.0,
+    min_reports: int = 1,
+    dim: int = 1,
+    orders=None,
+    alone: bool = False,
+) -> int:
+    """Full-norm rounds a fresh client's filter admits, counted up to ``limit`` (so it stays cheap
+    where ``plan_rounds`` would count millions): ``min(rounds, limit)``. ``alone`` (distributed): its
+    worst-case account's, each report read alone, under ``epsilon`` = worst-case-epsilon."""
+    _check_z(noise_multiplier)
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit < MAX_PLANNED_ROUNDS:
+        raise ValueError(f"limit must be an integer in [1, {MAX_PLANNED_ROUNDS}). Found {limit!r}.")
+    if placement == "distributed":
+        check_distributed_filter(kind)
+        _check_setting(clip, min_reports, dim)
+        filt = make_filter("rdp", epsilon, delta, orders)
+        charge = _full_round(filt, noise_multiplier, clip, min_reports, dim, alone)[4]
+        return _run_charges(filt, charge, limit)[1]
+    if kind in BASELINE_KINDS:
+        return min(plan_rounds(kind, epsilon=epsilon, delta=delta, noise_multiplier=noise_multiplier).rounds, limit)
+    return _run_full_rounds(make_filter(kind, epsilon, delta, orders), noise_multiplier, limit)[1]
+
+
+def admits_rounds(kind: str, *, rounds: int, **setting) -> bool:
+    """Whether a fresh client's filter admits ``rounds`` full-norm rounds (``rounds_admitted``'s settings)."""
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or not 1 <= rounds < MAX_PLANNED_ROUNDS:
+        raise ValueError(f"rounds must be an integer in [1, {MAX_PLANNED_ROUNDS}). Found {rounds!r}.")
+    return rounds_admitted(kind, limit=rounds, **setting) >= rounds

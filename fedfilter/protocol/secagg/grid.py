@@ -1,0 +1,124 @@
+"""The integer grid of distributed noise over Flower's SecAgg+, written once for both sides.
+
+A device in ``distributed`` placement releases, per coordinate, the integer ``y = k + S`` where ``k``
+is its clipped update snapped toward zero onto the grid of step ``grid_step(clip)`` and ``S`` its
+Skellam share (``fedfilter.privacy.skellam``). SecAgg+ must add these integers exactly, and
+the released sum must be a function of ``sum_i y_i`` alone (then the sum's noise is Skellam with the
+sum of the shares' variances, and every device's loss is that of ``k + Sk(mu_total)``):
+
+* Flower's client mod multiplies each value by ``num_examples / max_weight`` and maps
+  ``x -> (clip(x, -c, c) + c) * q / (2 c)`` before a stochastic rounding to ``[0, q]``
+  (``flwr.common.secure_aggregation.quantization``). With ``max_weight == 1`` and ``num_examples ==
+  1`` the factor is exactly 1.0, and with ``c == q / 2`` the map is ``x -> x + q/2``: for an
+  integer ``x`` in ``[-q/2, q/2)`` it is exact and the rounding is a no-op.
+* A device sends ``x = (y mod q) - q/2`` (``encode_report``): a modular wrap, not a clip. A clip
+  would make the sum depend on each ``y_i`` separately (and break the Skellam sum); the wrap keeps
+  ``(sum_i x_i + n q/2) mod q == (sum_i y_i) mod q``, since ``q`` divides the modulus ``M``
+  (Kairouz, Liu, Steinke, ICML 2021, section 4: modular clipping is post-processing of the sum).
+* The server sums modulo ``M``; with ``n q < M`` its weight factor ``n q`` does not wrap, and its
+  float result ``(recon - n q/2) / n`` is inverted exactly (``decode_sum``); the centred residue
+  ``(recon mod q)`` in ``[-q/2, q/2)`` is ``sum_i y_i`` whenever ``|sum_i y_i| < q/2``, and
+  otherwise a wrapped (useless, equally private) value.
+
+The device's side of this contract, ``check_secagg_state``, lives with the device
+(``fedfilter.client.secagg.neighbourhood``): the coordinator chooses every SecAgg+ parameter in the
+setup stage, so the device refuses, before it trains, any that would make Flower's map inexact, its
+masking or unmasking fail, or a graph that breaks ``protocol/secagg/rule.py``. The names here are
+what both sides compute: the grid (``SECAGG_GRID_BITS``, ``grid_step``), Flower's settings for it
+(``quantization_range``, ``secaggplus_settings``), the report's encoding and the sum's decoding, and
+the drop-out rate a coordinator's neighbourhood graph is sized for.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from fedfilter.checks import positive_finite
+
+__all__ = [
+    "SECAGG_GRID_BITS",
+    "MODULUS_RANGE",
+    "MAX_WEIGHT",
+    "grid_step",
+    "quantization_range",
+    "secaggplus_settings",
+    "DEFAULT_DROPOUT_RATE",
+    "MAX_QUANTIZATION_RANGE",
+    "power_of_two",
+    "encode_report",
+    "decode_sum",
+]
+
+SECAGG_GRID_BITS = 12  # clip / grid_step lies in [2**12, 2**13): snapping moves a coordinate < 2**-12 C
+MODULUS_RANGE = 2**32  # Flower's default and largest SecAgg+ modulus
+MAX_WEIGHT = 1.0  # with num_examples = 1, Flower's weight factor is exactly 1.0
+MAX_QUANTIZATION_RANGE = 2**30  # Flower casts quantized values to int32
+
+
+def power_of_two(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v > 0 and v & (v - 1) == 0
+
+
+def grid_step(clip: float) -> float:
+    """The grid step, a power of two with ``clip / step`` in ``[2**SECAGG_GRID_BITS, 2**(SECAGG_GRID_BITS+1))``."""
+    if (problem := positive_finite("clip", clip)) is not None:
+        raise ValueError(problem)
+    _, exp = math.frexp(float(clip))  # clip = frac * 2**exp, frac in [0.5, 1)
+    return math.ldexp(1.0, exp - 1 - SECAGG_GRID_BITS)
+
+
+def quantization_range(n_sampled: int, modulus_range: int = MODULUS_RANGE) -> int:
+    """The largest power of two ``q <= 2**30`` with ``n_sampled * q < modulus_range``."""
+    if isinstance(n_sampled, bool) or not isinstance(n_sampled, int) or n_sampled < 1:
+        raise ValueError(f"n_sampled must be an integer >= 1. Found {n_sampled!r}.")
+    q = MAX_QUANTIZATION_RANGE
+    while q > 1 and n_sampled * q >= modulus_range:
+        q //= 2
+    if n_sampled * q >= modulus_range or q < 2:
+        raise ValueError(f"no quantization range fits {n_sampled} reports in modulus {modulus_range}.")
+    return q
+
+
+def secaggplus_settings(n_sampled: int) -> dict[str, Any]:
+    """The ``SecAggPlusWorkflow`` keyword arguments that make Flower's quantization exact here."""
+    q = quantization_range(n_sampled)
+    return {
+        "max_weight": MAX_WEIGHT,
+        "clipping_range": float(q // 2),
+        "quantization_range": q,
+        "modulus_range": MODULUS_RANGE,
+    }
+
+
+def encode_report(y: Sequence[np.ndarray], q: int) -> list[np.ndarray]:
+    """``(y mod q) - q/2`` per array, as float64 (exact: every value is an integer below 2**30)."""
+    half = q // 2
+    return [(np.mod(np.asarray(a, dtype=np.int64), q) - half).astype(np.float64) for a in y]
+
+
+def decode_sum(aggregated: Sequence[np.ndarray], n_reports: int, q: int) -> list[np.ndarray]:
+    """The integer ``sum_i y_i`` per coordinate, centred in ``[-q/2, q/2)``, from the float arrays
+    Flower's ``SecAggPlusWorkflow`` hands its strategy after unmasking ``n_reports`` reports.
+
+    Flower computes ``v = (recon - n q/2) * (q / (n q))`` in float64 (``recon`` the unmasked sum mod
+    ``M``); ``T = recon - n q/2`` is an integer below ``2**33`` and ``v / inv`` is within
+    ``|T| 2**-51 < 1/2`` of it, so ``rint`` recovers ``T`` exactly.
+    """
+    inv = q / (n_reports * q)
+    half = q // 2
+    out = []
+    for v in aggregated:
+        t = np.rint(np.asarray(v, dtype=np.float64) / inv).astype(np.int64)
+        recon = t + n_reports * half
+        out.append(np.mod(recon + half, q) - half)
+    return out
+
+
+# The drop-out rate the coordinator's default graph is sized for (utility only: a round with more
+# drop-outs may abort; privacy does not depend on it): at most 10% of the sampled devices drop out
+# before their masked input arrives.
+DEFAULT_DROPOUT_RATE = 0.1
