@@ -1,4 +1,4 @@
-"""How the quickstart example learns at the planner's settings, over seeds (issue 24).
+"""How the quickstart example learns at the planner's settings, over seeds.
 
 An offline replica of ``examples/quickstart-pytorch``'s rounds, without Flower: each device trains
 the example's CNN on its digits partition (the example's own ``task.py``), clips its update to C,

@@ -1,4 +1,4 @@
-"""What individual accounting buys a federation, against Flower's own differential privacy (issue 27).
+"""What individual accounting buys a federation, against Flower's own differential privacy.
 
 The same federation (task, clients, clients asked per round, rounds), the same model and local training
 (``local_epochs`` epochs of SGD, the shuffling seed ``1_000_003 * round + partition_id`` of

@@ -1,4 +1,4 @@
-"""What each arm of ``benchmarks/fl_vs_flower_dp.py`` is asked to run (issue 27): the devices' budgets,
+"""What each arm of ``benchmarks/fl_vs_flower_dp.py`` is asked to run: the devices' budgets,
 SecAgg+'s threshold and fedfilter's noise multiplier.
 
 Budget tiers (``--budgets tiers``): the shares of Jorgensen et al. (ICDE 2015), used for individualized

@@ -1,4 +1,4 @@
-"""Filter readout against odometers on the same Gaussian spend histories (issue 26, docs/results.md).
+"""Filter readout against odometers on the same Gaussian spend histories (docs/results.md).
 
 Each history is T rounds at mu = clip / noise std = 1 / noise multiplier (a device sending a full
 clipped update each round). Columns, all epsilons at delta (default 1e-5):

@@ -1,4 +1,4 @@
-"""What the malicious-server checks (issue 22) cost per secure round, next to Flower's plain SecAgg+.
+"""What the malicious-server checks cost per secure round, next to Flower's plain SecAgg+.
 
     python benchmarks/secagg_consistency_cost.py [--clients 10 20 30] [--rounds 5] [--dim 10000]
 

@@ -1,4 +1,4 @@
-"""Does the demo's worst-case budget (m x epsilon) bind before the main one? (issue 22)
+"""Does the demo's worst-case budget (m x epsilon) bind before the main one?
 
     python benchmarks/worst_case_epsilon.py [--epsilons 2,8] [--min-reports 5,10,100] [--dim 1000] [--max-rounds 50]
 
