@@ -89,12 +89,18 @@ DEFINED_ONCE = {
 RETIRED = ("GRID_BITS", "_MU_MAX", "_CLIP_SLACK", "_TRAIN_KEYS", "_REQUEST_TYPES")
 
 
-def _sources():
+def _files():
+    """(path relative to fedfilter/, or to the repository outside it; its text) for every source file."""
     for folder in CODE:
         for path in sorted(folder.rglob("*.py")):
             if "_pb2" not in path.name and "build" not in path.parts:
                 rel = path.relative_to(ROOT if path.is_relative_to(ROOT) else REPO).as_posix()
-                yield rel, ast.parse(path.read_text(encoding="utf-8"))
+                yield rel, path.read_text(encoding="utf-8")
+
+
+def _sources():
+    for rel, text in _files():
+        yield rel, ast.parse(text)
 
 
 def _assigned(tree: ast.Module) -> set[str]:
@@ -155,7 +161,7 @@ def test_the_spend_order_is_written_once():
 
 
 def test_the_round_rules_are_written_once():
-    texts = {rel: (ROOT / rel).read_text(encoding="utf-8") for rel, _ in _sources()}
+    texts = dict(_files())
     assert [rel for rel, t in texts.items() if 'f"flwr-{' in t] == ["protocol/rules.py"]
     assert [rel for rel, t in texts.items() if "must exceed the round timeout {" in t] == ["protocol/rules.py"]
     assert [rel for rel, t in texts.items() if "must be a finite number > 0. Found" in t] == ["checks.py"]

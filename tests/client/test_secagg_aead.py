@@ -18,7 +18,7 @@ from Crypto.Cipher import AES
 from cryptography.fernet import Fernet, InvalidToken
 from helpers.crypto_reference import hkdf_sha256
 
-from fedfilter.protocol import secagg_masks
+from fedfilter.protocol.secagg import masks as secagg_masks
 from fedfilter.protocol.secagg.aead import FORMAT_TAG, ShareCiphertextError, decrypt, encrypt
 
 KEY_INFO = b"fedfilter/secaggplus/share-aead/aes256gcm/v1"

@@ -11,7 +11,8 @@ from cryptography.fernet import Fernet, InvalidToken
 from cryptography.hazmat.primitives.asymmetric import ec
 from helpers.crypto_reference import hkdf_sha256
 
-from fedfilter.protocol import secagg_keys, secagg_masks
+from fedfilter.protocol.secagg import keys as secagg_keys
+from fedfilter.protocol.secagg import masks as secagg_masks
 from fedfilter.protocol.secagg.keys import (
     bytes_to_private_key,
     bytes_to_public_key,

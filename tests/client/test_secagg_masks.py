@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from fedfilter.protocol import secagg_shamir
+from fedfilter.protocol.secagg import shamir as secagg_shamir
 from fedfilter.protocol.secagg.masks import (
     aes_mask_gen,
     cryptographic_masks,

@@ -17,7 +17,7 @@ import pytest
 from flwr.common.secure_aggregation.crypto import shamir as flower_shamir
 from flwr.supercore.primitives.asymmetric import generate_key_pairs, private_key_to_bytes
 
-from fedfilter.protocol import secagg_shamir
+from fedfilter.protocol.secagg import shamir as secagg_shamir
 from fedfilter.protocol.secagg.shamir import MAGIC, PRIME, combine_shares, create_shares
 
 _HEADER = 12

@@ -119,7 +119,7 @@ def test_training_on_read_only_windowed_text():
 
 def test_training_module_imports_no_data_libraries():
     code = (
-        "import sys, simulations.tasks.training; "
+        "import sys, fedfilter.simulations.tasks.training; "
         "bad = [m for m in ('sklearn', 'h5py', 'flwr') if m in sys.modules]; "
         "assert not bad, bad"
     )
