@@ -1,4 +1,5 @@
-"""Where the gaps between fedfilter and Flower's DP live: in the noise, or in the path before it (a diagnostic for docs/results.md).
+"""Where the gaps between fedfilter and Flower's DP live: in the noise, or in the path before it (a diagnostic
+for docs/results.md).
 
 Two questions, each asked on ``fl_vs_flower_dp.py``'s own settings (everything after ``--`` is its
 arguments; its ``load``, ``engine_arm`` and Flower driver run unchanged):
