@@ -1,22 +1,13 @@
 """Lower bounds on (epsilon, delta) and on mu from a distinguishing game: pure functions.
 
-A mechanism that is (epsilon, delta)-DP satisfies, for every test (event S) and both orders of the
-neighbouring worlds, ``P1(S) <= e^eps P0(S) + delta`` (Kairouz, Oh and Viswanath, ICML 2015,
-Theorem 2.1; used for auditing by Jagielski, Ullman and Oprea, NeurIPS 2020, Section 4). With
-S = "score >= t" that is ``TPR <= e^eps FPR + delta`` and, with the roles swapped,
-``TNR <= e^eps FNR + delta``; so a confident lower bound on TPR and an upper bound on FPR give
+An (epsilon, delta)-DP mechanism bounds every test's TPR by ``e^eps FPR + delta`` (Kairouz, Oh and
+Viswanath 2015), a mu-GDP one by ``Phi(Phi^-1(FPR) + mu)`` (Dong, Roth and Su 2019); confident
+Clopper-Pearson bounds on the rates (each at level alpha/2) turn a test into lower bounds
+``eps >= log((TPR_lo - delta) / FPR_hi)`` and ``mu >= Phi^-1(TPR_lo) - Phi^-1(FPR_hi)``, valid
+together with probability 1 - alpha. A threshold is never evaluated on the trials that chose it:
+``select_threshold`` picks it on one part, ``rates_at`` evaluates it on the rest.
 
-    eps >= log((TPR_lo - delta) / FPR_hi)     and     eps >= log((TNR_lo - delta) / FNR_hi).
-
-A mu-GDP mechanism has trade-off ``TPR <= Phi(Phi^-1(FPR) + mu)`` for every test (Dong, Roth and
-Su, arXiv 1905.02383 v3, Definition 2.7), so ``mu >= Phi^-1(TPR_lo) - Phi^-1(FPR_hi)`` (the
-Gaussian-DP route of Nasr et al., "Tight Auditing of Differentially Private Machine Learning",
-USENIX Security 2023, arXiv 2302.07956, Section 5). Rates come with one-sided Clopper-Pearson
-bounds (Clopper and Pearson, Biometrika 1934), each at level alpha/2, so both hold together with
-probability at least 1 - alpha.
-
-Choosing the threshold on the data that is then used to evaluate it biases the bound upward:
-``select_threshold`` picks it on one part of the trials, ``rates_at`` evaluates it on the rest.
+Derivation and references: docs/derivations/audit.md.
 """
 
 from __future__ import annotations

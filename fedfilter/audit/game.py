@@ -3,21 +3,14 @@
 A trial is a pair of fresh devices (each its own ledger, enrolled with the audited budget), one per
 neighbouring world of the privacy model: in world 1 the train handler returns an update of norm C
 along a fixed unit direction v (the canary); in world 0 it returns the model unchanged (no data,
-update zero). Both run R rounds, where R is the number of rounds the
-canary needs to exhaust the budget. N trials give N scores per world.
+update zero). Both run R rounds, where R is the number of rounds the canary needs to exhaust
+the budget. N trials give N scores per world.
 
-The attacker is the coordinator. It chose the noise multiplier z and the clip C, and it knows the
-claimed budget, hence the clipped norms c_t the canary pays for each round (it runs the open-source
-client itself: ``shadow_schedule``). Round t's reply is y_t = c_t v + N(0, (zC)^2 I) in world 1 and
-pure noise in world 0, so the Neyman-Pearson statistic is ``sum_t c_t <y_t, v>``; normalised by its
-standard deviation zC ||c|| it is N(0, 1) in world 0 and N(||c|| / (zC), 1) in world 1, and
-||c|| / (zC) is the budget's mu (Dong, Roth and Su, arXiv 1905.02383 v3, Corollary 3.3: composed
-Gaussians are exactly sqrt(sum mu_t^2)-GDP).
-
-Noise multiplier: z = sqrt(R0) / mu_B, with mu_B the largest mu the claim allows (exact Gaussian
-curve), makes R0 full-norm rounds cost exactly the budget (R0 = ``rounds``, 3 by default). The
-filter rounds every charge up and every allowance down, so the last full round is clipped a little
-and a sliver round (about 0.1% of C) may follow: ``shadow_schedule`` finds out, R is R0 or R0 + 1.
+The attacker is the coordinator: it knows the clipped norms c_t the canary pays for
+(``shadow_schedule``) and scores each device with the Neyman-Pearson statistic ``sum_t c_t <y_t, v>``,
+normalised to N(0, 1) in world 0 and N(mu, 1) in world 1, mu the budget's. The noise multiplier
+z = sqrt(R0) / mu_B makes R0 = ``rounds`` full-norm rounds cost exactly the budget; R is R0 or
+R0 + 1 (a sliver round may follow). Derivation: docs/derivations/audit.md.
 
 After the R rounds, one more "probe" round asks both devices for the canary: the world-1 device
 is exhausted and answers noise-only, the world-0 device (which has paid nothing) contributes the

@@ -1,32 +1,16 @@
 """Continual counting with sparse users: worst-case accounting vs the individual filter.
 
-The setting of papers/004 (Feldman and Zrnic, NeurIPS 2021), Section 4.2 and Theorem 1.2. Each of
-``n`` users has a binary indicator ``x[i, t]`` per day ``t`` and is active (``x = 1``) on few days.
-Every day the analyst asks the counting query ``q_t(X_i) = x[i, t]`` and gets the Gaussian
-mechanism's answer ``a_t = sum_{i in S_t} x[i, t] + N(0, sigma^2)``.
+The setting of papers/004 (Feldman and Zrnic, NeurIPS 2021), Section 4.2 and Theorem 1.2: each of
+``n`` users is active (``x[i, t] = 1``) on few days, and every day the analyst asks for the count
+of active users through the Gaussian mechanism. Worst-case accounting charges every user a full
+release every day, so all filters halt together after ``s`` days; the individual filter charges a
+user only on its active days (its own sensitivity ``x[i, t]``) and answers every query, leaving out
+of ``S_t`` a user whose filter would not admit today's release. Both use the real filter from
+``fedfilter.privacy.filters``. The noise is Corollary 4.7's ``sigma^2 = s / (2 kappa)``, and the
+accuracy claim checked is Theorem 1.2 part 2, ``P(|a_t - sum_{S_t} x[i, t]| > sqrt(s log(1/beta) /
+kappa)) <= beta`` (T1.2).
 
-* **Worst-case accounting**: every user is charged a full-sensitivity release (``||q_t|| <= C = 1``)
-  every day, active or not. All users' filters halt together after ``k0`` days (Section 4.2:
-  ``k0 = floor(2 B sigma^2 / (C^2 alpha))`` for an (alpha, B)-RDP budget), and the analyst can
-  answer nothing more.
-* **Individual filter** (papers/004 Algorithm 3, Theorem 4.5): user ``i`` is charged the loss of
-  its *own* contribution, ``sensitivity = x[i, t]``, so inactive days cost nothing. A user whose
-  filter would not admit today's release is left out of ``S_t`` (and pays nothing); every query is
-  answered.
-
-Both use the real filter from ``fedfilter.privacy.filters`` (its ``charge``/``admits``/``spend``), not a
-re-derivation. The noise follows Corollary 4.7: ``sigma^2 = B_norm / (2 kappa)`` with
-``B_norm = s C^2 = s`` for binary queries, so each user can pay for ``s`` active days, and by the
-remark after Corollary 4.7 worst-case accounting answers ``k0 = s`` days.
-
-The accuracy claim checked (Theorem 1.2, part 2): for every day ``t`` and ``beta`` in (0, 1),
-
-    P( |a_t - sum_{X_i in S_t} q_t(X_i)| > sqrt(s log(1/beta) / kappa) ) <= beta,        (T1.2)
-
-where ``S_t`` are the users still admitted on day ``t``. With ``sigma^2 = s / (2 kappa)`` the bound
-equals ``sigma sqrt(2 log(1/beta))``, and the exact two-sided Gaussian tail there is
-``2 Phi(-sqrt(2 log(1/beta)))``, which is at most ``beta`` for every ``beta <= exp(-1/pi) = 0.727``
-(Mills ratio).
+Derivation: docs/derivations/sparse_queries.md.
 """
 
 from __future__ import annotations
@@ -39,9 +23,8 @@ import numpy as np
 from fedfilter.checks import finite, is_int, positive_finite
 from fedfilter.privacy.filters import FILTER_KINDS, GaussianFilter, make_filter
 
-# The Gaussian tail at x = sqrt(2 log(1/beta)) is 2 Phi(-x) <= 2 phi(x) / x = beta * 2 / (x sqrt(2 pi))
-# (Mills ratio), which is <= beta once x >= 2 / sqrt(2 pi), i.e. beta <= exp(-1/pi) = 0.727.
-# Accept failure probabilities up to 0.5, well inside that range.
+# (T1.2) holds for every beta <= exp(-1/pi) = 0.727 (docs/derivations/sparse_queries.md);
+# accept failure probabilities up to 0.5, well inside that range.
 MAX_FAILURE_PROB = 0.5
 
 
