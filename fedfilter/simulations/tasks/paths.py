@@ -7,8 +7,8 @@ from pathlib import Path
 
 ENV_VAR = "FEDFILTER_DATA"
 
-# simulations/tasks/paths.py -> parents[2] is the repository root.
-_REPO_ROOT = Path(__file__).resolve().parents[2]
+# fedfilter/simulations/tasks/paths.py -> parents[3] is the repository root.
+_REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
 def data_dir() -> Path:
