@@ -42,7 +42,22 @@ def _run_config(text: str) -> dict[str, Any]:
 
 
 def register(subparsers: Any) -> None:
-    """Add ``deploy-local`` to the ``fedfilter`` command."""
+    """Add ``deploy-local`` to the ``fedfilter`` command.
+
+    Parameters
+    ----------
+    subparsers : argparse._SubParsersAction
+        The ``fedfilter`` parser's sub-commands.
+
+    Examples
+    --------
+    >>> import argparse
+    >>> parser = argparse.ArgumentParser(prog="fedfilter")
+    >>> register(parser.add_subparsers(dest="command"))
+    >>> args = parser.parse_args(["deploy-local", "--clients", "3"])
+    >>> args.clients, args.rounds
+    (3, 2)
+    """
     parser = subparsers.add_parser(
         "deploy-local",
         help="run the app on a local Flower Deployment Engine (TLS + node auth, 127.0.0.1)",

@@ -38,7 +38,33 @@ def _need(args: argparse.Namespace, flag: str, kind: str):
 
 
 def odometer_value(args: argparse.Namespace) -> dict:
-    """The odometer of the history in ``args`` with the delta it holds at; raises ValueError."""
+    """The odometer (privacy loss so far, valid at every round at once) of the history in ``args``.
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        The parsed ``odometer`` options: ``kind``, ``delta_g`` and the history the kind reads
+        (``epsilons``/``deltas``/``delta_g_prime``/``n``, ``mus``, or ``rdp`` with ``order``).
+
+    Returns
+    -------
+    dict
+        ``kind``, ``epsilon``, the ``delta`` it holds at, ``rounds`` and the kind's own totals
+        (``sum_mu_sq``, ``sum_rdp``, ``branch``).
+
+    Raises
+    ------
+    ValueError
+        A missing or malformed option of the kind.
+
+    Examples
+    --------
+    >>> parser = argparse.ArgumentParser(prog="fedfilter")
+    >>> register(parser.add_subparsers(dest="command"))
+    >>> out = odometer_value(parser.parse_args(["odometer", "--kind", "gdp", "--mus", "0.5,0.5", "--delta-g", "1e-5"]))
+    >>> out["rounds"], round(out["epsilon"], 4)
+    (2, 4.2769)
+    """
     kind = args.kind
     out: dict = {"kind": kind, "delta": args.delta_g}
     if kind in ("basic", "advanced"):
@@ -96,6 +122,22 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    """Add ``odometer`` to the ``fedfilter`` command.
+
+    Parameters
+    ----------
+    sub : argparse._SubParsersAction
+        The ``fedfilter`` parser's sub-commands.
+
+    Examples
+    --------
+    >>> parser = argparse.ArgumentParser(prog="fedfilter")
+    >>> register(parser.add_subparsers(dest="command"))
+    >>> args = parser.parse_args(["odometer", "--kind", "gdp", "--mus", "0.5,0.5", "--delta-g", "1e-5"])
+    >>> args.func(args)
+    odometer gdp: epsilon=4.27687 at delta=1e-05, valid at every round at once
+    0
+    """
     p = sub.add_parser("odometer", help="the privacy odometer (loss so far, valid at any moment) of a history")
     p.add_argument(
         "--kind",

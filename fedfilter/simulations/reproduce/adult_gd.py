@@ -42,11 +42,55 @@ GRID = {"clip": (0.5, 1.0, 2.0), "eta": (2.0, 4.0, 8.0), "k": (50, 100, 200)}
 
 
 def sigma_for(epsilon: float, k: int, delta: float = DELTA) -> float:
-    """The sigma at which k full-norm steps are exactly (eps, delta)-DP by Proposition 5.1 + Theorem 4.9."""
+    """The sigma at which k full-norm steps are exactly (eps, delta)-DP by Proposition 5.1 + Theorem 4.9.
+
+    Parameters
+    ----------
+    epsilon : float
+        The target.
+    k : int
+        Full-norm steps.
+    delta : float, optional
+        The delta.
+
+    Returns
+    -------
+    float
+        sigma.
+
+    Examples
+    --------
+    >>> round(sigma_for(0.5, 100), 3)
+    97.001
+    """
     return math.sqrt(k / (2 * zcdp.zcdp_budget(epsilon, delta)))
 
 
 def setting(epsilon: float, variant: str, *, clip: float, eta: float, k: int) -> GDSetting:
+    """The GDSetting of one column at tuned (C, eta, k); ``variant`` in ``VARIANTS``.
+
+    Parameters
+    ----------
+    epsilon : float
+        The target.
+    variant : str
+        ``paper``, ``gdp-noise`` or ``gdp-steps``.
+    clip, eta : float
+        The tuned clip and step size.
+    k : int
+        The tuned number of steps.
+
+    Returns
+    -------
+    GDSetting
+        The column.
+
+    Examples
+    --------
+    >>> s = setting(0.5, "paper", clip=1.0, eta=4.0, k=100)
+    >>> s.k, s.filter_kind, round(s.sigma, 3)
+    (100, 'zcdp', 97.001)
+    """
     base = paper_setting(
         epsilon,
         "tuned",
@@ -63,7 +107,27 @@ def setting(epsilon: float, variant: str, *, clip: float, eta: float, k: int) ->
 
 
 def adult_task(split: str = "full", seed: int = 0):
-    """Single-example Adult clients: ``full`` (train -> test) or ``tune`` (80% train -> 20% validation)."""
+    """Single-example Adult clients: ``full`` (train -> test) or ``tune`` (80% train -> 20% validation).
+
+    Parameters
+    ----------
+    split : str, optional
+        ``full`` or ``tune``.
+    seed : int, optional
+        The seed of the tuning split.
+
+    Returns
+    -------
+    Task
+        One client per training row.
+
+    Examples
+    --------
+    It reads the offline Adult files (``$FEDFILTER_DATA/adult``):
+
+    >>> adult_task("tune").num_clients  # doctest: +SKIP
+    26048
+    """
     from functools import partial
 
     from torch.nn import functional as F

@@ -66,7 +66,30 @@ PAPER_TABLES = {
 
 
 def hyperparameters(epsilon: float, regime: str) -> dict:
-    """sigma, clip, eta, k of one cell (see the module docstring)."""
+    """sigma, clip, eta, k of one cell (see the module docstring).
+
+    Parameters
+    ----------
+    epsilon : float
+        One of ``EPSILONS``.
+    regime : str
+        One of ``REGIMES``.
+
+    Returns
+    -------
+    dict
+        ``sigma``, ``clip``, ``eta``, ``k``.
+
+    Raises
+    ------
+    ValueError
+        An unknown epsilon or regime.
+
+    Examples
+    --------
+    >>> hyperparameters(0.3, "subopt-clip")
+    {'sigma': 113.33333333333333, 'clip': 15.0, 'eta': 0.2, 'k': 49}
+    """
     if epsilon not in TUNED or regime not in REGIMES:
         raise ValueError(
             f"epsilon must be one of {EPSILONS} and regime one of {REGIMES}. Found {epsilon!r}, {regime!r}."
@@ -80,7 +103,33 @@ def hyperparameters(epsilon: float, regime: str) -> dict:
 
 
 def setting(epsilon: float, regime: str, variant: str) -> GDSetting:
-    """The GDSetting of one column; ``variant`` in VARIANTS."""
+    """The GDSetting of one column; ``variant`` in VARIANTS.
+
+    Parameters
+    ----------
+    epsilon : float
+        One of ``EPSILONS``.
+    regime : str
+        One of ``REGIMES``.
+    variant : str
+        One of ``VARIANTS``.
+
+    Returns
+    -------
+    GDSetting
+        The column, its filter calibrated.
+
+    Raises
+    ------
+    ValueError
+        An unknown epsilon, regime or variant.
+
+    Examples
+    --------
+    >>> s = setting(0.3, "tuned", "paper")
+    >>> s.k, s.extra_steps, round(s.filter_epsilon, 5)
+    (112, 35, 0.30066)
+    """
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS}. Found {variant!r}.")
     hp = hyperparameters(epsilon, regime)
@@ -93,7 +142,27 @@ def setting(epsilon: float, regime: str, variant: str) -> GDSetting:
 
 
 def mnist_task(n_train: int | None = None, activation: str = "relu"):
-    """Single-example clients over the first ``n_train`` MNIST training images (all by default)."""
+    """Single-example clients over the first ``n_train`` MNIST training images (all by default).
+
+    Parameters
+    ----------
+    n_train : int, optional
+        Training images to use.
+    activation : str, optional
+        ``relu`` (Opacus' network) or ``tanh``.
+
+    Returns
+    -------
+    Task
+        One client per image.
+
+    Examples
+    --------
+    It reads the offline MNIST files (``$FEDFILTER_DATA/mnist``):
+
+    >>> mnist_task(n_train=1000).num_clients  # doctest: +SKIP
+    1000
+    """
     from functools import partial
 
     from torch.nn import functional as F

@@ -12,13 +12,49 @@ from fedfilter.simulations.reproduce.mnist_gd import EPSILONS, PAPER_TABLES, REG
 
 
 def read_rows(path: Path) -> list[dict]:
-    """The JSONL results, one dict per finished trial ([] before the first)."""
+    r"""The JSONL results, one dict per finished trial ([] before the first).
+
+    Parameters
+    ----------
+    path : Path
+        The ``--out`` JSONL file.
+
+    Returns
+    -------
+    list of dict
+        One row per line.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     empty = read_rows(Path(d) / "mnist.jsonl")
+    ...     _ = (Path(d) / "mnist.jsonl").write_text('{"trial": 0}\n\n{"trial": 1}\n')
+    ...     empty, read_rows(Path(d) / "mnist.jsonl")
+    ([], [{'trial': 0}, {'trial': 1}])
+    """
     path = Path(path)
     return [json.loads(l) for l in path.read_text().splitlines() if l.strip()] if path.exists() else []
 
 
 def row_norms(row: dict) -> str:
-    """The engine's norm mode a row ran with (rows from before issue 16 ran ``vectorised``)."""
+    """The engine's norm mode a row ran with (rows stored before the modes existed ran ``vectorised``).
+
+    Parameters
+    ----------
+    row : dict
+        One result row.
+
+    Returns
+    -------
+    str
+        ``vectorised``, ``fast`` or ``device``.
+
+    Examples
+    --------
+    >>> row_norms({}), row_norms({"norms": "fast"})
+    ('vectorised', 'fast')
+    """
     return row.get("norms", "vectorised")
 
 
@@ -27,7 +63,34 @@ TABLE_END = "<!-- /mnist-table -->"
 
 
 def write_table(args) -> Path:
-    """Replace the block between the table markers of a Markdown file with ``table(args)``."""
+    r"""Replace the block between the table markers of a Markdown file with ``table(args)``.
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        ``write_table`` (the Markdown file), and ``table``'s ``out``, ``n_table``, ``norms``.
+
+    Returns
+    -------
+    Path
+        The file rewritten.
+
+    Raises
+    ------
+    SystemExit
+        The file has no marked block.
+
+    Examples
+    --------
+    >>> import argparse, tempfile
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     doc = Path(d) / "results.md"
+    ...     _ = doc.write_text(f"before\n{TABLE_START}\nold\n{TABLE_END}\nafter\n")
+    ...     args = argparse.Namespace(write_table=doc, out=Path(d) / "none.jsonl", n_table=60000, norms="vectorised")
+    ...     text = write_table(args).read_text()
+    >>> "old" in text, text.endswith(f"{TABLE_END}\nafter\n")
+    (False, True)
+    """
     doc = Path(args.write_table)
     text = doc.read_text()
     start, end = text.find(TABLE_START), text.find(TABLE_END)
@@ -38,7 +101,25 @@ def write_table(args) -> Path:
 
 
 def table(args) -> str:
-    """Markdown tables of the JSONL results beside papers/004 Section 5.1's."""
+    """Markdown tables of the JSONL results beside papers/004 Section 5.1's.
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        ``out`` (the JSONL file), ``n_table`` (the training-set size of the rows shown), ``norms``.
+
+    Returns
+    -------
+    str
+        One table per regime, then the privacy check.
+
+    Examples
+    --------
+    >>> import argparse
+    >>> text = table(argparse.Namespace(out=Path("no/such.jsonl"), n_table=60000, norms="vectorised"))
+    >>> text.splitlines()[-1]
+    'Privacy check: no runs yet.'
+    """
     import numpy as np
 
     rows = read_rows(args.out)
@@ -101,9 +182,29 @@ def table(args) -> str:
 
 
 def privacy_check(rows: list[dict]) -> str:
-    """One line on the guarantee behind the table: in every run, each client's spent epsilon (read
-    from the filter that ran it) is at most the filter's budget, and the first k steps clipped at
-    exactly C (so the GD column is Algorithm 6 itself). Runs that break either are named."""
+    """One line on the guarantee behind the table.
+
+    In every run, each client's spent epsilon (read from the filter that ran it) must be at most the
+    filter's budget, and the first k steps must have clipped at exactly C (so the GD column is
+    Algorithm 6 itself). Runs that break either are named.
+
+    Parameters
+    ----------
+    rows : list of dict
+        The result rows tabulated.
+
+    Returns
+    -------
+    str
+        The line.
+
+    Examples
+    --------
+    >>> row = {"setting": {"epsilon": 0.3, "regime": "tuned", "variant": "paper", "filter_epsilon": 0.30066},
+    ...        "trial": 0, "max_spent_epsilon": 0.3006, "prefix_max_clip_deficit": 0.0}
+    >>> privacy_check([row])  # doctest: +ELLIPSIS
+    "Privacy check: in all 1 runs every client's spent epsilon is at most its filter's budget ..."
+    """
     if not rows:
         return "Privacy check: no runs yet."
     name = lambda r: f"eps {r['setting']['epsilon']} {r['setting']['regime']} {r['setting']['variant']} #{r['trial']}"
@@ -122,9 +223,31 @@ def privacy_check(rows: list[dict]) -> str:
 
 
 def plot(args) -> Path:
-    """One PNG. Top: ours against papers/004's mean ± std per cell, with the two Gaussian-DP
-    columns beside them. Bottom, one panel per eps: each run's test accuracy at the stopping rule's
-    queries (step k onwards), the star marking the query the rule picks by training accuracy."""
+    """Draw the results into one PNG (``args.plot``).
+
+    Top: ours against papers/004's mean ± std per cell, with the two Gaussian-DP columns beside
+    them. Bottom, one panel per eps: each run's test accuracy at the stopping rule's queries (step k
+    onwards), the star marking the query the rule picks by training accuracy.
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        ``plot`` (the PNG file), ``out``, ``n_table``, ``norms``.
+
+    Returns
+    -------
+    Path
+        The PNG written.
+
+    Examples
+    --------
+    >>> import argparse, tempfile
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     args = argparse.Namespace(plot=Path(d) / "mnist.png", out=Path(d) / "none.jsonl", n_table=60000,
+    ...                               norms="vectorised")
+    ...     plot(args).name
+    'mnist.png'
+    """
     import matplotlib
 
     matplotlib.use("Agg")

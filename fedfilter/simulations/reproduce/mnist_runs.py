@@ -23,7 +23,7 @@ over 3 h here), and a new session gets a fresh work tree; so before a session en
 and commit ``parked/`` (1.5 MB a cell). A run resumes from a parked checkpoint when it is further
 along than the working one, and removes it once the cell's row is stored.
 
-``--norms fast`` runs the engine's fast mode (``simulations/engine/layerwise.py``, issue 16); its
+``--norms fast`` runs the engine's fast mode (``simulations/engine/layerwise.py``); its
 rows carry ``"norms": "fast"`` and are stored, skipped, checkpointed and tabulated apart from the
 default ``vectorised`` rows (``--table --norms fast``), which stay as they are.
 
@@ -53,6 +53,30 @@ ALL_CELLS += [(e, r, v) for e in EPSILONS for r in ("subopt-clip", "subopt-noise
 
 
 def parse_cells(items: list[str]) -> list[tuple[float, str, str]]:
+    """``--cells``: ``eps:regime:variant`` items, or ``all`` for every cell in priority order.
+
+    Parameters
+    ----------
+    items : list of str
+        The items given.
+
+    Returns
+    -------
+    list of (float, str, str)
+        The cells.
+
+    Raises
+    ------
+    SystemExit
+        Naming every bad item.
+
+    Examples
+    --------
+    >>> parse_cells(["0.3:tuned:paper", "1.0:subopt-noise:gdp-steps"])
+    [(0.3, 'tuned', 'paper'), (1.0, 'subopt-noise', 'gdp-steps')]
+    >>> len(parse_cells(["all"])) == len(ALL_CELLS)
+    True
+    """
     if items == ["all"]:
         return ALL_CELLS
     cells, problems = [], []
@@ -73,6 +97,27 @@ def parse_cells(items: list[str]) -> list[tuple[float, str, str]]:
 
 
 def done_keys(path: Path) -> set[tuple]:
+    r"""The (eps, regime, variant, trial, n_train, norms) of every row already in ``path``.
+
+    Parameters
+    ----------
+    path : Path
+        The ``--out`` JSONL file.
+
+    Returns
+    -------
+    set of tuple
+        One key per finished trial.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> row = {"setting": {"epsilon": 0.3, "regime": "tuned", "variant": "paper"}, "trial": 0, "n_train": 60000}
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     _ = (Path(d) / "mnist.jsonl").write_text(json.dumps(row) + "\n")
+    ...     done_keys(Path(d) / "mnist.jsonl")
+    {(0.3, 'tuned', 'paper', 0, 60000, 'vectorised')}
+    """
     return {
         (
             r["setting"]["epsilon"],
@@ -89,13 +134,58 @@ def done_keys(path: Path) -> set[tuple]:
 def checkpoint_path(
     out: Path, eps: float, regime: str, variant: str, trial: int, n: int, activation: str, norms: str = "vectorised"
 ) -> Path:
-    """Where a cell's checkpoint lives while it runs (beside ``--out``; not tracked by git)."""
-    tail = "" if norms == "vectorised" else f"_{norms}"  # the default keeps the names parked before issue 16
+    """Where a cell's checkpoint lives while it runs (beside ``--out``; not tracked by git).
+
+    Parameters
+    ----------
+    out : Path
+        The ``--out`` JSONL file.
+    eps : float
+        The cell's epsilon.
+    regime, variant : str
+        The cell's regime and column.
+    trial : int
+        The trial.
+    n : int
+        The training-set size.
+    activation : str
+        The model's activation.
+    norms : str, optional
+        The engine's norm mode (the default keeps the names of checkpoints parked before the modes
+        existed).
+
+    Returns
+    -------
+    Path
+        ``checkpoints/<stem>_<cell>.npz`` beside ``out``.
+
+    Examples
+    --------
+    >>> checkpoint_path(Path("results/mnist.jsonl"), 0.3, "tuned", "paper", 0, 60000, "relu").as_posix()
+    'results/checkpoints/mnist_0.3_tuned_paper_t0_n60000_relu.npz'
+    """
+    tail = "" if norms == "vectorised" else f"_{norms}"  # the default keeps the names parked before norm modes existed
     return out.parent / "checkpoints" / f"{out.stem}_{eps}_{regime}_{variant}_t{trial}_n{n}_{activation}{tail}.npz"
 
 
 def parked_path(ckpt: Path) -> Path:
-    """Where ``--park`` keeps a cell's checkpoint in git (``results/parked/``, beside ``checkpoints/``)."""
+    """Where ``--park`` keeps a cell's checkpoint in git (``results/parked/``, beside ``checkpoints/``).
+
+    Parameters
+    ----------
+    ckpt : Path
+        The working checkpoint.
+
+    Returns
+    -------
+    Path
+        The parked copy's path.
+
+    Examples
+    --------
+    >>> parked_path(Path("results/checkpoints/mnist_0.3_tuned_paper_t0_n60000_relu.npz")).as_posix()
+    'results/parked/mnist_0.3_tuned_paper_t0_n60000_relu.npz'
+    """
     return ckpt.parent.parent / "parked" / ckpt.name
 
 
@@ -113,14 +203,46 @@ def _copy_atomic(src: Path, dst: Path) -> None:
 
 
 def saved_round(ckpt: Path) -> int:
-    """The last step saved for a cell, in its working or its parked checkpoint (0: none)."""
+    """The last step saved for a cell, in its working or its parked checkpoint (0: none).
+
+    Parameters
+    ----------
+    ckpt : Path
+        The working checkpoint.
+
+    Returns
+    -------
+    int
+        The step.
+
+    Examples
+    --------
+    >>> saved_round(Path("no/such/checkpoints/cell.npz"))
+    0
+    """
     from fedfilter.simulations.engine.checkpoint import checkpoint_round
 
     return max([checkpoint_round(p) for p in (ckpt, parked_path(ckpt)) if p.exists()], default=0)
 
 
 def unpark(ckpt: Path) -> int:
-    """Put a cell's parked checkpoint in the working place if it is further along; return its step."""
+    """Put a cell's parked checkpoint in the working place if it is further along; return its step.
+
+    Parameters
+    ----------
+    ckpt : Path
+        The working checkpoint.
+
+    Returns
+    -------
+    int
+        The parked step copied, or 0 (nothing parked, or the working one is as far).
+
+    Examples
+    --------
+    >>> unpark(Path("no/such/checkpoints/cell.npz"))
+    0
+    """
     from fedfilter.simulations.engine.checkpoint import checkpoint_round
 
     parked = parked_path(ckpt)
@@ -134,7 +256,25 @@ def unpark(ckpt: Path) -> int:
 
 
 def park(args) -> list[str]:
-    """Copy every unfinished cell's working checkpoint of ``--out`` to ``parked/`` (to be committed)."""
+    """Copy every unfinished cell's working checkpoint of ``--out`` to ``parked/`` (to be committed).
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        ``out``.
+
+    Returns
+    -------
+    list of str
+        One line per checkpoint (or one saying there is none).
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     park(argparse.Namespace(out=str(Path(d) / "mnist.jsonl")))[0].startswith("nothing to park")
+    True
+    """
     from fedfilter.simulations.engine.checkpoint import checkpoint_round
 
     out = Path(args.out)
@@ -150,14 +290,54 @@ def park(args) -> list[str]:
 
 
 def required_trials(eps: float, variant: str) -> int:
-    """Trials each column needs (the issue: at least 1 per cell, 3 for eps = 0.3). The paper's
-    columns at eps = 0.3 get 3; the Gaussian-DP columns, which the paper has no numbers for, 1."""
+    """Trials each column needs: at least 1 per cell, 3 for eps = 0.3.
+
+    The paper's columns at eps = 0.3 get 3; the Gaussian-DP columns, which the paper has no numbers
+    for, 1.
+
+    Parameters
+    ----------
+    eps : float
+        The cell's epsilon.
+    variant : str
+        The cell's column.
+
+    Returns
+    -------
+    int
+        The trials.
+
+    Examples
+    --------
+    >>> required_trials(0.3, "paper"), required_trials(0.3, "gdp-steps"), required_trials(1.0, "paper")
+    (3, 1, 1)
+    """
     return 3 if (eps == 0.3 and variant == "paper") else 1
 
 
 def todo(args) -> str:
-    """The (cell, trial)s still missing from ``--out``, in ALL_CELLS order, with their steps left
-    (a cell's checkpoint counts as done up to its last saved step) and the hours they need."""
+    """The (cell, trial)s still missing from ``--out``, with their steps left and the hours they need.
+
+    In ``ALL_CELLS`` order; a cell's checkpoint counts as done up to its last saved step.
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        ``out``, ``n_table``, ``norms``, ``activation``, ``step_seconds``, ``workers``.
+
+    Returns
+    -------
+    str
+        A Markdown table and a total.
+
+    Examples
+    --------
+    It calibrates every cell's filter (several seconds); ``main(["--todo"])`` prints it:
+
+    >>> print(todo(args))  # doctest: +SKIP
+    | eps | regime | column | trial | steps | left | checkpoint |
+    ...
+    """
     from fedfilter.simulations.reproduce.mnist_gd import setting
 
     done = done_keys(args.out)
@@ -187,6 +367,18 @@ def todo(args) -> str:
 
 
 def machine() -> str:
+    """The machine a row ran on: host, CPUs, torch and its threads, python.
+
+    Returns
+    -------
+    str
+        One line.
+
+    Examples
+    --------
+    >>> "CPUs, torch " in machine()
+    True
+    """
     import torch
 
     return (
@@ -196,6 +388,19 @@ def machine() -> str:
 
 
 def run(args) -> None:
+    """Run every cell of ``--cells`` for ``--trials`` trials, skipping what ``--out`` already has.
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        ``main``'s options.
+
+    Examples
+    --------
+    It trains the MNIST model for hundreds of steps per cell; ``main`` calls it with its options:
+
+    >>> main(["--cells", "0.3:tuned:paper", "--trials", "1"])  # doctest: +SKIP
+    """
     import torch
 
     from fedfilter.simulations.reproduce.mnist_gd import mnist_task
@@ -227,8 +432,29 @@ def run(args) -> None:
 
 @contextlib.contextmanager
 def cell_lock(ckpt: Path):
-    """Yield whether this process holds the cell (an exclusive flock beside its checkpoint), so two
-    workers given overlapping cell lists never run, checkpoint or append the same cell twice."""
+    """Yield whether this process holds the cell (an exclusive flock beside its checkpoint).
+
+    Two workers given overlapping cell lists thus never run, checkpoint or append the same cell twice.
+
+    Parameters
+    ----------
+    ckpt : Path
+        The cell's checkpoint path (the lock is ``<ckpt>.lock``).
+
+    Yields
+    ------
+    bool
+        True if this process holds the cell.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     ckpt = Path(d) / "checkpoints" / "cell.npz"
+    ...     with cell_lock(ckpt) as mine, cell_lock(ckpt) as again:
+    ...         mine, again
+    (True, False)
+    """
     import fcntl
 
     ckpt.parent.mkdir(parents=True, exist_ok=True)
@@ -242,6 +468,31 @@ def cell_lock(ckpt: Path):
 
 
 def run_one(args, task, out: Path, ckpt: Path, eps: float, regime: str, variant: str, trial: int) -> None:
+    """Run one (cell, trial), append its row to ``out`` and remove its checkpoints.
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        ``main``'s options.
+    task : Task
+        The MNIST task.
+    out : Path
+        The JSONL file.
+    ckpt : Path
+        The cell's checkpoint.
+    eps : float
+        The cell's epsilon.
+    regime, variant : str
+        The cell's regime and column.
+    trial : int
+        The trial.
+
+    Examples
+    --------
+    It trains the model (``run`` calls it for each cell it holds):
+
+    >>> run_one(args, task, out, ckpt, 0.3, "tuned", "paper", 0)  # doctest: +SKIP
+    """
     from fedfilter.simulations.reproduce.mnist_gd import setting
     from fedfilter.simulations.reproduce.private_gd import run_cell
 
@@ -285,6 +536,20 @@ def run_one(args, task, out: Path, ckpt: Path, eps: float, regime: str, variant:
 
 
 def main(argv=None) -> None:
+    """``benchmarks/reproduce_mnist.py``: run cells, or report on ``--out`` (see the module docstring).
+
+    Parameters
+    ----------
+    argv : list of str, optional
+        The arguments (default: ``sys.argv[1:]``).
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     main(["--park", "--out", str(Path(d) / "mnist.jsonl")])  # doctest: +ELLIPSIS
+    nothing to park: no checkpoint of mnist in /.../checkpoints
+    """
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--cells", nargs="+", default=["0.3:tuned:paper"])
     p.add_argument("--trials", type=int, default=1)
@@ -298,7 +563,7 @@ def main(argv=None) -> None:
         default="vectorised",
         choices=("vectorised", "fast", "device"),
         help="the engine's norm mode; rows of each mode are stored, skipped and tabulated apart "
-        "(fast: simulations/engine/layerwise.py, issue 16)",
+        "(fast: simulations/engine/layerwise.py)",
     )
     p.add_argument(
         "--checkpoint-every",

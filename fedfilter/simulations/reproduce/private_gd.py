@@ -40,7 +40,39 @@ QUERIES, QUERY_EVERY = 8, 5  # papers/004 Appendix A
 
 @dataclass(frozen=True)
 class GDSetting:
-    """One column of one table: hyperparameters and the filter that enforces the budget."""
+    """One column of one table: hyperparameters and the filter that enforces the budget.
+
+    Parameters
+    ----------
+    epsilon : float
+        The nominal target of the paper's table.
+    regime : str
+        ``tuned``, ``subopt-clip`` or ``subopt-noise``.
+    variant : str
+        ``paper`` (zCDP, ``B_norm = k C^2``), ``gdp-noise`` (paper's sigma) or ``gdp-steps`` (paper's k).
+    sigma : float
+        The noise multiplier.
+    clip : float
+        C.
+    eta : float
+        The step size.
+    k : int
+        Full-norm steps the filter admits = Algorithm 6's number of steps.
+    filter_kind : str
+        The filter.
+    filter_epsilon : float
+        The budget the filter is built with (see ``calibrate_epsilon``).
+    delta : float, optional
+        The delta.
+    extra_steps : int, optional
+        Steps after k for the stopping rule's queries (0 where the paper sets ``k_max = k``).
+
+    Examples
+    --------
+    >>> s = paper_setting(1.0, "tuned", sigma=5.0, clip=1.0, eta=0.1, k=10, delta=1e-5, extra_steps=0)
+    >>> s.variant, s.filter_kind, s.b_norm
+    ('paper', 'zcdp', 10.0)
+    """
 
     epsilon: float  # the nominal target of the paper's table
     regime: str  # tuned, subopt-clip, subopt-noise
@@ -56,7 +88,18 @@ class GDSetting:
 
     @property
     def b_norm(self) -> float:
-        """The paper's squared-norm budget for this filter: ``k C^2``."""
+        """The paper's squared-norm budget for this filter: ``k C^2``.
+
+        Returns
+        -------
+        float
+            B_norm.
+
+        Examples
+        --------
+        >>> GDSetting(0.3, "tuned", "paper", 170.0, 10.0, 0.2, 112, "zcdp", 0.3007).b_norm
+        11200.0
+        """
         return self.k * self.clip**2
 
 
@@ -66,6 +109,27 @@ def full_steps(filt: GaussianFilter, *, sigma: float, clip: float, limit: int = 
     Runs the filter's own ``round_allowance`` / ``charge`` / ``spend`` (with its rounding), so a
     step counted here is one where the engine clips at ``C`` for *every* client (a smaller norm
     spends less, and the allowance only shrinks with the state).
+
+    Parameters
+    ----------
+    filt : GaussianFilter
+        The filter.
+    sigma : float
+        The noise multiplier.
+    clip : float
+        C.
+    limit : int, optional
+        Stop counting here.
+
+    Returns
+    -------
+    int
+        The full steps.
+
+    Examples
+    --------
+    >>> full_steps(make_filter("gdp", 1.0, 1e-5), sigma=10.0, clip=1.0)
+    7
     """
     std = sigma * clip
     state, charge = filt.initial_state(), filt.charge(sensitivity=clip, noise_std=std)
@@ -76,7 +140,35 @@ def full_steps(filt: GaussianFilter, *, sigma: float, clip: float, limit: int = 
 
 
 def calibrate_epsilon(kind: str, *, k: int, sigma: float, clip: float, delta: float, start: float) -> float:
-    """The smallest float budget (from ``start`` up, to ~1e-15 relative) whose filter gives ``k`` full steps."""
+    """The smallest float budget (from ``start`` up, to ~1e-15 relative) whose filter gives ``k`` full steps.
+
+    Parameters
+    ----------
+    kind : str
+        The filter kind.
+    k : int
+        The full steps wanted.
+    sigma : float
+        The noise multiplier.
+    clip : float
+        C.
+    delta : float
+        The delta.
+    start : float
+        The closed-form budget to search up from.
+
+    Returns
+    -------
+    float
+        The budget.
+
+    Examples
+    --------
+    >>> start = zcdp.epsilon_from_zcdp(10 / (2 * 5.0**2), 1e-5)
+    >>> eps = calibrate_epsilon("zcdp", k=10, sigma=5.0, clip=1.0, delta=1e-5, start=start)
+    >>> start <= eps < start * (1 + 1e-12)
+    True
+    """
 
     def ok(eps):
         return full_steps(make_filter(kind, eps, delta), sigma=sigma, clip=clip, limit=k) >= k
@@ -99,8 +191,34 @@ def paper_setting(
     ``zcdp.epsilon_from_zcdp(k / (2 sigma^2), delta)`` (0.30066 for the eps = 0.3 row). The
     filter is built with the smallest budget from there up that admits ``k`` full steps under
     its conservative rounding: a relative increase of about 4e-15 to 2e-14 for the MNIST cells
-    (2.3e-12 for eps 1.0 tuned before issue 13 tightened the allowance near the budget; its stored
+    (2.3e-12 for eps 1.0 tuned before the allowance near the budget was tightened; its stored
     rows keep that value, ``tests/simulations/test_reproduce_settings.py``).
+
+    Parameters
+    ----------
+    epsilon : float
+        The table's nominal epsilon.
+    regime : str
+        The table.
+    sigma, clip, eta : float
+        The hyperparameters.
+    k : int
+        Algorithm 6's steps.
+    delta : float
+        The delta.
+    extra_steps : int
+        Steps after k for the stopping rule.
+
+    Returns
+    -------
+    GDSetting
+        The ``paper`` column.
+
+    Examples
+    --------
+    >>> s = paper_setting(1.0, "tuned", sigma=5.0, clip=1.0, eta=0.1, k=10, delta=1e-5, extra_steps=0)
+    >>> round(s.filter_epsilon, 4), full_steps(make_filter("zcdp", s.filter_epsilon, 1e-5), sigma=5.0, clip=1.0)
+    (3.2349, 10)
     """
     start = zcdp.epsilon_from_zcdp(k / (2 * sigma**2), delta)
     eps = calibrate_epsilon("zcdp", k=k, sigma=sigma, clip=clip, delta=delta, start=start)
@@ -108,7 +226,24 @@ def paper_setting(
 
 
 def gdp_noise_setting(base: GDSetting) -> GDSetting:
-    """(a) The exact Gaussian-DP filter at the nominal (eps, delta), the paper's sigma: more steps."""
+    """(a) The exact Gaussian-DP filter at the nominal (eps, delta), the paper's sigma: more steps.
+
+    Parameters
+    ----------
+    base : GDSetting
+        The ``paper`` column.
+
+    Returns
+    -------
+    GDSetting
+        The ``gdp-noise`` column (k is what the filter admits).
+
+    Examples
+    --------
+    >>> base = paper_setting(1.0, "tuned", sigma=10.0, clip=1.0, eta=0.1, k=3, delta=1e-5, extra_steps=0)
+    >>> gdp_noise_setting(base).k
+    7
+    """
     filt = make_filter("gdp", base.epsilon, base.delta)
     k = full_steps(filt, sigma=base.sigma, clip=base.clip)
     return GDSetting(
@@ -131,6 +266,22 @@ def gdp_steps_setting(base: GDSetting) -> GDSetting:
 
     sigma is the smallest (to ~1e-12 relative) for which the filter admits ``k`` full steps,
     starting from the closed form ``sqrt(k) / mu_B``.
+
+    Parameters
+    ----------
+    base : GDSetting
+        The ``paper`` column.
+
+    Returns
+    -------
+    GDSetting
+        The ``gdp-steps`` column.
+
+    Examples
+    --------
+    >>> base = paper_setting(1.0, "tuned", sigma=5.0, clip=1.0, eta=0.1, k=10, delta=1e-5, extra_steps=0)
+    >>> round(gdp_steps_setting(base).sigma, 4)
+    11.7973
     """
     filt = make_filter("gdp", base.epsilon, base.delta)
     mu_b = gaussian_dp.mu_for_budget(base.epsilon, base.delta)
@@ -161,7 +312,36 @@ def gdp_steps_setting(base: GDSetting) -> GDSetting:
 
 @dataclass
 class CellResult:
-    """One trial of one setting: Algorithm 6 at step k and Algorithm 7 with the stopping rule."""
+    """One trial of one setting: Algorithm 6 at step k and Algorithm 7 with the stopping rule.
+
+    Parameters
+    ----------
+    setting : dict
+        The ``GDSetting`` as a dict.
+    trial, seed, n_train : int
+        The trial, its seed and the training-set size.
+    gd_test_accuracy, gd_train_accuracy : float
+        Algorithm 6: the iterate after k steps.
+    filtered_test_accuracy : float
+        Algorithm 7: the queried iterate with the best train accuracy.
+    chosen_step : int
+        That iterate's step.
+    query_steps, query_train_accuracy, query_test_accuracy, query_contributing : list, optional
+        Per query: the step, the accuracies, the clients still contributing.
+    steps_run : int, optional
+        The steps run.
+    seconds, seconds_per_step : float, optional
+        Wall time.
+    max_spent_epsilon : float, optional
+        Over clients; never above the filter's budget.
+    prefix_max_clip_deficit : float, optional
+        Max over the first k steps of C - allowance (0: GD == Algorithm 7 there).
+
+    Examples
+    --------
+    >>> CellResult({}, 0, 0, 100, 0.9, 0.91, 0.92, chosen_step=15).query_steps
+    []
+    """
 
     setting: dict
     trial: int
@@ -185,6 +365,33 @@ class CellResult:
 def engine_config(
     setting: GDSetting, *, n: int, seed: int, chunk_size: int = 2048, norms: str = "vectorised"
 ) -> EngineConfig:
+    """The engine's settings for one cell: central placement, one noise draw for the sum, ``k + extra`` steps.
+
+    Parameters
+    ----------
+    setting : GDSetting
+        The column.
+    n : int
+        Clients (training examples).
+    seed : int
+        The trial's seed.
+    chunk_size : int, optional
+        Clients per vectorised chunk.
+    norms : str, optional
+        The engine's norm mode.
+
+    Returns
+    -------
+    EngineConfig
+        The engine's configuration.
+
+    Examples
+    --------
+    >>> s = paper_setting(1.0, "tuned", sigma=5.0, clip=1.0, eta=0.1, k=10, delta=1e-5, extra_steps=0)
+    >>> cfg = engine_config(s, n=3, seed=0)
+    >>> cfg.rounds, cfg.placement, cfg.min_reports
+    (10, 'central', 3)
+    """
     steps = setting.k + setting.extra_steps
     return EngineConfig(
         client_mode="single-example",
@@ -230,6 +437,39 @@ def run_cell(
     steps and a run started with an existing checkpoint of the same cell continues from it, with
     the same result as an uninterrupted run (the noise of a step depends only on seed and step).
     The caller deletes the file once the result is stored.
+
+    Parameters
+    ----------
+    setting : GDSetting
+        The column.
+    task : Task
+        Single-example clients (``single_example_task``).
+    trial, seed : int
+        The trial and its seed.
+    model_fn : callable, optional
+        Builds the model (default: the task's).
+    log : callable, optional
+        Prints progress lines.
+    chunk_size : int, optional
+        Clients per vectorised chunk.
+    norms : str, optional
+        The engine's norm mode.
+    checkpoint : str or Path, optional
+        The checkpoint file.
+    checkpoint_every : int, optional
+        Steps between checkpoints.
+
+    Returns
+    -------
+    CellResult
+        Both algorithms' accuracies and the privacy checks.
+
+    Examples
+    --------
+    It trains the model for ``k + extra_steps`` full-batch steps:
+
+    >>> from fedfilter.simulations.reproduce.mnist_gd import mnist_task, setting
+    >>> result = run_cell(setting(0.3, "tuned", "paper"), mnist_task(), trial=0, seed=0)  # doctest: +SKIP
     """
     started = time.perf_counter()
     n = task.num_clients
@@ -323,6 +563,34 @@ def run_cell(
 def single_example_task(
     name: str, x: np.ndarray, y: np.ndarray, x_test: np.ndarray, y_test: np.ndarray, model_fn, loss, num_classes: int
 ) -> Task:
-    """A Task with one client per training example (the papers' unit of privacy is one example)."""
+    """A Task with one client per training example (the papers' unit of privacy is one example).
+
+    Parameters
+    ----------
+    name : str
+        The task's name.
+    x, y : numpy.ndarray
+        The training examples and labels.
+    x_test, y_test : numpy.ndarray
+        The test set.
+    model_fn : callable
+        Builds the model.
+    loss : callable
+        The loss.
+    num_classes : int
+        Classes.
+
+    Returns
+    -------
+    Task
+        ``len(y)`` clients named ``example-<i>``.
+
+    Examples
+    --------
+    >>> x, y = np.zeros((3, 2), dtype=np.float32), np.array([0, 1, 0])
+    >>> task = single_example_task("toy", x, y, x[:1], y[:1], None, None, 2)
+    >>> task.num_clients, task.client_ids[-1], task.train_data[1][1].tolist()
+    (3, 'example-2', [1])
+    """
     train = [(x[i : i + 1], y[i : i + 1]) for i in range(len(y))]
     return Task(name, model_fn, loss, train, (x_test, y_test), num_classes, [f"example-{i}" for i in range(len(y))])

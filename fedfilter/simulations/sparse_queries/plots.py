@@ -14,7 +14,29 @@ from .simulate import SparseQueryResult  # noqa: E402
 
 
 def plot_result(res: SparseQueryResult, path: str | Path) -> Path:
-    """Three panels: queries answered and users admitted; |error| per day against (T1.2); paid days."""
+    """Three panels: queries answered and users admitted; |error| per day against (T1.2); paid days.
+
+    Parameters
+    ----------
+    res : SparseQueryResult
+        A simulation's result.
+    path : str or Path
+        The PNG file.
+
+    Returns
+    -------
+    Path
+        ``path``.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> from fedfilter.simulations.sparse_queries.simulate import SparseQueryConfig, simulate
+    >>> result = simulate(SparseQueryConfig(n_users=200, days=60, sparsity=5))
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     plot_result(result, Path(d) / "sparse.png").name
+    'sparse.png'
+    """
     cfg = res.config
     days = np.arange(1, cfg.days + 1)
     fig, ax = plt.subplots(1, 3, figsize=(15, 4.2))

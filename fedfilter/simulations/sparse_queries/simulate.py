@@ -1,32 +1,16 @@
 """Continual counting with sparse users: worst-case accounting vs the individual filter.
 
-The setting of papers/004 (Feldman and Zrnic, NeurIPS 2021), Section 4.2 and Theorem 1.2. Each of
-``n`` users has a binary indicator ``x[i, t]`` per day ``t`` and is active (``x = 1``) on few days.
-Every day the analyst asks the counting query ``q_t(X_i) = x[i, t]`` and gets the Gaussian
-mechanism's answer ``a_t = sum_{i in S_t} x[i, t] + N(0, sigma^2)``.
+The setting of papers/004 (Feldman and Zrnic, NeurIPS 2021), Section 4.2 and Theorem 1.2: each of
+``n`` users is active (``x[i, t] = 1``) on few days, and every day the analyst asks for the count
+of active users through the Gaussian mechanism. Worst-case accounting charges every user a full
+release every day, so all filters halt together after ``s`` days; the individual filter charges a
+user only on its active days (its own sensitivity ``x[i, t]``) and answers every query, leaving out
+of ``S_t`` a user whose filter would not admit today's release. Both use the real filter from
+``fedfilter.privacy.filters``. The noise is Corollary 4.7's ``sigma^2 = s / (2 kappa)``, and the
+accuracy claim checked is Theorem 1.2 part 2, ``P(|a_t - sum_{S_t} x[i, t]| > sqrt(s log(1/beta) /
+kappa)) <= beta`` (T1.2).
 
-* **Worst-case accounting**: every user is charged a full-sensitivity release (``||q_t|| <= C = 1``)
-  every day, active or not. All users' filters halt together after ``k0`` days (Section 4.2:
-  ``k0 = floor(2 B sigma^2 / (C^2 alpha))`` for an (alpha, B)-RDP budget), and the analyst can
-  answer nothing more.
-* **Individual filter** (papers/004 Algorithm 3, Theorem 4.5): user ``i`` is charged the loss of
-  its *own* contribution, ``sensitivity = x[i, t]``, so inactive days cost nothing. A user whose
-  filter would not admit today's release is left out of ``S_t`` (and pays nothing); every query is
-  answered.
-
-Both use the real filter from ``fedfilter.privacy.filters`` (its ``charge``/``admits``/``spend``), not a
-re-derivation. The noise follows Corollary 4.7: ``sigma^2 = B_norm / (2 kappa)`` with
-``B_norm = s C^2 = s`` for binary queries, so each user can pay for ``s`` active days, and by the
-remark after Corollary 4.7 worst-case accounting answers ``k0 = s`` days.
-
-The accuracy claim checked (Theorem 1.2, part 2): for every day ``t`` and ``beta`` in (0, 1),
-
-    P( |a_t - sum_{X_i in S_t} q_t(X_i)| > sqrt(s log(1/beta) / kappa) ) <= beta,        (T1.2)
-
-where ``S_t`` are the users still admitted on day ``t``. With ``sigma^2 = s / (2 kappa)`` the bound
-equals ``sigma sqrt(2 log(1/beta))``, and the exact two-sided Gaussian tail there is
-``2 Phi(-sqrt(2 log(1/beta)))``, which is at most ``beta`` for every ``beta <= exp(-1/pi) = 0.727``
-(Mills ratio).
+Derivation: docs/derivations/sparse_queries.md.
 """
 
 from __future__ import annotations
@@ -39,9 +23,8 @@ import numpy as np
 from fedfilter.checks import finite, is_int, positive_finite
 from fedfilter.privacy.filters import FILTER_KINDS, GaussianFilter, make_filter
 
-# The Gaussian tail at x = sqrt(2 log(1/beta)) is 2 Phi(-x) <= 2 phi(x) / x = beta * 2 / (x sqrt(2 pi))
-# (Mills ratio), which is <= beta once x >= 2 / sqrt(2 pi), i.e. beta <= exp(-1/pi) = 0.727.
-# Accept failure probabilities up to 0.5, well inside that range.
+# (T1.2) holds for every beta <= exp(-1/pi) = 0.727 (docs/derivations/sparse_queries.md);
+# accept failure probabilities up to 0.5, well inside that range.
 MAX_FAILURE_PROB = 0.5
 
 
@@ -51,6 +34,32 @@ class SparseQueryConfig:
 
     Users are of two kinds: a ``1 - heavy_share`` majority active on each day with probability
     ``light_rate`` and a ``heavy_share`` minority active with probability ``heavy_rate``.
+
+    Parameters
+    ----------
+    n_users : int, optional
+        Users.
+    days : int, optional
+        Days (one counting query each).
+    sparsity : int, optional
+        s: active days the budget pays for (Theorem 1.2).
+    light_rate, heavy_rate : float, optional
+        Daily activity probability of the two kinds of users.
+    heavy_share : float, optional
+        The share of heavy users.
+    epsilon, delta : float, optional
+        Every user's budget.
+    filter : str, optional
+        The filter kind.
+    failure_prob : float, optional
+        beta in (T1.2), at most ``MAX_FAILURE_PROB``.
+    seed : int, optional
+        Seed of the activity and the noise.
+
+    Examples
+    --------
+    >>> SparseQueryConfig(n_users=200, days=60, sparsity=5).validate().sparsity
+    5
     """
 
     n_users: int = 10_000
@@ -66,7 +75,18 @@ class SparseQueryConfig:
     seed: int = 0
 
     def problems(self) -> list[str]:
-        """Every invalid field, each naming the field and its value."""
+        """Every invalid field, each naming the field and its value.
+
+        Returns
+        -------
+        list of str
+            One sentence per problem (empty when the config is valid).
+
+        Examples
+        --------
+        >>> SparseQueryConfig(days=0).problems()
+        ['days must be an integer >= 1. Found 0.']
+        """
         out = []
 
         def need(ok: bool, name: str, what: str) -> None:
@@ -94,6 +114,25 @@ class SparseQueryConfig:
         return out
 
     def validate(self) -> SparseQueryConfig:
+        """The config itself, or ``ValueError`` listing every problem.
+
+        Returns
+        -------
+        SparseQueryConfig
+            ``self``.
+
+        Raises
+        ------
+        ValueError
+            Some field is invalid.
+
+        Examples
+        --------
+        >>> SparseQueryConfig(failure_prob=0.9).validate()
+        Traceback (most recent call last):
+            ...
+        ValueError: invalid sparse-query config: failure_prob must be a number in (0, 0.5]. Found 0.9.
+        """
         problems = self.problems()
         if problems:
             raise ValueError("invalid sparse-query config: " + " ".join(problems))
@@ -107,6 +146,21 @@ def kappa_of(filt: GaussianFilter) -> float:
     ``sum s_t^2 / (2 std_t^2) <= B_j / (2 w_j)``: that is ``kappa``-zCDP with ``kappa = B / (2 w)``
     (Bun and Steinke 2016, Proposition 1.6). For ``gdp`` and ``zcdp`` this is the filter's whole
     guarantee (papers/004 Theorem 1.2 part 1); for ``rdp`` it holds at the best order only.
+
+    Parameters
+    ----------
+    filt : GaussianFilter
+        The filter.
+
+    Returns
+    -------
+    float
+        kappa.
+
+    Examples
+    --------
+    >>> round(kappa_of(make_filter("zcdp", 1.0, 1e-6)), 6)
+    0.017469
     """
     return float(np.max(filt.budget / (2.0 * filt.weights)))
 
@@ -117,6 +171,28 @@ def noise_for_sparsity(filt: GaussianFilter, sparsity: int) -> float:
     The filter rounds every charge up, so exactly ``sparsity`` unit releases may overshoot its budget
     by a few ulps; ``sigma`` is raised in relative steps of 2^-40 until the filter itself admits
     them (a change far below anything the error bound can see, and reported in the result).
+
+    Parameters
+    ----------
+    filt : GaussianFilter
+        The filter.
+    sparsity : int
+        The unit releases the budget must pay for.
+
+    Returns
+    -------
+    float
+        sigma.
+
+    Raises
+    ------
+    RuntimeError
+        No sigma close to the formula's fits.
+
+    Examples
+    --------
+    >>> round(noise_for_sparsity(make_filter("zcdp", 1.0, 1e-6), 5), 4)
+    11.9629
     """
     sigma = math.sqrt(sparsity / (2.0 * kappa_of(filt)))
     for _ in range(10_000):
@@ -133,22 +209,95 @@ def noise_for_sparsity(filt: GaussianFilter, sparsity: int) -> float:
 
 
 def theorem_bound(*, sparsity: int, kappa: float, failure_prob: float) -> float:
-    """papers/004 Theorem 1.2 part (2): ``sqrt(s log(1/beta) / kappa)``."""
+    """papers/004 Theorem 1.2 part (2): ``sqrt(s log(1/beta) / kappa)``.
+
+    Parameters
+    ----------
+    sparsity : int
+        s.
+    kappa : float
+        The filter's zCDP level.
+    failure_prob : float
+        beta.
+
+    Returns
+    -------
+    float
+        The error bound.
+
+    Examples
+    --------
+    >>> round(theorem_bound(sparsity=5, kappa=0.017469, failure_prob=0.05), 2)
+    29.28
+    """
     return math.sqrt(sparsity * math.log(1.0 / failure_prob) / kappa)
 
 
 def gaussian_bound(*, sigma: float, failure_prob: float) -> float:
-    """The same bound in terms of the noise actually added: ``sigma sqrt(2 log(1/beta))``."""
+    """The same bound in terms of the noise actually added: ``sigma sqrt(2 log(1/beta))``.
+
+    Parameters
+    ----------
+    sigma : float
+        The noise std.
+    failure_prob : float
+        beta.
+
+    Returns
+    -------
+    float
+        The error bound.
+
+    Examples
+    --------
+    >>> round(gaussian_bound(sigma=1.0, failure_prob=0.05), 4)
+    2.4477
+    """
     return sigma * math.sqrt(2.0 * math.log(1.0 / failure_prob))
 
 
 def exact_exceed_probability(failure_prob: float) -> float:
-    """``P(|N(0, sigma^2)| > sigma sqrt(2 log(1/beta)))`` = ``erfc(sqrt(log(1/beta)))``."""
+    """``P(|N(0, sigma^2)| > sigma sqrt(2 log(1/beta)))`` = ``erfc(sqrt(log(1/beta)))``.
+
+    Parameters
+    ----------
+    failure_prob : float
+        beta.
+
+    Returns
+    -------
+    float
+        The probability (at most beta for the betas accepted).
+
+    Examples
+    --------
+    >>> round(exact_exceed_probability(0.05), 4)
+    0.0144
+    """
     return math.erfc(math.sqrt(math.log(1.0 / failure_prob)))
 
 
 def activity(config: SparseQueryConfig, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """``(x, heavy)``: the ``(n_users, days)`` 0/1 indicators and which users are heavy."""
+    """``(x, heavy)``: the ``(n_users, days)`` 0/1 indicators and which users are heavy.
+
+    Parameters
+    ----------
+    config : SparseQueryConfig
+        The scenario.
+    rng : numpy.random.Generator
+        The source of randomness.
+
+    Returns
+    -------
+    tuple of numpy.ndarray
+        ``x`` (float 0/1, users x days) and ``heavy`` (bool per user).
+
+    Examples
+    --------
+    >>> x, heavy = activity(SparseQueryConfig(n_users=200, days=60), np.random.default_rng(0))
+    >>> x.shape, heavy.dtype.name
+    ((200, 60), 'bool')
+    """
     heavy = rng.random(config.n_users) < config.heavy_share
     rate = np.where(heavy, config.heavy_rate, config.light_rate)
     x = (rng.random((config.n_users, config.days)) < rate[:, None]).astype(np.float64)
@@ -157,7 +306,29 @@ def activity(config: SparseQueryConfig, rng: np.random.Generator) -> tuple[np.nd
 
 @dataclass
 class MethodRun:
-    """What one accounting method answered, day by day (NaN where it answered nothing)."""
+    """What one accounting method answered, day by day (NaN where it answered nothing).
+
+    Parameters
+    ----------
+    name : str
+        ``worst_case`` or ``individual``.
+    answers : numpy.ndarray
+        a_t.
+    truth_active : numpy.ndarray
+        The sum over S_t (the quantity Theorem 1.2 bounds the error against).
+    truth_all : numpy.ndarray
+        The sum over every user.
+    users_admitted : numpy.ndarray
+        Per day, the users whose filter still admits a unit release.
+    state : numpy.ndarray
+        The final filter state per user.
+
+    Examples
+    --------
+    >>> run = MethodRun("m", np.array([1.0, np.nan]), np.ones(2), np.ones(2), np.array([3, 0]), np.zeros((3, 1)))
+    >>> run.answered
+    1
+    """
 
     name: str
     answers: np.ndarray  # a_t
@@ -168,11 +339,57 @@ class MethodRun:
 
     @property
     def answered(self) -> int:
+        """The days the method answered.
+
+        Returns
+        -------
+        int
+            Days whose answer is not NaN.
+
+        Examples
+        --------
+        >>> simulate(SparseQueryConfig(n_users=200, days=60, sparsity=5)).individual.answered
+        60
+        """
         return int(np.sum(~np.isnan(self.answers)))
 
 
 @dataclass
 class SparseQueryResult:
+    """Both methods' runs on the same users, with the noise and the bound they were checked against.
+
+    Parameters
+    ----------
+    config : SparseQueryConfig
+        The scenario.
+    sigma : float
+        The noise std used.
+    kappa : float
+        The filter's zCDP level.
+    bound : float
+        (T1.2) evaluated at the sigma actually used.
+    theorem_bound : float
+        (T1.2) as printed, sigma^2 = s / (2 kappa) exactly.
+    worst_case, individual : MethodRun
+        The two methods' runs.
+    heavy : numpy.ndarray
+        Which users are heavy.
+    active_days : numpy.ndarray
+        Per user, its active days.
+    paid_days : numpy.ndarray
+        Per user, the active days counted under the filter.
+    max_spent_fraction : float, optional
+        Max over users of state / budget (the coordinate with most room).
+    max_epsilon_spent : float, optional
+        That user's epsilon spent.
+
+    Examples
+    --------
+    >>> result = simulate(SparseQueryConfig(n_users=200, days=60, sparsity=5))
+    >>> result.worst_case.answered, result.individual.answered
+    (5, 60)
+    """
+
     config: SparseQueryConfig
     sigma: float
     kappa: float
@@ -187,7 +404,19 @@ class SparseQueryResult:
     max_epsilon_spent: float = 0.0
 
     def summary(self) -> dict:
-        """Plain numbers for tables and JSON."""
+        """Plain numbers for tables and JSON.
+
+        Returns
+        -------
+        dict
+            The config, sigma, kappa, the bounds, and per method what it answered and its errors.
+
+        Examples
+        --------
+        >>> s = simulate(SparseQueryConfig(n_users=200, days=60, sparsity=5)).summary()
+        >>> s["worst_case"]["answered"], s["individual"]["answered"]
+        (5, 60)
+        """
         b = self.bound
         out = {
             "config": asdict(self.config),
@@ -262,7 +491,29 @@ def _run_individual(x: np.ndarray, filt: GaussianFilter, sigma: float, rng: np.r
 
 
 def simulate(config: SparseQueryConfig) -> SparseQueryResult:
-    """Run both accounting methods on the same users (separate, seeded noise streams)."""
+    """Run both accounting methods on the same users (separate, seeded noise streams).
+
+    Parameters
+    ----------
+    config : SparseQueryConfig
+        The scenario (validated here).
+
+    Returns
+    -------
+    SparseQueryResult
+        Both runs.
+
+    Raises
+    ------
+    ValueError
+        An invalid config.
+
+    Examples
+    --------
+    >>> result = simulate(SparseQueryConfig(n_users=200, days=60, sparsity=5))
+    >>> round(result.sigma, 4), result.individual.users_admitted.shape
+    (11.9629, (60,))
+    """
     config.validate()
     data_rng, wc_rng, ind_rng = (np.random.default_rng(s) for s in np.random.SeedSequence(config.seed).spawn(3))
     filt = make_filter(config.filter, config.epsilon, config.delta)

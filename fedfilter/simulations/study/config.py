@@ -38,7 +38,24 @@ from fedfilter.simulations.study.specs import StudyConfig
 
 
 class StudyConfigError(ValueError):
-    """A study file with problems; ``problems`` lists each one (key, value, what was expected)."""
+    """A study file with problems; ``problems`` lists each one (key, value, what was expected).
+
+    Parameters
+    ----------
+    source : str
+        The file (or ``<config>``) the problems are in.
+    problems : list of str
+        One line per problem.
+
+    Examples
+    --------
+    >>> err = StudyConfigError("study.toml", ["[study] rounds must be >= 1. Found 0."])
+    >>> print(err)
+    study.toml: 1 problem(s) in the study config:
+      - [study] rounds must be >= 1. Found 0.
+    >>> isinstance(err, ValueError), err.problems
+    (True, ['[study] rounds must be >= 1. Found 0.'])
+    """
 
     def __init__(self, source: str, problems: list[str]):
         self.problems = list(problems)
@@ -46,7 +63,38 @@ class StudyConfigError(ValueError):
 
 
 def parse_study(text: str, source: str = "<config>") -> StudyConfig:
-    """Parse and check a study's TOML text; raises ``StudyConfigError`` listing every problem."""
+    r"""Parse and check a study's TOML text; raises ``StudyConfigError`` listing every problem.
+
+    Parameters
+    ----------
+    text : str
+        The study file's text (see the module docstring).
+    source : str, optional
+        How the error names the text.
+
+    Returns
+    -------
+    StudyConfig
+        The checked study.
+
+    Raises
+    ------
+    StudyConfigError
+        Every problem of the text at once.
+
+    Examples
+    --------
+    >>> from importlib import resources
+    >>> text = (resources.files("fedfilter.simulations") / "configs" / "smoke.toml").read_text()
+    >>> study = parse_study(text)
+    >>> study.name, study.rounds, len(study.runs())
+    ('smoke', 20, 16)
+    >>> parse_study("[study]\nrounds = 0\n")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+        ...
+    fedfilter.simulations.study.config.StudyConfigError: <config>: ... problem(s) in the study config:
+    ...
+    """
     try:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as err:
@@ -84,7 +132,30 @@ def parse_study(text: str, source: str = "<config>") -> StudyConfig:
 
 
 def load_study(path: str | Path) -> StudyConfig:
-    """Read and check a study file (see the module docstring)."""
+    """Read and check a study file (see the module docstring).
+
+    Parameters
+    ----------
+    path : str or Path
+        The study TOML file.
+
+    Returns
+    -------
+    StudyConfig
+        The checked study.
+
+    Raises
+    ------
+    StudyConfigError
+        The file is missing, or every problem it has.
+
+    Examples
+    --------
+    >>> from importlib import resources
+    >>> study = load_study(resources.files("fedfilter.simulations") / "configs" / "smoke.toml")
+    >>> study.filter, study.seeds
+    ('rdp', (0,))
+    """
     path = Path(path)
     if not path.is_file():
         raise StudyConfigError(str(path), [f"--config {str(path)!r} is not a file."])

@@ -73,21 +73,88 @@ def _is_num(v: object) -> TypeGuard[float]:
 
 
 class Checker:
-    """Collects every problem of a file (key, value found, what was expected) instead of stopping."""
+    """Collects every problem of a file (key, value found, what was expected) instead of stopping.
+
+    Examples
+    --------
+    >>> c = Checker()
+    >>> c.number("study.rounds", 0, kind="positive", integer=True)
+    >>> c.bad("study.filter", "xyz", "one of gdp, zcdp, rdp")
+    >>> c.problems
+    ['study.rounds must be an integer >= 1. Found 0.', "study.filter must be one of gdp, zcdp, rdp. Found 'xyz'."]
+    """
 
     def __init__(self):
         self.problems: list[str] = []
 
     def bad(self, key: str, value, expected: str) -> None:
+        """Record that ``key`` holds ``value`` where ``expected`` was due.
+
+        Parameters
+        ----------
+        key : str
+            The dotted key (``study.rounds``).
+        value : object
+            The value found.
+        expected : str
+            What the key must be, as a phrase after "must be".
+
+        Examples
+        --------
+        >>> c = Checker()
+        >>> c.bad("study.name", "", "a non-empty string")
+        >>> c.problems
+        ["study.name must be a non-empty string. Found ''."]
+        """
         self.problems.append(f"{key} must be {expected}. Found {value!r}.")
 
     def unknown(self, table: str, got: dict, known) -> None:
+        """Record every key of ``got`` that is not in ``known``.
+
+        Parameters
+        ----------
+        table : str
+            The table's name, for the message.
+        got : dict
+            The table as read.
+        known : iterable of str
+            Its known keys.
+
+        Examples
+        --------
+        >>> c = Checker()
+        >>> c.unknown("study", {"name": "s", "roundz": 3}, {"name", "rounds"})
+        >>> c.problems
+        ['study.roundz is not a known key (known: name, rounds). Found roundz = 3.']
+        """
         for k in sorted(set(got) - set(known)):
             self.problems.append(
                 f"{table}.{k} is not a known key (known: {', '.join(sorted(known))}). Found {k} = {got[k]!r}."
             )
 
     def table(self, doc: dict, key: str, required: bool = True) -> dict:
+        """The table ``doc[key]``, or ``{}`` (with a problem when it is required and missing, or not a table).
+
+        Parameters
+        ----------
+        doc : dict
+            The parsed document (or an enclosing table).
+        key : str
+            The table's name.
+        required : bool, optional
+            Whether a missing table is a problem.
+
+        Returns
+        -------
+        dict
+            The table, or an empty one.
+
+        Examples
+        --------
+        >>> c = Checker()
+        >>> c.table({"study": {"rounds": 3}}, "study"), c.table({}, "sweep"), c.problems
+        ({'rounds': 3}, {}, ['[sweep] is missing.'])
+        """
         v = doc.get(key)
         if v is None:
             if required:
@@ -99,6 +166,27 @@ class Checker:
         return v
 
     def number(self, key, v, *, kind: str, integer: bool = False):
+        """Record a problem unless ``v`` is a finite number (an integer with ``integer``) of ``kind``.
+
+        Parameters
+        ----------
+        key : str
+            The dotted key, for the message.
+        v : object
+            The value found.
+        kind : str
+            ``positive``, ``nonneg``, ``fraction`` (0, 1], ``open-unit`` (0, 1), ``unit`` [0, 1) or ``prob`` [0, 1].
+        integer : bool, optional
+            Require an integer (a bool is not one).
+
+        Examples
+        --------
+        >>> c = Checker()
+        >>> c.number("study.delta", 1e-5, kind="open-unit")
+        >>> c.number("study.delta", 1.0, kind="open-unit")
+        >>> c.problems
+        ['study.delta must be a number in (0, 1). Found 1.0.']
+        """
         if integer and not _is_int(v):
             self.bad(key, v, "an integer" + {"positive": " >= 1", "nonneg": " >= 0"}.get(kind, ""))
             return
@@ -118,6 +206,27 @@ class Checker:
 
 
 def check_study(c: Checker, t: dict) -> dict:
+    """Check ``[study]`` and fill in its defaults.
+
+    Parameters
+    ----------
+    c : Checker
+        Collects the problems.
+    t : dict
+        The ``[study]`` table.
+
+    Returns
+    -------
+    dict
+        ``name``, ``description``, ``rounds``, ``seeds``, ``filter``, ``delta``, ``eval_every``,
+        ``budget_grid`` (unchecked values kept as found; ``c`` names the problems).
+
+    Examples
+    --------
+    >>> c = Checker()
+    >>> check_study(c, {"rounds": 20})["filter"], c.problems
+    ('gdp', [])
+    """
     c.unknown("study", t, STUDY_KEYS)
     out = {
         "name": t.get("name", "study"),
@@ -154,6 +263,28 @@ def check_study(c: Checker, t: dict) -> dict:
 
 
 def check_federation(c: Checker, t: dict) -> dict:
+    """Check ``[federation]`` (``FEDERATION_KEYS``) on top of ``FEDERATION_DEFAULTS``.
+
+    Parameters
+    ----------
+    c : Checker
+        Collects the problems.
+    t : dict
+        The ``[federation]`` table.
+
+    Returns
+    -------
+    dict
+        The settings every run shares, floats typed as floats.
+
+    Examples
+    --------
+    >>> c = Checker()
+    >>> check_federation(c, {"noise_multiplier": 2, "noise_draw": "exact"})["noise_multiplier"]
+    2.0
+    >>> c.problems
+    ["federation.noise_draw must be one of per-client, aggregate. Found 'exact'."]
+    """
     c.unknown("federation", t, FEDERATION_KEYS)
     out = dict(FEDERATION_DEFAULTS)
     for k, v in t.items():
@@ -171,6 +302,27 @@ def check_federation(c: Checker, t: dict) -> dict:
 
 
 def check_distribution(c: Checker, name: str, t) -> BudgetDistribution | None:
+    """Check ``[heterogeneity.<name>]`` (``DISTRIBUTIONS``).
+
+    Parameters
+    ----------
+    c : Checker
+        Collects the problems.
+    name : str
+        The distribution's name.
+    t : object
+        Its table as read.
+
+    Returns
+    -------
+    BudgetDistribution or None
+        None when the table or its distribution is unusable.
+
+    Examples
+    --------
+    >>> check_distribution(Checker(), "ln", {"distribution": "lognormal", "sigma": 0.5})
+    BudgetDistribution(name='ln', distribution='lognormal', params={'sigma': 0.5})
+    """
     key = f"heterogeneity.{name}"
     if not isinstance(t, dict):
         c.bad(key, t, "a table")
@@ -198,6 +350,32 @@ def check_distribution(c: Checker, name: str, t) -> BudgetDistribution | None:
 
 
 def check_data(c: Checker, name: str, t) -> DataSpec | None:
+    """Check ``[data.<name>]``: task, partition, clients and caps.
+
+    Parameters
+    ----------
+    c : Checker
+        Collects the problems.
+    name : str
+        The data set's name.
+    t : object
+        Its table as read.
+
+    Returns
+    -------
+    DataSpec or None
+        None when the data set is unusable.
+
+    Examples
+    --------
+    >>> c = Checker()
+    >>> check_data(c, "d", {"task": "digits", "num_clients": 10}).partition
+    'iid'
+    >>> check_data(c, "f", {"task": "femnist", "partition": "iid", "num_clients": 10}) is None
+    True
+    >>> c.problems
+    ["data.f.partition must be 'natural' for femnist (split by writer). Found 'iid'."]
+    """
     key = f"data.{name}"
     if not isinstance(t, dict):
         c.bad(key, t, "a table")
@@ -266,6 +444,30 @@ def check_data(c: Checker, name: str, t) -> DataSpec | None:
 
 
 def check_sweep(c: Checker, t: dict, hets: dict, datas: dict) -> dict:
+    """Check ``[sweep]``: every list non-empty, without repeats, naming defined tables.
+
+    Parameters
+    ----------
+    c : Checker
+        Collects the problems.
+    t : dict
+        The ``[sweep]`` table.
+    hets, datas : dict
+        The ``[heterogeneity]`` and ``[data]`` tables as read (the names a sweep may use).
+
+    Returns
+    -------
+    dict of str to list
+        Each sweep key's list; the modes default to the system's defaults.
+
+    Examples
+    --------
+    >>> c = Checker()
+    >>> table = {"budget_level": [4], "heterogeneity": ["fixed"], "data": ["d"]}
+    >>> sweep = check_sweep(c, table, {"fixed": {}}, {"d": {}})
+    >>> sweep["after_exhaustion"], sweep["noise"], c.problems  # the modes default to the system's
+    (['noise-only'], ['local'], [])
+    """
     c.unknown("sweep", t, SWEEP_KEYS)
     out = {}
     choices = {"after_exhaustion": AFTER_EXHAUSTION, "noise": PLACEMENTS}
@@ -302,9 +504,32 @@ def check_sweep(c: Checker, t: dict, hets: dict, datas: dict) -> dict:
 
 
 def check_min_reports(c: Checker, federation: dict, sweep: dict, datas: dict[str, DataSpec]) -> None:
-    """Cross-checks between tables: distributed noise needs min_reports >= 2 to mean anything, and a
-    round with fewer than min_reports reports is dropped: it must be reachable with the clients asked
-    per round."""
+    """Cross-checks between tables for distributed noise.
+
+    Distributed noise needs ``min_reports >= 2`` to mean anything and a ``worst_case_factor``; a
+    round with fewer than ``min_reports`` reports is dropped, so that many must be reachable with the
+    clients asked per round.
+
+    Parameters
+    ----------
+    c : Checker
+        Collects the problems.
+    federation : dict
+        ``check_federation``'s result.
+    sweep : dict
+        ``check_sweep``'s result.
+    datas : dict of str to DataSpec
+        The checked data sets.
+
+    Examples
+    --------
+    >>> c = Checker()
+    >>> datas = {"d": DataSpec("d", "digits", "iid", 10, fraction=0.2)}
+    >>> fed = {"min_reports": 5, "fraction": 1.0, "worst_case_factor": 2.0}
+    >>> check_min_reports(c, fed, {"noise": ["distributed"], "data": ["d"]}, datas)
+    >>> c.problems[0].split(":")[0]
+    'federation.min_reports = 5 exceeds the 2 clients asked per round for [data.d] (fraction 0.2 of 10)'
+    """
     shared = federation.get("min_reports")
     factor = federation.get("worst_case_factor")
     if "distributed" in sweep.get("noise", []) and not (_is_num(factor) and factor >= 1):
@@ -340,9 +565,28 @@ def check_min_reports(c: Checker, federation: dict, sweep: dict, datas: dict[str
 
 
 def check_placement_filter(c: Checker, study: dict, sweep: dict) -> None:
-    """Distributed noise is Skellam on the SecAgg+ grid, which only the rdp filter accounts (devices
-    refuse it under gdp or zcdp); the study's one filter then serves its local runs too, so local and
-    distributed runs spend the same kind of budget."""
+    """Distributed noise needs the study's filter to be rdp.
+
+    Distributed noise is Skellam on the SecAgg+ grid, which only the rdp filter accounts (devices
+    refuse it under gdp or zcdp); the study's one filter then serves its local runs too, so local
+    and distributed runs spend the same kind of budget.
+
+    Parameters
+    ----------
+    c : Checker
+        Collects the problems.
+    study : dict
+        ``check_study``'s result.
+    sweep : dict
+        ``check_sweep``'s result.
+
+    Examples
+    --------
+    >>> c = Checker()
+    >>> check_placement_filter(c, {"filter": "gdp"}, {"noise": ["local", "distributed"]})
+    >>> c.problems[0].split(" (")[0]
+    "study.filter must be 'rdp' when sweep.noise includes 'distributed'"
+    """
     if "distributed" in sweep.get("noise", []) and study.get("filter") in FILTER_KINDS and study["filter"] != "rdp":
         c.problems.append(
             "study.filter must be 'rdp' when sweep.noise includes 'distributed' (distributed noise is Skellam "

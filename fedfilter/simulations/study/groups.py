@@ -28,6 +28,26 @@ import numpy as np
 
 @dataclass(frozen=True)
 class Grouping:
+    """Groups of a task's clients, as a weight matrix (see the module docstring).
+
+    Parameters
+    ----------
+    kind : str
+        ``label`` (a group per class) or ``size`` (a group per quartile of data size).
+    names : list of str
+        The groups' names, one per column of ``weights``.
+    weights : numpy.ndarray
+        ``(n_clients, n_groups)``: client ``i``'s weight in group ``g``.
+    sizes : numpy.ndarray
+        ``(n_clients,)``: each client's training examples.
+
+    Examples
+    --------
+    >>> g = make_grouping("label", [(None, np.array([0, 0, 1])), (None, np.array([1]))], num_classes=2)
+    >>> g.names, g.weights.tolist()
+    (['0', '1'], [[2.0, 1.0], [0.0, 1.0]])
+    """
+
     kind: str  # label | size
     names: list[str]
     weights: np.ndarray  # (n_clients, n_groups)
@@ -35,15 +55,66 @@ class Grouping:
 
     @property
     def engine_group_by(self) -> str:
+        """The engine's ``group_by`` for this grouping: ``label``, or ``client`` for size groups.
+
+        Returns
+        -------
+        str
+            ``label`` or ``client``.
+
+        Examples
+        --------
+        >>> make_grouping("size", [(None, np.zeros(3)), (None, np.zeros(9))], num_classes=2).engine_group_by
+        'client'
+        """
         return "label" if self.kind == "label" else "client"
 
     def share(self, alive: np.ndarray) -> np.ndarray:
-        """Per group: the weighted share of clients in ``alive`` (bool per client)."""
+        """Per group: the weighted share of clients in ``alive`` (bool per client).
+
+        Parameters
+        ----------
+        alive : numpy.ndarray of bool
+            Per client, whether it can still contribute.
+
+        Returns
+        -------
+        numpy.ndarray
+            One share in [0, 1] per group.
+
+        Examples
+        --------
+        >>> g = make_grouping("label", [(None, np.array([0, 0, 1])), (None, np.array([1]))], num_classes=2)
+        >>> g.share(np.array([False, True])).tolist()  # class 0 only on client 0; class 1 half on each
+        [0.0, 0.5]
+        """
         total = self.weights.sum(axis=0)
         return (alive.astype(np.float64) @ self.weights) / np.where(total > 0, total, 1.0)
 
     def accuracy(self, group_accuracy: dict[str, float] | None, client_ids: list[str]) -> dict[str, float] | None:
-        """Per group accuracy from the engine's ``group_accuracy`` of one evaluation."""
+        """Per group accuracy from the engine's ``group_accuracy`` of one evaluation.
+
+        Label groups take the engine's per-class accuracy; size groups the example-weighted mean of
+        their clients' accuracy.
+
+        Parameters
+        ----------
+        group_accuracy : dict of str to float, or None
+            The engine's per-class (``label``) or per-client (``client``) accuracy.
+        client_ids : list of str
+            The clients' ids, in the order of the weight matrix's rows.
+
+        Returns
+        -------
+        dict of str to float, or None
+            Group name -> accuracy; None when ``group_accuracy`` is.
+
+        Examples
+        --------
+        >>> g = make_grouping("size", [(None, np.zeros(1)), (None, np.zeros(3))], num_classes=2)
+        >>> g.accuracy({"a": 1.0, "b": 0.5}, ["a", "b"])
+        {'Q1 (1-1 examples)': 1.0, 'Q2 (3-3 examples)': 0.5}
+        """
         if group_accuracy is None:
             return None
         if self.kind == "label":
@@ -57,7 +128,26 @@ class Grouping:
         return out
 
     def exhaustion_summary(self, exhausted_round: np.ndarray, rounds: int) -> dict[str, dict]:
-        """Per group: first and (weighted) median round its clients ran out; None = not within ``rounds``."""
+        """Per group: first and (weighted) median round its clients ran out; None = not within ``rounds``.
+
+        Parameters
+        ----------
+        exhausted_round : numpy.ndarray
+            Per client, the round it ran out (0: it did not).
+        rounds : int
+            The run's rounds.
+
+        Returns
+        -------
+        dict of str to dict
+            Group name -> ``first_exhausted_round``, ``median_exhausted_round``, ``weight``, ``clients``.
+
+        Examples
+        --------
+        >>> g = make_grouping("label", [(None, np.array([0, 0, 1])), (None, np.array([1]))], num_classes=2)
+        >>> g.exhaustion_summary(np.array([3, 0]), rounds=5)["0"]
+        {'first_exhausted_round': 3, 'median_exhausted_round': 3, 'weight': 2.0, 'clients': 1}
+        """
         r = np.where(exhausted_round > 0, exhausted_round, np.inf).astype(np.float64)
         out = {}
         for j, g in enumerate(self.names):
@@ -81,9 +171,34 @@ def make_grouping(
 ) -> Grouping:
     """The grouping ``kind`` (``label`` or ``size``) of a task's clients.
 
-    ``full_sizes``: each client's number of training examples before any cap on what the study
-    trains on (``max_examples_per_client``); the ``size`` quartiles are of these, since a writer's
-    volume of data is what characterises it.
+    Parameters
+    ----------
+    kind : str
+        ``label`` or ``size``.
+    train_data : list of (x, y)
+        Each client's training data (only the labels ``y`` are read).
+    num_classes : int
+        The task's classes (``label``; classes no client holds are left out).
+    full_sizes : array_like, optional
+        Each client's number of training examples before any cap on what the study trains on
+        (``max_examples_per_client``); the ``size`` quartiles are of these, since a writer's volume of
+        data is what characterises it.
+
+    Returns
+    -------
+    Grouping
+        The grouping.
+
+    Raises
+    ------
+    ValueError
+        ``kind`` is neither.
+
+    Examples
+    --------
+    >>> data = [(None, np.zeros(n)) for n in (1, 2, 3, 4)]
+    >>> make_grouping("size", data, num_classes=2).names
+    ['Q1 (1-1 examples)', 'Q2 (2-2 examples)', 'Q3 (3-3 examples)', 'Q4 (4-4 examples)']
     """
     sizes = np.array([len(y) for _, y in train_data], dtype=np.float64)
     volume = sizes if full_sizes is None else np.asarray(full_sizes, dtype=np.float64)

@@ -14,6 +14,23 @@ import numpy as np  # noqa: E402
 
 
 def slug(text: str) -> str:
+    """A file-name-safe, lower-case form of ``text`` (runs of other characters become one ``-``).
+
+    Parameters
+    ----------
+    text : str
+        Any text, e.g. a data set's name.
+
+    Returns
+    -------
+    str
+        The slug (``x`` when nothing is left).
+
+    Examples
+    --------
+    >>> slug("FEMNIST, natural split!")
+    'femnist-natural-split'
+    """
     return re.sub(r"[^A-Za-z0-9]+", "-", text).strip("-").lower() or "x"
 
 
@@ -36,7 +53,32 @@ def _colors(n: int):
 
 
 def plot_rounds(results: dict, out: Path) -> list[Path]:
-    """contributing.png (ground truth and what the coordinator saw) and accuracy.png, one column per data set."""
+    """Draw ``contributing.png`` (ground truth and what the coordinator saw) and ``accuracy.png``.
+
+    One column per data set, one line per run.
+
+    Parameters
+    ----------
+    results : dict
+        A study's ``results.json`` (``runs``: each run's ``settings``, ``label`` and per-round lists).
+    out : Path
+        The folder to write into.
+
+    Returns
+    -------
+    list of Path
+        The two files written.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> run = {"settings": {"data": "d"}, "label": "d, eps 4", "contributing_per_round": [4, 2],
+    ...        "reports_seen_per_round": [4, 4], "sampled_per_round": [4, 4], "initial_accuracy": 0.1,
+    ...        "accuracy_per_round": [0.5, 0.6]}
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     [p.name for p in plot_rounds({"runs": [run]}, Path(d))]
+    ['contributing.png', 'accuracy.png']
+    """
     groups = _by_data(results["runs"])
     cols = len(groups)
     paths = []
@@ -87,7 +129,31 @@ def _evaluated(run: dict, values: list) -> tuple[np.ndarray, np.ndarray]:
 
 
 def plot_groups(results: dict, out: Path) -> list[Path]:
-    """Per data set, one panel per run: each group's share still able to contribute, and its accuracy."""
+    """Per data set, one panel per run: each group's share still able to contribute, and its accuracy.
+
+    Parameters
+    ----------
+    results : dict
+        A study's ``results.json`` (each run's ``groups``).
+    out : Path
+        The folder to write into.
+
+    Returns
+    -------
+    list of Path
+        One ``groups_<data>.png`` per data set.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> group = {"initial_share_with_budget": 1.0, "share_with_budget_per_round": [1.0, 0.5],
+    ...          "initial_accuracy": 0.1, "accuracy_per_round": [0.4, 0.5]}
+    >>> run = {"settings": {"data": "d"}, "label": "d, eps 4", "accuracy_per_round": [0.5, 0.6],
+    ...        "groups": {"kind": "label", "names": ["0"], "per_group": {"0": group}}}
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     [p.name for p in plot_groups({"runs": [run]}, Path(d))]
+    ['groups_d.png']
+    """
     paths = []
     for name, runs in _by_data(results["runs"]).items():
         n = len(runs)
@@ -125,7 +191,29 @@ def plot_groups(results: dict, out: Path) -> list[Path]:
 
 
 def plot_disparity(results: dict, out: Path) -> Path:
-    """Every group of every run: how much of it still had budget at the end vs its final accuracy gap."""
+    """Every group of every run: how much of it still had budget at the end vs its final accuracy gap.
+
+    Parameters
+    ----------
+    results : dict
+        A study's ``results.json`` (each run's ``final_accuracy`` and ``groups``).
+    out : Path
+        The folder to write into.
+
+    Returns
+    -------
+    Path
+        ``disparity.png``.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> group = {"final_accuracy": 0.7, "share_with_budget_per_round": [1.0, 0.5]}
+    >>> run = {"settings": {"data": "d"}, "final_accuracy": 0.8, "groups": {"per_group": {"0": group}}}
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     plot_disparity({"runs": [run]}, Path(d)).name
+    'disparity.png'
+    """
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
     for (name, runs), color in zip(_by_data(results["runs"]).items(), _colors(10)):
         xs, ys = [], []

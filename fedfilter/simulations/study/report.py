@@ -54,7 +54,29 @@ training data: an oracle statistic that no coordinator sees.
 
 
 def runs_table(runs: list[dict]) -> list[str]:
-    """The markdown lines of report.md's "Runs" table: one row per run record of ``results.json``."""
+    """The markdown lines of report.md's "Runs" table: one row per run record of ``results.json``.
+
+    Parameters
+    ----------
+    runs : list of dict
+        The ``runs`` of ``results.json``.
+
+    Returns
+    -------
+    list of str
+        The header, the separator and one row per run.
+
+    Examples
+    --------
+    >>> run = {"label": "d, eps 4", "num_clients": 4, "rounds": 2, "with_budget_per_round": [4, 2],
+    ...        "contributing_per_round": [4, 2], "reports_seen_per_round": [4, 4], "released_per_round": [1, 1],
+    ...        "initial_accuracy": 0.1, "peak_accuracy": 0.6, "final_accuracy": 0.6,
+    ...        "budget": {"epsilon_quantiles": {"median": 4, "min": 4, "max": 4}},
+    ...        "exhaustion": {"first_round": 2, "round_half_without_budget": None},
+    ...        "groups": {"worst_group": None, "per_group": {}, "final_accuracy_gap": None}}
+    >>> runs_table([run])[2]
+    '| 1 | d, eps 4 | 4 | 4 [4, 4] | 2 | 2 | 4 | 2 / never | 2/2 | 0.100 / 0.600 / 0.600 | - (-) | - |'
+    """
     lines = [
         "| # | run | clients | epsilon median [min, max] | with budget at end | contributing (last) "
         "| reports seen (last) | first / half exhausted | released | accuracy initial / peak / final "
@@ -98,6 +120,31 @@ def _group_table(run: dict) -> list[str]:
 
 
 def write_report(results: dict, out: Path, figures: list[Path]) -> Path:
+    """Write ``report.md``: the config echoed, tables of every run and group, links to the figures.
+
+    Parameters
+    ----------
+    results : dict
+        A study's ``results.json`` (as ``runner.run_study`` writes it).
+    out : Path
+        The folder to write into.
+    figures : list of Path
+        The PNG files to link (``plot_rounds``, ``plot_groups``, ``plot_disparity``).
+
+    Returns
+    -------
+    Path
+        ``out/report.md``.
+
+    Examples
+    --------
+    With the results of a finished study (``fedfilter study dropout`` writes them):
+
+    >>> import json
+    >>> results = json.loads(Path("runs/study/results.json").read_text())  # doctest: +SKIP
+    >>> write_report(results, Path("runs/study"), figures=[])  # doctest: +SKIP
+    PosixPath('runs/study/report.md')
+    """
     runs = results["runs"]
     fed = results["federation"]
     lines = [f"# Dropout study: {results['study']}", ""]
@@ -182,7 +229,29 @@ def write_report(results: dict, out: Path, figures: list[Path]) -> Path:
 
 
 def write_outputs(results: dict, out: str | Path) -> list[Path]:
-    """Draw every figure and write ``report.md`` into ``out``; returns the paths written."""
+    """Draw every figure and write ``report.md`` into ``out``; returns the paths written.
+
+    Parameters
+    ----------
+    results : dict
+        A study's ``results.json`` (as ``runner.run_study`` writes it).
+    out : str or Path
+        The folder to write into (it must exist).
+
+    Returns
+    -------
+    list of Path
+        The figures, then ``report.md``.
+
+    Examples
+    --------
+    Redraw the report of a study (what ``fedfilter study report --out runs/study`` does):
+
+    >>> import json
+    >>> results = json.loads(Path("runs/study/results.json").read_text())  # doctest: +SKIP
+    >>> write_outputs(results, "runs/study")[-1]  # doctest: +SKIP
+    PosixPath('runs/study/report.md')
+    """
     out = Path(out)
     figures = plot_rounds(results, out) + plot_groups(results, out) + [plot_disparity(results, out)]
     return figures + [write_report(results, out, figures)]

@@ -94,7 +94,39 @@ def _within_budget(study: StudyConfig, eps: np.ndarray, state: np.ndarray) -> bo
 def run_one(
     study: StudyConfig, run: RunSpec, task, grouping: Grouping, on_round: Callable[[dict], object] | None = None
 ) -> dict:
-    """One run of the sweep; returns its JSON-ready record (see ``docs/results.md``)."""
+    """One run of the sweep through the vectorised engine; returns its JSON-ready record.
+
+    The record's keys are described in ``docs/results.md``.
+
+    Parameters
+    ----------
+    study : StudyConfig
+        The study.
+    run : RunSpec
+        The point of the sweep to run.
+    task : fedfilter.simulations.tasks.registry.Task
+        The run's task, loaded.
+    grouping : Grouping
+        The task's groups of clients.
+    on_round : callable, optional
+        Called after every round with a dict (``accuracy``, ``contributing``, ...).
+
+    Returns
+    -------
+    dict
+        The run's record (per-round lists, budgets, exhaustion, groups, accuracy).
+
+    Examples
+    --------
+    It trains a model for ``study.rounds`` rounds:
+
+    >>> from fedfilter.simulations.study import load_study
+    >>> study = load_study("study.toml")  # doctest: +SKIP
+    >>> run = study.runs()[0]  # doctest: +SKIP
+    >>> task, full_sizes = _load_task(run.data)  # doctest: +SKIP
+    >>> grouping = make_grouping(run.data.groups, task.train_data, task.num_classes, full_sizes)  # doctest: +SKIP
+    >>> record = run_one(study, run, task, grouping)  # doctest: +SKIP
+    """
     from fedfilter.simulations.engine import Engine, EngineConfig
 
     started = time.perf_counter()
@@ -258,8 +290,33 @@ def run_one(
 def run_study(study: StudyConfig, out_dir: str | Path, *, progress: bool = True, resume: bool = False) -> dict:
     """Run every run of ``study``; write ``results.json``, the PNG plots and ``report.md`` to ``out_dir``.
 
-    ``resume``: keep the runs an earlier, interrupted call of the very same study file (same
-    ``config_toml``) already wrote to ``out_dir/results.json`` and run only the others."""
+    Parameters
+    ----------
+    study : StudyConfig
+        The study.
+    out_dir : str or Path
+        The output folder (created if missing).
+    progress : bool, optional
+        Show a progress bar.
+    resume : bool, optional
+        Keep the runs an earlier, interrupted call of the very same study file (same ``config_toml``)
+        already wrote to ``out_dir/results.json`` and run only the others.
+
+    Returns
+    -------
+    dict
+        The study's results (what ``results.json`` holds).
+
+    Examples
+    --------
+    It trains a model per run (the packaged ``smoke`` study takes minutes):
+
+    >>> from fedfilter.cli.study import study_config
+    >>> from fedfilter.simulations.study import load_study
+    >>> results = run_study(load_study(study_config("smoke")), "runs/smoke")  # doctest: +SKIP
+    >>> len(results["runs"])  # doctest: +SKIP
+    16
+    """
     from tqdm.auto import tqdm
 
     from fedfilter.simulations.study.report import write_outputs

@@ -83,24 +83,67 @@ def _encode(rows, categories, means, stds) -> np.ndarray:
 def load_adult(
     data_dir: str | os.PathLike | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Load Adult: 32,561 train rows (``adult.data``), 16,281 test rows.
+    r"""Load Adult: 32,561 train rows (``adult.data``), 16,281 test rows.
 
     Numeric columns are standardised with TRAIN mean and std only (no test
     leakage). Categorical columns are one-hot over the categories seen in
     train, sorted; a missing value ``?`` is kept as its own category, since
     missingness is informative and dropping rows would change the data set.
 
+    Parameters
+    ----------
+    data_dir : str or PathLike, optional
+        Root of the offline data (holding ``adult/``); default
+        :func:`fedfilter.simulations.tasks.paths.data_dir`.
+
     Returns
     -------
-    x_train, y_train, x_test, y_test
+    x_train, y_train, x_test, y_test : numpy.ndarray
         float32 features (N, 108 for the original files), int64 labels with
         1 for ``>50K``. Read-only (cached and shared).
+
+    Examples
+    --------
+    A root holding an ``adult/`` folder of two training rows and one test row:
+
+    >>> import tempfile
+    >>> row = "39, State-gov, 77516, Bachelors, 13, Never-married, Adm-clerical, Not-in-family, White, Male, 0, 0, 40, "
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     (Path(d) / "adult").mkdir()
+    ...     _ = Path(d, "adult", "adult.data").write_text(row + "Cuba, <=50K\n" + row + "?, >50K\n")
+    ...     _ = Path(d, "adult", "adult.test").write_text("|1x3 Cross validator\n" + row + "Cuba, >50K.\n")
+    ...     x_train, y_train, x_test, y_test = load_adult(d)
+    >>> x_train.shape, y_train.tolist(), y_test.tolist()
+    ((2, 15), [0, 1], [1])
     """
     return _load(str(dataset_dir(data_dir, "adult")))[:4]
 
 
 def adult_feature_names(data_dir: str | os.PathLike | None = None) -> list[str]:
-    """Names of the columns of :func:`load_adult`'s features, in order."""
+    r"""Names of the columns of :func:`load_adult`'s features, in order.
+
+    Parameters
+    ----------
+    data_dir : str or PathLike, optional
+        Root of the offline data (holding ``adult/``).
+
+    Returns
+    -------
+    list of str
+        The numeric columns, then ``column=category`` for each one-hot column.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> row = "39, State-gov, 77516, Bachelors, 13, Never-married, Adm-clerical, Not-in-family, White, Male, 0, 0, 40, "
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     (Path(d) / "adult").mkdir()
+    ...     _ = Path(d, "adult", "adult.data").write_text(row + "Cuba, <=50K\n" + row + "?, >50K\n")
+    ...     _ = Path(d, "adult", "adult.test").write_text(row + "Cuba, >50K.\n")
+    ...     names = adult_feature_names(d)
+    >>> names[0], names[-2:]
+    ('age', ['native-country=?', 'native-country=Cuba'])
+    """
     return list(_load(str(dataset_dir(data_dir, "adult")))[4])
 
 

@@ -58,18 +58,34 @@ def load_femnist(
 
     Parameters
     ----------
-    data_dir
-        Root of the offline data (holding ``femnist_leaf_partial/``).
-    max_clients
+    data_dir : str or PathLike, optional
+        Root of the offline data (holding ``femnist_leaf_partial/`` with ``train/`` and ``test/``
+        LEAF ``.json(.gz)`` shards).
+    max_clients : int, optional
         Keep only the first ``max_clients`` writers (sorted by writer id).
 
     Returns
     -------
-    train, test
+    train, test : dict of str to (numpy.ndarray, numpy.ndarray)
         Dicts ``writer id -> (x, y)`` sorted by writer id; ``x`` float32
         (n, 1, 28, 28) with values in [0, 1] as LEAF stores them (background
         is 1.0), ``y`` int64 in 0..61. ``test`` holds the same writers'
         held-out samples (LEAF's per-writer split). Read-only arrays.
+
+    Examples
+    --------
+    A root holding one LEAF shard per split, of two writers:
+
+    >>> import tempfile
+    >>> users = {"w1": {"x": [[1.0] * 784], "y": [0]}, "w2": {"x": [[1.0] * 784], "y": [1]}}
+    >>> shard = {"users": list(users), "user_data": users}
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     for split in ("train", "test"):
+    ...         Path(d, "femnist_leaf_partial", split).mkdir(parents=True)
+    ...         _ = Path(d, "femnist_leaf_partial", split, "shard.json").write_text(json.dumps(shard))
+    ...     train, test = load_femnist(d, max_clients=1)
+    >>> list(train), train["w1"][0].shape
+    (['w1'], (1, 1, 28, 28))
     """
     if max_clients is not None and max_clients < 1:
         raise ValueError(f"max_clients must be >= 1, got {max_clients}")

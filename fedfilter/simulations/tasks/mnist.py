@@ -41,32 +41,99 @@ def _read_idx(path: Path, magic: int, ndim: int) -> np.ndarray:
 
 
 def read_idx_images(path: str | os.PathLike) -> np.ndarray:
-    """Read an IDX image file (magic 0x803) as uint8 of shape (N, rows, cols)."""
+    """Read an IDX image file (magic 0x803) as uint8 of shape (N, rows, cols).
+
+    Parameters
+    ----------
+    path : str or PathLike
+        A gzipped IDX image file.
+
+    Returns
+    -------
+    numpy.ndarray
+        uint8 images (read-only).
+
+    Raises
+    ------
+    ValueError
+        A wrong magic number, or a header that does not match the data.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> header = (0x803).to_bytes(4, "big") + b"".join(n.to_bytes(4, "big") for n in (2, 3, 3))
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     path = Path(d, "images.gz")
+    ...     _ = path.write_bytes(gzip.compress(header + bytes(range(18))))
+    ...     read_idx_images(path).shape
+    (2, 3, 3)
+    """
     return _read_idx(Path(path), IMAGES_MAGIC, 3)
 
 
 def read_idx_labels(path: str | os.PathLike) -> np.ndarray:
-    """Read an IDX label file (magic 0x801) as uint8 of shape (N,)."""
+    """Read an IDX label file (magic 0x801) as uint8 of shape (N,).
+
+    Parameters
+    ----------
+    path : str or PathLike
+        A gzipped IDX label file.
+
+    Returns
+    -------
+    numpy.ndarray
+        uint8 labels (read-only).
+
+    Raises
+    ------
+    ValueError
+        A wrong magic number, or a header that does not match the data.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     path = Path(d, "labels.gz")
+    ...     _ = path.write_bytes(gzip.compress((0x801).to_bytes(4, "big") + (3).to_bytes(4, "big") + bytes([7, 1, 0])))
+    ...     read_idx_labels(path).tolist()
+    [7, 1, 0]
+    """
     return _read_idx(Path(path), LABELS_MAGIC, 1)
 
 
 def load_mnist(
     data_dir: str | os.PathLike | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Load MNIST (60,000 train, 10,000 test).
+    """Load MNIST (60,000 train, 10,000 test) from its four IDX files.
 
     Parameters
     ----------
-    data_dir
+    data_dir : str or PathLike, optional
         Root of the offline data (holding ``mnist/``); default
         :func:`fedfilter.simulations.tasks.paths.data_dir`.
 
     Returns
     -------
-    x_train, y_train, x_test, y_test
+    x_train, y_train, x_test, y_test : numpy.ndarray
         Images float32 of shape (N, 1, 28, 28), scaled to [0, 1] then
         normalised with mean 0.1307 and std 0.3081; labels int64. Read-only
         (cached and shared).
+
+    Examples
+    --------
+    A root holding a two-image ``mnist/`` folder in the original format:
+
+    >>> import tempfile
+    >>> def idx(magic, *dims):
+    ...     return b"".join(n.to_bytes(4, "big") for n in (magic, *dims))
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     (Path(d) / "mnist").mkdir()
+    ...     for images, labels in FILES.values():
+    ...         _ = Path(d, "mnist", images).write_bytes(gzip.compress(idx(0x803, 2, 28, 28) + bytes(2 * 784)))
+    ...         _ = Path(d, "mnist", labels).write_bytes(gzip.compress(idx(0x801, 2) + bytes([3, 5])))
+    ...     x_train, y_train, x_test, y_test = load_mnist(d)
+    >>> x_train.shape, y_test.tolist()
+    ((2, 1, 28, 28), [3, 5])
     """
     return _load(str(dataset_dir(data_dir, "mnist")))
 

@@ -20,7 +20,20 @@ def _activation(name: str) -> type[nn.Module]:
 
 
 class DigitsMLP(nn.Sequential):
-    """MLP for 8x8 digits: 64 -> ``hidden`` -> 10 (input (N, 64) or (N, 1, 8, 8))."""
+    """MLP for 8x8 digits: 64 -> ``hidden`` -> 10 (input (N, 64) or (N, 1, 8, 8)).
+
+    Parameters
+    ----------
+    hidden : int, optional
+        Hidden units.
+    num_classes : int, optional
+        Logits per sample.
+
+    Examples
+    --------
+    >>> DigitsMLP()(torch.zeros(5, 64)).shape
+    torch.Size([5, 10])
+    """
 
     def __init__(self, hidden: int = 32, num_classes: int = 10):
         super().__init__(
@@ -39,6 +52,19 @@ class MnistCNN(nn.Sequential):
     Papernot et al. (2021, tempered sigmoids) and Tramer & Boneh (2021),
     because bounded activations train better under gradient clipping.
     ``activation="relu"`` gives Opacus' network exactly.
+
+    Parameters
+    ----------
+    activation : str, optional
+        ``tanh`` or ``relu``.
+    num_classes : int, optional
+        Logits per sample.
+
+    Examples
+    --------
+    >>> model = MnistCNN()
+    >>> model(torch.zeros(2, 1, 28, 28)).shape, sum(p.numel() for p in model.parameters())
+    (torch.Size([2, 10]), 26010)
     """
 
     def __init__(self, activation: str = "tanh", num_classes: int = 10):
@@ -63,6 +89,17 @@ class LogisticRegression(nn.Module):
     Returns the two-class logits ``[0, w.x + b]``: softmax of these is
     ``[1 - sigmoid(z), sigmoid(z)]``, so cross-entropy on them is exactly the
     logistic loss, while the output format matches the other models.
+
+    Parameters
+    ----------
+    d : int
+        The number of features.
+
+    Examples
+    --------
+    >>> model = LogisticRegression(3)
+    >>> model(torch.zeros(4, 3)).shape, sum(p.numel() for p in model.parameters())
+    (torch.Size([4, 2]), 4)
     """
 
     def __init__(self, d: int):
@@ -70,6 +107,23 @@ class LogisticRegression(nn.Module):
         self.linear = nn.Linear(d, 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The two-class logits ``[0, w.x + b]`` of a batch.
+
+        Parameters
+        ----------
+        x : torch.Tensor
+            Features, shape (N, d).
+
+        Returns
+        -------
+        torch.Tensor
+            Logits, shape (N, 2); the first column is 0.
+
+        Examples
+        --------
+        >>> LogisticRegression(3)(torch.ones(1, 3))[0, 0].item()
+        0.0
+        """
         z = self.linear(x)
         return torch.cat([torch.zeros_like(z), z], dim=1)
 
@@ -80,6 +134,18 @@ class FemnistCNN(nn.Sequential):
     A slimmer version of LEAF's FEMNIST CNN (32/64 channels, 2048 hidden,
     6.6M parameters): 16/32 channels and 128 hidden, about 222k parameters,
     to keep DP noise (which grows with dimension) and CPU time small.
+
+    Parameters
+    ----------
+    num_classes : int, optional
+        Logits per sample.
+    activation : str, optional
+        ``tanh`` or ``relu``.
+
+    Examples
+    --------
+    >>> FemnistCNN()(torch.zeros(2, 1, 28, 28)).shape
+    torch.Size([2, 62])
     """
 
     def __init__(self, num_classes: int = 62, activation: str = "tanh"):
@@ -104,6 +170,22 @@ class CharLSTM(nn.Module):
     LEAF's Shakespeare model is the same shape with 2 x 256 LSTM units; the
     defaults here are smaller for CPU simulations. Input: int64 ids
     (N, seq_len); output: (N, vocab_size).
+
+    Parameters
+    ----------
+    vocab_size : int, optional
+        Characters (logits per sample).
+    embed_dim : int, optional
+        Embedding size.
+    hidden_size : int, optional
+        LSTM units per layer.
+    num_layers : int, optional
+        LSTM layers.
+
+    Examples
+    --------
+    >>> CharLSTM(hidden_size=16)(torch.zeros(3, 80, dtype=torch.int64)).shape
+    torch.Size([3, 81])
     """
 
     def __init__(
@@ -119,5 +201,22 @@ class CharLSTM(nn.Module):
         self.head = nn.Linear(hidden_size, vocab_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The next-character logits after the last step of each sequence.
+
+        Parameters
+        ----------
+        x : torch.Tensor
+            int64 character ids, shape (N, seq_len).
+
+        Returns
+        -------
+        torch.Tensor
+            Logits, shape (N, vocab_size).
+
+        Examples
+        --------
+        >>> CharLSTM(vocab_size=5, hidden_size=4)(torch.zeros(2, 7, dtype=torch.int64)).shape
+        torch.Size([2, 5])
+        """
         out, _ = self.lstm(self.embedding(x))
         return self.head(out[:, -1, :])

@@ -18,10 +18,26 @@ def _check_int(name: str, value, minimum: int) -> int:
 def iid_partition(n_samples: int, n_clients: int, seed: int) -> list[np.ndarray]:
     """Shuffle ``range(n_samples)`` and deal it into ``n_clients`` near-equal parts.
 
+    Parameters
+    ----------
+    n_samples : int
+        The number of samples (>= 1).
+    n_clients : int
+        The number of clients (1 to ``n_samples``).
+    seed : int
+        Seed of the shuffle.
+
     Returns
     -------
-    list of int64 index arrays (sizes differ by at most one), covering every
-    index exactly once; the same for the same ``seed``.
+    list of numpy.ndarray
+        ``n_clients`` int64 index arrays (sizes differ by at most one), covering every index exactly
+        once; the same for the same ``seed``.
+
+    Examples
+    --------
+    >>> parts = iid_partition(10, 3, seed=0)
+    >>> [len(p) for p in parts], sorted(np.concatenate(parts).tolist()) == list(range(10))
+    ([4, 3, 3], True)
     """
     n_samples = _check_int("n_samples", n_samples, 1)
     n_clients = _check_int("n_clients", n_clients, 1)
@@ -42,15 +58,36 @@ def dirichlet_partition(labels, n_clients: int, alpha: float, seed: int, min_siz
     gets no share of later classes, and the whole draw is repeated until every
     client has at least ``min_size`` samples.
 
+    Parameters
+    ----------
+    labels : array_like
+        One label per sample (1-D, non-empty).
+    n_clients : int
+        The number of clients.
+    alpha : float
+        The Dirichlet concentration (> 0).
+    seed : int
+        Seed of the draws.
+    min_size : int, optional
+        The fewest samples a client may get.
+
     Returns
     -------
-    list of ``n_clients`` sorted int64 index arrays covering every sample
-    exactly once; the same for the same ``seed``.
+    list of numpy.ndarray
+        ``n_clients`` sorted int64 index arrays covering every sample exactly once; the same for
+        the same ``seed``.
 
     Raises
     ------
     ValueError
         On bad arguments, or if no valid draw is found in 1,000 attempts.
+
+    Examples
+    --------
+    >>> labels = np.repeat([0, 1, 2], 20)
+    >>> parts = dirichlet_partition(labels, 4, alpha=0.5, seed=0)
+    >>> len(parts), sum(len(p) for p in parts), min(len(p) for p in parts) >= 1
+    (4, 60, True)
     """
     labels = np.asarray(labels)
     if labels.ndim != 1 or labels.size == 0:

@@ -14,13 +14,26 @@ _REPO_ROOT = Path(__file__).resolve().parents[3]
 def data_dir() -> Path:
     """Return the root folder of the offline data sets.
 
-    ``$FEDFILTER_DATA`` if set, else ``<repo root>/../shared/data`` (where CI
+    ``$FEDFILTER_DATA`` if set, else the ``shared/data`` folder beside the repository (where CI
     and the shared machines keep them).
+
+    Returns
+    -------
+    Path
+        The folder holding ``mnist/``, ``adult/``, ``femnist_leaf_partial/`` and ``shakespeare_tff/``.
 
     Raises
     ------
     FileNotFoundError
         If the folder does not exist; the message names it and the env var.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> from unittest import mock
+    >>> with tempfile.TemporaryDirectory() as d, mock.patch.dict(os.environ, {ENV_VAR: d}):
+    ...     data_dir() == Path(d)
+    True
     """
     override = os.environ.get(ENV_VAR)
     path = Path(override) if override else _REPO_ROOT.parent / "shared" / "data"
@@ -34,7 +47,33 @@ def data_dir() -> Path:
 
 
 def dataset_dir(root: str | os.PathLike | None, subdir: str) -> Path:
-    """Return ``<root or data_dir()>/<subdir>``, raising if it is missing."""
+    """Return ``<root or data_dir()>/<subdir>``, raising if it is missing.
+
+    Parameters
+    ----------
+    root : str or PathLike or None
+        The data root; None: ``data_dir()``.
+    subdir : str
+        The data set's folder, e.g. ``mnist``.
+
+    Returns
+    -------
+    Path
+        The data set's folder.
+
+    Raises
+    ------
+    FileNotFoundError
+        If the folder does not exist.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     (Path(d) / "mnist").mkdir()
+    ...     dataset_dir(d, "mnist") == Path(d) / "mnist"
+    True
+    """
     base = data_dir() if root is None else Path(root)
     path = base / subdir
     if not path.is_dir():

@@ -33,7 +33,23 @@ assert len(set(CHARACTERS)) == len(CHARACTERS) == 80
 
 
 def encode(text: str) -> np.ndarray:
-    """Map each character to its id in :data:`CHARACTERS` (else OOV_ID)."""
+    """Map each character to its id in :data:`CHARACTERS` (else OOV_ID).
+
+    Parameters
+    ----------
+    text : str
+        Any text.
+
+    Returns
+    -------
+    numpy.ndarray
+        int64 ids, one per character.
+
+    Examples
+    --------
+    >>> encode("Ab$").tolist()  # '$' is not in LEAF's vocabulary
+    [25, 54, 80]
+    """
     codes = np.frombuffer(text.encode("utf-32-le"), dtype="<u4").astype(np.int64)
     ids = np.full(len(codes), OOV_ID, dtype=np.int64)
     ascii_ = codes < 128
@@ -42,20 +58,47 @@ def encode(text: str) -> np.ndarray:
 
 
 def decode(ids) -> str:
-    """Inverse of :func:`encode`; OOV ids become U+FFFD."""
+    """Inverse of :func:`encode`; OOV ids become U+FFFD.
+
+    Parameters
+    ----------
+    ids : array_like of int
+        Character ids.
+
+    Returns
+    -------
+    str
+        The text.
+
+    Examples
+    --------
+    >>> decode(encode("To be"))
+    'To be'
+    """
     return "".join(CHARACTERS[i] if i < OOV_ID else "\ufffd" for i in np.asarray(ids))
 
 
 def windows(text: str) -> tuple[np.ndarray, np.ndarray]:
     """Cut a client's text into LEAF examples.
 
+    Parameters
+    ----------
+    text : str
+        The client's cleaned text (``clean``).
+
     Returns
     -------
-    x, y
+    x, y : numpy.ndarray
         ``x`` int64 (n, 80), a read-only sliding-window VIEW over one id array
         (so 2.3M training windows cost 18 MB, not 1.5 GB: index batches out of
         it, do not copy it whole); ``y`` int64 (n,) the next character ids.
         ``n = max(len(text) - 80, 0)``.
+
+    Examples
+    --------
+    >>> x, y = windows("a" * 80 + "bc")
+    >>> x.shape, decode(y)
+    ((2, 80), 'bc')
     """
     ids = encode(text)
     if len(ids) <= SEQ_LEN:
@@ -66,7 +109,23 @@ def windows(text: str) -> tuple[np.ndarray, np.ndarray]:
 
 
 def clean(snippets: list[str]) -> str:
-    """Join a client's snippets the way LEAF does (newlines -> spaces)."""
+    r"""Join a client's snippets the way LEAF does (newlines -> spaces, runs of spaces -> one).
+
+    Parameters
+    ----------
+    snippets : list of str
+        The client's snippets.
+
+    Returns
+    -------
+    str
+        The joined text.
+
+    Examples
+    --------
+    >>> clean(["To be,\nor not", "  to be"])
+    'To be, or not to be'
+    """
     text = " ".join(snippets).replace("\n", " ")
     return re.sub(" {2,}", " ", text)
 
@@ -92,6 +151,34 @@ def read_snippets(
 
     Clients are sorted by id; ``max_clients`` keeps the first ones and
     ``max_snippets_per_client`` the first snippets of each.
+
+    Parameters
+    ----------
+    split : str
+        ``train`` or ``test``.
+    data_dir : str or PathLike, optional
+        Root of the offline data (holding ``shakespeare_tff/``).
+    max_clients, max_snippets_per_client : int, optional
+        Caps (>= 1).
+
+    Returns
+    -------
+    dict of str to list of str
+        Client id -> its snippets.
+
+    Examples
+    --------
+    A root holding TFF's HDF5 layout (``examples/<client>/snippets``) with two roles:
+
+    >>> import tempfile, h5py
+    >>> from pathlib import Path
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     Path(d, "shakespeare_tff").mkdir()
+    ...     with h5py.File(Path(d, "shakespeare_tff", FILES["train"]), "w") as f:
+    ...         _ = f.create_dataset("examples/HAMLET/snippets", data=[b"To be,", b"or not"])
+    ...         _ = f.create_dataset("examples/OPHELIA/snippets", data=[b"My lord"])
+    ...     read_snippets("train", d, max_clients=1)
+    {'HAMLET': ['To be,', 'or not']}
     """
     if split not in FILES:
         raise ValueError(f"split must be one of {sorted(FILES)}, got {split!r}")
@@ -119,6 +206,32 @@ def load_shakespeare(
     ``x`` is int64 (n, 80) character ids (a read-only view, see
     :func:`windows`), ``y`` int64 (n,). Clients whose text is 80 characters
     or shorter get n = 0 (72 of 715 in train, 253 in test).
+
+    Parameters
+    ----------
+    split : str
+        ``train`` or ``test``.
+    data_dir : str or PathLike, optional
+        Root of the offline data (holding ``shakespeare_tff/``).
+    max_clients, max_snippets_per_client : int, optional
+        Caps (>= 1), as in :func:`read_snippets`.
+
+    Returns
+    -------
+    dict of str to (numpy.ndarray, numpy.ndarray)
+        Client id -> ``(x, y)``.
+
+    Examples
+    --------
+    >>> import tempfile, h5py
+    >>> from pathlib import Path
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     Path(d, "shakespeare_tff").mkdir()
+    ...     with h5py.File(Path(d, "shakespeare_tff", FILES["test"]), "w") as f:
+    ...         _ = f.create_dataset("examples/HAMLET/snippets", data=[b"x" * 85])
+    ...     data = load_shakespeare("test", d)
+    >>> data["HAMLET"][0].shape
+    (5, 80)
     """
     snippets = read_snippets(split, data_dir, max_clients, max_snippets_per_client)
     return {c: windows(clean(s)) for c, s in snippets.items()}
