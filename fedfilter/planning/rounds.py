@@ -4,19 +4,29 @@ A "full-norm round" releases an update clipped to norm exactly C with noise std 
 every round costs ``mu_t = 1/z``. The counts come from running the very filter the client runs
 (the same rounding), so the planner never promises a round the ledger would refuse.
 
-Distributed placement (issue 15, ``plan_distributed_rounds`` / ``plan_distributed_epsilon``):
+Distributed placement (``plan_distributed_rounds`` / ``plan_distributed_epsilon``):
 A full-norm round releases the clipped update snapped to the integer grid of step ``gamma =
 grid_step(C)`` (``protocol/secagg/grid.py``), so ``||k||_2 <= C / gamma`` and, in the worst case,
 ``||k||_1 = l1_cap(C / gamma, dim)``, plus Skellam noise of variance ``mu`` per coordinate on the
 released sum of at least ``min_reports`` reports. The device charges the rdp filter
-``skellam_charge`` at the filter's order alpha* (papers/004 Theorem 4.3; Agarwal, Kairouz, Liu 2021
-Theorem 3.5), and the counts here run that very charge through the filter's own rounding, so the
-planner never promises a round the ledger would refuse. Only the rdp filter is valid for Skellam
-noise (``skellam.py``).
+``skellam_charge`` at the filter's order alpha* (Feldman and Zrnic, "Individual Privacy Accounting
+via a Rényi Filter", NeurIPS 2021, Theorem 4.3; Agarwal, Kairouz, Liu 2021 Theorem 3.5), and the
+counts here run that very charge through the filter's own rounding, so the planner never promises a
+round the ledger would refuse. Only the rdp filter is valid for Skellam noise (``skellam.py``).
 
 ``alone=True`` plans the device's worst-case account (``client/ledger/worst_case.py``) instead: what
 each report costs read alone, at the device's own share ``skellam_share(mu_total, min_reports)``, under
 a budget ``worst-case-epsilon`` at the same delta, with the same charge and rounding.
+
+Constants: ``MAX_PLANNED_ROUNDS``, the most rounds a planner counts before it refuses (a noise
+multiplier so large would take too long to plan); ``BASELINE_KINDS``, the comparison baselines of
+Rogers, Roth, Ullman and Vadhan, "Privacy Odometers and Filters: Pay-as-you-Go Composition" (NeurIPS
+2016); ``GAUSSIAN_ONLY_KINDS``, the filters that may not account Skellam noise.
+
+Examples
+--------
+>>> plan_rounds("gdp", epsilon=4.0, delta=1e-5, noise_multiplier=10.0).rounds
+85
 """
 
 from __future__ import annotations
@@ -45,6 +55,29 @@ def _check_z(noise_multiplier: float) -> None:
 
 @dataclass(frozen=True)
 class RoundsPlan:
+    """What a fresh client's filter admits at one noise multiplier (``plan_rounds``'s answer).
+
+    Parameters
+    ----------
+    filter : str
+        The filter kind (or baseline) planned with.
+    epsilon : float
+        The lifetime budget's epsilon.
+    delta : float
+        The lifetime budget's delta.
+    noise_multiplier : float
+        ``z``: each round's noise std is ``z * C``.
+    rounds : int
+        Full-norm rounds admitted.
+    last_round_fraction : float
+        The norm fraction (of C, at most 1) the next, partial round may still carry; 0 for a baseline.
+
+    Examples
+    --------
+    >>> RoundsPlan("gdp", 4.0, 1e-5, 10.0, rounds=85, last_round_fraction=0.74).rounds
+    85
+    """
+
     filter: str
     epsilon: float
     delta: float
@@ -79,8 +112,8 @@ def plan_rounds(kind: str, *, epsilon: float, delta: float, noise_multiplier: fl
     Parameters
     ----------
     kind : {"gdp", "rdp", "zcdp", "basic", "advanced"}
-        A filter of ``FILTER_KINDS``, or a papers/003 baseline: basic or advanced composition of
-        pure-DP steps (Theorems 3.4 and 5.1), for comparison.
+        A filter of ``FILTER_KINDS``, or a baseline of Rogers, Roth, Ullman and Vadhan 2016: basic
+        or advanced composition of pure-DP steps (Theorems 3.4 and 5.1), for comparison.
     epsilon : float
         The client's lifetime budget epsilon; a finite number > 0.
     delta : float
@@ -108,6 +141,12 @@ def plan_rounds(kind: str, *, epsilon: float, delta: float, noise_multiplier: fl
     85
     >>> round(plan.last_round_fraction, 3)
     0.741
+
+    The gdp count agrees with the closed form: the filter continues while ``k / z^2 <= mu_B^2``.
+
+    >>> from fedfilter.privacy.gaussian_dp import mu_for_budget
+    >>> int(mu_for_budget(4.0, 1e-5) ** 2 * 10.0**2)
+    85
     """
     _check_z(noise_multiplier)
     if kind in BASELINE_KINDS:
@@ -129,6 +168,42 @@ def plan_epsilon(kind: str, *, noise_multiplier: float, rounds: int, delta: floa
     Also reports ``fixed_composition_epsilon``: the epsilon of the same rounds fixed in advance
     (no filter) under the kind's own conversion. It equals ``epsilon`` up to rounding: none of the
     filters pays anything for adaptivity (for rdp: one threshold, the full delta; see filters.py).
+
+    Parameters
+    ----------
+    kind : {"gdp", "rdp", "zcdp"}
+        The filter kind.
+    noise_multiplier : float
+        ``z``, finite and > 0.
+    rounds : int
+        The number of full-norm rounds, >= 1.
+    delta : float
+        The budget's delta, in (0, 1).
+    orders : sequence of float, optional
+        The Rényi orders of the rdp filter (default ``renyi.DEFAULT_ORDERS``).
+
+    Returns
+    -------
+    dict
+        ``filter``, ``noise_multiplier``, ``rounds``, ``delta``, ``epsilon`` and
+        ``fixed_composition_epsilon``.
+
+    Raises
+    ------
+    ValueError
+        Naming a bad argument and its value.
+
+    Examples
+    --------
+    85 rounds at z = 10 are ``sqrt(85) / 10``-GDP:
+
+    >>> from fedfilter.privacy.gaussian_dp import epsilon_for_mu
+    >>> plan = plan_epsilon("gdp", noise_multiplier=10.0, rounds=85, delta=1e-5)
+    >>> round(plan["epsilon"], 9), round(epsilon_for_mu(math.sqrt(85) / 10, 1e-5), 9)
+    (3.985179966, 3.985179966)
+    >>> plan = plan_epsilon("rdp", noise_multiplier=4.0, rounds=8, delta=1e-5)
+    >>> round(plan["epsilon"], 6), round(plan["fixed_composition_epsilon"], 6)
+    (3.188992, 3.188992)
     """
     _check_z(noise_multiplier)
     if not (isinstance(rounds, int) and rounds >= 1):
@@ -161,7 +236,7 @@ def plan_epsilon(kind: str, *, noise_multiplier: float, rounds: int, delta: floa
     }
 
 
-# --- papers/003 baselines for Gaussian rounds, through papers/003 Lemma 3.3 ---------------------
+# --- Rogers et al. 2016 baselines for Gaussian rounds, through their Lemma 3.3 -----------------
 
 
 def _basic_feasible(k: int, epsilon: float, delta: float, mu: float) -> bool:
@@ -217,7 +292,7 @@ def _baseline_rounds(kind: str, epsilon: float, delta: float, mu: float) -> int:
     return lo
 
 
-# --- placement 'distributed': Skellam noise over SecAgg+ (issue 15) ----------------------------------
+# --- placement 'distributed': Skellam noise over SecAgg+ --------------------------------------------
 
 GAUSSIAN_ONLY_KINDS = ("gdp", "zcdp")
 
@@ -235,7 +310,26 @@ def _check_setting(clip: float, min_reports: int, dim: int) -> None:
 
 
 def check_distributed_filter(kind: str) -> None:
-    """Refuse the Gaussian-only filters for Skellam releases (``skellam.py``'s docstring)."""
+    """Refuse the Gaussian-only filters for Skellam releases (``skellam.py``'s docstring).
+
+    Parameters
+    ----------
+    kind : str
+        The filter kind asked for.
+
+    Raises
+    ------
+    ValueError
+        Unless ``kind == "rdp"``.
+
+    Examples
+    --------
+    >>> check_distributed_filter("rdp")
+    >>> check_distributed_filter("gdp")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: filter='gdp': placement 'distributed' (Skellam noise over SecAgg+) needs filter='rdp'; ...
+    """
     if kind in GAUSSIAN_ONLY_KINDS:
         raise ValueError(
             f"filter={kind!r}: placement 'distributed' (Skellam noise over SecAgg+) needs filter='rdp'; "
@@ -249,7 +343,33 @@ def distributed_mu(noise_multiplier: float, clip: float, min_reports: int, *, al
     """The Skellam variance per coordinate a release carries, in grid units: ``mu_total = (z C /
     gamma)^2`` rounded down, each of ``min_reports`` shares ``skellam_share(mu_total, t)``, and the least
     variance of their sum (``released_variance``), whichever is smaller. ``alone``: the variance one
-    report carries read alone, its share (what the worst-case account is charged at)."""
+    report carries read alone, its share (what the worst-case account is charged at).
+
+    Parameters
+    ----------
+    noise_multiplier : float
+        ``z``, finite and > 0.
+    clip : float
+        The clip norm ``C``, finite and > 0.
+    min_reports : int
+        ``t``, the fewest reports in a released sum.
+    alone : bool, optional
+        Return one report's share instead of the sum's variance.
+
+    Returns
+    -------
+    float
+        The variance per coordinate, in grid units (rounded down; the share rounded up).
+
+    Examples
+    --------
+    At C = 1 the grid step is ``2**-12``, so z = 1 asks for ``(1 / 2**-12)^2 = 2**24``:
+
+    >>> distributed_mu(1.0, 1.0, 4) <= 2.0**24, round(distributed_mu(1.0, 1.0, 4))
+    (True, 16777216)
+    >>> round(distributed_mu(1.0, 1.0, 4, alone=True))  # a quarter of it
+    4194304
+    """
     _check_z(noise_multiplier)
     _check_setting(clip, min_reports, 1)
     ratio = down(noise_multiplier * (clip / grid_step(clip)))  # clip / gamma is exact (gamma = 2**k)
@@ -260,6 +380,44 @@ def distributed_mu(noise_multiplier: float, clip: float, min_reports: int, *, al
 
 @dataclass(frozen=True)
 class DistributedPlan:
+    """What a fresh client's rdp filter admits in distributed placement (``plan_distributed_rounds``).
+
+    Parameters
+    ----------
+    epsilon : float
+        The budget's epsilon (worst-case-epsilon when planned ``alone``).
+    delta : float
+        The budget's delta.
+    noise_multiplier : float
+        ``z``: the released sum's noise std is ``z * C``.
+    clip : float
+        The clip norm ``C``.
+    min_reports : int
+        The fewest reports in a released sum.
+    dim : int
+        The model size (number of coordinates).
+    order : float
+        alpha*, where the rdp filter's threshold holds and Skellam charges are taken.
+    mu : float
+        The Skellam variance per coordinate of a release (grid units).
+    l2 : float
+        ``C / gamma``: a full-norm update's L2 norm on the grid.
+    l1 : float
+        ``l1_cap(l2, dim)``: the worst-case L1 norm.
+    charge : float
+        One full-norm round, in rho units.
+    rounds : int
+        Full-norm rounds admitted.
+
+    Examples
+    --------
+    >>> plan = plan_distributed_rounds(
+    ...     epsilon=4.0, delta=1e-5, noise_multiplier=4.0, clip=1.0, min_reports=4, dim=1000
+    ... )
+    >>> plan.order, plan.l2, plan.rounds
+    (6.1, 4096.0, 11)
+    """
+
     epsilon: float
     delta: float
     noise_multiplier: float
@@ -295,7 +453,52 @@ def plan_distributed_rounds(
     alone: bool = False,
 ) -> DistributedPlan:
     """Full-norm Skellam rounds a fresh client's rdp filter admits (worst-case L1 every round);
-    ``alone``: its worst-case account's, each report read alone (``epsilon`` is then worst-case-epsilon)."""
+    ``alone``: its worst-case account's, each report read alone (``epsilon`` is then worst-case-epsilon).
+
+    Parameters
+    ----------
+    epsilon : float
+        The budget's epsilon.
+    delta : float
+        The budget's delta, in (0, 1).
+    noise_multiplier : float
+        ``z``, finite and > 0.
+    clip : float
+        The clip norm ``C``, finite and > 0.
+    min_reports : int
+        The fewest reports in a released sum, >= 1.
+    dim : int
+        The model size, >= 1.
+    kind : str, optional
+        Must be ``"rdp"`` (the only filter valid for Skellam noise).
+    orders : sequence of float, optional
+        The Rényi orders (default ``renyi.DEFAULT_ORDERS``).
+    alone : bool, optional
+        Plan the worst-case account instead.
+
+    Returns
+    -------
+    DistributedPlan
+        The setting, the charge of one full-norm round and the rounds admitted.
+
+    Raises
+    ------
+    ValueError
+        Naming a bad argument, a filter other than rdp, or a setting too cheap to plan.
+
+    Examples
+    --------
+    The Skellam charge of a round is a little above the Gaussian ``1 / (2 z^2)`` at the same variance
+    (the price of discreteness), so this admits as many rounds as ``plan_rounds("rdp", ...)`` or fewer:
+
+    >>> plan = plan_distributed_rounds(
+    ...     epsilon=4.0, delta=1e-5, noise_multiplier=4.0, clip=1.0, min_reports=4, dim=1000
+    ... )
+    >>> round(plan.charge, 6), 1 / (2 * 4.0**2)
+    (0.03134, 0.03125)
+    >>> plan.rounds, plan_rounds("rdp", epsilon=4.0, delta=1e-5, noise_multiplier=4.0).rounds
+    (11, 11)
+    """
     check_distributed_filter(kind)
     _check_z(noise_multiplier)
     _check_setting(clip, min_reports, dim)
@@ -328,6 +531,47 @@ def plan_distributed_epsilon(
     Also ``fixed_composition_epsilon``: the same rounds fixed in advance, their Skellam RDP curve
     composed at every order and converted at the best one (no filter; a reference, often a little
     lower, as a filter holds one order fixed before the run).
+
+    Parameters
+    ----------
+    rounds : int
+        The number of full-norm rounds, in ``[1, MAX_PLANNED_ROUNDS)``.
+    delta : float
+        The budget's delta, in (0, 1).
+    noise_multiplier : float
+        ``z``, finite and > 0.
+    clip : float
+        The clip norm ``C``, finite and > 0.
+    min_reports : int
+        The fewest reports in a released sum, >= 1.
+    dim : int
+        The model size, >= 1.
+    kind : str, optional
+        Must be ``"rdp"``.
+    orders : sequence of float, optional
+        The Rényi orders (default ``renyi.DEFAULT_ORDERS``).
+    alone : bool, optional
+        Plan the worst-case account instead.
+
+    Returns
+    -------
+    dict
+        The setting, ``epsilon``, its filter's ``order`` and ``fixed_composition_epsilon``.
+
+    Raises
+    ------
+    ValueError
+        Naming a bad argument, or when no epsilon up to 1e6 admits the rounds.
+
+    Examples
+    --------
+    >>> plan = plan_distributed_epsilon(
+    ...     rounds=11, delta=1e-5, noise_multiplier=4.0, clip=1.0, min_reports=4, dim=1000
+    ... )
+    >>> plan["epsilon"] <= 4.0, plan_distributed_rounds(
+    ...     epsilon=plan["epsilon"], delta=1e-5, noise_multiplier=4.0, clip=1.0, min_reports=4, dim=1000
+    ... ).rounds
+    (True, 11)
     """
     check_distributed_filter(kind)
     _check_z(noise_multiplier)
@@ -384,7 +628,50 @@ def rounds_admitted(
 ) -> int:
     """Full-norm rounds a fresh client's filter admits, counted up to ``limit`` (so it stays cheap
     where ``plan_rounds`` would count millions): ``min(rounds, limit)``. ``alone`` (distributed): its
-    worst-case account's, each report read alone, under ``epsilon`` = worst-case-epsilon."""
+    worst-case account's, each report read alone, under ``epsilon`` = worst-case-epsilon.
+
+    Parameters
+    ----------
+    kind : str
+        A filter kind, or a baseline of ``BASELINE_KINDS`` (local placement only).
+    epsilon : float
+        The budget's epsilon.
+    delta : float
+        The budget's delta, in (0, 1).
+    noise_multiplier : float
+        ``z``, finite and > 0.
+    limit : int
+        Count no further than this, in ``[1, MAX_PLANNED_ROUNDS)``.
+    placement : {"local", "distributed"}, optional
+        Gaussian noise on the device, or Skellam noise over SecAgg+.
+    clip : float, optional
+        The clip norm (distributed placement).
+    min_reports : int, optional
+        The fewest reports in a released sum (distributed placement).
+    dim : int, optional
+        The model size (distributed placement).
+    orders : sequence of float, optional
+        The Rényi orders of the rdp filter.
+    alone : bool, optional
+        Count the worst-case account's rounds (distributed placement).
+
+    Returns
+    -------
+    int
+        ``min(rounds admitted, limit)``.
+
+    Raises
+    ------
+    ValueError
+        Naming a bad argument and its value.
+
+    Examples
+    --------
+    >>> rounds_admitted("gdp", epsilon=4.0, delta=1e-5, noise_multiplier=10.0, limit=50)
+    50
+    >>> rounds_admitted("gdp", epsilon=4.0, delta=1e-5, noise_multiplier=10.0, limit=1000)
+    85
+    """
     _check_z(noise_multiplier)
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit < MAX_PLANNED_ROUNDS:
         raise ValueError(f"limit must be an integer in [1, {MAX_PLANNED_ROUNDS}). Found {limit!r}.")
@@ -400,7 +687,28 @@ def rounds_admitted(
 
 
 def admits_rounds(kind: str, *, rounds: int, **setting) -> bool:
-    """Whether a fresh client's filter admits ``rounds`` full-norm rounds (``rounds_admitted``'s settings)."""
+    """Whether a fresh client's filter admits ``rounds`` full-norm rounds (``rounds_admitted``'s settings).
+
+    Parameters
+    ----------
+    kind : str
+        The filter kind (or baseline).
+    rounds : int
+        The number of rounds, in ``[1, MAX_PLANNED_ROUNDS)``.
+    **setting
+        ``rounds_admitted``'s keyword arguments except ``limit``.
+
+    Returns
+    -------
+    bool
+        True if at least ``rounds`` full-norm rounds are admitted.
+
+    Examples
+    --------
+    >>> setting = dict(epsilon=4.0, delta=1e-5, noise_multiplier=10.0)
+    >>> admits_rounds("gdp", rounds=85, **setting), admits_rounds("gdp", rounds=86, **setting)
+    (True, False)
+    """
     if isinstance(rounds, bool) or not isinstance(rounds, int) or not 1 <= rounds < MAX_PLANNED_ROUNDS:
         raise ValueError(f"rounds must be an integer in [1, {MAX_PLANNED_ROUNDS}). Found {rounds!r}.")
     return rounds_admitted(kind, limit=rounds, **setting) >= rounds
