@@ -6,19 +6,15 @@ Skellam share (``fedfilter.privacy.skellam``). SecAgg+ must add these integers e
 the released sum must be a function of ``sum_i y_i`` alone (then the sum's noise is Skellam with the
 sum of the shares' variances, and every device's loss is that of ``k + Sk(mu_total)``):
 
-* Flower's client mod multiplies each value by ``num_examples / max_weight`` and maps
-  ``x -> (clip(x, -c, c) + c) * q / (2 c)`` before a stochastic rounding to ``[0, q]``
-  (``flwr.common.secure_aggregation.quantization``). With ``max_weight == 1`` and ``num_examples ==
-  1`` the factor is exactly 1.0, and with ``c == q / 2`` the map is ``x -> x + q/2``: for an
-  integer ``x`` in ``[-q/2, q/2)`` it is exact and the rounding is a no-op.
-* A device sends ``x = (y mod q) - q/2`` (``encode_report``): a modular wrap, not a clip. A clip
-  would make the sum depend on each ``y_i`` separately (and break the Skellam sum); the wrap keeps
-  ``(sum_i x_i + n q/2) mod q == (sum_i y_i) mod q``, since ``q`` divides the modulus ``M``
-  (Kairouz, Liu, Steinke, ICML 2021, section 4: modular clipping is post-processing of the sum).
-* The server sums modulo ``M``; with ``n q < M`` its weight factor ``n q`` does not wrap, and its
-  float result ``(recon - n q/2) / n`` is inverted exactly (``decode_sum``); the centred residue
-  ``(recon mod q)`` in ``[-q/2, q/2)`` is ``sum_i y_i`` whenever ``|sum_i y_i| < q/2``, and
-  otherwise a wrapped (useless, equally private) value.
+* Flower's quantization ``x -> (clip(x, -c, c) + c) * q / (2 c)`` is the exact shift ``x -> x + q/2``
+  on integers in ``[-q/2, q/2)`` with ``max_weight == 1``, ``num_examples == 1`` and ``c == q / 2``;
+* a device sends ``x = (y mod q) - q/2`` (``encode_report``): a modular wrap, not a clip, which keeps
+  the sum modulo ``q`` (Kairouz, Liu, Steinke, ICML 2021, section 4: modular clipping is
+  post-processing of the sum);
+* the server's float result is inverted exactly (``decode_sum``), and is ``sum_i y_i`` whenever
+  ``|sum_i y_i| < q/2``.
+
+The argument is in docs/derivations/secagg-grid.md.
 
 The device's side of this contract, ``check_secagg_state``, lives with the device
 (``fedfilter.client.secagg.neighbourhood``): the coordinator chooses every SecAgg+ parameter in the
