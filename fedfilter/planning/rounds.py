@@ -1,32 +1,12 @@
 """Budget planning: how many full-norm rounds a fresh client gets, and what a run costs.
 
-A "full-norm round" releases an update clipped to norm exactly C with noise std ``z * C``, so
-every round costs ``mu_t = 1/z``. The counts come from running the very filter the client runs
-(the same rounding), so the planner never promises a round the ledger would refuse.
-
-Distributed placement (``plan_distributed_rounds`` / ``plan_distributed_epsilon``):
-A full-norm round releases the clipped update snapped to the integer grid of step ``gamma =
-grid_step(C)`` (``protocol/secagg/grid.py``), so ``||k||_2 <= C / gamma`` and, in the worst case,
-``||k||_1 = l1_cap(C / gamma, dim)``, plus Skellam noise of variance ``mu`` per coordinate on the
-released sum of at least ``min_reports`` reports. The device charges the rdp filter
-``skellam_charge`` at the filter's order alpha* (Feldman and Zrnic, "Individual Privacy Accounting
-via a Rényi Filter", NeurIPS 2021, Theorem 4.3; Agarwal, Kairouz, Liu 2021 Theorem 3.5), and the
-counts here run that very charge through the filter's own rounding, so the planner never promises a
-round the ledger would refuse. Only the rdp filter is valid for Skellam noise (``skellam.py``).
-
-``alone=True`` plans the device's worst-case account (``client/ledger/worst_case.py``) instead: what
-each report costs read alone, at the device's own share ``skellam_share(mu_total, min_reports)``, under
-a budget ``worst-case-epsilon`` at the same delta, with the same charge and rounding.
-
-Constants: ``MAX_PLANNED_ROUNDS``, the most rounds a planner counts before it refuses (a noise
-multiplier so large would take too long to plan); ``BASELINE_KINDS``, the comparison baselines of
-Rogers, Roth, Ullman and Vadhan, "Privacy Odometers and Filters: Pay-as-you-Go Composition" (NeurIPS
-2016); ``GAUSSIAN_ONLY_KINDS``, the filters that may not account Skellam noise.
-
-Examples
---------
->>> plan_rounds("gdp", epsilon=4.0, delta=1e-5, noise_multiplier=10.0).rounds
-85
+A "full-norm round" releases an update clipped to norm exactly C with noise std ``z * C`` (each
+costs ``mu_t = 1/z``; in distributed placement, ``skellam_charge`` of the worst-case integer update).
+The counts run the very filter, charge and rounding the client runs, so the planner never promises
+a round the ledger would refuse. ``alone=True`` plans the worst-case account
+(``client/ledger/worst_case.py``): each report read alone, under ``worst-case-epsilon``. Constants:
+``MAX_PLANNED_ROUNDS`` (the most rounds counted), ``BASELINE_KINDS`` (the pure-DP baselines,
+``baselines.py``), ``GAUSSIAN_ONLY_KINDS`` (the filters that may not account Skellam noise).
 """
 
 from __future__ import annotations
@@ -37,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fedfilter.checks import positive_finite
-from fedfilter.privacy import pure_dp
+from fedfilter.planning.baselines import _baseline_rounds
 from fedfilter.privacy.filters import GaussianFilter, make_filter, rdp_order
 from fedfilter.privacy.renyi import DEFAULT_ORDERS, epsilon_from_rdp
 from fedfilter.privacy.rounding import down, mul_up, up
@@ -59,18 +39,9 @@ class RoundsPlan:
 
     Parameters
     ----------
-    filter : str
-        The filter kind (or baseline) planned with.
-    epsilon : float
-        The lifetime budget's epsilon.
-    delta : float
-        The lifetime budget's delta.
-    noise_multiplier : float
-        ``z``: each round's noise std is ``z * C``.
-    rounds : int
-        Full-norm rounds admitted.
-    last_round_fraction : float
-        The norm fraction (of C, at most 1) the next, partial round may still carry; 0 for a baseline.
+    filter, epsilon, delta, noise_multiplier, rounds, last_round_fraction
+        The filter kind (or baseline), the budget and ``z`` planned with; the full-norm rounds admitted;
+        the norm fraction (of C, at most 1) the next, partial round may still carry (0 for a baseline).
 
     Examples
     --------
@@ -114,10 +85,8 @@ def plan_rounds(kind: str, *, epsilon: float, delta: float, noise_multiplier: fl
     kind : {"gdp", "rdp", "zcdp", "basic", "advanced"}
         A filter of ``FILTER_KINDS``, or a baseline of Rogers, Roth, Ullman and Vadhan 2016: basic
         or advanced composition of pure-DP steps (Theorems 3.4 and 5.1), for comparison.
-    epsilon : float
-        The client's lifetime budget epsilon; a finite number > 0.
-    delta : float
-        The budget's delta, in (0, 1).
+    epsilon, delta : float
+        The client's lifetime budget: epsilon a finite number > 0, delta in (0, 1).
     noise_multiplier : float
         ``z``: each round's Gaussian noise std is ``z * C``. A finite number > 0.
     orders : sequence of float, optional
@@ -136,17 +105,12 @@ def plan_rounds(kind: str, *, epsilon: float, delta: float, noise_multiplier: fl
 
     Examples
     --------
-    >>> plan = plan_rounds("gdp", epsilon=4.0, delta=1e-5, noise_multiplier=10.0)
-    >>> plan.rounds
-    85
-    >>> round(plan.last_round_fraction, 3)
-    0.741
-
-    The gdp count agrees with the closed form: the filter continues while ``k / z^2 <= mu_B^2``.
+    The gdp count is the closed form's: the filter continues while ``k / z^2 <= mu_B^2``.
 
     >>> from fedfilter.privacy.gaussian_dp import mu_for_budget
-    >>> int(mu_for_budget(4.0, 1e-5) ** 2 * 10.0**2)
-    85
+    >>> plan = plan_rounds("gdp", epsilon=4.0, delta=1e-5, noise_multiplier=10.0)
+    >>> plan.rounds, int(mu_for_budget(4.0, 1e-5) ** 2 * 10.0**2), round(plan.last_round_fraction, 3)
+    (85, 85, 0.741)
     """
     _check_z(noise_multiplier)
     if kind in BASELINE_KINDS:
@@ -165,45 +129,29 @@ def plan_rounds(kind: str, *, epsilon: float, delta: float, noise_multiplier: fl
 def plan_epsilon(kind: str, *, noise_multiplier: float, rounds: int, delta: float, orders=None) -> dict:
     """The smallest budget epsilon whose filter admits ``rounds`` full-norm rounds.
 
-    Also reports ``fixed_composition_epsilon``: the epsilon of the same rounds fixed in advance
-    (no filter) under the kind's own conversion. It equals ``epsilon`` up to rounding: none of the
-    filters pays anything for adaptivity (for rdp: one threshold, the full delta; see filters.py).
+    ``fixed_composition_epsilon``: the same rounds fixed in advance (no filter); equal up to rounding,
+    as no filter pays for adaptivity (for rdp: one threshold, the full delta; see filters.py).
 
     Parameters
     ----------
     kind : {"gdp", "rdp", "zcdp"}
         The filter kind.
-    noise_multiplier : float
-        ``z``, finite and > 0.
-    rounds : int
-        The number of full-norm rounds, >= 1.
-    delta : float
-        The budget's delta, in (0, 1).
+    noise_multiplier, rounds, delta : float, int, float
+        ``z`` (> 0), the full-norm rounds (>= 1) and the budget's delta.
     orders : sequence of float, optional
         The Rényi orders of the rdp filter (default ``renyi.DEFAULT_ORDERS``).
 
     Returns
     -------
     dict
-        ``filter``, ``noise_multiplier``, ``rounds``, ``delta``, ``epsilon`` and
-        ``fixed_composition_epsilon``.
-
-    Raises
-    ------
-    ValueError
-        Naming a bad argument and its value.
+        The arguments, ``epsilon`` and ``fixed_composition_epsilon``.
 
     Examples
     --------
-    85 rounds at z = 10 are ``sqrt(85) / 10``-GDP:
-
-    >>> from fedfilter.privacy.gaussian_dp import epsilon_for_mu
+    >>> from fedfilter.privacy.gaussian_dp import epsilon_for_mu  # 85 rounds at z = 10: sqrt(85)/10-GDP
     >>> plan = plan_epsilon("gdp", noise_multiplier=10.0, rounds=85, delta=1e-5)
     >>> round(plan["epsilon"], 9), round(epsilon_for_mu(math.sqrt(85) / 10, 1e-5), 9)
     (3.985179966, 3.985179966)
-    >>> plan = plan_epsilon("rdp", noise_multiplier=4.0, rounds=8, delta=1e-5)
-    >>> round(plan["epsilon"], 6), round(plan["fixed_composition_epsilon"], 6)
-    (3.188992, 3.188992)
     """
     _check_z(noise_multiplier)
     if not (isinstance(rounds, int) and rounds >= 1):
@@ -236,62 +184,6 @@ def plan_epsilon(kind: str, *, noise_multiplier: float, rounds: int, delta: floa
     }
 
 
-# --- Rogers et al. 2016 baselines for Gaussian rounds, through their Lemma 3.3 -----------------
-
-
-def _basic_feasible(k: int, epsilon: float, delta: float, mu: float) -> bool:
-    # Lemma 3.3 feeds 2 eps_t to the pure filter: k * 2 eps_t <= epsilon (Theorem 3.4, delta_g = 0),
-    # and spends delta' = delta on sum 2 delta_t / (eps_t e^eps_t).
-    # k upward-rounded additions each add at most one ulp: leave room for them.
-    eps_t = epsilon / (2 * k) * (1 - (4 * k + 8) * 2.0**-52)
-    _, delta_t = pure_dp.gaussian_as_approx_dp(mu, eps_t)
-    stats = (0.0, 0.0, 0.0)
-    step = pure_dp.pure_step_stats(2 * eps_t)
-    dsum = 0.0
-    dstep = pure_dp.lemma33_delta_charge(eps_t, delta_t)
-    for _ in range(k):  # k is small for these baselines
-        stats = pure_dp.add_stats(stats, step)
-        dsum = math.nextafter(dsum + dstep, math.inf)
-    return pure_dp.basic_admits(stats, epsilon) and dsum <= delta
-
-
-def _advanced_feasible(k: int, epsilon: float, delta: float, mu: float) -> bool:
-    for share in (0.1, 0.25, 0.5, 0.75, 0.9):  # split delta between delta_g and Lemma 3.3's delta_g'
-        delta_g, delta_p = delta * share, delta * (1 - share)
-        lo, hi = 0.0, epsilon  # largest per-step eps_t with K(k steps of 2 eps_t) <= epsilon
-        for _ in range(60):
-            mid = (lo + hi) / 2
-            stats = tuple(k * x for x in pure_dp.pure_step_stats(2 * mid))
-            stats = tuple(math.nextafter(x, math.inf) * (1 + k * 2.0**-52) for x in stats)
-            if pure_dp.advanced_admits(stats, epsilon, delta_g):
-                lo = mid
-            else:
-                hi = mid
-        if lo <= 0:
-            continue
-        _, delta_t = pure_dp.gaussian_as_approx_dp(mu, lo)
-        if k * pure_dp.lemma33_delta_charge(lo, delta_t) * (1 + k * 2.0**-52) <= delta_p:
-            return True
-    return False
-
-
-def _baseline_rounds(kind: str, epsilon: float, delta: float, mu: float) -> int:
-    feasible = _basic_feasible if kind == "basic" else _advanced_feasible
-    if kind == "advanced" and not delta < 1 / math.e:
-        raise ValueError(f"the advanced filter needs delta < 1/e. Found {delta!r}.")
-    if not feasible(1, epsilon, delta, mu):
-        return 0
-    lo, hi = 1, 2
-    while feasible(hi, epsilon, delta, mu):
-        lo, hi = hi, hi * 2
-        if hi > 1_000_000:
-            raise ValueError("more than a million baseline rounds; plan with a smaller noise multiplier.")
-    while hi - lo > 1:  # feasibility is monotone in k
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if feasible(mid, epsilon, delta, mu) else (lo, mid)
-    return lo
-
-
 # --- placement 'distributed': Skellam noise over SecAgg+ --------------------------------------------
 
 GAUSSIAN_ONLY_KINDS = ("gdp", "zcdp")
@@ -315,20 +207,11 @@ def check_distributed_filter(kind: str) -> None:
     Parameters
     ----------
     kind : str
-        The filter kind asked for.
-
-    Raises
-    ------
-    ValueError
-        Unless ``kind == "rdp"``.
+        The filter kind asked for; a ``ValueError`` unless ``"rdp"``.
 
     Examples
     --------
     >>> check_distributed_filter("rdp")
-    >>> check_distributed_filter("gdp")  # doctest: +ELLIPSIS
-    Traceback (most recent call last):
-    ...
-    ValueError: filter='gdp': placement 'distributed' (Skellam noise over SecAgg+) needs filter='rdp'; ...
     """
     if kind in GAUSSIAN_ONLY_KINDS:
         raise ValueError(
@@ -342,33 +225,25 @@ def check_distributed_filter(kind: str) -> None:
 def distributed_mu(noise_multiplier: float, clip: float, min_reports: int, *, alone: bool = False) -> float:
     """The Skellam variance per coordinate a release carries, in grid units: ``mu_total = (z C /
     gamma)^2`` rounded down, each of ``min_reports`` shares ``skellam_share(mu_total, t)``, and the least
-    variance of their sum (``released_variance``), whichever is smaller. ``alone``: the variance one
-    report carries read alone, its share (what the worst-case account is charged at).
+    variance of their sum (``released_variance``), whichever is smaller.
 
     Parameters
     ----------
-    noise_multiplier : float
-        ``z``, finite and > 0.
-    clip : float
-        The clip norm ``C``, finite and > 0.
-    min_reports : int
-        ``t``, the fewest reports in a released sum.
+    noise_multiplier, clip, min_reports : float, float, int
+        ``z``, the clip norm ``C`` and ``t``, the fewest reports in a released sum.
     alone : bool, optional
-        Return one report's share instead of the sum's variance.
+        Return one report's share instead (what the worst-case account is charged at).
 
     Returns
     -------
     float
-        The variance per coordinate, in grid units (rounded down; the share rounded up).
 
     Examples
     --------
     At C = 1 the grid step is ``2**-12``, so z = 1 asks for ``(1 / 2**-12)^2 = 2**24``:
 
-    >>> distributed_mu(1.0, 1.0, 4) <= 2.0**24, round(distributed_mu(1.0, 1.0, 4))
-    (True, 16777216)
-    >>> round(distributed_mu(1.0, 1.0, 4, alone=True))  # a quarter of it
-    4194304
+    >>> round(distributed_mu(1.0, 1.0, 4)), round(distributed_mu(1.0, 1.0, 4, alone=True))
+    (16777216, 4194304)
     """
     _check_z(noise_multiplier)
     _check_setting(clip, min_reports, 1)
@@ -384,36 +259,17 @@ class DistributedPlan:
 
     Parameters
     ----------
-    epsilon : float
-        The budget's epsilon (worst-case-epsilon when planned ``alone``).
-    delta : float
-        The budget's delta.
-    noise_multiplier : float
-        ``z``: the released sum's noise std is ``z * C``.
-    clip : float
-        The clip norm ``C``.
-    min_reports : int
-        The fewest reports in a released sum.
-    dim : int
-        The model size (number of coordinates).
-    order : float
-        alpha*, where the rdp filter's threshold holds and Skellam charges are taken.
-    mu : float
-        The Skellam variance per coordinate of a release (grid units).
-    l2 : float
-        ``C / gamma``: a full-norm update's L2 norm on the grid.
-    l1 : float
-        ``l1_cap(l2, dim)``: the worst-case L1 norm.
-    charge : float
-        One full-norm round, in rho units.
+    epsilon, delta, noise_multiplier, clip, min_reports, dim
+        The setting, as ``plan_distributed_rounds`` takes it.
+    order, mu, l2, l1, charge : float
+        alpha* (where Skellam charges are taken); the Skellam variance per coordinate (grid units);
+        ``C / gamma``; ``l1_cap(l2, dim)``; one full-norm round's charge (rho units).
     rounds : int
         Full-norm rounds admitted.
 
     Examples
     --------
-    >>> plan = plan_distributed_rounds(
-    ...     epsilon=4.0, delta=1e-5, noise_multiplier=4.0, clip=1.0, min_reports=4, dim=1000
-    ... )
+    >>> plan = plan_distributed_rounds(epsilon=4.0, delta=1e-5, noise_multiplier=4.0, clip=1.0, min_reports=4, dim=1000)
     >>> plan.order, plan.l2, plan.rounds
     (6.1, 4096.0, 11)
     """
@@ -457,47 +313,24 @@ def plan_distributed_rounds(
 
     Parameters
     ----------
-    epsilon : float
-        The budget's epsilon.
-    delta : float
-        The budget's delta, in (0, 1).
-    noise_multiplier : float
-        ``z``, finite and > 0.
-    clip : float
-        The clip norm ``C``, finite and > 0.
-    min_reports : int
-        The fewest reports in a released sum, >= 1.
-    dim : int
-        The model size, >= 1.
-    kind : str, optional
-        Must be ``"rdp"`` (the only filter valid for Skellam noise).
-    orders : sequence of float, optional
-        The Rényi orders (default ``renyi.DEFAULT_ORDERS``).
-    alone : bool, optional
-        Plan the worst-case account instead.
+    epsilon, delta, noise_multiplier, clip : float
+        The budget, ``z`` and the clip norm ``C``.
+    min_reports, dim : int
+        The fewest reports in a released sum, and the model size.
+    kind, orders, alone : str, sequence of float, bool, optional
+        Must be ``"rdp"``; the Rényi orders; plan the worst-case account instead.
 
     Returns
     -------
     DistributedPlan
-        The setting, the charge of one full-norm round and the rounds admitted.
-
-    Raises
-    ------
-    ValueError
-        Naming a bad argument, a filter other than rdp, or a setting too cheap to plan.
 
     Examples
     --------
-    The Skellam charge of a round is a little above the Gaussian ``1 / (2 z^2)`` at the same variance
-    (the price of discreteness), so this admits as many rounds as ``plan_rounds("rdp", ...)`` or fewer:
+    The Skellam charge is a little above the Gaussian ``1 / (2 z^2)`` at the same variance:
 
-    >>> plan = plan_distributed_rounds(
-    ...     epsilon=4.0, delta=1e-5, noise_multiplier=4.0, clip=1.0, min_reports=4, dim=1000
-    ... )
-    >>> round(plan.charge, 6), 1 / (2 * 4.0**2)
-    (0.03134, 0.03125)
-    >>> plan.rounds, plan_rounds("rdp", epsilon=4.0, delta=1e-5, noise_multiplier=4.0).rounds
-    (11, 11)
+    >>> plan = plan_distributed_rounds(epsilon=4.0, delta=1e-5, noise_multiplier=4.0, clip=1.0, min_reports=4, dim=1000)
+    >>> round(plan.charge, 6), 1 / (2 * 4.0**2), plan.rounds
+    (0.03134, 0.03125, 11)
     """
     check_distributed_filter(kind)
     _check_z(noise_multiplier)
@@ -528,49 +361,26 @@ def plan_distributed_epsilon(
     full-norm Skellam rounds; the answer is itself checked (its filter admits them). ``alone``: the
     smallest worst-case-epsilon whose account admits them, each report read alone.
 
-    Also ``fixed_composition_epsilon``: the same rounds fixed in advance, their Skellam RDP curve
-    composed at every order and converted at the best one (no filter; a reference, often a little
-    lower, as a filter holds one order fixed before the run).
+    ``fixed_composition_epsilon``: the same rounds fixed in advance, converted at the best order (no
+    filter; often a little lower, as a filter holds one order fixed before the run).
 
     Parameters
     ----------
     rounds : int
         The number of full-norm rounds, in ``[1, MAX_PLANNED_ROUNDS)``.
-    delta : float
-        The budget's delta, in (0, 1).
-    noise_multiplier : float
-        ``z``, finite and > 0.
-    clip : float
-        The clip norm ``C``, finite and > 0.
-    min_reports : int
-        The fewest reports in a released sum, >= 1.
-    dim : int
-        The model size, >= 1.
-    kind : str, optional
-        Must be ``"rdp"``.
-    orders : sequence of float, optional
-        The Rényi orders (default ``renyi.DEFAULT_ORDERS``).
-    alone : bool, optional
-        Plan the worst-case account instead.
+    delta, noise_multiplier, clip, min_reports, dim, kind, orders, alone
+        As ``plan_distributed_rounds`` takes them.
 
     Returns
     -------
     dict
         The setting, ``epsilon``, its filter's ``order`` and ``fixed_composition_epsilon``.
 
-    Raises
-    ------
-    ValueError
-        Naming a bad argument, or when no epsilon up to 1e6 admits the rounds.
-
     Examples
     --------
-    >>> plan = plan_distributed_epsilon(
-    ...     rounds=11, delta=1e-5, noise_multiplier=4.0, clip=1.0, min_reports=4, dim=1000
-    ... )
-    >>> plan["epsilon"] <= 4.0, plan_distributed_rounds(
-    ...     epsilon=plan["epsilon"], delta=1e-5, noise_multiplier=4.0, clip=1.0, min_reports=4, dim=1000
-    ... ).rounds
+    >>> setting = dict(delta=1e-5, noise_multiplier=4.0, clip=1.0, min_reports=4, dim=1000)
+    >>> eps = plan_distributed_epsilon(rounds=11, **setting)["epsilon"]
+    >>> eps <= 4.0, plan_distributed_rounds(epsilon=eps, **setting).rounds
     (True, 11)
     """
     check_distributed_filter(kind)
@@ -626,44 +436,21 @@ def rounds_admitted(
     orders=None,
     alone: bool = False,
 ) -> int:
-    """Full-norm rounds a fresh client's filter admits, counted up to ``limit`` (so it stays cheap
-    where ``plan_rounds`` would count millions): ``min(rounds, limit)``. ``alone`` (distributed): its
-    worst-case account's, each report read alone, under ``epsilon`` = worst-case-epsilon.
+    """``min(rounds a fresh client's filter admits, limit)``: cheap where ``plan_rounds`` would count
+    millions. ``alone`` (distributed): the worst-case account's, under ``epsilon`` = worst-case-epsilon.
 
     Parameters
     ----------
     kind : str
         A filter kind, or a baseline of ``BASELINE_KINDS`` (local placement only).
-    epsilon : float
-        The budget's epsilon.
-    delta : float
-        The budget's delta, in (0, 1).
-    noise_multiplier : float
-        ``z``, finite and > 0.
-    limit : int
-        Count no further than this, in ``[1, MAX_PLANNED_ROUNDS)``.
-    placement : {"local", "distributed"}, optional
-        Gaussian noise on the device, or Skellam noise over SecAgg+.
-    clip : float, optional
-        The clip norm (distributed placement).
-    min_reports : int, optional
-        The fewest reports in a released sum (distributed placement).
-    dim : int, optional
-        The model size (distributed placement).
-    orders : sequence of float, optional
-        The Rényi orders of the rdp filter.
-    alone : bool, optional
-        Count the worst-case account's rounds (distributed placement).
+    epsilon, delta, noise_multiplier, limit
+        The budget, ``z``, and the count's cap, in ``[1, MAX_PLANNED_ROUNDS)``.
+    placement, clip, min_reports, dim, orders, alone : optional
+        ``"local"`` (default) or ``"distributed"``; the rest as ``plan_distributed_rounds`` takes them.
 
     Returns
     -------
     int
-        ``min(rounds admitted, limit)``.
-
-    Raises
-    ------
-    ValueError
-        Naming a bad argument and its value.
 
     Examples
     --------
@@ -701,7 +488,6 @@ def admits_rounds(kind: str, *, rounds: int, **setting) -> bool:
     Returns
     -------
     bool
-        True if at least ``rounds`` full-norm rounds are admitted.
 
     Examples
     --------
