@@ -22,12 +22,12 @@ What this module computes, in the integer units of the grid:
   discreteness. Mind the parameterisation (scipy's ``skellam(m, m)`` has variance ``2 m``).
 - ``device_rdp_curve`` / ``device_epsilon``: one release's bound at every order, and its (epsilon,
   delta) by ``renyi``'s conversion (for studies).
-- Charging (``skellam_charge.py``, re-exported here): ``integer_norms`` / ``l2_up`` give a release's exact norms, ``l1_cap`` the worst L1 for a
-  given L2, ``skellam_rho`` the charge at an order (between integer orders by the convexity of
-  ``(alpha - 1) D_alpha``, tighter than ``ceil``), ``skellam_charge`` the charge at the rdp filter's
-  alpha*, and ``skellam_allowance`` the largest L2 whose worst-case charge fits within the charge of
-  the Gaussian allowance the device's filters already admit. ``ALLOWANCE_STEPS`` is the fixed number
-  of bisection steps of ``skellam_allowance``.
+- Charging (``skellam_charge.py``, re-exported here): ``integer_norms`` / ``l2_up`` give a release's
+  exact norms, ``l1_cap`` the worst L1 for a given L2, ``skellam_rho`` the charge at an order
+  (between integer orders by the convexity of ``(alpha - 1) D_alpha``, tighter than ``ceil``),
+  ``skellam_charge`` the charge at the rdp filter's alpha*, and ``skellam_allowance`` the largest L2
+  whose worst-case charge fits within the charge of the Gaussian allowance the device's filters
+  already admit. ``ALLOWANCE_STEPS`` is the fixed number of bisection steps of ``skellam_allowance``.
 
 Only the ``rdp`` filter may account Skellam releases: the gdp and zcdp filters assume Gaussian
 noise, and for Skellam noise the only proven guarantee is the RDP curve above (Feldman and Zrnic,
