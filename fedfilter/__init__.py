@@ -15,6 +15,18 @@ settings), ``BudgetLedger`` (a device's durable budget, to read it), ``make_filt
 names and imported on first use, so that ``import fedfilter`` (and ``fedfilter rounds``) loads neither
 Flower, numpy nor torch. ``pip install fedfilter`` is what a device or a coordinator needs;
 ``fedfilter[app]`` adds torch and the demo's libraries (pyproject's extras).
+
+Examples
+--------
+How many full-clip rounds a device with budget (epsilon, delta) = (4, 1e-5) gets at noise
+multiplier 10, and its filter admitting the first:
+
+>>> import fedfilter
+>>> fedfilter.plan_rounds("gdp", epsilon=4.0, delta=1e-5, noise_multiplier=10.0).rounds
+85
+>>> filt = fedfilter.make_filter("gdp", 4.0, 1e-5)
+>>> bool(filt.admits(filt.initial_state(), filt.charge(sensitivity=1.0, noise_std=10.0)))
+True
 """
 
 from __future__ import annotations

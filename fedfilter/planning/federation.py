@@ -2,20 +2,30 @@
 
 A round releases the mean of ``n`` reports. Its signal is the mean of clipped updates, of norm at
 most the clip ``C``; its noise is Gaussian with the std per coordinate of the round rules
-(``client/round_rules.released_mean_noise_std``: ``z C / sqrt(n)`` local, ``z C / sqrt(n m)``
+(``protocol/rules.released_mean_noise_std``: ``z C / sqrt(n)`` local, ``z C / sqrt(n m)``
 distributed), whose expected norm over ``d`` coordinates is ``std * chi_mean(d)``
 (``noise_norm.py``), about ``z C sqrt(d / n)`` locally. When that exceeds ``C`` the mean is mostly
 noise whatever the devices learn: Flower's quickstart CNN (62,006 parameters) with 10 devices at
 ``z = 1`` gets noise of norm 79 against a signal of at most 1.
 
-The remedies trade against the budget: a device pays ``1 / z`` per full-clip round (papers/004
-Algorithm 7: ``mu_t = ||clipped|| / (z C)``), so a smaller ``z`` costs rounds, while more devices
+The remedies trade against the budget: a device pays ``1 / z`` per full-clip round (Feldman and Zrnic,
+"Individual Privacy Accounting via a Rényi Filter", NeurIPS 2021, Algorithm 7: ``mu_t = ||clipped|| /
+(z C)``), so a smaller ``z`` costs rounds, while more devices
 per round, distributed placement (the noise is split among ``m`` reports) or fewer parameters
 shrink the noise norm for free. ``plan_federation`` reports the figures and the settings that
 learn: the noise norm at most ``TARGET_NOISE_TO_CLIP`` times the clip, and the rounds wanted within
-the typical budget (counted by the device's own filter, ``planner.py``).
+the typical budget (counted by the device's own filter, ``planning/rounds.py``).
+``ROUNDS_COUNTED`` caps how far the rounds a budget affords are counted.
 
 Pure functions: no torch, no Flower, no I/O.
+
+Examples
+--------
+The quickstart CNN's mean over 10 devices at z = 1 carries noise of norm about ``sqrt(62006 / 10)``:
+
+>>> norm = mean_noise_norm(noise_multiplier=1.0, clip=1.0, placement="local", min_reports=1, devices=10, dim=62006)
+>>> round(norm, 2), round(math.sqrt(62006 / 10), 2)
+(78.74, 78.74)
 """
 
 from __future__ import annotations
@@ -47,7 +57,38 @@ ROUNDS_COUNTED = 100_000  # rounds afforded are counted up to this (or the round
 def mean_noise_norm(
     *, noise_multiplier: float, clip: float, placement: str, min_reports: int, devices: int, dim: int
 ) -> float:
-    """The expected norm of the noise in the released mean of ``devices`` reports."""
+    """The expected norm of the noise in the released mean of ``devices`` reports.
+
+    Parameters
+    ----------
+    noise_multiplier : float
+        ``z``.
+    clip : float
+        The clip norm ``C``.
+    placement : {"local", "distributed"}
+        Where the noise is added.
+    min_reports : int
+        ``m`` (distributed placement).
+    devices : int
+        ``n``, the reports averaged.
+    dim : int
+        The number of released coordinates.
+
+    Returns
+    -------
+    float
+        ``released_mean_noise_std(...) * chi_mean(dim)``.
+
+    Examples
+    --------
+    Distributed placement with ``m = n`` divides the local noise by ``sqrt(n)``:
+
+    >>> kw = dict(noise_multiplier=1.0, clip=1.0, devices=4, dim=2)
+    >>> local = mean_noise_norm(placement="local", min_reports=1, **kw)
+    >>> distributed = mean_noise_norm(placement="distributed", min_reports=4, **kw)
+    >>> round(local, 12), round(2 * distributed, 12), round(0.5 * math.sqrt(math.pi / 2), 12)
+    (0.626657068658, 0.626657068658, 0.626657068658)
+    """
     std = released_mean_noise_std(noise_multiplier, clip, placement, min_reports, devices)
     return expected_noise_norm(std=std, dim=dim)
 
@@ -262,6 +303,52 @@ def plan_federation(
     ``devices`` report each round (all of them: dropouts only raise the noise of the mean); ``dim``
     is the number of floating-point coordinates the devices release; ``epsilon``, ``delta`` and
     ``filter`` (default gdp, rdp for distributed placement) are a typical device's budget.
+
+    Parameters
+    ----------
+    devices : int
+        Reports per round, >= 1.
+    dim : int
+        Released floating-point coordinates, >= 1.
+    noise_multiplier : float
+        ``z``, finite and > 0.
+    clip : float
+        The clip norm ``C``, finite and > 0.
+    epsilon : float
+        A typical device's budget epsilon.
+    delta : float
+        Its delta, in (0, 1).
+    rounds : int
+        The rounds wanted, >= 1.
+    placement : {"local", "distributed"}, optional
+        Where the noise is added.
+    min_reports : int, optional
+        ``m`` (distributed placement; at most ``devices``).
+    filter : str, optional
+        The devices' filter kind (default gdp, rdp for distributed placement).
+
+    Returns
+    -------
+    dict
+        The settings; the figures (``mean_noise_std``, ``mean_noise_norm``, ``noise_to_clip``,
+        ``noise_dominates``, ``rounds_afforded``, ``fits_budget``, ``epsilon_needed``); the noise
+        multipliers the budget affords and that learn; ``changes`` (sentences); ``recommended`` and
+        ``recommended_why``; ``at_these_devices`` and, for local plans, ``distributed``; ``verdict``.
+
+    Raises
+    ------
+    ValueError
+        Naming every bad setting at once.
+
+    Examples
+    --------
+    >>> plan = plan_federation(
+    ...     devices=100, dim=10, noise_multiplier=10.0, clip=1.0, epsilon=4.0, delta=1e-5, rounds=50
+    ... )
+    >>> plan["noise_dominates"], plan["rounds_afforded"], plan["recommended"]["devices"]
+    (True, 85, 2257)
+    >>> plan["recommended"]["mean_noise_norm"] <= TARGET_NOISE_TO_CLIP * plan["recommended"]["clip"]
+    True
     """
     kind = filter if filter is not None else ("rdp" if placement == "distributed" else "gdp")
     s: dict[str, Any] = dict(

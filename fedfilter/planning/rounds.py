@@ -1,22 +1,12 @@
 """Budget planning: how many full-norm rounds a fresh client gets, and what a run costs.
 
-A "full-norm round" releases an update clipped to norm exactly C with noise std ``z * C``, so
-every round costs ``mu_t = 1/z``. The counts come from running the very filter the client runs
-(the same rounding), so the planner never promises a round the ledger would refuse.
-
-Distributed placement (issue 15, ``plan_distributed_rounds`` / ``plan_distributed_epsilon``):
-A full-norm round releases the clipped update snapped to the integer grid of step ``gamma =
-grid_step(C)`` (``protocol/secagg/grid.py``), so ``||k||_2 <= C / gamma`` and, in the worst case,
-``||k||_1 = l1_cap(C / gamma, dim)``, plus Skellam noise of variance ``mu`` per coordinate on the
-released sum of at least ``min_reports`` reports. The device charges the rdp filter
-``skellam_charge`` at the filter's order alpha* (papers/004 Theorem 4.3; Agarwal, Kairouz, Liu 2021
-Theorem 3.5), and the counts here run that very charge through the filter's own rounding, so the
-planner never promises a round the ledger would refuse. Only the rdp filter is valid for Skellam
-noise (``skellam.py``).
-
-``alone=True`` plans the device's worst-case account (``client/ledger/worst_case.py``) instead: what
-each report costs read alone, at the device's own share ``skellam_share(mu_total, min_reports)``, under
-a budget ``worst-case-epsilon`` at the same delta, with the same charge and rounding.
+A "full-norm round" releases an update clipped to norm exactly C with noise std ``z * C`` (each
+costs ``mu_t = 1/z``; in distributed placement, ``skellam_charge`` of the worst-case integer update).
+The counts run the very filter, charge and rounding the client runs, so the planner never promises
+a round the ledger would refuse. ``alone=True`` plans the worst-case account
+(``client/ledger/worst_case.py``): each report read alone, under ``worst-case-epsilon``. Constants:
+``MAX_PLANNED_ROUNDS`` (the most rounds counted), ``BASELINE_KINDS`` (the pure-DP baselines,
+``baselines.py``), ``GAUSSIAN_ONLY_KINDS`` (the filters that may not account Skellam noise).
 """
 
 from __future__ import annotations
@@ -27,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fedfilter.checks import positive_finite
-from fedfilter.privacy import pure_dp
+from fedfilter.planning.baselines import _baseline_rounds
 from fedfilter.privacy.filters import GaussianFilter, make_filter, rdp_order
 from fedfilter.privacy.renyi import DEFAULT_ORDERS, epsilon_from_rdp
 from fedfilter.privacy.rounding import down, mul_up, up
@@ -45,6 +35,20 @@ def _check_z(noise_multiplier: float) -> None:
 
 @dataclass(frozen=True)
 class RoundsPlan:
+    """What a fresh client's filter admits at one noise multiplier (``plan_rounds``'s answer).
+
+    Parameters
+    ----------
+    filter, epsilon, delta, noise_multiplier, rounds, last_round_fraction
+        The filter kind (or baseline), the budget and ``z`` planned with; the full-norm rounds admitted;
+        the norm fraction (of C, at most 1) the next, partial round may still carry (0 for a baseline).
+
+    Examples
+    --------
+    >>> RoundsPlan("gdp", 4.0, 1e-5, 10.0, rounds=85, last_round_fraction=0.74).rounds
+    85
+    """
+
     filter: str
     epsilon: float
     delta: float
@@ -79,12 +83,10 @@ def plan_rounds(kind: str, *, epsilon: float, delta: float, noise_multiplier: fl
     Parameters
     ----------
     kind : {"gdp", "rdp", "zcdp", "basic", "advanced"}
-        A filter of ``FILTER_KINDS``, or a papers/003 baseline: basic or advanced composition of
-        pure-DP steps (Theorems 3.4 and 5.1), for comparison.
-    epsilon : float
-        The client's lifetime budget epsilon; a finite number > 0.
-    delta : float
-        The budget's delta, in (0, 1).
+        A filter of ``FILTER_KINDS``, or a baseline of Rogers, Roth, Ullman and Vadhan 2016: basic
+        or advanced composition of pure-DP steps (Theorems 3.4 and 5.1), for comparison.
+    epsilon, delta : float
+        The client's lifetime budget: epsilon a finite number > 0, delta in (0, 1).
     noise_multiplier : float
         ``z``: each round's Gaussian noise std is ``z * C``. A finite number > 0.
     orders : sequence of float, optional
@@ -103,11 +105,12 @@ def plan_rounds(kind: str, *, epsilon: float, delta: float, noise_multiplier: fl
 
     Examples
     --------
+    The gdp count is the closed form's: the filter continues while ``k / z^2 <= mu_B^2``.
+
+    >>> from fedfilter.privacy.gaussian_dp import mu_for_budget
     >>> plan = plan_rounds("gdp", epsilon=4.0, delta=1e-5, noise_multiplier=10.0)
-    >>> plan.rounds
-    85
-    >>> round(plan.last_round_fraction, 3)
-    0.741
+    >>> plan.rounds, int(mu_for_budget(4.0, 1e-5) ** 2 * 10.0**2), round(plan.last_round_fraction, 3)
+    (85, 85, 0.741)
     """
     _check_z(noise_multiplier)
     if kind in BASELINE_KINDS:
@@ -126,9 +129,29 @@ def plan_rounds(kind: str, *, epsilon: float, delta: float, noise_multiplier: fl
 def plan_epsilon(kind: str, *, noise_multiplier: float, rounds: int, delta: float, orders=None) -> dict:
     """The smallest budget epsilon whose filter admits ``rounds`` full-norm rounds.
 
-    Also reports ``fixed_composition_epsilon``: the epsilon of the same rounds fixed in advance
-    (no filter) under the kind's own conversion. It equals ``epsilon`` up to rounding: none of the
-    filters pays anything for adaptivity (for rdp: one threshold, the full delta; see filters.py).
+    ``fixed_composition_epsilon``: the same rounds fixed in advance (no filter); equal up to rounding,
+    as no filter pays for adaptivity (for rdp: one threshold, the full delta; see filters.py).
+
+    Parameters
+    ----------
+    kind : {"gdp", "rdp", "zcdp"}
+        The filter kind.
+    noise_multiplier, rounds, delta : float, int, float
+        ``z`` (> 0), the full-norm rounds (>= 1) and the budget's delta.
+    orders : sequence of float, optional
+        The Rényi orders of the rdp filter (default ``renyi.DEFAULT_ORDERS``).
+
+    Returns
+    -------
+    dict
+        The arguments, ``epsilon`` and ``fixed_composition_epsilon``.
+
+    Examples
+    --------
+    >>> from fedfilter.privacy.gaussian_dp import epsilon_for_mu  # 85 rounds at z = 10: sqrt(85)/10-GDP
+    >>> plan = plan_epsilon("gdp", noise_multiplier=10.0, rounds=85, delta=1e-5)
+    >>> round(plan["epsilon"], 9), round(epsilon_for_mu(math.sqrt(85) / 10, 1e-5), 9)
+    (3.985179966, 3.985179966)
     """
     _check_z(noise_multiplier)
     if not (isinstance(rounds, int) and rounds >= 1):
@@ -161,63 +184,7 @@ def plan_epsilon(kind: str, *, noise_multiplier: float, rounds: int, delta: floa
     }
 
 
-# --- papers/003 baselines for Gaussian rounds, through papers/003 Lemma 3.3 ---------------------
-
-
-def _basic_feasible(k: int, epsilon: float, delta: float, mu: float) -> bool:
-    # Lemma 3.3 feeds 2 eps_t to the pure filter: k * 2 eps_t <= epsilon (Theorem 3.4, delta_g = 0),
-    # and spends delta' = delta on sum 2 delta_t / (eps_t e^eps_t).
-    # k upward-rounded additions each add at most one ulp: leave room for them.
-    eps_t = epsilon / (2 * k) * (1 - (4 * k + 8) * 2.0**-52)
-    _, delta_t = pure_dp.gaussian_as_approx_dp(mu, eps_t)
-    stats = (0.0, 0.0, 0.0)
-    step = pure_dp.pure_step_stats(2 * eps_t)
-    dsum = 0.0
-    dstep = pure_dp.lemma33_delta_charge(eps_t, delta_t)
-    for _ in range(k):  # k is small for these baselines
-        stats = pure_dp.add_stats(stats, step)
-        dsum = math.nextafter(dsum + dstep, math.inf)
-    return pure_dp.basic_admits(stats, epsilon) and dsum <= delta
-
-
-def _advanced_feasible(k: int, epsilon: float, delta: float, mu: float) -> bool:
-    for share in (0.1, 0.25, 0.5, 0.75, 0.9):  # split delta between delta_g and Lemma 3.3's delta_g'
-        delta_g, delta_p = delta * share, delta * (1 - share)
-        lo, hi = 0.0, epsilon  # largest per-step eps_t with K(k steps of 2 eps_t) <= epsilon
-        for _ in range(60):
-            mid = (lo + hi) / 2
-            stats = tuple(k * x for x in pure_dp.pure_step_stats(2 * mid))
-            stats = tuple(math.nextafter(x, math.inf) * (1 + k * 2.0**-52) for x in stats)
-            if pure_dp.advanced_admits(stats, epsilon, delta_g):
-                lo = mid
-            else:
-                hi = mid
-        if lo <= 0:
-            continue
-        _, delta_t = pure_dp.gaussian_as_approx_dp(mu, lo)
-        if k * pure_dp.lemma33_delta_charge(lo, delta_t) * (1 + k * 2.0**-52) <= delta_p:
-            return True
-    return False
-
-
-def _baseline_rounds(kind: str, epsilon: float, delta: float, mu: float) -> int:
-    feasible = _basic_feasible if kind == "basic" else _advanced_feasible
-    if kind == "advanced" and not delta < 1 / math.e:
-        raise ValueError(f"the advanced filter needs delta < 1/e. Found {delta!r}.")
-    if not feasible(1, epsilon, delta, mu):
-        return 0
-    lo, hi = 1, 2
-    while feasible(hi, epsilon, delta, mu):
-        lo, hi = hi, hi * 2
-        if hi > 1_000_000:
-            raise ValueError("more than a million baseline rounds; plan with a smaller noise multiplier.")
-    while hi - lo > 1:  # feasibility is monotone in k
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if feasible(mid, epsilon, delta, mu) else (lo, mid)
-    return lo
-
-
-# --- placement 'distributed': Skellam noise over SecAgg+ (issue 15) ----------------------------------
+# --- placement 'distributed': Skellam noise over SecAgg+ --------------------------------------------
 
 GAUSSIAN_ONLY_KINDS = ("gdp", "zcdp")
 
@@ -235,7 +202,17 @@ def _check_setting(clip: float, min_reports: int, dim: int) -> None:
 
 
 def check_distributed_filter(kind: str) -> None:
-    """Refuse the Gaussian-only filters for Skellam releases (``skellam.py``'s docstring)."""
+    """Refuse the Gaussian-only filters for Skellam releases (``skellam.py``'s docstring).
+
+    Parameters
+    ----------
+    kind : str
+        The filter kind asked for; a ``ValueError`` unless ``"rdp"``.
+
+    Examples
+    --------
+    >>> check_distributed_filter("rdp")
+    """
     if kind in GAUSSIAN_ONLY_KINDS:
         raise ValueError(
             f"filter={kind!r}: placement 'distributed' (Skellam noise over SecAgg+) needs filter='rdp'; "
@@ -248,8 +225,26 @@ def check_distributed_filter(kind: str) -> None:
 def distributed_mu(noise_multiplier: float, clip: float, min_reports: int, *, alone: bool = False) -> float:
     """The Skellam variance per coordinate a release carries, in grid units: ``mu_total = (z C /
     gamma)^2`` rounded down, each of ``min_reports`` shares ``skellam_share(mu_total, t)``, and the least
-    variance of their sum (``released_variance``), whichever is smaller. ``alone``: the variance one
-    report carries read alone, its share (what the worst-case account is charged at)."""
+    variance of their sum (``released_variance``), whichever is smaller.
+
+    Parameters
+    ----------
+    noise_multiplier, clip, min_reports : float, float, int
+        ``z``, the clip norm ``C`` and ``t``, the fewest reports in a released sum.
+    alone : bool, optional
+        Return one report's share instead (what the worst-case account is charged at).
+
+    Returns
+    -------
+    float
+
+    Examples
+    --------
+    At C = 1 the grid step is ``2**-12``, so z = 1 asks for ``(1 / 2**-12)^2 = 2**24``:
+
+    >>> round(distributed_mu(1.0, 1.0, 4)), round(distributed_mu(1.0, 1.0, 4, alone=True))
+    (16777216, 4194304)
+    """
     _check_z(noise_multiplier)
     _check_setting(clip, min_reports, 1)
     ratio = down(noise_multiplier * (clip / grid_step(clip)))  # clip / gamma is exact (gamma = 2**k)
@@ -260,6 +255,25 @@ def distributed_mu(noise_multiplier: float, clip: float, min_reports: int, *, al
 
 @dataclass(frozen=True)
 class DistributedPlan:
+    """What a fresh client's rdp filter admits in distributed placement (``plan_distributed_rounds``).
+
+    Parameters
+    ----------
+    epsilon, delta, noise_multiplier, clip, min_reports, dim
+        The setting, as ``plan_distributed_rounds`` takes it.
+    order, mu, l2, l1, charge : float
+        alpha* (where Skellam charges are taken); the Skellam variance per coordinate (grid units);
+        ``C / gamma``; ``l1_cap(l2, dim)``; one full-norm round's charge (rho units).
+    rounds : int
+        Full-norm rounds admitted.
+
+    Examples
+    --------
+    >>> plan = plan_distributed_rounds(epsilon=4.0, delta=1e-5, noise_multiplier=4.0, clip=1.0, min_reports=4, dim=1000)
+    >>> plan.order, plan.l2, plan.rounds
+    (6.1, 4096.0, 11)
+    """
+
     epsilon: float
     delta: float
     noise_multiplier: float
@@ -295,7 +309,29 @@ def plan_distributed_rounds(
     alone: bool = False,
 ) -> DistributedPlan:
     """Full-norm Skellam rounds a fresh client's rdp filter admits (worst-case L1 every round);
-    ``alone``: its worst-case account's, each report read alone (``epsilon`` is then worst-case-epsilon)."""
+    ``alone``: its worst-case account's, each report read alone (``epsilon`` is then worst-case-epsilon).
+
+    Parameters
+    ----------
+    epsilon, delta, noise_multiplier, clip : float
+        The budget, ``z`` and the clip norm ``C``.
+    min_reports, dim : int
+        The fewest reports in a released sum, and the model size.
+    kind, orders, alone : str, sequence of float, bool, optional
+        Must be ``"rdp"``; the Rényi orders; plan the worst-case account instead.
+
+    Returns
+    -------
+    DistributedPlan
+
+    Examples
+    --------
+    The Skellam charge is a little above the Gaussian ``1 / (2 z^2)`` at the same variance:
+
+    >>> plan = plan_distributed_rounds(epsilon=4.0, delta=1e-5, noise_multiplier=4.0, clip=1.0, min_reports=4, dim=1000)
+    >>> round(plan.charge, 6), 1 / (2 * 4.0**2), plan.rounds
+    (0.03134, 0.03125, 11)
+    """
     check_distributed_filter(kind)
     _check_z(noise_multiplier)
     _check_setting(clip, min_reports, dim)
@@ -325,9 +361,27 @@ def plan_distributed_epsilon(
     full-norm Skellam rounds; the answer is itself checked (its filter admits them). ``alone``: the
     smallest worst-case-epsilon whose account admits them, each report read alone.
 
-    Also ``fixed_composition_epsilon``: the same rounds fixed in advance, their Skellam RDP curve
-    composed at every order and converted at the best one (no filter; a reference, often a little
-    lower, as a filter holds one order fixed before the run).
+    ``fixed_composition_epsilon``: the same rounds fixed in advance, converted at the best order (no
+    filter; often a little lower, as a filter holds one order fixed before the run).
+
+    Parameters
+    ----------
+    rounds : int
+        The number of full-norm rounds, in ``[1, MAX_PLANNED_ROUNDS)``.
+    delta, noise_multiplier, clip, min_reports, dim, kind, orders, alone
+        As ``plan_distributed_rounds`` takes them.
+
+    Returns
+    -------
+    dict
+        The setting, ``epsilon``, its filter's ``order`` and ``fixed_composition_epsilon``.
+
+    Examples
+    --------
+    >>> setting = dict(delta=1e-5, noise_multiplier=4.0, clip=1.0, min_reports=4, dim=1000)
+    >>> eps = plan_distributed_epsilon(rounds=11, **setting)["epsilon"]
+    >>> eps <= 4.0, plan_distributed_rounds(epsilon=eps, **setting).rounds
+    (True, 11)
     """
     check_distributed_filter(kind)
     _check_z(noise_multiplier)
@@ -382,9 +436,29 @@ def rounds_admitted(
     orders=None,
     alone: bool = False,
 ) -> int:
-    """Full-norm rounds a fresh client's filter admits, counted up to ``limit`` (so it stays cheap
-    where ``plan_rounds`` would count millions): ``min(rounds, limit)``. ``alone`` (distributed): its
-    worst-case account's, each report read alone, under ``epsilon`` = worst-case-epsilon."""
+    """``min(rounds a fresh client's filter admits, limit)``: cheap where ``plan_rounds`` would count
+    millions. ``alone`` (distributed): the worst-case account's, under ``epsilon`` = worst-case-epsilon.
+
+    Parameters
+    ----------
+    kind : str
+        A filter kind, or a baseline of ``BASELINE_KINDS`` (local placement only).
+    epsilon, delta, noise_multiplier, limit
+        The budget, ``z``, and the count's cap, in ``[1, MAX_PLANNED_ROUNDS)``.
+    placement, clip, min_reports, dim, orders, alone : optional
+        ``"local"`` (default) or ``"distributed"``; the rest as ``plan_distributed_rounds`` takes them.
+
+    Returns
+    -------
+    int
+
+    Examples
+    --------
+    >>> rounds_admitted("gdp", epsilon=4.0, delta=1e-5, noise_multiplier=10.0, limit=50)
+    50
+    >>> rounds_admitted("gdp", epsilon=4.0, delta=1e-5, noise_multiplier=10.0, limit=1000)
+    85
+    """
     _check_z(noise_multiplier)
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit < MAX_PLANNED_ROUNDS:
         raise ValueError(f"limit must be an integer in [1, {MAX_PLANNED_ROUNDS}). Found {limit!r}.")
@@ -400,7 +474,27 @@ def rounds_admitted(
 
 
 def admits_rounds(kind: str, *, rounds: int, **setting) -> bool:
-    """Whether a fresh client's filter admits ``rounds`` full-norm rounds (``rounds_admitted``'s settings)."""
+    """Whether a fresh client's filter admits ``rounds`` full-norm rounds (``rounds_admitted``'s settings).
+
+    Parameters
+    ----------
+    kind : str
+        The filter kind (or baseline).
+    rounds : int
+        The number of rounds, in ``[1, MAX_PLANNED_ROUNDS)``.
+    **setting
+        ``rounds_admitted``'s keyword arguments except ``limit``.
+
+    Returns
+    -------
+    bool
+
+    Examples
+    --------
+    >>> setting = dict(epsilon=4.0, delta=1e-5, noise_multiplier=10.0)
+    >>> admits_rounds("gdp", rounds=85, **setting), admits_rounds("gdp", rounds=86, **setting)
+    (True, False)
+    """
     if isinstance(rounds, bool) or not isinstance(rounds, int) or not 1 <= rounds < MAX_PLANNED_ROUNDS:
         raise ValueError(f"rounds must be an integer in [1, {MAX_PLANNED_ROUNDS}). Found {rounds!r}.")
     return rounds_admitted(kind, limit=rounds, **setting) >= rounds

@@ -1,51 +1,11 @@
 """Individual privacy filters: pure functions over a one-number state, one row per client.
 
-Every release is a Gaussian mechanism with sensitivity ``s`` (the norm of the clipped update) and
-noise standard deviation ``std``, ``mu_t = s / std``. Each filter keeps one running sum, ``weight *
-sum mu_t^2``, and continues while it is at most the budget:
-
-=======  =====================  ======  ==================================================
-kind     state                  weight  budget (continue while state <= budget)
-=======  =====================  ======  ==================================================
-gdp      sum mu_t^2             1       mu_B^2, mu_B from the exact Gaussian-DP curve
-zcdp     rho = sum mu_t^2 / 2   1/2     B* of papers/004 Theorem 4.9
-rdp      rho = sum mu_t^2 / 2   1/2     rho* = max_alpha B_alpha / alpha over the orders
-=======  =====================  ======  ==================================================
-
-Validity. gdp: Smith and Thakurta 2022 (arXiv 2210.17520) Theorem 1.1 / Koskela, Tobaben and
-Honkela ICLR 2023 Theorem 6 (fully adaptive composition of Gaussian mechanisms). zcdp: papers/004
-Theorem 4.9 with Remark 4.4.
-
-rdp: a Gaussian release is ``(alpha, alpha mu_t^2 / 2)``-RDP at every order alpha (Mironov 2017,
-Proposition 7), so every order's Rényi loss is ``alpha * rho`` with the same ``rho``, and "some
-order within its budget B_alpha" (B_alpha: the largest RDP value that converts to (epsilon, delta)
-at order alpha, ``renyi.rdp_budgets``) is the single threshold ``rho <= rho* = max_alpha B_alpha /
-alpha``. Let alpha* be the maximising order (``rdp_order``): it depends only on (epsilon, delta)
-and the grid, so it is fixed before any release. ``rho <= rho*`` is exactly papers/004 Theorem
-4.3's filter F_{alpha*, B_alpha*} (``sum_t alpha* mu_t^2 / 2 <= alpha* rho* <= B_alpha*``), so the
-transcript is (alpha*, B_alpha*)-RDP and converts (Canonne, Kamath and Steinke 2020, Proposition
-12, the conversion of ``renyi.epsilon_from_rdp``) to (epsilon, delta) at the FULL delta; no union
-bound over orders is paid. Where rho* comes from the KL shortcut (``renyi.gaussian_rho_budget``),
-alpha* is the smallest order: Theorem 4.3 at alpha_min with B = alpha_min rho* bounds the
-transcript's D_alpha_min, KL <= D_alpha_min (Rényi divergences are non-decreasing in the order),
-and KL <= -log(1 - delta^2) is (0, delta)-DP by Bretagnolle-Huber.
-
-The filter's state may also hold non-Gaussian charges: a Skellam release (``skellam.py``) is
-(alpha, eps(alpha))-RDP with eps not proportional to alpha, and it is charged ``eps(alpha*) /
-alpha*`` (rounded up) in the same rho units. Theorem 4.3 at alpha* still applies (``sum_t
-eps_t(alpha*) <= alpha* rho``), but then the transcript is RDP at alpha* ONLY, not at every
-order; ``epsilon_spent`` therefore converts the state at alpha* alone (with the KL shortcut taken
-from alpha* rho, which bounds KL too). For Gaussian-only states this is an upper bound on the
-best-order reading (equal to it at the budget, where alpha* is the best order), and for mixed
-states it is the only valid one. This admits exactly what dp_accounting's ``RdpAccountant``
-certifies for the same Gaussian rounds fixed in advance, up to rounding.
-
-The filters never hold mutable state: ``spend`` returns the new state. Losses round up and
-allowances round down (``fedfilter.privacy.rounding``), so no sequence of floating-point operations
-lets a client spend beyond its budget. Every function broadcasts over a leading client axis, which
-is how the vectorised engine applies the very same code to thousands of clients at once. The
-allowance does the same work whatever the state (no early exit, no data-dependent branch), so its
-running time does not reveal how much budget is left.
+A release is a Gaussian mechanism (sensitivity ``s``, noise std ``std``, ``mu_t = s / std``). Each
+filter (``FILTER_KINDS``) continues while its state stays within budget: gdp ``sum mu_t^2 <= mu_B^2``
+(the exact Gaussian-DP curve); zcdp and rdp ``rho = sum mu_t^2 / 2`` at most ``B*`` or ``rho*``
+(Feldman and Zrnic, "Individual Privacy Accounting via a Rényi Filter", NeurIPS 2021, Theorems 4.9
+and 4.3: docs/derivations/rdp-filter.md). Losses round up, allowances round down; every function
+broadcasts over a leading client axis (the engine runs the same code); allowances take constant work.
 """
 
 from __future__ import annotations
@@ -60,7 +20,7 @@ from fedfilter.checks import positive_finite
 from fedfilter.privacy import gaussian_dp, renyi, zcdp
 from fedfilter.privacy.rounding import add_up, div_up, down, mul_up, square_up, sub_down
 
-FILTER_KINDS = ("gdp", "rdp", "zcdp")
+FILTER_KINDS = ("gdp", "rdp", "zcdp")  # the kinds ``make_filter`` builds
 # Allowances start this many ulps below the closed form, then are checked against ``admits``.
 _ALLOWANCE_SLACK = 64 * 2.0**-52
 
@@ -85,9 +45,17 @@ def _closed_form(room, weight: float, std) -> np.ndarray:
 class GaussianFilter:
     """A budget over adaptively chosen Gaussian releases: continue while ``state <= budget``.
 
-    ``weights`` and ``budget`` have one entry, as every state has one coordinate: a release of
-    sensitivity ``s`` and noise std ``std`` adds ``weights * (s/std)^2``. ``orders`` are the Rényi
-    orders the rdp filter converts with (empty for the others).
+    Parameters
+    ----------
+    kind, epsilon, delta, orders
+        The kind (``FILTER_KINDS``), the (epsilon, delta) budget certified, the rdp filter's orders.
+    weights, budget : numpy.ndarray
+        Shape ``(1,)`` each: a release adds ``weights * (s/std)^2``; ``budget`` is the largest state.
+
+    Examples
+    --------
+    >>> make_filter("zcdp", 4.0, 1e-5)  # computes the budget; the constructor only stores it
+    GaussianFilter(kind='zcdp', epsilon=4.0, delta=1e-05, orders=())
     """
 
     kind: str
@@ -106,9 +74,32 @@ class GaussianFilter:
 
     @property
     def dim(self) -> int:
+        """The number of coordinates of a state: always 1 (one running sum per client).
+
+        Examples
+        --------
+        >>> make_filter("gdp", 1.0, 1e-5).dim
+        1
+        """
         return 1
 
     def initial_state(self, n_clients: int | None = None) -> np.ndarray:
+        """Zeros: the state of a client that has spent nothing.
+
+        Parameters
+        ----------
+        n_clients : int, optional
+            One row per client (shape ``(n_clients, 1)``); without it, one client (``(1,)``).
+
+        Returns
+        -------
+        numpy.ndarray
+
+        Examples
+        --------
+        >>> make_filter("gdp", 1.0, 1e-5).initial_state(2).shape
+        (2, 1)
+        """
         shape = (self.dim,) if n_clients is None else (n_clients, self.dim)
         return np.zeros(shape, dtype=np.float64)
 
@@ -128,7 +119,22 @@ class GaussianFilter:
         return arr
 
     def charge(self, *, sensitivity, noise_std) -> np.ndarray:
-        """The loss of one release, rounded up; shape ``(..., 1)``."""
+        """The loss of one release, ``weights * (s/std)^2`` rounded up; shape ``(..., 1)``.
+
+        Parameters
+        ----------
+        sensitivity, noise_std : float or array_like
+            ``s`` (finite, >= 0; 0 charges exactly 0) and ``std`` (finite, > 0).
+
+        Returns
+        -------
+        numpy.ndarray
+
+        Examples
+        --------
+        >>> make_filter("zcdp", 4.0, 1e-5).charge(sensitivity=1.0, noise_std=2.0), 1.0**2 / (2 * 2.0**2)  # rho
+        (array([0.125]), 0.125)
+        """
         s = np.asarray(sensitivity, dtype=np.float64)
         std = np.asarray(noise_std, dtype=np.float64)
         if np.any(~np.isfinite(s) | (s < 0)):
@@ -140,34 +146,82 @@ class GaussianFilter:
         return np.where(np.expand_dims(mu2, -1) > 0, mul_up(np.expand_dims(mu2, -1), self.weights), 0.0)
 
     def spend(self, state: np.ndarray, charge: np.ndarray) -> np.ndarray:
-        """The state after a release (rounded up). Does not check the budget: see ``admits``.
+        """The state after a release, rounded up (a new array); ``admits`` checks the budget.
 
-        Adding an exact zero is exact, so a release without data (charge 0) leaves the state as is.
+        Parameters
+        ----------
+        state, charge : numpy.ndarray
+            The state and the release's charge, shape ``(..., 1)`` each; a zero charge leaves it as is.
+
+        Returns
+        -------
+        numpy.ndarray
+
+        Examples
+        --------
+        >>> make_filter("zcdp", 4.0, 1e-5).spend(np.zeros(1), np.array([0.125]))
+        array([0.125])
         """
         state, charge = self._checked("state", state), self._checked("charge", charge)
         return np.where(charge > 0, add_up(state, charge), state)
 
     def within_budget(self, state: np.ndarray) -> np.ndarray:
-        """True where the state is within the budget (the filter says CONT)."""
+        """True where ``state <= budget`` (the filter says CONT).
+
+        Parameters
+        ----------
+        state : numpy.ndarray
+            Shape ``(..., 1)``.
+
+        Returns
+        -------
+        numpy.ndarray of bool
+
+        Examples
+        --------
+        >>> make_filter("zcdp", 4.0, 1e-5).within_budget(np.array([[0.0], [1.0]]))
+        array([ True, False])
+        """
         return self._checked("state", state)[..., 0] <= self.budget[0]
 
     def admits(self, state: np.ndarray, charge: np.ndarray) -> np.ndarray:
-        """True where the release keeps the client within its budget."""
+        """True where the release keeps the client within its budget.
+
+        Parameters
+        ----------
+        state, charge : numpy.ndarray
+            The state before the release and its charge, shape ``(..., 1)`` each.
+
+        Returns
+        -------
+        numpy.ndarray of bool
+
+        Examples
+        --------
+        >>> filt, z2 = make_filter("zcdp", 4.0, 1e-5), np.array([0.125])  # budget 0.298: two rounds at z = 2
+        >>> bool(filt.admits(z2, z2)), bool(filt.admits(2 * z2, z2))
+        (True, False)
+        """
         return self.within_budget(self.spend(state, charge))
 
     def allowance(self, state: np.ndarray, *, noise_std) -> np.ndarray:
-        """The largest sensitivity still admitted at this noise (rounded down; 0 if none).
+        """The largest sensitivity still admitted at this noise (rounded down; 0 if none): Feldman and
+        Zrnic 2021, Algorithm 7's ``sqrt(B_norm - sum ||g_j||^2)``; docs/derivations/rdp-filter.md.
 
-        papers/004 Algorithm 7's ``min(C, sqrt(B_norm - sum ||g_j||^2))``, the minimum over C taken
-        by the caller. Two closed-form candidates ``std * sqrt(room / w)``, each
-        ``_ALLOWANCE_SLACK`` low: ``first`` with ``room = B - S`` (the allowance of earlier versions,
-        bit for bit); ``second`` with ``room = down(B) - S``, which is admitted by the error bounds
-        alone (its charge is at most ``room``, so the up-rounded sum stays <= B) and lands within
-        about 200 ulps of B; ``first`` (never below ``second``) misses only when B - S is under
-        about 1% of B. The result is ``first`` if admitted, else ``second`` if admitted, else 0:
-        admitted by construction (``admits`` itself decides), and the same work whatever the state
-        (both candidates are always charged and checked, no early exit), so the time it takes does
-        not reveal whether the budget is spent.
+        Parameters
+        ----------
+        state, noise_std : numpy.ndarray, float or array_like
+            The client's state, shape ``(..., 1)``, and the coming release's noise std.
+
+        Returns
+        -------
+        numpy.ndarray
+
+        Examples
+        --------
+        >>> a = float(make_filter("gdp", 4.0, 1e-5).allowance(np.zeros(1), noise_std=10.0))  # mu_B * std
+        >>> round(a, 9), round(gaussian_dp.mu_for_budget(4.0, 1e-5) * 10.0, 9)
+        (9.249308977, 9.249308977)
         """
         state = self._checked("state", state)
         std = np.asarray(noise_std, dtype=np.float64)
@@ -179,23 +233,67 @@ class GaussianFilter:
         return np.where(ok_first, first, np.where(ok_second, second, 0.0))
 
     def remaining_fraction(self, state: np.ndarray) -> np.ndarray:
-        """Share of the budget left, in [0, 1]."""
+        """Share of the budget left, ``max(budget - state, 0) / budget``.
+
+        Parameters
+        ----------
+        state : numpy.ndarray
+            Shape ``(..., 1)``.
+
+        Returns
+        -------
+        numpy.ndarray
+
+        Examples
+        --------
+        >>> float(make_filter("gdp", 4.0, 1e-5).remaining_fraction(gdp_filter(4.0, 1e-5).budget / 4))
+        0.75
+        """
         b = float(self.budget[0])
         room = np.maximum(b - self._checked("state", state)[..., 0], 0.0)
         return room / b if b > 0 else np.zeros_like(room)
 
     def scaled(self, fraction: float) -> GaussianFilter:
-        """The same filter with its budget times ``fraction`` (a per-run quota)."""
+        """The same filter with its budget times ``fraction`` (a per-run quota), rounded down.
+
+        Parameters
+        ----------
+        fraction : float
+            In (0, 1] (else ``ValueError``).
+
+        Returns
+        -------
+        GaussianFilter
+
+        Examples
+        --------
+        >>> make_filter("gdp", 4.0, 1e-5).scaled(1.0) == make_filter("gdp", 4.0, 1e-5)
+        True
+        """
         if not (math.isfinite(fraction) and 0 < fraction <= 1):
             raise ValueError(f"run quota must be a fraction in (0, 1]. Found {fraction!r}.")
         budget = self.budget if fraction == 1 else down(self.budget * fraction)
         return GaussianFilter(self.kind, self.epsilon, self.delta, self.weights, budget, self.orders)
 
     def epsilon_spent(self, state: np.ndarray) -> float:
-        """The smallest epsilon (at this delta) whose filter of this kind admits ``state``.
+        """The smallest epsilon (at this delta) whose filter of this kind admits ``state``: what the
+        releases so far used up (the client's guarantee is its budget: a filter, not an odometer).
 
-        This is how much of the budget the releases so far used up, in epsilon units; the
-        guarantee the client holds is its budget (a filter, not an odometer).
+        Parameters
+        ----------
+        state : numpy.ndarray
+            ONE client's state (else ``ValueError``).
+
+        Returns
+        -------
+        float
+            Rounded up; at most ``self.epsilon`` while the state is within budget.
+
+        Examples
+        --------
+        >>> eps = make_filter("zcdp", 4.0, 1e-5).epsilon_spent(np.array([0.125]))  # one round at z = 2
+        >>> round(eps, 12), round(0.125 + 2 * math.sqrt(0.125 * math.log(1e5)), 12)  # rho + 2 sqrt(rho log(1/delta))
+        (2.524262956094, 2.524262956094)
         """
         state = self._checked("state", state).reshape(-1)
         if state.size != 1:
@@ -207,27 +305,73 @@ class GaussianFilter:
         else:  # the transcript is (alpha*, alpha* rho)-RDP (only at alpha* if it holds Skellam charges)
             order = rdp_order(self)
             eps = renyi.epsilon_from_rdp([order], [float(mul_up(order, state[0]))], self.delta)
-        # A state this filter admits is certified by its own budget, so the exact answer is at
-        # most ``self.epsilon``; the upward-rounded conversion may overshoot that by a few ulps.
+        # Within budget the exact answer is at most epsilon; the upward rounding may overshoot it.
         return min(eps, float(self.epsilon)) if self.within_budget(state) else eps
 
 
 def gdp_filter(epsilon: float, delta: float) -> GaussianFilter:
-    """Continue while ``sum mu_t^2 <= mu_B^2``, ``mu_B`` from the exact curve (rounded down)."""
+    """Continue while ``sum mu_t^2 <= mu_B^2``, ``mu_B = gaussian_dp.mu_for_budget(...)`` rounded down.
+
+    Valid for fully adaptive Gaussian releases: Smith and Thakurta 2022 (arXiv 2210.17520) Theorem 1.1;
+    Koskela, Tobaben and Honkela, ICLR 2023, Theorem 6.
+
+    Parameters
+    ----------
+    epsilon, delta : float
+        The budget.
+
+    Returns
+    -------
+    GaussianFilter
+
+    Examples
+    --------
+    >>> round(float(gdp_filter(4.0, 1e-5).budget[0]), 12), round(gaussian_dp.mu_for_budget(4.0, 1e-5) ** 2, 12)
+    (0.855497165459, 0.855497165459)
+    """
     _check_eps_delta(epsilon, delta)
     mu_b = gaussian_dp.mu_for_budget(epsilon, delta)
     return GaussianFilter("gdp", epsilon, delta, np.ones(1), np.array([down(mu_b * mu_b)]))
 
 
 def zcdp_filter(epsilon: float, delta: float) -> GaussianFilter:
-    """papers/004 Theorem 4.9: continue while ``sum mu_t^2 / 2 <= B*``."""
+    """Feldman and Zrnic 2021, Theorem 4.9: continue while ``sum mu_t^2 / 2 <= B*``.
+
+    Parameters
+    ----------
+    epsilon, delta : float
+        The budget; ``B* = zcdp.zcdp_budget(epsilon, delta)``.
+
+    Returns
+    -------
+    GaussianFilter
+
+    Examples
+    --------
+    >>> bool(zcdp_filter(1.0, 1e-5).budget[0] == zcdp.zcdp_budget(1.0, 1e-5))
+    True
+    """
     _check_eps_delta(epsilon, delta)
     return GaussianFilter("zcdp", epsilon, delta, np.array([0.5]), np.array([zcdp.zcdp_budget(epsilon, delta)]))
 
 
 def rdp_filter(epsilon: float, delta: float, orders: Sequence[float] | None = None) -> GaussianFilter:
-    """papers/004 Theorem 4.3 at the best order of the grid (dp_accounting's by default), at the
-    full delta: continue while ``sum mu_t^2 / 2 <= rho*`` (see the module docstring)."""
+    """Feldman and Zrnic 2021, Theorem 4.3 at the best order, at the full delta: ``rho <= rho*``.
+
+    Parameters
+    ----------
+    epsilon, delta, orders
+        The budget, and the Rényi orders (default ``renyi.DEFAULT_ORDERS``, dp_accounting's).
+
+    Returns
+    -------
+    GaussianFilter
+
+    Examples
+    --------
+    >>> bool(rdp_filter(4.0, 1e-5, [2.0, 8.0]).budget[0] == renyi.gaussian_rho_budget([2.0, 8.0], 4.0, 1e-5))
+    True
+    """
     _check_eps_delta(epsilon, delta)
     orders_arr = renyi.check_orders(renyi.DEFAULT_ORDERS if orders is None else orders)
     rho = renyi.gaussian_rho_budget(orders_arr, epsilon, delta)
@@ -235,13 +379,25 @@ def rdp_filter(epsilon: float, delta: float, orders: Sequence[float] | None = No
 
 
 def rdp_order(filt: GaussianFilter) -> float:
-    """alpha*: the order at which the rdp filter's threshold rho* is attained (see the module docstring).
+    """alpha*: the order at which the rdp filter's threshold rho* is attained (from epsilon, delta, orders).
 
-    The largest order of the grid with ``B_alpha / alpha == rho*`` (any such order is valid; a larger
-    one charges Skellam releases less, their discreteness term being divided by alpha), or the
-    smallest order where rho* is the KL shortcut's (Theorem 4.3 at alpha_min gives D_alpha_min <=
-    alpha_min rho* and KL <= D_alpha_min). Computed from (epsilon, delta, orders), not the budget,
-    so a run quota (``scaled``) keeps its lifetime filter's order. Raises for gdp and zcdp.
+    The largest order with ``B_alpha / alpha == rho*`` (it charges Skellam releases least), or the
+    smallest where rho* is the KL shortcut's.
+
+    Parameters
+    ----------
+    filt : GaussianFilter
+        An rdp filter (``ValueError`` for gdp and zcdp).
+
+    Returns
+    -------
+    float
+
+    Examples
+    --------
+    >>> filt = rdp_filter(4.0, 1e-5, orders=[2.0, 8.0])
+    >>> rdp_order(filt), bool(filt.budget[0] == down(renyi.rdp_budgets([8.0], 4.0, 1e-5)[0] / 8.0))
+    (8.0, True)
     """
     if filt.kind != "rdp":
         raise ValueError(f"filter {filt.kind!r} has no Rényi order: only filter='rdp' charges at an order.")
@@ -253,45 +409,29 @@ def rdp_order(filt: GaussianFilter) -> float:
 
 
 def make_filter(kind: str, epsilon: float, delta: float, orders: Sequence[float] | None = None) -> GaussianFilter:
-    """The filter named ``kind`` for one client's lifetime budget (epsilon, delta).
-
-    A filter (papers/004) admits a sequence of adaptively chosen Gaussian releases while their
-    accumulated privacy loss stays within the budget; each client holds its own state.
+    """The filter named ``kind`` for one client's lifetime budget (epsilon, delta): a filter (Feldman and
+    Zrnic 2021) admits adaptively chosen Gaussian releases while their accumulated loss stays within it.
 
     Parameters
     ----------
     kind : {"gdp", "rdp", "zcdp"}
-        ``FILTER_KINDS``: Gaussian DP (fully adaptive composition of Gaussian mechanisms, the
-        module docstring's references), Rényi DP over ``orders`` (papers/004 Theorem 4.3; the only
-        kind that also accounts Skellam noise, so the one distributed placement needs), or
-        zero-concentrated DP (papers/004 Theorem 4.9).
-    epsilon : float
-        The budget's epsilon; a finite number > 0.
-    delta : float
-        The budget's delta, in (0, 1).
+        Gaussian DP, Rényi DP over ``orders`` (the only kind that also accounts Skellam noise, so the
+        one distributed placement needs), or zCDP.
+    epsilon, delta : float
+        The budget: epsilon a finite number > 0, delta in (0, 1) (else ``ValueError``, naming it).
     orders : sequence of float, optional
         The Rényi orders of the rdp filter (default ``renyi.DEFAULT_ORDERS``); ignored otherwise.
 
     Returns
     -------
     GaussianFilter
-        The filter: ``initial_state()``, ``charge(sensitivity=, noise_std=)``, ``admits``,
-        ``spend`` and ``allowance(state, noise_std=)`` (the largest norm a round may still carry).
-
-    Raises
-    ------
-    ValueError
-        Naming an unknown ``kind`` or a bad budget, and the value found.
 
     Examples
     --------
     >>> filt = make_filter("gdp", 4.0, 1e-5)
-    >>> state = filt.initial_state()
     >>> charge = filt.charge(sensitivity=1.0, noise_std=10.0)  # a full-norm round at z = 10
-    >>> bool(filt.admits(state, charge))
-    True
-    >>> filt.spend(state, charge)
-    array([0.01])
+    >>> bool(filt.admits(filt.initial_state(), charge)), filt.spend(filt.initial_state(), charge)
+    (True, array([0.01]))
     """
     if kind == "gdp":
         return gdp_filter(epsilon, delta)
@@ -311,10 +451,26 @@ def round_allowance(
     run_filter: GaussianFilter | None = None,
     run_state: np.ndarray | None = None,
 ) -> np.ndarray:
-    """papers/004 Algorithm 7's per-round clip ``min(C, what the filter(s) still admit)``.
+    """Feldman and Zrnic 2021, Algorithm 7's per-round clip ``min(C, what the filter(s) still admit)``.
 
-    The Flower client (one row) and the vectorised engine (one row per client) both call this,
-    so they clip and charge identically. Constant work: no branch depends on the states.
+    The Flower client and the vectorised engine both call this (same clip, same charge); constant work.
+
+    Parameters
+    ----------
+    filt, state, noise_std, clip
+        The lifetime filter, its state, the release's noise std and the clip norm ``C``.
+    run_filter, run_state : optional
+        A per-run quota (``GaussianFilter.scaled``) and its state (required with it).
+
+    Returns
+    -------
+    numpy.ndarray
+
+    Examples
+    --------
+    >>> filt = make_filter("gdp", 4.0, 1e-5)
+    >>> round_allowance(filt, np.array([[0.0], [filt.budget[0]]]), noise_std=10.0, clip=1.0)
+    array([1., 0.])
     """
     allow = np.minimum(np.asarray(clip, dtype=np.float64), filt.allowance(state, noise_std=noise_std))
     if run_filter is not None:  # configuration, not data: a device either has a run quota or not
@@ -325,5 +481,20 @@ def round_allowance(
 
 
 def exhausted(allowance, clip, exhausted_below: float) -> np.ndarray:
-    """True where what is left is below ``exhausted_below * C``: the client has nothing to give."""
+    """True where what is left is at most ``exhausted_below * C``: the client has nothing to give.
+
+    Parameters
+    ----------
+    allowance, clip, exhausted_below
+        The round's allowance (``round_allowance``), ``C``, and the fraction of ``C`` that counts as none.
+
+    Returns
+    -------
+    numpy.ndarray of bool
+
+    Examples
+    --------
+    >>> exhausted(np.array([0.0, 0.5]), 1.0, 0.01)
+    array([ True, False])
+    """
     return np.asarray(allowance) <= exhausted_below * np.asarray(clip)

@@ -17,6 +17,15 @@ The curve is evaluated with mpmath at 60 significant digits; roots are found by 
 (with the curve's closed-form derivatives) safeguarded by bisection, converted to float in the
 conservative direction (``mu_for_budget`` rounds down, ``epsilon_for_mu`` rounds up) and the
 float is verified against the curve before it is returned.
+
+Examples
+--------
+The budget (epsilon, delta) = (4, 1e-5) allows ``mu = 0.925``: 85 full-norm rounds at noise
+multiplier 10 (each ``mu_t = 0.1``, and ``85 * 0.1^2 <= 0.925^2 < 86 * 0.1^2``):
+
+>>> mu = mu_for_budget(4.0, 1e-5)
+>>> round(mu, 4), int(mu**2 / 0.1**2)
+(0.9249, 85)
 """
 
 from __future__ import annotations
@@ -50,7 +59,38 @@ def _delta_mp(eps: mpmath.mpf, mu: mpmath.mpf) -> mpmath.mpf:
 
 
 def delta_for_epsilon(epsilon: float, mu: float) -> float:
-    """The exact delta of ``mu``-GDP at ``epsilon``, rounded up to a float."""
+    """The exact delta of ``mu``-GDP at ``epsilon``, rounded up to a float.
+
+    Dong, Roth and Su 2022, Corollary 2.13: ``Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2)``.
+
+    Parameters
+    ----------
+    epsilon : float
+        A finite number >= 0.
+    mu : float
+        The GDP parameter, finite and > 0.
+
+    Returns
+    -------
+    float
+        delta(epsilon; mu), rounded up.
+
+    Raises
+    ------
+    ValueError
+        Naming a bad ``epsilon`` or ``mu``.
+
+    Examples
+    --------
+    At epsilon = 0 the curve is the total variation ``Phi(mu/2) - Phi(-mu/2) = erf(mu / (2 sqrt 2))``:
+
+    >>> delta_for_epsilon(0.0, 0.5)
+    0.19741265136584749
+    >>> math.erf(0.5 / (2 * math.sqrt(2)))
+    0.19741265136584743
+    >>> delta_for_epsilon(1.0, 1.0)
+    0.12693673750664397
+    """
     _check_positive("mu", mu)
     if not (math.isfinite(epsilon) and epsilon >= 0):
         raise ValueError(f"epsilon must be a finite number >= 0. Found {epsilon!r}.")
@@ -83,7 +123,33 @@ def _newton(g, dg, lo: mpmath.mpf, hi: mpmath.mpf) -> mpmath.mpf:
 
 
 def mu_for_budget(epsilon: float, delta: float) -> float:
-    """The largest float ``mu`` such that ``mu``-GDP implies (epsilon, delta)-DP (rounded down)."""
+    """The largest float ``mu`` such that ``mu``-GDP implies (epsilon, delta)-DP (rounded down).
+
+    Parameters
+    ----------
+    epsilon : float
+        The budget's epsilon, finite and > 0.
+    delta : float
+        The budget's delta, in (0, 1).
+
+    Returns
+    -------
+    float
+        ``mu_B``: the root of ``delta(epsilon; mu) = delta`` in ``mu``, rounded down and verified.
+
+    Raises
+    ------
+    ValueError
+        Naming a bad ``epsilon`` or ``delta``.
+
+    Examples
+    --------
+    >>> mu = mu_for_budget(1.0, 1e-5)
+    >>> mu
+    0.26805112321129415
+    >>> delta_for_epsilon(1.0, mu) <= 1e-5
+    True
+    """
     _check_positive("epsilon", epsilon)
     _check_delta(delta)
     with mpmath.workdps(_DPS):
@@ -104,7 +170,35 @@ def mu_for_budget(epsilon: float, delta: float) -> float:
 
 
 def epsilon_for_mu(mu: float, delta: float) -> float:
-    """The smallest float epsilon with delta(epsilon; mu) <= delta (rounded up); 0 for mu = 0."""
+    """The smallest float epsilon with delta(epsilon; mu) <= delta (rounded up); 0 for mu = 0.
+
+    Parameters
+    ----------
+    mu : float
+        The GDP parameter, finite and >= 0.
+    delta : float
+        The target delta, in (0, 1).
+
+    Returns
+    -------
+    float
+        The epsilon, rounded up and verified against the curve; 0 when ``delta(0; mu) <= delta``.
+
+    Raises
+    ------
+    ValueError
+        Naming a bad ``mu`` or ``delta``.
+
+    Examples
+    --------
+    >>> eps = epsilon_for_mu(1.0, 1e-5)
+    >>> eps
+    4.377178095681225
+    >>> delta_for_epsilon(eps, 1.0) <= 1e-5
+    True
+    >>> epsilon_for_mu(0.5, 0.2)  # delta(0; 0.5) = 0.197 is already below 0.2
+    0.0
+    """
     _check_delta(delta)
     if mu == 0:
         return 0.0

@@ -1,246 +1,76 @@
-"""Rényi accounting of integer Skellam noise on the secure-aggregation grid (issue 15, pure math).
+"""Rényi accounting of integer Skellam noise on the secure-aggregation grid (pure math).
 
 Mechanism. A device snaps its clipped update to an integer vector ``k`` and adds Skellam noise
-``Sk(mu_share)`` per coordinate, where ``Sk(mu)`` = Poisson(mu/2) - Poisson(mu/2) has variance ``mu``
-and pmf ``q_mu(x) = exp(-mu) I_|x|(mu)`` (``I`` the modified Bessel function of the first kind).
-Independent Skellam variables add: ``Sk(a) + Sk(b) = Sk(a + b)`` (Agarwal, Kairouz, Liu, NeurIPS 2021,
-arXiv 2110.04995). Secure aggregation releases only a sum of at least ``t`` reports, so the released
-sum carries at least ``Sk(t * mu_share)`` per coordinate whatever the other devices do; with respect
-to one device, the release is ``k + Sk(mu_total)`` post-processed (the other devices' integer
-updates are a shift independent of its data), and extra noise only helps (post-processing).
+``Sk(mu_share)`` per coordinate (``Sk(mu)`` = Poisson(mu/2) - Poisson(mu/2), variance ``mu``).
+Independent Skellam variables add (Agarwal, Kairouz, Liu, "The Skellam Mechanism for Differentially
+Private Federated Learning", NeurIPS 2021), so a released sum of at least ``t`` reports carries at
+least ``Sk(t * mu_share)`` per coordinate; for one device the release is ``k + Sk(mu_total)``
+post-processed. In the integer units of the grid:
 
-What this module computes, in the integer units of the grid:
-
-- ``skellam_rdp_exact``: the exact Rényi divergence ``D_alpha(Sk(mu) + k || Sk(mu))`` of the product
-  mechanism, summed over coordinates (coordinates with equal ``|k_i|`` computed once), by direct
-  summation in log space over a window with a proven tail bound (see ``_tail_bounds``). The
-  reference: slow, for tests and studies. The divergence is symmetric in the sign of ``k_i``
-  (``q_mu`` is even), and ``D_alpha(Q + k || Q)`` is also the divergence the other way round, since
-  ``Q - k`` vs ``Q`` is a reflection of ``Q + k`` vs ``Q``.
-- ``skellam_rdp_bound``: the closed form of Agarwal, Kairouz, Liu 2021 (Theorem 3.5 / Corollary 3.6),
-  in this parameterisation (``mu`` = variance per coordinate of the released noise, L1 and L2 the
-  sensitivities on the integer grid)::
+- the curve (``skellam_curve.py``, re-exported here): ``skellam_rdp_exact``, the exact divergence
+  (the reference); ``skellam_rdp_bound``, their Theorem 3.5 / Corollary 3.6 (``mu`` the variance per
+  coordinate of the released noise, L1 and L2 the sensitivities on the grid)::
 
       eps(alpha) <= alpha L2^2 / (2 mu) + min( ((2 alpha - 1) L2^2 + 6 L1) / (4 mu^2),  3 L1 / (2 mu) )
 
-  The first term is the Gaussian mechanism's RDP at the same variance; the min is the price of
-  discreteness. Where it was found (no copy of the paper here, found with the ``search`` tool): the
-  authors' code, google-research/federated ``distributed_dp/accounting_utils.py`` (commit 5e27a86),
-  ``_skellam_rdp(l1_sens, l2_sens, central_var, scale, order)``. It works in the unscaled domain: the
-  integer grid is ``scale * x`` and the noise variance there is ``scale^2 * central_var``;
-  substituting ``L = scale * sensitivity`` and ``mu = scale^2 * central_var`` gives exactly the line
-  above. Other public accountants restate it in this form ("mu the per-coordinate variance"). Mind the
-  parameterisation: scipy's ``skellam(m, m)`` has variance ``2 m``; facebookresearch's
-  ``dp_compression`` draws ``skellam.rvs(s^2 mu, s^2 mu)`` (variance ``2 s^2 mu``) with constants
-  written for that variance: do not mix the two forms.
-  The sources state it for integer orders; for a fractional order this module charges the bound at
-  ``ceil(alpha)``, valid because ``D_alpha`` is non-decreasing in ``alpha`` (van Erven and Harremoës
-  2014, Theorem 3). The tests check the bound against the exact divergence (never below it).
-- ``device_rdp_curve`` / ``device_epsilon``: what a device is charged for one release, the bound at
-  every order of ``renyi.DEFAULT_ORDERS`` rounded up, and its (epsilon, delta) by ``renyi``'s
-  conversion.
+  and ``device_rdp_curve`` / ``device_epsilon`` (one release at every order, for studies);
+- the shares: ``skellam_share`` (what a device adds) and ``released_variance`` (the least a sum holds);
+- charging: ``integer_norms`` / ``l2_up`` (a release's exact norms), ``l1_cap`` (the worst L1 for an
+  L2), ``skellam_rho`` (the charge at an order, interpolated between integer orders),
+  ``skellam_charge`` (at the rdp filter's alpha*) and ``skellam_allowance`` (the largest L2 whose
+  worst-case charge fits the Gaussian allowance's charge; ``ALLOWANCE_STEPS`` bisection steps).
 
-Which filter is valid. The Gaussian-DP filter (``gaussian_dp.py``) composes mu-GDP charges, which is
-sound only for mechanisms proven ``mu``-GDP, i.e. whose trade-off curve dominates the Gaussian one
-``G_mu`` at every point (an f-DP statement about the whole privacy-loss distribution). For Skellam
-noise no such statement is known: its privacy loss is a discrete, non-Gaussian variable, and the
-only proven guarantee is the RDP curve above, which is not of the Gaussian form ``alpha * rho``
-(the ``min`` term) and which, even if it were, would give zCDP, not GDP (RDP curves do not
-determine the trade-off curve; converting RDP to GDP is lossy and not what the GDP filter assumes).
-Charging Skellam releases to the GDP filter as ``sqrt(L2^2 / mu)``-GDP, as for Gaussian noise,
-would therefore rest on an unproven claim. (The exact divergences computed here are often BELOW
-the Gaussian curve, e.g. 0.019997 < 0.02 at mu = 50, k = 1, alpha = 2; that is still no GDP
-proof.) The Rényi filter (papers/004 Theorem 4.3) holds at a fixed order for any sequence of
-mechanisms with an RDP bound at that order, so Skellam charges go through the ``rdp`` filter.
-Its ledger keeps one number, ``rho``, and its threshold ``rho*`` is Theorem 4.3's at one order
-alpha* (``filters.rdp_order``), so a Skellam release is charged ``eps(alpha*) / alpha*`` in rho
-units (``skellam_charge``), never its whole curve (``device_rdp_curve`` is for studies).
+Only the ``rdp`` filter may account Skellam releases: for Skellam noise the only proven guarantee is
+the RDP curve (Feldman and Zrnic, "Individual Privacy Accounting via a Rényi Filter", NeurIPS 2021,
+Theorem 4.3 holds at a fixed order for any such mechanism). The arguments are in
+docs/derivations/skellam.md.
 
-Charging (issue 15): ``integer_norms`` / ``l2_up`` give a release's exact norms, ``l1_cap`` the
-worst L1 for a given L2, ``skellam_rho`` the charge at an order (between integer orders by the
-convexity of ``(alpha - 1) D_alpha``, tighter than ``ceil``), ``skellam_charge`` the charge at the
-filter's alpha*, and ``skellam_allowance`` the largest L2 whose worst-case charge fits within the
-charge of the Gaussian allowance the device's filters already admit.
+Examples
+--------
+One coordinate moved by one grid step under variance 50: the exact divergence at order 2, the
+Gaussian curve ``alpha k^2 / (2 mu) = 0.02`` and the closed-form bound above it:
+
+>>> round(skellam_rdp_exact([1], 50.0, 2.0), 6), 2 * 1 / (2 * 50.0), round(skellam_rdp_bound(1, 1, 50.0, 2.0), 6)
+(0.019997, 0.02, 0.0209)
 """
 
 from __future__ import annotations
 
 import math
-from collections import Counter
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from scipy.special import gammaln, ive, logsumexp
 
 from fedfilter.privacy.filters import rdp_order
-from fedfilter.privacy.renyi import DEFAULT_ORDERS, check_orders, epsilon_from_rdp
 from fedfilter.privacy.rounding import up
 
-# The exact value is returned with the tail added: the window is widened until the tail bound is
-# below this (absolute, on the sum S >= 1 of which the divergence is log(S) / (alpha - 1)).
-_TAIL_TOLERANCE = 1e-30
-# Relative margin on the closed-form bound: at most ~10 correctly rounded operations on
-# non-negative terms, each within half an ulp; 64 ulps cover them with room.
-_BOUND_MARGIN = 1 + 64 * 2.0**-52
+# The curve lives in skellam_curve.py (one idea per file); its names stay importable from here.
+from fedfilter.privacy.skellam_curve import (
+    _check_mu,
+    _tail_bounds,  # noqa: F401 (tests read the tail bound from here)
+    device_epsilon,
+    device_rdp_curve,
+    skellam_log_pmf_table,
+    skellam_rdp_bound,
+    skellam_rdp_exact,
+)
 
-
-def _check_mu(mu: float) -> float:
-    mu = float(mu)
-    if not (math.isfinite(mu) and mu > 0):
-        raise ValueError(f"mu (the Skellam variance per coordinate) must be finite and > 0. Found {mu!r}.")
-    return mu
-
-
-def _check_alpha(alpha: float) -> float:
-    alpha = float(alpha)
-    if not (math.isfinite(alpha) and alpha > 1):
-        raise ValueError(f"alpha (the Rényi order) must be finite and > 1. Found {alpha!r}.")
-    return alpha
-
-
-def _integer_vector(k: Sequence[int] | np.ndarray) -> list[int]:
-    arr = np.asarray(k)
-    if arr.ndim == 0:
-        arr = arr.reshape(1)
-    if arr.ndim != 1:
-        raise ValueError(f"k must be a 1-D integer vector. Found shape {arr.shape}.")
-    if arr.size and not np.issubdtype(arr.dtype, np.integer):
-        if not (np.all(np.isfinite(arr)) and np.all(arr == np.round(arr))):
-            raise ValueError(f"k must hold integers (points of the grid). Found {arr[:8].tolist()}...")
-    return [int(v) for v in arr.tolist()]
-
-
-def skellam_log_pmf_table(mu: float, n: int) -> np.ndarray:
-    """``log q_mu(y)`` for ``y = 0..n`` without underflow.
-
-    ``log I_0(mu) = log(ive(0, mu)) + mu``; the ratios ``r_v = I_{v+1}(mu) / I_v(mu)`` come from the
-    backward recurrence ``r_{v-1} = 1 / (2 v / mu + r_v)`` (the minimal solution of the three-term
-    recurrence ``I_{v-1} - I_{v+1} = (2 v / mu) I_v``, so backward evaluation is stable), started
-    at ``r = 0`` far beyond ``n`` and ``mu``: each step shrinks the start error by at least
-    ``r_v^2``, and past ``2 mu`` there are over 200 steps with ``r_v < 1/2``.
-    """
-    mu = _check_mu(mu)
-    start = int(n + 4 * mu + 400)
-    r = 0.0
-    log_ratios = np.empty(n, dtype=np.float64)
-    for v in range(start, 0, -1):
-        r = 1.0 / (2.0 * v / mu + r)  # now r = r_{v-1}
-        if v - 1 < n:
-            log_ratios[v - 1] = math.log(r)
-    log_i0_scaled = math.log(float(ive(0, mu)))  # log(I_0(mu) exp(-mu)) = log q_mu(0)
-    table = np.empty(n + 1, dtype=np.float64)
-    table[0] = log_i0_scaled
-    table[1:] = log_i0_scaled + np.cumsum(log_ratios)
-    return table
-
-
-def _tail_bounds(k: int, mu: float, alpha: float, right: int, left: int) -> float:
-    """An upper bound on the summands ``f(x) = q(x - k)^alpha q(x)^(1 - alpha)`` left out of the
-    window ``-left <= x <= right`` (``k >= 0``, ``right >= k``), as a log; ``inf`` if not yet proven.
-
-    From the series of ``I_v``: ``L(y) <= q(y) <= L(y) exp(mu^2 / (4 (y + 1)))`` for ``y >= 0``, with
-    ``L(y) = exp(-mu) (mu/2)^y / y!``. As ``1 - alpha < 0``, ``q(x)^(1-alpha) <= L(x)^(1-alpha)``.
-    Right tail (``x > right``): ``f(x) <= exp(alpha mu^2 / (4 (right - k + 2))) h(x)`` with
-    ``h(x) = L(x - k)^alpha L(x)^(1 - alpha)`` and ``h(x+1)/h(x) = (mu/2) ((x+1)/(x+1-k))^alpha / (x+1)``,
-    decreasing in ``x``: a geometric series once that ratio is < 1. Left tail (``x = -y``,
-    ``y > left``): ``f = q(y + k)^alpha q(y)^(1-alpha)`` likewise with ratio ``<= (mu/2) / (y + 1)``.
-    """
-    log_half_mu = math.log(mu / 2)
-
-    def log_h_right(x: int) -> float:
-        return -mu + (x - alpha * k) * log_half_mu + alpha * (gammaln(x + 1) - gammaln(x - k + 1)) - gammaln(x + 1)
-
-    def log_h_left(y: int) -> float:
-        return -mu + (y + alpha * k) * log_half_mu + alpha * (gammaln(y + 1) - gammaln(y + k + 1)) - gammaln(y + 1)
-
-    x0 = right + 1
-    rho_r = (mu / 2) * ((x0 + 1) / (x0 + 1 - k)) ** alpha / (x0 + 1)
-    y0 = left + 1
-    rho_l = (mu / 2) / (y0 + 1)
-    if rho_r >= 1 or rho_l >= 1:
-        return math.inf
-    t_right = alpha * mu * mu / (4 * (x0 - k + 1)) + log_h_right(x0) - math.log1p(-rho_r)
-    t_left = alpha * mu * mu / (4 * (y0 + k + 1)) + log_h_left(y0) - math.log1p(-rho_l)
-    return float(np.logaddexp(t_right, t_left))
-
-
-def _rdp_exact_1d(k: int, mu: float, alpha: float) -> float:
-    """``D_alpha(Sk(mu) + k || Sk(mu))`` for one coordinate, ``k >= 0``."""
-    if k == 0:
-        return 0.0
-    width = k + int(mu) + 16
-    while True:
-        log_tail = _tail_bounds(k, mu, alpha, right=width, left=width)
-        if log_tail < math.log(_TAIL_TOLERANCE):
-            break
-        width *= 2
-    table = skellam_log_pmf_table(mu, width + k)
-    xs = np.arange(-width, width + 1)
-    log_q_x = table[np.abs(xs)]
-    log_q_shift = table[np.abs(xs - k)]
-    log_s = logsumexp(alpha * log_q_shift + (1 - alpha) * log_q_x)
-    return float(np.logaddexp(log_s, log_tail) / (alpha - 1))
-
-
-def skellam_rdp_exact(k: Sequence[int] | np.ndarray, mu: float, alpha: float) -> float:
-    """The exact ``D_alpha(Sk(mu)^d + k || Sk(mu)^d)`` for an integer vector ``k`` (the reference).
-
-    Per-coordinate divergences add (product distributions); coordinates with the same ``|k_i|`` are
-    computed once. Each is ``log(S) / (alpha - 1)`` with ``S`` summed in log space over a window
-    plus a proven upper bound (< 1e-30, against ``S >= 1``) on the left-out tail, so the value is
-    an upper estimate up to floating-point error of the summation (~1e-15 relative).
-    """
-    mu = _check_mu(mu)
-    alpha = _check_alpha(alpha)
-    counts = Counter(abs(v) for v in _integer_vector(k))
-    return float(sum(n * _rdp_exact_1d(m, mu, alpha) for m, n in counts.items() if m))
-
-
-def skellam_rdp_bound(l1: float, l2: float, mu: float, alpha: float) -> float:
-    """Agarwal, Kairouz, Liu 2021's RDP bound for sensitivities ``l1``, ``l2`` on the integer grid and
-    Skellam variance ``mu`` per coordinate, at order ``alpha`` (the integer order ``ceil(alpha)``
-    when fractional), rounded up. Needs ``0 <= l2 <= l1`` (every vector has ``||k||_2 <= ||k||_1``).
-    """
-    mu = _check_mu(mu)
-    alpha = _check_alpha(alpha)
-    l1, l2 = float(l1), float(l2)
-    if not (math.isfinite(l1) and math.isfinite(l2) and 0 <= l2 <= l1 * (1 + 2.0**-40)):
-        raise ValueError(f"need finite sensitivities with 0 <= l2 <= l1. Found l1={l1!r}, l2={l2!r}.")
-    a = float(math.ceil(alpha))
-    l2sq = l2 * l2
-    gaussian = a * l2sq / (2 * mu)
-    discrete = min(((2 * a - 1) * l2sq + 6 * l1) / (4 * mu * mu), 3 * l1 / (2 * mu))
-    return float(up((gaussian + discrete) * _BOUND_MARGIN))
-
-
-def _norms(k_int: Sequence[int] | np.ndarray) -> tuple[float, float]:
-    """``||k||_1`` and ``||k||_2`` of an integer vector, the square computed exactly in integers and
-    the root rounded up."""
-    ints = _integer_vector(k_int)
-    l1 = sum(abs(v) for v in ints)
-    l2sq = sum(v * v for v in ints)
-    root = math.isqrt(l2sq)
-    l2 = float(root) if root * root == l2sq else float(up(math.sqrt(l2sq)))
-    return float(l1), l2
-
-
-def device_rdp_curve(
-    k_int: Sequence[int] | np.ndarray, mu_total: float, orders: Sequence[float] = DEFAULT_ORDERS
-) -> np.ndarray:
-    """The RDP a device is charged for releasing ``k_int + Sk(mu_total)``, at each order (the bound
-    of ``skellam_rdp_bound`` with the vector's own L1 and L2 norms, rounded up)."""
-    orders_arr = check_orders(orders)
-    mu_total = _check_mu(mu_total)
-    l1, l2 = _norms(k_int)
-    return np.array([skellam_rdp_bound(l1, l2, mu_total, a) for a in orders_arr], dtype=np.float64)
-
-
-def device_epsilon(
-    k_int: Sequence[int] | np.ndarray, mu_total: float, delta: float, orders: Sequence[float] = DEFAULT_ORDERS
-) -> float:
-    """(epsilon at ``delta``) of one release, at the best order, by ``renyi.epsilon_from_rdp``."""
-    return epsilon_from_rdp(orders, device_rdp_curve(k_int, mu_total, orders).tolist(), delta)
+__all__ = [
+    "ALLOWANCE_STEPS",
+    "device_epsilon",
+    "device_rdp_curve",
+    "integer_norms",
+    "l1_cap",
+    "l2_up",
+    "released_variance",
+    "skellam_allowance",
+    "skellam_charge",
+    "skellam_log_pmf_table",
+    "skellam_rdp_bound",
+    "skellam_rdp_exact",
+    "skellam_rho",
+    "skellam_share",
+]
 
 
 def skellam_share(mu_total: float, min_reports: int) -> float:
@@ -248,6 +78,25 @@ def skellam_share(mu_total: float, min_reports: int) -> float:
     carry at least ``mu_total``): what a device adds, and all a report carries read alone (its
     worst-case account, ``client/ledger/worst_case.py``). The device's grid and the planner both call this.
 
+    Parameters
+    ----------
+    mu_total : float
+        The Skellam variance per coordinate the released sum must carry.
+    min_reports : int
+        ``m``, the fewest reports in a released sum, >= 1.
+
+    Returns
+    -------
+    float
+        ``mu_total / m``, rounded up.
+
+    Raises
+    ------
+    ValueError
+        If ``min_reports`` is not an integer >= 1.
+
+    Examples
+    --------
     >>> skellam_share(2.25, 2) == float(np.nextafter(1.125, np.inf))
     True
     """
@@ -258,14 +107,39 @@ def skellam_share(mu_total: float, min_reports: int) -> float:
 
 def released_variance(mu_share: float, threshold: int) -> float:
     """The least Skellam variance per coordinate of a released sum: ``threshold * mu_share``, rounded
-    down (fewer than ``threshold`` reports are never released)."""
+    down (fewer than ``threshold`` reports are never released).
+
+    Parameters
+    ----------
+    mu_share : float
+        The variance each report adds (``skellam_share``), finite and > 0.
+    threshold : int
+        The fewest reports in a release, >= 1.
+
+    Returns
+    -------
+    float
+        One float below ``threshold * mu_share``.
+
+    Raises
+    ------
+    ValueError
+        Naming a bad ``mu_share`` or ``threshold``.
+
+    Examples
+    --------
+    Two shares of ``skellam_share(2.25, 2)`` carry at least the 2.25 asked for, one float below:
+
+    >>> released_variance(1.125, 2) == float(np.nextafter(2.25, 0.0))
+    True
+    """
     mu_share = _check_mu(mu_share)
     if isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 1:
         raise ValueError(f"threshold (fewest reports in a release) must be an integer >= 1. Found {threshold!r}.")
     return float(np.nextafter(threshold * mu_share, 0.0))
 
 
-# --- Charging Skellam releases to the rdp filter (issue 15) ------------------------------------------
+# --- Charging Skellam releases to the rdp filter ------------------------------------------
 # Vectorised over a leading client axis: the engine calls these on many rows, the device on one.
 
 # Relative margin on ``_interpolated_bound``: at most ~25 correctly rounded operations on
@@ -285,6 +159,28 @@ def integer_norms(k_arrays) -> tuple:
     its leading axis: the result is two int64 arrays of shape ``(n_clients,)``, exact because every
     ``|k_i| <= 2**31`` and ``row size * max |k_i|^2 < 2**63`` are checked (a ValueError otherwise).
     Float arrays are accepted if they hold integers (grid points).
+
+    Parameters
+    ----------
+    k_arrays : list or tuple of array_like, or numpy.ndarray
+        One device's integer vector as layers, or an array with one row per client.
+
+    Returns
+    -------
+    tuple
+        ``(l1, l2_squared)``: two ints, or two int64 arrays with one entry per client.
+
+    Raises
+    ------
+    ValueError
+        For non-integer values, values beyond 2**31, or norms that would overflow int64.
+
+    Examples
+    --------
+    >>> integer_norms([np.array([3, -4]), np.array([0])])
+    (7, 25)
+    >>> integer_norms(np.array([[3, 4], [1, 0]]))
+    (array([7, 1]), array([25,  1]))
     """
     rows = isinstance(k_arrays, np.ndarray) and k_arrays.ndim >= 2
     parts = [k_arrays] if isinstance(k_arrays, np.ndarray) else list(k_arrays)
@@ -319,6 +215,28 @@ def l2_up(l2_squared):
 
     A Python int, or an integer array below 2**53 (then ``float`` is exact and ``sqrt`` correctly
     rounded, so one step up bounds it; a perfect square's root is exact).
+
+    Parameters
+    ----------
+    l2_squared : int or numpy.ndarray
+        The exact squared norm (``integer_norms``), >= 0.
+
+    Returns
+    -------
+    float or numpy.ndarray
+        The norm, rounded up.
+
+    Raises
+    ------
+    ValueError
+        For a negative value, or an array that is not integer or reaches 2**53.
+
+    Examples
+    --------
+    >>> l2_up(25), l2_up(2) > math.sqrt(2)
+    (5.0, True)
+    >>> l2_up(np.array([4, 5]))
+    array([2.        , 2.23606798])
     """
     if isinstance(l2_squared, (int, np.integer)) and not isinstance(l2_squared, bool):
         n = int(l2_squared)
@@ -341,12 +259,33 @@ def l1_cap(l2, dim):
     """An upper bound on ``||k||_1`` over integer vectors ``k`` with ``||k||_2 <= l2`` in ``dim``
     coordinates: ``max(l2, min(sqrt(dim) l2, l2^2))``, rounded up; 0 at ``l2 == 0``.
 
-    Proof. At most ``dim`` coordinates are non-zero, so ``||k||_1 <= sqrt(dim) ||k||_2`` (Cauchy-Schwarz
-    against the all-ones vector on the support). Every non-zero integer has ``|k_i| >= 1``, hence
-    ``|k_i| <= k_i^2`` and ``||k||_1 <= ||k||_2^2``. Both bounds hold, so does their min; the outer
-    ``max(l2, .)`` only raises the cap (it is needed below l2 = 1, where ``l2^2 < l2``, to keep
-    ``skellam_rho``'s requirement ``l2 <= l1``; there the only integer vector is 0 anyway). Every
-    product is rounded up, so the float result is at least the exact bound.
+    ``sqrt(dim) l2`` by Cauchy-Schwarz on the support, ``l2^2`` as every non-zero integer has
+    ``|k_i| <= k_i^2``; the proof is in docs/derivations/skellam.md. Every product is rounded up, so
+    the float result is at least the exact bound.
+
+    Parameters
+    ----------
+    l2 : float or array_like
+        The L2 norm, finite and >= 0.
+    dim : int or array_like
+        The number of coordinates, >= 1.
+
+    Returns
+    -------
+    numpy.ndarray
+        The cap, per entry.
+
+    Raises
+    ------
+    ValueError
+        Naming a bad ``l2`` or ``dim``.
+
+    Examples
+    --------
+    >>> l1_cap(np.array([0.0, 0.5, 3.0]), 100)  # 3.0: l2^2 = 9 < sqrt(100) * 3
+    array([0. , 0.5, 9. ])
+    >>> float(l1_cap(5.0, 4)) >= 10.0  # sqrt(4) * 5 < 5^2
+    True
     """
     l2 = np.asarray(l2, dtype=np.float64)
     if np.any(~np.isfinite(l2) | (l2 < 0)):
@@ -370,13 +309,10 @@ def _interpolated_bound(l1, l2, mu, alpha):
     """An upper bound on ``D_alpha`` of the release at a real order ``alpha > 1`` from the bounds at
     the integers around it.
 
-    ``F(a) = (a - 1) D_a = log E_Q[(dP/dQ)^a]`` is convex in ``a`` (Hölder's inequality:
-    ``E[r^((1-t) a + t b)] <= E[r^a]^(1-t) E[r^b]^t``; van Erven and Harremoës 2014, IEEE Trans. IT
-    60(7), on the convexity of (a - 1) D_a). So for ``n = floor(alpha) >= 2`` and ``t = alpha - n``,
-    ``F(alpha) <= (1 - t) (n - 1) E_n + t n E_{n+1}``, with ``E_m`` the closed form at order ``m``;
-    for ``1 < alpha < 2`` (n = 1, F(1) = 0) it gives ``D_alpha <= E_2``, the ``ceil`` rule of
-    ``skellam_rdp_bound``. At an integer order it is ``E_alpha`` itself. Unlike the ``ceil`` rule,
-    it tends to the Gaussian ``alpha L2^2 / (2 mu)`` up to a factor ``1 + t (1 - t) / (alpha (alpha-1))``.
+    ``F(a) = (a - 1) D_a`` is convex in ``a`` (van Erven and Harremoës 2014, IEEE Trans. IT 60(7)),
+    so for ``n = floor(alpha) >= 2`` and ``t = alpha - n``, ``F(alpha) <= (1 - t) (n - 1) E_n + t n
+    E_{n+1}``, with ``E_m`` the closed form at order ``m``; for ``1 < alpha < 2`` it is ``E_2``, the
+    ``ceil`` rule. The argument is in docs/derivations/skellam.md ("Fractional orders").
     """
     l2sq = l2 * l2
     n = np.floor(alpha)
@@ -394,6 +330,38 @@ def skellam_rho(l1, l2, mu_total, alpha):
 
     Exactly 0 where ``l2 == 0`` (the zero vector: no data, no loss). Broadcasts over its arguments.
     Needs ``0 <= l2 <= l1`` (every integer vector has ``||k||_2 <= ||k||_1``; ``l1_cap`` keeps it).
+
+    Parameters
+    ----------
+    l1 : float or array_like
+        The L1 sensitivity on the integer grid.
+    l2 : float or array_like
+        The L2 sensitivity on the integer grid.
+    mu_total : float or array_like
+        The Skellam variance per coordinate of the released noise, > 0.
+    alpha : float or array_like
+        The Rényi order, > 1.
+
+    Returns
+    -------
+    numpy.ndarray
+        The charge in rho units, rounded up.
+
+    Raises
+    ------
+    ValueError
+        Naming bad sensitivities, variance or order.
+
+    Examples
+    --------
+    At an integer order the charge is the closed form divided by the order; for the vector
+    ``(1, -1)`` (L1 = 2, L2 = sqrt 2) under mu = 50 at order 8 that is
+    ``(8 * 2 / 100 + min((15 * 2 + 12) / 10000, 6 / 100)) / 8 = 0.1642 / 8``:
+
+    >>> round(float(skellam_rho(2.0, math.sqrt(2), 50.0, 8.0)), 12), 0.1642 / 8
+    (0.020525, 0.020525)
+    >>> float(skellam_rho(0.0, 0.0, 50.0, 8.0))
+    0.0
     """
     l1 = np.asarray(l1, dtype=np.float64)
     l2 = np.asarray(l2, dtype=np.float64)
@@ -411,10 +379,43 @@ def skellam_rho(l1, l2, mu_total, alpha):
 
 def skellam_charge(filt, l1, l2, mu_total) -> np.ndarray:
     """The charge of a Skellam release in ``filt``'s units, shape ``(..., 1)``: ``skellam_rho`` at the
-    filter's order ``filters.rdp_order(filt)`` (alpha*), where papers/004 Theorem 4.3 holds for the
+    filter's order ``filters.rdp_order(filt)`` (alpha*), where Feldman and Zrnic 2021 Theorem 4.3 holds for the
     rdp filter's single threshold (``sum_t eps_t(alpha*) <= alpha* rho* <= B_alpha*``; filters.py).
 
     Only ``filter='rdp'``: the gdp and zcdp filters assume Gaussian releases (module docstring).
+
+    Parameters
+    ----------
+    filt : GaussianFilter
+        The device's rdp filter.
+    l1 : float or array_like
+        The L1 sensitivity on the integer grid.
+    l2 : float or array_like
+        The L2 sensitivity on the integer grid.
+    mu_total : float or array_like
+        The Skellam variance per coordinate of the released noise.
+
+    Returns
+    -------
+    numpy.ndarray
+        The charge, shape ``(..., 1)``, ready for ``filt.spend``.
+
+    Raises
+    ------
+    ValueError
+        For a gdp or zcdp filter.
+
+    Examples
+    --------
+    >>> from fedfilter.privacy.filters import make_filter
+    >>> filt = make_filter("rdp", 4.0, 1e-5)
+    >>> charge = skellam_charge(filt, 2.0, math.sqrt(2), 50.0)
+    >>> bool(charge[0] == skellam_rho(2.0, math.sqrt(2), 50.0, rdp_order(filt))), charge.shape
+    (True, (1,))
+    >>> skellam_charge(make_filter("gdp", 4.0, 1e-5), 2.0, 1.0, 50.0)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: filter='gdp': Skellam releases need filter='rdp' (the gdp and zcdp filters are ...
     """
     if getattr(filt, "kind", None) != "rdp":
         raise ValueError(
@@ -436,6 +437,40 @@ def skellam_allowance(gaussian_charge, *, mu_total, alpha, dim, max_l2) -> np.nd
     exit; ``GaussianFilter.allowance``), so the time does not reveal the budget. Every returned value
     was itself checked (admitted by construction), and is within ``max_l2 * 2**-64`` of the largest
     admitted one on the float grid of the bisection.
+
+    Parameters
+    ----------
+    gaussian_charge : array_like
+        The charge the release must not exceed, per row, shape ``(..., 1)`` or ``(...)``.
+    mu_total : float
+        The Skellam variance per coordinate of the released noise.
+    alpha : float
+        The order of the charge (the rdp filter's alpha*).
+    dim : int
+        The number of coordinates (the model size), for ``l1_cap``.
+    max_l2 : float or array_like
+        The largest L2 considered (the clip norm in grid units), >= 0.
+
+    Returns
+    -------
+    numpy.ndarray
+        The allowance per row, in ``[0, max_l2]``.
+
+    Raises
+    ------
+    ValueError
+        For a negative or non-finite ``gaussian_charge`` or ``max_l2``.
+
+    Examples
+    --------
+    One client whose Gaussian allowance costs 0.005 (a charge of shape ``(1,)``, so the answer has
+    shape ``()``):
+
+    >>> cap = skellam_allowance(np.array([0.005]), mu_total=100.0, alpha=6.1, dim=10, max_l2=100.0)
+    >>> round(float(cap), 6)
+    0.991577
+    >>> bool(skellam_rho(l1_cap(cap, 10), cap, 100.0, 6.1) <= 0.005)
+    True
     """
     g = np.asarray(gaussian_charge, dtype=np.float64)
     if g.ndim and g.shape[-1] == 1:

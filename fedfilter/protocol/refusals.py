@@ -5,8 +5,20 @@ wrapper (``coordinator/replies.py``) counts replies by code and prints what each
 to make ("10 refused: not enrolled ..."). A code, like the rest of an error reply, depends only on
 the request and the device's settings (and, after the ledger is opened, on the ledger's health and
 the requests answered before), never on the device's data or its budget state; the one exception,
-``left``, is the departure of a device in ``after-exhaustion='leave'`` mode, which DESIGN.md section
-1 declares visible.
+``left``, is the departure of a device in ``after-exhaustion='leave'`` mode: its owner chose that
+mode, whose point is that the device stops taking part once its budget is spent, which the
+coordinator sees in any case from its absence.
+
+``REFUSALS`` maps each code to what it means and the fix; ``CODE_PATTERN`` matches the
+``fedfilter[<code>]: `` prefix.
+
+Examples
+--------
+>>> reason = refusal_reason("replay", "round 3 was already answered")
+>>> reason
+'fedfilter[replay]: round 3 was already answered'
+>>> refusal_code(reason), REFUSALS[refusal_code(reason)]
+('replay', 'the round was already answered (a repeated round gets no second release)')
 """
 
 from __future__ import annotations
@@ -91,13 +103,52 @@ CODE_PATTERN = re.compile(r"^fedfilter\[([a-z0-9-]{1,40})\]: ")
 
 
 def refusal_reason(code: str, text: str) -> str:
-    """The reason an error reply carries: ``fedfilter[<code>]: <text>``."""
+    """The reason an error reply carries: ``fedfilter[<code>]: <text>``.
+
+    Parameters
+    ----------
+    code : str
+        A code of ``REFUSALS``.
+    text : str
+        What is wrong, for the operator.
+
+    Returns
+    -------
+    str
+        The reason.
+
+    Raises
+    ------
+    ValueError
+        For an unknown code.
+
+    Examples
+    --------
+    >>> refusal_reason("not-enrolled", "no ledger")
+    'fedfilter[not-enrolled]: no ledger'
+    """
     if code not in REFUSALS:
         raise ValueError(f"unknown refusal code {code!r}; known: {sorted(REFUSALS)}.")
     return f"fedfilter[{code}]: {text}"
 
 
 def refusal_code(reason: str | None) -> str | None:
-    """The code an error reason starts with, or ``None`` if it is not a fedfilter refusal."""
+    """The code an error reason starts with, or ``None`` if it is not a fedfilter refusal.
+
+    Parameters
+    ----------
+    reason : str or None
+        An error reply's reason.
+
+    Returns
+    -------
+    str or None
+        The code.
+
+    Examples
+    --------
+    >>> refusal_code("fedfilter[left]: budget spent"), refusal_code("Traceback ..."), refusal_code(None)
+    ('left', None, None)
+    """
     match = CODE_PATTERN.match(reason or "")
     return match.group(1) if match else None

@@ -3,6 +3,18 @@
 Both sides import this: the coordinator builds a ``RoundSpec`` and checks its shape before the first
 round (``IndividualFilterStrategy``); the device parses one from the wire and checks the same shape
 (``request_problems``) before its owner's own rules. The wire encoding is ``fedfilter.protocol.wire``.
+
+Constants: ``PLACEMENTS``, where the noise is added (``"local"``: each device adds all of it;
+``"distributed"``: Skellam shares summed under SecAgg+); ``AFTER_EXHAUSTION``, what a device whose
+budget is spent may do (report noise only, or leave the run); ``MAX_RUN_ID_CHARS``, the longest run
+id a device stores; ``INT64_MAX``, the largest round id or ``min_reports`` (devices store them as
+SQLite integers).
+
+Examples
+--------
+>>> spec = RoundSpec("run-1", 0, noise_multiplier=1.0, clip=0.5, placement="distributed", min_reports=3)
+>>> request_problems(spec), spec.placement in PLACEMENTS
+([], True)
 """
 
 from __future__ import annotations
@@ -31,6 +43,19 @@ class RoundSpecError(ValueError):
     """The coordinator's round request breaks the client's policy; nothing was spent.
 
     ``code``: the refusal code the device's error reply starts with (``protocol/refusals.py``).
+
+    Parameters
+    ----------
+    message : str
+        What is wrong, naming the field and the value found.
+    code : str, optional
+        The refusal code (default ``"request-refused"``).
+
+    Examples
+    --------
+    >>> err = RoundSpecError("round request refused: no request", code="no-request")
+    >>> err.code, isinstance(err, ValueError)
+    ('no-request', True)
     """
 
     def __init__(self, message: str, *, code: str = "request-refused") -> None:
@@ -40,7 +65,30 @@ class RoundSpecError(ValueError):
 
 @dataclass(frozen=True)
 class RoundSpec:
-    """What the coordinator asks for in one round (public)."""
+    """What the coordinator asks for in one round (public).
+
+    The constructor does not check the values: ``request_problems`` does, on both sides.
+
+    Parameters
+    ----------
+    run_id : str
+        The run the device accounts the round under.
+    round_id : int
+        The round's number within the run; a device spends at most once per (run, round).
+    noise_multiplier : float
+        ``z``: the released noise std is ``z * clip``.
+    clip : float
+        The clip norm ``C`` of an update.
+    placement : {"local", "distributed"}, optional
+        Where the noise is added (``PLACEMENTS``).
+    min_reports : int, optional
+        Distributed placement: the sum of at least this many reports is released.
+
+    Examples
+    --------
+    >>> RoundSpec("run-1", 0, noise_multiplier=1.0, clip=0.5)
+    RoundSpec(run_id='run-1', round_id=0, noise_multiplier=1.0, clip=0.5, placement='local', min_reports=1)
+    """
 
     run_id: str
     round_id: int

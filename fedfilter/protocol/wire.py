@@ -8,6 +8,19 @@ public ledger's proto, ``protos/fedfilter.proto``):
   ``ConfigRecord`` ``"fedfilter.request"`` (``REQUEST_KEYS``, read by ``round_spec_from_record``);
 * a reply carries ``"fedfilter.status"`` (``"report"`` or ``"left"``) and, for a report, the noisy
   update as ``"arrays"``; nothing else.
+
+Constants: ``REQUEST_RECORD``, ``STATUS_RECORD`` and ``ARRAYS_RECORD`` name the records above;
+``STATUS_REPORT`` and ``STATUS_LEFT`` are the two statuses (a noise-only report is a report too, so
+the coordinator cannot tell it from a contribution); ``REQUEST_FIELDS`` maps each wire key of the
+request to its ``RoundSpec`` field and the types it may hold, ``REQUEST_KEYS`` lists those keys;
+``REPLY_DTYPE`` is the dtype floating-point report arrays travel in; ``CONSISTENCY_RECORD`` and
+``CONSISTENCY_STAGE`` name the record and stage fedfilter adds to Flower's SecAgg+ messages.
+
+Examples
+--------
+>>> spec = RoundSpec("run-1", 3, noise_multiplier=1.0, clip=0.5)
+>>> round_spec_from_record(request_record(spec)) == spec
+True
 """
 
 from __future__ import annotations
@@ -52,7 +65,24 @@ REQUEST_KEYS = tuple(REQUEST_FIELDS)
 
 
 def request_record(spec: RoundSpec) -> ConfigRecord:
-    """The ``ConfigRecord`` a coordinator sends as ``"fedfilter.request"``."""
+    """The ``ConfigRecord`` a coordinator sends as ``"fedfilter.request"``.
+
+    Parameters
+    ----------
+    spec : RoundSpec
+        The round request.
+
+    Returns
+    -------
+    flwr.app.ConfigRecord
+        One entry per key of ``REQUEST_KEYS``, each as a plain Python value.
+
+    Examples
+    --------
+    >>> record = request_record(RoundSpec("run-1", 3, noise_multiplier=1, clip=0.5))
+    >>> record["run-id"], record["round-id"], record["noise-multiplier"]
+    ('run-1', 3, 1.0)
+    """
     # Each value as the record's own type (a numpy scalar is no ConfigRecord value); float where an int
     # is allowed too, as the coordinator sends a float noise multiplier and clip.
     values = {}
@@ -63,7 +93,35 @@ def request_record(spec: RoundSpec) -> ConfigRecord:
 
 
 def round_spec_from_record(record: ConfigRecord | None) -> RoundSpec:
-    """Read a ``RoundSpec`` from the request record; ``RoundSpecError`` names every bad key."""
+    """Read a ``RoundSpec`` from the request record; ``RoundSpecError`` names every bad key.
+
+    Only the keys and their types are checked here; the values' ranges are ``request_problems``'s.
+
+    Parameters
+    ----------
+    record : flwr.app.ConfigRecord or None
+        The message's ``"fedfilter.request"`` record (None when the message has none).
+
+    Returns
+    -------
+    RoundSpec
+        The request as sent.
+
+    Raises
+    ------
+    RoundSpecError
+        Code ``"no-request"`` without a record; ``"bad-request"`` naming every missing or ill-typed key.
+
+    Examples
+    --------
+    >>> round_spec_from_record(request_record(RoundSpec("run-1", 3, noise_multiplier=1.0, clip=0.5)))
+    RoundSpec(run_id='run-1', round_id=3, noise_multiplier=1.0, clip=0.5, placement='local', min_reports=1)
+    >>> try:
+    ...     round_spec_from_record(ConfigRecord({"run-id": "run-1"}))
+    ... except RoundSpecError as err:
+    ...     print(err.code)
+    bad-request
+    """
     if record is None:
         raise RoundSpecError(
             f"round request refused: the message has no ConfigRecord {REQUEST_RECORD!r}; is the server's "
@@ -83,7 +141,28 @@ def round_spec_from_record(record: ConfigRecord | None) -> RoundSpec:
 
 
 def request_proto(spec: RoundSpec, *, local_epochs: int = 0, learning_rate: float = 0.0):
-    """The same request as the public ledger's ``RoundRequest`` proto (``protos/fedfilter.proto``)."""
+    """The same request as the public ledger's ``RoundRequest`` proto (``protos/fedfilter.proto``).
+
+    Parameters
+    ----------
+    spec : RoundSpec
+        The round request.
+    local_epochs : int, optional
+        The local training epochs the run asks for (0: not recorded).
+    learning_rate : float, optional
+        The local learning rate the run asks for (0: not recorded).
+
+    Returns
+    -------
+    fedfilter.protos.fedfilter_pb2.RoundRequest
+        The proto message.
+
+    Examples
+    --------
+    >>> proto = request_proto(RoundSpec("run-1", 3, noise_multiplier=1.0, clip=0.5), local_epochs=2)
+    >>> proto.run_id, proto.round_id, proto.local_epochs
+    ('run-1', 3, 2)
+    """
     from fedfilter.protos import fedfilter_pb2
 
     placement = fedfilter_pb2.DISTRIBUTED if spec.placement == "distributed" else fedfilter_pb2.LOCAL
@@ -99,7 +178,23 @@ REPLY_DTYPE = np.dtype(np.float32)
 
 def reply_dtype(model_dtype) -> np.dtype:
     """The dtype a report's array travels in: ``REPLY_DTYPE`` for floating-point model arrays; other
-    arrays (e.g. integer counters, which are never released) keep the model's dtype, as zeros."""
+    arrays (e.g. integer counters, which are never released) keep the model's dtype, as zeros.
+
+    Parameters
+    ----------
+    model_dtype : numpy.dtype or str
+        The dtype of a model array.
+
+    Returns
+    -------
+    numpy.dtype
+        The dtype its report array travels in.
+
+    Examples
+    --------
+    >>> reply_dtype("float64"), reply_dtype("int64")
+    (dtype('float32'), dtype('int64'))
+    """
     dtype = np.dtype(model_dtype)
     return REPLY_DTYPE if np.issubdtype(dtype, np.floating) else dtype  # the noise std is 2**16 to 2**17 grid steps
 

@@ -1,14 +1,22 @@
 """Regenerate the Python code for ``protos/fedfilter.proto``.
 
-Usage (from anywhere)::
+Usage (from the repository root, or with the path adjusted)::
 
-    python protos/generate.py            # rewrite protos/fedfilter_pb2*.py{,i} in place
-    python protos/generate.py --out DIR  # write them to DIR instead (the drift test does this)
+    python fedfilter/protos/generate.py            # rewrite fedfilter/protos/fedfilter_pb2*.py{,i} in place
+    python fedfilter/protos/generate.py --out DIR  # write them to DIR instead (the drift test does this)
 
-Runs ``grpc_tools.protoc`` with ``-I protos``, then turns the generated ``import fedfilter_pb2``
+Runs ``grpc_tools.protoc`` with ``-I`` this directory, then turns the generated ``import fedfilter_pb2``
 of the gRPC module into ``from fedfilter.protos import fedfilter_pb2`` so the code imports as
 ``fedfilter.protos.fedfilter_pb2`` / ``fedfilter.protos.fedfilter_pb2_grpc``. The output depends on the installed
 grpcio-tools version; the committed files were made with the one in the project's virtualenv.
+
+Constants: ``PROTO_DIR`` (this directory), ``PROTO_NAME`` (the ``.proto`` file) and ``GENERATED``
+(the three files written).
+
+Examples
+--------
+>>> GENERATED
+('fedfilter_pb2.py', 'fedfilter_pb2.pyi', 'fedfilter_pb2_grpc.py')
 """
 
 from __future__ import annotations
@@ -26,7 +34,31 @@ _PACKAGE_IMPORT = "from fedfilter.protos import fedfilter_pb2 as fedfilter__pb2\
 
 
 def generate(out_dir: Path = PROTO_DIR) -> list[Path]:
-    """Write the generated modules into ``out_dir`` and return their paths."""
+    """Write the generated modules into ``out_dir`` and return their paths.
+
+    Parameters
+    ----------
+    out_dir : pathlib.Path, optional
+        Where to write (created if missing); default ``PROTO_DIR``, in place.
+
+    Returns
+    -------
+    list of pathlib.Path
+        The paths of the ``GENERATED`` files.
+
+    Raises
+    ------
+    RuntimeError
+        If ``protoc`` fails, or its gRPC module no longer has the one import line this rewrites.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     paths = generate(Path(tmp))
+    ...     [p.name for p in paths], "from fedfilter.protos import" in paths[2].read_text()
+    (['fedfilter_pb2.py', 'fedfilter_pb2.pyi', 'fedfilter_pb2_grpc.py'], True)
+    """
     import grpc_tools
     from grpc_tools import protoc
 
@@ -58,6 +90,26 @@ def generate(out_dir: Path = PROTO_DIR) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command line: ``generate`` into ``--out`` (default in place), printing each path written.
+
+    Parameters
+    ----------
+    argv : list of str, optional
+        The arguments (default ``sys.argv[1:]``).
+
+    Returns
+    -------
+    int
+        The exit status, 0.
+
+    Examples
+    --------
+    >>> import contextlib, io, tempfile
+    >>> with tempfile.TemporaryDirectory() as tmp, contextlib.redirect_stdout(io.StringIO()) as out:
+    ...     status = main(["--out", tmp])
+    >>> status, len(out.getvalue().splitlines())
+    (0, 3)
+    """
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=PROTO_DIR, help="output directory")
     args = parser.parse_args(argv)

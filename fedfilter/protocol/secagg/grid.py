@@ -6,19 +6,15 @@ Skellam share (``fedfilter.privacy.skellam``). SecAgg+ must add these integers e
 the released sum must be a function of ``sum_i y_i`` alone (then the sum's noise is Skellam with the
 sum of the shares' variances, and every device's loss is that of ``k + Sk(mu_total)``):
 
-* Flower's client mod multiplies each value by ``num_examples / max_weight`` and maps
-  ``x -> (clip(x, -c, c) + c) * q / (2 c)`` before a stochastic rounding to ``[0, q]``
-  (``flwr.common.secure_aggregation.quantization``). With ``max_weight == 1`` and ``num_examples ==
-  1`` the factor is exactly 1.0, and with ``c == q / 2`` the map is ``x -> x + q/2``: for an
-  integer ``x`` in ``[-q/2, q/2)`` it is exact and the rounding is a no-op.
-* A device sends ``x = (y mod q) - q/2`` (``encode_report``): a modular wrap, not a clip. A clip
-  would make the sum depend on each ``y_i`` separately (and break the Skellam sum); the wrap keeps
-  ``(sum_i x_i + n q/2) mod q == (sum_i y_i) mod q``, since ``q`` divides the modulus ``M``
-  (Kairouz, Liu, Steinke, ICML 2021, section 4: modular clipping is post-processing of the sum).
-* The server sums modulo ``M``; with ``n q < M`` its weight factor ``n q`` does not wrap, and its
-  float result ``(recon - n q/2) / n`` is inverted exactly (``decode_sum``); the centred residue
-  ``(recon mod q)`` in ``[-q/2, q/2)`` is ``sum_i y_i`` whenever ``|sum_i y_i| < q/2``, and
-  otherwise a wrapped (useless, equally private) value.
+* Flower's quantization ``x -> (clip(x, -c, c) + c) * q / (2 c)`` is the exact shift ``x -> x + q/2``
+  on integers in ``[-q/2, q/2)`` with ``max_weight == 1``, ``num_examples == 1`` and ``c == q / 2``;
+* a device sends ``x = (y mod q) - q/2`` (``encode_report``): a modular wrap, not a clip, which keeps
+  the sum modulo ``q`` (Kairouz, Liu, Steinke, ICML 2021, section 4: modular clipping is
+  post-processing of the sum);
+* the server's float result is inverted exactly (``decode_sum``), and is ``sum_i y_i`` whenever
+  ``|sum_i y_i| < q/2``.
+
+The argument is in docs/derivations/secagg-grid.md.
 
 The device's side of this contract, ``check_secagg_state``, lives with the device
 (``fedfilter.client.secagg.neighbourhood``): the coordinator chooses every SecAgg+ parameter in the
@@ -27,6 +23,22 @@ masking or unmasking fail, or a graph that breaks ``protocol/secagg/rule.py``. T
 what both sides compute: the grid (``SECAGG_GRID_BITS``, ``grid_step``), Flower's settings for it
 (``quantization_range``, ``secaggplus_settings``), the report's encoding and the sum's decoding, and
 the drop-out rate a coordinator's neighbourhood graph is sized for.
+
+Constants: ``SECAGG_GRID_BITS`` (``clip / grid_step`` lies in ``[2**12, 2**13)``), ``MODULUS_RANGE``
+(Flower's default and largest SecAgg+ modulus, ``2**32``), ``MAX_WEIGHT`` (1.0: Flower's weight
+factor is then exactly 1), ``MAX_QUANTIZATION_RANGE`` (``2**30``: Flower casts quantized values to
+int32) and ``DEFAULT_DROPOUT_RATE`` (the share of sampled devices the default graph expects to drop).
+
+Examples
+--------
+Two devices' integer reports, through Flower's exact map ``x -> x + q/2``, a sum modulo ``M`` and
+Flower's float rescaling, decode to the exact integer sum:
+
+>>> q, n = quantization_range(2), 2
+>>> y = [np.array([3, -2]), np.array([5, 1])]
+>>> recon = sum(encode_report([yi], q)[0] + q // 2 for yi in y) % MODULUS_RANGE
+>>> decode_sum([(recon - n * q / 2) * (q / (n * q))], n, q)
+[array([ 8, -1])]
 """
 
 from __future__ import annotations
@@ -60,11 +72,49 @@ MAX_QUANTIZATION_RANGE = 2**30  # Flower casts quantized values to int32
 
 
 def power_of_two(v: Any) -> bool:
+    """Whether ``v`` is an int (not a bool) that is a positive power of two.
+
+    Parameters
+    ----------
+    v : Any
+        The value to test.
+
+    Returns
+    -------
+    bool
+        True for 1, 2, 4, ...
+
+    Examples
+    --------
+    >>> power_of_two(2**20), power_of_two(12), power_of_two(4.0), power_of_two(True)
+    (True, False, False, False)
+    """
     return isinstance(v, int) and not isinstance(v, bool) and v > 0 and v & (v - 1) == 0
 
 
 def grid_step(clip: float) -> float:
-    """The grid step, a power of two with ``clip / step`` in ``[2**SECAGG_GRID_BITS, 2**(SECAGG_GRID_BITS+1))``."""
+    """The grid step, a power of two with ``clip / step`` in ``[2**SECAGG_GRID_BITS, 2**(SECAGG_GRID_BITS+1))``.
+
+    Parameters
+    ----------
+    clip : float
+        The clip norm ``C``, finite and > 0.
+
+    Returns
+    -------
+    float
+        The step ``gamma``; ``C / gamma`` is exact.
+
+    Raises
+    ------
+    ValueError
+        For a bad ``clip``.
+
+    Examples
+    --------
+    >>> grid_step(1.0) == 2.0**-12, 0.3 / grid_step(0.3)
+    (True, 4915.2)
+    """
     if (problem := positive_finite("clip", clip)) is not None:
         raise ValueError(problem)
     _, exp = math.frexp(float(clip))  # clip = frac * 2**exp, frac in [0.5, 1)
@@ -72,7 +122,30 @@ def grid_step(clip: float) -> float:
 
 
 def quantization_range(n_sampled: int, modulus_range: int = MODULUS_RANGE) -> int:
-    """The largest power of two ``q <= 2**30`` with ``n_sampled * q < modulus_range``."""
+    """The largest power of two ``q <= 2**30`` with ``n_sampled * q < modulus_range``.
+
+    Parameters
+    ----------
+    n_sampled : int
+        The number of devices sampled for the round, >= 1.
+    modulus_range : int, optional
+        SecAgg+'s modulus ``M`` (default ``MODULUS_RANGE``).
+
+    Returns
+    -------
+    int
+        ``q``.
+
+    Raises
+    ------
+    ValueError
+        For a bad ``n_sampled``, or when no ``q >= 2`` fits.
+
+    Examples
+    --------
+    >>> quantization_range(4) == 2**29, quantization_range(100) == 2**25
+    (True, True)
+    """
     if isinstance(n_sampled, bool) or not isinstance(n_sampled, int) or n_sampled < 1:
         raise ValueError(f"n_sampled must be an integer >= 1. Found {n_sampled!r}.")
     q = MAX_QUANTIZATION_RANGE
@@ -84,7 +157,25 @@ def quantization_range(n_sampled: int, modulus_range: int = MODULUS_RANGE) -> in
 
 
 def secaggplus_settings(n_sampled: int) -> dict[str, Any]:
-    """The ``SecAggPlusWorkflow`` keyword arguments that make Flower's quantization exact here."""
+    """The ``SecAggPlusWorkflow`` keyword arguments that make Flower's quantization exact here.
+
+    Parameters
+    ----------
+    n_sampled : int
+        The number of devices sampled for the round.
+
+    Returns
+    -------
+    dict
+        ``max_weight``, ``clipping_range`` (``q / 2``), ``quantization_range`` (``q``) and
+        ``modulus_range``.
+
+    Examples
+    --------
+    >>> settings = secaggplus_settings(4)
+    >>> settings["clipping_range"] == settings["quantization_range"] / 2, settings["max_weight"]
+    (True, 1.0)
+    """
     q = quantization_range(n_sampled)
     return {
         "max_weight": MAX_WEIGHT,
@@ -95,7 +186,25 @@ def secaggplus_settings(n_sampled: int) -> dict[str, Any]:
 
 
 def encode_report(y: Sequence[np.ndarray], q: int) -> list[np.ndarray]:
-    """``(y mod q) - q/2`` per array, as float64 (exact: every value is an integer below 2**30)."""
+    """``(y mod q) - q/2`` per array, as float64 (exact: every value is an integer below 2**30).
+
+    Parameters
+    ----------
+    y : sequence of numpy.ndarray
+        The device's integer release ``k + S``, one array per model array.
+    q : int
+        The quantization range (a power of two).
+
+    Returns
+    -------
+    list of numpy.ndarray
+        Values in ``[-q/2, q/2)``, which Flower's map sends to ``[0, q)`` exactly.
+
+    Examples
+    --------
+    >>> encode_report([np.array([3, -2, 8])], 8)
+    [array([-1.,  2., -4.])]
+    """
     half = q // 2
     return [(np.mod(np.asarray(a, dtype=np.int64), q) - half).astype(np.float64) for a in y]
 
@@ -107,6 +216,28 @@ def decode_sum(aggregated: Sequence[np.ndarray], n_reports: int, q: int) -> list
     Flower computes ``v = (recon - n q/2) * (q / (n q))`` in float64 (``recon`` the unmasked sum mod
     ``M``); ``T = recon - n q/2`` is an integer below ``2**33`` and ``v / inv`` is within
     ``|T| 2**-51 < 1/2`` of it, so ``rint`` recovers ``T`` exactly.
+
+    Parameters
+    ----------
+    aggregated : sequence of numpy.ndarray
+        Flower's float arrays.
+    n_reports : int
+        The number of reports unmasked.
+    q : int
+        The quantization range.
+
+    Returns
+    -------
+    list of numpy.ndarray
+        The int64 sum per coordinate, centred in ``[-q/2, q/2)``.
+
+    Examples
+    --------
+    One report ``y = (3, -2)`` with ``q = 8`` is encoded as ``x = (-1, 2)``; Flower's sum is
+    ``recon = x + q/2 = (3, 6)``, handed over as ``(recon - 4) * (8 / 8) = (-1, 2)``:
+
+    >>> decode_sum([np.array([-1.0, 2.0])], 1, 8)
+    [array([ 3, -2])]
     """
     inv = q / (n_reports * q)
     half = q // 2

@@ -2,7 +2,7 @@
 
 Why: Flower's SecAgg+ (``secaggplus_mod``, ``secaggplus_workflow``) agrees each pairwise key with
 ECDH on P-384 and stores keys as PEM: about 200 us per exchange in ``cryptography`` and a PEM parse of
-the same private key once per neighbour, most of a secure round at 100 devices (issue 23). X25519
+the same private key once per neighbour, most of a secure round at 100 devices. X25519
 (RFC 7748) gives the same 128-bit security level (P-384: 192) at about 26 us per exchange, and a raw
 key loads in about 1.5 us.
 
@@ -27,6 +27,16 @@ before) lost the ``pk1`` keys of a process that runs many devices (a simulation)
 only, never persisted; the same private keys are in Flower's in-memory SecAgg+ state anyway.
 
 Imports only ``cryptography``; installed over Flower's functions by ``masks.use_cryptographic_masks``.
+``KEY_BYTES`` is the length of a raw key (32).
+
+Examples
+--------
+Both ends of a pair agree the same key:
+
+>>> sk1, pk1 = generate_key_pairs()
+>>> sk2, pk2 = generate_key_pairs()
+>>> generate_shared_key(sk1, pk2) == generate_shared_key(sk2, pk1)
+True
 """
 
 from __future__ import annotations
@@ -63,17 +73,75 @@ _pending: OrderedDict[tuple[bytes, bytes], bytes] = OrderedDict()
 
 
 def generate_key_pairs() -> tuple[X25519PrivateKey, X25519PublicKey]:
+    """A fresh X25519 key pair (Flower's signature).
+
+    Returns
+    -------
+    tuple
+        ``(private_key, public_key)``.
+
+    Examples
+    --------
+    >>> sk, pk = generate_key_pairs()
+    >>> len(public_key_to_bytes(pk)) == KEY_BYTES
+    True
+    """
     private_key = X25519PrivateKey.generate()
     return private_key, private_key.public_key()
 
 
 def private_key_to_bytes(private_key: X25519PrivateKey) -> bytes:
+    """The raw 32 bytes of an X25519 private key.
+
+    Parameters
+    ----------
+    private_key : X25519PrivateKey
+        The key.
+
+    Returns
+    -------
+    bytes
+        ``KEY_BYTES`` bytes.
+
+    Raises
+    ------
+    ValueError
+        If the key is not an X25519 private key.
+
+    Examples
+    --------
+    >>> raw = bytes(range(32))
+    >>> private_key_to_bytes(bytes_to_private_key(raw)) == raw
+    True
+    """
     if not isinstance(private_key, X25519PrivateKey):
         raise ValueError(f"private_key must be an X25519 private key, found {type(private_key).__name__}.")
     return private_key.private_bytes_raw()
 
 
 def public_key_to_bytes(public_key: X25519PublicKey) -> bytes:
+    """The raw 32 bytes of an X25519 public key.
+
+    Parameters
+    ----------
+    public_key : X25519PublicKey
+        The key.
+
+    Returns
+    -------
+    bytes
+        ``KEY_BYTES`` bytes.
+
+    Raises
+    ------
+    ValueError
+        If the key is not an X25519 public key.
+
+    Examples
+    --------
+    >>> public_key_to_bytes(bytes_to_private_key(bytes(range(32))).public_key()).hex()[:16]
+    '8f40c5adb68f2562'
+    """
     if not isinstance(public_key, X25519PublicKey):
         raise ValueError(f"public_key must be an X25519 public key, found {type(public_key).__name__}.")
     return public_key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
@@ -97,10 +165,56 @@ def _load_private(data: bytes) -> X25519PrivateKey:
 
 
 def bytes_to_private_key(private_key_bytes: bytes) -> X25519PrivateKey:
+    """The X25519 private key of 32 raw bytes (parsed once per process, then cached).
+
+    Parameters
+    ----------
+    private_key_bytes : bytes
+        ``KEY_BYTES`` raw bytes.
+
+    Returns
+    -------
+    X25519PrivateKey
+        The key.
+
+    Raises
+    ------
+    ValueError
+        Naming the length or type found (a PEM key from Flower's own P-384 setup included).
+
+    Examples
+    --------
+    >>> isinstance(bytes_to_private_key(bytes(range(32))), X25519PrivateKey)
+    True
+    """
     return _load_private(_raw("private key", private_key_bytes))
 
 
 def bytes_to_public_key(public_key_bytes: bytes) -> X25519PublicKey:
+    """The X25519 public key of 32 raw bytes.
+
+    Parameters
+    ----------
+    public_key_bytes : bytes
+        ``KEY_BYTES`` raw bytes.
+
+    Returns
+    -------
+    X25519PublicKey
+        The key.
+
+    Raises
+    ------
+    ValueError
+        Naming the length or type found.
+
+    Examples
+    --------
+    >>> bytes_to_public_key(b"-----BEGIN PUBLIC KEY-----")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: public key must be 32 raw bytes (X25519), found 26 bytes starting ...
+    """
     return X25519PublicKey.from_public_bytes(_raw("public key", public_key_bytes))
 
 
@@ -117,7 +231,33 @@ def _exchange(private_key: X25519PrivateKey, public_key: X25519PublicKey) -> byt
 def generate_shared_key(private_key: X25519PrivateKey, public_key: X25519PublicKey) -> bytes:
     """The url-safe base64 of HKDF-SHA256(X25519(private_key, public_key)) to 32 bytes.
 
-    ``ValueError`` for a low-order ``public_key`` (the all-zero output ``cryptography`` refuses)."""
+    ``ValueError`` for a low-order ``public_key`` (the all-zero output ``cryptography`` refuses).
+
+    Parameters
+    ----------
+    private_key : X25519PrivateKey
+        This side's private key.
+    public_key : X25519PublicKey
+        The other side's public key.
+
+    Returns
+    -------
+    bytes
+        The pairwise key: 44 bytes of url-safe base64 (a Fernet key, and a mask seed).
+
+    Raises
+    ------
+    ValueError
+        For keys that are not X25519 keys, or a low-order ``public_key``.
+
+    Examples
+    --------
+    >>> sk1, pk1 = generate_key_pairs()
+    >>> sk2, pk2 = generate_key_pairs()
+    >>> key = generate_shared_key(sk1, pk2)
+    >>> len(key), key == generate_shared_key(sk2, pk1)
+    (44, True)
+    """
     if not isinstance(private_key, X25519PrivateKey) or not isinstance(public_key, X25519PublicKey):
         raise ValueError(
             "generate_shared_key needs X25519 keys, found "
@@ -140,7 +280,30 @@ def public_key_problems(sk1: bytes, keys: Mapping[str, object]) -> list[str]:
     Both must be raw 32-byte keys. Each ``pk1`` meets this device's ``sk1`` only in Flower's
     collect-masked-vectors stage, after training: that exchange is run here, before anything, so a
     low-order point is refused while nothing is trained, spent or revealed. (Each ``pk2`` meets ``sk2``
-    in the share-keys stage itself, before Flower's reply, where ``generate_shared_key`` refuses it.)"""
+    in the share-keys stage itself, before Flower's reply, where ``generate_shared_key`` refuses it.)
+
+    Parameters
+    ----------
+    sk1 : bytes
+        This device's raw private key ``sk1``.
+    keys : mapping of str to object
+        Node id -> ``(pk1, pk2)``, as Flower's share-keys config holds them.
+
+    Returns
+    -------
+    list of str
+        One sentence per refused neighbour (or for this device's own key); empty when all are fine.
+
+    Examples
+    --------
+    >>> sk1 = bytes(range(32))
+    >>> _, good = generate_key_pairs()
+    >>> ok = public_key_to_bytes(good)
+    >>> public_key_problems(sk1, {"7": (ok, ok)})
+    []
+    >>> public_key_problems(sk1, {"7": (bytes(32), ok)})  # doctest: +ELLIPSIS
+    ["node 7's public keys are refused: the X25519 public key 0000...0000 is a low-order point ..."]
+    """
     problems = []
     try:
         own = bytes_to_private_key(sk1)

@@ -10,7 +10,7 @@ uniformly in ``[0, num_range)`` by rejection sampling of 32-bit (ranges up to 2*
 so there is no modulo bias at all. (Flower draws ``randint(0, num_range - 1)``, i.e. in
 ``[0, num_range - 2]``: its masks never take the value ``num_range - 1``; masks cancel either way,
 uniformity over Z_m is what the SecAgg+ hiding argument needs.) AES-CTR through ``cryptography`` is
-about 10 times faster than the ChaCha20 generator it replaces (issue 23).
+about 10 times faster than the ChaCha20 generator it replaces.
 
 Shamir. Flower's ``create_shares`` / ``combine_shares`` run pycryptodome's pure-Python GF(2**128)
 arithmetic, most of a secure round's time; ``fedfilter.protocol.secagg.shamir`` shares over a prime
@@ -34,6 +34,15 @@ AES-256-GCM under a key of its own (``fedfilter.protocol.secagg.aead``) in Flowe
 their only caller (the server workflow only relays ciphertexts); the defining module keeps Flower's.
 
 The math imports only numpy and ``cryptography``; Flower is imported only by the installer.
+
+Examples
+--------
+The same seed gives the same masks on both sides:
+
+>>> client = aes_mask_gen(b"pairwise seed", 2**32, [(2, 3), ()])
+>>> server = aes_mask_gen(b"pairwise seed", 2**32, [(2, 3), ()])
+>>> [m.shape for m in client], all(np.array_equal(a, b) for a, b in zip(client, server))
+([(2, 3), ()], True)
 """
 
 from __future__ import annotations
@@ -96,7 +105,32 @@ _originals: dict[tuple[str, str], object] = {}
 
 
 def mask_key(seed: bytes) -> bytes:
-    """The 32-byte AES-256 key for ``seed``: SHA-256 over a domain tag, the seed's length and the seed."""
+    """The 32-byte AES-256 key for ``seed``: SHA-256 over a domain tag, the seed's length and the seed.
+
+    Parameters
+    ----------
+    seed : bytes
+        The mask seed (a pairwise key or a private seed), not empty.
+
+    Returns
+    -------
+    bytes
+        32 bytes.
+
+    Raises
+    ------
+    TypeError
+        If ``seed`` is not bytes.
+    ValueError
+        If ``seed`` is empty.
+
+    Examples
+    --------
+    >>> import hashlib
+    >>> key = mask_key(b"seed")
+    >>> key == hashlib.sha256(_DOMAIN_TAG + bytes(1) + (4).to_bytes(8, "big") + b"seed").digest()
+    True
+    """
     if not isinstance(seed, (bytes, bytearray)):
         raise TypeError(f"seed must be bytes, found {type(seed).__name__}.")
     if len(seed) == 0:
@@ -164,6 +198,35 @@ def aes_mask_gen(seed: bytes, num_range: int, dimensions_list: Sequence[tuple[in
 
     Same signature and output layout as flwr 1.41.0's ``pseudo_rand_gen``. The arrays are consecutive
     slices of one stream: the same seed and shapes always give the same masks, on client and server.
+
+    Parameters
+    ----------
+    seed : bytes
+        The mask seed.
+    num_range : int
+        The masks are uniform on ``[0, num_range)``, ``1 <= num_range <= 2**63``.
+    dimensions_list : sequence of tuple of int
+        One shape per array (``()`` for a 0-d array).
+
+    Returns
+    -------
+    list of numpy.ndarray
+        One int64 array per shape.
+
+    Raises
+    ------
+    TypeError
+        For a bad seed or range type.
+    ValueError
+        For an empty seed, a range out of bounds, or a bad shape.
+
+    Examples
+    --------
+    >>> masks = aes_mask_gen(b"seed", 10, [(5,)])
+    >>> masks[0].dtype, bool(((masks[0] >= 0) & (masks[0] < 10)).all())
+    (dtype('int64'), True)
+    >>> aes_mask_gen(b"seed", 10, [(2,), (3,)])[0].tolist() == masks[0][:2].tolist()  # one stream
+    True
     """
     key = mask_key(seed)
     value_range = _check_range(num_range)
@@ -193,7 +256,25 @@ def _flower_modules() -> dict[str, ModuleType]:
 def use_cryptographic_masks() -> None:
     """Replace Flower's SecAgg+ mask generator, Shamir sharing, key agreement and share encryption by
     fedfilter's in this process (idempotent): in the modules listed in ``_overrides`` and, for the masks
-    and Shamir, in any other loaded ``flwr`` module that holds Flower's original under the same name."""
+    and Shamir, in any other loaded ``flwr`` module that holds Flower's original under the same name.
+
+    Must run in every process that runs either side of a SecAgg+ round; ``cryptographic_masks`` does
+    the same for a ``with`` block.
+
+    Raises
+    ------
+    RuntimeError
+        If the installed Flower lacks a call site the override was checked against.
+
+    Examples
+    --------
+    >>> was = cryptographic_masks_installed()
+    >>> use_cryptographic_masks()
+    >>> cryptographic_masks_installed()
+    True
+    >>> if not was:
+    ...     restore()
+    """
     if cryptographic_masks_installed():
         # The device's mod calls this at every SecAgg+ message: the sweep of sys.modules below cost about
         # 0.9 ms a call (0.4 s of a 100-device round). A flwr module loaded after the first install that
@@ -221,7 +302,19 @@ def use_cryptographic_masks() -> None:
 
 def cryptographic_masks_installed() -> bool:
     """True when every known Flower call site uses fedfilter's masks, Shamir sharing, key agreement and
-    share encryption."""
+    share encryption.
+
+    Returns
+    -------
+    bool
+        Whether the override is fully installed in this process.
+
+    Examples
+    --------
+    >>> with cryptographic_masks():
+    ...     cryptographic_masks_installed()
+    True
+    """
     modules = _flower_modules()
     return all(
         getattr(modules[name], attribute) is replacement
@@ -231,7 +324,18 @@ def cryptographic_masks_installed() -> bool:
 
 
 def restore() -> None:
-    """Put Flower's own primitives back wherever ``use_cryptographic_masks`` replaced them (for tests)."""
+    """Put Flower's own primitives back wherever ``use_cryptographic_masks`` replaced them (for tests).
+
+    Examples
+    --------
+    >>> was = cryptographic_masks_installed()
+    >>> use_cryptographic_masks()
+    >>> restore()
+    >>> cryptographic_masks_installed()
+    False
+    >>> if was:
+    ...     use_cryptographic_masks()
+    """
     replacements = {attribute: replacement for attribute, (replacement, _) in _overrides().items()}
     for (name, attribute), original in list(_originals.items()):
         module = sys.modules.get(name)
@@ -242,7 +346,21 @@ def restore() -> None:
 
 @contextmanager
 def cryptographic_masks() -> Iterator[None]:
-    """Install the override for the duration of a ``with`` block, then restore Flower's primitives."""
+    """Install the override for the duration of a ``with`` block, then restore Flower's primitives.
+
+    If the override was installed before the block, it stays installed after it.
+
+    Yields
+    ------
+    None
+
+    Examples
+    --------
+    >>> import flwr.common.secure_aggregation.secaggplus_utils as utils
+    >>> with cryptographic_masks():
+    ...     utils.pseudo_rand_gen is aes_mask_gen
+    True
+    """
     already = cryptographic_masks_installed()
     use_cryptographic_masks()
     try:

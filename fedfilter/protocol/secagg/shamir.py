@@ -18,7 +18,14 @@ reads as the share's index, so Flower's ``combine_shares`` raises "Duplicate sha
 ``combine_shares`` here refuses a share without ``MAGIC`` (Flower's). A round where one side runs
 Flower's Shamir fails loudly and releases nothing.
 
-Pure: no Flower, no I/O (randomness from ``secrets``).
+Pure: no Flower, no I/O (randomness from ``secrets``). ``PRIME`` is the field's modulus
+``2**521 - 1``; ``MAGIC`` the 4-byte header of every share.
+
+Examples
+--------
+>>> shares = create_shares(b"sk1 of node 7", threshold=3, num=5)
+>>> combine_shares(shares[2:]), combine_shares([shares[4], shares[0], shares[1]])
+(b'sk1 of node 7', b'sk1 of node 7')
 """
 
 from __future__ import annotations
@@ -91,6 +98,35 @@ def create_shares(secret: bytes, threshold: int, num: int) -> list[bytes]:
     is f(x) = s + a_1 x + ... + a_{t-1} x**(t-1) mod p for x = 1..num. Any t - 1 shares are uniform
     and independent of s (the map (a_1..a_{t-1}) -> (f(x_1)..f(x_{t-1})) is a bijection of GF(p)**(t-1)
     for distinct non-zero x_i: a Vandermonde system), so they reveal nothing about the secret.
+
+    Parameters
+    ----------
+    secret : bytes
+        The secret.
+    threshold : int
+        ``t``, the number of shares that reconstruct it, ``1 <= t <= num``.
+    num : int
+        The number of shares, at most ``2**20``.
+
+    Returns
+    -------
+    list of bytes
+        The shares, share ``i`` (from 0) at ``x = i + 1``.
+
+    Raises
+    ------
+    TypeError
+        For a secret that is not bytes, or counts that are not ints.
+    ValueError
+        Unless ``1 <= threshold <= num <= 2**20``.
+
+    Examples
+    --------
+    A 32-byte secret fits one 64-byte chunk, so a share is 12 header bytes and one 66-byte value:
+
+    >>> shares = create_shares(bytes(32), threshold=2, num=4)
+    >>> len(shares), len(shares[0]), shares[0][:4] == MAGIC
+    (4, 78, True)
     """
     _check_split(secret, threshold, num)
     polynomials = [[chunk] + [secrets.randbelow(PRIME) for _ in range(threshold - 1)] for chunk in _encode(secret)]
@@ -136,7 +172,36 @@ def _parse(share: object, index: int) -> tuple[int, int, bytes]:
 
 def combine_shares(share_list: Sequence[bytes]) -> bytes:
     """The secret from at least ``t`` shares (``t`` as the shares say); ``ValueError`` if they are too few,
-    inconsistent or wrong. Uses the first ``t`` shares with distinct indices."""
+    inconsistent or wrong. Uses the first ``t`` shares with distinct indices.
+
+    Parameters
+    ----------
+    share_list : sequence of bytes
+        Shares from ``create_shares``.
+
+    Returns
+    -------
+    bytes
+        The secret.
+
+    Raises
+    ------
+    ValueError
+        For no shares, fewer than ``t``, shares that disagree, Flower's own shares (no ``MAGIC``), or
+        a reconstruction that fails its tag.
+    TypeError
+        For a share that is not bytes.
+
+    Examples
+    --------
+    >>> shares = create_shares(b"secret", threshold=3, num=5)
+    >>> combine_shares(shares[1:4])
+    b'secret'
+    >>> combine_shares(shares[:2])
+    Traceback (most recent call last):
+    ...
+    ValueError: Failed to combine shares: 2 shares, the threshold is 3.
+    """
     if not share_list:
         raise ValueError("Failed to combine shares: share_list is empty.")
     parsed = [_parse(share, i) for i, share in enumerate(share_list)]
