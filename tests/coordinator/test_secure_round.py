@@ -25,7 +25,7 @@ from fedfilter.client.secagg.mod import secure_aggregation_mod
 from fedfilter.coordinator.public_ledger import PublicLedger
 from fedfilter.coordinator.secagg import secure_round
 from fedfilter.coordinator.strategy import IndividualFilterStrategy, NothingReleasedError
-from fedfilter.protocol import secagg_masks
+from fedfilter.protocol.secagg import masks as secagg_masks
 from fedfilter.protocol.secagg.grid import encode_report, grid_step
 from fedfilter.protocol.wire import (
     ARRAYS_RECORD,

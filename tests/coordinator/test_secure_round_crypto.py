@@ -22,7 +22,7 @@ from harness.secagg_loopback import LoopbackGrid, stage_of
 
 from fedfilter.client.secagg import mod as secagg_device
 from fedfilter.coordinator.secagg import secure_round
-from fedfilter.protocol import secagg_masks
+from fedfilter.protocol.secagg import masks as secagg_masks
 from fedfilter.protocol.secagg.grid import decode_sum, encode_report
 from fedfilter.protocol.wire import CONSISTENCY_RECORD, CONSISTENCY_STAGE
 
