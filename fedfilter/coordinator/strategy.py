@@ -243,18 +243,49 @@ class IndividualFilterStrategy(Strategy):
         )
 
     def per_client_noise_std(self) -> float:
+        """The std of the noise each report carries (``protocol.rules.added_noise_std``).
+
+        Examples
+        --------
+        >>> from flwr.serverapp.strategy import FedAvg
+        >>> IndividualFilterStrategy(FedAvg(), noise_multiplier=1.0, clip=0.5).per_client_noise_std()
+        0.5
+        """
         return self._settings().noise_std()
 
     def reports_needed(self) -> int:
+        """The fewest reports a released round holds (``protocol.rules.reports_needed``).
+
+        Examples
+        --------
+        >>> from flwr.serverapp.strategy import FedAvg
+        >>> IndividualFilterStrategy(FedAvg(), noise_multiplier=1.0, clip=0.5, placement="distributed",
+        ...                          min_reports=4).reports_needed()
+        4
+        """
         return self._settings().reports_needed()
 
     def _new_run_log(self) -> RunLog:
         return RunLog(self.noise_multiplier, self.clip, self.placement, self.min_reports)
 
     def run_id(self, grid: Grid) -> str:
+        """The run id the devices account under: ``run_name``, or ``flwr-<Flower run id>``.
+
+        Parameters
+        ----------
+        grid : Grid
+            Flower's grid (its run).
+
+        Examples
+        --------
+        >>> from flwr.serverapp.strategy import FedAvg
+        >>> IndividualFilterStrategy(FedAvg(), noise_multiplier=1.0, clip=0.5, run_name="r").run_id(None)
+        'r'
+        """
         return self.run_name or run_id_for(grid.run.run_id)
 
     def summary(self) -> None:
+        """Log the wrapper's settings, then the inner strategy's summary (weighted by nothing)."""
         self._run_log.start_summary(
             noise_std=self.per_client_noise_std(),
             secagg_num_shares=self.secagg_num_shares if self.placement == "distributed" else None,
