@@ -80,3 +80,34 @@ def test_one_spend_per_round_noise_after_the_commit_and_spent_clients_never_trai
         assert events.index("spend") < events.index("train") < events.index("commit") < events.index("noise")
     assert 4 not in trained  # the client spent before round 1
     assert np.all(engine.state[4] == 0)
+
+
+def test_a_distributed_release_is_noised_by_the_template_after_its_commit(digits, monkeypatch):
+    from fedfilter.simulations.engine import distributed_round
+
+    cfg = _config("local")
+    engine = Engine(
+        EngineConfig(
+            **{
+                **cfg.__dict__,
+                "placement": "distributed",
+                "filter_kind": "rdp",
+                "worst_case_epsilon": 1000.0,
+                "noise_draw": "per-client",
+            }
+        ),
+        task=digits,
+    )
+    events: list[str] = []
+
+    def spy(account, mechanism, arrays, *, noise=None, **kwargs):
+        commit = account.commit
+        account.commit = lambda record: (events.append("commit"), commit(record))[1]
+        assert noise is not None  # the engine hands its noise step to the template
+        return spend_module.spend(
+            account, mechanism, arrays, noise=lambda r, p: (events.append("noise"), noise(r, p))[1], **kwargs
+        )
+
+    monkeypatch.setattr(distributed_round, "spend", spy)
+    engine.step()
+    assert events and events == ["commit", "noise"] * (len(events) // 2)
