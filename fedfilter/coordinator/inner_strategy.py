@@ -92,7 +92,7 @@ def inner_step(
 ) -> ArrayRecord:
     """The inner strategy's step from the released aggregate: one reply, ``global + mean``, weight 1.
 
-    The inner strategy sees what the round releases (DESIGN.md section 1), not the reports one by
+    The inner strategy sees what the round releases (the public release), not the reports one by
     one: in distributed placement a single report carries only 1/sqrt(m) of the accounted noise,
     and user code in the inner strategy may log what it gets. ``global + mean`` is the round rule
     ``model_step`` with rate 1, so FedAvg's result is the plain mean step bitwise (its weighted

@@ -2,7 +2,7 @@
 
 The ledger is an embedded SQLite database in WAL mode: one coordinator appends while any number of
 readers (the report service, a notebook, another process opened with ``read_only=True``) read it.
-It holds only what DESIGN.md section 1 calls public: the round's request, counts of replies, the
+It holds only what the privacy model calls public: the round's request, counts of replies, the
 norm of the noisy aggregate and evaluation on held-out data. Nothing per-client is ever stored:
 run configs and metric names that look per-client (budget, epsilon, spent, examples, client or
 node ids) are refused, and the record schema (``protos/fedfilter.proto``) has no such field.

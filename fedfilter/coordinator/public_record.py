@@ -1,6 +1,6 @@
 """The public record of one run of ``IndividualFilterStrategy``: a run entry with its public settings,
-then one ``PublicRoundRecord`` per round, held until the server-side evaluation of that round has run
-and appended with its metrics. Nothing per client is kept or written (``public_ledger.py`` refuses
+then one ``PublicRoundRecord`` per round, appended with its metrics once the server-side evaluation
+of that round has run. Nothing per client is kept or written (``public_ledger.py`` refuses
 names that look per-client)."""
 
 from __future__ import annotations
@@ -25,12 +25,10 @@ class PublicRecorder:
     def __init__(self, target: str | Path | PublicLedger | None) -> None:
         self.target = target
         self._ledger: PublicLedger | None = None
-        self._pending: fedfilter_pb2.PublicRoundRecord | None = None
 
     @contextmanager
     def run(self, run_id: str, config: Mapping[str, Any]) -> Iterator[None]:
-        """The run's entry, opened before Flower's loop and finished (and closed, if opened here) after it."""
-        self._pending = None
+        """The run's entry, opened before the rounds and finished (and closed, if opened here) after them."""
         if self.target is None:
             yield
             return
@@ -48,13 +46,22 @@ class PublicRecorder:
             if owned:
                 ledger.close()
 
-    def hold(self, record: fedfilter_pb2.PublicRoundRecord) -> None:
-        """This round's record, appended once the round's server-side metrics are known."""
-        self._pending = record
+    def append(self, record: fedfilter_pb2.PublicRoundRecord, metrics: MetricRecord | None) -> None:
+        """Append one round's record with its server-side ``metrics`` (numbers only), once they are known.
 
-    def append_held(self, metrics: MetricRecord | None) -> None:
-        record, self._pending = self._pending, None
-        if record is None or self._ledger is None:
+        Parameters
+        ----------
+        record : fedfilter_pb2.PublicRoundRecord
+            The round's record as released (its ``started_at_unix`` set).
+        metrics : MetricRecord or None
+            The server-side evaluation of the round's model.
+
+        Examples
+        --------
+        >>> from fedfilter.protos import fedfilter_pb2
+        >>> PublicRecorder(None).append(fedfilter_pb2.PublicRoundRecord(run_id="r", round_id=1), None)
+        """
+        if self._ledger is None:
             return
         for name, value in (metrics or {}).items():
             if isinstance(value, (int, float)) and not isinstance(value, bool):

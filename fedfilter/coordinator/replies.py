@@ -1,7 +1,7 @@
 """Checking replies to a round request: reports, markers and dropped replies, and their plain mean.
 
 Flower's ``FedAvg`` weights every reply by its ``num-examples`` metric, which is private here (it
-is the size of a client's data and carries no noise; DESIGN.md section 1). The coordinator never
+is the size of a client's data and carries no noise). The coordinator never
 reads anything from a reply but the noisy update and its public status:
 
 * a *report*: status ``report``, one ArrayRecord with exactly the model's keys and shapes, the

@@ -1,6 +1,6 @@
 """What the operator reads while a run goes on: one round's public outcome, logged with the noise
 figure it should carry and the devices' refusals counted by code, and the reason a run that
-released nothing fails (issue 24). Everything here is public: counts, the request, the model's
+released nothing fails. Everything here is public: counts, the request, the model's
 size and the released mean's norm.
 
 ``IndividualFilterStrategy`` (``coordinator/strategy.py``) keeps one ``RunLog`` per run.

@@ -1,12 +1,14 @@
 """``IndividualFilterStrategy``: any Flower Message-API strategy, fed only checked, noisy reports.
 
 Each device runs ``fedfilter.client.filter_mod.individual_filter_mod``: it pays for its clipped
-update from its own budget and replies with a noisy *update* (or a ``left`` marker). Per round:
+update from its own budget and replies with a noisy *update* (or a ``left`` marker). Each training
+round is one round object (``fedfilter.coordinator.rounds``), built when the round opens with what
+it needs and dropped once released; ``start`` drives Flower's loop itself (ask, collect, release,
+public record), so the strategy keeps nothing of a round between rounds. Per round:
 
-* ``configure_train``: the inner strategy samples nodes and builds its messages (its config, its
-  arrays); the wrapper adds the round request (``fedfilter.protocol.wire.request_record``) to each,
-  and remembers the nodes asked and the global arrays.
-* ``aggregate_train``: replies are sorted into reports, markers and dropped
+* ask: the inner strategy samples nodes and builds its messages (its config, its arrays); the round
+  adds the round request (``fedfilter.protocol.wire.request_record``) to each.
+* collect and release, ``local`` placement: the replies are sorted into reports, markers and dropped
   (``fedfilter.coordinator.replies``; a bad reply never fails the round). A round with no report is
   dropped: ``None`` arrays, the model stays. Otherwise the round releases the plain mean of the
   reports, and the inner strategy gets exactly that: one reply
@@ -14,13 +16,15 @@ update from its own budget and replies with a noisy *update* (or a ``left`` mark
   (no example count exists here). FedAvg's result is then the plain-mean step bitwise; FedAvgM,
   FedAdam, FedYogi, FedAdagrad apply their server step to the mean update.
 * ``distributed`` placement runs each training round through Flower's SecAgg+
-  (``fedfilter.coordinator.secagg.secure_round``): ``configure_train`` keeps the messages (and returns none
-  for Flower's loop to send), ``aggregate_train`` sends them inside SecAgg+'s masked-vector stage and
-  gets only the sum of the devices' integer reports. The round is released only when that sum holds
-  at least ``min_reports`` reports (fewer would carry less than the accounted noise, DESIGN.md
-  section 1; SecAgg+ itself halts below its threshold, which is ``min_reports``); then the mean is
-  ``decode_sum(sum) * grid_step(clip) / n`` and the inner strategy steps as for local rounds. The
-  coordinator never holds an individual report.
+  (``fedfilter.coordinator.secagg.secure_round``): nothing is sent in the clear; the messages travel
+  inside SecAgg+'s masked-vector stage and the round gets only the sum of the devices' integer
+  reports. The round is released only when that sum holds at least ``min_reports`` reports (fewer
+  would carry less than the accounted noise; SecAgg+ itself halts below its threshold, which is
+  ``min_reports``); then the mean is ``decode_sum(sum) * grid_step(clip) / n`` and the inner strategy
+  steps as for local rounds. The coordinator never holds an individual report.
+* driven by hand, Flower's ``configure_train`` opens the round (and returns what it asks: nothing in
+  distributed placement) and ``aggregate_train`` collects and releases it; the one open round is all
+  the strategy holds between those two calls.
 * ``configure_evaluate`` sends nothing: a client's loss on its private data would be an
   unaccounted release (said once, in the summary at the start). Evaluate held-out data on the
   server through ``start(evaluate_fn=...)``.
@@ -36,19 +40,19 @@ update from its own budget and replies with a noisy *update* (or a ``left`` mark
 
 from __future__ import annotations
 
-import math
+import io
 import time
 from collections.abc import Callable, Iterable, Mapping
-from logging import WARNING
+from logging import INFO, WARNING
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.app.constants import DEFAULT_TTL
 from flwr.common.logger import FLOWER_LOGGER, log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
+from flwr.serverapp.strategy.strategy_utils import log_strategy_start_info
 
 from fedfilter.checks import positive_finite, short_repr
 from fedfilter.coordinator.inner_strategy import (
@@ -56,19 +60,12 @@ from fedfilter.coordinator.inner_strategy import (
     MEAN_STRATEGIES,
     NoExampleWeights,
     check_inner_strategy,
-    inner_step,
     is_mean_strategy,
 )
 from fedfilter.coordinator.public_ledger import PublicLedger
 from fedfilter.coordinator.public_record import PublicRecorder
-from fedfilter.coordinator.replies import (
-    RoundTally,
-    classify_reply,
-    l2_norm,
-    plain_mean,
-    report_norm_bound,
-    tally_replies,
-)
+from fedfilter.coordinator.replies import RoundTally, classify_reply, plain_mean, report_norm_bound
+from fedfilter.coordinator.rounds import LocalRound, RoundRelease, RoundSettings, SecureRound, open_round
 from fedfilter.coordinator.run_log import (
     NothingReleasedError,
     RoundOutcome,
@@ -76,17 +73,10 @@ from fedfilter.coordinator.run_log import (
     public_ledger_shown,
     say_evaluation_refused,
 )
-from fedfilter.coordinator.secagg.secure_round import (
-    AUTO_SHARES,
-    SecureSum,
-    check_num_shares,
-    released_mean,
-    run_secure_round,
-)
+from fedfilter.coordinator.secagg.secure_round import AUTO_SHARES, check_num_shares
 from fedfilter.protocol.request import RoundSpec, request_problems
-from fedfilter.protocol.rules import added_noise_std, check_message_ttl, reports_needed, run_id_for
-from fedfilter.protocol.wire import ARRAYS_RECORD, REQUEST_RECORD, request_proto, request_record
-from fedfilter.protos import fedfilter_pb2
+from fedfilter.protocol.rules import check_message_ttl, run_id_for
+from fedfilter.protocol.wire import ARRAYS_RECORD
 
 __all__ = [
     "IndividualFilterStrategy",
@@ -219,21 +209,12 @@ class IndividualFilterStrategy(Strategy):
         self.message_ttl_s = message_ttl_s
         self.secagg_num_shares = secagg_num_shares
         self.secagg_colluders = secagg_colluders
-        self.last_outcome: RoundOutcome | None = None
-        self._asked: list[int] = []
-        self._keys: list[str] = []
-        self._template: list[np.ndarray] = []
-        self._spec: RoundSpec | None = None
-        self._request_extra: dict[str, Any] = {}
-        self._started_at = 0.0
-        self._recorder = PublicRecorder(public_ledger)
+        self.last_outcome: RoundOutcome | None = None  # the last round's public outcome (read after a round)
         self._evaluate_refusal_logged = False
         self._run_shown: str | None = None  # the run id start() records under, shown with the ledger's path
-        self._run_log = self._new_run_log()
-        # Distributed placement: the messages SecAgg+ delivers in its masked stage, and where to send them.
-        self._secure_messages: list[Message] = []
-        self._grid: Grid | None = None
-        self._round_timeout: float | None = None
+        self._run_log = self._new_run_log()  # the hand-driven rounds' log; start() keeps one per run
+        # Driven by hand (configure_train, then aggregate_train): the one round opened and not yet released.
+        self._open: LocalRound | SecureRound | None = None
         if not is_mean_strategy(strategy):
             log(
                 WARNING,
@@ -250,24 +231,61 @@ class IndividualFilterStrategy(Strategy):
 
     # -- the round rules (fedfilter.protocol.rules; not re-derived here) --
 
+    def _settings(self) -> RoundSettings:
+        return RoundSettings(
+            noise_multiplier=self.noise_multiplier,
+            clip=self.clip,
+            placement=self.placement,
+            min_reports=self.min_reports,
+            message_ttl_s=self.message_ttl_s,
+            secagg_num_shares=self.secagg_num_shares,
+            secagg_colluders=self.secagg_colluders,
+        )
+
     def per_client_noise_std(self) -> float:
-        return added_noise_std(self.noise_multiplier, self.clip, self.placement, self.min_reports)
+        """The std of the noise each report carries (``protocol.rules.added_noise_std``).
+
+        Examples
+        --------
+        >>> from flwr.serverapp.strategy import FedAvg
+        >>> IndividualFilterStrategy(FedAvg(), noise_multiplier=1.0, clip=0.5).per_client_noise_std()
+        0.5
+        """
+        return self._settings().noise_std()
 
     def reports_needed(self) -> int:
-        return reports_needed(self.placement, self.min_reports)
+        """The fewest reports a released round holds (``protocol.rules.reports_needed``).
 
-    def expected_noise_norm(self, reports: int) -> float:
-        """The expected norm of the noise in the mean of ``reports`` reports (public: the request, the
-        model's size and the count), over the floating-point coordinates the devices release."""
-        return self._run_log.expected_noise_norm(self._template, reports)
+        Examples
+        --------
+        >>> from flwr.serverapp.strategy import FedAvg
+        >>> IndividualFilterStrategy(FedAvg(), noise_multiplier=1.0, clip=0.5, placement="distributed",
+        ...                          min_reports=4).reports_needed()
+        4
+        """
+        return self._settings().reports_needed()
 
     def _new_run_log(self) -> RunLog:
         return RunLog(self.noise_multiplier, self.clip, self.placement, self.min_reports)
 
     def run_id(self, grid: Grid) -> str:
+        """The run id the devices account under: ``run_name``, or ``flwr-<Flower run id>``.
+
+        Parameters
+        ----------
+        grid : Grid
+            Flower's grid (its run).
+
+        Examples
+        --------
+        >>> from flwr.serverapp.strategy import FedAvg
+        >>> IndividualFilterStrategy(FedAvg(), noise_multiplier=1.0, clip=0.5, run_name="r").run_id(None)
+        'r'
+        """
         return self.run_name or run_id_for(grid.run.run_id)
 
     def summary(self) -> None:
+        """Log the wrapper's settings, then the inner strategy's summary (weighted by nothing)."""
         self._run_log.start_summary(
             noise_std=self.per_client_noise_std(),
             secagg_num_shares=self.secagg_num_shares if self.placement == "distributed" else None,
@@ -286,141 +304,51 @@ class IndividualFilterStrategy(Strategy):
             self._evaluate_refusal_logged = True
             say_evaluation_refused(getattr(self.strategy, "fraction_evaluate", 0.0))
 
-    # -- training --
+    # -- training: one round object per round (coordinator/rounds.py) --
+
+    def _open_round(
+        self,
+        server_round: int,
+        arrays: ArrayRecord,
+        config: ConfigRecord,
+        grid: Grid,
+        run_log: RunLog,
+        timeout: float | None,
+    ) -> LocalRound | SecureRound:
+        return open_round(
+            self._settings(),
+            run_id=self.run_id(grid),
+            server_round=server_round,
+            arrays=arrays,
+            config=config,
+            grid=grid,
+            inner=self.strategy,
+            run_log=run_log,
+            timeout=timeout,
+        )
+
+    def _outcome(self, released: RoundRelease) -> tuple[ArrayRecord | None, MetricRecord]:
+        self.last_outcome = released.outcome
+        return released.arrays, released.metrics()
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        """The inner strategy's messages, each with the round request added."""
-        self._started_at = time.time()
-        self._keys = list(arrays.keys())
-        self._template = [arrays[k].numpy() for k in self._keys]
-        self._spec = RoundSpec(
-            run_id=self.run_id(grid),
-            round_id=int(server_round),
-            noise_multiplier=self.noise_multiplier,
-            clip=self.clip,
-            placement=self.placement,
-            min_reports=self.min_reports,
-        )
-        # The public record repeats the training settings sent, when the config names them.
-        self._request_extra = {
-            "local_epochs": _int_or_zero(config.get("local-epochs")),
-            "learning_rate": _float_or_zero(config.get("lr")),
-        }
-        request = request_record(self._spec)
-        messages = list(self.strategy.configure_train(server_round, arrays, config, grid))
-        for msg in messages:
-            content = RecordDict(dict(msg.content.items()))  # a copy: inner strategies share one RecordDict
-            content[REQUEST_RECORD] = request
-            msg.content = content
-            if self.message_ttl_s is not None:
-                msg.metadata.ttl = float(self.message_ttl_s)
-        self._asked = [int(m.metadata.dst_node_id) for m in messages]
-        if self.placement == "distributed":
-            if len(set(self._asked)) != len(self._asked):
-                raise RuntimeError(f"the inner strategy addressed a node twice: {sorted(self._asked)}.")
-            # Sent by aggregate_train inside SecAgg+'s masked-vector stage, never in the clear.
-            self._secure_messages, self._grid = messages, grid
-            return []
-        return messages
+        """The inner strategy's messages, each with the round request added (none in distributed
+        placement: they travel inside SecAgg+, run by ``aggregate_train``). Opens the round that
+        ``aggregate_train`` releases; ``start`` drives its rounds without these two calls."""
+        self._open = self._open_round(server_round, arrays, config, grid, self._run_log, None)
+        return self._open.ask()
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """The inner strategy's step from the plain mean of the checked reports; ``None`` arrays if dropped."""
-        if self._spec is None or self._spec.round_id != server_round:
+        training = self._open
+        if training is None or training.round_id != server_round:
             raise RuntimeError(f"aggregate_train(server_round={server_round}) without configure_train for that round.")
-        replies = list(replies)
-        if self.placement == "distributed":
-            return self._aggregate_secure(server_round, replies)
-        bound = report_norm_bound(
-            clip=self.clip, noise_std=self.per_client_noise_std(), dim=sum(int(t.size) for t in self._template)
-        )
-        tally = tally_replies(replies, self._asked, self._keys, self._template, bound)
-        outcome = RoundOutcome(
-            round_id=server_round,
-            sampled=len(self._asked),
-            reports=len(tally.reports),
-            markers=tally.markers,
-            dropped=tally.dropped,
-            reasons=tally.reasons,
-            refusals=tally.refusals,
-        )
-        arrays: ArrayRecord | None = None
-        if tally.reports and len(tally.reports) >= self.reports_needed():
-            mean = plain_mean(tally.reports, self._template)
-            outcome.released = True
-            outcome.aggregate_norm = l2_norm(mean)
-            outcome.expected_noise_norm = self.expected_noise_norm(len(tally.reports))
-            first = next(m for m in replies if int(m.metadata.src_node_id) == tally.report_sources[0])
-            arrays = inner_step(self.strategy, server_round, first, self._keys, self._template, mean)
-        return arrays, self._finish_round(outcome)
-
-    def _aggregate_secure(
-        self, server_round: int, stray: list[Message]
-    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """A distributed round: SecAgg+ over the kept messages, then the release rule on the sum."""
-        messages, self._secure_messages = self._secure_messages, []
-        if self._grid is None:
-            raise RuntimeError("a distributed round needs configure_train's grid.")
-        secure: SecureSum = run_secure_round(
-            self._grid,
-            {int(m.metadata.dst_node_id): m.content for m in messages},
-            server_round=server_round,
-            min_reports=self.min_reports,
-            num_shares=self.secagg_num_shares,
-            colluders=self.secagg_colluders,
-            timeout=self._round_timeout,
-        )
-        n = secure.reports
-        outcome = RoundOutcome(
-            round_id=server_round,
-            sampled=secure.sampled,
-            reports=n,
-            dropped=secure.sampled - n + len(stray),
-            reasons=[secure.reason] if secure.reason else [],
-            refusals=secure.refusals,
-        )
-        if stray:
-            outcome.reasons.append("a reply outside secure aggregation in a distributed round")
-        arrays: ArrayRecord | None = None
-        mean, reason = released_mean(secure, template=self._template, clip=self.clip, min_reports=self.min_reports)
-        if reason:
-            outcome.reasons.append(reason)
-        if mean is not None:
-            outcome.released = True
-            outcome.aggregate_norm = l2_norm(mean)
-            outcome.expected_noise_norm = self.expected_noise_norm(n)
-            arrays = inner_step(self.strategy, server_round, messages[0], self._keys, self._template, mean)
-        return arrays, self._finish_round(outcome)
-
-    def _finish_round(self, outcome: RoundOutcome) -> MetricRecord:
-        self.last_outcome = outcome
-        assert self._spec is not None
-        record = fedfilter_pb2.PublicRoundRecord(
-            run_id=self._spec.run_id,
-            round_id=outcome.round_id,
-            request=request_proto(self._spec, **self._request_extra),
-            clients_sampled=outcome.sampled,
-            reports_received=outcome.reports,
-            markers_received=outcome.markers,
-            replies_dropped=outcome.dropped,
-            released=outcome.released,
-            aggregate_norm=outcome.aggregate_norm if math.isfinite(outcome.aggregate_norm) else 0.0,
-            expected_noise_norm=outcome.expected_noise_norm,
-            started_at_unix=self._started_at,
-        )
-        self._recorder.hold(record)
-        self._run_log.round(outcome, self._template)
-        return MetricRecord(
-            {
-                "reports-received": outcome.reports,
-                "markers-received": outcome.markers,
-                "replies-dropped": outcome.dropped,
-                "released": int(outcome.released),
-            }
-        )
+        self._open = None
+        return self._outcome(training.aggregate(list(replies)))
 
     # -- evaluation: refused on clients --
 
@@ -434,7 +362,7 @@ class IndividualFilterStrategy(Strategy):
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         return None
 
-    # -- the run: public ledger around Flower's loop --
+    # -- the run: Flower's loop, one round object per round, one public record per round --
 
     def start(
         self,
@@ -446,33 +374,90 @@ class IndividualFilterStrategy(Strategy):
         evaluate_config: ConfigRecord | None = None,
         evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
     ) -> Result:
-        """Flower's loop, with one public record per round appended after the server-side evaluation."""
+        """Flower's ``Strategy.start`` (flwr 1.41/1.42: its logging, ``Result``, client-side evaluate step
+        and ``evaluate_fn`` at round 0 and after each round), each training round one round object
+        (ask, collect, release), its public record appended after the server-side evaluation."""
         ttl = self.message_ttl_s if self.message_ttl_s is not None else DEFAULT_TTL
         check_message_ttl(ttl, timeout)
         self._run_shown = run_id = self.run_id(grid)
-        self._round_timeout = float(timeout)
-        self._run_log = self._new_run_log()
-
-        def evaluate_and_record(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
-            metrics = evaluate_fn(server_round, arrays) if evaluate_fn is not None else None
-            if server_round > 0:
-                self._recorder.append_held(metrics)
-            return metrics
-
+        run_log = self._new_run_log()
+        recorder = PublicRecorder(self.public_ledger)
         # Whether the coordinator saw only sums (SecAgg+) or each noisy report, with every run.
-        with self._recorder.run(run_id, {**self._run_config(), "secure-aggregation": self.placement == "distributed"}):
-            result = super().start(
-                grid,
-                initial_arrays,
-                num_rounds=num_rounds,
-                timeout=timeout,
-                train_config=train_config,
-                evaluate_config=evaluate_config,
-                evaluate_fn=evaluate_and_record,
+        with recorder.run(run_id, {**self._run_config(), "secure-aggregation": self.placement == "distributed"}):
+            result = self._run_rounds(
+                grid, initial_arrays, num_rounds, timeout, train_config, evaluate_config, evaluate_fn, run_log, recorder
             )
-        failure = self._run_log.nothing_released(run_id, num_rounds)
+        failure = run_log.nothing_released(run_id, num_rounds)
         if failure is not None:
             raise NothingReleasedError(failure)
+        return result
+
+    def _run_rounds(
+        self,
+        grid: Grid,
+        initial_arrays: ArrayRecord,
+        num_rounds: int,
+        timeout: float,
+        train_config: ConfigRecord | None,
+        evaluate_config: ConfigRecord | None,
+        evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None,
+        run_log: RunLog,
+        recorder: PublicRecorder,
+    ) -> Result:
+        log(INFO, "Starting %s strategy:", self.__class__.__name__)
+        log_strategy_start_info(num_rounds, initial_arrays, train_config, evaluate_config)
+        self.summary()
+        log(INFO, "")
+        train_config = ConfigRecord() if train_config is None else train_config
+        evaluate_config = ConfigRecord() if evaluate_config is None else evaluate_config
+        result = Result()
+
+        def evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
+            return evaluate_fn(server_round, arrays) if evaluate_fn is not None else None
+
+        # The server-side evaluation steps run (and log) whether or not evaluate_fn is given, as they
+        # did when the public record rode on Flower's loop as its evaluate_fn.
+        t_start = time.time()
+        res = evaluate(0, initial_arrays)
+        log(INFO, "Initial global evaluation results: %s", res)
+        if res is not None:
+            result.evaluate_metrics_serverapp[0] = res
+        arrays = initial_arrays
+        for current_round in range(1, num_rounds + 1):
+            log(INFO, "")
+            log(INFO, "[ROUND %s/%s]", current_round, num_rounds)
+            # Training: one round object, asked, collected and released here; nothing of it outlives the round.
+            training = self._open_round(current_round, arrays, train_config, grid, run_log, float(timeout))
+            released = training.run()  # ask, collect (the grid, or SecAgg+), release
+            agg_arrays, agg_train_metrics = self._outcome(released)
+            if agg_arrays is not None:
+                result.arrays = agg_arrays
+                arrays = agg_arrays
+            log(INFO, "\t└──> Aggregated MetricRecord: %s", agg_train_metrics)
+            result.train_metrics_clientapp[current_round] = agg_train_metrics
+            # Client-side evaluation: Flower's step, to which configure_evaluate gives nothing to send.
+            evaluate_replies = grid.send_and_receive(
+                messages=self.configure_evaluate(current_round, arrays, evaluate_config, grid), timeout=timeout
+            )
+            agg_evaluate_metrics = self.aggregate_evaluate(current_round, evaluate_replies)
+            if agg_evaluate_metrics is not None:
+                log(INFO, "\t└──> Aggregated MetricRecord: %s", agg_evaluate_metrics)
+                result.evaluate_metrics_clientapp[current_round] = agg_evaluate_metrics
+            # Server-side evaluation, then the round's public record with its metrics.
+            log(INFO, "Global evaluation")
+            res = evaluate(current_round, arrays)
+            log(INFO, "\t└──> MetricRecord: %s", res)
+            if res is not None:
+                result.evaluate_metrics_serverapp[current_round] = res
+            recorder.append(released.record, res)
+        log(INFO, "")
+        log(INFO, "Strategy execution finished in %.2fs", time.time() - t_start)
+        log(INFO, "")
+        log(INFO, "Final results:")
+        log(INFO, "")
+        for line in io.StringIO(str(result)):
+            log(INFO, "\t%s", line.strip("\n"))
+        log(INFO, "")
         return result
 
     def _run_config(self) -> dict[str, Any]:
@@ -485,12 +470,3 @@ class IndividualFilterStrategy(Strategy):
             "placement": self.placement,
             "min-reports": self.min_reports,
         }
-
-
-def _int_or_zero(value: Any) -> int:
-    return int(value) if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
-
-
-def _float_or_zero(value: Any) -> float:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    return float(value) if ok else 0.0

@@ -203,3 +203,9 @@ def reply_dtype(model_dtype) -> np.dtype:
 # SecAgg+ messages, and the stage name sent between collect-masked-vectors and unmask.
 CONSISTENCY_RECORD = "fedfilter.secagg"
 CONSISTENCY_STAGE = "fedfilter_consistency_check"
+
+# Flower's legacy-context records (flwr.server.workflow.constant, 1.41.0), which its SecAgg+ workflow
+# reads: the coordinator's secure round writes them and its consistency round reads the round number.
+LEGACY_CONFIGS_RECORD = "config"
+LEGACY_PARAMS_RECORD = "parameters"
+LEGACY_CURRENT_ROUND = "current_round"

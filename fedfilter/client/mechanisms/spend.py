@@ -15,13 +15,14 @@ bound, how the update is clipped and snapped, what it is charged, what noise it 
 4. its charges at its exact (snapped) norm;
 5. ``Account.commit``: the one check that every charge fits, one spend per state, stored durably.
 
-Noise is drawn by the caller only AFTER the commit (``fedfilter.client.release.release``): a spend
-is on disk before anything that leaves the device is computed.
+6. noise, only AFTER the commit: a spend is on disk before anything that leaves the device is
+   computed. The device draws it itself once ``spend`` returns (``fedfilter.client.release.release``);
+   the engine hands its noise step to ``spend`` (``noise=``), which runs it after the commit.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -184,16 +185,18 @@ def status_of(spent, after_exhaustion: str):
 def spend(
     account: Account,
     mechanism: Mechanism,
-    arrays: Sequence[np.ndarray],
+    arrays: Any,
     *,
     exhausted_below: float,
     after_exhaustion: str,
+    noise: Callable[[ReleaseRecord, Any], Any] | None = None,
 ) -> tuple[ReleaseRecord, Any]:
-    """Allowance, clip and snap, charge, commit (module docstring); returns ``(record, payload)``.
+    """Allowance, clip and snap, charge, commit, then noise (module docstring); returns ``(record, payload)``.
 
-    The caller holds the account (the ledger's reservation) and adds noise to ``payload`` only after
-    this returns: ``account.commit`` raises, storing nothing, if a charge does not fit (an exhausted
-    release is charged 0).
+    ``account.commit`` raises, storing nothing, if a charge does not fit (an exhausted release is
+    charged 0). Without ``noise`` the caller (the device, holding the ledger's reservation) adds noise
+    to ``payload`` only after this returns; with it, ``payload`` is ``noise(record, payload)``,
+    computed after the commit (the engine's rounds).
 
     Parameters
     ----------
@@ -201,12 +204,16 @@ def spend(
         The books (``Reservation`` on the device).
     mechanism : Mechanism
         ``GaussianMechanism`` or ``SkellamMechanism``.
-    arrays : sequence of numpy.ndarray
-        The update's floating-point arrays (checked finite by the caller).
+    arrays : sequence of numpy.ndarray, or what the mechanism clips
+        The update's floating-point arrays (checked finite by the caller); the engine's mechanisms
+        take a whole round's updates (``simulations.engine.gaussian_round.GaussianReports``).
     exhausted_below : float
         The owner's threshold: exhausted when the allowance is at most this fraction of the clip.
     after_exhaustion : str
         ``"leave"`` or ``"noise-only"``.
+    noise : callable, optional
+        ``noise(record, payload)``: the release's noise step, run after the commit; its result is
+        returned as the payload.
 
     Examples
     --------
@@ -231,4 +238,4 @@ def spend(
         worst_charge=worst_charge,
     )
     account.commit(record)
-    return record, payload
+    return record, payload if noise is None else noise(record, payload)

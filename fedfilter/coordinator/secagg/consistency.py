@@ -39,12 +39,9 @@ from flwr.server.workflow.secure_aggregation.secaggplus_workflow import Workflow
 from flwr.serverapp import Grid
 
 from fedfilter.coordinator.replies import refusal_of
-from fedfilter.protocol.wire import CONSISTENCY_RECORD, CONSISTENCY_STAGE
+from fedfilter.protocol.wire import CONSISTENCY_RECORD, CONSISTENCY_STAGE, LEGACY_CONFIGS_RECORD, LEGACY_CURRENT_ROUND
 
 __all__ = ["ConsistencyCheckedSecAggPlus"]
-
-_CURRENT_ROUND_KEY = "current_round"
-_MAIN_CONFIGS_RECORD = "config"
 
 
 class _Relay:
@@ -121,7 +118,7 @@ class ConsistencyCheckedSecAggPlus(SecAggPlusWorkflow):
 
     def consistency_stage(self, grid: Grid, context: LegacyContext, state: WorkflowState) -> None:
         """Send the survivor set to every survivor and keep the tags that come back, by destination."""
-        group = str(context.state.config_records[_MAIN_CONFIGS_RECORD][_CURRENT_ROUND_KEY])
+        group = str(context.state.config_records[LEGACY_CONFIGS_RECORD][LEGACY_CURRENT_ROUND])
         survivors = sorted(state.active_node_ids)
 
         def make(nid: int) -> Message:

@@ -50,6 +50,7 @@ from fedfilter.protocol.secagg.graph import choose_graph, graph_abort_probabilit
 from fedfilter.protocol.secagg.grid import DEFAULT_DROPOUT_RATE, decode_sum, grid_step, secaggplus_settings
 from fedfilter.protocol.secagg.masks import cryptographic_masks
 from fedfilter.protocol.secagg.rule import graph_problems, smallest_threshold
+from fedfilter.protocol.wire import LEGACY_CONFIGS_RECORD, LEGACY_CURRENT_ROUND, LEGACY_PARAMS_RECORD
 
 __all__ = [
     "AUTO_SHARES",
@@ -62,11 +63,6 @@ __all__ = [
 ]
 
 AUTO_SHARES = "auto"  # num_shares: the sparse graph choose_graph picks for the number sampled
-
-# The LegacyContext records Flower's SecAgg+ workflow reads (flwr.server.workflow.constant, 1.41.0).
-_MAIN_CONFIGS_RECORD = "config"
-_MAIN_PARAMS_RECORD = "parameters"
-_CURRENT_ROUND = "current_round"
 
 
 @dataclass
@@ -267,8 +263,9 @@ def run_secure_round(
     )
     base = Context(run_id=int(grid.run.run_id), node_id=0, node_config={}, state=RecordDict(), run_config={})
     context = LegacyContext(base, config=ServerConfig(num_rounds=1), strategy=adapter)
-    context.state.config_records[_MAIN_CONFIGS_RECORD] = ConfigRecord({_CURRENT_ROUND: int(server_round)})
-    context.state.array_records[_MAIN_PARAMS_RECORD] = ArrayRecord()
+    # The LegacyContext records Flower's SecAgg+ workflow reads.
+    context.state.config_records[LEGACY_CONFIGS_RECORD] = ConfigRecord({LEGACY_CURRENT_ROUND: int(server_round)})
+    context.state.array_records[LEGACY_PARAMS_RECORD] = ArrayRecord()
     failure = ""
     with cryptographic_masks():
         try:

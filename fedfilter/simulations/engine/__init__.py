@@ -1,6 +1,6 @@
 """The vectorised engine: the Flower path's privacy code, applied to many clients in one process.
 
-DESIGN.md section 4: for studies that would take days as separate Flower clients (for example
+For studies that would take days as separate Flower clients (for example
 60,000 single-example clients). Every privacy decision is made by the code a Flower device runs
 (``fedfilter.privacy.filters.round_allowance`` / ``exhausted`` / ``charge`` / ``admits`` / ``spend``
 and ``fedfilter.client.mechanisms.gaussian.certified_norm`` / ``clip_to_norm`` / ``add_grid_noise``), broadcast

@@ -7,10 +7,15 @@ the worst-case account in distributed placement); ``commit`` is the one admits c
 (defence in depth) and then one ``spend`` per state array. The engine has no owner quotas beyond the
 run quota, which caps both accounts as on the device (``fedfilter.client.ledger.quota``: one run per
 engine, so the run's worst-case charges are the worst-case account's state), and keeps no spend rows.
-``spent_epsilon`` reads the rows' states back in epsilon.
+``RoundRows`` is one round's clients across budget groups as one ``Account``: the spend template then
+runs once for the whole round (each row charged with its own group's filter, committed group by
+group). ``spent_epsilon`` reads the rows' states back in epsilon.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
 
 import numpy as np
 
@@ -91,6 +96,79 @@ class RowsAccount:
         e.run_state[rows] = self.run_filter.spend(e.run_state[rows], charge)
         if worst is not None and worst_filter is not None and worst_state is not None:
             worst_state[rows] = worst_filter.spend(worst_state[rows], worst)
+
+
+class _GroupFilters:
+    """The ``filter`` of a ``RoundRows``: each row charged by its own budget group's filter."""
+
+    def __init__(self, parts: list[tuple[np.ndarray, RowsAccount]]):
+        self.parts = parts
+
+    def charge(self, *, sensitivity, noise_std: float) -> np.ndarray:
+        sensitivity = np.asarray(sensitivity, dtype=np.float64)
+        out: np.ndarray | None = None
+        for at, account in self.parts:
+            charge = np.asarray(account.filter.charge(sensitivity=sensitivity[at], noise_std=noise_std))
+            if out is None:
+                out = np.zeros((len(sensitivity), *charge.shape[1:]), dtype=charge.dtype)
+            out[at] = charge
+        return np.zeros((0,)) if out is None else out
+
+
+class RoundRows:
+    """The clients of one round across budget groups, one ``Account`` of the spend template.
+
+    ``allowance`` is each row's ``RowsAccount.allowance`` under the engine's accounting
+    (``Engine.uniform``); the charge of a row is its group's filter's; ``commit`` is each group's
+    ``RowsAccount.commit`` (one admits check, one spend per state) on its rows of the record.
+
+    Parameters
+    ----------
+    engine : Engine
+        Holds the states, the groups' filters and ``uniform``.
+    clients : numpy.ndarray
+        The round's clients (indices), any budget groups.
+
+    Examples
+    --------
+    >>> account = RoundRows(engine, np.arange(4))  # doctest: +SKIP
+    >>> account.allowance(noise_std=1.0, clip=1.0)  # doctest: +SKIP
+    array([1., 1., 1., 1.])
+    """
+
+    def __init__(self, engine, clients: np.ndarray):
+        self._engine, self.rows = engine, clients
+        groups = engine.group[clients]
+        # (rows of the record, that group's account) per budget group among the clients
+        self.parts = [
+            (at, RowsAccount(engine, clients[at], g)) for g in range(len(engine.filters)) if (at := groups == g).any()
+        ]
+        self.filter: Any = _GroupFilters(self.parts)  # charges row by row (Account.filter's role)
+        self.worst_filter: Any = None  # Gaussian rounds keep no worst-case account (accounts.py)
+
+    def _scatter(self, ask) -> np.ndarray:
+        out = np.zeros(len(self.rows))
+        for at, account in self.parts:
+            out[at] = ask(account)
+        return out
+
+    def allowance(self, *, noise_std: float, clip: float) -> np.ndarray:
+        """Each row's allowance (its group's filters), under the engine's accounting (``Engine.uniform``)."""
+        allow = self._scatter(lambda account: account.allowance(noise_std=noise_std, clip=clip))
+        return self._engine.uniform(self.rows, allow)
+
+    def worst_allowance(self, *, noise_std: float, clip: float) -> np.ndarray:
+        """Each row's worst-case allowance (its group's account)."""
+        return self._scatter(lambda account: account.worst_allowance(noise_std=noise_std, clip=clip))
+
+    def commit(self, record: ReleaseRecord) -> None:
+        """Each group's ``RowsAccount.commit`` on its rows of ``record``."""
+        for at, account in self.parts:
+            worst = None if record.worst_charge is None else np.asarray(record.worst_charge)[at]
+            status = record.status[at] if isinstance(record.status, np.ndarray) else record.status
+            sensitivity = np.asarray(record.sensitivity)[at]
+            charge = np.asarray(record.charge)[at]
+            account.commit(replace(record, status=status, sensitivity=sensitivity, charge=charge, worst_charge=worst))
 
 
 def all_or_nothing(allowance: np.ndarray, full: np.ndarray | None) -> np.ndarray:

@@ -26,7 +26,8 @@ NORMS = ("device", "vectorised", "fast")
 ENGINE_PLACEMENTS = (*PLACEMENTS, "central")
 GROUP_BY = ("label", "client", "none")
 # "individual": each release charged at its certified norm (the device's rule). "worst-case": the
-# uniform accounting of a non-individual system (issue 27's arm (c)), simulation only.
+# uniform accounting of a non-individual system (the baseline individual accounting is compared with),
+# simulation only.
 ACCOUNTINGS = ("individual", "worst-case")
 SECAGG_GRAPHS = ("full", "sparse")
 

@@ -1,18 +1,21 @@
 """The vectorised engine: the Flower path's privacy code applied to every client at once.
 
-Per round, for the clients asked (``FilteredClient.release`` for each, in vectorised form):
+Per round, for the clients asked (``FilteredClient.release`` for each, in vectorised form), the
+device's spend template (``fedfilter.client.mechanisms.spend.spend``) runs once for the whole round
+on ``RoundRows`` (every budget group's rows; one admits check, one spend per state and group):
 
 1. allowance ``fedfilter.privacy.filters.round_allowance`` on the ``(n_clients, dim)`` states
    (lifetime filter and run-quota filter, as the ledger holds them); ``spend.nothing_left`` decides who
    has nothing left (noise-only report, or a ``left`` marker);
-2. update (per-example gradient, or local SGD), certified norm and clip with
+2. update (per-example gradient, or local SGD) of the others only, certified norm and clip with
    ``fedfilter.client.mechanisms.gaussian.certified_norm`` / ``clip_to_norm`` on each client's arrays (the very
    functions the device runs, so sensitivities, hence charges and states, are bitwise equal);
    ``norms="vectorised"`` certifies a whole chunk at once, ``norms="fast"`` computes the
-   certified norms and the clipped sum layer by layer (``fedfilter.simulations.engine.layerwise``);
-3. the device's spend template (``fedfilter.client.mechanisms.spend``) on all rows of a budget at once
-   (``RowsAccount``: one admits check, one spend per state);
-4. noise: per client with the device's generator, or one aggregate draw (``noise_draw``);
+   certified norms and the clipped sum layer by layer (``fedfilter.simulations.engine.layerwise``)
+   (``gaussian_round.GaussianReports.clip``);
+3. the charges at those norms, committed;
+4. only then noise: per client with the device's generator, or one aggregate draw (``noise_draw``;
+   ``GaussianReports.noise``);
 5. the coordinator: plain mean of the reports, then ``w + server_lr * mean``
    (``fedfilter.coordinator.strategy``).
 
@@ -44,13 +47,20 @@ from fedfilter.client.mechanisms.gaussian import (
 from fedfilter.client.mechanisms.spend import nothing_left, spend
 from fedfilter.privacy.filters import make_filter
 from fedfilter.protocol.rules import model_step, reports_needed
-from fedfilter.simulations.engine.accounts import RowsAccount, all_or_nothing, full_round_allowance, spent_epsilon
+from fedfilter.simulations.engine.accounts import (
+    RoundRows,
+    RowsAccount,
+    all_or_nothing,
+    full_round_allowance,
+    spent_epsilon,
+)
 from fedfilter.simulations.engine.config import EngineConfig, EngineResult, RoundRecord
 from fedfilter.simulations.engine.distributed_round import DistributedPlacement
+from fedfilter.simulations.engine.gaussian_round import GaussianReports
 from fedfilter.simulations.engine.layerwise import LayerwiseClippedSum, supported
 from fedfilter.simulations.engine.mechanisms import EngineGaussian
 from fedfilter.simulations.engine.norms import clip_rows
-from fedfilter.simulations.engine.seeds import aggregate_noise_rng, client_noise_stream, sampling_rng
+from fedfilter.simulations.engine.seeds import client_noise_stream, sampling_rng
 from fedfilter.simulations.engine.updates import Layout, PerExampleGradients, local_seed, local_sgd_update
 from fedfilter.simulations.tasks.training import evaluate, get_weights, set_weights
 
@@ -177,30 +187,6 @@ class Engine:
         top = self.config.clip if clip is None else clip
         return self._by_budget(clients, lambda account: account.worst_allowance(noise_std=noise_std, clip=top))
 
-    def _spend(self, clients: np.ndarray, allow: np.ndarray, out: np.ndarray, norms: np.ndarray) -> None:
-        """The device's spend template on every budget group's rows: ``norms`` are the active clients'
-        certified clipped norms; the others are charged 0 (their states do not move)."""
-        cfg = self.config
-        sensitivity = np.zeros(len(clients))
-        sensitivity[~out] = norms if self.full_allowance is None else allow[~out]  # worst-case: charged at the bound
-        added = cfg.added_std if cfg.placement == "local" else cfg.accounted_std  # central: the coordinator's
-        groups = self.group[clients]
-        for g in range(len(self.filters)):
-            at = groups == g
-            if at.any():
-                mechanism = EngineGaussian(
-                    cfg.placement,
-                    float(cfg.noise_multiplier),
-                    float(cfg.clip),
-                    cfg.accounted_std,
-                    added,
-                    noise_grid(added)[0],
-                    allow=allow[at],
-                    norms=sensitivity[at],
-                )
-                account = RowsAccount(self, clients[at], g)
-                spend(account, mechanism, [], exhausted_below=cfg.exhausted_below, after_exhaustion="noise-only")
-
     # --- one round ------------------------------------------------------------------------------
     @property
     def n_sampled(self) -> int:
@@ -267,51 +253,31 @@ class Engine:
     def _gaussian_round(self, clients: np.ndarray):
         """Local (and central) placement: Gaussian noise on the float grid, the Gaussian filters.
 
-        Returns ``(out, active, reporting, mean)``: who had nothing left, who contributed data, who
-        sent pure noise, and the mean the coordinator steps with (None if not released)."""
+        The device's spend template runs once for the round (``RoundRows``, ``EngineGaussian``): every
+        row's allowance and exhaustion, then the updates of the rows with something left trained and
+        clipped (``GaussianReports.clip``), the charges committed, and only then the noise
+        (``GaussianReports.noise``). Returns ``(out, active, reporting, mean)``: who had nothing left,
+        who contributed data, who sent pure noise, and the mean the coordinator steps with (None if
+        not released)."""
         cfg = self.config
-        allow = self.uniform(clients, self.allowance(clients))
-        out = self._gaussian_out(allow)
-        active, reporting = clients[~out], clients[out & ~self.leave[clients]]
-        total = np.zeros(self.layout.dim, dtype=np.float64)
-        norms = np.zeros(len(active))
-        allow_active = allow[~out]
-        per_client = cfg.noise_draw == "per-client"
-        for a in range(0, len(active), cfg.chunk_size):
-            chunk = active[a : a + cfg.chunk_size]
-            if self._fast is not None:
-                x, y = self._examples(chunk)
-                chunk_sum, norms[a : a + len(chunk)] = self._fast(
-                    self.weights, x, y, lr=cfg.lr, allowance=allow_active[a : a + len(chunk)]
-                )
-                total += chunk_sum
-                continue
-            updates = self._updates(chunk)
-            norms[a : a + len(chunk)] = self._clip_rows(updates, allow_active[a : a + len(chunk)])
-            if per_client:
-                for j, c in enumerate(chunk):
-                    total += self._noisy_report(c, updates[j])
-            else:
-                total += updates.sum(axis=0, dtype=np.float64)
-        if per_client:
-            zero = np.zeros(self.layout.dim, dtype=np.float32)
-            for c in reporting:
-                total += self._noisy_report(c, zero)
-        self._spend(clients, allow, out, norms)
-
-        reports = len(active) + len(reporting)
-        if not per_client and reports:
-            # One draw for the sum. Local: the sum of `reports` independent N(0, s^2 I) reports is
-            # exactly N(0, reports * s^2 I), s = z C; only the aggregate is formed, never the
-            # individual reports. A device's float-safe report is the Gaussian rounded to a grid 2**16
-            # times finer than s (client/mechanisms/gaussian_noise.py): its variance is about s^2 (1 + 2**-32 / 12), a
-            # difference this simulated draw leaves out. Central: the coordinator's one N(0, (z C)^2 I).
-            std = cfg.accounted_std if cfg.placement == "central" else cfg.added_std * math.sqrt(reports)
-            rng = aggregate_noise_rng(cfg.seed, cfg.run_id, self.round_id)
-            total += rng.normal(0.0, std, size=self.layout.dim)
-        if reports < reports_needed(cfg.placement, cfg.min_reports):
-            return out, active, reporting, None
-        return out, active, reporting, (total / reports).astype(np.float32)  # coordinator.strategy.plain_mean
+        added = cfg.added_std if cfg.placement == "local" else cfg.accounted_std  # central: the coordinator's
+        mechanism = EngineGaussian(
+            cfg.placement, float(cfg.noise_multiplier), float(cfg.clip), cfg.accounted_std, added, noise_grid(added)[0]
+        )
+        reports = GaussianReports(self, clients)
+        _, total = spend(
+            RoundRows(self, clients),
+            mechanism,
+            reports,
+            exhausted_below=cfg.exhausted_below,
+            after_exhaustion="noise-only",
+            noise=reports.noise,
+        )
+        active, reporting = reports.reporting()
+        n = len(active) + len(reporting)
+        if n < reports_needed(cfg.placement, cfg.min_reports):
+            return reports.out, active, reporting, None
+        return reports.out, active, reporting, (total / n).astype(np.float32)  # coordinator's plain mean
 
     def step(self) -> RoundRecord:
         """Run one round and return its record (the model is updated in place)."""

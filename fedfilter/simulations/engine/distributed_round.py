@@ -1,8 +1,10 @@
 """One ``distributed`` round of the engine: every asked client's Skellam release, then SecAgg+'s sum.
 
 Per client, the device's spend template with its Skellam steps (``EngineSkellam`` on a
-``RowsAccount``; the allowances of all clients computed first with the device's ``l2_allowance``); then the
-sum the coordinator unmasks: the reporting clients' integer reports added, wrapped mod ``q`` (the
+``RowsAccount``; the allowances of all clients computed first with the device's ``l2_allowance``, as the
+engine must know who trains; each chunk clipped at once) up to its noise, which the template adds after
+the commit (``spend(..., noise=)``: the report joins the integer sum); then the sum the coordinator
+unmasks: the reporting clients' integer reports added, wrapped mod ``q`` (the
 quantization range SecAgg+ is set up with for the clients asked), released only with at least
 ``min_reports`` reports and when SecAgg+ can unmask it on its graph (``SecAggRing``).
 A spent ``leave`` client drops out of the SecAgg+ round (no report); a spent ``noise-only`` client
@@ -155,18 +157,25 @@ class DistributedPlacement:
                     self.mechanism, l2_allow=float(allow_active[a + j]), clipped=vectorised, charge_at_bound=at_bound
                 )
                 account = RowsAccount(e, np.array([c]), int(e.group[c]))
-                _, payload = spend(
+
+                def report(record, payload, c=c):
+                    """After the commit: the client's report, ``k`` and (per-client draws) its own
+                    ``Sk(mu_share)``, added to the integer sum; the payload goes back unchanged."""
+                    k = payload.k
+                    if per_client:
+                        stream = client_noise_stream(cfg.seed, int(c), cfg.run_id, round_id)
+                        k = per_client_noisy(k, self.params.mu_share, stream)
+                    total[:] += np.concatenate([np.ravel(x) for x in k])
+                    return payload
+
+                spend(
                     account,
                     mechanism,
                     e.layout.views(updates[j]),
                     exhausted_below=cfg.exhausted_below,
                     after_exhaustion="noise-only",
+                    noise=report,
                 )
-                k = payload.k
-                if per_client:
-                    stream = client_noise_stream(cfg.seed, int(c), cfg.run_id, round_id)
-                    k = per_client_noisy(k, self.params.mu_share, stream)
-                total += np.concatenate([np.ravel(x) for x in k])
         n = len(active) + len(reporting)
         if per_client:
             zeros = np.zeros(dim, dtype=np.int64)

@@ -1,17 +1,19 @@
 """The device's mechanisms with the steps the engine has already done for many clients at once.
 
-The engine runs the device's spend template (``fedfilter.client.mechanisms.spend.spend``) on
-``RowsAccount``s. It must know who trains before the template runs (an exhausted client does not
-train), and it trains, certifies and clips whole chunks of clients at once; so its mechanisms hand the
-template what it computed with the very same functions: the allowance (``EngineGaussian``: every
-row of a budget group; ``EngineSkellam``: one client's ``l2_allowance``), and the certified norms of
-the clipped updates. The charges are the device mechanisms' own, so states stay bitwise a device's.
+The engine runs the device's spend template (``fedfilter.client.mechanisms.spend.spend``) on its
+accounts (``accounts.py``). ``EngineGaussian`` runs it once for a whole Gaussian round: the
+template computes every row's allowance and exhaustion, then the round's updates train only the rows
+with something left, in chunks, and clip each to its bound (``gaussian_round.GaussianReports``),
+the charges are committed, and only then is the noise added. ``EngineSkellam`` is one client's
+Skellam release, with its ``l2_allowance`` computed with the rest. The charges are the device
+mechanisms' own, so states stay bitwise a device's.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -22,33 +24,31 @@ from fedfilter.privacy.skellam import l1_cap
 
 @dataclass(frozen=True)
 class EngineGaussian(GaussianMechanism):
-    """``GaussianMechanism`` for rows already trained and clipped by the engine.
+    """``GaussianMechanism`` for a whole round of the engine (``RoundRows``, ``GaussianReports``).
 
-    Parameters
-    ----------
-    allow : numpy.ndarray
-        Each row's allowance (``RowsAccount.allowance`` at the accounted std, computed before training).
-    norms : numpy.ndarray
-        Each row's certified clipped norm (0 for exhausted rows: they clip to 0).
+    The allowance is the main account's at the accounted std (Gaussian rounds keep no worst-case
+    account); ``clip_and_snap`` hands each row's bound to the round's updates, which train the rows
+    with something left, clip each to its bound and return their sum and certified norms. The
+    charges are the device mechanism's own, so states stay bitwise a device's.
 
     Examples
     --------
     >>> import numpy as np
-    >>> m = EngineGaussian("local", 1.0, 1.0, 1.0, 1.0, 2.0**-16, allow=np.ones(2), norms=np.zeros(2))
-    >>> m.clip_and_snap(None, np.ones(2))[1]
-    array([0., 0.])
+    >>> class Updates:
+    ...     def clip(self, bound):
+    ...         return np.zeros(3), np.minimum(bound, 0.5)
+    >>> m = EngineGaussian("local", 1.0, 1.0, 1.0, 1.0, 2.0**-16)
+    >>> m.clip_and_snap(Updates(), np.array([0.0, 2.0]))[1]
+    array([0. , 0.5])
     """
 
-    allow: np.ndarray = field(default_factory=lambda: np.zeros(0), repr=False)
-    norms: np.ndarray = field(default_factory=lambda: np.zeros(0), repr=False)
-
     def allowance(self, account) -> np.ndarray:
-        """The allowance the engine computed to choose who trains (the same ``round_allowance``)."""
-        return self.allow
+        """Each row's allowance at the accounted std (``RoundRows.allowance``), at most the clip."""
+        return account.allowance(noise_std=self.accounted_std, clip=self.clip)
 
-    def clip_and_snap(self, arrays, bound) -> tuple[None, np.ndarray]:
-        """The norms the engine's training certified (clipped to the same bound; the noise is the engine's)."""
-        return None, self.norms
+    def clip_and_snap(self, arrays, bound) -> tuple[Any, np.ndarray]:
+        """``arrays.clip(bound)``: the round's updates trained, clipped, summed; their certified norms."""
+        return arrays.clip(np.asarray(bound, dtype=np.float64))
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,6 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 
 import fedfilter.coordinator.secagg.secure_round as secure_round
-import fedfilter.coordinator.strategy as strategy_module
 from fedfilter.coordinator.strategy import IndividualFilterStrategy
 
 from . import KEYS, SHAPES, probe_dir
@@ -113,7 +112,7 @@ def _install_claim() -> None:
 
 def _install_sum_spy() -> None:
     """Wrap the coordinator's secure round and its decode step to save the unmasked integer sum."""
-    run_secure_round, decode_sum = strategy_module.run_secure_round, secure_round.decode_sum
+    run_secure_round, decode_sum = secure_round.run_secure_round, secure_round.decode_sum
     current = {"round": 0}
 
     def run_spy(grid, contents, *, server_round, **kwargs):
@@ -130,7 +129,7 @@ def _install_sum_spy() -> None:
         np.savez(out, *sums, n_reports=np.int64(n_reports), q=np.int64(q))
         return sums
 
-    strategy_module.run_secure_round = run_spy
+    secure_round.run_secure_round = run_spy
     secure_round.decode_sum = decode_spy
 
 
