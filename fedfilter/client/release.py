@@ -76,6 +76,37 @@ def noise_stream(noise_seed: int | None, spec: RoundSpec) -> NoiseStream:
     return NoiseStream() if noise_seed is None else round_noise_stream(noise_seed, spec.run_id, spec.round_id)
 
 
+def require_worst_case_budget(ledger: BudgetLedger) -> None:
+    """The one check of a distributed round against the worst-case account: it must exist.
+
+    Called before training (the SecAgg+ placement) and again by ``release`` before spending; the
+    ``RoundSpecError`` (code ``request-refused``) says how the owner sets the budget.
+
+    Parameters
+    ----------
+    ledger : BudgetLedger
+        The device's ledger.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> from fedfilter.client.settings.node_config import enrol_device
+    >>> root = tempfile.mkdtemp()
+    >>> _ = enrol_device({"ledger-dir": root, "client-id": "a", "budget-epsilon": 4.0, "budget-delta": 1e-5})
+    >>> ledger = BudgetLedger.open(root)
+    >>> try:
+    ...     require_worst_case_budget(ledger)
+    ... except RoundSpecError as err:
+    ...     print(err.code)
+    request-refused
+    >>> ledger.close()
+    """
+    try:
+        require_worst_case(ledger.current_worst_filter())
+    except WorstCaseMissingError as err:
+        raise RoundSpecError(str(err)) from None
+
+
 def release(
     ledger: BudgetLedger,
     mechanism: GaussianMechanism | SkellamMechanism,
@@ -116,10 +147,7 @@ def release(
     """
     arrays = mechanism.check(update, ledger.filter)
     if mechanism.placement != "local":
-        try:
-            require_worst_case(ledger.current_worst_filter())
-        except WorstCaseMissingError as err:
-            raise RoundSpecError(str(err)) from None
+        require_worst_case_budget(ledger)
     with ledger.reserve(run_id, int(round_id)) as tx:
         record, payload = spend(
             tx, mechanism, arrays, exhausted_below=exhausted_below, after_exhaustion=after_exhaustion

@@ -5,7 +5,7 @@ The attack: a coordinator that learns anything from *which* error a device sends
 would learn it without noise. So every refusal the mod can send is produced here twice, by devices
 that differ in their data (what training returns) and in their budget state (fresh, or spent in an
 earlier run), and the two replies must be identical. A static check makes sure no error reply of the
-mod escapes this list: every ``_error(...)`` call names a code from the table, and every code has a
+mod escapes this list: every ``refusal(...)`` call names a code from the table, and every code has a
 scenario below.
 """
 
@@ -27,7 +27,13 @@ from fedfilter.client.settings.node_config import enrol_device
 from fedfilter.protocol.refusals import REFUSALS, refusal_code
 from fedfilter.protocol.wire import REQUEST_RECORD, request_record
 
-MOD_SOURCE = Path(__file__).resolve().parents[2] / "fedfilter" / "client" / "filter_mod.py"
+CLIENT = Path(__file__).resolve().parents[2] / "fedfilter" / "client"
+# The filter mod, the stages of its round and the SecAgg+ placement: every error reply they build.
+MOD_SOURCES = [
+    CLIENT / "filter_mod.py",
+    *sorted((CLIENT / "round").glob("*.py")),
+    CLIENT / "secagg" / "masked_round.py",
+]
 
 
 def _handler(shift: float):
@@ -134,10 +140,10 @@ def test_each_refusal_depends_only_on_the_request_and_the_settings(tmp_path, cod
 
 
 def test_every_error_reply_of_the_mod_names_a_known_code_and_is_enumerated():
-    tree = ast.parse(MOD_SOURCE.read_text())
     codes, dynamic = set(), 0
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "_error":
+    nodes = [node for path in MOD_SOURCES for node in ast.walk(ast.parse(path.read_text()))]
+    for node in nodes:
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "refusal":
             arg = node.args[1]
             if isinstance(arg, ast.Constant):
                 codes.add(arg.value)

@@ -21,7 +21,7 @@ import pytest
 from flwr.app import Context, RecordDict
 from helpers.mods import Handler, spec, train_message
 
-import fedfilter.client.filter_mod as filter_mod
+import fedfilter.client.round.admit as admit
 from fedfilter.app.client_app import make_client_app
 from fedfilter.client.filter_mod import individual_filter_mod
 from fedfilter.client.settings.node_config import NODE_CONFIG_KEYS, enrol_device
@@ -70,13 +70,13 @@ def ctx(node_config: dict, run_config: dict) -> Context:
 def settings_seen(monkeypatch) -> list:
     """Every DeviceConfig the filter builds (the settings object it then uses)."""
     seen: list = []
-    real = filter_mod.device_config
+    real = admit.device_config
 
     def spy(node_config):
         seen.append(real(node_config))
         return seen[-1]
 
-    monkeypatch.setattr(filter_mod, "device_config", spy)
+    monkeypatch.setattr(admit, "device_config", spy)
     return seen
 
 

@@ -1,4 +1,4 @@
-"""Hold a device's reply until a time that only the device owner's setting decides (DESIGN.md 5.5).
+"""Hold a device's reply until a time that only the device owner's setting decides.
 
 How long a round takes on the device depends on its data (examples x local epochs) and on its
 budget state (an exhausted filter does different work). A coordinator sees that time three ways:

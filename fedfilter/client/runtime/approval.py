@@ -43,7 +43,7 @@ APPROVE_HINT = "fedfilter apps approve APP_DIR_OR_FAB"
 MIN_PREFIX = 8
 MAX_PYPROJECT_BYTES = 1 << 20
 
-# What every guarantee the CLI prints says the device trusts (item 7 of issue 21): one place.
+# What every guarantee the CLI prints says the device trusts: one place.
 TRUST_TEXT = (
     "a device trusts only the code of the apps its owner approved (fedfilter apps approve) "
     "and nothing the coordinator sends"

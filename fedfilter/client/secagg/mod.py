@@ -1,5 +1,5 @@
-"""The device's SecAgg+ layer: Flower's ``secaggplus_mod`` with sound masks, and the mark that tells
-``individual_filter_mod`` its reply will be masked.
+"""The device's SecAgg+ layer: Flower's ``secaggplus_mod`` with sound masks, and the placement that
+tells ``individual_filter_mod`` its reply will be masked.
 
 Usage (the order is the device's own, so the device knows its reply is masked)::
 
@@ -15,15 +15,18 @@ What it does with each message:
   primitives in this process (masks, Shamir sharing, X25519 keys, AES-GCM share ciphertexts:
   ``protocol/secagg/masks.py``; idempotent), then hands the message to
   Flower's ``secaggplus_mod``. That mod calls the inner handler only in its COLLECT_MASKED_VECTORS
-  stage and then masks the reply's arrays; the ``call_next`` it gets here sets the mark
-  (``reply_masked()``) for exactly that call, and removes the SecAgg+ configs record from the message
-  first (the training code never sees the protocol's keys). The mark comes from this mod's own
-  position in the device's mod list, never from anything the coordinator sends.
+  stage and then masks the reply's arrays; the ``call_next`` it gets here installs a
+  ``SecAggPlacement`` (``client/secagg/masked_round.py``), built from the SecAgg+ state this device
+  holds, for exactly that call (``reply_masked()`` is then true), and removes the SecAgg+ configs
+  record from the message first (the training code never sees the protocol's keys). The placement
+  comes from this mod's own position in the device's mod list, never from anything the coordinator
+  sends; the filter reads it once and calls none of this package's functions.
 * at the share-keys stage, before Flower's: every neighbour's public keys must be raw X25519 keys and
   each ``pk1`` must agree a key with this device's (``keys.public_key_problems``; Flower would
   first meet ``pk1`` after training), else a refusal with nothing trained or spent.
 * any other ``train`` message (a local round) and every other message pass straight to
-  ``call_next``, unmarked: one app serves local and distributed rounds.
+  ``call_next`` with no placement installed (the filter's local one): one app serves local and
+  distributed rounds.
 
 If the inner handler answers with an error (a refusal, or a ``leave`` device whose budget is spent),
 that error is the device's reply: ``secaggplus_mod`` cannot mask an error, and the device drops out
@@ -46,6 +49,7 @@ from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFI
 from flwr.common.secure_aggregation.secaggplus_utils import share_keys_plaintext_separate
 
 from fedfilter.client.flower.mod_once import once_per_message
+from fedfilter.client.round.placement import install_placement
 from fedfilter.client.secagg.consistency import (
     certify,
     check_certificate,
@@ -59,7 +63,7 @@ from fedfilter.client.secagg.consistency import (
     survivors_message,
     survivors_tag,
 )
-from fedfilter.client.secagg.masked_round import SECAGG_STATE_RECORD, masked, reply_masked
+from fedfilter.client.secagg.masked_round import SECAGG_STATE_RECORD, SecAggPlacement, reply_masked
 from fedfilter.client.secagg.pinning import Pinning, PinningError, pinning
 from fedfilter.protocol.refusals import refusal_reason
 from fedfilter.protocol.secagg.aead import decrypt as decrypt_share
@@ -358,12 +362,12 @@ def _seal_certificate(msg: Message, reply: Message, context: Context, pin: Pinni
 
 @once_per_message  # the device runtime puts it around every approved app, which may list it too
 def secure_aggregation_mod(msg: Message, context: Context, call_next: Callable[[Message, Context], Message]) -> Message:
-    """Run Flower's SecAgg+ client protocol around the inner handler, marking its reply as masked, with
+    """Run Flower's SecAgg+ client protocol around the inner handler, installing the SecAgg+ placement, with
     the malicious-server checks of ``client/secagg/consistency.py`` around its stages.
 
-    List it before ``individual_filter_mod``: the mark it sets is how the filter knows its reply is
+    List it before ``individual_filter_mod``: the placement it installs is how the filter knows its reply is
     masked, and so serves ``placement = "distributed"`` (Skellam noise on SecAgg+'s grid). Messages
-    without SecAgg+ configs (local rounds, evaluate, queries) pass through unmarked.
+    without SecAgg+ configs (local rounds, evaluate, queries) pass through with none installed.
 
     Parameters
     ----------
@@ -390,7 +394,7 @@ def secure_aggregation_mod(msg: Message, context: Context, call_next: Callable[[
         return call_next(msg, context)
     configs = _config(msg.content, RECORD_KEY_CONFIGS)
     if configs is None:
-        return call_next(msg, context)  # a local round: unmarked
+        return call_next(msg, context)  # a local round: no placement installed
     use_cryptographic_masks()
     stage = configs.get(Key.STAGE)
     flower = _flower_state(context)
@@ -422,7 +426,8 @@ def secure_aggregation_mod(msg: Message, context: Context, call_next: Callable[[
             if _config(inner.content, name) is not None
         }
         try:
-            with masked():
+            # The one hand-over to the filter: its placement for this round, built from SecAgg+'s state.
+            with install_placement(SecAggPlacement.from_context(ctx)):
                 reply = call_next(inner, ctx)
         finally:
             inner.content.update(removed)
