@@ -81,8 +81,6 @@ from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, RecordDict
-from flwr.common.constant import ErrorCode
-from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
 
 from fedfilter.client.flower.ledger_cache import cached_ledger, forget_ledger
 from fedfilter.client.flower.mod_once import once_per_message
@@ -115,6 +113,7 @@ from fedfilter.client.settings.node_config import (
 )
 from fedfilter.client.settings.policy import check_request
 from fedfilter.client.settings.simulated import with_device_settings
+from fedfilter.protocol.flower_api import RECORD_KEY_CONFIGS, ErrorCode
 from fedfilter.protocol.refusals import refusal_reason
 from fedfilter.protocol.request import RoundSpec, RoundSpecError
 from fedfilter.protocol.wire import (

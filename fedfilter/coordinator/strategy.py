@@ -45,8 +45,6 @@ from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
-from flwr.app.constants import DEFAULT_TTL
-from flwr.common.logger import FLOWER_LOGGER, log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
@@ -83,6 +81,7 @@ from fedfilter.coordinator.secagg.secure_round import (
     released_mean,
     run_secure_round,
 )
+from fedfilter.protocol.flower_api import DEFAULT_TTL, FLOWER_LOGGER, log
 from fedfilter.protocol.request import RoundSpec, request_problems
 from fedfilter.protocol.rules import added_noise_std, check_message_ttl, reports_needed, run_id_for
 from fedfilter.protocol.wire import ARRAYS_RECORD, REQUEST_RECORD, request_proto, request_record

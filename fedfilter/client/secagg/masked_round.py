@@ -15,13 +15,18 @@ from typing import cast
 
 import numpy as np
 from flwr.app import ConfigRecord, Context, RecordDict
-from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
-from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_STATE
-from flwr.compat.common.recorddict_compat import fitres_to_recorddict
 
 from fedfilter.client.mechanisms.skellam import SkellamGrid, skellam_grid
 from fedfilter.client.secagg.neighbourhood import check_secagg_graph, check_secagg_state
 from fedfilter.client.settings.policy import ClientPolicy
+from fedfilter.protocol.flower_api import (
+    RECORD_KEY_STATE,
+    Code,
+    FitRes,
+    Status,
+    fitres_to_recorddict,
+    ndarrays_to_parameters,
+)
 from fedfilter.protocol.request import RoundSpec, RoundSpecError
 
 __all__ = ["reply_masked", "secagg_round_grid", "masked_report_content", "SECAGG_STATE_RECORD"]
