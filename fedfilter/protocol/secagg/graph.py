@@ -104,7 +104,8 @@ def _abort_exact(n: int, k: int, t: int, dropped: int) -> Fraction:
     """
     if k >= n:
         k = n
-    answering = (n - dropped) * _hypergeom_tail(n - 1, dropped, k - 1, k - t + 1)
+    # Every node dropped (a rate above (n - 1) / n): no answering node, and the dropped ones abort it.
+    answering = (n - dropped) * _hypergeom_tail(n - 1, dropped, k - 1, k - t + 1) if dropped < n else Fraction(0)
     gone = dropped * _hypergeom_tail(n - 1, max(dropped - 1, 0), k - 1, k - t) if dropped else Fraction(0)
     return min(Fraction(1), answering + gone)
 
