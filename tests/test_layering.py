@@ -259,3 +259,32 @@ def test_importing_flower_api_loads_no_flower():
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
     assert done.stdout.strip() == "[]"
+
+
+# --- the noise std in one home ------------------------------------------------------------------------
+
+
+def _name(node: ast.AST) -> str | None:
+    return node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else None
+
+
+def _noise_std_products(tree: ast.AST) -> int:
+    """Products ``noise_multiplier * clip`` (also ``z * c``, any spelling through an attribute)."""
+    z_names, c_names = {"noise_multiplier", "z"}, {"clip", "c"}
+    return sum(
+        isinstance(node, ast.BinOp)
+        and isinstance(node.op, ast.Mult)
+        and {_name(node.left), _name(node.right)} in ({z, c} for z in z_names for c in c_names)
+        for node in ast.walk(tree)
+    )
+
+
+def test_the_noise_std_is_computed_in_one_place():
+    """``protocol/rules.py`` (``accounted_noise_std``) multiplies z by C; everything else calls it."""
+    computing = {rel for rel, tree in _sources() if _noise_std_products(tree) and not rel.startswith("benchmarks/")}
+    assert computing - {"audit/game.py"} == {"protocol/rules.py"}  # audit/game.py: still to move
+
+
+def test_the_noise_std_scan_sees_the_product():
+    assert _noise_std_products(ast.parse("std = spec.noise_multiplier * spec.clip\ns = z * c")) == 2
+    assert _noise_std_products(ast.parse("x = clip * 2\ny = z * z")) == 0

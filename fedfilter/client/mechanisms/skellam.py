@@ -4,7 +4,7 @@ The rule, written once (``SkellamMechanism``, run by ``mechanisms/spend.py``; th
 ``(z, C, m)`` and the coordinator's SecAgg+ setup ``(q, n, t)`` (checked by
 ``grid.check_secagg_state``, with ``t >= m``):
 
-* ``sigma = z C`` is the accounted std of the released SUM (``round_rules.accounted_noise_std``),
+* ``sigma = z C`` is the accounted std of the released SUM (``protocol.rules.accounted_noise_std``),
   ``gamma = grid_step(C)`` the grid step, ``mu_total = down((sigma / gamma)**2)`` the Skellam
   variance per coordinate the sum must carry (grid units), ``mu_share = up(mu_total / m)`` this
   device's share. The released sum holds ``n' >= t >= m`` reports, so its noise is

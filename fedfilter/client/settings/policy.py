@@ -11,9 +11,7 @@ import math
 from dataclasses import dataclass, field
 
 from fedfilter.checks import finite, int_in, is_int, positive_finite, short_repr
-from fedfilter.client.mechanisms.gaussian import (
-    NOISE_STD_RANGE,
-)
+from fedfilter.client.mechanisms.gaussian import NOISE_STD_RANGE
 from fedfilter.protocol.request import (
     AFTER_EXHAUSTION,
     INT64_MAX,
@@ -21,7 +19,7 @@ from fedfilter.protocol.request import (
     RoundSpecError,
     request_problems,
 )
-from fedfilter.protocol.rules import DEFAULT_MAX_MIN_REPORTS
+from fedfilter.protocol.rules import DEFAULT_MAX_MIN_REPORTS, accounted_noise_std, added_noise_std
 
 
 @dataclass(frozen=True)
@@ -136,14 +134,14 @@ def check_request(spec: RoundSpec, policy: ClientPolicy) -> None:
         # (client.mechanisms.gaussian.noise_grid): an overflow to inf, or a std too small for float32 reports,
         # would otherwise fail after training.
         low, high = NOISE_STD_RANGE
-        std = z * c
+        std = accounted_noise_std(z, c)
         if not (math.isfinite(std) and low <= std <= high):
             problems.append(
                 f"noise_multiplier * clip (the noise std) must be a finite number in [2**-100, 2**100]. "
                 f"Found {z!r} * {c!r} = {std!r}."
             )
         elif spec.placement == "distributed" and m is not None:
-            share = std / math.sqrt(int(m))
+            share = added_noise_std(z, c, "distributed", int(m))
             if not low <= share <= high:
                 problems.append(
                     f"noise_multiplier * clip / sqrt(min_reports) (each report's noise std) must be "
