@@ -30,6 +30,22 @@ class SecAggGraphPolicy:
     coordinator's own or to collude with it; the device then requires ``threshold - colluders >=
     min_reports`` and ``2 threshold > share_num + colluders`` (``protocol/secagg/rule.py``). 0: every
     device of its rounds is genuine. ``min_threshold``: the smallest threshold it accepts at all.
+
+    Parameters
+    ----------
+    min_threshold : int, optional
+        The smallest SecAgg+ threshold the device accepts (>= 2).
+    colluders : int, optional
+        The most colluding devices the owner allows among any neighbourhood (>= 0).
+
+    Examples
+    --------
+    >>> SecAggGraphPolicy(colluders=1).min_threshold
+    2
+    >>> SecAggGraphPolicy(min_threshold=1)
+    Traceback (most recent call last):
+    ...
+    ValueError: secagg min_threshold must be an integer >= 2. Found 1.
     """
 
     min_threshold: int = 2
@@ -49,7 +65,29 @@ class SecAggGraphPolicy:
 
 @dataclass(frozen=True)
 class ClientPolicy:
-    """The device owner's rules; they come from the node's own config, never the coordinator."""
+    """The device owner's rules; they come from the node's own config, never the coordinator.
+
+    Parameters
+    ----------
+    min_noise_multiplier : float, optional
+        The smallest noise multiplier ``z`` the device accepts.
+    after_exhaustion : str, optional
+        What the device does once its budget is spent (``"noise-only"`` or ``"leave"``).
+    allow_distributed : bool, optional
+        Whether distributed placement is served (set by the Flower mod from its mod order: only when
+        secure aggregation masks the reply).
+    exhausted_below : float, optional
+        The share of the clip below which the remaining allowance counts as spent.
+    max_min_reports : int, optional
+        The largest ``min_reports`` the device believes.
+    secagg_graph : SecAggGraphPolicy, optional
+        The owner's limits on SecAgg+ neighbourhood graphs.
+
+    Examples
+    --------
+    >>> ClientPolicy(min_noise_multiplier=1.0).after_exhaustion
+    'noise-only'
+    """
 
     min_noise_multiplier: float = 0.5
     after_exhaustion: str = "noise-only"
