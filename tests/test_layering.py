@@ -238,15 +238,29 @@ def test_a_moved_flower_name_is_found_at_its_next_location_or_named_in_the_error
 
     from fedfilter.protocol import flower_api
 
-    monkeypatch.setitem(
-        flower_api.LOCATIONS, "ErrorCodeMoved", (("flwr.nowhere", "ErrorCode"),) + flower_api.LOCATIONS["ErrorCode"]
-    )
-    monkeypatch.delitem(flower_api.__dict__, "ErrorCodeMoved", raising=False)
+    moved = (("flwr.nowhere", "ErrorCode"), *flower_api.LOCATIONS["ErrorCode"])
+    monkeypatch.setitem(flower_api.LOCATIONS, "ErrorCodeMoved", moved)
     assert flower_api.resolve("ErrorCodeMoved") is flower_api.resolve("ErrorCode")
-    monkeypatch.delitem(flower_api.__dict__, "ErrorCodeMoved")
     monkeypatch.setitem(flower_api.LOCATIONS, "Gone", (("flwr.nowhere", "Gone"), ("flwr.common.constant", "Gone")))
     with pytest.raises(ImportError, match=f"Flower {version('flwr')} has no 'Gone'"):
         from fedfilter.protocol.flower_api import Gone  # noqa: F401
+
+
+def test_a_flower_name_is_read_from_flowers_module_at_each_import(monkeypatch):
+    """As a direct ``from flwr... import`` inside a function would: a replaced Flower function is seen."""
+    from flwr.supernode.runtime import run_clientapp
+
+    from fedfilter.protocol import flower_api
+
+    assert flower_api.resolve("push_message") is run_clientapp.push_message
+
+    def replaced(*args):
+        return None
+
+    monkeypatch.setattr(run_clientapp, "push_message", replaced)
+    from fedfilter.protocol.flower_api import push_message
+
+    assert push_message is replaced
 
 
 def test_importing_flower_api_loads_no_flower():

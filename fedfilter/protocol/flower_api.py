@@ -158,7 +158,8 @@ def resolve(name: str) -> Any:
         except (ImportError, AttributeError) as error:
             last_error = error
             continue
-        globals()[name] = value  # later look-ups skip __getattr__
+        # Not cached here: each import reads Flower's module as it is then, as a direct import would
+        # (tests replace Flower's functions on its modules; Python caches the modules themselves).
         return value
     raise ImportError(
         f"Flower {_installed_flower_version()} has no {name!r} at any location fedfilter knows "
