@@ -28,7 +28,6 @@ from typing import Any
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, MetricRecord
-from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg, FedAvgM
 
@@ -36,6 +35,7 @@ from fedfilter.app.config import TRAIN_KEYS, app_defaults, resolve_config
 from fedfilter.checks import positive_finite
 from fedfilter.coordinator.secagg.secure_round import check_num_shares
 from fedfilter.coordinator.strategy import IndividualFilterStrategy
+from fedfilter.protocol.flower_api import log
 from fedfilter.protocol.rules import check_message_ttl, reconstruction_threshold, run_id_for
 
 __all__ = ["app", "make_server_app", "run", "SERVER_DEFAULTS", "server_config", "inner_strategy"]

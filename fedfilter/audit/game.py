@@ -32,7 +32,6 @@ from pathlib import Path
 import numpy as np
 from flwr.app import Array, ArrayRecord, Context, Message, Metadata, RecordDict, UserConfig
 from flwr.clientapp import ClientApp
-from flwr.common.serde import message_to_proto
 
 from fedfilter.audit.distinguishers import bits_features
 from fedfilter.checks import positive_finite
@@ -41,6 +40,7 @@ from fedfilter.client.ledger.budget import BudgetLedger
 from fedfilter.client.ledger.owner_state import owner_state_at
 from fedfilter.client.settings.node_config import enrol_device
 from fedfilter.privacy import gaussian_dp
+from fedfilter.protocol.flower_api import message_to_proto
 from fedfilter.protocol.request import RoundSpec
 from fedfilter.protocol.wire import ARRAYS_RECORD, REQUEST_RECORD, STATUS_RECORD, STATUS_REPORT, request_record
 

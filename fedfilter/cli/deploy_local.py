@@ -36,7 +36,7 @@ def _budgets(text: str) -> tuple[float, ...]:
 
 
 def _run_config(text: str) -> dict[str, Any]:
-    from flwr.common.config import parse_config_args
+    from fedfilter.protocol.flower_api import parse_config_args
 
     return dict(parse_config_args([text]))
 

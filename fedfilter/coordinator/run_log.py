@@ -14,11 +14,11 @@ from logging import INFO, WARNING
 from pathlib import Path
 
 import numpy as np
-from flwr.common.logger import log
 
 from fedfilter.coordinator.public_ledger import PublicLedger
 from fedfilter.coordinator.replies import describe_refusals
 from fedfilter.planning.federation import mean_noise_norm
+from fedfilter.protocol.flower_api import log
 
 __all__ = [
     "RoundOutcome",

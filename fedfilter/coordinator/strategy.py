@@ -48,11 +48,8 @@ from pathlib import Path
 from typing import Any
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
-from flwr.app.constants import DEFAULT_TTL
-from flwr.common.logger import FLOWER_LOGGER, log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
-from flwr.serverapp.strategy.strategy_utils import log_strategy_start_info
 
 from fedfilter.checks import positive_finite, short_repr
 from fedfilter.coordinator.inner_strategy import (
@@ -74,6 +71,7 @@ from fedfilter.coordinator.run_log import (
     say_evaluation_refused,
 )
 from fedfilter.coordinator.secagg.secure_round import AUTO_SHARES, check_num_shares
+from fedfilter.protocol.flower_api import DEFAULT_TTL, FLOWER_LOGGER, log, log_strategy_start_info
 from fedfilter.protocol.request import RoundSpec, request_problems
 from fedfilter.protocol.rules import check_message_ttl, run_id_for
 from fedfilter.protocol.wire import ARRAYS_RECORD

@@ -118,3 +118,41 @@ def test_concurrent_processes_never_overspend(tmp_path):
     assert final.state()[0] <= budget
     assert final.state()[0] >= total * (1 - 1e-12)
     assert len(final.records()) == 120
+
+
+def test_the_ledger_composes_its_accounts_and_they_read_what_it_wrote(tmp_path):
+    """The quota and worst-case accounts are objects the ledger holds (no mixins): each reads the ledger's
+    own database, so what a round recorded is what the accounts see, also after the ledger is reopened."""
+    from fedfilter.client.ledger.quota import QuotaAccounts, Quotas
+    from fedfilter.client.ledger.worst_case_storage import WorstCaseAccount
+    from fedfilter.client.mechanisms.spend import ReleaseRecord
+
+    assert BudgetLedger.__bases__ == (object,)
+    state_dir = tmp_path / "owner"
+    quotas = Quotas(federation="f", coordinator=0.5, daily=0.5)
+    ledger = BudgetLedger.enrol(
+        tmp_path / "d",
+        client_id="a",
+        epsilon=4.0,
+        delta=1e-5,
+        quotas=quotas,
+        state_dir=state_dir,
+        worst_case_epsilon=8.0,
+    )
+    assert isinstance(ledger.quota_accounts, QuotaAccounts) and isinstance(ledger.worst_account, WorstCaseAccount)
+    assert ledger.quotas is quotas and ledger.worst_filter is ledger.worst_account.filter is not None
+    with ledger.reserve("run", 0) as r:
+        sens = r.allowance(noise_std=2.0, clip=1.0)
+        charge = r.filter.charge(sensitivity=sens, noise_std=2.0)
+        worst = r.worst_filter.charge(sensitivity=sens, noise_std=2.0)
+        record = ReleaseRecord("contributed", "distributed", sens, 2.0, 2.0, 1.0, charge, worst)
+        r.commit(record)
+    spent = ledger.coordinator_state("f")
+    assert np.array_equal(spent, ledger.state()) and np.any(spent > 0)
+    worst_state = ledger.worst_state()
+    ledger.close()
+    again = BudgetLedger.open(tmp_path / "d", quotas=quotas, state_dir=state_dir)
+    assert np.array_equal(again.coordinator_state("f"), spent)
+    assert np.array_equal(again.worst_state(), worst_state)
+    assert again.worst_case is not None and again.worst_case.epsilon == 8.0
+    again.close()

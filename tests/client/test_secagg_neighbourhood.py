@@ -9,13 +9,14 @@ import itertools
 
 import pytest
 from helpers.secagg import assert_refused_before_training, run_round
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from fedfilter.client.secagg.neighbourhood import check_secagg_graph
+from fedfilter.client.secagg.neighbourhood import SecAggStateCheck, assess_secagg_state, check_secagg_graph
 from fedfilter.client.settings.node_config import RETIRED_KEYS, device_config
 from fedfilter.client.settings.policy import SecAggGraphPolicy
 from fedfilter.coordinator.secagg.secure_round import AUTO_SHARES, RoundGraph, round_graph
+from fedfilter.protocol.secagg.graph import choose_graph
 from fedfilter.protocol.secagg.rule import fewest_honest_reports, graph_problems
 
 
@@ -145,3 +146,63 @@ def test_a_graph_outside_the_owners_limits_is_refused_before_training(tmp_path, 
     n = 6  # Flower's full graph of 6 with threshold 4, min-reports 4
     result = run_round(tmp_path, monkeypatch, n, threshold=4, node_over={i: over for i in range(n)})
     assert_refused_before_training(tmp_path, result, n, "secure aggregation refused", *words)
+
+
+def secagg_setup(n: int, k: int, t: int) -> dict:
+    """A saved SecAgg+ state whose grid is sound for up to 2**11 nodes: only the graph can be at fault."""
+    grid = {"target_range": 2**20, "clipping_range": 2.0**19, "mod_range": 2**32, "max_weight": 1.0}
+    return {**grid, "sample_num": n, "share_num": k, "threshold": t}
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    n=st.integers(2, 2000),
+    m_fraction=st.floats(0.0, 1.0),
+    c=st.integers(0, 5),
+    dropout_rate=st.floats(0.0, 0.6),
+)
+def test_the_device_accepts_what_the_coordinator_picks_and_nothing_else(n, m_fraction, c, dropout_rate):
+    """Both ways the coordinator picks a graph (``choose_graph``, ``round_graph``) pass the device's whole
+    check; a threshold one lower, and share counts the rule forbids, are refused for the graph alone, with
+    exactly the rule's own problems (the device adds and drops none)."""
+    m = max(1, round(m_fraction * n))
+    assume(m + c <= n)
+    policy = SecAggGraphPolicy(colluders=c)
+    picked = choose_graph(n, min_reports=m, colluders=c, dropout_rate=dropout_rate)
+    via_round = round_graph(n, m, AUTO_SHARES, colluders=c, dropout_rate=dropout_rate)
+    for k, t in {(picked.num_shares, picked.threshold), (via_round.num_shares, via_round.threshold)}:
+        assert assess_secagg_state(secagg_setup(n, k, t), m, policy) == SecAggStateCheck(setup=[], graph=[])
+
+        def verdict(k2: int, t2: int) -> tuple[SecAggStateCheck, list[str]]:
+            rule = graph_problems(sample_num=n, share_num=k2, threshold=t2, min_reports=m, colluders=c)
+            return assess_secagg_state(secagg_setup(n, k2, t2), m, policy), rule
+
+        device, rule = verdict(k, t - 1)  # the coordinator picks the smallest threshold the rule allows
+        assert rule and device == SecAggStateCheck(setup=[], graph=rule)
+        forbidden = [k2 for k2 in (2 * t - c, n + 1, t - 1) if k2 >= 2]  # 2 t <= k + c; k > n; t > k
+        for k2 in forbidden:
+            device, rule = verdict(k2, t)
+            assert rule and device == SecAggStateCheck(setup=[], graph=rule), k2
+        for k2 in range(max(2, t - 2), min(n, 2 * t - c) + 2):  # around the allowed range: the same verdict
+            device, rule = verdict(k2, t)
+            assert device == SecAggStateCheck(setup=[], graph=rule), k2
+
+
+def test_the_verdict_keeps_the_setups_problems_apart_from_the_graphs():
+    sound = secagg_setup(10, 10, 6)
+    assert assess_secagg_state(sound, 6) == SecAggStateCheck(setup=[], graph=[])
+    graph_only = assess_secagg_state({**sound, "threshold": 5}, 6)
+    assert not graph_only.setup and graph_only.graph == graph_problems(
+        sample_num=10, share_num=10, threshold=5, min_reports=6
+    )
+    # a grid too small for the population (10 * 2**30 >= 2**32): the setup's problem, the graph still checked
+    both = assess_secagg_state({**sound, "threshold": 5, "target_range": 2**30, "clipping_range": 2.0**29}, 6)
+    assert both.setup and both.graph == graph_only.graph and both.problems == both.setup + both.graph
+    untyped = assess_secagg_state({**sound, "share_num": None}, 6)
+    assert untyped.setup and untyped.graph == []  # a field that is no integer: the graph is not read
+
+
+def test_a_drop_out_rate_that_drops_every_node_aborts_every_round():
+    # ceil(0.6 * 2) = 2 of 2 nodes drop: no node answers, so no round can be unmasked (and no crash)
+    assert choose_graph(2, min_reports=1, dropout_rate=0.6).abort_probability == 1.0
+    assert round_graph(3, 1, 3, dropout_rate=0.9).abort_probability == 1.0

@@ -22,7 +22,8 @@ import threading
 
 import numpy as np
 from flwr.app import Array
-from flwr.common.constant import SType
+
+from fedfilter.protocol.flower_api import SType
 
 __all__ = ["decode", "encode"]
 

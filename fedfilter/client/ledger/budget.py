@@ -24,7 +24,7 @@
 The owner's quotas (per coordinator, per day) and what they have used are in
 ``fedfilter.client.ledger.quota``; the schema (and which formats the device opens) in
 ``fedfilter.client.ledger.schema``; how failures are reported in ``fedfilter.client.ledger.storage``.
-Beside the budget, the owner's worst-case budget (``worst-case-epsilon``, issue 22) and its account,
+Beside the budget, the owner's worst-case budget (``worst-case-epsilon``) and its account,
 what each report costs against a coordinator that breaks SecAgg+: ``fedfilter.client.ledger.worst_case``,
 kept on this ledger by ``fedfilter.client.ledger.worst_case_storage``.
 
@@ -61,6 +61,7 @@ from fedfilter.client.ledger.schema import (
     SPEND_RECORD_SQL,
     Enrolment,
     SpendRecord,
+    WorstCase,
     check_device_opens,
     check_enrolment_args,
     connect,
@@ -93,13 +94,18 @@ __all__ = [
 ]
 
 
-class BudgetLedger(QuotaAccounts, WorstCaseAccount):
+class BudgetLedger:
     """A device's lifetime budget and every spend against it: a durable, sealed SQLite ledger.
 
     Created by the owner (``enrol``) and opened by the device (``open``); every round is spent inside
     ``reserve`` (one write transaction: replay refusal, every budget and quota, committed and sealed
     before anything leaves the device). Fails closed: a missing, damaged or rolled-back ledger is
     refused, never re-created. Build it with ``enrol`` or ``open``, not with the constructor.
+
+    The ledger holds two accounts beside its main one, objects that work on its database under its
+    lock: ``quota_accounts`` (what the owner's coordinator and daily quotas have used,
+    ``fedfilter.client.ledger.quota``) and ``worst_account`` (the worst-case budget and its state,
+    ``fedfilter.client.ledger.worst_case_storage``).
 
     Parameters
     ----------
@@ -135,7 +141,7 @@ class BudgetLedger(QuotaAccounts, WorstCaseAccount):
     ):
         self.directory, self._conn, self.enrolment = directory, conn, enrolment
         self.anchor_file = anchor_file or anchor_path(directory)  # in the owner's state directory
-        self.quotas = quotas or Quotas()
+        quotas = quotas or Quotas()
         self.clock = time.time  # the device's clock (created_at, the daily window); tests may set it
         # Reentrant: reads inside a reservation (same thread) go through the same lock.
         self._lock = threading.RLock()
@@ -143,11 +149,35 @@ class BudgetLedger(QuotaAccounts, WorstCaseAccount):
             enrolment.filter_kind, enrolment.epsilon, enrolment.delta, enrolment.orders or None
         )
         self.run_filter: GaussianFilter = self.filter.scaled(enrolment.run_quota)
-        self.coordinator_filter: GaussianFilter = self.filter.scaled(self.quotas.coordinator)
-        self.daily_filter: GaussianFilter = self.filter.scaled(self.quotas.daily)
         self._ledger_id = conn.execute("SELECT value FROM meta WHERE key='ledger_id'").fetchone()[0]
-        self.worst_case, self.worst_filter = None, None  # the worst-case account (ledger_worst_case)
-        self._load_worst_case()
+        self.quota_accounts = QuotaAccounts(conn, self.filter, quotas, enrolment.run_quota)
+        self.worst_account = WorstCaseAccount(conn, self._lock, self.filter, directory)
+
+    # --- the accounts it holds, under the names the ledger always had ---------------------------------
+    @property
+    def quotas(self) -> Quotas:
+        """The owner's coordinator and daily quotas (``Quotas``)."""
+        return self.quota_accounts.quotas
+
+    @property
+    def coordinator_filter(self) -> GaussianFilter:
+        """The lifetime filter scaled to the coordinator quota."""
+        return self.quota_accounts.coordinator_filter
+
+    @property
+    def daily_filter(self) -> GaussianFilter:
+        """The lifetime filter scaled to the daily quota."""
+        return self.quota_accounts.daily_filter
+
+    @property
+    def worst_case(self) -> WorstCase | None:
+        """The owner's worst-case budget as last read (None: not set)."""
+        return self.worst_account.worst_case
+
+    @property
+    def worst_filter(self) -> GaussianFilter | None:
+        """The worst-case account's filter as last read (None: no worst-case budget, local rounds only)."""
+        return self.worst_account.filter
 
     # --- opening ------------------------------------------------------------------------------
     @classmethod
@@ -277,7 +307,27 @@ class BudgetLedger(QuotaAccounts, WorstCaseAccount):
     def open(cls, directory, *, quotas: Quotas | None = None, state_dir: Path | None = None) -> BudgetLedger:
         """Open an enrolled ledger; ``LedgerUnavailableError`` (fail closed) if it is missing,
         never enrolled, damaged, in an older format, or no longer holds the spend its seal or its
-        roll-back anchor (in ``state_dir``, default the owner's state directory) names."""
+        roll-back anchor (in ``state_dir``, default the owner's state directory) names.
+
+        Parameters
+        ----------
+        directory : str or pathlib.Path
+            The ledger's folder.
+        quotas : Quotas, optional
+            The owner's coordinator and daily quotas (default: none below 1).
+        state_dir : pathlib.Path, optional
+            Where the roll-back anchor is (default: the owner's state directory).
+
+        Examples
+        --------
+        >>> import tempfile
+        >>> home, owner = tempfile.mkdtemp(), tempfile.mkdtemp()
+        >>> BudgetLedger.enrol(home, client_id="a", epsilon=4.0, delta=1e-5, state_dir=owner).close()
+        >>> again = BudgetLedger.open(home, state_dir=owner)
+        >>> again.enrolment.client_id
+        'a'
+        >>> again.close()
+        """
         directory = Path(directory)
         path = directory / LEDGER_FILE
         anchor_file = anchor_path(directory, state_dir)
@@ -319,6 +369,16 @@ class BudgetLedger(QuotaAccounts, WorstCaseAccount):
         return ledger
 
     def close(self) -> None:
+        """Close the database (the ledger is unusable afterwards).
+
+        Examples
+        --------
+        >>> import tempfile
+        >>> ledger = BudgetLedger.enrol(tempfile.mkdtemp(), client_id="a", epsilon=4.0, delta=1e-5,
+        ...                             state_dir=tempfile.mkdtemp())
+
+        >>> ledger.close()
+        """
         with self._lock:
             self._conn.close()
 
@@ -369,20 +429,79 @@ class BudgetLedger(QuotaAccounts, WorstCaseAccount):
         return state, run_state
 
     def state(self) -> np.ndarray:
-        """The lifetime filter state (sum of every charge, rounded up)."""
+        """The lifetime filter state (sum of every charge, rounded up).
+
+        Examples
+        --------
+        >>> import tempfile
+        >>> ledger = BudgetLedger.enrol(tempfile.mkdtemp(), client_id="a", epsilon=4.0, delta=1e-5,
+        ...                             state_dir=tempfile.mkdtemp())
+        >>> float(ledger.state().sum())
+        0.0
+        >>> ledger.close()
+        """
         return self._last_state()[0]
 
     def run_state(self, run_id: str) -> np.ndarray:
+        """The filter state of one run (its quota's account).
+
+        Parameters
+        ----------
+        run_id : str
+            The run.
+
+        Examples
+        --------
+        >>> import tempfile
+        >>> ledger = BudgetLedger.enrol(tempfile.mkdtemp(), client_id="a", epsilon=4.0, delta=1e-5,
+        ...                             state_dir=tempfile.mkdtemp())
+        >>> float(ledger.run_state("run").sum())
+        0.0
+        >>> ledger.close()
+        """
         return self._last_state(run_id)[1]
 
     def records(self, run_id: str | None = None) -> list[SpendRecord]:
+        """Every spend, in order (of one run when ``run_id`` is given).
+
+        Parameters
+        ----------
+        run_id : str, optional
+            Only this run's spends.
+
+        Examples
+        --------
+        >>> import tempfile
+        >>> ledger = BudgetLedger.enrol(tempfile.mkdtemp(), client_id="a", epsilon=4.0, delta=1e-5,
+        ...                             state_dir=tempfile.mkdtemp())
+        >>> ledger.records()
+        []
+        >>> ledger.close()
+        """
         where = " WHERE run_id=? ORDER BY seq" if run_id else " ORDER BY seq"
         with self._lock:
             rows = self._conn.execute(SPEND_RECORD_SQL + where, (run_id,) if run_id else ()).fetchall()
         return [spend_record(row) for row in rows]
 
     def has_release(self, run_id: str, round_id: int) -> bool:
-        """Whether this (run, round) was already answered (one indexed lookup)."""
+        """Whether this (run, round) was already answered (one indexed lookup).
+
+        Parameters
+        ----------
+        run_id : str
+            The run.
+        round_id : int
+            The round.
+
+        Examples
+        --------
+        >>> import tempfile
+        >>> ledger = BudgetLedger.enrol(tempfile.mkdtemp(), client_id="a", epsilon=4.0, delta=1e-5,
+        ...                             state_dir=tempfile.mkdtemp())
+        >>> ledger.has_release("run", 0)
+        False
+        >>> ledger.close()
+        """
         with self._lock:
             return (
                 self._conn.execute(
@@ -392,18 +511,49 @@ class BudgetLedger(QuotaAccounts, WorstCaseAccount):
             )
 
     def recomputed_state(self) -> np.ndarray:
-        """Every charge re-added from scratch with the filter's rounding (an audit of ``state``)."""
+        """Every charge re-added from scratch with the filter's rounding (an audit of ``state``).
+
+        Examples
+        --------
+        >>> import tempfile
+        >>> ledger = BudgetLedger.enrol(tempfile.mkdtemp(), client_id="a", epsilon=4.0, delta=1e-5,
+        ...                             state_dir=tempfile.mkdtemp())
+        >>> bool((ledger.recomputed_state() == ledger.state()).all())
+        True
+        >>> ledger.close()
+        """
         state = self.filter.initial_state()
         for rec in self.records():
             state = self.filter.spend(state, rec.charge)
         return state
 
     def spent_epsilon(self) -> float:
+        """The epsilon the lifetime state has spent.
+
+        Examples
+        --------
+        >>> import tempfile
+        >>> ledger = BudgetLedger.enrol(tempfile.mkdtemp(), client_id="a", epsilon=4.0, delta=1e-5,
+        ...                             state_dir=tempfile.mkdtemp())
+        >>> ledger.spent_epsilon()
+        0.0
+        >>> ledger.close()
+        """
         return self.filter.epsilon_spent(self.state())
 
     def summary(self) -> dict:
         """The owner's view: budget, spent, remaining, and spending per run and per coordinator
-        (never sent anywhere)."""
+        (never sent anywhere).
+
+        Examples
+        --------
+        >>> import tempfile
+        >>> ledger = BudgetLedger.enrol(tempfile.mkdtemp(), client_id="a", epsilon=4.0, delta=1e-5,
+        ...                             state_dir=tempfile.mkdtemp())
+        >>> ledger.summary()["budget_epsilon"]
+        4.0
+        >>> ledger.close()
+        """
         e = self.enrolment
         runs, rounds_by_coordinator = spends_by_run(self.records(), self.filter)
         spent = self.filter.epsilon_spent
@@ -425,6 +575,115 @@ class BudgetLedger(QuotaAccounts, WorstCaseAccount):
             "coordinators": coordinators,
             "worst_case": worst,  # None: no worst-case-epsilon set (the device refuses distributed rounds)
         }
+
+    def coordinator_state(self, federation: str | None = None) -> np.ndarray:
+        """What one federation (default: this ledger's) has spent, for its quota.
+
+        Parameters
+        ----------
+        federation : str, optional
+            The coordinator's name (default: the owner's ``Quotas.federation``).
+
+        Examples
+        --------
+        >>> import tempfile
+        >>> ledger = BudgetLedger.enrol(tempfile.mkdtemp(), client_id="a", epsilon=4.0, delta=1e-5,
+        ...                             state_dir=tempfile.mkdtemp())
+        >>> float(ledger.coordinator_state().sum())
+        0.0
+        >>> ledger.close()
+        """
+        with self._lock:
+            return self.quota_accounts.coordinator_state_locked(federation or self.quotas.federation)
+
+    # --- the worst-case account (fedfilter.client.ledger.worst_case) ---------------------------
+    def _enrol_worst_case(self, worst_case_epsilon: float | None) -> None:
+        """At enrolment: set the worst-case budget if the ledger has none; refuse a different one."""
+        if worst_case_epsilon is None:
+            return
+        stored = self.worst_case
+        if stored is None:
+            try:
+                self.set_worst_case(worst_case_epsilon)
+            except BaseException:
+                self.close()
+                raise
+        elif stored.epsilon != float(worst_case_epsilon):
+            self.close()
+            raise ValueError(
+                f"the ledger at {self.directory} has worst-case-epsilon {stored.epsilon!r}, which can never "
+                f"change; requested {float(worst_case_epsilon)!r}."
+            )
+
+    def set_worst_case(self, worst_case_epsilon: float) -> WorstCase:
+        """The owner's act, once: the budget against any coordinator (``fedfilter.client.ledger.worst_case``).
+
+        Spends already recorded are charged to it conservatively (``worst_case.past_worst_charge``),
+        in the same transaction; if they exceed it, the account starts spent and the device
+        contributes no more data. Immutable afterwards (a trigger aborts any change).
+        """
+        eps = check_worst_case_epsilon(worst_case_epsilon, self.enrolment.epsilon)
+        with self._lock:
+            try:
+                self._conn.execute("BEGIN IMMEDIATE")
+                self._check_seal()
+                self.worst_account.create_locked(eps, self.records(), self.clock())
+                self._conn.execute("COMMIT")
+            except BaseException as err:
+                if self._conn.in_transaction:
+                    self._conn.execute("ROLLBACK")
+                if isinstance(err, sqlite3.Error):
+                    raise_storage_error(self.directory, err)
+                raise
+        self.worst_account.load()
+        if self.worst_case is None:
+            raise RuntimeError("internal error: the worst-case budget was not stored")
+        return self.worst_case
+
+    def current_worst_filter(self) -> GaussianFilter | None:
+        """The worst-case account's filter as the ledger holds it now (the owner may have just set it).
+
+        Examples
+        --------
+        >>> import tempfile
+        >>> ledger = BudgetLedger.enrol(tempfile.mkdtemp(), client_id="a", epsilon=4.0, delta=1e-5,
+        ...                             state_dir=tempfile.mkdtemp())
+        >>> ledger.current_worst_filter() is None
+        True
+        >>> ledger.close()
+        """
+        self.worst_account.load()
+        return self.worst_filter
+
+    def worst_state(self) -> np.ndarray | None:
+        """The worst-case account's state: what the reports cost against any coordinator.
+
+        Examples
+        --------
+        >>> import tempfile
+        >>> ledger = BudgetLedger.enrol(tempfile.mkdtemp(), client_id="a", epsilon=4.0, delta=1e-5,
+        ...                             state_dir=tempfile.mkdtemp())
+        >>> ledger.worst_state() is None  # no worst-case budget set
+        True
+        >>> ledger.close()
+        """
+        with self._lock:
+            self.worst_account.load()
+            return self.worst_account.state_locked()
+
+    def worst_summary(self) -> dict | None:
+        """The owner's view of the account (``summary``'s ``worst_case``); None without one.
+
+        Examples
+        --------
+        >>> import tempfile
+        >>> ledger = BudgetLedger.enrol(tempfile.mkdtemp(), client_id="a", epsilon=4.0, delta=1e-5,
+        ...                             state_dir=tempfile.mkdtemp())
+        >>> ledger.worst_summary() is None
+        True
+        >>> ledger.close()
+        """
+        return self.worst_account.summary(self.worst_state(), self.enrolment.delta)
 
     # --- spending -----------------------------------------------------------------------------
     @contextmanager
@@ -465,18 +724,24 @@ class BudgetLedger(QuotaAccounts, WorstCaseAccount):
                         "a repeated request gets no second release."
                     )
                 state, run_state = self._last_state_locked(run_id)
-                coordinator_state = self._coordinator_state_locked(self.quotas.federation)
-                self._load_worst_case()
-                caps, worst_caps = self._quota_caps_locked(run_id, coordinator_state)
+                coordinator_state = self.quota_accounts.coordinator_state_locked(self.quotas.federation)
+                self.worst_account.load()
+                worst_filter = self.worst_filter
+                caps, worst_caps = self.quota_accounts.caps_locked(
+                    run_id, coordinator_state, now=self.clock(), worst_filter=worst_filter
+                )
                 reservation = Reservation(
-                    self,
+                    self._conn,
+                    (self.filter, self.run_filter, worst_filter),
+                    self.quotas.federation,
+                    self.clock,
                     run_id,
                     round_id,
                     state,
                     run_state,
                     coordinator_state,
                     caps,
-                    self._worst_state_locked(),
+                    self.worst_account.state_locked(),
                     worst_caps,
                 )
                 try:

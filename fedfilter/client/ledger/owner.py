@@ -1,7 +1,7 @@
 """The owner's acts on a ledger the device refuses: migrate an older format, accept a restore.
 
-A device never does either on its own (``BudgetLedger.open`` refuses both cases, DESIGN.md
-invariant 6); ``fedfilter ledger migrate`` and ``fedfilter ledger accept-restore`` call these.
+A device never does either on its own (``BudgetLedger.open`` refuses both cases: a roll-back
+needs its owner); ``fedfilter ledger migrate`` and ``fedfilter ledger accept-restore`` call these.
 
 * ``migrate``: an older format (schema 1, or a schema 2 ledger written before roll-back anchors)
   gains the current schema, its seal and its anchor, keeping every spend the database holds. Only a

@@ -20,14 +20,12 @@ from __future__ import annotations
 
 import math
 import sqlite3
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
 
 import numpy as np
 
-from fedfilter.client.ledger.schema import DAY_S, STATUSES, Enrolment, WorstCase, floats, floats_json
+from fedfilter.client.ledger.schema import DAY_S, STATUSES, floats, floats_json
 from fedfilter.client.ledger.worst_case import past_worst_charge
 from fedfilter.client.mechanisms.spend import ReleaseRecord
 from fedfilter.privacy.filters import GaussianFilter, round_allowance
@@ -43,6 +41,22 @@ def within_caps(allow, caps: list[Cap], *, noise_std):
 
     ``filter.allowance`` assumes a state within its budget: it gets the state clamped to the budget
     (the same work either way), and its answer is then overruled.
+
+    Parameters
+    ----------
+    allow : float or numpy.ndarray
+        The allowance before these caps (one per row in the engine).
+    caps : list of Cap
+        ``(name, filter, state)`` of each cap.
+    noise_std : float
+        The noise std of the release.
+
+    Examples
+    --------
+    >>> from fedfilter.privacy.filters import make_filter
+    >>> filt = make_filter("gdp", 1.0, 1e-5, None)
+    >>> float(within_caps(1.0, [("spent", filt, filt.budget * 2)], noise_std=1.0))  # a passed cap admits 0
+    0.0
     """
     for _, filt, state in caps:
         cap = filt.allowance(np.minimum(state, filt.budget), noise_std=noise_std)
@@ -51,13 +65,47 @@ def within_caps(allow, caps: list[Cap], *, noise_std):
 
 
 def refusing(caps: list[Cap], charge) -> list[str]:
-    """The names of the caps ``charge`` does not fit (every row, in the engine)."""
+    """The names of the caps ``charge`` does not fit (every row, in the engine).
+
+    Parameters
+    ----------
+    caps : list of Cap
+        ``(name, filter, state)`` of each cap.
+    charge : numpy.ndarray
+        The charge of the release.
+
+    Examples
+    --------
+    >>> from fedfilter.privacy.filters import make_filter
+    >>> filt = make_filter("gdp", 1.0, 1e-5, None)
+    >>> refusing([("fresh", filt, filt.initial_state())], filt.budget * 2)
+    ['fresh']
+    """
     return [name for name, filt, state in caps if not bool(np.all(filt.admits(state, charge)))]
 
 
 @dataclass(frozen=True)
 class Quotas:
-    """The owner's caps on what one coordinator, and one day, may spend (see the module doc)."""
+    """The owner's caps on what one coordinator, and one day, may spend (see the module doc).
+
+    Parameters
+    ----------
+    federation : str, optional
+        Who this device serves; all its runs are charged to it.
+    coordinator : float, optional
+        The share of the lifetime budget that federation may ever spend, in (0, 1].
+    daily : float, optional
+        The share of the lifetime budget the device spends in any 24 hours, in (0, 1].
+
+    Examples
+    --------
+    >>> Quotas(federation="hospital-a", daily=0.1).coordinator
+    1.0
+    >>> Quotas(daily=0.0)
+    Traceback (most recent call last):
+    ...
+    ValueError: daily quota must be a fraction in (0, 1]. Found 0.0.
+    """
 
     federation: str = "default"  # who this device serves; all its runs are charged to it
     coordinator: float = 1.0  # share of the lifetime budget that federation may ever spend
@@ -78,22 +126,61 @@ class Quotas:
 
 
 class QuotaAccounts:
-    """What the quotas have used, read from the ledger: the part of ``BudgetLedger`` (which sets every
-    attribute below) that the owner's quotas need. Every spend row carries its federation's state
-    after it; the daily window re-adds the charges of the last 24 hours (by the device's clock)."""
+    """What the owner's quotas have used, read from the ledger's database: the federation's spending,
+    the last 24 hours', and the worst-case account's under the same quotas. Every spend row carries its
+    federation's state after it; the daily window re-adds the charges of the last 24 hours.
 
-    filter: GaussianFilter
-    quotas: Quotas
-    enrolment: Enrolment
-    coordinator_filter: GaussianFilter  # the lifetime filter scaled to each quota
-    daily_filter: GaussianFilter
-    worst_case: WorstCase | None
-    worst_filter: GaussianFilter | None
-    clock: Callable[[], float]
-    _conn: sqlite3.Connection
-    _lock: threading.RLock
+    Held by ``BudgetLedger``; every ``*_locked`` method runs inside the ledger's lock (and, for a
+    round, its write transaction), on the ledger's connection.
 
-    def _coordinator_state_locked(self, federation: str) -> np.ndarray:
+    Parameters
+    ----------
+    conn : sqlite3.Connection
+        The ledger's open database.
+    main_filter : GaussianFilter
+        The lifetime (main) filter; each quota is a fraction of it.
+    quotas : Quotas
+        The owner's coordinator and daily quotas, and the federation this device serves.
+    run_quota : float
+        The enrolment's per-run quota (the worst-case account applies it too).
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> from fedfilter.client.ledger.budget import BudgetLedger
+    >>> ledger = BudgetLedger.enrol(tempfile.mkdtemp(), client_id="a", epsilon=4.0, delta=1e-5,
+    ...                             quotas=Quotas(daily=0.5), state_dir=tempfile.mkdtemp())
+    >>> accounts = ledger.quota_accounts
+    >>> caps, worst_caps = accounts.caps_locked("run", accounts.coordinator_state_locked("default"),
+    ...                                         now=0.0, worst_filter=None)
+    >>> [name for name, _, _ in caps], worst_caps
+    (["the main account's daily quota"], [])
+    >>> ledger.close()
+    """
+
+    def __init__(self, conn: sqlite3.Connection, main_filter: GaussianFilter, quotas: Quotas, run_quota: float):
+        self._conn, self.filter, self.quotas, self.run_quota = conn, main_filter, quotas, run_quota
+        self.coordinator_filter: GaussianFilter = main_filter.scaled(quotas.coordinator)
+        self.daily_filter: GaussianFilter = main_filter.scaled(quotas.daily)
+
+    def coordinator_state_locked(self, federation: str) -> np.ndarray:
+        """What ``federation`` has spent: the state its latest spend row carries.
+
+        Parameters
+        ----------
+        federation : str
+            The coordinator's name as the device records it.
+
+        Examples
+        --------
+        >>> import tempfile
+        >>> from fedfilter.client.ledger.budget import BudgetLedger
+        >>> ledger = BudgetLedger.enrol(tempfile.mkdtemp(), client_id="a", epsilon=4.0, delta=1e-5,
+        ...                             state_dir=tempfile.mkdtemp())
+        >>> float(ledger.quota_accounts.coordinator_state_locked("default").sum())
+        0.0
+        >>> ledger.close()
+        """
         row = self._conn.execute(
             "SELECT coordinator_state_after FROM spends WHERE coordinator=? ORDER BY seq DESC LIMIT 1", (federation,)
         ).fetchone()
@@ -106,41 +193,61 @@ class QuotaAccounts:
             state = self.filter.spend(state, floats(charge))
         return state
 
-    def _quota_caps_locked(self, run_id: str, coordinator_state: np.ndarray) -> tuple[list[Cap], list[Cap]]:
+    def caps_locked(
+        self, run_id: str, coordinator_state: np.ndarray, *, now: float, worst_filter: GaussianFilter | None
+    ) -> tuple[list[Cap], list[Cap]]:
         """The caps a round must also fit, only the quotas the owner set below 1: the main account's
-        (coordinator, daily; its run quota is ``run_filter``) and the worst-case account's (run,
-        coordinator, daily: the same fractions of its budget). The device's clock is read once."""
-        since = self.clock() - DAY_S
+        (coordinator, daily; its run quota is the ledger's ``run_filter``) and the worst-case account's
+        (run, coordinator, daily: the same fractions of its budget).
+
+        Parameters
+        ----------
+        run_id : str
+            The round's run.
+        coordinator_state : numpy.ndarray
+            The federation's state (``coordinator_state_locked``), read once for the round.
+        now : float
+            The device's clock, read once for the round: the daily window is the 24 hours before it.
+        worst_filter : GaussianFilter or None
+            The worst-case account's filter (None: no worst-case budget, no worst-case caps).
+
+        Examples
+        --------
+        >>> import tempfile
+        >>> from fedfilter.client.ledger.budget import BudgetLedger
+        >>> ledger = BudgetLedger.enrol(tempfile.mkdtemp(), client_id="a", epsilon=4.0, delta=1e-5,
+        ...                             state_dir=tempfile.mkdtemp())
+        >>> ledger.quota_accounts.caps_locked("run", ledger.state(), now=0.0, worst_filter=None)
+        ([], [])
+        >>> ledger.close()
+        """
+        since = now - DAY_S
         caps: list[Cap] = []
         if self.quotas.coordinator < 1:
             caps.append((f"{MAIN}'s coordinator quota", self.coordinator_filter, coordinator_state))
         if self.quotas.daily < 1:
             caps.append((f"{MAIN}'s daily quota", self.daily_filter, self._window_state_locked(since)))
         worst_caps: list[Cap] = []
-        if self.worst_filter is None or self.worst_case is None:
+        if worst_filter is None:
             return caps, worst_caps
         for name, fraction, where, params in (
-            ("run quota", self.enrolment.run_quota, "run_id=?", (run_id,)),
+            ("run quota", self.run_quota, "run_id=?", (run_id,)),
             ("coordinator quota", self.quotas.coordinator, "coordinator=?", (self.quotas.federation,)),
             ("daily quota", self.quotas.daily, "created_at >= ?", (since,)),
         ):
             if fraction < 1:
-                worst_caps.append(
-                    (f"{WORST}'s {name}", self.worst_filter.scaled(fraction), self._worst_sum_locked(where, params))
-                )
+                state = self._worst_sum_locked(worst_filter, where, params)
+                worst_caps.append((f"{WORST}'s {name}", worst_filter.scaled(fraction), state))
         return caps, worst_caps
 
-    def _worst_sum_locked(self, where: str, params: tuple) -> np.ndarray:
+    def _worst_sum_locked(self, worst: GaussianFilter, where: str, params: tuple) -> np.ndarray:
         """The worst-case charges of the spends ``where`` selects, re-added in order with the account's own
         rounding; a spend recorded before the account existed counts its conservative charge
         (``worst_case.past_worst_charge``), as the account itself did when it was set."""
-        worst = self.worst_filter
-        if worst is None:
-            raise RuntimeError("internal error: worst-case quotas without a worst-case account")
         state = worst.initial_state()
         rows = self._conn.execute(
             "SELECT placement, charge, sensitivity, noise_std, clip, worst_charge FROM spends WHERE "
-            + where  # one of three constant clauses (_quota_caps_locked); the values are bound
+            + where  # one of three constant clauses (caps_locked); the values are bound
             + " ORDER BY seq",
             params,
         )
@@ -159,23 +266,6 @@ class QuotaAccounts:
             state = worst.spend(state, cost)
         return state
 
-    def coordinator_state(self, federation: str | None = None) -> np.ndarray:
-        """What one federation (default: this ledger's) has spent, for its quota."""
-        with self._lock:
-            return self._coordinator_state_locked(federation or self.quotas.federation)
-
-
-class Books(Protocol):
-    """What a reservation needs from its ledger (``BudgetLedger`` is one): the filters, the quotas, the
-    clock and the open connection whose write transaction holds the round."""
-
-    filter: GaussianFilter
-    run_filter: GaussianFilter
-    worst_filter: GaussianFilter | None
-    quotas: Quotas
-    clock: Callable[[], float]
-    _conn: sqlite3.Connection
-
 
 class Reservation:
     """A round in progress inside the ledger's write transaction (see ``BudgetLedger.reserve``).
@@ -185,11 +275,47 @@ class Reservation:
     (``fedfilter.client.ledger.worst_case``) is charged differently (what the report costs alone), so it
     has its own ``worst_allowance`` and ``worst_admits``, under the same quotas of its own budget.
     ``commit`` stores the one release (an ``Account`` of ``fedfilter.client.mechanisms.spend``).
+    Made by ``BudgetLedger.reserve`` only.
+
+    Parameters
+    ----------
+    conn : sqlite3.Connection
+        The ledger's database, inside the round's write transaction.
+    filters : tuple
+        The main (lifetime) filter, the run filter, and the worst-case filter (None without one).
+    federation : str
+        The coordinator the spend is charged to (the owner's ``Quotas.federation``).
+    clock : callable
+        The device's clock (``created_at`` of the spend row).
+    run_id, round_id : str, int
+        The round.
+    state, run_state, coordinator_state : numpy.ndarray
+        The main account's states before the round: lifetime, run, federation.
+    caps : list
+        The main account's caps beyond the lifetime and run filters (``QuotaAccounts.caps_locked``).
+    worst_state : numpy.ndarray, optional
+        The worst-case account's state (None without one).
+    worst_caps : list, optional
+        The worst-case account's quota caps.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> from fedfilter.client.ledger.budget import BudgetLedger
+    >>> ledger = BudgetLedger.enrol(tempfile.mkdtemp(), client_id="a", epsilon=4.0, delta=1e-5,
+    ...                             state_dir=tempfile.mkdtemp())
+    >>> with ledger.reserve("run", 0) as reservation:
+    ...     print(0 < reservation.allowance(noise_std=1.0, clip=1.0) <= 1.0)
+    True
+    >>> ledger.close()
     """
 
     def __init__(
         self,
-        books: Books,
+        conn: sqlite3.Connection,
+        filters: tuple[GaussianFilter, GaussianFilter, GaussianFilter | None],
+        federation: str,
+        clock: Callable[[], float],
         run_id: str,
         round_id: int,
         state,
@@ -199,9 +325,9 @@ class Reservation:
         worst_state: np.ndarray | None = None,
         worst_caps: list[Cap] | None = None,
     ):
-        self._books, self.run_id, self.round_id = books, run_id, round_id
-        self.filter: GaussianFilter = books.filter
-        self.worst_filter: GaussianFilter | None = books.worst_filter
+        self._conn, self._federation, self._clock = conn, federation, clock
+        self.run_id, self.round_id = run_id, round_id
+        self.filter, self.run_filter, self.worst_filter = filters
         self.worst_state = worst_state
         self.state, self.run_state, self.coordinator_state = state, run_state, coordinator_state
         self.state_after: np.ndarray | None = None  # the lifetime state once committed
@@ -211,23 +337,40 @@ class Reservation:
         self.open = True
 
     def allowance(self, *, noise_std: float, clip: float) -> float:
-        """The largest sensitivity every cap still admits at this noise, at most ``clip``."""
-        books = self._books
+        """The largest sensitivity every cap still admits at this noise, at most ``clip``.
+
+        Parameters
+        ----------
+        noise_std : float
+            The noise std of the release.
+        clip : float
+            The largest sensitivity the round asks for.
+
+        Examples
+        --------
+        >>> import tempfile
+        >>> from fedfilter.client.ledger.budget import BudgetLedger
+        >>> ledger = BudgetLedger.enrol(tempfile.mkdtemp(), client_id="a", epsilon=4.0, delta=1e-5,
+        ...                             state_dir=tempfile.mkdtemp())
+        >>> with ledger.reserve("run", 0) as reservation:
+        ...     print(reservation.allowance(noise_std=1.0, clip=0.5))
+        0.5
+        >>> ledger.close()
+        """
         allow = round_allowance(
-            books.filter,
+            self.filter,
             self.state,
             noise_std=noise_std,
             clip=clip,
-            run_filter=books.run_filter,
+            run_filter=self.run_filter,
             run_state=self.run_state,
         )
         return float(within_caps(allow, self._caps, noise_std=noise_std))
 
     def _main_caps(self) -> list[Cap]:
-        books = self._books
         return [
-            (f"{MAIN}'s lifetime budget", books.filter, self.state),
-            (f"{MAIN}'s run quota", books.run_filter, self.run_state),
+            (f"{MAIN}'s lifetime budget", self.filter, self.state),
+            (f"{MAIN}'s run quota", self.run_filter, self.run_state),
             *self._caps,
         ]
 
@@ -237,20 +380,73 @@ class Reservation:
         return [(f"{WORST}'s budget", self.worst_filter, self.worst_state), *self._worst_caps]
 
     def admits(self, charge: np.ndarray) -> bool:
-        """Whether ``charge`` fits every main cap (lifetime, run, and the owner's quotas)."""
+        """Whether ``charge`` fits every main cap (lifetime, run, and the owner's quotas).
+
+        Parameters
+        ----------
+        charge : numpy.ndarray
+            The release's charge to the main account.
+
+        Examples
+        --------
+        >>> import tempfile
+        >>> from fedfilter.client.ledger.budget import BudgetLedger
+        >>> ledger = BudgetLedger.enrol(tempfile.mkdtemp(), client_id="a", epsilon=4.0, delta=1e-5,
+        ...                             state_dir=tempfile.mkdtemp())
+        >>> with ledger.reserve("run", 0) as reservation:
+        ...     print(reservation.admits(reservation.filter.budget * 2))
+        False
+        >>> ledger.close()
+        """
         return not refusing(self._main_caps(), charge)
 
     def worst_allowance(self, *, noise_std: float, clip: float) -> float:
         """The largest sensitivity the worst-case account and its quotas still admit at the noise this
         device adds, at most ``clip``; ``clip`` without a worst-case budget (local rounds only: nothing
-        to cap)."""
+        to cap).
+
+        Parameters
+        ----------
+        noise_std : float
+            The noise std this device adds.
+        clip : float
+            The largest sensitivity the round asks for.
+
+        Examples
+        --------
+        >>> import tempfile
+        >>> from fedfilter.client.ledger.budget import BudgetLedger
+        >>> ledger = BudgetLedger.enrol(tempfile.mkdtemp(), client_id="a", epsilon=4.0, delta=1e-5,
+        ...                             state_dir=tempfile.mkdtemp())
+        >>> with ledger.reserve("run", 0) as reservation:
+        ...     print(reservation.worst_allowance(noise_std=1.0, clip=0.5))
+        0.5
+        >>> ledger.close()
+        """
         if self.worst_filter is None or self.worst_state is None:
             return float(clip)
         allow = round_allowance(self.worst_filter, self.worst_state, noise_std=noise_std, clip=clip)
         return float(within_caps(allow, self._worst_caps, noise_std=noise_std))
 
     def worst_admits(self, worst_charge: np.ndarray | None) -> bool:
-        """Whether ``worst_charge`` fits the worst-case account and its quotas (None exactly when there is none)."""
+        """Whether ``worst_charge`` fits the worst-case account and its quotas (None exactly when there is none).
+
+        Parameters
+        ----------
+        worst_charge : numpy.ndarray or None
+            The release's worst-case charge.
+
+        Examples
+        --------
+        >>> import tempfile
+        >>> from fedfilter.client.ledger.budget import BudgetLedger
+        >>> ledger = BudgetLedger.enrol(tempfile.mkdtemp(), client_id="a", epsilon=4.0, delta=1e-5,
+        ...                             state_dir=tempfile.mkdtemp())
+        >>> with ledger.reserve("run", 0) as reservation:
+        ...     print(reservation.worst_admits(None))
+        True
+        >>> ledger.close()
+        """
         if self.worst_filter is None or self.worst_state is None:
             return worst_charge is None
         return worst_charge is not None and not refusing(self._all_worst_caps(), worst_charge)
@@ -262,12 +458,27 @@ class Reservation:
         the budget or quota a positive charge does not fit, or when the worst-case charge and account
         do not match. An exhausted release is charged 0: it is stored even when a cap the owner
         lowered is passed.
+
+        Parameters
+        ----------
+        record : ReleaseRecord
+            What the round released and its charges (``fedfilter.client.mechanisms.spend``).
+
+        Examples
+        --------
+        >>> import tempfile
+        >>> from fedfilter.client.ledger.budget import BudgetLedger
+        >>> ledger = BudgetLedger.enrol(tempfile.mkdtemp(), client_id="a", epsilon=4.0, delta=1e-5,
+        ...                             state_dir=tempfile.mkdtemp())
+        >>> with ledger.reserve("run", 0) as reservation:
+        ...     print(reservation.recorded)
+        False
+        >>> ledger.close()
         """
         if record.status not in STATUSES:
             raise ValueError(f"status must be one of {STATUSES}. Found {record.status!r}.")
         if self.recorded or not self.open:
             raise RuntimeError("a reservation records exactly one release, inside its transaction")
-        books = self._books
         charge = np.asarray(record.charge, dtype=np.float64)
         if np.any(charge > 0) and (over := refusing(self._main_caps(), charge)):
             raise RuntimeError(f"internal error: the charge exceeds {' and '.join(over)}; nothing spent")
@@ -284,8 +495,8 @@ class Reservation:
             )
         elif record.placement != "local" or record.worst_charge is not None:
             raise RuntimeError("internal error: a distributed round without a worst-case budget; nothing spent")
-        state_after = books.filter.spend(self.state, charge)
-        books._conn.execute(
+        state_after = self.filter.spend(self.state, charge)
+        self._conn.execute(
             "INSERT INTO spends (run_id, round_id, status, sensitivity, noise_std, noise_multiplier,"
             " clip, placement, charge, state_after, run_state_after, created_at, coordinator,"
             " coordinator_state_after, worst_charge, worst_state_after) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
@@ -300,10 +511,10 @@ class Reservation:
                 record.placement,
                 floats_json(charge),
                 floats_json(state_after),
-                floats_json(books.run_filter.spend(self.run_state, charge)),
-                books.clock(),
-                books.quotas.federation,
-                floats_json(books.filter.spend(self.coordinator_state, charge)),
+                floats_json(self.run_filter.spend(self.run_state, charge)),
+                self._clock(),
+                self._federation,
+                floats_json(self.filter.spend(self.coordinator_state, charge)),
                 worst_charge,
                 worst_after,
             ),

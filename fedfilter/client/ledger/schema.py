@@ -69,7 +69,7 @@ CREATE TRIGGER IF NOT EXISTS worst_case_no_update BEFORE UPDATE ON worst_case
 CREATE TRIGGER IF NOT EXISTS worst_case_no_delete BEFORE DELETE ON worst_case
     BEGIN SELECT RAISE(ABORT, 'the worst-case budget is immutable'); END;
 """
-# The worst-case account (issue 22; ``fedfilter.client.ledger.worst_case``), added to schema 2 without a new
+# The worst-case account (``fedfilter.client.ledger.worst_case``), added to schema 2 without a new
 # version: each spend's charge against it and its state after ('[]' for spends written before it was
 # set, which ``worst_case.initial_state`` covers, recomputed conservatively when the owner set it).
 WORST_CASE_COLUMNS = (
@@ -101,7 +101,7 @@ class Enrolment:
 
 @dataclass(frozen=True)
 class WorstCase:
-    """The owner's budget against any coordinator (issue 22; ``fedfilter.client.ledger.worst_case``)."""
+    """The owner's budget against any coordinator (``fedfilter.client.ledger.worst_case``)."""
 
     epsilon: float  # at the enrolment's delta
     set_at: float

@@ -1,6 +1,6 @@
 """The worst-case account: what a device's report costs against a coordinator that breaks SecAgg+.
 
-Why (issue 22). In distributed placement a device adds only its share ``Sk(mu_share)``,
+Why. In distributed placement a device adds only its share ``Sk(mu_share)``,
 ``mu_share = mu_total / m``, and its main account charges the noise of the released SUM. A
 coordinator that forges the other SecAgg+ peers (Sybils) passes every device check and reads one
 report exactly: against it the release is ``k + Sk(mu_share)``, and an epsilon-8 budget is about

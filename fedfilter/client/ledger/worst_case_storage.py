@@ -1,122 +1,135 @@
-"""The worst-case account's storage on the budget ledger (issue 22): its budget and its state.
+"""The worst-case account as the budget ledger keeps it: its budget and its state, on the ledger's database.
 
-What the account is and what it charges is ``fedfilter.client.ledger.worst_case``; this module keeps it on
-the device's ledger, as a mixin of ``BudgetLedger`` (``fedfilter.client.ledger.budget``), under the same
-lock and transaction discipline: the owner sets the budget once (``set_worst_case``, in one
-``BEGIN IMMEDIATE`` transaction that also charges the spends already recorded), the device re-reads it
-every round (the owner may set it while the device runs), and each spend row carries the account's
-state after it (``worst_state_after``, written by ``ledger.quota.Reservation.commit``).
+What the account is and what it charges is ``fedfilter.client.ledger.worst_case``; this module keeps it
+on the device's ledger, an object ``BudgetLedger`` (``fedfilter.client.ledger.budget``) holds and calls
+under its own lock and transaction discipline: the owner sets the budget once (``create_locked``, inside
+the ledger's ``BEGIN IMMEDIATE`` transaction that also charges the spends already recorded), the device
+re-reads it every round (the owner may set it while the device runs), and each spend row carries the
+account's state after it (``worst_state_after``, written by ``ledger.quota.Reservation.commit``).
 """
 
 from __future__ import annotations
 
 import sqlite3
 import threading
-from collections.abc import Callable
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-from fedfilter.client.ledger.schema import Enrolment, SpendRecord, WorstCase, floats, floats_json, read_worst_case
-from fedfilter.client.ledger.seal import Seal
-from fedfilter.client.ledger.storage import raise_storage_error
-from fedfilter.client.ledger.worst_case import check_worst_case_epsilon, past_worst_charge, worst_case_filter
+from fedfilter.client.ledger.schema import SpendRecord, WorstCase, floats, floats_json, read_worst_case
+from fedfilter.client.ledger.worst_case import past_worst_charge, worst_case_filter
 from fedfilter.privacy.filters import GaussianFilter
 
 
 class WorstCaseAccount:
-    """The worst-case account's part of ``BudgetLedger`` (which sets every attribute below)."""
+    """The worst-case account on a ledger's database: the owner's budget against any coordinator (set
+    once) and what the reports have cost against it.
 
-    directory: Path
-    enrolment: Enrolment
-    filter: GaussianFilter
-    clock: Callable[[], float]
-    _conn: sqlite3.Connection
-    _lock: threading.RLock
-    worst_case: WorstCase | None
-    worst_filter: GaussianFilter | None  # None: no worst-case budget (local rounds only)
+    Parameters
+    ----------
+    conn : sqlite3.Connection
+        The ledger's open database.
+    lock : threading.RLock
+        The ledger's lock: every read and write of the database holds it.
+    main_filter : GaussianFilter
+        The lifetime (main) filter; the account's filter is it, rescaled to the worst-case budget.
+    directory : pathlib.Path
+        The ledger's folder (named in errors).
 
-    if TYPE_CHECKING:  # the ledger's own methods this part calls
+    Examples
+    --------
+    >>> import tempfile
+    >>> from fedfilter.client.ledger.budget import BudgetLedger
+    >>> ledger = BudgetLedger.enrol(tempfile.mkdtemp(), client_id="a", epsilon=4.0, delta=1e-5,
+    ...                             state_dir=tempfile.mkdtemp(), worst_case_epsilon=8.0)
+    >>> ledger.worst_account.worst_case.epsilon, ledger.worst_account.filter is ledger.worst_filter
+    (8.0, True)
+    >>> ledger.close()
+    """
 
-        def _check_seal(self, seal: Seal | None = None) -> None: ...
+    def __init__(self, conn: sqlite3.Connection, lock: threading.RLock, main_filter: GaussianFilter, directory: Path):
+        self._conn, self._lock, self._main, self._directory = conn, lock, main_filter, directory
+        self.worst_case: WorstCase | None = None  # the owner's budget as stored (None: not set)
+        self.filter: GaussianFilter | None = None  # None: no worst-case budget (local rounds only)
+        self.load()
 
-        def records(self, run_id: str | None = None) -> list[SpendRecord]: ...
+    def load(self) -> None:
+        """(Re)read the owner's worst-case budget: the owner may set it while the device runs.
 
-        def close(self) -> None: ...
-
-    def _load_worst_case(self) -> None:
-        """(Re)read the owner's worst-case budget: the owner may set it while the device runs."""
+        Examples
+        --------
+        >>> import tempfile
+        >>> from fedfilter.client.ledger.budget import BudgetLedger
+        >>> ledger = BudgetLedger.enrol(tempfile.mkdtemp(), client_id="a", epsilon=4.0, delta=1e-5,
+        ...                             state_dir=tempfile.mkdtemp())
+        >>> ledger.worst_account.load()
+        >>> ledger.worst_account.worst_case is None
+        True
+        >>> ledger.close()
+        """
         with self._lock:
             wc = read_worst_case(self._conn)
         if wc != self.worst_case:
-            self.worst_filter = None if wc is None else worst_case_filter(self.filter, wc.epsilon)
+            self.filter = None if wc is None else worst_case_filter(self._main, wc.epsilon)
             self.worst_case = wc
 
-    def _enrol_worst_case(self, worst_case_epsilon: float | None) -> None:
-        """At enrolment: set the worst-case budget if the ledger has none; refuse a different one."""
-        if worst_case_epsilon is None:
-            return
-        stored = self.worst_case
-        if stored is None:
-            try:
-                self.set_worst_case(worst_case_epsilon)
-            except BaseException:
-                self.close()
-                raise
-        elif stored.epsilon != float(worst_case_epsilon):
-            self.close()
-            raise ValueError(
-                f"the ledger at {self.directory} has worst-case-epsilon {stored.epsilon!r}, which can never "
-                f"change; requested {float(worst_case_epsilon)!r}."
-            )
+    def create_locked(self, epsilon: float, records: Sequence[SpendRecord], set_at: float) -> None:
+        """Store the owner's worst-case budget ``epsilon``, charging the spends already recorded
+        conservatively (``worst_case.past_worst_charge``); the caller holds the ledger's write
+        transaction and commits it. Refused if the ledger already has one (it can never change).
 
-    def set_worst_case(self, worst_case_epsilon: float) -> WorstCase:
-        """The owner's act, once: the budget against any coordinator (``fedfilter.client.ledger.worst_case``).
+        Parameters
+        ----------
+        epsilon : float
+            The budget, already checked (``worst_case.check_worst_case_epsilon``).
+        records : sequence of SpendRecord
+            Every spend recorded so far, in order, read inside the same transaction.
+        set_at : float
+            The device's clock.
 
-        Spends already recorded are charged to it conservatively (``worst_case.past_worst_charge``),
-        in the same transaction; if they exceed it, the account starts spent and the device
-        contributes no more data. Immutable afterwards (a trigger aborts any change).
+        Examples
+        --------
+        >>> import tempfile
+        >>> from fedfilter.client.ledger.budget import BudgetLedger
+        >>> ledger = BudgetLedger.enrol(tempfile.mkdtemp(), client_id="a", epsilon=4.0, delta=1e-5,
+        ...                             state_dir=tempfile.mkdtemp())
+        >>> ledger.set_worst_case(8.0).epsilon  # the ledger's transaction around create_locked
+        8.0
+        >>> ledger.close()
         """
-        eps = check_worst_case_epsilon(worst_case_epsilon, self.enrolment.epsilon)
-        worst = worst_case_filter(self.filter, eps)
-        with self._lock:
-            try:
-                self._conn.execute("BEGIN IMMEDIATE")
-                self._check_seal()
-                if read_worst_case(self._conn) is not None:
-                    raise ValueError(
-                        f"the ledger at {self.directory} already has a worst-case budget, which can never change."
-                    )
-                state, last = worst.initial_state(), 0
-                for rec in self.records():
-                    charge = past_worst_charge(
-                        worst,
-                        placement=rec.placement,
-                        charge=rec.charge,
-                        sensitivity=rec.sensitivity,
-                        noise_std=rec.noise_std,
-                        clip=rec.clip,
-                    )
-                    state, last = worst.spend(state, charge), rec.seq
-                self._conn.execute(
-                    "INSERT INTO worst_case VALUES (1,?,?,?,?)", (eps, self.clock(), last, floats_json(state))
-                )
-                self._conn.execute("COMMIT")
-            except BaseException as err:
-                if self._conn.in_transaction:
-                    self._conn.execute("ROLLBACK")
-                if isinstance(err, sqlite3.Error):
-                    raise_storage_error(self.directory, err)
-                raise
-        self._load_worst_case()
-        if self.worst_case is None:
-            raise RuntimeError("internal error: the worst-case budget was not stored")
-        return self.worst_case
+        if read_worst_case(self._conn) is not None:
+            raise ValueError(
+                f"the ledger at {self._directory} already has a worst-case budget, which can never change."
+            )
+        worst = worst_case_filter(self._main, epsilon)
+        state, last = worst.initial_state(), 0
+        for rec in records:
+            charge = past_worst_charge(
+                worst,
+                placement=rec.placement,
+                charge=rec.charge,
+                sensitivity=rec.sensitivity,
+                noise_std=rec.noise_std,
+                clip=rec.clip,
+            )
+            state, last = worst.spend(state, charge), rec.seq
+        self._conn.execute("INSERT INTO worst_case VALUES (1,?,?,?,?)", (epsilon, set_at, last, floats_json(state)))
 
-    # --- reading ------------------------------------------------------------------------------
-    def _worst_state_locked(self) -> np.ndarray | None:
-        """The worst-case account's state (None without a worst-case budget)."""
+    def state_locked(self) -> np.ndarray | None:
+        """The account's state as of the latest spend (None without a worst-case budget); the caller
+        holds the ledger's lock.
+
+        Examples
+        --------
+        >>> import tempfile
+        >>> from fedfilter.client.ledger.budget import BudgetLedger
+        >>> ledger = BudgetLedger.enrol(tempfile.mkdtemp(), client_id="a", epsilon=4.0, delta=1e-5,
+        ...                             state_dir=tempfile.mkdtemp(), worst_case_epsilon=8.0)
+        >>> float(ledger.worst_account.state_locked().sum())
+        0.0
+        >>> ledger.close()
+        """
         wc = self.worst_case
         if wc is None:
             return None
@@ -125,27 +138,34 @@ class WorstCaseAccount:
         ).fetchone()
         return floats(row[0]) if row else wc.initial_state
 
-    def current_worst_filter(self) -> GaussianFilter | None:
-        """The worst-case account's filter as the ledger holds it now (the owner may have just set it)."""
-        self._load_worst_case()
-        return self.worst_filter
+    def summary(self, state: np.ndarray | None, delta: float) -> dict | None:
+        """The owner's view of the account at ``state`` (None without one).
 
-    def worst_state(self) -> np.ndarray | None:
-        """The worst-case account's state: what the reports cost against any coordinator."""
-        with self._lock:
-            self._load_worst_case()
-            return self._worst_state_locked()
+        Parameters
+        ----------
+        state : numpy.ndarray or None
+            The account's state (``state_locked``).
+        delta : float
+            The enrolment's delta (the account shares it).
 
-    def worst_summary(self) -> dict | None:
-        """The owner's view of the account (``BudgetLedger.summary``'s ``worst_case``); None without one."""
-        worst_state, wc, wf = self.worst_state(), self.worst_case, self.worst_filter
-        if wc is None or wf is None or worst_state is None:
+        Examples
+        --------
+        >>> import tempfile
+        >>> from fedfilter.client.ledger.budget import BudgetLedger
+        >>> ledger = BudgetLedger.enrol(tempfile.mkdtemp(), client_id="a", epsilon=4.0, delta=1e-5,
+        ...                             state_dir=tempfile.mkdtemp(), worst_case_epsilon=8.0)
+        >>> ledger.worst_account.summary(ledger.worst_state(), 1e-5)["budget_epsilon"]
+        8.0
+        >>> ledger.close()
+        """
+        wc, wf = self.worst_case, self.filter
+        if wc is None or wf is None or state is None:
             return None
         return {
             "budget_epsilon": wc.epsilon,
-            "budget_delta": self.enrolment.delta,
-            "spent_epsilon": wf.epsilon_spent(worst_state),
-            "remaining_fraction": float(wf.remaining_fraction(worst_state)),
+            "budget_delta": delta,
+            "spent_epsilon": wf.epsilon_spent(state),
+            "remaining_fraction": float(wf.remaining_fraction(state)),
             "set_at": wc.set_at,
             "spends_before": wc.after_seq,  # spends recorded before it was set, charged conservatively
         }

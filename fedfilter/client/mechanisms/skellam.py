@@ -1,10 +1,10 @@
-"""One distributed round on the device: Skellam noise on SecAgg+'s integer grid (issue 15).
+"""One distributed round on the device: Skellam noise on SecAgg+'s integer grid.
 
 The rule, written once (``SkellamMechanism``, run by ``mechanisms/spend.py``; the engine runs it too), for a request
 ``(z, C, m)`` and the coordinator's SecAgg+ setup ``(q, n, t)`` (checked by
-``grid.check_secagg_state``, with ``t >= m``):
+``client.secagg.neighbourhood.check_secagg_state``, with ``t >= m``):
 
-* ``sigma = z C`` is the accounted std of the released SUM (``round_rules.accounted_noise_std``),
+* ``sigma = z C`` is the accounted std of the released SUM (``protocol.rules.accounted_noise_std``),
   ``gamma = grid_step(C)`` the grid step, ``mu_total = down((sigma / gamma)**2)`` the Skellam
   variance per coordinate the sum must carry (grid units), ``mu_share = up(mu_total / m)`` this
   device's share. The released sum holds ``n' >= t >= m`` reports, so its noise is
@@ -20,7 +20,7 @@ The rule, written once (``SkellamMechanism``, run by ``mechanisms/spend.py``; th
   std in model units (``l2 * gamma``, ``sqrt(mu_share) * gamma``). The commit is durable BEFORE any
   noise is drawn. The steps are the same whether or not the budget is spent (an exhausted device
   clips to 0, so ``k = 0`` and its charge is 0).
-* The worst-case account (``fedfilter.client.ledger.worst_case``, issue 22): what the report costs ALONE,
+* The worst-case account (``fedfilter.client.ledger.worst_case``): what the report costs ALONE,
   to a coordinator that forges the other peers and reads it exactly, ``k + Sk(mu_share)``. Its
   Gaussian allowance ``a_W`` at the share's std ``sqrt(mu_share) gamma`` (not capped at ``C``), its
   charge ``w``, and the largest L2, at most ``min(a_W, C) / gamma``, whose worst-case Skellam charge at

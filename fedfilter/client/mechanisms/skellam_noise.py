@@ -1,4 +1,4 @@
-"""Exact integer Skellam noise from a cryptographic stream, for distributed noise over SecAgg+ (issue 15).
+"""Exact integer Skellam noise from a cryptographic stream, for distributed noise over SecAgg+.
 
 ``Sk(mu)`` = Poisson(mu/2) - Poisson(mu/2) has pmf ``q(x) = exp(-mu) I_|x|(mu)`` and variance ``mu``. The
 accounting (``fedfilter.privacy.skellam``) assumes the noise is EXACTLY Skellam, so, as for
@@ -51,8 +51,8 @@ random bits and ``mu``, never on the data; ``add_skellam_noise`` only shifts the
 
 Assumptions: the stream's words are uniform and independent (ChaCha20); IEEE float64 with correct
 rounding of ``+ - * / sqrt`` (for the two start floats and the table conversion); the Turán inequality and
-the Bessel recurrence (classical). ``mu`` is capped at ``2**32`` (~``4.3e9``, above the ``6.7e7 z^2`` of
-issue 15 for ``z <= 8`` even with ``t = 1``): the table then has ~7.6e5 entries and took 5 s and ~210 MB
+the Bessel recurrence (classical). ``mu`` is capped at ``2**32`` (~``4.3e9``, above the ``6.7e7 z^2`` that
+distributed rounds reach for ``z <= 8`` even with ``t = 1``): the table then has ~7.6e5 entries and took 5 s and ~210 MB
 to build on the development machine; larger values are refused rather than stalling a device.
 """
 

@@ -22,7 +22,6 @@ from typing import ClassVar
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
-from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
 
 from fedfilter.client.flower.npy_codec import encode
 from fedfilter.client.ledger.budget import BudgetLedger
@@ -31,6 +30,7 @@ from fedfilter.client.release import Release
 from fedfilter.client.round.admitted import AdmittedRound, MechanismFor
 from fedfilter.client.round.refusal import refusal
 from fedfilter.client.settings.policy import ClientPolicy, check_request
+from fedfilter.protocol.flower_api import RECORD_KEY_CONFIGS
 from fedfilter.protocol.request import RoundSpec
 from fedfilter.protocol.wire import ARRAYS_RECORD, STATUS_LEFT, STATUS_RECORD, STATUS_REPORT
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 
 from flwr.app import Error, Message
-from flwr.common.constant import ErrorCode
 
+from fedfilter.protocol.flower_api import ErrorCode
 from fedfilter.protocol.refusals import refusal_reason
 
 __all__ = ["ERROR_CODE", "refusal"]

@@ -13,11 +13,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from flwr.app import Context, Error, Message
-from flwr.common.constant import ErrorCode
-from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
 
 from fedfilter.client.filter_mod import individual_filter_mod
 from fedfilter.client.secagg.mod import secure_aggregation_mod
+from fedfilter.protocol.flower_api import RECORD_KEY_CONFIGS, ErrorCode
 from fedfilter.protocol.refusals import refusal_reason
 
 Handler = Callable[[Message, Context], Message]

@@ -119,7 +119,7 @@ def carries_component(files: list[str], component: str) -> bool:
 
 def build_fab(app_dir: Path) -> bytes:
     """The FAB ``flwr run APP_DIR`` builds and sends (Flower's own builder)."""
-    from flwr.cli.build import build_fab_from_disk
+    from fedfilter.protocol.flower_api import build_fab_from_disk
 
     try:
         return build_fab_from_disk(app_dir)

@@ -71,9 +71,11 @@ class RuntimeSettings:
 
 
 def _client(settings: RuntimeSettings, interceptors: list[Any]) -> Any:
-    from flwr.supercore.retry import make_simple_http_retry_invoker
-    from flwr.supercore.runtime import RuntimeHttpClient
-    from flwr.supercore.tls import validate_and_resolve_root_certificates
+    from fedfilter.protocol.flower_api import (
+        RuntimeHttpClient,
+        make_simple_http_retry_invoker,
+        validate_and_resolve_root_certificates,
+    )
 
     return RuntimeHttpClient.from_server_address(
         server_address=settings.runtime_api_address,
@@ -102,9 +104,7 @@ def load_component(component: str) -> Any:
 
 def _load_installed(fab: bytes, digest: str, fab_id: str, fab_version: str) -> Any:
     """Install an approved-by-hash FAB under FLWR_HOME/fedfilter-approved-apps/<full hash> and load it."""
-    from flwr.cli.install import install_from_fab
-    from flwr.clientapp.utils import get_load_client_app_fn
-    from flwr.common.config import get_flwr_home
+    from fedfilter.protocol.flower_api import get_flwr_home, get_load_client_app_fn, install_from_fab
 
     install_dir = Path(get_flwr_home()) / APPS_SUBDIR / digest
     app_path = install_from_fab(fab, install_dir=install_dir, skip_prompt=True)
@@ -141,12 +141,19 @@ class Worker:
 
     def run_task(self, token: str) -> None:
         from flwr.app import Error, Message
-        from flwr.common.constant import ErrorCode, SubStatus
-        from flwr.supercore.heartbeat import HeartbeatSender, make_task_heartbeat_fn_http
-        from flwr.supercore.interceptors import RuntimeTokenHttpInterceptor, RuntimeVersionHttpInterceptor
-        from flwr.supernode.runtime.run_clientapp import pull_task_input, push_message, push_task_output
 
         from fedfilter.client.runtime.approval import decide, load_approved
+        from fedfilter.protocol.flower_api import (
+            ErrorCode,
+            HeartbeatSender,
+            RuntimeTokenHttpInterceptor,
+            RuntimeVersionHttpInterceptor,
+            SubStatus,
+            make_task_heartbeat_fn_http,
+            pull_task_input,
+            push_message,
+            push_task_output,
+        )
 
         client = _client(
             self.settings,
@@ -244,9 +251,12 @@ class Launcher:
                     raise
 
     def serve(self) -> None:
-        from flwr.proto.runtime_pb2 import AcquireTaskRequest  # pylint: disable=E0611
-        from flwr.supercore.constant import TaskType
-        from flwr.supercore.interceptors import RuntimeVersionHttpInterceptor, SuperExecAuthHttpInterceptor
+        from fedfilter.protocol.flower_api import (
+            AcquireTaskRequest,
+            RuntimeVersionHttpInterceptor,
+            SuperExecAuthHttpInterceptor,
+            TaskType,
+        )
 
         client = _client(
             self.settings,
@@ -278,7 +288,7 @@ _OWN_FLAGS = ("--isolation", "--superexec-auth-secret-file")
 
 def split_flower_args(flower_args: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     """Read the Runtime API flags among Flower's; refuse the ones this command sets itself."""
-    from flwr.supercore.constant import SUPERNODE_UVICORN_DEFAULT_PORT, UVICORN_DEFAULT_HOST
+    from fedfilter.protocol.flower_api import SUPERNODE_UVICORN_DEFAULT_PORT, UVICORN_DEFAULT_HOST
 
     taken = [a for a in flower_args if a.split("=", 1)[0] in _OWN_FLAGS]
     if taken:
@@ -377,7 +387,7 @@ def _worker_main(argv: Sequence[str] | None = None) -> None:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("fedfilter").setLevel(logging.INFO)
     if args.parent_pid is not None:
-        from flwr.supercore.app_utils import start_parent_process_monitor
+        from fedfilter.protocol.flower_api import start_parent_process_monitor
 
         start_parent_process_monitor(args.parent_pid)
     settings = RuntimeSettings(

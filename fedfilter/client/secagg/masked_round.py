@@ -21,9 +21,6 @@ from typing import Any, cast
 
 import numpy as np
 from flwr.app import ConfigRecord, Context, Message, RecordDict
-from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
-from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_STATE
-from flwr.compat.common.recorddict_compat import fitres_to_recorddict
 
 from fedfilter.client.ledger.budget import BudgetLedger
 from fedfilter.client.mechanisms.skellam import SkellamGrid, SkellamMechanism, skellam_grid
@@ -33,6 +30,14 @@ from fedfilter.client.round.placement import Placement, installed_placement
 from fedfilter.client.round.refusal import refusal
 from fedfilter.client.secagg.neighbourhood import check_secagg_graph, check_secagg_state
 from fedfilter.client.settings.policy import ClientPolicy
+from fedfilter.protocol.flower_api import (
+    RECORD_KEY_STATE,
+    Code,
+    FitRes,
+    Status,
+    fitres_to_recorddict,
+    ndarrays_to_parameters,
+)
 from fedfilter.protocol.request import RoundSpec, RoundSpecError
 
 __all__ = ["SecAggPlacement", "reply_masked", "secagg_round_grid", "masked_report_content", "SECAGG_STATE_RECORD"]

@@ -41,12 +41,6 @@ from typing import cast
 
 from cryptography.fernet import InvalidToken
 from flwr.app import ConfigRecord, Context, Error, Message, RecordDict
-from flwr.app.message_type import MessageType
-from flwr.client.mod import secaggplus_mod
-from flwr.client.mod.secure_aggregation.secaggplus_mod import SecAggPlusState
-from flwr.common.constant import ErrorCode
-from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, RECORD_KEY_STATE, Key, Stage
-from flwr.common.secure_aggregation.secaggplus_utils import share_keys_plaintext_separate
 
 from fedfilter.client.flower.mod_once import once_per_message
 from fedfilter.client.round.placement import install_placement
@@ -65,6 +59,17 @@ from fedfilter.client.secagg.consistency import (
 )
 from fedfilter.client.secagg.masked_round import SECAGG_STATE_RECORD, SecAggPlacement, reply_masked
 from fedfilter.client.secagg.pinning import Pinning, PinningError, pinning
+from fedfilter.protocol.flower_api import (
+    RECORD_KEY_CONFIGS,
+    RECORD_KEY_STATE,
+    ErrorCode,
+    Key,
+    MessageType,
+    SecAggPlusState,
+    Stage,
+    secaggplus_mod,
+    share_keys_plaintext_separate,
+)
 from fedfilter.protocol.refusals import refusal_reason
 from fedfilter.protocol.secagg.aead import decrypt as decrypt_share
 from fedfilter.protocol.secagg.keys import public_key_problems

@@ -1,4 +1,4 @@
-"""One ledger per simulated device, whichever Ray node runs it (issue 23, item 5).
+"""One ledger per simulated device, whichever Ray node runs it.
 
 On a Ray cluster, Flower's Simulation Engine may run partition ``p``'s ClientApp on a different node
 each round. Each node reads its own device-settings file (``FEDFILTER_DEVICE_SETTINGS`` in the

@@ -11,9 +11,7 @@ import math
 from dataclasses import dataclass, field
 
 from fedfilter.checks import finite, int_in, is_int, positive_finite, short_repr
-from fedfilter.client.mechanisms.gaussian import (
-    NOISE_STD_RANGE,
-)
+from fedfilter.client.mechanisms.gaussian import NOISE_STD_RANGE
 from fedfilter.protocol.request import (
     AFTER_EXHAUSTION,
     INT64_MAX,
@@ -21,7 +19,7 @@ from fedfilter.protocol.request import (
     RoundSpecError,
     request_problems,
 )
-from fedfilter.protocol.rules import DEFAULT_MAX_MIN_REPORTS
+from fedfilter.protocol.rules import DEFAULT_MAX_MIN_REPORTS, accounted_noise_std, added_noise_std
 
 
 @dataclass(frozen=True)
@@ -32,6 +30,22 @@ class SecAggGraphPolicy:
     coordinator's own or to collude with it; the device then requires ``threshold - colluders >=
     min_reports`` and ``2 threshold > share_num + colluders`` (``protocol/secagg/rule.py``). 0: every
     device of its rounds is genuine. ``min_threshold``: the smallest threshold it accepts at all.
+
+    Parameters
+    ----------
+    min_threshold : int, optional
+        The smallest SecAgg+ threshold the device accepts (>= 2).
+    colluders : int, optional
+        The most colluding devices the owner allows among any neighbourhood (>= 0).
+
+    Examples
+    --------
+    >>> SecAggGraphPolicy(colluders=1).min_threshold
+    2
+    >>> SecAggGraphPolicy(min_threshold=1)
+    Traceback (most recent call last):
+    ...
+    ValueError: secagg min_threshold must be an integer >= 2. Found 1.
     """
 
     min_threshold: int = 2
@@ -51,7 +65,29 @@ class SecAggGraphPolicy:
 
 @dataclass(frozen=True)
 class ClientPolicy:
-    """The device owner's rules; they come from the node's own config, never the coordinator."""
+    """The device owner's rules; they come from the node's own config, never the coordinator.
+
+    Parameters
+    ----------
+    min_noise_multiplier : float, optional
+        The smallest noise multiplier ``z`` the device accepts.
+    after_exhaustion : str, optional
+        What the device does once its budget is spent (``"noise-only"`` or ``"leave"``).
+    allow_distributed : bool, optional
+        Whether distributed placement is served (set by the Flower mod from its mod order: only when
+        secure aggregation masks the reply).
+    exhausted_below : float, optional
+        The share of the clip below which the remaining allowance counts as spent.
+    max_min_reports : int, optional
+        The largest ``min_reports`` the device believes.
+    secagg_graph : SecAggGraphPolicy, optional
+        The owner's limits on SecAgg+ neighbourhood graphs.
+
+    Examples
+    --------
+    >>> ClientPolicy(min_noise_multiplier=1.0).after_exhaustion
+    'noise-only'
+    """
 
     min_noise_multiplier: float = 0.5
     after_exhaustion: str = "noise-only"
@@ -136,14 +172,14 @@ def check_request(spec: RoundSpec, policy: ClientPolicy) -> None:
         # (client.mechanisms.gaussian.noise_grid): an overflow to inf, or a std too small for float32 reports,
         # would otherwise fail after training.
         low, high = NOISE_STD_RANGE
-        std = z * c
+        std = accounted_noise_std(z, c)
         if not (math.isfinite(std) and low <= std <= high):
             problems.append(
                 f"noise_multiplier * clip (the noise std) must be a finite number in [2**-100, 2**100]. "
                 f"Found {z!r} * {c!r} = {std!r}."
             )
         elif spec.placement == "distributed" and m is not None:
-            share = std / math.sqrt(int(m))
+            share = added_noise_std(z, c, "distributed", int(m))
             if not low <= share <= high:
                 problems.append(
                     f"noise_multiplier * clip / sqrt(min_reports) (each report's noise std) must be "

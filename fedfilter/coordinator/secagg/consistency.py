@@ -30,15 +30,18 @@ from logging import DEBUG
 from typing import cast
 
 from flwr.app import ConfigRecord, Message, RecordDict
-from flwr.app.message_type import MessageType
-from flwr.common.logger import log
-from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key
-from flwr.server import LegacyContext
-from flwr.server.workflow import SecAggPlusWorkflow
-from flwr.server.workflow.secure_aggregation.secaggplus_workflow import WorkflowState
 from flwr.serverapp import Grid
 
 from fedfilter.coordinator.replies import refusal_of
+from fedfilter.protocol.flower_api import (
+    RECORD_KEY_CONFIGS,
+    Key,
+    LegacyContext,
+    MessageType,
+    SecAggPlusWorkflow,
+    WorkflowState,
+    log,
+)
 from fedfilter.protocol.wire import CONSISTENCY_RECORD, CONSISTENCY_STAGE, LEGACY_CONFIGS_RECORD, LEGACY_CURRENT_ROUND
 
 __all__ = ["ConsistencyCheckedSecAggPlus"]

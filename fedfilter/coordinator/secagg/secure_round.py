@@ -35,17 +35,22 @@ from logging import INFO
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, RecordDict
-from flwr.common import FitIns, Parameters, parameters_to_ndarrays
-from flwr.common.logger import log
-from flwr.server import LegacyContext, ServerConfig
-from flwr.server.client_manager import ClientManager
-from flwr.server.client_proxy import ClientProxy
-from flwr.server.compat.grid_client_proxy import GridClientProxy
-from flwr.server.strategy import Strategy as LegacyStrategy
-from flwr.server.workflow.secure_aggregation.secaggplus_workflow import WorkflowState
 from flwr.serverapp import Grid
 
 from fedfilter.coordinator.secagg.consistency import ConsistencyCheckedSecAggPlus
+from fedfilter.protocol.flower_api import (
+    ClientManager,
+    ClientProxy,
+    FitIns,
+    GridClientProxy,
+    LegacyContext,
+    LegacyStrategy,
+    Parameters,
+    ServerConfig,
+    WorkflowState,
+    log,
+    parameters_to_ndarrays,
+)
 from fedfilter.protocol.secagg.graph import choose_graph, graph_abort_probability
 from fedfilter.protocol.secagg.grid import DEFAULT_DROPOUT_RATE, decode_sum, grid_step, secaggplus_settings
 from fedfilter.protocol.secagg.masks import cryptographic_masks

@@ -40,7 +40,22 @@ ABORT_TARGET = 2.0**-20
 class SecAggGraph:
     """A SecAgg+ neighbourhood size ``num_shares`` (k: odd, or ``n`` for the full graph) and threshold
     (t), with ``abort_probability``, a per-round bound (rounded up) on the probability that the round
-    cannot be unmasked under the drop-out rate it was chosen for."""
+    cannot be unmasked under the drop-out rate it was chosen for.
+
+    Parameters
+    ----------
+    num_shares : int
+        ``k``, the holders of each node's shares, itself included.
+    threshold : int
+        ``t``, the shares that rebuild a secret.
+    abort_probability : float
+        The per-round bound on an abort.
+
+    Examples
+    --------
+    >>> SecAggGraph(5, 3, 0.25).num_shares
+    5
+    """
 
     num_shares: int
     threshold: int
@@ -104,14 +119,34 @@ def _abort_exact(n: int, k: int, t: int, dropped: int) -> Fraction:
     """
     if k >= n:
         k = n
-    answering = (n - dropped) * _hypergeom_tail(n - 1, dropped, k - 1, k - t + 1)
+    # Every node dropped (a rate above (n - 1) / n): no answering node, and the dropped ones abort it.
+    answering = (n - dropped) * _hypergeom_tail(n - 1, dropped, k - 1, k - t + 1) if dropped < n else Fraction(0)
     gone = dropped * _hypergeom_tail(n - 1, max(dropped - 1, 0), k - 1, k - t) if dropped else Fraction(0)
     return min(Fraction(1), answering + gone)
 
 
 def graph_abort_probability(n: int, num_shares: int, threshold: int, *, dropout_rate: float) -> float:
     """Per-round upper bound on P(some node keeps fewer than ``threshold`` answering holders) when at most
-    ``ceil(dropout_rate * n)`` of the ``n`` nodes drop out, rounded up (``_abort_exact``)."""
+    ``ceil(dropout_rate * n)`` of the ``n`` nodes drop out, rounded up (``_abort_exact``).
+
+    Parameters
+    ----------
+    n : int
+        The sampled nodes.
+    num_shares : int
+        ``k``: odd, or ``n`` for the full graph.
+    threshold : int
+        ``t``, in ``[1, k]``.
+    dropout_rate : float
+        The assumed share of nodes that drop, in ``[0, 1)``.
+
+    Examples
+    --------
+    >>> graph_abort_probability(10, 10, 6, dropout_rate=0.0)
+    0.0
+    >>> graph_abort_probability(10, 10, 6, dropout_rate=0.5)  # 5 of 10 drop: fewer than 6 answer
+    1.0
+    """
     _check_graph(n, num_shares, threshold)
     return _round_up(_abort_exact(n, num_shares, threshold, _rate_count("dropout_rate", dropout_rate, n)))
 
@@ -129,6 +164,23 @@ def choose_graph(n: int, *, min_reports: int, colluders: int = 0, dropout_rate: 
     ``graph_problems`` allows with an abort probability within ``ABORT_TARGET``; when none meets the
     target, the allowed ``k`` (raising ``t`` if no ``k`` is allowed at it) with the smallest abort
     probability. Raises ``ValueError`` when ``m + c`` exceeds ``n``: no round could be unmasked.
+
+    Parameters
+    ----------
+    n : int
+        The sampled nodes (>= 2).
+    min_reports : int
+        ``m`` of the round's request (>= 1).
+    colluders : int, optional
+        ``c``, the owners' assumption (>= 0).
+    dropout_rate : float
+        The assumed share of nodes that drop, in ``[0, 1)``.
+
+    Examples
+    --------
+    >>> graph = choose_graph(200, min_reports=20, dropout_rate=0.05)
+    >>> graph.threshold, graph.num_shares % 2, graph.abort_probability <= ABORT_TARGET
+    (20, 1, True)
     """
     if isinstance(n, bool) or not isinstance(n, int) or n < 2:
         raise ValueError(f"n must be an integer >= 2. Found {n!r}.")

@@ -34,13 +34,43 @@ __all__ = ["fewest_honest_reports", "graph_problems", "smallest_threshold"]
 
 
 def fewest_honest_reports(threshold: int, colluders: int) -> int:
-    """The fewest reports of honest devices in any unmasked sum that holds an honest device's report."""
+    """The fewest reports of honest devices in any unmasked sum that holds an honest device's report.
+
+    Parameters
+    ----------
+    threshold : int
+        ``t``, the Shamir threshold each device splits its secrets with.
+    colluders : int
+        ``c``, the most devices of a neighbourhood the coordinator controls.
+
+    Examples
+    --------
+    >>> fewest_honest_reports(12, 2)
+    10
+    """
     return int(threshold) - int(colluders)
 
 
 def smallest_threshold(share_num: int, *, min_reports: int, colluders: int = 0) -> int:
     """The smallest ``t`` that passes ``graph_problems`` for ``share_num`` (it may exceed ``share_num``,
-    in which case no ``t`` does)."""
+    in which case no ``t`` does).
+
+    Parameters
+    ----------
+    share_num : int
+        ``k``, the most holders of each device's shares.
+    min_reports : int
+        ``m`` of the round's request.
+    colluders : int, optional
+        ``c``, the owner's assumption.
+
+    Examples
+    --------
+    >>> smallest_threshold(21, min_reports=10)  # 2 t > 21
+    11
+    >>> smallest_threshold(21, min_reports=30)  # more than k: no threshold works with 21 holders
+    30
+    """
     return max(2, int(min_reports) + int(colluders), (int(share_num) + int(colluders)) // 2 + 1)
 
 
