@@ -212,7 +212,6 @@ if TYPE_CHECKING:  # the first location of each name in LOCATIONS (a test holds 
     from flwr.common.constant import SType as SType
     from flwr.common.constant import SubStatus as SubStatus
     from flwr.common.logger import FLOWER_LOGGER as FLOWER_LOGGER
-    from flwr.serverapp.strategy.strategy_utils import log_strategy_start_info as log_strategy_start_info
     from flwr.common.logger import log as log
     from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS as RECORD_KEY_CONFIGS
     from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_STATE as RECORD_KEY_STATE
@@ -232,6 +231,7 @@ if TYPE_CHECKING:  # the first location of each name in LOCATIONS (a test holds 
     from flwr.server.strategy import Strategy as LegacyStrategy  # noqa: F401 (exported under this name)
     from flwr.server.workflow import SecAggPlusWorkflow as SecAggPlusWorkflow
     from flwr.server.workflow.secure_aggregation.secaggplus_workflow import WorkflowState as WorkflowState
+    from flwr.serverapp.strategy.strategy_utils import log_strategy_start_info as log_strategy_start_info
     from flwr.supercore.app_utils import start_parent_process_monitor as start_parent_process_monitor
     from flwr.supercore.constant import SUPERNODE_UVICORN_DEFAULT_PORT as SUPERNODE_UVICORN_DEFAULT_PORT
     from flwr.supercore.constant import UVICORN_DEFAULT_HOST as UVICORN_DEFAULT_HOST
