@@ -3,7 +3,7 @@
     python benchmarks/filter_rounds.py [--rounds-only]
 
 Rounds: a fresh client, every clipped update of norm exactly C, noise std z*C, delta = 1e-5, for
-z = 170 (papers/004 Appendix A's eps = 0.3 setting) and z = 5 (a typical federated setting).
+z = 170 (Feldman & Zrnic (2021) Appendix A's eps = 0.3 setting) and z = 5 (a typical federated setting).
 Latency: one FilteredClient.release (validate, allowance, clip, durable SQLite commit with
 synchronous=FULL, noise) of a 100k-parameter update, against a baseline measured in the same run:
 a bare SQLite insert+commit with the same durability settings on the same disk (the fsync floor).

@@ -32,7 +32,7 @@ per-device ``(epsilon, delta)``, five ways:
     the exact Gaussian-DP filter).
 (e) ``no-privacy``: Flower's plain ``FedAvg`` on the same Grid and ClientApps.
 (f) ``engine-central`` (a diagnostic, not in the default ``--arms``): (a)'s mechanism through
-    fedfilter's engine: the engine's ``central`` placement (papers/004's trusted curator: the clipped
+    fedfilter's engine: the engine's ``central`` placement (Feldman & Zrnic's trusted curator: the clipped
     updates summed in the clear, one Gaussian draw ``N(0, (z C)^2)`` added), at (a)'s ``z``, each
     device's Gaussian-DP filter. A TRUSTED server. (f) against (a) is the engine against Flower's
     strategy code on one mechanism; (b) against (f) is what the distributed mechanism costs.

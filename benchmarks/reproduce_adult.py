@@ -1,4 +1,4 @@
-"""Reproduce papers/001's Adult table (private GD with and without filtering) on the engine.
+"""Reproduce the short version's Adult table (private GD with and without filtering) on the engine.
 
     # 1. tune private GD (Algorithm 6) on a validation split of the training rows
     nice -n 10 python benchmarks/reproduce_adult.py --tune > adult_tune.log 2>&1

@@ -17,10 +17,10 @@ from fedfilter.protocol.request import PLACEMENTS
 
 FILTER_HELP = {
     "gdp": "exact Gaussian-DP filter (default; the most rounds any valid accountant admits)",
-    "rdp": "Rényi filter at dp_accounting's best order, full delta (papers/004 Thm 4.3, Remark 4.4)",
-    "zcdp": "papers/004 Theorem 4.9 (zCDP to (eps, delta))",
-    "basic": "papers/003 Theorem 3.4 via Lemma 3.3 (baseline)",
-    "advanced": "papers/003 Theorem 5.1 via Lemma 3.3 (baseline)",
+    "rdp": "Rényi filter at dp_accounting's best order, full delta (Feldman & Zrnic (2021) Thm 4.3, Remark 4.4)",
+    "zcdp": "Feldman & Zrnic (2021) Theorem 4.9 (zCDP to (eps, delta))",
+    "basic": "Rogers et al. (2016) Theorem 3.4 via Lemma 3.3 (baseline)",
+    "advanced": "Rogers et al. (2016) Theorem 5.1 via Lemma 3.3 (baseline)",
 }
 
 

@@ -1,7 +1,7 @@
 """``fedfilter odometer``: the privacy odometer of a given history (``privacy/odometer.py``).
 
 Per-round losses in each kind's natural units: ``--epsilons`` (pure-DP epsilons, with optional
-``--deltas`` through papers/003 Lemma 3.3) for ``basic`` and ``advanced``; ``--mus`` (Gaussian-DP
+``--deltas`` through Rogers et al. (2016) Lemma 3.3) for ``basic`` and ``advanced``; ``--mus`` (Gaussian-DP
 mu_t, the noise multiplier's inverse times the clipped norm) for ``gdp``; ``--rdp`` (Rényi losses
 at ``--order``) for ``rdp``. The value bounds the privacy loss at every round at once with
 probability ``1 - delta``, ``delta`` as printed (``--delta-g``, plus ``--delta-g-prime`` with
@@ -83,7 +83,7 @@ def odometer_value(args: argparse.Namespace) -> dict:
 
         if args.deltas is None:
             out["epsilon"] = pure(eps)
-        else:  # papers/003 Lemma 3.3: valid at delta_g + delta_g'
+        else:  # Rogers et al. (2016) Lemma 3.3: valid at delta_g + delta_g'
             prime = _need(args, "--delta-g-prime", kind)
             out["epsilon"] = odo.lemma33_odometer(pure, eps, _floats("--deltas", args.deltas), prime)
             out["delta"] = float(add_up(args.delta_g, prime))
@@ -143,13 +143,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--kind",
         choices=list(KINDS),
         required=True,
-        help="basic/advanced: papers/003 Theorems 3.4/6.5 over --epsilons; gdp: --mus; rdp: --rdp at --order",
+        help="basic/advanced: Rogers et al. (2016) Theorems 3.4/6.5 over --epsilons; gdp: --mus; rdp: --rdp at --order",
     )
     p.add_argument("--epsilons", help="basic/advanced: per-round pure-DP epsilons, comma-separated")
-    p.add_argument("--deltas", help="basic/advanced: per-round deltas (papers/003 Lemma 3.3)")
+    p.add_argument("--deltas", help="basic/advanced: per-round deltas (Rogers et al. (2016) Lemma 3.3)")
     p.add_argument("--delta-g", type=float, required=True, help="the odometer's failure probability")
     p.add_argument("--delta-g-prime", type=float, help="with --deltas: the share for the deltas (Lemma 3.3)")
-    p.add_argument("--n", type=int, help="advanced: n of papers/003 Theorem 6.5")
+    p.add_argument("--n", type=int, help="advanced: n of Rogers et al. (2016) Theorem 6.5")
     p.add_argument("--mus", help="gdp: per-round Gaussian-DP mu_t, comma-separated")
     p.add_argument("--rdp", help="rdp: per-round Rényi losses at --order, comma-separated")
     p.add_argument("--order", type=float, help="rdp: the Rényi order alpha > 1")

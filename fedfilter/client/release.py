@@ -1,6 +1,6 @@
 """One round on the client: filter, clip, record durably, add noise (both placements).
 
-This is papers/004 Algorithm 7 in the local form of Remark 4.6: the client clips its update to
+This is Feldman & Zrnic (2021) Algorithm 7 in the local form of Remark 4.6: the client clips its update to
 ``min(C, allowance)`` where the allowance is the largest norm its own filter still admits at the
 noise it will add, pays ``(norm / (z C))^2`` (in the filter's units), and once nothing is left
 answers with pure noise (``noise-only``) or an explicit marker (``leave``). The coordinator is not

@@ -59,7 +59,7 @@ def device_report(ledger_dir: Path, run_id: str | None) -> dict[str, Any]:
             "spent_epsilon": spent,
             "worst_case_epsilon": None if worst is None else worst["budget_epsilon"],
             "worst_case_spent_epsilon": None if worst is None else worst["spent_epsilon"],
-            # Valid at any moment (papers/003 Definition 3.2), also if the device stops now.
+            # Valid at any moment (Rogers et al. (2016) Definition 3.2), also if the device stops now.
             "odometer_epsilon": filter_odometer(ledger.filter, ledger.state()),
             "exhausted_round": exhausted_round(records, run_id),
             "contributed_rounds": contributed_rounds(records, run_id),
@@ -69,7 +69,7 @@ def device_report(ledger_dir: Path, run_id: str | None) -> dict[str, Any]:
 
 
 def odometer_report(ledger: BudgetLedger, federations: list[str | None]) -> dict[str, Any]:
-    """The odometer (papers/003 Definition 3.2) of the device's lifetime spend and of each
+    """The odometer (Rogers et al. (2016) Definition 3.2) of the device's lifetime spend and of each
     federation's, at the ledger's delta: a bound on the privacy loss so far that holds at every
     moment, also if the device stops now. The filter's guarantee is its budget while it keeps it."""
     filt = ledger.filter

@@ -1,4 +1,4 @@
-"""The one order in which every release spends: allowance, clip and snap, charge, commit (papers/004 Alg. 7).
+"""The one order in which every release spends: allowance, clip and snap, charge, commit (Feldman & Zrnic 2021, Alg. 7).
 
 Every path runs this template: the device in local placement (Gaussian noise), the device in
 distributed placement (Skellam noise on SecAgg+'s grid), and the simulation engine (both, one row

@@ -73,7 +73,7 @@ Agreement with the Flower path, precisely
   integer norms -> commit, the device's functions in the device's order), so filter states are bitwise a device's; with
   ``noise_draw="per-client"`` each integer report is bitwise the device's, and the integer sum (hence
   the mean) is exact whatever the order. ``norms="fast"`` falls back to ``vectorised`` there.
-* ``central`` placement has no device counterpart: papers/004's trusted curator (private GD), used by
+* ``central`` placement has no device counterpart: Feldman & Zrnic's trusted curator (private GD), used by
   ``fedfilter.simulations.reproduce``.
 """
 

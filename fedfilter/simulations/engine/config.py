@@ -22,7 +22,7 @@ from fedfilter.protocol.secagg.graph import SecAggGraph
 CLIENT_MODES = ("auto", "single-example", "multi-example")
 NOISE_DRAWS = ("per-client", "aggregate")
 NORMS = ("device", "vectorised", "fast")
-# The devices' placements, and "central": papers/004's trusted curator, which no device runs.
+# The devices' placements, and "central": Feldman & Zrnic's trusted curator, which no device runs.
 ENGINE_PLACEMENTS = (*PLACEMENTS, "central")
 GROUP_BY = ("label", "client", "none")
 # "individual": each release charged at its certified norm (the device's rule). "worst-case": the
@@ -42,7 +42,7 @@ class EngineConfig:
         Personal lifetime budget: one number for every client, or one per client.
     delta, filter_kind, run_quota
         As in ``fedfilter.client.ledger.budget.BudgetLedger.enrol``. ``filter_kind`` is ``gdp`` (exact Gaussian-DP
-        filter), ``zcdp`` (papers/004 Theorem 4.9) or ``rdp``.
+        filter), ``zcdp`` (Feldman & Zrnic (2021) Theorem 4.9) or ``rdp``.
     noise_multiplier, clip, placement, min_reports
         The coordinator's request (``fedfilter.protocol.request.RoundSpec``): accounted noise std is
         ``sigma = noise_multiplier * clip``. ``local``: each report carries Gaussian noise of std sigma
@@ -51,7 +51,7 @@ class EngineConfig:
         ``Sk(mu_share)``, ``mu_share = mu_total / min_reports`` (rounded up), ``mu_total = (sigma /
         gamma)**2`` (rounded down) in grid units, the coordinator sees only the sum mod q, and a
         round with fewer than ``min_reports`` reports is not released; needs ``filter_kind="rdp"``.
-        ``central`` (simulation only; papers/004's private GD): the coordinator sums the clipped
+        ``central`` (simulation only; Feldman & Zrnic's private GD): the coordinator sums the clipped
         updates and adds one ``N(0, sigma^2 I)`` draw; needs ``noise_draw="aggregate"``.
     secagg_graph, secagg_dropout_rate, secagg_colluders
         Distributed placement: the SecAgg+ neighbourhoods (``fedfilter.protocol.secagg.graph``).

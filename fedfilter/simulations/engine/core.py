@@ -22,7 +22,7 @@ on ``RoundRows`` (every budget group's rows; one admits check, one spend per sta
 ``distributed`` placement runs the device's other mechanism instead: Skellam noise on the SecAgg+
 integer grid, charged to the rdp filter at alpha*, and the coordinator's mean from the wrapped
 integer sum of at least ``min_reports`` reports (``fedfilter.simulations.engine.distributed_round``).
-``central`` placement (simulation only, no device runs it) is papers/004's trusted curator: the clipped
+``central`` placement (simulation only, no device runs it) is Feldman & Zrnic's trusted curator: the clipped
 updates are summed in the clear and one ``N(0, (z C)^2 I)`` draw is added to the sum.
 """
 

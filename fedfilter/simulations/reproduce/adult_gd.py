@@ -1,7 +1,8 @@
-"""papers/001 (short version of papers/004): private GD with and without filtering on UCI Adult.
+"""Feldman & Zrnic (2021, short version): private GD with and without filtering on UCI Adult.
 
-papers/001 reports Adult accuracies for eps in {0.3, 0.5, 1.2} (delta = 1e-5) but gives no model
-or hyperparameters for Adult (neither does papers/004, whose Appendix A covers MNIST only). We use
+The short version of Feldman & Zrnic (2021) reports Adult accuracies for eps in {0.3, 0.5, 1.2}
+(delta = 1e-5) but gives no model or hyperparameters for Adult (neither does the full version, whose
+Appendix A covers MNIST only). We use
 logistic regression (``fedfilter.simulations.tasks.models.LogisticRegression``, 108 one-hot/standardised
 features + bias) with one single-example client per training row (32,561), full-batch GD, and
 choose (C, eta, k) per eps by the same protocol the paper describes for MNIST: tune private GD,
@@ -31,7 +32,7 @@ from fedfilter.simulations.reproduce.private_gd import (
 DELTA = 1e-5
 EPSILONS = (0.3, 0.5, 1.2)
 VARIANTS = ("paper", "gdp-noise", "gdp-steps")
-# papers/001 'Adult accuracies' table, percent: (private GD, private GD w/ filtering).
+# Feldman & Zrnic (2021, short version) 'Adult accuracies' table, percent: (private GD, private GD w/ filtering).
 PAPER_TABLE = {
     0.3: ((83.80, 0.22), (83.91, 0.12)),
     0.5: ((84.11, 0.15), (84.18, 0.10)),

@@ -1,6 +1,6 @@
-"""papers/004 Section 5.1 / Appendix A on full MNIST: 60,000 single-example clients, full-batch GD.
+"""Feldman & Zrnic (2021) Section 5.1 / Appendix A on full MNIST: 60,000 single-example clients, full-batch GD.
 
-Hyperparameters (papers/004 Appendix A), delta = 1e-5:
+Hyperparameters (Feldman & Zrnic (2021) Appendix A), delta = 1e-5:
 
 =====  =====  ===  ====  ===  ===========================
 eps    sigma  C    eta   k    B_norm = k C^2 (filtered)
@@ -38,14 +38,14 @@ DELTA = 1e-5
 EPSILONS = (0.3, 0.5, 1.0)
 REGIMES = ("tuned", "subopt-clip", "subopt-noise")
 VARIANTS = ("paper", "gdp-noise", "gdp-steps")
-TUNED = {  # papers/004 Appendix A
+TUNED = {  # Feldman & Zrnic (2021) Appendix A
     0.3: dict(sigma=170.0, clip=10.0, eta=0.2, k=112),
     0.5: dict(sigma=130.0, clip=15.0, eta=0.15, k=180),
     1.0: dict(sigma=100.0, clip=10.0, eta=0.2, k=420),
 }
-FACTOR = {0.3: 1.5, 0.5: 1.5, 1.0: 2.0}  # papers/004 Section 5.1
+FACTOR = {0.3: 1.5, 0.5: 1.5, 1.0: 2.0}  # Feldman & Zrnic (2021) Section 5.1
 
-# papers/004 Section 5.1 tables (mean +- deviation over 10 trials), in percent: (private GD, with filtering).
+# Feldman & Zrnic 2021, Section 5.1 tables (mean +- deviation over 10 trials), in percent: (private GD, with filtering).
 PAPER_TABLES = {
     "tuned": {
         0.3: ((93.29, 0.49), (93.64, 0.46)),

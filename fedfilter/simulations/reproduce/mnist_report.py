@@ -1,5 +1,5 @@
 """The report side of the MNIST reproduction (``benchmarks/reproduce_mnist.py``): reading its JSONL
-results, the Markdown tables beside papers/004 Section 5.1's (with the privacy check under them), the
+results, the Markdown tables beside Feldman & Zrnic (2021) Section 5.1's (with the privacy check under them), the
 marked table block of a document, and the PNG plot.
 """
 
@@ -101,7 +101,7 @@ def write_table(args) -> Path:
 
 
 def table(args) -> str:
-    """Markdown tables of the JSONL results beside papers/004 Section 5.1's.
+    """Markdown tables of the JSONL results beside Feldman & Zrnic (2021) Section 5.1's.
 
     Parameters
     ----------
@@ -135,7 +135,7 @@ def table(args) -> str:
     lines = []
     for regime in REGIMES:
         lines += [
-            f"\n**{regime}** (papers/004 Section 5.1 table '{regime}'; test accuracy %, mean ± std over "
+            f"\n**{regime}** (Feldman & Zrnic (2021) Section 5.1 table '{regime}'; test accuracy %, mean ± std over "
             "trials; ours: population std, as for Adult)\n",
             "| eps | paper: GD | paper: GD + filter | ours: GD | ours: GD + filter | inside paper's mean ± std "
             "(GD / + filter) | GDP filter, paper's sigma (a): k / GD / + filter | GDP filter, paper's k (b): "
@@ -225,7 +225,7 @@ def privacy_check(rows: list[dict]) -> str:
 def plot(args) -> Path:
     """Draw the results into one PNG (``args.plot``).
 
-    Top: ours against papers/004's mean ± std per cell, with the two Gaussian-DP columns beside
+    Top: ours against Feldman & Zrnic's mean ± std per cell, with the two Gaussian-DP columns beside
     them. Bottom, one panel per eps: each run's test accuracy at the stopping rule's queries (step k
     onwards), the star marking the query the rule picks by training accuracy.
 
@@ -289,7 +289,7 @@ def plot(args) -> Path:
     ax.set_xticks(xs, [f"{g}\neps {e}" for e, g in cells], fontsize=8)
     ax.set_ylabel("test accuracy (%)")
     ax.set_title(
-        "papers/004 Section 5.1: MNIST, 60,000 single-example clients (paper's columns left of "
+        "Feldman & Zrnic (2021) Section 5.1: MNIST, 60,000 single-example clients (paper's columns left of "
         "each tick, Gaussian-DP columns right)"
     )
     ax.legend(fontsize=7, loc="lower right", ncol=2)

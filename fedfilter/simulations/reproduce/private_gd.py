@@ -1,4 +1,4 @@
-"""papers/004 Section 5: private GD (Algorithm 6) and private GD with filtering (Algorithm 7).
+"""Feldman & Zrnic (2021) Section 5: private GD (Algorithm 6) and private GD with filtering (Algorithm 7).
 
 Both run on the vectorised engine with one single-example client per training point:
 
@@ -13,7 +13,7 @@ With the filter's budget equal to ``k`` full-norm steps (``B_norm = k C^2``), ev
 the first ``k`` steps is exactly ``C`` (checked against the filter itself, ``full_steps``), so
 Algorithm 7's first ``k`` iterates *are* Algorithm 6's: one run yields both (``run_cell``).
 
-The paper's stopping rule (papers/004 Appendix A): from step ``B_norm / C^2 = k`` on, query the
+The paper's stopping rule (Feldman & Zrnic (2021) Appendix A): from step ``B_norm / C^2 = k`` on, query the
 training accuracy 8 times in intervals of 5 steps (steps k, k+5, ..., k+35) and keep the iterate
 with the highest one. For eps = 1.0 in the tuned regime the paper sets ``k_max = k``
 (Appendix A), so filtering adds nothing there.
@@ -35,7 +35,7 @@ from fedfilter.simulations.engine import Engine, EngineConfig
 from fedfilter.simulations.engine.checkpoint import load_checkpoint, save_checkpoint
 from fedfilter.simulations.tasks.registry import Task
 
-QUERIES, QUERY_EVERY = 8, 5  # papers/004 Appendix A
+QUERIES, QUERY_EVERY = 8, 5  # Feldman & Zrnic (2021) Appendix A
 
 
 @dataclass(frozen=True)
@@ -185,7 +185,7 @@ def calibrate_epsilon(kind: str, *, k: int, sigma: float, clip: float, delta: fl
 def paper_setting(
     epsilon: float, regime: str, *, sigma: float, clip: float, eta: float, k: int, delta: float, extra_steps: int
 ) -> GDSetting:
-    """papers/004's own column: zCDP filter (Theorem 4.9) with ``B_norm = k C^2``.
+    """Feldman & Zrnic's own column: zCDP filter (Theorem 4.9) with ``B_norm = k C^2``.
 
     Algorithm 6's guarantee (Proposition 5.1) is ``k / (2 sigma^2)``-zCDP, i.e. epsilon =
     ``zcdp.epsilon_from_zcdp(k / (2 sigma^2), delta)`` (0.30066 for the eps = 0.3 row). The

@@ -1,4 +1,4 @@
-"""Sparse linear queries under individual filters (papers/004 Theorem 1.2, Corollary 4.7).
+"""Sparse linear queries under individual filters (Feldman & Zrnic (2021) Theorem 1.2, Corollary 4.7).
 
 ``simulate(SparseQueryConfig(...))`` runs a continual-monitoring simulation twice on the same users:
 worst-case accounting (every user pays every day) and the individual filter (users pay only on the

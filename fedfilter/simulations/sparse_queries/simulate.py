@@ -1,6 +1,6 @@
 """Continual counting with sparse users: worst-case accounting vs the individual filter.
 
-The setting of papers/004 (Feldman and Zrnic, NeurIPS 2021), Section 4.2 and Theorem 1.2: each of
+The setting of Feldman & Zrnic (2021) (Feldman and Zrnic, NeurIPS 2021), Section 4.2 and Theorem 1.2: each of
 ``n`` users is active (``x[i, t] = 1``) on few days, and every day the analyst asks for the count
 of active users through the Gaussian mechanism. Worst-case accounting charges every user a full
 release every day, so all filters halt together after ``s`` days; the individual filter charges a
@@ -145,7 +145,7 @@ def kappa_of(filt: GaussianFilter) -> float:
     A filter continues while ``w_j sum (s_t / std_t)^2 <= B_j`` for some coordinate ``j``, i.e. while
     ``sum s_t^2 / (2 std_t^2) <= B_j / (2 w_j)``: that is ``kappa``-zCDP with ``kappa = B / (2 w)``
     (Bun and Steinke 2016, Proposition 1.6). For ``gdp`` and ``zcdp`` this is the filter's whole
-    guarantee (papers/004 Theorem 1.2 part 1); for ``rdp`` it holds at the best order only.
+    guarantee (Feldman & Zrnic (2021) Theorem 1.2 part 1); for ``rdp`` it holds at the best order only.
 
     Parameters
     ----------
@@ -209,7 +209,7 @@ def noise_for_sparsity(filt: GaussianFilter, sparsity: int) -> float:
 
 
 def theorem_bound(*, sparsity: int, kappa: float, failure_prob: float) -> float:
-    """papers/004 Theorem 1.2 part (2): ``sqrt(s log(1/beta) / kappa)``.
+    """Feldman & Zrnic (2021) Theorem 1.2 part (2): ``sqrt(s log(1/beta) / kappa)``.
 
     Parameters
     ----------
@@ -472,7 +472,7 @@ def _run_worst_case(x: np.ndarray, filt: GaussianFilter, sigma: float, rng: np.r
 
 
 def _run_individual(x: np.ndarray, filt: GaussianFilter, sigma: float, rng: np.random.Generator) -> MethodRun:
-    """papers/004 Algorithm 3: each user is charged ``(x[i, t] / sigma)^2``; refused users drop out of S_t."""
+    """Feldman & Zrnic 2021, Algorithm 3: each user pays ``(x[i, t] / sigma)^2``; refused users leave S_t."""
     n, days = x.shape
     state = filt.initial_state(n)
     answers = np.empty(days)
