@@ -1,7 +1,6 @@
 """The allowance does the same work on every state (no timing channel on exhaustion), is admitted,
 and lands within 1e-12 of the budget."""
 
-import gc
 import importlib.util
 import subprocess
 import sys
@@ -10,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers.trace import lines_in, trace_of
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -30,49 +30,6 @@ def states_of(filt):
         "at_budget": np.array([b]),
         "spent": spent,
     }
-
-
-ROOT = Path(__file__).resolve().parents[2] / "fedfilter"  # the packages; paths below are relative to it
-OURS = (str(ROOT) + "/",)
-
-
-def trace_of(fn):
-    """The work ``fn`` does, in order: every line of fedfilter's own code it executes (sys.settrace),
-    and every builtin call (numpy's included) it makes (sys.setprofile).
-
-    The garbage collector is paused: its callbacks (hypothesis installs one) run whenever a
-    collection happens to fall, which is the process's business, not the state's.
-    """
-    events = []
-
-    def lines(frame, event, arg):
-        if event == "line":
-            events.append(("line", frame.f_code.co_filename, frame.f_lineno))
-        return lines
-
-    def ours(frame, event, arg):
-        return lines if frame.f_code.co_filename.startswith(OURS) else None
-
-    def prof(frame, event, arg):
-        if event == "c_call":
-            events.append(("c_call", getattr(arg, "__name__", repr(type(arg)))))
-
-    gc.collect()
-    gc.disable()
-    sys.setprofile(prof)
-    sys.settrace(ours)
-    try:
-        fn()
-    finally:
-        sys.settrace(None)
-        sys.setprofile(None)
-        gc.enable()
-    return events
-
-
-def lines_in(trace, path: str) -> int:
-    """How many executed lines of the trace lie in ``path`` (relative to fedfilter/)."""
-    return sum(1 for e in trace if e[0] == "line" and e[1] == str(ROOT / path))
 
 
 @pytest.mark.parametrize("kind", FILTER_KINDS)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_secagg_device_release import release_skellam
+from helpers.skellam_release import release_skellam
 
 from fedfilter.client.ledger.budget import BudgetLedger
 from fedfilter.client.ledger.quota import Quotas

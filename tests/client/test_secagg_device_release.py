@@ -11,13 +11,13 @@ import textwrap
 
 import numpy as np
 import pytest
+from helpers.skellam_release import release_skellam
 
 from fedfilter.client.ledger.budget import BudgetLedger
 from fedfilter.client.ledger.storage import ReplayError
-from fedfilter.client.mechanisms.gaussian_noise import NoiseStream, round_noise_stream
-from fedfilter.client.mechanisms.skellam import SkellamMechanism, skellam_grid
-from fedfilter.client.release import release
-from fedfilter.client.settings.policy import ClientPolicy, check_request
+from fedfilter.client.mechanisms.gaussian_noise import round_noise_stream
+from fedfilter.client.mechanisms.skellam import skellam_grid
+from fedfilter.client.settings.policy import ClientPolicy
 from fedfilter.privacy.filters import rdp_order
 from fedfilter.privacy.rounding import down
 from fedfilter.privacy.skellam import integer_norms, l2_up, skellam_charge
@@ -27,22 +27,6 @@ from fedfilter.protocol.secagg.grid import grid_step, secaggplus_settings
 POLICY = ClientPolicy(allow_distributed=True)
 N_SAMPLED = 10
 Q = secaggplus_settings(N_SAMPLED)["quantization_range"]
-
-
-def release_skellam(ledger, policy, spec, update, grid, *, noise_seed=None):
-    """What the mod does for a masked round: validate the request, then release it with Skellam noise."""
-    check_request(spec, policy)
-    stream = NoiseStream() if noise_seed is None else round_noise_stream(noise_seed, spec.run_id, spec.round_id)
-    return release(
-        ledger,
-        SkellamMechanism.for_update(spec, grid, update),
-        update,
-        run_id=spec.run_id,
-        round_id=spec.round_id,
-        exhausted_below=policy.exhausted_below,
-        after_exhaustion=policy.after_exhaustion,
-        stream=stream,
-    )
 
 
 def request(round_id: int, *, z=1.0, clip=1.0, m=5, run="run-r") -> RoundSpec:
@@ -89,7 +73,6 @@ def test_the_charge_is_the_skellam_charge_at_the_snapped_updates_norms(tmp_path)
     assert rel.status == "contributed"
     (rec,) = ledger.records()
     # Recover k from the public report only for this check: y - noise, with the seed's noise.
-    from fedfilter.client.mechanisms.gaussian_noise import round_noise_stream
     from fedfilter.client.mechanisms.skellam_noise import add_skellam_noise
 
     sizes = [(12,), (5,)]

@@ -7,9 +7,9 @@ import math
 
 import numpy as np
 import pytest
+from helpers.trace import lines_in, trace_of
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_allowance_constant_work import lines_in, trace_of
 
 from fedfilter.privacy.filters import rdp_filter, rdp_order, round_allowance
 from fedfilter.privacy.rounding import down, up

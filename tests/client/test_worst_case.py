@@ -14,9 +14,9 @@ import mpmath
 import numpy as np
 import pytest
 from helpers.budget_reference import mp_bound
+from helpers.skellam_release import release_skellam
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_secagg_device_release import release_skellam
 
 from fedfilter.client.ledger.budget import BudgetLedger
 from fedfilter.client.ledger.worst_case import SETTING, past_worst_charge
@@ -303,7 +303,7 @@ def test_set_on_an_existing_ledger_past_spends_are_charged_conservatively(tmp_pa
 def test_the_two_account_allowance_does_the_same_work_whichever_account_binds():
     """Neither time nor reply may show which account binds: the same calls, in the same order, for a
     fresh device, one whose main account binds, one whose worst-case account binds, and a spent one."""
-    from test_allowance_constant_work import trace_of
+    from helpers.trace import trace_of
 
     filt, worst = make_filter("rdp", 8.0, DELTA), make_filter("rdp", 16.0, DELTA)
     spec = request(0, z=1.0, m=10)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
-from test_secagg_device_release import release_skellam
+from helpers.skellam_release import release_skellam
 
 from fedfilter.cli import main
 from fedfilter.client.ledger.budget import BudgetLedger

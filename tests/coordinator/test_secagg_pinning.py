@@ -12,36 +12,13 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ec import SECP256R1, generate_private_key
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from flwr.common.secure_aggregation.secaggplus_constants import Stage
+from helpers.pinning import identity_files, pin
 from helpers.secagg_attacks import Seen, answered, attacker, charges, nid_of, refused, run_attack
 
 from fedfilter.client.secagg.consistency import certify, seal_certificate
 from fedfilter.client.secagg.pinning import IDENTITY_KEY, PINNED_PEERS, PinningError, pinning
 from fedfilter.protocol.wire import CONSISTENCY_RECORD
-
-
-def identity_files(tmp_path, n):
-    """Each device's identity PEM, and its public key as 64 hex digits (what the owners exchange)."""
-    paths, hexes = [], []
-    for i in range(n):
-        key = Ed25519PrivateKey.generate()
-        path = tmp_path / f"identity{i}.pem"
-        path.write_bytes(
-            key.private_bytes(
-                serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-            )
-        )
-        raw = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
-        paths.append(str(path))
-        hexes.append(raw.hex())
-    return paths, hexes
-
-
-def pin(tmp_path, i, hexes) -> str:
-    path = tmp_path / f"pinned{i}.txt"
-    path.write_text("# the federation's devices\n" + "\n".join(hexes) + "\n")
-    return str(path)
 
 
 def honest(seen):

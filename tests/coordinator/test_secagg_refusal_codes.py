@@ -19,8 +19,8 @@ import pytest
 from flwr.app import ConfigRecord, Context, RecordDict
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, RECORD_KEY_STATE, Key, Stage
 from helpers.mods import Handler, spec, train_message
+from helpers.pinning import identity_files, pin
 from helpers.secagg_attacks import Seen, attacker, configs_of, nid_of, run_attack
-from test_secagg_pinning import identity_files, pin
 
 from fedfilter.client.filter_mod import individual_filter_mod
 from fedfilter.client.ledger.budget import BudgetLedger
