@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from helpers.tiny_study import TINY_STUDY
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks"
 
 

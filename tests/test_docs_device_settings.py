@@ -8,7 +8,7 @@ from pathlib import Path
 
 from fedfilter.client.settings.simulated import ENV_VAR, with_device_settings
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "examples").glob("*/README.md")), *sorted((ROOT / "docs").glob("*.md"))]
 
 

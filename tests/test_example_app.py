@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
 BASE_APP = EXAMPLES / "flower-quickstart-pytorch"
 FEDFILTER_APP = EXAMPLES / "quickstart-pytorch"

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 FOLDERS = ("fedfilter", "benchmarks", "tests", "examples")
 LIMIT = 500
 

@@ -21,7 +21,7 @@ import pytest
 from dp_accounting import dp_event, rdp
 from helpers.budget_reference import gdp_delta, rdp_epsilon
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 # The packages the design names, each a folder of fedfilter/ on disk and in the wheel.
 FOLDERS = ("client", "coordinator", "privacy", "protocol", "protos", "simulations")
 SKIP = shutil.ignore_patterns("__pycache__", "*.pyc", "build", "*.egg-info", "logs", "results")

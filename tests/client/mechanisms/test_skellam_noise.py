@@ -218,7 +218,7 @@ def test_benchmark_prints_a_ratio_per_mu():
     import sys
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     args = ["--mus", "3", "50", "--size", "2000", "--repeats", "1"]
     proc = subprocess.run(
         [sys.executable, str(root / "benchmarks/skellam_speed.py"), *args],

@@ -29,7 +29,7 @@ from fedfilter.client.runtime.approval import (
     revoke,
 )
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 BUILTIN = REPO / "fedfilter" / "app"
 HOSTILE = REPO / "tests" / "apps" / "hostile_reader"
 QUICKSTART = REPO / "examples" / "quickstart-pytorch"

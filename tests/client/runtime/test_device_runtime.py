@@ -29,7 +29,7 @@ from fedfilter.client.settings.node_config import enrol_device
 from fedfilter.protocol.request import RoundSpec
 from fedfilter.protocol.wire import ARRAYS_RECORD, REQUEST_RECORD, STATUS_RECORD, request_record
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 HOSTILE = REPO / "tests" / "apps" / "hostile_reader"
 BUILTIN = REPO / "fedfilter" / "app"
 

@@ -18,7 +18,7 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-APP_DIR = Path(__file__).resolve().parents[1] / "apps" / "secagg_sum"
+APP_DIR = Path(__file__).resolve().parents[2] / "apps" / "secagg_sum"
 PROBE_DIR_ENV = "FEDFILTER_TEST_SECAGG_PROBE_DIR"
 CLAIM_ENV = "FEDFILTER_TEST_SECAGG_CLAIM"  # tests/apps/secagg_sum/secagg_sum_app/server_app.py
 N, MIN_REPORTS, RUN = 6, 10, "secagg-claimed"

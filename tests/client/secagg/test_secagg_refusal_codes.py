@@ -31,7 +31,7 @@ from fedfilter.protocol.refusals import REFUSALS, refusal_code
 from fedfilter.protocol.request import RoundSpec
 from fedfilter.protocol.wire import REQUEST_RECORD, request_record
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 N = 3
 CONSISTENCY = "fedfilter_consistency_check"
 LOW_ORDER = bytes.fromhex("e0eb7a7c3b41b8ae1656e3faf19fc46ada098deb9c32b1fd866205165f49b800")

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-APP_DIR = Path(__file__).resolve().parents[1] / "apps" / "secagg_sum"
+APP_DIR = Path(__file__).resolve().parents[2] / "apps" / "secagg_sum"
 PROBE_DIR_ENV = "FEDFILTER_TEST_SECAGG_PROBE_DIR"  # tests/apps/secagg_sum/secagg_sum_app/__init__.py
 N, ROUNDS, RUN, MIN_REPORTS = 10, 2, "secagg-sum", 6
 # Flower's four SecAgg+ stages and fedfilter's consistency round (client/secagg/consistency.py).

@@ -81,7 +81,7 @@ def test_every_stored_mnist_row_ran_the_setting_checked_above():
     """The table in docs/results.md is read from mnist.jsonl: each row must carry today's checked
     setting bit for bit (a row from an older calibration would quote a budget nobody checked), and
     its run must have stayed within the filter and clipped at exactly C for its first k steps."""
-    path = Path(__file__).resolve().parents[2] / "fedfilter/simulations/reproduce/results/mnist.jsonl"
+    path = Path(__file__).resolve().parents[3] / "fedfilter/simulations/reproduce/results/mnist.jsonl"
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     assert rows, f"no rows in {path}"
     cache = {}

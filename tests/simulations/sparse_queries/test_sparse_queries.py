@@ -21,7 +21,7 @@ from fedfilter.simulations.sparse_queries import (
     theorem_bound,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SMALL = SparseQueryConfig(n_users=400, days=120, sparsity=4, light_rate=0.02, heavy_rate=0.2, heavy_share=0.1)
 
 

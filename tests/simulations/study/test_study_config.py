@@ -213,7 +213,9 @@ def test_cli_reports_config_errors_and_dry_run(tmp_path, capsys):
     assert "is neither a" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("path", sorted(Path(__file__).parents[2].joinpath("simulations", "configs").glob("*.toml")))
+@pytest.mark.parametrize(
+    "path", sorted(Path(__file__).parents[3].joinpath("fedfilter", "simulations", "configs").glob("*.toml"))
+)
 def test_the_shipped_study_configs_parse(path):
     study = parse_study(path.read_text())
     assert study.filter == "rdp" or "distributed" not in study.sweep["noise"]

@@ -25,7 +25,7 @@ from fedfilter.simulations.tasks.mnist import (
 )
 from fedfilter.simulations.tasks.registry import TASKS, load_task
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 # --- paths -------------------------------------------------------------------
