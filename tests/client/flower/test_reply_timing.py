@@ -13,6 +13,7 @@ import time
 import numpy as np
 import pytest
 from flwr.app import ConfigRecord, Error, Message, RecordDict
+from harness import reply_timing as bench
 from helpers.mods import Handler, context, records, spec, train_message
 
 from fedfilter.app.client_app import make_client_app
@@ -20,7 +21,6 @@ from fedfilter.client.filter_mod import individual_filter_mod
 from fedfilter.client.flower.reply_timing import ReplyHold, held_deadline
 from fedfilter.client.ledger.budget import BudgetLedger
 from fedfilter.client.settings.node_config import DEFAULT_REPLY_HOLD_S, reply_hold_s
-from harness import reply_timing as bench
 
 
 class FakeClock:
