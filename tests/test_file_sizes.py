@@ -1,4 +1,4 @@
-"""No source file over 500 lines (issue 14): a file that grows past it gets split by idea."""
+"""No source file over 500 lines: a file that grows past it gets split by idea."""
 
 from pathlib import Path
 

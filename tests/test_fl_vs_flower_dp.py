@@ -1,4 +1,4 @@
-"""``benchmarks/fl_vs_flower_dp.py --smoke --json`` (issue 27): the six arms run, and every arm's
+"""``benchmarks/fl_vs_flower_dp.py --smoke --json``: the six arms run, and every arm's
 guarantee holds by a reference that is not the code under test.
 
 (a) Flower's central DP: its accountant's spent epsilon is within the population budget (the smallest

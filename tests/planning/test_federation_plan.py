@@ -1,5 +1,5 @@
 """The federation planner: the noise norm of a released mean against an independent reference
-(mpmath at 50 digits, a Monte Carlo average, the z C sqrt(d / n) rule of thumb of issue 24), and
+(mpmath at 50 digits, a Monte Carlo average, the z C sqrt(d / n) rule of thumb), and
 recommended settings that pass its own check (and the device's filter, through ``plan_rounds``)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from fedfilter.planning.federation import TARGET_NOISE_TO_CLIP, mean_noise_norm,
 from fedfilter.planning.rounds import plan_rounds
 from fedfilter.privacy.noise_norm import chi_mean, expected_noise_norm
 
-QUICKSTART_CNN = 62_006  # Flower's quickstart-pytorch CNN (CIFAR-10), the model of issue 24
+QUICKSTART_CNN = 62_006  # Flower's quickstart-pytorch CNN (CIFAR-10), the planner's worked example
 
 
 @pytest.mark.parametrize("dim", [1, 2, 3, 10, 341, 1999, 2000, 19_754, QUICKSTART_CNN, 10**7, 10**12])

@@ -1,4 +1,4 @@
-"""The distributed (Skellam over SecAgg+) planner counts what the device's filter admits (issue 15)."""
+"""The distributed (Skellam over SecAgg+) planner counts what the device's filter admits."""
 
 from __future__ import annotations
 

@@ -103,7 +103,7 @@ def test_old_per_order_rdp_ledger_fails_closed(tmp_path):
 def test_spent_epsilon_builds_a_filter_that_admits_the_state(log_rho, log_delta):
     """epsilon_spent builds a filter that admits the state (rounded so that it does), and is the
     smallest epsilon whose budget AT THIS FILTER'S ORDER alpha* covers the state: the state may hold
-    Skellam charges, valid at alpha* only. (Until issue 15 this test read the best order, which is
+    Skellam charges, valid at alpha* only. (Before Skellam charges this test read the best order, which is
     valid only for Gaussian-only states.)"""
     delta, state = 10**log_delta, np.array([10.0**log_rho])
     filt = rdp_filter(1e3, delta)

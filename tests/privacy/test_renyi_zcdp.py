@@ -41,7 +41,7 @@ def test_rdp_epsilon_equals_dp_accounting(noise, orders):
     assert ours == pytest.approx(google, rel=1e-9)
     # The filter's own readout: the full delta, no union bound, at its order alpha* only (a state may
     # hold Skellam charges, valid at alpha* alone): never below the accountant, and exactly the
-    # accountant's conversion at that one order. (Until issue 15 a state past the budget read the
+    # accountant's conversion at that one order. (Before Skellam charges a state past the budget read the
     # best order, equal to ``google``; valid for Gaussian-only states only.)
     spent = filt.epsilon_spent(state)
     assert spent >= google * (1 - 1e-9)

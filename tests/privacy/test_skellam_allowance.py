@@ -1,5 +1,5 @@
 """``skellam_allowance``: admitted wherever the device's Gaussian allowance is, constant work on every
-state, monotone, and within 1e-9 of the largest admitted L2 (issue 15)."""
+state, monotone, and within 1e-9 of the largest admitted L2."""
 
 from __future__ import annotations
 

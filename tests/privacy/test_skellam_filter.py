@@ -1,4 +1,4 @@
-"""Skellam releases charged to the rdp filter (issue 15) against independent references.
+"""Skellam releases charged to the rdp filter against independent references.
 
 The reference is ``skellam_rdp_exact`` (the exact divergence, itself checked at 50 digits in
 test_skellam.py) and the (epsilon, delta) conversion at the single order alpha* where papers/004

@@ -287,7 +287,7 @@ def test_epsilon_spent_below_the_budget_is_an_upper_bound_on_the_exact_epsilon(k
             exact = zcdp_epsilon(Fraction(float(state[0])), DELTA)
         else:
             # Order alpha*'s Renyi loss is alpha* rho, at the full delta: the state is RDP at alpha* only
-            # once it may hold Skellam charges (issue 15; the best order over all of them, compared
+            # once it may hold Skellam charges (the best order over all of them, compared
             # here before, is valid for Gaussian-only states alone, and is never above this one).
             rho, a = Fraction(float(state[0])), rdp_order(filt)
             exact = rdp_epsilon([rho * Fraction(a)], [a], DELTA)

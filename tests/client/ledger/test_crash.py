@@ -1,4 +1,4 @@
-"""Invariant 2 (DESIGN.md): a spend is durable before the report leaves; kill -9 at random moments."""
+"""The design's invariant 2: a spend is durable before the report leaves; kill -9 at random moments."""
 
 from harness.crash import run_cycles
 

@@ -1,6 +1,6 @@
 """What the roll-back anchor is bound to: its ledger directory, its enrolment, and both of its slots.
 
-Attacks from an audit of client/ledger/anchor.py (DESIGN.md invariant 6): another directory's ledger
+Attacks from an audit of client/ledger/anchor.py (the design's invariant 6): another directory's ledger
 brought in with its anchor renamed to this directory's key; a damaged newest anchor slot together with
 a ledger copy one spend older; a copy of a ledger taken after enrolment, before its first spend. Each
 gave budget back without the owner; each is refused now, with nothing spent.

@@ -1,4 +1,4 @@
-"""Issue 13, attack 5: losing the ledger is never a fresh budget, and a full disk says so.
+"""Losing the ledger is never a fresh budget, and a full disk says so.
 
 Driven through the real mod (``individual_filter_mod``) as a device would be: the owner enrols
 once, rounds are served, then the ledger's files are lost in the ways a disk loses them.

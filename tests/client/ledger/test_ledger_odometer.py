@@ -1,4 +1,4 @@
-"""``fedfilter ledger show`` carries the odometer for the device and for each federation (issue 26)."""
+"""``fedfilter ledger show`` carries the odometer for the device and for each federation."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 21, item 5: a roll-back of the ledger needs its owner (DESIGN.md invariant 6).
+"""A roll-back of the ledger needs its owner (the design's invariant 6).
 
 The attack (independent audit): back up the ledger directory (database and seal together, as an owner
 would), let the device spend, restore the backup: the device had its spent budget back. The roll-back

@@ -1,4 +1,4 @@
-"""Issue 13, attack 3: threads sharing one BudgetLedger / FilteredClient, without the mod's lock.
+"""Threads sharing one BudgetLedger / FilteredClient, without the mod's lock.
 
 Two threads release rounds at once through the core API. Before the ledger held its own lock they
 shared one SQLite connection: one thread's ``BEGIN IMMEDIATE`` failed inside the other's

@@ -1,4 +1,4 @@
-"""Issue 13, attack 4: a coordinator that opens a new run per round cannot renew what it may spend.
+"""A coordinator that opens a new run per round cannot renew what it may spend.
 
 The per-run quota is keyed on the run-id, which the coordinator chooses; the owner's caps are keyed
 on what it cannot renew: the device's own ``federation`` setting, and the device's clock (a rolling

@@ -1,4 +1,4 @@
-"""The worst-case account (``client/ledger/worst_case.py``, issue 22): what each report costs alone.
+"""The worst-case account (``client/ledger/worst_case.py``): what each report costs alone.
 
 Device-level checks of the Skellam charges against independent references (mpmath at 50 digits,
 and the rounding contract written out in plain floats), the two-account allowance (a hypothesis
@@ -345,7 +345,7 @@ def test_node_config_worst_case_epsilon_enrols_and_must_match(tmp_path):
 def test_a_device_with_budget_to_spare_releases_a_full_clip(tmp_path, z, m, dim):
     """Regression: the Gaussian allowance was capped at C BEFORE it became a charge, so a Skellam round
     (which costs more than a Gaussian one of the same norm) was held below a Gaussian full round's
-    charge: 0.74 to 0.77 C in every round at the first two settings (issue 27's FEMNIST and MNIST at
+    charge: 0.74 to 0.77 C in every round at the first two settings (the comparison benchmark's FEMNIST and MNIST at
     epsilon 8), whatever the budget left. A fresh device whose accounts can pay a full-C Skellam round
     now clips at C (times the clip's slack), and the round is admitted by both accounts."""
     from fedfilter.client.mechanisms.skellam import SkellamMechanism

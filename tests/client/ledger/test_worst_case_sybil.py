@@ -1,4 +1,4 @@
-"""A Sybil coordinator (issue 22, item 4): it plays the other t SecAgg+ nodes itself and reads one
+"""A Sybil coordinator: it plays the other t SecAgg+ nodes itself and reads one
 device's report exactly. The device's worst-case account covers exactly what it could read.
 
 Flower's SecAgg+ workflow and client mod run over the loopback grid (``tests/harness/secagg_loopback.py``,

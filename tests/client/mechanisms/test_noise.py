@@ -147,7 +147,7 @@ def test_snapping_never_grows_a_coordinate():
         assert np.all(np.abs(a.astype(np.float64) - k * gamma) < gamma)
 
 
-# --- the low-order-bit distinguisher (issue 13, "Done when") --------------------------------------
+# --- the low-order-bit distinguisher -----------------------------------------------------------------------
 Z, C, DIM, REPLIES = 50.0, 1.0, 50, 10_000
 
 

@@ -1,4 +1,4 @@
-"""A coordinator that breaks SecAgg+ (issue 22): the audit's attacks, played against real devices.
+"""A coordinator that breaks SecAgg+: the audit's attacks, played against real devices.
 
 Every device is ``ClientApp(mods=[secure_aggregation_mod, individual_filter_mod])`` with its own
 budget ledger; the coordinator is the product's ``IndividualFilterStrategy`` whose SecAgg+ workflow
@@ -8,7 +8,7 @@ each device, the setup's modulus. The attacker keeps every request it sent and e
 and ``assert_no_single_report`` (``helpers.secagg_attacks``) then does what the audit did: collect
 both kinds of key share of one victim, strip all its masks off its masked vector, and compare with the
 victim's own report (the test hook on the Skellam sampler, never in a reply). The attacks of the first
-part fail on the code before issue 22 (checked by running them against main's ``client/`` and
+part fail on the code before the consistency round (checked by running them against main's ``client/`` and
 ``coordinator/``); the last ones play against the consistency round itself, which did not exist before
 (``test_secagg_tag_attacks.py``: against its MACs).
 """
@@ -39,7 +39,7 @@ from fedfilter.client.secagg.consistency import survivors_message, survivors_tag
 from fedfilter.client.secagg.mod import CONSISTENCY_STATE_RECORD
 from fedfilter.protocol.wire import CONSISTENCY_RECORD
 
-CONSISTENCY = "fedfilter_consistency_check"  # the consistency round's stage name (absent before issue 22)
+CONSISTENCY = "fedfilter_consistency_check"  # the consistency round's stage name (a later addition)
 
 
 # --- the attacks --------------------------------------------------------------------------------
@@ -104,7 +104,7 @@ def test_a_device_listed_as_dropped_reveals_nothing(tmp_path, monkeypatch):
 
 def test_different_survivor_sets_for_different_devices_unmask_no_report(tmp_path, monkeypatch):
     """Five devices: the victim and two others are told everyone survived, the other two that the
-    victim dropped. Before issue 22 (threshold 2) the first group gave the victim's mask-seed shares
+    victim dropped. Before the malicious-server checks (threshold 2) the first group gave the victim's mask-seed shares
     and the second its sk1 shares. Now the threshold is 3 (more than half of 5) and each device needs
     3 holders (itself and 2 neighbours' tags) to have authenticated the set it was told: the second
     group has 2 (itself and the other one)."""

@@ -1,4 +1,4 @@
-"""The device's malicious-server checks (issue 22): sealed certificates, MACs on the survivor set,
+"""The device's malicious-server checks: sealed certificates, MACs on the survivor set,
 unmask lists, and the SecAgg+ parameters, each at its boundary; the round with exactly ``threshold``
 neighbours is served.
 

@@ -1,4 +1,4 @@
-"""The device side of distributed noise over SecAgg+ (issue 15), through Flower's real protocol.
+"""The device side of distributed noise over SecAgg+, through Flower's real protocol.
 
 Flower's own ``SecAggPlusWorkflow`` (driven by a minimal legacy server here) talks to in-process
 ClientApps ``ClientApp(mods=[secure_aggregation_mod, individual_filter_mod])`` through the wire

@@ -1,4 +1,4 @@
-"""Peer-key pinning (issue 22, cross-silo): with the owner's pinned peers, a device refuses, before it
+"""Peer-key pinning (cross-silo): with the owner's pinned peers, a device refuses, before it
 trains, a round in which a neighbour's keys are not certified by a pinned identity, so a coordinator
 that plays a neighbour itself (a forged peer) is refused; with every neighbour pinned the round runs.
 

@@ -6,7 +6,7 @@ played through the loopback grid against real devices (``helpers.secagg_attacks`
 (``protocol/refusals.py``), the strategy's round outcome must count every error reply of every stage by
 its code (what the run log prints, with the fix), and the replies must be the same, word for word, from
 devices that differ in their data and their budget state (fresh, or spent by an earlier run): a code
-depends on the messages and the settings only (DESIGN.md section 5, invariant 5).
+depends on the messages and the settings only (the design's invariant 5).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A coordinator that attacks the consistency round's MACs (issue 23: survivor-set tags instead of
+"""A coordinator that attacks the consistency round's MACs (survivor-set tags instead of
 Ed25519 signatures), played against real devices (``helpers.secagg_attacks``).
 
 Each attack rewrites the tags the unmask message shows a device and must make every honest device

@@ -1,4 +1,4 @@
-"""A simulated device's ledger is never split between Ray nodes (issue 23, item 5).
+"""A simulated device's ledger is never split between Ray nodes.
 
 Two Ray nodes on 127.0.0.1 (``ray start --head`` and ``ray start --address``, each with its own
 temp dir and its own device-settings file, as two machines would have), stopped by the test. Each

@@ -1,4 +1,4 @@
-"""No key of the coordinator's run config ever reaches the device's settings (DESIGN.md section 5,
+"""No key of the coordinator's run config ever reaches the device's settings (the design's
 invariant 7: nothing the coordinator sends can change a budget or turn the filter off).
 
 The attack: a coordinator that puts every device setting (``NODE_CONFIG_KEYS``: ``noise-seed``,

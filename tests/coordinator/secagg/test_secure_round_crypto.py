@@ -2,7 +2,7 @@
 
 The unmasked sum is compared with the integers the test chose; a round where one side runs Flower's own
 primitives must fail by name and release nothing. Devices run ``secure_aggregation_mod`` (Flower's
-``secaggplus_mod`` with the consistency round the coordinator's workflow always runs, issue 22) around a
+``secaggplus_mod`` with the consistency round the coordinator's workflow always runs) around a
 handler that returns the chosen integers: no ledger, no noise.
 """
 

@@ -1,4 +1,4 @@
-"""The exact SecAgg+ sum inside Flower's Simulation Engine (issue 15): 10 devices, distributed noise.
+"""The exact SecAgg+ sum inside Flower's Simulation Engine: 10 devices, distributed noise.
 
 ``flwr run`` of the test app ``tests/apps/secagg_sum`` on a simulation SuperLink on 127.0.0.1 (Ray in
 its own processes): every device is ``ClientApp(mods=[secure_aggregation_mod, probe_mod,

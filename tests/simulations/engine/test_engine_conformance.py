@@ -1,4 +1,4 @@
-"""The vectorised engine against the Flower path, same seeds (DESIGN.md section 4).
+"""The vectorised engine against the Flower path, same seeds.
 
 The reference is the real Flower code path without the transport: the coordinator's
 ``IndividualFilterStrategy`` around Flower's ``FedAvg`` builds the train messages, each one goes

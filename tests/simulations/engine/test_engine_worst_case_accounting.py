@@ -1,4 +1,4 @@
-"""The engine's ``accounting="worst-case"`` (issue 27's arm (c)): every contribution is charged a full
+"""The engine's ``accounting="worst-case"`` (the comparison benchmark's arm (c)): every contribution is charged a full
 clip-norm round, the uniform accounting of a system without individual accounting, and a client stops
 once a full round no longer fits. Checked against exact fractions, mpmath's RDP conversion
 (``helpers.budget_reference.rdp_epsilon``) and Google's dp_accounting, never against the filters' own

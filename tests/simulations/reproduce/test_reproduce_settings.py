@@ -93,7 +93,7 @@ def test_every_stored_mnist_row_ran_the_setting_checked_above():
         checked = cache[key]
         # Every field bit for bit, except the two calibrated ones (the smallest filter epsilon, or
         # sigma, that admits k full steps), which depend on the allowance's last ulps near the budget.
-        # Issue 13 made the allowance tighter there and moved two calibrations (eps 1.0 tuned, paper
+        # A tighter allowance there moved two calibrations (eps 1.0 tuned, paper
         # and gdp-steps) down by 2.3e-12 relative; their stored runs, with the older and slightly
         # larger values, still carry checked budgets (the reference tests above allow 1e-11).
         loose = ("filter_epsilon", "sigma")

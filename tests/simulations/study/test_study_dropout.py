@@ -54,7 +54,7 @@ def test_clients_drop_out_and_modes_differ_in_what_the_coordinator_sees(study):
             assert [s + l for s, l in zip(seen, run["left_per_round"])] == asked
     # distributed + leave: a round is released only when SecAgg+ unmasks it: at least min_reports (2)
     # reports, and more than half of the clients asked, since devices require a threshold above half of
-    # their neighbourhood (issue 22; Flower's full graph here, every asked client a neighbour)
+    # their neighbourhood (Flower's full graph here, every asked client a neighbour)
     run = by_mode[("leave", "distributed")]
     seen, asked = run["reports_seen_per_round"], run["sampled_per_round"]
     assert run["released_per_round"] == [s >= max(2, a // 2 + 1) for s, a in zip(seen, asked)]

@@ -1,4 +1,4 @@
-"""Loaders against the facts listed in ../shared/data/README.md.
+"""Loaders against the facts listed in the README of the offline data directory (FEDFILTER_DATA).
 
 Tests that need the offline data call the loaders directly, so a missing
 data folder fails them with FileNotFoundError rather than skipping.
