@@ -26,6 +26,8 @@ import fedfilter
 
 # The folder that holds the fedfilter being run (a checkout or site-packages): the spender imports the same code.
 REPO = Path(str(fedfilter.__file__)).resolve().parents[1]
+# The folder that holds harness/ (tests/): the spender runs as ``python -m harness.crash``.
+TESTS = Path(__file__).resolve().parents[1]
 EPSILON, DELTA = 50.0, 1e-5
 
 
@@ -136,7 +138,7 @@ def audit(directory: Path) -> tuple[int, int]:
 
 def crash_once(directory: Path, point: str) -> int:
     """Run the spender until it kills itself at ``point`` of its first round; return the exit signal."""
-    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join((str(REPO), str(TESTS))))
     proc = subprocess.run(
         [sys.executable, "-m", __name__, str(directory), point],
         stdout=subprocess.PIPE,
@@ -150,7 +152,7 @@ def crash_once(directory: Path, point: str) -> int:
 
 def run_cycles(directory: Path, cycles: int, max_delay: float = 0.15, seed: int = 0) -> list[tuple[int, int]]:
     rnd = random.Random(seed)
-    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join((str(REPO), str(TESTS))))
     history = []
     for _ in range(cycles):
         proc = subprocess.Popen(
