@@ -99,8 +99,8 @@ def start_node(tmp: Path, name: str, settings: Path, head_port: int | None) -> s
         "OMP_NUM_THREADS": "1",
         "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1",  # two nodes, both on 127.0.0.1
     }
-    log = open(tmp / f"{name}.log", "w")
-    proc = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    with open(tmp / f"{name}.log", "w") as log:  # the node writes to its own copy of the descriptor
+        proc = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     proc.head_port = p[7]  # type: ignore[attr-defined]
     proc.temp_dir = temp_dir  # type: ignore[attr-defined]
     return proc
@@ -128,6 +128,22 @@ def stop(proc: subprocess.Popen) -> None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=30)
     shutil.rmtree(proc.temp_dir, ignore_errors=True)  # type: ignore[attr-defined]
+
+
+def start_head(tmp: Path, settings: Path) -> subprocess.Popen:
+    """The head node, listening. Its ports are free when chosen but not held until Ray binds them, so
+    on a loaded machine (other tests starting servers at the same time) one may be taken in between:
+    one more attempt with fresh ports, and the node's own log if that fails too."""
+    for attempt in (1, 2):
+        head = start_node(tmp, "nodeA", settings, None)
+        try:
+            wait_for_port(head, head.head_port, tmp / "nodeA.log")  # type: ignore[attr-defined]
+            return head
+        except AssertionError:
+            stop(head)
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")
 
 
 def joined(ray, node: subprocess.Popen, timeout: float) -> bool:
@@ -166,10 +182,9 @@ def test_two_ray_nodes_whose_ledger_roots_differ_are_refused(tmp_path):
         settings[name] = tmp_path / f"{name}.json"
         settings[name].write_text(json.dumps(entries))
 
-    head = start_node(tmp_path, "nodeA", settings["nodeA"], None)
+    head = start_head(tmp_path, settings["nodeA"])
     other = None
     try:
-        wait_for_port(head, head.head_port, tmp_path / "nodeA.log")  # type: ignore[attr-defined]
         ray.init(address=f"127.0.0.1:{head.head_port}", log_to_driver=False)  # type: ignore[attr-defined]
         # A loaded machine can lose the joining node's start (a port taken between choice and bind):
         # one more attempt with fresh ports, and the node's own log if that fails too.
