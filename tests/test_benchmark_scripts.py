@@ -3,7 +3,7 @@
 One parametrized test; a case is a script, its small arguments and a check of what it printed (some
 checks run the script once more, e.g. to reprint a table from the results the first run wrote).
 What a script computes is tested in the library it calls (e.g. the MNIST driver in
-tests/simulations/test_reproduce_mnist.py); here only that the script, as a user runs it, works.
+tests/simulations/reproduce/test_reproduce_mnist.py); here only that the script, as a user runs it, works.
 Sizes are the ones the scripts' own tests used before they were gathered here.
 """
 
@@ -99,7 +99,7 @@ def study_dropout(tmp_path: Path) -> None:
 
 def reproduce_mnist(tmp_path: Path) -> None:
     """The script is the driver's command line (fedfilter.simulations.reproduce.mnist_runs, tested
-    in process by tests/simulations/test_reproduce_mnist.py)."""
+    in process by tests/simulations/reproduce/test_reproduce_mnist.py)."""
     usage = run("reproduce_mnist.py", "--help")
     assert "Section 5.1 (MNIST" in usage and all(flag in usage for flag in ("--park", "--todo", "--write-table"))
 

@@ -3,7 +3,7 @@ filter around every approved app exactly once, and the message types it answers.
 
 ``Worker.run_task`` runs with Flower's Runtime API calls replaced by an in-memory fake (the task
 input a hostile coordinator chooses: message, context with its run config, FAB); the deployment test
-(tests/cli/test_device_runtime_deploy.py) runs the same code against real SuperNodes.
+(tests/deploy/test_device_runtime_deploy.py) runs the same code against real SuperNodes.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ References independent of the code under test: pycryptodome's AES-GCM (not ``cry
 by an RFC 5869 HKDF written out from ``hmac`` (``helpers.crypto_reference``), over the format written
 out here (tag, nonce, ciphertext and GCM tag, the tag as associated data); Flower's own ``encrypt`` and
 ``decrypt`` for the mixed cases. The SecAgg+ rounds that use it end to end, with exact sums, are in
-``tests/coordinator/test_secure_round_crypto.py``.
+``tests/coordinator/secagg/test_secure_round_crypto.py``.
 """
 
 from __future__ import annotations

@@ -185,7 +185,7 @@ def digits_single():
 def test_fast_engine_spends_like_the_device_within_its_bound(digits_single):
     """norms="fast" against the device's functions (norms="device", bitwise the Flower path above).
     The fast mode's own certification is proven within ~2e-6 of the exact norm
-    (tests/simulations/test_engine_fast.py, against rationals and certified_norm on the same arrays).
+    (tests/simulations/engine/test_engine_fast.py, against rationals and certified_norm on the same arrays).
     Single-example clients, same seeds: the fast mode's filter states against the device
     functions' (norms="device"). Per-example gradients come from two float32 computations (hooks,
     torch.func), so the charges agree to float32 rounding, not bitwise; every client stays within

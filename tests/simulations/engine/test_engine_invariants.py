@@ -68,7 +68,7 @@ def test_noise_only_clients_are_reports_and_leave_clients_are_not(digits):
 def test_aggregate_noise_std(digits, draw):
     # A budget so small that every client is exhausted from round 1: the round's mean is pure
     # noise, sum of N reports each N(0, s^2) with s = zC, so the mean has std s / sqrt(N).
-    # (Distributed placement: tests/simulations/test_engine_distributed.py.)
+    # (Distributed placement: tests/simulations/engine/test_engine_distributed.py.)
     z, c, m = 3.0, 0.5, 1
     engine = Engine(config(epsilon=1e-4, noise_multiplier=z, clip=c, noise_draw=draw, rounds=1), task=digits)
     before = np.concatenate([w.ravel() for w in engine.weights]).astype(np.float64)
