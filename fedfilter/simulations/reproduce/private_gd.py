@@ -100,7 +100,7 @@ def paper_setting(
     filter is built with the smallest budget from there up that admits ``k`` full steps under
     its conservative rounding: a relative increase of about 4e-15 to 2e-14 for the MNIST cells
     (2.3e-12 for eps 1.0 tuned before issue 13 tightened the allowance near the budget; its stored
-    rows keep that value, ``tests/simulations/test_reproduce_settings.py``).
+    rows keep that value, ``tests/simulations/reproduce/test_reproduce_settings.py``).
     """
     start = zcdp.epsilon_from_zcdp(k / (2 * sigma**2), delta)
     eps = calibrate_epsilon("zcdp", k=k, sigma=sigma, clip=clip, delta=delta, start=start)
