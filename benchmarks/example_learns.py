@@ -9,7 +9,7 @@ the planner's noise figure next to the measured norm of the mean's noise.
 
     python benchmarks/example_learns.py --seeds 6 --rounds 3 --epochs 3 --clip 3 --noise-multiplier 0.0061
 
-It is not the Flower path (tests/cli/test_example_app.py runs that); it shows the spread of
+It is not the Flower path (tests/test_example_app.py runs that); it shows the spread of
 accuracy a test of a few rounds must tolerate.
 """
 

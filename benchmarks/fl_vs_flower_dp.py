@@ -19,7 +19,7 @@ per-device ``(epsilon, delta)``, five ways:
 (b) ``fedfilter-distributed``: fedfilter's distributed placement (Skellam noise on SecAgg+'s integer
     grid, no trusted server) with each device's individual filter (rdp), through the vectorised engine
     studies use (``fedfilter.simulations.engine``; its agreement with the Flower path is
-    ``tests/simulations/test_engine_conformance.py`` and ``test_engine_conformance_distributed.py``).
+    ``tests/simulations/engine/test_engine_conformance.py`` and ``test_engine_conformance_distributed.py``).
     ``min_reports = max(2, clients_per_round // 2)`` unless ``--min-reports``: each report carries
     ``1/min_reports`` of the sum's noise, so with every asked device reporting the sum carries
     ``clients_per_round / min_reports`` times (a)'s variance. Each device's worst-case budget is the

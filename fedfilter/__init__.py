@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-# name -> module that defines it (tests/cli/test_public_api.py checks each name's __module__)
+# name -> module that defines it (tests/test_public_api.py checks each name's __module__)
 _PUBLIC = {
     "individual_filter_mod": "fedfilter.client.filter_mod",
     "enrol_device": "fedfilter.client.settings.node_config",

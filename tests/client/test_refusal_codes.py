@@ -101,14 +101,14 @@ SCENARIOS = {
 }
 # Refusals whose cause is not reachable with the messages alone (the test says where they are covered):
 COVERED_ELSEWHERE = {
-    "ledger-failed": "a failing disk (tests/client/test_ledger_fail_closed.py); depends on the disk, not the data",
+    "ledger-failed": "a failing disk (test_ledger_fail_closed.py); depends on the disk, not the data",
     "ledger-refused": "a damaged ledger (below); a restored or older-format one: test_ledger_rollback.py",
-    "filter-not-rdp": "a SecAgg+ masked stage (tests/client/test_secagg_device_refusals.py); a setting",
-    "request-refused": "request numbers without a usable SecAgg+ grid (tests/client/test_secagg_device_refusals.py)",
+    "filter-not-rdp": "a SecAgg+ masked stage (test_secagg_device_refusals.py); a setting",
+    "request-refused": "request numbers without a usable SecAgg+ grid (test_secagg_device_refusals.py)",
     "left": "after-exhaustion='leave' under SecAgg+: the visible departure DESIGN.md section 1 declares",
     # Each family of SecAgg+ check, played in a SecAgg+ round with fresh and spent devices alike:
     **{
-        code: "tests/coordinator/test_secagg_refusal_codes.py"
+        code: "tests/client/secagg/test_secagg_refusal_codes.py"
         for code in REFUSALS
         if code.startswith("secagg-") and code not in SCENARIOS
     },

@@ -4,7 +4,7 @@ The spender releases a round, then appends the round and the charged mu^2 to ``r
 (fsync'd): that file is what an observer could have received. After every kill the audit checks
 that the database is intact, that each released round is in the ledger with the charge that was
 logged, and that the ledger's spent covers everything released and stays within the budget.
-Used by tests/client/test_crash.py (50 kills) and benchmarks/crash_soak.py (as many as asked).
+Used by tests/client/ledger/test_crash.py (50 kills) and benchmarks/crash_soak.py (as many as asked).
 
 ``crash_once`` kills the spender at one chosen point of a round instead (after the COMMIT, after the
 seal, in the middle of the roll-back anchor's write, after it; client/ledger/anchor.py lists what each

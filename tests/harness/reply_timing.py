@@ -1,6 +1,6 @@
 """The reply-timing harness: the built-in ClientApp driven in process for three devices, and the
 statistics that tell two samples of reply times apart (``benchmarks/reply_timing.py`` prints them;
-tests/client/test_reply_timing.py runs a short version).
+tests/client/flower/test_reply_timing.py runs a short version).
 
 ``measure(app, replies, holds)`` hands hand-built train Messages to the built-in ClientApp as a SuperNode
 would, for a ``large``, a ``small`` and an ``exhausted`` device with their own ledgers, one phase per

@@ -10,7 +10,7 @@ mod reads (the model received, the model the handler returned) and writes (the r
   to ``Array.numpy()`` unchanged, so it fails or succeeds exactly as before;
 * ``encode`` builds the same ``Array`` as ``Array(ndarray)``: the header ``np.save`` writes for
   that dtype and shape (computed once per (dtype, shape) by ``np.save`` itself) and the array's
-  bytes in C order. ``tests/client/test_npy_codec.py`` checks both against Flower's own.
+  bytes in C order. ``tests/client/flower/test_npy_codec.py`` checks both against Flower's own.
 """
 
 from __future__ import annotations

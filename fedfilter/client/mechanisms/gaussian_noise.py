@@ -26,7 +26,7 @@ interval; by symmetry we work with ``p = min(U, 1 - U) <= 1/2`` and ``t(p) = -Ph
 ``+-m``, whatever the further bits of ``U``. Deciding that in float64 needs a bound on the error of
 ``scipy.special.ndtri`` (Cephes; documented peak relative error below 5e-16): the fast path widens
 its interval by a relative ``2**-40`` (about 2,000 times that, checked against mpmath by
-``tests/client/test_noise.py``). An interval it cannot decide (about 2 in 10^7 coordinates) goes to the
+``tests/client/mechanisms/test_noise.py``). An interval it cannot decide (about 2 in 10^7 coordinates) goes to the
 exact path: more random bits, and the cell boundaries ``Phi(-(m +- 1/2) / sigma_g)`` compared with
 the interval in mpmath at a precision that grows with the bits, until they decide. The result is
 the exact rounded Gaussian; the time it takes depends only on the random bits, never on the data.

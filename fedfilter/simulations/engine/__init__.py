@@ -5,7 +5,7 @@ For studies that would take days as separate Flower clients (for example
 (``fedfilter.privacy.filters.round_allowance`` / ``exhausted`` / ``charge`` / ``admits`` / ``spend``
 and ``fedfilter.client.mechanisms.gaussian.certified_norm`` / ``clip_to_norm`` / ``add_grid_noise``), broadcast
 over a leading client axis, so the same seeds give bitwise the same per-client spending
-(``tests/simulations/test_engine_conformance.py``).
+(``tests/simulations/engine/test_engine_conformance.py``).
 
 Public API
 ==========
@@ -62,8 +62,8 @@ Agreement with the Flower path, precisely
   privacy code, but not bitwise the Flower client's ``(w - lr g) - w`` in float32. With
   ``norms="fast"`` the gradients come from layer hooks instead (``fedfilter.simulations.engine.layerwise``):
   charges certified against each client's exact term, equal to the device functions' to float32
-  rounding of the gradient (``tests/simulations/test_engine_conformance.py``,
-  ``tests/simulations/test_engine_fast.py``).
+  rounding of the gradient (``tests/simulations/engine/test_engine_conformance.py``,
+  ``tests/simulations/engine/test_engine_fast.py``).
 * threads: ``torch_threads`` sets torch's (the fast mode's GEMMs and convolutions use both cores);
   a run is bitwise repeatable for the same thread count (on this machine also across 1 and 2).
 * ``fraction < 1`` samples with the engine's own generator, not the ServerApp's.

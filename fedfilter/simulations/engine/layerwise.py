@@ -33,7 +33,7 @@ the public model only (no layer mixes examples: no BatchNorm). Its charge is cer
 The sum over the chunk's clients is formed in float32 (GEMM, GEMV), the chunks' sums in float64:
 that rounding is the aggregator's, as in any DP-SGD library and in the other norm modes' float64
 sums (a deployment with secure aggregation sums exactly); it is not part of a client's charge.
-``tests/simulations/test_engine_fast.py`` checks it against the exact rational sum (within 1e-6 relative).
+``tests/simulations/engine/test_engine_fast.py`` checks it against the exact rational sum (within 1e-6 relative).
 
 A gradient with an entry above about 1.8e19 (whose float32 square overflows) counts as
 non-finite and is released as a zero update, charged 0, as NaN and inf are.

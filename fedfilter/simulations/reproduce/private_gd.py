@@ -192,7 +192,7 @@ def paper_setting(
     filter is built with the smallest budget from there up that admits ``k`` full steps under
     its conservative rounding: a relative increase of about 4e-15 to 2e-14 for the MNIST cells
     (2.3e-12 for eps 1.0 tuned before the allowance near the budget was tightened; its stored
-    rows keep that value, ``tests/simulations/test_reproduce_settings.py``).
+    rows keep that value, ``tests/simulations/reproduce/test_reproduce_settings.py``).
 
     Parameters
     ----------
