@@ -192,7 +192,7 @@ def sparse_queries(tmp_path: Path) -> None:
 
 def odometer_compare(tmp_path: Path) -> None:
     """docs/results.md shows what the script prints; every row: filter readout <= each odometer, and
-    papers/003 Theorem 6.5 (pure-DP steps through Lemma 3.3) above the gdp one."""
+    Rogers et al. (2016) Theorem 6.5 (pure-DP steps through Lemma 3.3) above the gdp one."""
     out = run("odometer_compare.py", timeout=120)
     assert out.strip() in (ROOT / "docs" / "results.md").read_text()
     rows = [line.split("|")[1:-1] for line in out.splitlines() if line.startswith("| ") and line[2].isdigit()]

@@ -113,7 +113,7 @@ def test_planned_noise_multipliers_pay_for_the_rounds_a_device_is_asked_and_no_f
     z = bench.fedfilter_noise_multipliers(task, args, epsilon, flower_z=2.0)
     asked = math.ceil(args.rounds * args.clients_per_round / task.num_clients)
     assert z["b"] == z["c"] and z["b"] != z["d"]
-    # (d): k full-clip Gaussian rounds are sqrt(k) / z -GDP (papers/004 Section 3; mu^2 adds up).
+    # (d): k full-clip Gaussian rounds are sqrt(k) / z -GDP (Feldman & Zrnic (2021) Section 3; mu^2 adds up).
     assert gdp_delta(epsilon, Fraction(asked) / Fraction(z["d"]) ** 2) <= args.delta
     assert gdp_delta(epsilon, Fraction(asked) / Fraction(z["d"] - 0.01) ** 2) > args.delta
     dim = sum(p.numel() for p in task.model_fn().parameters())

@@ -22,7 +22,7 @@ def test_rounds_json():
         "rounds", "--epsilon", "0.3", "--delta", "1e-5", "--noise-multiplier", "170", "--filter", "zcdp", "--json"
     )
     assert out.returncode == 0, out.stderr
-    assert json.loads(out.stdout)["rounds"] == 111  # 112 steps cost 0.3007 > 0.3 (papers/004 App. A)
+    assert json.loads(out.stdout)["rounds"] == 111  # 112 steps cost 0.3007 > 0.3 (Feldman & Zrnic (2021) App. A)
 
 
 def test_epsilon_json_round_trips_with_rounds():

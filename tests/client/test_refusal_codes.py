@@ -105,7 +105,7 @@ COVERED_ELSEWHERE = {
     "ledger-refused": "a damaged ledger (below); a restored or older-format one: test_ledger_rollback.py",
     "filter-not-rdp": "a SecAgg+ masked stage (test_secagg_device_refusals.py); a setting",
     "request-refused": "request numbers without a usable SecAgg+ grid (test_secagg_device_refusals.py)",
-    "left": "after-exhaustion='leave' under SecAgg+: the visible departure DESIGN.md section 1 declares",
+    "left": "after-exhaustion='leave' under SecAgg+: the visible departure the privacy model declares",
     # Each family of SecAgg+ check, played in a SecAgg+ round with fresh and spent devices alike:
     **{
         code: "tests/client/secagg/test_secagg_refusal_codes.py"

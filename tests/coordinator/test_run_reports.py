@@ -1,4 +1,4 @@
-"""What the operator reads at run time (issue 24): the released mean's norm against the noise norm
+"""What the operator reads at run time: the released mean's norm against the noise norm
 it should carry, refusals counted by code with the fix to make, and a run that released nothing
 failing with the reason. The devices are the real ``individual_filter_mod`` called in-process
 behind a fake Grid (no Flower engine); ``tests/test_example_app.py`` runs the same through

@@ -1,4 +1,5 @@
-"""Flower's own central differential privacy on a Grid of Flower ClientApps, in one process (issue 27's arm (a)).
+"""Flower's own central differential privacy on a Grid of Flower ClientApps, in one process (arm (a) of
+benchmarks/fl_vs_flower_dp.py).
 
 ``DifferentialPrivacyServerSideFixedClipping`` around Flower's ``FedAvg`` with Flower's RDP accountant
 (``flwr.supercore.privacy_accounting``), or plain ``FedAvg`` (``z=None``), run by Flower's strategy

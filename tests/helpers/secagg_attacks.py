@@ -94,7 +94,7 @@ def attacker(seen: Seen, forge, *, modulus_range=None, consistency=None):
         def unmask_stage(self, grid, context, state):
             return super().unmask_stage(Forging(grid, seen, forge), context, state)
 
-        def consistency_stage(self, grid, context, state):  # the round issue 22 adds (absent before)
+        def consistency_stage(self, grid, context, state):  # the consistency round (absent before it existed)
             if consistency is not None:
                 return consistency(self, grid, context, state)
             return super().consistency_stage(grid, context, state)
@@ -123,7 +123,7 @@ def run_attack(
             "ledger-dir": str(tmp_path / f"dev{i}"),
             "client-id": f"dev{i}",
             "budget-epsilon": 8.0,
-            # Distributed rounds need a worst-case account (issue 22); it does not bind here: these
+            # Distributed rounds need a worst-case account; it does not bind here: these
             # tests are about which shares leave a device, and the attacks must fail for that reason.
             "worst-case-epsilon": 1000.0,
             "budget-delta": 1e-5,

@@ -38,7 +38,7 @@ def test_chi_mean_refuses_a_bad_dim_by_name(bad):
         chi_mean(bad)
 
 
-def test_issue_24_quickstart_local_noise_dominates_and_the_recommendation_does_not():
+def test_quickstart_local_noise_dominates_and_the_recommendation_does_not():
     plan = plan_federation(
         devices=10, dim=QUICKSTART_CNN, noise_multiplier=1.0, clip=1.0, epsilon=8.0, delta=1e-5, rounds=50
     )

@@ -71,7 +71,7 @@ def test_composed_gaussians_agree_with_the_pld_accountant(noise):
 
 
 def test_seed_run_exact_gdp_epsilon():
-    """papers/004 Appendix A: noise multiplier 170, 112 full-batch steps, delta 1e-5."""
+    """Feldman & Zrnic (2021) Appendix A: noise multiplier 170, 112 full-batch steps, delta 1e-5."""
     mu = math.sqrt(112) / 170
     eps = epsilon_for_mu(mu, 1e-5)
     assert exact_delta(eps, mu) <= 1e-5

@@ -24,7 +24,7 @@ REL = mpmath.mpf("1e-12")
 
 
 def _mp_advanced(eps, delta_g, n):
-    """papers/003 Theorem 6.5, equations (11) and (12), at 50 digits (written from the paper)."""
+    """Rogers et al. (2016) Theorem 6.5, equations (11) and (12), at 50 digits (written from the paper)."""
     e = [mpmath.mpf(x) for x in eps]
     d, n_ = mpmath.mpf(delta_g), mpmath.mpf(n)
     drift = mpmath.fsum(x * (mpmath.e**x - 1) / 2 for x in e)

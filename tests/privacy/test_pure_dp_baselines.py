@@ -1,4 +1,4 @@
-"""papers/003 baselines (Theorems 3.4, 5.1, Lemma 3.3): the pure-DP filters the planner compares against."""
+"""Rogers et al. (2016) baselines (Theorems 3.4, 5.1, Lemma 3.3): the pure-DP filters the planner compares against."""
 
 import math
 
@@ -50,7 +50,7 @@ def test_baseline_rounds_are_feasible_and_maximal():
 
 
 def test_filters_rank_as_the_papers_say():
-    """gdp >= zcdp (exact vs Theorem 4.9) and both far above the papers/003 baselines."""
+    """gdp >= zcdp (exact vs Theorem 4.9) and both far above the Rogers et al. (2016) baselines."""
     for eps in (0.5, 1.0, 2.0):
         r = {
             k: plan_rounds(k, epsilon=eps, delta=1e-5, noise_multiplier=170).rounds

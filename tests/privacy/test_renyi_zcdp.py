@@ -1,4 +1,4 @@
-"""Rényi and zCDP conversions against Google's dp_accounting and the numbers printed in papers/004."""
+"""Rényi and zCDP conversions against Google's dp_accounting and the numbers printed in Feldman & Zrnic (2021)."""
 
 import math
 
@@ -61,7 +61,7 @@ def test_rdp_budget_converts_back_to_the_budget():
 
 
 def test_theorem_4_9_budget_matches_the_paper_form():
-    """papers/004 Theorem 4.9: B* = (-sqrt(log 1/delta) + sqrt(log 1/delta + eps))^2."""
+    """Feldman & Zrnic (2021) Theorem 4.9: B* = (-sqrt(log 1/delta) + sqrt(log 1/delta + eps))^2."""
     for eps in (0.3, 0.5, 1.0, 8.0):
         for delta in (1e-5, 1e-8):
             L = math.log(1 / delta)
@@ -72,7 +72,7 @@ def test_theorem_4_9_budget_matches_the_paper_form():
 
 
 def test_seed_run_is_0_3007_under_theorem_4_9():
-    """papers/004 Appendix A calls noise 170, 112 full-batch steps, delta 1e-5 'epsilon = 0.3'."""
+    """Feldman & Zrnic (2021) Appendix A calls noise 170, 112 full-batch steps, delta 1e-5 'epsilon = 0.3'."""
     res = plan_epsilon("zcdp", noise_multiplier=170, rounds=112, delta=1e-5)
     assert round(res["epsilon"], 4) == 0.3007
     # Proposition 5.1: k / (2 sigma^2)-zCDP, converted with Fact 2.4.
@@ -83,7 +83,7 @@ def test_seed_run_is_0_3007_under_theorem_4_9():
 
 
 def test_theorem_4_9_fixed_eps_rate():
-    """papers/004 after Theorem 4.9: k eps-DP steps give (k eps^2/2 + sqrt(2 k log(1/delta)) eps, delta)."""
+    """Feldman & Zrnic (2021) after Theorem 4.9: k eps-DP steps give (k eps^2/2 + sqrt(2 k log(1/delta)) eps, delta)."""
     eps_t, k, delta = 0.01, 400, 1e-6
     rho = k * eps_t**2 / 2
     assert zcdp.epsilon_from_zcdp(rho, delta) == pytest.approx(

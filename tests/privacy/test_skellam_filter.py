@@ -1,7 +1,7 @@
 """Skellam releases charged to the rdp filter against independent references.
 
 The reference is ``skellam_rdp_exact`` (the exact divergence, itself checked at 50 digits in
-test_skellam.py) and the (epsilon, delta) conversion at the single order alpha* where papers/004
+test_skellam.py) and the (epsilon, delta) conversion at the single order alpha* where Feldman & Zrnic (2021)
 Theorem 4.3 holds for the filter's one-number state.
 """
 

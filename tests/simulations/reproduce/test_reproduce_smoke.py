@@ -1,4 +1,4 @@
-"""Smoke tests of the papers/004 Section 5 reproduction on small subsets (a few steps each)."""
+"""Smoke tests of the Feldman & Zrnic (2021) Section 5 reproduction on small subsets (a few steps each)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def _flat(weights):
 
 
 def test_gd_and_gd_with_filtering_share_their_first_k_steps():
-    """Algorithm 7 with B_norm = k C^2 is Algorithm 6 for k steps (papers/004 Section 5), bitwise."""
+    """Algorithm 7 with B_norm = k C^2 is Algorithm 6 for k steps (Feldman & Zrnic (2021) Section 5), bitwise."""
     from fedfilter.simulations.reproduce.mnist_gd import mnist_task
 
     task = mnist_task(2000)

@@ -1,4 +1,4 @@
-"""Sparse counting queries (papers/004 Theorem 1.2): answers, budgets and the error bound."""
+"""Sparse counting queries (Feldman & Zrnic (2021) Theorem 1.2): answers, budgets and the error bound."""
 
 import math
 from dataclasses import replace
