@@ -40,6 +40,11 @@ __all__ = ["Placement", "LocalPlacement", "installed_placement", "install_placem
 class Placement(ABC):
     """What one placement does at each stage of a round (``LocalPlacement``; SecAgg+'s in ``client/secagg``).
 
+    Attributes
+    ----------
+    distributed : bool
+        Whether the request may ask for ``placement='distributed'`` (SecAgg+ only).
+
     Examples
     --------
     >>> placement = installed_placement()
