@@ -36,7 +36,40 @@ from fedfilter.protocol.request import RoundSpec, RoundSpecError
 
 @dataclass(frozen=True)
 class Release:
-    """What leaves the device this round, and the (private, local) bookkeeping behind it."""
+    """What leaves the device this round, and the (private, local) bookkeeping behind it.
+
+    Attributes
+    ----------
+    status : str
+        ``"contributed"``, ``"noise-only"`` or ``"left"``.
+    arrays : list of numpy.ndarray or None
+        The report: noisy arrays (Gaussian) or the encoded Skellam report; None when ``"left"``.
+    sensitivity : float
+        Certified norm of the clipped update (0 when no data contributed).
+    noise_std : float
+        Standard deviation of the noise this client added.
+    charge : numpy.ndarray
+        What the round cost the main filters.
+    state_after : numpy.ndarray
+        The lifetime filter state after the round.
+    filter : GaussianFilter
+        The filter that reads ``state_after``.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> import numpy as np
+    >>> from pathlib import Path
+    >>> from fedfilter.client.ledger.owner_state import owner_state_at
+    >>> from fedfilter.client.settings.node_config import enrol_device
+    >>> with tempfile.TemporaryDirectory() as root, owner_state_at(Path(root) / "owner"):
+    ...     _ = enrol_device({"ledger-dir": root + "/dev", "budget-epsilon": 4.0, "budget-delta": 1e-5})
+    ...     ledger = BudgetLedger.open(root + "/dev")
+    ...     rel = FilteredClient(ledger, noise_seed=0).release(RoundSpec("run", 1, 5.0, 1.0), [np.ones(4)])
+    ...     ledger.close()
+    >>> rel.status, rel.noise_std, len(rel.arrays)
+    ('contributed', 5.0, 1)
+    """
 
     status: str  # "contributed", "noise-only" or "left"
     # The report: noisy arrays (Gaussian) or encode_report(y, q) per model array (Skellam); None for "left".
@@ -49,12 +82,54 @@ class Release:
 
     @cached_property
     def spent_epsilon(self) -> float:
-        """Lifetime epsilon spent after this round (computed on demand: it costs a root solve)."""
+        """Lifetime epsilon spent after this round (computed on demand: it costs a root solve).
+
+        Returns
+        -------
+        float
+            The epsilon of the owner's filter at ``state_after``.
+
+        Examples
+        --------
+        >>> import tempfile
+        >>> import numpy as np
+        >>> from pathlib import Path
+        >>> from fedfilter.client.ledger.owner_state import owner_state_at
+        >>> from fedfilter.client.settings.node_config import enrol_device
+        >>> with tempfile.TemporaryDirectory() as root, owner_state_at(Path(root) / "owner"):
+        ...     _ = enrol_device({"ledger-dir": root + "/dev", "budget-epsilon": 4.0, "budget-delta": 1e-5})
+        ...     ledger = BudgetLedger.open(root + "/dev")
+        ...     rel = FilteredClient(ledger, noise_seed=0).release(RoundSpec("run", 1, 5.0, 1.0), [np.ones(4)])
+        ...     ledger.close()
+        >>> round(rel.spent_epsilon, 3)
+        0.726
+        """
         return self.filter.epsilon_spent(self.state_after)
 
     @property
     def remaining_fraction(self) -> float:
-        """Share of the lifetime budget left, in [0, 1]."""
+        """Share of the lifetime budget left, in [0, 1].
+
+        Returns
+        -------
+        float
+            1 before any spend, 0 once the filter is exhausted.
+
+        Examples
+        --------
+        >>> import tempfile
+        >>> import numpy as np
+        >>> from pathlib import Path
+        >>> from fedfilter.client.ledger.owner_state import owner_state_at
+        >>> from fedfilter.client.settings.node_config import enrol_device
+        >>> with tempfile.TemporaryDirectory() as root, owner_state_at(Path(root) / "owner"):
+        ...     _ = enrol_device({"ledger-dir": root + "/dev", "budget-epsilon": 4.0, "budget-delta": 1e-5})
+        ...     ledger = BudgetLedger.open(root + "/dev")
+        ...     rel = FilteredClient(ledger, noise_seed=0).release(RoundSpec("run", 1, 5.0, 1.0), [np.ones(4)])
+        ...     ledger.close()
+        >>> round(rel.remaining_fraction, 3)
+        0.953
+        """
         return float(self.filter.remaining_fraction(self.state_after))
 
 
@@ -161,7 +236,31 @@ def release(
 
 
 class FilteredClient:
-    """Applies a device's individual filter to the updates it releases."""
+    """Applies a device's individual filter to the updates it releases.
+
+    Parameters
+    ----------
+    ledger : BudgetLedger
+        The device's open ledger.
+    policy : ClientPolicy, optional
+        The owner's policy (the default ``ClientPolicy()`` when None).
+    noise_seed : int, optional
+        None in production; a seed makes the noise reproducible (tests only).
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> from pathlib import Path
+    >>> from fedfilter.client.ledger.owner_state import owner_state_at
+    >>> from fedfilter.client.settings.node_config import enrol_device
+    >>> with tempfile.TemporaryDirectory() as root, owner_state_at(Path(root) / "owner"):
+    ...     _ = enrol_device({"ledger-dir": root + "/dev", "budget-epsilon": 4.0, "budget-delta": 1e-5})
+    ...     ledger = BudgetLedger.open(root + "/dev")
+    ...     client = FilteredClient(ledger)
+    ...     print(client.policy == ClientPolicy(), client.noise_seed)
+    ...     ledger.close()
+    True None
+    """
 
     def __init__(self, ledger: BudgetLedger, policy: ClientPolicy | None = None, noise_seed: int | None = None):
         self.ledger = ledger
@@ -171,7 +270,35 @@ class FilteredClient:
         self.noise_seed = noise_seed
 
     def release(self, spec: RoundSpec, update: Sequence[np.ndarray]) -> Release:
-        """Validate the request against the owner's policy, then ``release`` one Gaussian round."""
+        """Validate the request against the owner's policy, then ``release`` one Gaussian round.
+
+        Parameters
+        ----------
+        spec : RoundSpec
+            The coordinator's request (refused with ``RoundSpecError`` if the policy forbids it).
+        update : sequence of numpy.ndarray
+            The model update's arrays.
+
+        Returns
+        -------
+        Release
+            The report and the round's bookkeeping.
+
+        Examples
+        --------
+        >>> import tempfile
+        >>> import numpy as np
+        >>> from pathlib import Path
+        >>> from fedfilter.client.ledger.owner_state import owner_state_at
+        >>> from fedfilter.client.settings.node_config import enrol_device
+        >>> with tempfile.TemporaryDirectory() as root, owner_state_at(Path(root) / "owner"):
+        ...     _ = enrol_device({"ledger-dir": root + "/dev", "budget-epsilon": 4.0, "budget-delta": 1e-5})
+        ...     ledger = BudgetLedger.open(root + "/dev")
+        ...     rel = FilteredClient(ledger, noise_seed=0).release(RoundSpec("run", 1, 5.0, 1.0), [np.ones(4)])
+        ...     ledger.close()
+        >>> rel.status, round(rel.sensitivity, 6)
+        ('contributed', 1.0)
+        """
         check_request(spec, self.policy)
         return release(
             self.ledger,

@@ -34,7 +34,15 @@ def _file_identity(path: Path) -> tuple[int, int] | None:
 
 
 class NestedFilterError(RuntimeError):
-    """A thread asked for the ledger it already holds: a second copy of the filter inside the first."""
+    """A thread asked for the ledger it already holds: a second copy of the filter inside the first.
+
+    Examples
+    --------
+    >>> raise NestedFilterError("the budget ledger is held by this thread")
+    Traceback (most recent call last):
+    ...
+    fedfilter.client.flower.ledger_cache.NestedFilterError: the budget ledger is held by this thread
+    """
 
 
 @dataclass
@@ -62,7 +70,31 @@ class _OpenLedger:
 
 
 def cached_ledger(device: DeviceConfig) -> tuple[tuple, _OpenLedger]:
-    """The device's ledger, opened once per process; raises ``LedgerError``/``ValueError`` on failure."""
+    """The device's ledger, opened once per process; raises ``LedgerError``/``ValueError`` on failure.
+
+    Parameters
+    ----------
+    device : DeviceConfig
+        The device's settings; the cache key holds its ledger directory and budget settings.
+
+    Returns
+    -------
+    tuple
+        The cache key and the open entry (its ``held()`` lock serves one message at a time).
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> from fedfilter.client.ledger.owner_state import owner_state_at
+    >>> from fedfilter.client.settings.node_config import device_config, enrol_device
+    >>> with tempfile.TemporaryDirectory() as root, owner_state_at(Path(root) / "owner"):
+    ...     settings = {"ledger-dir": root + "/dev", "budget-epsilon": 4.0}
+    ...     enrol_device(settings)
+    ...     key, entry = cached_ledger(device_config(settings))
+    ...     print(cached_ledger(device_config(settings))[1] is entry)
+    ...     forget_ledger(key, entry)
+    True
+    """
     key = (
         str(device.ledger_dir.resolve()),
         device.client_id,
@@ -98,7 +130,30 @@ def cached_ledger(device: DeviceConfig) -> tuple[tuple, _OpenLedger]:
 
 
 def forget_ledger(key: tuple, entry: _OpenLedger) -> None:
-    """Drop a connection after an unexpected (e.g. SQLite) failure; the next message reopens."""
+    """Drop a connection after an unexpected (e.g. SQLite) failure; the next message reopens.
+
+    Parameters
+    ----------
+    key : tuple
+        The cache key ``cached_ledger`` returned.
+    entry : _OpenLedger
+        The entry it returned (closed here).
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> from fedfilter.client.ledger.owner_state import owner_state_at
+    >>> from fedfilter.client.settings.node_config import device_config, enrol_device
+    >>> with tempfile.TemporaryDirectory() as root, owner_state_at(Path(root) / "owner"):
+    ...     settings = {"ledger-dir": root + "/dev", "budget-epsilon": 4.0}
+    ...     enrol_device(settings)
+    ...     key, entry = cached_ledger(device_config(settings))
+    ...     forget_ledger(key, entry)
+    ...     again = cached_ledger(device_config(settings))[1]
+    ...     print(entry.closed, again is entry)
+    ...     forget_all()
+    True False
+    """
     with _ledgers_lock:
         if _ledgers.get(key) is entry:
             del _ledgers[key]

@@ -18,7 +18,30 @@ Mod = Callable[[Message, Context, Handler], Message]
 
 
 def once_per_message(mod: Mod) -> Mod:
-    """``mod`` acts only in its outermost position; nested copies call the next handler directly."""
+    """``mod`` acts only in its outermost position; nested copies call the next handler directly.
+
+    Parameters
+    ----------
+    mod : callable
+        A Flower mod ``(msg, context, call_next) -> Message``.
+
+    Returns
+    -------
+    callable
+        The same mod, passing the message on untouched when a copy of it is already running.
+
+    Examples
+    --------
+    >>> calls = []
+    >>> def counting(msg, context, call_next):
+    ...     calls.append(msg)
+    ...     return call_next(msg, context)
+    >>> once = once_per_message(counting)
+    >>> once("msg", None, lambda m, c: once(m, c, lambda m2, c2: m2))  # listed twice
+    'msg'
+    >>> len(calls)
+    1
+    """
     active: ContextVar[bool] = ContextVar(f"fedfilter.once.{mod.__qualname__}", default=False)
 
     @functools.wraps(mod)

@@ -47,13 +47,53 @@ log = logging.getLogger("fedfilter.client")
 
 
 def held_deadline(arrival: float, now: float, hold: float) -> float:
-    """``arrival + k * hold`` for the smallest integer ``k >= 1`` with the deadline not before ``now``."""
+    """``arrival + k * hold`` for the smallest integer ``k >= 1`` with the deadline not before ``now``.
+
+    Parameters
+    ----------
+    arrival : float
+        When the message reached the mod (clock seconds).
+    now : float
+        The time the device's work is done.
+    hold : float
+        The owner's ``reply-hold-s`` (positive).
+
+    Returns
+    -------
+    float
+        When the reply may leave.
+
+    Examples
+    --------
+    >>> held_deadline(10.0, 10.5, 2.0)
+    12.0
+    >>> held_deadline(10.0, 12.5, 2.0)  # overran one hold: the next whole multiple
+    14.0
+    """
     periods = max(1, math.ceil((now - arrival) / hold))
     return arrival + periods * hold
 
 
 class ReplyHold:
-    """Started when a message reaches the mod; armed once the round touches the ledger."""
+    """Started when a message reaches the mod; armed once the round touches the ledger.
+
+    Parameters
+    ----------
+    clock : callable, optional
+        Monotonic seconds (``time.monotonic``); read once here as the arrival time.
+    sleep : callable, optional
+        How to wait (``time.sleep``).
+
+    Examples
+    --------
+    >>> now = [100.0]
+    >>> hold = ReplyHold(clock=lambda: now[0], sleep=lambda s: now.__setitem__(0, now[0] + s))
+    >>> hold.armed
+    False
+    >>> hold.arm(5.0)
+    >>> hold.armed
+    True
+    """
 
     def __init__(self, *, clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep):
         self._clock, self._sleep = clock, sleep
@@ -61,15 +101,55 @@ class ReplyHold:
         self.hold_s = 0.0  # not armed: replies leave at once
 
     def arm(self, hold_s: float) -> None:
-        """From here on every reply waits for the hold (``0``: timing protection off)."""
+        """From here on every reply waits for the hold (``0``: timing protection off).
+
+        Parameters
+        ----------
+        hold_s : float
+            The owner's ``reply-hold-s`` in seconds.
+
+        Examples
+        --------
+        >>> hold = ReplyHold()
+        >>> hold.arm(60.0)
+        >>> hold.hold_s
+        60.0
+        """
         self.hold_s = float(hold_s)
 
     @property
     def armed(self) -> bool:
+        """Whether replies wait for the hold.
+
+        Returns
+        -------
+        bool
+            True once ``arm`` was given a positive hold.
+
+        Examples
+        --------
+        >>> hold = ReplyHold()
+        >>> hold.armed
+        False
+        >>> hold.arm(0)  # timing protection off
+        >>> hold.armed
+        False
+        """
         return self.hold_s > 0
 
     def wait(self) -> None:
-        """Sleep until the held deadline; a no-op unless armed."""
+        """Sleep until the held deadline; a no-op unless armed.
+
+        Examples
+        --------
+        >>> now = [100.0]
+        >>> hold = ReplyHold(clock=lambda: now[0], sleep=lambda s: now.__setitem__(0, now[0] + s))
+        >>> hold.arm(5.0)
+        >>> now[0] = 103.0  # the work took 3 s
+        >>> hold.wait()
+        >>> now[0]
+        105.0
+        """
         if not self.armed:
             return
         # A collection triggered by the round's own allocations must not land after the hold:
@@ -89,7 +169,37 @@ class ReplyHold:
             self._sleep(left)
 
     def reply(self, reply: Message, request: Message) -> Message:
-        """``reply`` itself when not armed; else the same content or error, stamped after the hold."""
+        """``reply`` itself when not armed; else the same content or error, stamped after the hold.
+
+        Parameters
+        ----------
+        reply : Message
+            The reply the round built.
+        request : Message
+            The train message it answers.
+
+        Returns
+        -------
+        Message
+            ``reply``, or a copy of it built after the hold.
+
+        Examples
+        --------
+        >>> import time
+        >>> from flwr.app import Metadata, RecordDict
+        >>> meta = Metadata(run_id=1, message_id="m", src_node_id=1, dst_node_id=2, reply_to_message_id="",
+        ...                 group_id="1", created_at=time.time(), ttl=60.0, message_type="train")
+        >>> request = Message(RecordDict(), metadata=meta)
+        >>> answer = Message(RecordDict(), reply_to=request)
+        >>> now = [100.0]
+        >>> hold = ReplyHold(clock=lambda: now[0], sleep=lambda s: now.__setitem__(0, now[0] + s))
+        >>> hold.reply(answer, request) is answer  # not armed
+        True
+        >>> hold.arm(5.0)
+        >>> held = hold.reply(answer, request)
+        >>> held is answer, now[0]
+        (False, 105.0)
+        """
         if not self.armed:
             return reply
         self.wait()
@@ -99,7 +209,25 @@ class ReplyHold:
 
 
 def timing_protection(hold_s: float) -> str:
-    """One line for a command's output and summary: is the reply hold on, and what it means."""
+    """One line for a command's output and summary: is the reply hold on, and what it means.
+
+    Parameters
+    ----------
+    hold_s : float
+        The owner's ``reply-hold-s`` (``0``: off).
+
+    Returns
+    -------
+    str
+        The line.
+
+    Examples
+    --------
+    >>> timing_protection(60.0)
+    'on: every reply is held for a whole multiple of reply-hold-s = 60 s after its request arrived'
+    >>> timing_protection(0)[:27]
+    'off (reply-hold-s = 0): rep'
+    """
     if hold_s > 0:
         return f"on: every reply is held for a whole multiple of reply-hold-s = {hold_s:g} s after its request arrived"
     return (

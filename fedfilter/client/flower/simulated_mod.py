@@ -14,6 +14,24 @@ def simulated_device_config_mod(devices: Mapping[int, Mapping[str, Any]]):
     The Simulation Engine has no ``--node-config``: this stands in for it. It runs inside the
     ClientApp (on the "device"), before ``individual_filter_mod``; the coordinator never sees it.
     Keys already in ``context.node_config`` win.
+
+    Parameters
+    ----------
+    devices : mapping of int to mapping
+        Each simulated node's settings, keyed by its ``partition-id``.
+
+    Returns
+    -------
+    callable
+        The mod; it passes a ``Context`` with the merged ``node_config`` to the next handler.
+
+    Examples
+    --------
+    >>> from flwr.app import RecordDict
+    >>> mod = simulated_device_config_mod({0: {"budget-epsilon": 4.0}})
+    >>> ctx = Context(run_id=1, node_id=7, node_config={"partition-id": 0}, state=RecordDict(), run_config={})
+    >>> mod("msg", ctx, lambda msg, context: context.node_config)
+    {'budget-epsilon': 4.0, 'partition-id': 0}
     """
     table = {int(k): dict(v) for k, v in devices.items()}
 

@@ -38,7 +38,19 @@ __all__ = ["Placement", "LocalPlacement", "installed_placement", "install_placem
 
 
 class Placement(ABC):
-    """What one placement does at each stage of a round (``LocalPlacement``; SecAgg+'s in ``client/secagg``)."""
+    """What one placement does at each stage of a round (``LocalPlacement``; SecAgg+'s in ``client/secagg``).
+
+    Attributes
+    ----------
+    distributed : bool
+        Whether the request may ask for ``placement='distributed'`` (SecAgg+ only).
+
+    Examples
+    --------
+    >>> placement = installed_placement()
+    >>> isinstance(placement, Placement), placement.distributed
+    (True, False)
+    """
 
     # Whether the request may ask for placement='distributed' (check_request's allow_distributed).
     distributed: ClassVar[bool]
@@ -51,6 +63,23 @@ class Placement(ABC):
         ----------
         msg : Message
             The train message.
+
+        Returns
+        -------
+        Message or None
+            The error reply, or None to go on.
+
+        Examples
+        --------
+        >>> import time
+        >>> from flwr.app import Metadata
+        >>> meta = Metadata(run_id=1, message_id="m", src_node_id=1, dst_node_id=2, reply_to_message_id="",
+        ...                 group_id="1", created_at=time.time(), ttl=60.0, message_type="train")
+        >>> LocalPlacement().refuse_message(Message(RecordDict(), metadata=meta)) is None
+        True
+        >>> masked = Message(RecordDict({RECORD_KEY_CONFIGS: ConfigRecord({})}), metadata=meta)
+        >>> LocalPlacement().refuse_message(masked).error.reason[:28]
+        'fedfilter[secagg-mod-order]:'
         """
 
     def admit_request(self, spec: RoundSpec, policy: ClientPolicy) -> MechanismFor:
@@ -85,6 +114,18 @@ class Placement(ABC):
             The coordinator's request.
         policy : ClientPolicy
             The owner's rules.
+
+        Returns
+        -------
+        callable
+            The round's mechanism for the arrays it releases.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> for_arrays = LocalPlacement().mechanism_for(RoundSpec("run", 1, 1.0, 1.0), ClientPolicy())
+        >>> for_arrays([np.zeros(2)]).placement
+        'local'
         """
 
     @abstractmethod
@@ -95,6 +136,19 @@ class Placement(ABC):
         ----------
         ledger : BudgetLedger
             The device's ledger, held for this round.
+
+        Examples
+        --------
+        >>> import tempfile
+        >>> from pathlib import Path
+        >>> from fedfilter.client.ledger.owner_state import owner_state_at
+        >>> from fedfilter.client.settings.node_config import enrol_device
+        >>> with tempfile.TemporaryDirectory() as root, owner_state_at(Path(root) / "owner"):
+        ...     enrol_device({"ledger-dir": root + "/dev", "budget-epsilon": 4.0})
+        ...     ledger = BudgetLedger.open(root + "/dev")
+        ...     print(LocalPlacement().check_ledger(ledger))
+        ...     ledger.close()
+        None
         """
 
     @abstractmethod
@@ -107,6 +161,22 @@ class Placement(ABC):
             The round.
         update : list of numpy.ndarray
             ``returned - received``, one array per model array.
+
+        Returns
+        -------
+        list of numpy.ndarray
+            The arrays the mechanism clips and noises.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from fedfilter.client.settings.node_config import device_config
+        >>> spec = RoundSpec("run", 1, 1.0, 1.0)
+        >>> admitted = AdmittedRound(spec, device_config({"ledger-dir": "dev", "budget-epsilon": 4.0}), 0.0,
+        ...                          ["w", "batches"], [np.zeros(2, np.float32), np.zeros((), np.int64)], [0],
+        ...                          LocalPlacement().mechanism_for(spec, ClientPolicy()))
+        >>> LocalPlacement().released(admitted, [np.ones(2, np.float32), np.array(5)])  # the count stays
+        [array([1., 1.], dtype=float32)]
         """
 
     @abstractmethod
@@ -121,6 +191,28 @@ class Placement(ABC):
             The round.
         release : Release
             What ``client.release.release`` spent and noised.
+
+        Returns
+        -------
+        Message
+            The reply to send.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> import time
+        >>> from flwr.app import Metadata
+        >>> meta = Metadata(run_id=1, message_id="m", src_node_id=1, dst_node_id=2, reply_to_message_id="",
+        ...                 group_id="1", created_at=time.time(), ttl=60.0, message_type="train")
+        >>> from fedfilter.client.settings.node_config import device_config
+        >>> spec = RoundSpec("run", 1, 1.0, 1.0)
+        >>> admitted = AdmittedRound(spec, device_config({"ledger-dir": "dev", "budget-epsilon": 4.0}), 0.0,
+        ...                          ["w", "batches"], [np.zeros(2, np.float32), np.zeros((), np.int64)], [0],
+        ...                          LocalPlacement().mechanism_for(spec, ClientPolicy()))
+        >>> rel = Release("contributed", [np.full(2, 0.5, np.float32)], 1.0, 1.0, np.zeros(1), np.zeros(1), None)
+        >>> reply = LocalPlacement().reply(Message(RecordDict(), metadata=meta), admitted, rel)
+        >>> reply.content[STATUS_RECORD]["status"], reply.content[ARRAYS_RECORD]["w"].numpy()
+        ('report', array([0.5, 0.5], dtype=float32))
         """
 
 
@@ -144,6 +236,23 @@ class LocalPlacement(Placement):
         ----------
         msg : Message
             The train message.
+
+        Returns
+        -------
+        Message or None
+            The ``secagg-mod-order`` refusal, or None to go on.
+
+        Examples
+        --------
+        >>> import time
+        >>> from flwr.app import Metadata
+        >>> meta = Metadata(run_id=1, message_id="m", src_node_id=1, dst_node_id=2, reply_to_message_id="",
+        ...                 group_id="1", created_at=time.time(), ttl=60.0, message_type="train")
+        >>> LocalPlacement().refuse_message(Message(RecordDict(), metadata=meta)) is None
+        True
+        >>> masked = Message(RecordDict({RECORD_KEY_CONFIGS: ConfigRecord({})}), metadata=meta)
+        >>> LocalPlacement().refuse_message(masked).error.reason[:28]
+        'fedfilter[secagg-mod-order]:'
         """
         if RECORD_KEY_CONFIGS not in msg.content.config_records:
             return None
@@ -163,6 +272,18 @@ class LocalPlacement(Placement):
             The coordinator's request.
         policy : ClientPolicy
             The owner's rules (``check_request`` applied them).
+
+        Returns
+        -------
+        callable
+            Arrays to the request's ``GaussianMechanism``.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> for_arrays = LocalPlacement().mechanism_for(RoundSpec("run", 1, 1.0, 1.0), ClientPolicy())
+        >>> for_arrays([np.zeros(2)]).placement
+        'local'
         """
         return lambda arrays: GaussianMechanism.for_request(spec)
 
@@ -173,6 +294,19 @@ class LocalPlacement(Placement):
         ----------
         ledger : BudgetLedger
             The device's ledger, held for this round.
+
+        Examples
+        --------
+        >>> import tempfile
+        >>> from pathlib import Path
+        >>> from fedfilter.client.ledger.owner_state import owner_state_at
+        >>> from fedfilter.client.settings.node_config import enrol_device
+        >>> with tempfile.TemporaryDirectory() as root, owner_state_at(Path(root) / "owner"):
+        ...     enrol_device({"ledger-dir": root + "/dev", "budget-epsilon": 4.0})
+        ...     ledger = BudgetLedger.open(root + "/dev")
+        ...     print(LocalPlacement().check_ledger(ledger))
+        ...     ledger.close()
+        None
         """
 
     def released(self, admitted: AdmittedRound, update: list[np.ndarray]) -> list[np.ndarray]:
@@ -184,6 +318,22 @@ class LocalPlacement(Placement):
             The round.
         update : list of numpy.ndarray
             ``returned - received``.
+
+        Returns
+        -------
+        list of numpy.ndarray
+            The floating-point arrays, in model order.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from fedfilter.client.settings.node_config import device_config
+        >>> spec = RoundSpec("run", 1, 1.0, 1.0)
+        >>> admitted = AdmittedRound(spec, device_config({"ledger-dir": "dev", "budget-epsilon": 4.0}), 0.0,
+        ...                          ["w", "batches"], [np.zeros(2, np.float32), np.zeros((), np.int64)], [0],
+        ...                          LocalPlacement().mechanism_for(spec, ClientPolicy()))
+        >>> LocalPlacement().released(admitted, [np.ones(2, np.float32), np.array(5)])  # the count stays
+        [array([1., 1.], dtype=float32)]
         """
         return [update[i] for i in admitted.floating]
 
@@ -198,6 +348,28 @@ class LocalPlacement(Placement):
             The round.
         release : Release
             The round's release.
+
+        Returns
+        -------
+        Message
+            The reply: the ``fedfilter.status`` record, and the ``arrays`` of a report.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> import time
+        >>> from flwr.app import Metadata
+        >>> meta = Metadata(run_id=1, message_id="m", src_node_id=1, dst_node_id=2, reply_to_message_id="",
+        ...                 group_id="1", created_at=time.time(), ttl=60.0, message_type="train")
+        >>> from fedfilter.client.settings.node_config import device_config
+        >>> spec = RoundSpec("run", 1, 1.0, 1.0)
+        >>> admitted = AdmittedRound(spec, device_config({"ledger-dir": "dev", "budget-epsilon": 4.0}), 0.0,
+        ...                          ["w", "batches"], [np.zeros(2, np.float32), np.zeros((), np.int64)], [0],
+        ...                          LocalPlacement().mechanism_for(spec, ClientPolicy()))
+        >>> rel = Release("contributed", [np.full(2, 0.5, np.float32)], 1.0, 1.0, np.zeros(1), np.zeros(1), None)
+        >>> reply = LocalPlacement().reply(Message(RecordDict(), metadata=meta), admitted, rel)
+        >>> reply.content[STATUS_RECORD]["status"], reply.content[ARRAYS_RECORD]["w"].numpy()
+        ('report', array([0.5, 0.5], dtype=float32))
         """
         content = RecordDict()
         if release.status == "left" or release.arrays is None:  # only a device that left releases nothing

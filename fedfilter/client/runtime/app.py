@@ -28,7 +28,25 @@ ERROR_CODE = ErrorCode.MOD_FAILED_PRECONDITION
 
 
 def allowed_types(extra: Iterable[str] = ()) -> frozenset[str]:
-    """``train`` plus the owner's additions; an unknown category is an error naming it."""
+    """``train`` plus the owner's additions; an unknown category is an error naming it.
+
+    Parameters
+    ----------
+    extra : iterable of str, optional
+        The owner's ``--allow-message-type`` values (``evaluate``, ``query``).
+
+    Returns
+    -------
+    frozenset of str
+        The message categories the device answers.
+
+    Examples
+    --------
+    >>> sorted(allowed_types(["evaluate"]))
+    ['evaluate', 'train']
+    >>> allowed_types(["train"]) == ALWAYS_ALLOWED
+    True
+    """
     extra = [e.strip() for e in extra]
     unknown = sorted(set(extra) - ALLOWABLE - ALWAYS_ALLOWED)
     if unknown:
@@ -41,7 +59,33 @@ def _refuse(msg: Message, reason: str) -> Message:
 
 
 def device_handler(app: Handler, *, secure_aggregation: bool, allowed: frozenset[str] = ALWAYS_ALLOWED) -> Handler:
-    """``app`` (a loaded, approved ClientApp) behind the device's gate and its own mods."""
+    """``app`` (a loaded, approved ClientApp) behind the device's gate and its own mods.
+
+    Parameters
+    ----------
+    app : callable
+        The approved app's handler ``(msg, context) -> Message``.
+    secure_aggregation : bool
+        Whether the owner enabled distributed placement (``secure_aggregation_mod`` goes first).
+    allowed : frozenset of str, optional
+        The message categories the device answers (``allowed_types``).
+
+    Returns
+    -------
+    callable
+        The handler the runtime calls for every message.
+
+    Examples
+    --------
+    >>> import time
+    >>> from flwr.app import Metadata, RecordDict
+    >>> handler = device_handler(lambda msg, context: msg, secure_aggregation=False)
+    >>> meta = Metadata(run_id=1, message_id="m", src_node_id=1, dst_node_id=2, reply_to_message_id="",
+    ...                 group_id="1", created_at=time.time(), ttl=60.0, message_type="query")
+    >>> ctx = Context(run_id=1, node_id=2, node_config={}, state=RecordDict(), run_config={})
+    >>> handler(Message(RecordDict(), metadata=meta), ctx).error.reason[:50]
+    'fedfilter: this device answers train messages only'
+    """
     mods = ([secure_aggregation_mod] if secure_aggregation else []) + [individual_filter_mod]
 
     def with_mods(msg: Message, context: Context) -> Message:

@@ -51,23 +51,81 @@ TRUST_TEXT = (
 
 
 class ApprovalError(ValueError):
-    """A path, hash or approvals file that cannot be used; the message names it."""
+    """A path, hash or approvals file that cannot be used; the message names it.
+
+    Examples
+    --------
+    >>> try:
+    ...     revoke("abc")
+    ... except ApprovalError as err:
+    ...     print(err)
+    HASH must be at least 8 hex digits of an approved hash. Found 'abc'.
+    """
 
 
 @dataclass(frozen=True)
 class ApprovedApp:
+    """One entry of the owner's list.
+
+    Attributes
+    ----------
+    hash : str
+        SHA-256 of the FAB's bytes.
+    clientapp : str or None
+        Set: approved by this component (imported from the device's installed packages).
+    source : str
+        What the owner approved (a path), for ``fedfilter apps list``.
+    approved_at : str
+        When (ISO 8601, UTC).
+
+    Examples
+    --------
+    >>> app = ApprovedApp("ab" * 32, "fedfilter.app.client_app:app", "/srv/app", "2026-01-01T00:00:00+00:00")
+    >>> app.clientapp
+    'fedfilter.app.client_app:app'
+    """
+
     hash: str  # SHA-256 of the FAB's bytes
     clientapp: str | None  # set: approved by this component (imported from installed packages)
     source: str  # what the owner approved (a path), for `apps list`
     approved_at: str
 
     def to_json(self) -> dict[str, Any]:
+        """The entry as the approvals file stores it.
+
+        Returns
+        -------
+        dict
+            ``hash``, ``clientapp``, ``source`` and ``approved_at``.
+
+        Examples
+        --------
+        >>> ApprovedApp("ab" * 32, None, "/srv/app.fab", "2026-01-01T00:00:00+00:00").to_json()["source"]
+        '/srv/app.fab'
+        """
         return {"hash": self.hash, "clientapp": self.clientapp, "source": self.source, "approved_at": self.approved_at}
 
 
 @dataclass(frozen=True)
 class Decision:
-    """What the device does with one FAB."""
+    """What the device does with one FAB.
+
+    Attributes
+    ----------
+    fab_hash : str
+        SHA-256 of the FAB's bytes, computed on the device.
+    approved : bool
+        Whether the device runs it.
+    by : str
+        ``"hash"``, ``"component"`` or ``""`` (refused).
+    clientapp : str or None
+        The component to import (by component: from the installed packages).
+
+    Examples
+    --------
+    >>> Decision("ab" * 32, False, "", None).approved
+    False
+    """
 
     fab_hash: str
     approved: bool
@@ -75,7 +133,18 @@ class Decision:
     clientapp: str | None  # the component to import (by component: from installed packages)
 
     def refusal(self) -> str:
-        """The reason sent back when refused: names the hash and the owner's command."""
+        """The reason sent back when refused: names the hash and the owner's command.
+
+        Returns
+        -------
+        str
+            The reason.
+
+        Examples
+        --------
+        >>> Decision("ab" * 32, False, "", None).refusal()[:64]
+        "fedfilter: this device's owner has not approved app abababababab"
+        """
         return (
             f"fedfilter: this device's owner has not approved app {self.fab_hash} (SHA-256 of the FAB); "
             f"nothing was installed, imported, trained or spent. The owner approves an app on the device "
@@ -84,12 +153,50 @@ class Decision:
 
 
 def fab_hash(fab: bytes) -> str:
-    """Flower's FAB hash: SHA-256 of the FAB's bytes (``flwr.cli.build``)."""
+    """Flower's FAB hash: SHA-256 of the FAB's bytes (``flwr.cli.build``).
+
+    Parameters
+    ----------
+    fab : bytes
+        The FAB.
+
+    Returns
+    -------
+    str
+        64 hex digits.
+
+    Examples
+    --------
+    >>> fab_hash(b"")[:16]
+    'e3b0c44298fc1c14'
+    """
     return hashlib.sha256(fab).hexdigest()
 
 
 def fab_components(fab: bytes) -> dict[str, str]:
-    """``[tool.flwr.app.components]`` of a FAB's ``pyproject.toml``, read in memory (nothing extracted)."""
+    """``[tool.flwr.app.components]`` of a FAB's ``pyproject.toml``, read in memory (nothing extracted).
+
+    Parameters
+    ----------
+    fab : bytes
+        The FAB (``ApprovalError`` when it has no readable ``pyproject.toml``).
+
+    Returns
+    -------
+    dict of str to str
+        Component name to ``module:attribute``.
+
+    Examples
+    --------
+    >>> import io, zipfile
+    >>> buf = io.BytesIO()
+    >>> with zipfile.ZipFile(buf, "w") as z:
+    ...     z.writestr(zipfile.ZipInfo("pyproject.toml"), '[tool.flwr.app.components]\\nclientapp = "myapp.client:app"')
+    ...     z.writestr(zipfile.ZipInfo("myapp/client.py"), "app = None")
+    >>> fab = buf.getvalue()
+    >>> fab_components(fab)
+    {'clientapp': 'myapp.client:app'}
+    """
     import tomllib
 
     try:
@@ -107,18 +214,82 @@ def fab_components(fab: bytes) -> dict[str, str]:
 
 
 def fab_files(fab: bytes) -> list[str]:
+    """The names of the files a FAB holds.
+
+    Parameters
+    ----------
+    fab : bytes
+        The FAB.
+
+    Returns
+    -------
+    list of str
+        The archive's names, in order.
+
+    Examples
+    --------
+    >>> import io, zipfile
+    >>> buf = io.BytesIO()
+    >>> with zipfile.ZipFile(buf, "w") as z:
+    ...     z.writestr(zipfile.ZipInfo("pyproject.toml"), '[tool.flwr.app.components]\\nclientapp = "myapp.client:app"')
+    ...     z.writestr(zipfile.ZipInfo("myapp/client.py"), "app = None")
+    >>> fab = buf.getvalue()
+    >>> fab_files(fab)
+    ['pyproject.toml', 'myapp/client.py']
+    """
     with zipfile.ZipFile(io.BytesIO(fab)) as archive:
         return archive.namelist()
 
 
 def carries_component(files: list[str], component: str) -> bool:
-    """Whether the FAB's own files hold the component's top-level module (``pkg/`` or ``pkg.py``)."""
+    """Whether the FAB's own files hold the component's top-level module (``pkg/`` or ``pkg.py``).
+
+    Parameters
+    ----------
+    files : list of str
+        The FAB's files (``fab_files``).
+    component : str
+        ``module:attribute``.
+
+    Returns
+    -------
+    bool
+        True when the FAB carries it; False: it comes from the installed packages.
+
+    Examples
+    --------
+    >>> carries_component(["pyproject.toml", "myapp/client.py"], "myapp.client:app")
+    True
+    >>> carries_component(["pyproject.toml"], "fedfilter.app.client_app:app")
+    False
+    """
     top = component.split(":", 1)[0].split(".", 1)[0]
     return any(name == f"{top}.py" or name.startswith(f"{top}/") for name in files)
 
 
 def build_fab(app_dir: Path) -> bytes:
-    """The FAB ``flwr run APP_DIR`` builds and sends (Flower's own builder)."""
+    """The FAB ``flwr run APP_DIR`` builds and sends (Flower's own builder).
+
+    Parameters
+    ----------
+    app_dir : Path
+        The app directory (with its ``pyproject.toml``).
+
+    Returns
+    -------
+    bytes
+        The FAB; ``ApprovalError`` when it cannot be built.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     try:
+    ...         build_fab(Path(d))
+    ...     except ApprovalError as err:
+    ...         print("pyproject.toml not found" in str(err))
+    True
+    """
     from fedfilter.protocol.flower_api import build_fab_from_disk
 
     try:
@@ -129,11 +300,52 @@ def build_fab(app_dir: Path) -> bytes:
 
 # --- the owner's list ------------------------------------------------------------------------
 def approvals_path(environ: Mapping[str, str] | None = None) -> Path:
+    """Where the owner's list lives: ``approved_apps.json`` in the owner's state directory.
+
+    Parameters
+    ----------
+    environ : mapping, optional
+        The environment to read (``os.environ`` when None).
+
+    Returns
+    -------
+    Path
+        The file (not created here).
+
+    Examples
+    --------
+    >>> approvals_path({"FEDFILTER_STATE_DIR": "/srv/owner"}).as_posix()
+    '/srv/owner/approved_apps.json'
+    """
     return owner_state_dir(environ) / APPROVED_FILE
 
 
 def load_approved(path: Path | None = None) -> list[ApprovedApp]:
-    """The owner's approved apps; none when the file does not exist. A damaged file approves nothing."""
+    """The owner's approved apps; none when the file does not exist. A damaged file approves nothing.
+
+    Parameters
+    ----------
+    path : Path, optional
+        The approvals file (``approvals_path()`` when None).
+
+    Returns
+    -------
+    list of ApprovedApp
+        The entries; ``ApprovalError`` when the file is damaged or unreadable.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     print(load_approved(Path(d) / "approved_apps.json"))
+    ...     _ = (Path(d) / "damaged.json").write_text("{")
+    ...     try:
+    ...         load_approved(Path(d) / "damaged.json")
+    ...     except ApprovalError as err:
+    ...         print(str(err).endswith("nothing is approved"))
+    []
+    True
+    """
     path = approvals_path() if path is None else path
     try:
         raw = path.read_text(encoding="utf-8")
@@ -172,7 +384,35 @@ def _save(apps: list[ApprovedApp], path: Path) -> None:
 
 
 def approve(app_path: Path, path: Path | None = None) -> ApprovedApp:
-    """Approve an app directory (the FAB ``flwr run`` builds from it) or a ``.fab`` file."""
+    """Approve an app directory (the FAB ``flwr run`` builds from it) or a ``.fab`` file.
+
+    Parameters
+    ----------
+    app_path : Path
+        An app directory or a ``.fab`` file.
+    path : Path, optional
+        The approvals file (``approvals_path()`` when None).
+
+    Returns
+    -------
+    ApprovedApp
+        The new entry (by component when the FAB does not carry its ``clientapp``).
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> import io, zipfile
+    >>> buf = io.BytesIO()
+    >>> with zipfile.ZipFile(buf, "w") as z:
+    ...     z.writestr(zipfile.ZipInfo("pyproject.toml"), '[tool.flwr.app.components]\\nclientapp = "myapp.client:app"')
+    ...     z.writestr(zipfile.ZipInfo("myapp/client.py"), "app = None")
+    >>> fab = buf.getvalue()
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     _ = (Path(d) / "app.fab").write_bytes(fab)
+    ...     entry = approve(Path(d) / "app.fab", Path(d) / "approved_apps.json")
+    >>> entry.hash == fab_hash(fab), entry.clientapp  # the FAB carries myapp: approved by hash
+    (True, None)
+    """
     path = approvals_path() if path is None else path
     app_path = Path(app_path).expanduser().resolve()
     if app_path.is_dir():
@@ -194,7 +434,36 @@ def approve(app_path: Path, path: Path | None = None) -> ApprovedApp:
 
 
 def revoke(hash_or_prefix: str, path: Path | None = None) -> list[ApprovedApp]:
-    """Remove the approvals whose hash starts with ``hash_or_prefix`` (at least 8 hex digits)."""
+    """Remove the approvals whose hash starts with ``hash_or_prefix`` (at least 8 hex digits).
+
+    Parameters
+    ----------
+    hash_or_prefix : str
+        A hash or a prefix naming exactly one approved hash.
+    path : Path, optional
+        The approvals file (``approvals_path()`` when None).
+
+    Returns
+    -------
+    list of ApprovedApp
+        The entries removed.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> import io, zipfile
+    >>> buf = io.BytesIO()
+    >>> with zipfile.ZipFile(buf, "w") as z:
+    ...     z.writestr(zipfile.ZipInfo("pyproject.toml"), '[tool.flwr.app.components]\\nclientapp = "myapp.client:app"')
+    ...     z.writestr(zipfile.ZipInfo("myapp/client.py"), "app = None")
+    >>> fab = buf.getvalue()
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     _ = (Path(d) / "app.fab").write_bytes(fab)
+    ...     entry = approve(Path(d) / "app.fab", Path(d) / "approved_apps.json")
+    ...     gone = revoke(entry.hash[:8], Path(d) / "approved_apps.json")
+    ...     print(gone == [entry], load_approved(Path(d) / "approved_apps.json"))
+    True []
+    """
     path = approvals_path() if path is None else path
     key = hash_or_prefix.strip().lower()
     if len(key) < MIN_PREFIX or any(c not in "0123456789abcdef" for c in key):
@@ -210,7 +479,35 @@ def revoke(hash_or_prefix: str, path: Path | None = None) -> list[ApprovedApp]:
 
 
 def decide(fab: bytes, approved: list[ApprovedApp]) -> Decision:
-    """Whether the device runs this FAB, and how: the hash computed here, never the one sent."""
+    """Whether the device runs this FAB, and how: the hash computed here, never the one sent.
+
+    Parameters
+    ----------
+    fab : bytes
+        The FAB the coordinator sent.
+    approved : list of ApprovedApp
+        The owner's list (``load_approved``).
+
+    Returns
+    -------
+    Decision
+        Approved by component (preferred), by hash, or refused.
+
+    Examples
+    --------
+    >>> import io, zipfile
+    >>> buf = io.BytesIO()
+    >>> with zipfile.ZipFile(buf, "w") as z:
+    ...     z.writestr(zipfile.ZipInfo("pyproject.toml"), '[tool.flwr.app.components]\\nclientapp = "myapp.client:app"')
+    ...     z.writestr(zipfile.ZipInfo("myapp/client.py"), "app = None")
+    >>> fab = buf.getvalue()
+    >>> decide(fab, []).approved
+    False
+    >>> entry = ApprovedApp(fab_hash(fab), None, "app.fab", "2026-01-01T00:00:00+00:00")
+    >>> decision = decide(fab, [entry])
+    >>> decision.approved, decision.by, decision.clientapp
+    (True, 'hash', 'myapp.client:app')
+    """
     digest = fab_hash(fab)
     by_hash = next((a for a in approved if a.hash == digest), None)
     try:

@@ -52,7 +52,27 @@ APPS_SUBDIR = "fedfilter-approved-apps"  # under FLWR_HOME: approved-by-hash FAB
 
 @dataclass(frozen=True)
 class RuntimeSettings:
-    """What the owner set for this device's runtime (never the coordinator)."""
+    """What the owner set for this device's runtime (never the coordinator).
+
+    Attributes
+    ----------
+    runtime_api_address : str
+        ``host:port`` of the SuperNode's Runtime API.
+    insecure : bool
+        True: plain HTTP to the Runtime API.
+    root_certificates : str or None
+        Path of the Runtime API's CA, when it serves TLS.
+    secure_aggregation : bool
+        Whether the owner enabled distributed placement (SecAgg+).
+    allow_message_types : tuple of str
+        Message categories the owner allows besides ``train``.
+
+    Examples
+    --------
+    >>> settings = RuntimeSettings("127.0.0.1:9094")
+    >>> settings.insecure, settings.secure_aggregation
+    (True, False)
+    """
 
     runtime_api_address: str
     insecure: bool = True
@@ -61,6 +81,25 @@ class RuntimeSettings:
     allow_message_types: tuple[str, ...] = ()
 
     def worker_argv(self, parent_pid: int) -> list[str]:
+        """The command line of a worker process with these settings.
+
+        Parameters
+        ----------
+        parent_pid : int
+            The launcher's process id (the worker exits when it goes).
+
+        Returns
+        -------
+        list of str
+            ``argv``, starting with this Python interpreter.
+
+        Examples
+        --------
+        >>> RuntimeSettings("127.0.0.1:9094", secure_aggregation=True).worker_argv(123)[1:]
+        ... # doctest: +NORMALIZE_WHITESPACE
+        ['-m', 'fedfilter.client.runtime.runner', '--runtime-api-address', '127.0.0.1:9094',
+         '--parent-pid', '123', '--insecure', '--secure-aggregation']
+        """
         argv = [sys.executable, "-m", "fedfilter.client.runtime.runner", "--runtime-api-address"]
         argv += [self.runtime_api_address, "--parent-pid", str(parent_pid)]
         argv += ["--insecure"] if self.insecure else ["--root-certificates", str(self.root_certificates)]
@@ -88,7 +127,27 @@ def _client(settings: RuntimeSettings, interceptors: list[Any]) -> Any:
 
 # --- the worker: one run's messages ------------------------------------------------------------
 def load_component(component: str) -> Any:
-    """Import ``module:attr`` from the installed packages (``sys.path`` unchanged)."""
+    """Import ``module:attr`` from the installed packages (``sys.path`` unchanged).
+
+    Parameters
+    ----------
+    component : str
+        ``package.module:attribute``, checked before any import.
+
+    Returns
+    -------
+    ClientApp
+        The app; ``ValueError`` when the reference is malformed or names something else.
+
+    Examples
+    --------
+    >>> try:
+    ...     load_component("json:dumps")
+    ... except ValueError as err:
+    ...     print(err)
+    clientapp component 'json:dumps' is not a flwr ClientApp (found function).
+    >>> app = load_component("fedfilter.app.client_app:app")  # doctest: +SKIP
+    """
     from flwr.clientapp import ClientApp
 
     if not _COMPONENT.match(component):
@@ -115,7 +174,25 @@ def _load_installed(fab: bytes, digest: str, fab_id: str, fab_version: str) -> A
 
 @dataclass
 class Worker:
-    """Runs the tasks of one run; keeps its approved app loaded between them."""
+    """Runs the tasks of one run; keeps its approved app loaded between them.
+
+    Attributes
+    ----------
+    settings : RuntimeSettings
+        The owner's runtime settings.
+    approvals : Path or None
+        The approvals file (None: the owner's state directory).
+    loaded : dict of str to callable
+        FAB hash to its device handler (at most one per run).
+    run_id : int or None
+        The run served (set by its first task).
+
+    Examples
+    --------
+    >>> worker = Worker(RuntimeSettings("127.0.0.1:9094"))
+    >>> worker.loaded, worker.run_id
+    ({}, None)
+    """
 
     settings: RuntimeSettings
     approvals: Path | None = None  # default: the owner's state directory
@@ -123,6 +200,33 @@ class Worker:
     run_id: int | None = None
 
     def handler_for(self, decision: Any, fab: bytes, run: Any) -> Callable:
+        """The device handler of an approved FAB, loaded on the run's first message.
+
+        Parameters
+        ----------
+        decision : Decision
+            The approval ``decide`` gave (by component: imported; by hash: installed, then loaded).
+        fab : bytes
+            The FAB.
+        run : Run
+            Flower's run (its id, ``fab_id`` and ``fab_version``).
+
+        Returns
+        -------
+        callable
+            ``device_handler`` around the app; a second FAB in one run is a ``RuntimeError``.
+
+        Examples
+        --------
+        >>> from types import SimpleNamespace
+        >>> from fedfilter.client.runtime.approval import Decision
+        >>> worker = Worker(RuntimeSettings("127.0.0.1:9094"), loaded={"a" * 64: print})
+        >>> try:
+        ...     worker.handler_for(Decision("b" * 64, True, "hash", "app:app"), b"", SimpleNamespace(run_id=7))
+        ... except RuntimeError as err:
+        ...     print(str(err)[:31])
+        run 7 changed its app to bbbbbb
+        """
         from fedfilter.client.runtime.app import allowed_types, device_handler
 
         if decision.fab_hash not in self.loaded:
@@ -140,6 +244,17 @@ class Worker:
         return self.loaded[decision.fab_hash]
 
     def run_task(self, token: str) -> None:
+        """Pull one task, decide on its FAB, run it through the device handler and push the reply.
+
+        Parameters
+        ----------
+        token : str
+            The task's token from the launcher.
+
+        Examples
+        --------
+        >>> Worker(RuntimeSettings("127.0.0.1:9094")).run_task(token)  # doctest: +SKIP
+        """
         from flwr.app import Error, Message
 
         from fedfilter.client.runtime.approval import decide, load_approved
@@ -204,7 +319,18 @@ class Worker:
             log.info("fedfilter device: task %s in %.3f s", status, time.perf_counter() - started)
 
     def serve(self, lines: Any) -> None:
-        """One token per line until the launcher closes the pipe."""
+        """One token per line until the launcher closes the pipe.
+
+        Parameters
+        ----------
+        lines : iterable of str
+            The pipe (blank lines are skipped).
+
+        Examples
+        --------
+        >>> Worker(RuntimeSettings("127.0.0.1:9094")).serve(["", "  \\n"])  # no token: nothing runs
+        >>> Worker(RuntimeSettings("127.0.0.1:9094")).serve(sys.stdin)  # doctest: +SKIP
+        """
         for line in lines:
             token = line.strip()
             if token:
@@ -213,6 +339,22 @@ class Worker:
 
 # --- the launcher: acquires tasks, one warm worker per run --------------------------------------
 class Launcher:
+    """Acquires the device's ClientApp tasks and hands each to the warm worker of its run.
+
+    Parameters
+    ----------
+    settings : RuntimeSettings
+        The owner's runtime settings.
+    secret : bytes
+        The SuperExec secret of this start (authenticates ``AcquireTask``).
+
+    Examples
+    --------
+    >>> launcher = Launcher(RuntimeSettings("127.0.0.1:9094"), secret=bytes(32))
+    >>> launcher.workers, launcher.stopping.is_set()
+    ({}, False)
+    """
+
     def __init__(self, settings: RuntimeSettings, secret: bytes):
         self.settings, self.secret = settings, secret
         self.workers: dict[int, subprocess.Popen] = {}
@@ -237,6 +379,19 @@ class Launcher:
             pass
 
     def dispatch(self, run_id: int, token: str) -> None:
+        """Send ``token`` to the worker of ``run_id``, starting it (and retiring another run's) when needed.
+
+        Parameters
+        ----------
+        run_id : int
+            The task's run.
+        token : str
+            The task's token.
+
+        Examples
+        --------
+        >>> launcher.dispatch(run_id, token)  # starts a worker process  # doctest: +SKIP
+        """
         for attempt in range(2):
             worker = self._worker(run_id)
             try:
@@ -251,6 +406,12 @@ class Launcher:
                     raise
 
     def serve(self) -> None:
+        """Poll the Runtime API for tasks until ``stopping`` is set; then retire every worker.
+
+        Examples
+        --------
+        >>> Launcher(RuntimeSettings("127.0.0.1:9094"), secret).serve()  # doctest: +SKIP
+        """
         from fedfilter.protocol.flower_api import (
             AcquireTaskRequest,
             RuntimeVersionHttpInterceptor,
@@ -287,7 +448,29 @@ _OWN_FLAGS = ("--isolation", "--superexec-auth-secret-file")
 
 
 def split_flower_args(flower_args: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
-    """Read the Runtime API flags among Flower's; refuse the ones this command sets itself."""
+    """Read the Runtime API flags among Flower's; refuse the ones this command sets itself.
+
+    Parameters
+    ----------
+    flower_args : sequence of str
+        The ``flower-supernode`` arguments the owner passed.
+
+    Returns
+    -------
+    tuple of (argparse.Namespace, list of str)
+        The Runtime API's ``host``, ``port`` and TLS files, and the arguments passed on unchanged.
+
+    Examples
+    --------
+    >>> runtime, passthrough = split_flower_args(["--superlink", "10.0.0.1:9092", "--port=9100"])
+    >>> runtime.port, passthrough
+    (9100, ['--superlink', '10.0.0.1:9092', '--port=9100'])
+    >>> try:
+    ...     split_flower_args(["--isolation", "subprocess"])
+    ... except ValueError as err:
+    ...     print(str(err)[-22:])
+    Found ['--isolation'].
+    """
     from fedfilter.protocol.flower_api import SUPERNODE_UVICORN_DEFAULT_PORT, UVICORN_DEFAULT_HOST
 
     taken = [a for a in flower_args if a.split("=", 1)[0] in _OWN_FLAGS]
@@ -312,7 +495,29 @@ def run_supernode(
     allow_message_types: Sequence[str],
     echo: Callable[[str], None] = print,
 ) -> int:
-    """Flower's SuperNode (process isolation) plus the device's runtime, until either ends."""
+    """Flower's SuperNode (process isolation) plus the device's runtime, until either ends.
+
+    Parameters
+    ----------
+    flower_args : sequence of str
+        Arguments for ``flower-supernode`` (``--isolation`` and the SuperExec secret are set here).
+    secure_aggregation : bool
+        Whether the owner enabled distributed placement (SecAgg+).
+    allow_message_types : sequence of str
+        Message categories answered besides ``train``.
+    echo : callable, optional
+        Where the start-up lines go.
+
+    Returns
+    -------
+    int
+        The SuperNode's exit code.
+
+    Examples
+    --------
+    >>> run_supernode(["--superlink", "10.0.0.1:9092"], secure_aggregation=False,
+    ...               allow_message_types=[])  # doctest: +SKIP
+    """
     from fedfilter.client.runtime.app import allowed_types
     from fedfilter.client.runtime.approval import TRUST_TEXT, approvals_path, load_approved
 

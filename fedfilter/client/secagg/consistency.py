@@ -113,7 +113,23 @@ _DERIVED = 4096
 
 
 def public_key_of(private_key: bytes) -> bytes:
-    """The raw 32-byte public key of a raw Ed25519 private key (an owner's identity key)."""
+    """The raw 32-byte public key of a raw Ed25519 private key (an owner's identity key).
+
+    Parameters
+    ----------
+    private_key : bytes
+        The raw 32-byte private key.
+
+    Returns
+    -------
+    bytes
+        The raw 32-byte public key (the form ``secagg-pinned-peers`` lists in hex).
+
+    Examples
+    --------
+    >>> public_key_of(bytes(range(32))).hex()[:16]
+    '03a107bff3ce10be'
+    """
     return (
         Ed25519PrivateKey.from_private_bytes(private_key)
         .public_key()
@@ -141,12 +157,56 @@ def _mac_key(shared_key: bytes) -> bytes:
 
 # --- peer-key pinning (cross-silo): the owner's long-term identity certifies the round's keys -----
 def seal_certificate(shared_key: bytes, *, src: int, dst: int, certificate: bytes) -> bytes:
-    """``src``'s owner's ``certificate`` for ``dst``, authenticated and encrypted under their pairwise key."""
+    """``src``'s owner's ``certificate`` for ``dst``, authenticated and encrypted under their pairwise key.
+
+    Parameters
+    ----------
+    shared_key : bytes
+        The pair's key from Flower's share-keys stage.
+    src, dst : int
+        The sending and the receiving node.
+    certificate : bytes
+        ``certify``'s 96 bytes.
+
+    Returns
+    -------
+    bytes
+        A Fernet token only ``dst`` (or ``src``) opens, as ``open_certificate(..., src=src, dst=dst)``.
+
+    Examples
+    --------
+    >>> cert = certify(bytes(range(32)), run_id=1, round_id="3", nid=5, pk1=b"a" * 64, pk2=b"b" * 32)
+    >>> token = seal_certificate(bytes(32), src=5, dst=6, certificate=cert)
+    >>> open_certificate(bytes(32), token, src=5, dst=6) == cert
+    True
+    """
     return _channel(shared_key).encrypt(_SEAL_TAG + struct.pack(">QQ", src, dst) + certificate)
 
 
 def open_certificate(shared_key: bytes, token: object, *, src: int, dst: int) -> bytes | None:
-    """The certificate ``src`` sealed for ``dst``, or ``None`` when the token is not exactly that."""
+    """The certificate ``src`` sealed for ``dst``, or ``None`` when the token is not exactly that.
+
+    Parameters
+    ----------
+    shared_key : bytes
+        The pair's key from Flower's share-keys stage.
+    token : object
+        What the coordinator relayed (anything: checked here).
+    src, dst : int
+        The node the token must come from and the node it must be for.
+
+    Returns
+    -------
+    bytes or None
+        The 96-byte certificate, or None.
+
+    Examples
+    --------
+    >>> cert = certify(bytes(range(32)), run_id=1, round_id="3", nid=5, pk1=b"a" * 64, pk2=b"b" * 32)
+    >>> token = seal_certificate(bytes(32), src=5, dst=6, certificate=cert)
+    >>> print(open_certificate(bytes(32), token, src=5, dst=7))  # sealed for another node
+    None
+    """
     if not isinstance(token, bytes):
         return None
     try:
@@ -166,7 +226,32 @@ def _certified(*, run_id: int, round_id: str, nid: int, pk1: bytes, pk2: bytes) 
 
 def certify(identity_key: bytes, *, run_id: int, round_id: str, nid: int, pk1: bytes, pk2: bytes) -> bytes:
     """The owner's identity public key and its signature on this round's keys of node ``nid``: Flower's
-    two SecAgg+ public keys (64 + 32 bytes). ``pk2`` is what the pair's MAC key comes from."""
+    two SecAgg+ public keys (64 + 32 bytes). ``pk2`` is what the pair's MAC key comes from.
+
+    Parameters
+    ----------
+    identity_key : bytes
+        The owner's raw 32-byte Ed25519 private key (``Pinning.identity_key``).
+    run_id : int
+        The run.
+    round_id : str
+        The round (Flower's group id).
+    nid : int
+        This device's node id.
+    pk1, pk2 : bytes
+        Flower's two SecAgg+ public keys of this round.
+
+    Returns
+    -------
+    bytes
+        The identity public key (32 bytes) and the signature (64 bytes).
+
+    Examples
+    --------
+    >>> cert = certify(bytes(range(32)), run_id=1, round_id="3", nid=5, pk1=b"a" * 64, pk2=b"b" * 32)
+    >>> len(cert), cert[:32] == public_key_of(bytes(range(32)))
+    (96, True)
+    """
     identity = Ed25519PrivateKey.from_private_bytes(identity_key)
     body = _certified(run_id=run_id, round_id=round_id, nid=nid, pk1=pk1, pk2=pk2)
     return public_key_of(identity_key) + identity.sign(body)
@@ -175,7 +260,32 @@ def certify(identity_key: bytes, *, run_id: int, round_id: str, nid: int, pk1: b
 def check_certificate(
     certificate: bytes, pinned: frozenset[bytes], *, run_id: int, round_id: str, nid: int, pk1: bytes, pk2: bytes
 ) -> tuple[bytes | None, str]:
-    """The pinned identity that certified node ``nid``'s keys, or ``None`` and why not."""
+    """The pinned identity that certified node ``nid``'s keys, or ``None`` and why not.
+
+    Parameters
+    ----------
+    certificate : bytes
+        What ``open_certificate`` returned for the neighbour.
+    pinned : frozenset of bytes
+        The owner's pinned public keys (``Pinning.pinned``).
+    run_id, round_id, nid, pk1, pk2
+        The round and the neighbour's keys as this device received them (as in ``certify``).
+
+    Returns
+    -------
+    tuple of (bytes or None, str)
+        The identity and ``""``, or None and the problem.
+
+    Examples
+    --------
+    >>> identity = bytes(range(32))
+    >>> keys = dict(run_id=1, round_id="3", nid=5, pk1=b"a" * 64, pk2=b"b" * 32)
+    >>> cert = certify(identity, **keys)
+    >>> check_certificate(cert, frozenset({public_key_of(identity)}), **keys)[0] == public_key_of(identity)
+    True
+    >>> check_certificate(cert, frozenset({public_key_of(identity)}), **{**keys, "pk2": b"c" * 32})[1]
+    "node 5's certificate does not sign the keys this device was given for it."
+    """
     if len(certificate) != _CERT_BYTES:
         return None, f"node {nid} sent no certificate of a pinned key."
     identity, signature = certificate[:_KEY_BYTES], certificate[_KEY_BYTES:]
@@ -193,7 +303,26 @@ def check_certificate(
 def round_parameters(*records: Mapping[str, object]) -> bytes:
     """SHA-256 of the round's parameters as a device received them (records of str keys to str, bytes,
     bool, int, float or lists of them): each key, the value's type and ``repr``, in sorted key order,
-    record by record. Two devices get the same digest exactly when they got the same values."""
+    record by record. Two devices get the same digest exactly when they got the same values.
+
+    Parameters
+    ----------
+    *records : mapping of str to object
+        The round's records (the fedfilter request, the SecAgg+ setup).
+
+    Returns
+    -------
+    bytes
+        The 32-byte digest.
+
+    Examples
+    --------
+    >>> digest = round_parameters({"clip": 1.0}, {"threshold": 2})
+    >>> len(digest), digest == round_parameters({"clip": 1.0}, {"threshold": 2})
+    (32, True)
+    >>> digest == round_parameters({"clip": 1}, {"threshold": 2})  # the type counts
+    False
+    """
     digest = hashlib.sha256(_PARAMETERS_TAG)
     for record in records:
         items = sorted((str(k), f"{type(v).__name__}:{v!r}") for k, v in record.items())
@@ -205,7 +334,31 @@ def round_parameters(*records: Mapping[str, object]) -> bytes:
 def survivors_message(*, run_id: int, round_id: str, survivors: Iterable[int], parameters: bytes) -> bytes:
     """The bytes a device authenticates: a domain tag, the run, the round (Flower's group id), the
     digest of the round's parameters (``round_parameters``) and the sorted set, each length-prefixed
-    where its length varies."""
+    where its length varies.
+
+    Parameters
+    ----------
+    run_id : int
+        The run.
+    round_id : str
+        The round (Flower's group id).
+    survivors : iterable of int
+        The survivor set the device was told (order and repeats do not matter).
+    parameters : bytes
+        ``round_parameters`` of the round as the device received it.
+
+    Returns
+    -------
+    bytes
+        The message ``survivors_tag`` authenticates.
+
+    Examples
+    --------
+    >>> digest = round_parameters({"clip": 1.0})
+    >>> a = survivors_message(run_id=1, round_id="3", survivors=[7, 5, 6], parameters=digest)
+    >>> a == survivors_message(run_id=1, round_id="3", survivors=[5, 6, 7], parameters=digest)
+    True
+    """
     ids = sorted(set(int(n) for n in survivors))
     round_bytes = round_id.encode()
     return (
@@ -220,7 +373,29 @@ def survivors_message(*, run_id: int, round_id: str, survivors: Iterable[int], p
 
 def survivors_tag(shared_key: bytes, message: bytes, *, src: int, dst: int) -> bytes:
     """HMAC-SHA256 of ``message || src || dst`` (``src``, ``dst``: 8 bytes each, big-endian) under the MAC
-    key derived from the pair's ``ss2`` key (Flower's ``ss2_dict``; never a mask key: see above)."""
+    key derived from the pair's ``ss2`` key (Flower's ``ss2_dict``; never a mask key: see above).
+
+    Parameters
+    ----------
+    shared_key : bytes
+        The pair's ``ss2`` key.
+    message : bytes
+        ``survivors_message``.
+    src, dst : int
+        The tag's maker and the neighbour it is for.
+
+    Returns
+    -------
+    bytes
+        The 32-byte tag.
+
+    Examples
+    --------
+    >>> message = survivors_message(run_id=1, round_id="3", survivors=[5, 6], parameters=round_parameters())
+    >>> tag = survivors_tag(bytes(32), message, src=5, dst=6)
+    >>> len(tag), tag == survivors_tag(bytes(32), message, src=6, dst=5)  # not valid reflected back
+    (32, False)
+    """
     mac = crypto_hmac.HMAC(_mac_key(shared_key), hashes.SHA256())
     mac.update(message + struct.pack(">QQ", src, dst))
     return mac.finalize()
@@ -236,6 +411,33 @@ def check_tags(
     the ``ss2`` keys of the neighbours whose shares ``me`` holds. ``signers[i]`` must be one of them,
     not repeated, and ``tags[i]`` its valid tag on ``message`` addressed to ``me``; ``me`` counts itself
     (module docstring), so at least ``threshold - 1`` distinct neighbours' valid tags are needed.
+
+    Parameters
+    ----------
+    message : bytes
+        What ``me`` authenticated itself.
+    me : int
+        This device's node id.
+    keys : mapping of int to bytes
+        The neighbours' ``ss2`` keys.
+    signers, tags : object
+        The coordinator's lists of makers and their tags (anything: checked here).
+    threshold : int
+        SecAgg+'s threshold.
+
+    Returns
+    -------
+    tuple of (list of str, set of int)
+        The problems, and the neighbours whose valid tag was verified.
+
+    Examples
+    --------
+    >>> message = survivors_message(run_id=1, round_id="3", survivors=[5, 6], parameters=round_parameters())
+    >>> tag = survivors_tag(bytes(32), message, src=5, dst=6)
+    >>> check_tags(message, me=6, keys={5: bytes(32)}, signers=[5], tags=[tag], threshold=2)
+    ([], {5})
+    >>> check_tags(message, me=6, keys={5: bytes(32)}, signers=[5], tags=[tag], threshold=3)[0]
+    ["1 neighbours authenticated this device's survivor set (2 with itself), below the threshold 3."]
     """
     if not isinstance(signers, list) or any(not int_in(n, 0, _MAX_NODE_ID) for n in signers):
         return [f"the survivor-set tag signers must be a list of node ids. Found {signers!r:.80}."], set()
@@ -267,7 +469,27 @@ def check_tags(
 
 
 def check_node_ids(name: str, ids: object) -> list[str]:
-    """Problems with a list of node ids sent by the coordinator: not a list of uint64, or repeats."""
+    """Problems with a list of node ids sent by the coordinator: not a list of uint64, or repeats.
+
+    Parameters
+    ----------
+    name : str
+        What the list is, for the message.
+    ids : object
+        The list as received (anything: checked here).
+
+    Returns
+    -------
+    list of str
+        The problems; empty when the list is sound.
+
+    Examples
+    --------
+    >>> check_node_ids("active node ids", [1, 2])
+    []
+    >>> check_node_ids("active node ids", [1, 2, 2])
+    ['active node ids repeats node ids [2].']
+    """
     if not isinstance(ids, list) or any(not int_in(n, 0, _MAX_NODE_ID) for n in ids):
         return [f"{name} must be a list of node ids. Found {ids!r}."]
     if len(set(ids)) != len(ids):
@@ -292,6 +514,30 @@ def check_unmask_lists(
     ciphertexts it received: the set live at the collect stage). ``survivors``: the set it authenticated.
     ``tagged``: the neighbours whose own valid tag on that set and the round's parameters it verified
     (``check_tags``); every other active node must be one of them.
+
+    Parameters
+    ----------
+    me : int
+        This device's node id.
+    active, dead : object
+        The coordinator's lists of active and dropped nodes (anything: checked here).
+    holders, survivors, tagged : iterable of int
+        As above.
+    threshold : int
+        SecAgg+'s threshold.
+
+    Returns
+    -------
+    list of str
+        The problems; empty when the device may reveal its shares.
+
+    Examples
+    --------
+    >>> lists = dict(me=6, holders=[5, 6, 7], survivors=[5, 6], tagged=[5], threshold=2)
+    >>> check_unmask_lists(active=[5, 6], dead=[7], **lists)
+    []
+    >>> check_unmask_lists(active=[5, 6, 7], dead=[7], **lists)[0]
+    'nodes [7] are listed both active and dropped.'
     """
     problems = check_node_ids("active node ids", active) + check_node_ids("dropped node ids", dead)
     if problems:

@@ -94,6 +94,20 @@ class SecAggPlacement(Placement):
         ----------
         msg : Message
             The train message.
+
+        Returns
+        -------
+        None
+            Always: the message goes on.
+
+        Examples
+        --------
+        >>> import time
+        >>> from flwr.app import Metadata
+        >>> meta = Metadata(run_id=1, message_id="m", src_node_id=1, dst_node_id=2, reply_to_message_id="",
+        ...                 group_id="1", created_at=time.time(), ttl=60.0, message_type="train")
+        >>> print(SecAggPlacement(None).refuse_message(Message(RecordDict(), metadata=meta)))
+        None
         """
         return None
 
@@ -106,6 +120,19 @@ class SecAggPlacement(Placement):
             The coordinator's request (``check_request`` passed it).
         policy : ClientPolicy
             The owner's rules (its limits on the SecAgg+ graph).
+
+        Returns
+        -------
+        callable
+            Arrays to their ``SkellamMechanism`` (``SkellamMechanism.for_update`` on the round's grid).
+
+        Examples
+        --------
+        >>> try:  # no SecAgg+ state: refused before any training
+        ...     SecAggPlacement(None).mechanism_for(RoundSpec("run", 1, 1.0, 1.0, "distributed", 2), ClientPolicy())
+        ... except RoundSpecError as err:
+        ...     print(err.code)
+        secagg-setup
         """
         return partial(SkellamMechanism.for_update, spec, secagg_round_grid(spec, self.state, policy))
 
@@ -116,6 +143,22 @@ class SecAggPlacement(Placement):
         ----------
         ledger : BudgetLedger
             The device's ledger, held for this round.
+
+        Examples
+        --------
+        >>> import tempfile
+        >>> from pathlib import Path
+        >>> from fedfilter.client.ledger.owner_state import owner_state_at
+        >>> from fedfilter.client.settings.node_config import enrol_device
+        >>> with tempfile.TemporaryDirectory() as root, owner_state_at(Path(root) / "owner"):
+        ...     enrol_device({"ledger-dir": root + "/dev", "budget-epsilon": 4.0, "filter": "gdp"})
+        ...     ledger = BudgetLedger.open(root + "/dev")
+        ...     try:
+        ...         SecAggPlacement(None).check_ledger(ledger)
+        ...     except RoundSpecError as err:
+        ...         print(err.code)
+        ...     ledger.close()
+        filter-not-rdp
         """
         if ledger.filter.kind != "rdp":
             raise RoundSpecError(
@@ -134,6 +177,16 @@ class SecAggPlacement(Placement):
             The round.
         update : list of numpy.ndarray
             ``returned - received``.
+
+        Returns
+        -------
+        list of numpy.ndarray
+            ``update`` itself, integer buffers included.
+
+        Examples
+        --------
+        >>> SecAggPlacement(None).released(None, [np.ones(2), np.array(0)])  # the round is not read here
+        [array([1., 1.]), array(0)]
         """
         return list(update)
 
@@ -149,6 +202,21 @@ class SecAggPlacement(Placement):
             The round.
         release : Release
             The round's release (the encoded report).
+
+        Returns
+        -------
+        Message
+            The ``fitres.*`` content for ``secaggplus_mod``, or the ``left`` refusal.
+
+        Examples
+        --------
+        >>> import time
+        >>> from flwr.app import Metadata
+        >>> meta = Metadata(run_id=1, message_id="m", src_node_id=1, dst_node_id=2, reply_to_message_id="",
+        ...                 group_id="1", created_at=time.time(), ttl=60.0, message_type="train")
+        >>> left = Release("left", None, 0.0, 0.0, np.zeros(1), np.zeros(1), None)
+        >>> SecAggPlacement(None).reply(Message(RecordDict(), metadata=meta), None, left).error.reason[:16]
+        'fedfilter[left]:'
         """
         if release.status == "left" or release.arrays is None:
             return refusal(msg, "left", "this device's budget is spent and it leaves (after-exhaustion='leave').")

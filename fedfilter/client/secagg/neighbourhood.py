@@ -91,7 +91,20 @@ class SecAggStateCheck:
 
     @property
     def problems(self) -> list[str]:
-        """Every problem, the setup's first; empty when the device accepts the setup."""
+        """Every problem, the setup's first; empty when the device accepts the setup.
+
+        Returns
+        -------
+        list of str
+            ``setup`` then ``graph``.
+
+        Examples
+        --------
+        >>> SecAggStateCheck(setup=["no grid."], graph=["too few."]).problems
+        ['no grid.', 'too few.']
+        >>> SecAggStateCheck(setup=[], graph=[]).problems
+        []
+        """
         return [*self.setup, *self.graph]
 
 

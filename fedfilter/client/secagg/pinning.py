@@ -30,11 +30,36 @@ PINNED_PEERS = "secagg-pinned-peers"
 
 
 class PinningError(ValueError):
-    """The owner's pinning settings cannot be used (names the setting and the value)."""
+    """The owner's pinning settings cannot be used (names the setting and the value).
+
+    Examples
+    --------
+    >>> try:
+    ...     pinning({IDENTITY_KEY: "identity.pem"})
+    ... except PinningError as err:
+    ...     print(str(err)[:59])
+    node-config 'secagg-identity-key' and 'secagg-pinned-peers'
+    """
 
 
 @dataclass(frozen=True)
 class Pinning:
+    """The owner's SecAgg+ identity and the neighbours' keys it accepts.
+
+    Attributes
+    ----------
+    identity_key : bytes
+        This device's raw 32-byte Ed25519 private key.
+    pinned : frozenset of bytes
+        The raw 32-byte public keys of the accepted neighbours.
+
+    Examples
+    --------
+    >>> p = Pinning(identity_key=bytes(32), pinned=frozenset({bytes(range(32))}))
+    >>> len(p.pinned)
+    1
+    """
+
     identity_key: bytes  # raw 32-byte Ed25519 private key
     pinned: frozenset[bytes]  # raw 32-byte public keys
 
@@ -74,7 +99,34 @@ def _pinned(path: str) -> frozenset[bytes]:
 
 
 def pinning(node_config: Mapping[str, Any]) -> Pinning | None:
-    """The owner's pinning, or ``None`` when neither setting is given; ``PinningError`` otherwise."""
+    """The owner's pinning, or ``None`` when neither setting is given; ``PinningError`` otherwise.
+
+    Parameters
+    ----------
+    node_config : mapping
+        The device's settings (``secagg-identity-key`` and ``secagg-pinned-peers``).
+
+    Returns
+    -------
+    Pinning or None
+        The keys read from the two files; None without either setting.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    >>> pem = Ed25519PrivateKey.generate().private_bytes(
+    ...     serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    ... )
+    >>> print(pinning({}))
+    None
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     _ = Path(d, "identity.pem").write_bytes(pem)
+    ...     _ = Path(d, "peers").write_text("ab" * 32 + "  # a neighbour")
+    ...     p = pinning({IDENTITY_KEY: f"{d}/identity.pem", PINNED_PEERS: f"{d}/peers"})
+    >>> len(p.identity_key), len(p.pinned)
+    (32, 1)
+    """
     identity, pinned = node_config.get(IDENTITY_KEY), node_config.get(PINNED_PEERS)
     if identity is None and pinned is None:
         return None
