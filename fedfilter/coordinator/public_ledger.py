@@ -102,11 +102,10 @@ def check_public_name(name: str, where: str) -> None:
     Examples
     --------
     >>> check_public_name("accuracy", "metrics key")
-    >>> check_public_name("spent_eps", "metrics key")
+    >>> check_public_name("spent_eps", "metrics key")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    ValueError: metrics key 'spent_eps' looks per-client (budget, epsilon, spent, examples, client or node id); \
-the coordinator keeps only public, round-level facts
+    ValueError: metrics key 'spent_eps' looks per-client (budget, epsilon, spent, examples, client or node id)...
     """
     if looks_per_client(name):
         raise ValueError(
@@ -269,11 +268,10 @@ class PublicLedger:
         >>> ledger.start_run("run-1", {"rounds": 2, "task": "mnist"})
         >>> ledger.runs()[0].config_json
         '{"rounds": 2, "task": "mnist"}'
-        >>> ledger.start_run("run-2", {"budget": 1.0})
+        >>> ledger.start_run("run-2", {"budget": 1.0})  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        ValueError: config key 'budget' looks per-client (budget, epsilon, spent, examples, client or node id); \
-the coordinator keeps only public, round-level facts
+        ValueError: config key 'budget' looks per-client (budget, epsilon, spent, examples, client or node id)...
         >>> ledger.close(); tmp.cleanup()
         """
         self._require_writable("start_run")
