@@ -53,7 +53,26 @@ USE_INSTEAD = (
 
 
 def check_inner_strategy(strategy: Strategy) -> str | None:
-    """Why ``strategy`` cannot be wrapped (a Flower strategy whose aggregate is not a mean), or ``None``."""
+    """Why ``strategy`` cannot be wrapped (a Flower strategy whose aggregate is not a mean), or ``None``.
+
+    Parameters
+    ----------
+    strategy : flwr.serverapp.strategy.Strategy
+        The strategy to wrap.
+
+    Returns
+    -------
+    str or None
+        What the strategy would do instead and what to use, or ``None`` if it may be wrapped.
+
+    Examples
+    --------
+    >>> from flwr.serverapp.strategy import FedAvg, FedMedian
+    >>> check_inner_strategy(FedAvg()) is None
+    True
+    >>> print(check_inner_strategy(FedMedian()))  # doctest: +ELLIPSIS
+    the inner strategy FedMedian takes the coordinate-wise median of the replies; ...
+    """
     for name, what in NOT_A_MEAN.items():
         cls = getattr(flwr_strategies, name, None)
         if isinstance(cls, type) and isinstance(strategy, cls):
@@ -65,7 +84,24 @@ def check_inner_strategy(strategy: Strategy) -> str | None:
 
 
 def is_mean_strategy(strategy: Strategy) -> bool:
-    """Whether the inner aggregate_train is one of Flower's weighted means (not overridden)."""
+    """Whether the inner aggregate_train is one of Flower's weighted means (not overridden).
+
+    Parameters
+    ----------
+    strategy : flwr.serverapp.strategy.Strategy
+        The inner strategy.
+
+    Returns
+    -------
+    bool
+        Whether its ``aggregate_train`` is that of ``FedAvg``, ``FedAvgM``, ``FedProx`` or the ``FedOpt`` family.
+
+    Examples
+    --------
+    >>> from flwr.serverapp.strategy import FedAvg, FedMedian
+    >>> is_mean_strategy(FedAvg()), is_mean_strategy(FedMedian())
+    (True, False)
+    """
     own = type(strategy).aggregate_train
     return any(
         own is getattr(getattr(flwr_strategies, name, None), "aggregate_train", None) for name in MEAN_STRATEGIES
@@ -73,9 +109,34 @@ def is_mean_strategy(strategy: Strategy) -> bool:
 
 
 class NoExampleWeights(logging.Filter):
-    """Rewrites the inner summary's "Weighted by: 'num-examples'": no reply here carries a count."""
+    """Rewrites the inner summary's "Weighted by: 'num-examples'": no reply here carries a count.
+
+    Examples
+    --------
+    >>> record = logging.LogRecord("flwr", logging.INFO, "", 0, "Weighted by: '%s'", ("num-examples",), None)
+    >>> NoExampleWeights().filter(record), record.getMessage()
+    (True, '\\t\\t├── Weighted by: nothing (fedfilter: one reply, the plain mean of the valid reports)')
+    """
 
     def filter(self, record: logging.LogRecord) -> bool:
+        """Rewrite ``record`` if it is the "Weighted by" line; let every record through.
+
+        Parameters
+        ----------
+        record : logging.LogRecord
+            A record of Flower's logger.
+
+        Returns
+        -------
+        bool
+            Always ``True`` (nothing is suppressed).
+
+        Examples
+        --------
+        >>> record = logging.LogRecord("flwr", logging.INFO, "", 0, "Rounds: %d", (3,), None)
+        >>> NoExampleWeights().filter(record), record.getMessage()
+        (True, 'Rounds: 3')
+        """
         if isinstance(record.msg, str) and "Weighted by" in record.msg:
             record.msg = "\t\t├── Weighted by: nothing (fedfilter: one reply, the plain mean of the valid reports)"
             record.args = ()
@@ -99,6 +160,38 @@ def inner_step(
     mean of one reply multiplies by exactly 1.0) and FedAvgM, FedAdam, FedYogi, ... apply their
     server step to the mean update. Per-client aggregators (median, Krum, trimmed mean) would see
     one reply and mean something else: the wrapper refuses them (``NOT_A_MEAN``).
+
+    Parameters
+    ----------
+    strategy : flwr.serverapp.strategy.Strategy
+        The inner strategy (a mean strategy).
+    server_round : int
+        The round.
+    carrier : flwr.app.Message
+        A message whose metadata the one reply borrows (it is left untouched).
+    keys : sequence of str
+        The model's array keys, in order.
+    template : sequence of numpy.ndarray
+        The global model's arrays.
+    mean : sequence of numpy.ndarray
+        The released mean update.
+
+    Returns
+    -------
+    flwr.app.ArrayRecord
+        The new global model, in the model's keys, shapes and dtypes.
+
+    Examples
+    --------
+    >>> import time
+    >>> from flwr.app import Metadata
+    >>> from flwr.serverapp.strategy import FedAvg
+    >>> meta = Metadata(run_id=1, message_id="m", src_node_id=7, dst_node_id=0, reply_to_message_id="q",
+    ...                 group_id="1", created_at=time.time(), ttl=60.0, message_type="train")
+    >>> new = inner_step(FedAvg(), 1, Message(RecordDict(), metadata=meta), ["w"],
+    ...                  [np.ones(3, np.float32)], [np.full(3, 0.5, np.float32)])
+    >>> new["w"].numpy()
+    array([1.5, 1.5, 1.5], dtype=float32)
     """
     weight_key = getattr(strategy, "weighted_by_key", "num-examples")
     stepped = model_step(template, mean, 1.0)

@@ -68,13 +68,45 @@ _ADDED_COLUMNS = (("expected_noise_norm", "REAL NOT NULL DEFAULT 0"),)
 
 
 def looks_per_client(name: str) -> bool:
-    """True if ``name`` reads like a per-client quantity (budget, epsilon, examples, ids...)."""
+    """True if ``name`` reads like a per-client quantity (budget, epsilon, examples, ids...).
+
+    Parameters
+    ----------
+    name : str
+        A config key or metric name (case, ``_``, ``-``, ``.`` and spaces are ignored).
+
+    Returns
+    -------
+    bool
+        Whether the name looks per-client.
+
+    Examples
+    --------
+    >>> looks_per_client("num-examples"), looks_per_client("Client_Id"), looks_per_client("accuracy")
+    (True, True, False)
+    """
     flat = _SEPARATORS.sub("", name.lower())
     return any(marker in flat for marker in _PER_CLIENT_MARKERS)
 
 
 def check_public_name(name: str, where: str) -> None:
-    """Raise ``ValueError`` if ``name`` (found in ``where``) looks per-client."""
+    """Raise ``ValueError`` if ``name`` (found in ``where``) looks per-client.
+
+    Parameters
+    ----------
+    name : str
+        The name to check.
+    where : str
+        What the name is, for the message (e.g. ``"metrics key"``).
+
+    Examples
+    --------
+    >>> check_public_name("accuracy", "metrics key")
+    >>> check_public_name("spent_eps", "metrics key")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: metrics key 'spent_eps' looks per-client (budget, epsilon, spent, examples, client or node id)...
+    """
     if looks_per_client(name):
         raise ValueError(
             f"{where} {name!r} looks per-client (budget, epsilon, spent, examples, client or node "
@@ -106,6 +138,27 @@ class PublicLedger:
     coordinator in another process); a file whose schema the writer has not created yet reads as
     empty. One connection is shared by the threads of this process behind a lock; other
     processes get their own connections, and SQLite's WAL mode lets them read while one writes.
+
+    Parameters
+    ----------
+    path : str or pathlib.Path
+        The SQLite file (created, with its folder, by a writer).
+    read_only : bool, optional
+        Open an existing file for reading only.
+    timeout_s : float, optional
+        How long to wait for another process's lock, in seconds.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> tmp = tempfile.TemporaryDirectory()
+    >>> ledger = PublicLedger(f"{tmp.name}/ledger.sqlite")
+    >>> ledger.start_run("run-1", {"rounds": 2})
+    >>> reader = PublicLedger(f"{tmp.name}/ledger.sqlite", read_only=True)
+    >>> [run.run_id for run in reader.runs()]
+    ['run-1']
+    >>> reader.close()
+    >>> ledger.close(); tmp.cleanup()
     """
 
     def __init__(self, path: str | Path, *, read_only: bool = False, timeout_s: float = 10.0):
@@ -131,7 +184,15 @@ class PublicLedger:
     # -- lifecycle ---------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Close the connection; the ledger object is unusable afterwards."""
+        """Close the connection; the ledger object is unusable afterwards.
+
+        Examples
+        --------
+        >>> import tempfile
+        >>> tmp = tempfile.TemporaryDirectory()
+        >>> ledger = PublicLedger(f"{tmp.name}/ledger.sqlite")
+        >>> ledger.close(); tmp.cleanup()
+        """
         with self._lock:
             self._conn.close()
 
@@ -191,6 +252,27 @@ class PublicLedger:
 
         Raises ``ValueError`` if the run exists already, if ``config`` is not JSON-serialisable
         (NaN and infinity included) or if any key, at any depth, looks per-client.
+
+        Parameters
+        ----------
+        run_id : str
+            The run's id (non-empty, new to this ledger).
+        config : Mapping
+            The run's public configuration (plain JSON).
+
+        Examples
+        --------
+        >>> import tempfile
+        >>> tmp = tempfile.TemporaryDirectory()
+        >>> ledger = PublicLedger(f"{tmp.name}/ledger.sqlite")
+        >>> ledger.start_run("run-1", {"rounds": 2, "task": "mnist"})
+        >>> ledger.runs()[0].config_json
+        '{"rounds": 2, "task": "mnist"}'
+        >>> ledger.start_run("run-2", {"budget": 1.0})  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        ValueError: config key 'budget' looks per-client (budget, epsilon, spent, examples, client or node id)...
+        >>> ledger.close(); tmp.cleanup()
         """
         self._require_writable("start_run")
         _check_run_id(run_id)
@@ -217,6 +299,23 @@ class PublicLedger:
         than every round already in the run (a repeated round is a ``ValueError``). The record is
         checked for consistency before it is stored; in particular a DISTRIBUTED round with fewer
         than ``min_reports`` reports cannot be marked released.
+
+        Parameters
+        ----------
+        record : fedfilter_pb2.PublicRoundRecord
+            The round's public record.
+
+        Examples
+        --------
+        >>> import tempfile
+        >>> tmp = tempfile.TemporaryDirectory()
+        >>> ledger = PublicLedger(f"{tmp.name}/ledger.sqlite")
+        >>> ledger.start_run("run-1", {"rounds": 2})
+        >>> ledger.append(fedfilter_pb2.PublicRoundRecord(run_id="run-1", round_id=1, clients_sampled=4,
+        ...                                               reports_received=3, released=True, aggregate_norm=0.5))
+        >>> [r.reports_received for r in ledger.records("run-1")]
+        [3]
+        >>> ledger.close(); tmp.cleanup()
         """
         self._require_writable("append")
         if not isinstance(record, fedfilter_pb2.PublicRoundRecord):
@@ -278,6 +377,22 @@ class PublicLedger:
         """Mark a run finished: no more records; live streams of it end.
 
         Finishing a finished run changes nothing; an unknown run is a ``ValueError``.
+
+        Parameters
+        ----------
+        run_id : str
+            The run to finish.
+
+        Examples
+        --------
+        >>> import tempfile
+        >>> tmp = tempfile.TemporaryDirectory()
+        >>> ledger = PublicLedger(f"{tmp.name}/ledger.sqlite")
+        >>> ledger.start_run("run-1", {})
+        >>> ledger.finish_run("run-1")
+        >>> ledger.is_finished("run-1")
+        True
+        >>> ledger.close(); tmp.cleanup()
         """
         self._require_writable("finish_run")
         with self._lock:
@@ -291,7 +406,28 @@ class PublicLedger:
     # -- reading -----------------------------------------------------------------------------
 
     def has_run(self, run_id: str) -> bool:
-        """Whether ``run_id`` has been started in this ledger."""
+        """Whether ``run_id`` has been started in this ledger.
+
+        Parameters
+        ----------
+        run_id : str
+            The run to look for.
+
+        Returns
+        -------
+        bool
+            Whether the run exists.
+
+        Examples
+        --------
+        >>> import tempfile
+        >>> tmp = tempfile.TemporaryDirectory()
+        >>> ledger = PublicLedger(f"{tmp.name}/ledger.sqlite")
+        >>> ledger.start_run("run-1", {})
+        >>> ledger.has_run("run-1"), ledger.has_run("run-2")
+        (True, False)
+        >>> ledger.close(); tmp.cleanup()
+        """
         with self._lock:
             if not self._ready():
                 return False
@@ -299,7 +435,28 @@ class PublicLedger:
             return row is not None
 
     def is_finished(self, run_id: str) -> bool:
-        """Whether ``run_id`` has been marked finished; an unknown run is a ``ValueError``."""
+        """Whether ``run_id`` has been marked finished; an unknown run is a ``ValueError``.
+
+        Parameters
+        ----------
+        run_id : str
+            A run of this ledger.
+
+        Returns
+        -------
+        bool
+            Whether ``finish_run`` was called for it.
+
+        Examples
+        --------
+        >>> import tempfile
+        >>> tmp = tempfile.TemporaryDirectory()
+        >>> ledger = PublicLedger(f"{tmp.name}/ledger.sqlite")
+        >>> ledger.start_run("run-1", {})
+        >>> ledger.is_finished("run-1")
+        False
+        >>> ledger.close(); tmp.cleanup()
+        """
         with self._lock:
             row = None
             if self._ready():
@@ -309,7 +466,24 @@ class PublicLedger:
             return row[0] is not None
 
     def runs(self) -> list[fedfilter_pb2.RunInfo]:
-        """Every run, oldest first (the last one is the newest)."""
+        """Every run, oldest first (the last one is the newest).
+
+        Returns
+        -------
+        list of fedfilter_pb2.RunInfo
+            Each run's id, times and public config.
+
+        Examples
+        --------
+        >>> import tempfile
+        >>> tmp = tempfile.TemporaryDirectory()
+        >>> ledger = PublicLedger(f"{tmp.name}/ledger.sqlite")
+        >>> ledger.start_run("run-1", {})
+        >>> ledger.start_run("run-2", {})
+        >>> [run.run_id for run in ledger.runs()]
+        ['run-1', 'run-2']
+        >>> ledger.close(); tmp.cleanup()
+        """
         with self._lock:
             if not self._ready():
                 return []
@@ -327,11 +501,59 @@ class PublicLedger:
         ]
 
     def records(self, run_id: str) -> list[fedfilter_pb2.PublicRoundRecord]:
-        """Every record of ``run_id`` in round order; an unknown run is a ``ValueError``."""
+        """Every record of ``run_id`` in round order; an unknown run is a ``ValueError``.
+
+        Parameters
+        ----------
+        run_id : str
+            A run of this ledger.
+
+        Returns
+        -------
+        list of fedfilter_pb2.PublicRoundRecord
+            Its records, by round.
+
+        Examples
+        --------
+        >>> import tempfile
+        >>> tmp = tempfile.TemporaryDirectory()
+        >>> ledger = PublicLedger(f"{tmp.name}/ledger.sqlite")
+        >>> ledger.start_run("run-1", {"rounds": 2})
+        >>> ledger.append(fedfilter_pb2.PublicRoundRecord(run_id="run-1", round_id=1, clients_sampled=4,
+        ...                                               reports_received=3, released=True, aggregate_norm=0.5))
+        >>> [(r.round_id, r.released, r.aggregate_norm) for r in ledger.records("run-1")]
+        [(1, True, 0.5)]
+        >>> ledger.close(); tmp.cleanup()
+        """
         return self._select(run_id, None)
 
     def records_after(self, run_id: str, round_id: int) -> list[fedfilter_pb2.PublicRoundRecord]:
-        """The records of ``run_id`` whose round is strictly greater than ``round_id``."""
+        """The records of ``run_id`` whose round is strictly greater than ``round_id``.
+
+        Parameters
+        ----------
+        run_id : str
+            A run of this ledger.
+        round_id : int
+            The last round already seen.
+
+        Returns
+        -------
+        list of fedfilter_pb2.PublicRoundRecord
+            The later records, by round.
+
+        Examples
+        --------
+        >>> import tempfile
+        >>> tmp = tempfile.TemporaryDirectory()
+        >>> ledger = PublicLedger(f"{tmp.name}/ledger.sqlite")
+        >>> ledger.start_run("run-1", {"rounds": 2})
+        >>> ledger.append(fedfilter_pb2.PublicRoundRecord(run_id="run-1", round_id=1, clients_sampled=4,
+        ...                                               reports_received=3, released=True, aggregate_norm=0.5))
+        >>> len(ledger.records_after("run-1", 0)), len(ledger.records_after("run-1", 1))
+        (1, 0)
+        >>> ledger.close(); tmp.cleanup()
+        """
         return self._select(run_id, round_id)
 
     def _select(self, run_id: str, after: int | None) -> list[fedfilter_pb2.PublicRoundRecord]:

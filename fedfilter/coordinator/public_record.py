@@ -20,7 +20,25 @@ __all__ = ["PublicRecorder"]
 
 
 class PublicRecorder:
-    """Writes the run to ``target`` (a path, an open ``PublicLedger`` or ``None``: nothing written)."""
+    """Writes the run to ``target`` (a path, an open ``PublicLedger`` or ``None``: nothing written).
+
+    Parameters
+    ----------
+    target : str, pathlib.Path, PublicLedger or None
+        Where the run is recorded.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> tmp = tempfile.TemporaryDirectory()
+    >>> recorder = PublicRecorder(Path(tmp.name) / "ledger.sqlite")
+    >>> with recorder.run("run-1", {"rounds": 1}):
+    ...     recorder.append(fedfilter_pb2.PublicRoundRecord(run_id="run-1", round_id=1, clients_sampled=2), None)
+    >>> with PublicLedger(recorder.target, read_only=True) as ledger:
+    ...     len(ledger.records("run-1")), ledger.is_finished("run-1")
+    (1, True)
+    >>> tmp.cleanup()
+    """
 
     def __init__(self, target: str | Path | PublicLedger | None) -> None:
         self.target = target
@@ -28,7 +46,26 @@ class PublicRecorder:
 
     @contextmanager
     def run(self, run_id: str, config: Mapping[str, Any]) -> Iterator[None]:
-        """The run's entry, opened before the rounds and finished (and closed, if opened here) after them."""
+        """The run's entry, opened before the rounds and finished (and closed, if opened here) after them.
+
+        Parameters
+        ----------
+        run_id : str
+            The run's id.
+        config : Mapping
+            The run's public settings (no per-client names).
+
+        Examples
+        --------
+        >>> import tempfile
+        >>> tmp = tempfile.TemporaryDirectory()
+        >>> with PublicLedger(Path(tmp.name) / "ledger.sqlite") as ledger:
+        ...     with PublicRecorder(ledger).run("run-1", {"rounds": 0}):
+        ...         pass
+        ...     [run.run_id for run in ledger.runs()], ledger.is_finished("run-1")
+        (['run-1'], True)
+        >>> tmp.cleanup()
+        """
         if self.target is None:
             yield
             return

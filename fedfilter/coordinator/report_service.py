@@ -39,7 +39,25 @@ DEFAULT_RUN_WAIT_S = 60.0
 
 
 def format_address(host: str, port: int) -> str:
-    """``host:port``, with brackets around an IPv6 host."""
+    """``host:port``, with brackets around an IPv6 host.
+
+    Parameters
+    ----------
+    host : str
+        A host name or IPv4/IPv6 address.
+    port : int
+        The port.
+
+    Returns
+    -------
+    str
+        The gRPC address.
+
+    Examples
+    --------
+    >>> format_address("127.0.0.1", 50071), format_address("::1", 50071)
+    ('127.0.0.1:50071', '[::1]:50071')
+    """
     return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
 
 
@@ -49,6 +67,29 @@ class ReportServicer(fedfilter_pb2_grpc.ReportServiceServicer):
     The file may not exist yet when the server starts: until the coordinator creates it, the
     ledger reads as empty. ``StreamRecords`` polls every ``poll_interval_s`` seconds and waits at
     most ``run_wait_s`` seconds for a run that has not been started yet.
+
+    Parameters
+    ----------
+    ledger_path : str or pathlib.Path
+        The public ledger's SQLite file.
+    poll_interval_s : float, optional
+        Seconds between polls of the ledger.
+    run_wait_s : float, optional
+        Seconds ``StreamRecords`` waits for a run to appear.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> tmp = tempfile.TemporaryDirectory()
+    >>> path = Path(tmp.name) / "ledger.sqlite"
+    >>> with PublicLedger(path) as ledger:
+    ...     ledger.start_run("run-1", {})
+    ...     ledger.append(fedfilter_pb2.PublicRoundRecord(run_id="run-1", round_id=1, clients_sampled=4))
+    ...     ledger.finish_run("run-1")
+    >>> servicer = ReportServicer(path)
+    >>> [run.run_id for run in servicer.ListRuns(fedfilter_pb2.ListRunsRequest(), None).runs]
+    ['run-1']
+    >>> servicer.close(); tmp.cleanup()
     """
 
     def __init__(
@@ -76,7 +117,13 @@ class ReportServicer(fedfilter_pb2_grpc.ReportServiceServicer):
             return self._ledger
 
     def close(self) -> None:
-        """Close the ledger connection (the server should be stopped first)."""
+        """Close the ledger connection (the server should be stopped first).
+
+        Examples
+        --------
+        >>> servicer = ReportServicer("missing.sqlite")
+        >>> servicer.close()
+        """
         with self._open_lock:
             if self._ledger is not None:
                 self._ledger.close()
@@ -89,6 +136,34 @@ class ReportServicer(fedfilter_pb2_grpc.ReportServiceServicer):
     # -- RPCs --------------------------------------------------------------------------------
 
     def GetRecords(self, request, context):  # noqa: N802 (gRPC method name)
+        """Every record of ``request.run_id``; an unknown run aborts the call with NOT_FOUND.
+
+        Parameters
+        ----------
+        request : fedfilter_pb2.GetRecordsRequest
+            The run to read.
+        context : grpc.ServicerContext
+            The call's context.
+
+        Returns
+        -------
+        fedfilter_pb2.RecordList
+            The run's records, by round.
+
+        Examples
+        --------
+        >>> import tempfile
+        >>> tmp = tempfile.TemporaryDirectory()
+        >>> path = Path(tmp.name) / "ledger.sqlite"
+        >>> with PublicLedger(path) as ledger:
+        ...     ledger.start_run("run-1", {})
+        ...     ledger.append(fedfilter_pb2.PublicRoundRecord(run_id="run-1", round_id=1, clients_sampled=4))
+        ...     ledger.finish_run("run-1")
+        >>> servicer = ReportServicer(path)
+        >>> [r.round_id for r in servicer.GetRecords(fedfilter_pb2.GetRecordsRequest(run_id="run-1"), None).records]
+        [1]
+        >>> servicer.close(); tmp.cleanup()
+        """
         if not self._has_run(request.run_id):
             context.abort(grpc.StatusCode.NOT_FOUND, f"unknown run_id {request.run_id!r}")
         ledger = self._get_ledger()
@@ -96,10 +171,62 @@ class ReportServicer(fedfilter_pb2_grpc.ReportServiceServicer):
         return fedfilter_pb2.RecordList(records=ledger.records(request.run_id))
 
     def ListRuns(self, request, context):  # noqa: N802
+        """Every run in the ledger, oldest first (none while the file does not exist).
+
+        Parameters
+        ----------
+        request : fedfilter_pb2.ListRunsRequest
+            The (empty) request.
+        context : grpc.ServicerContext
+            The call's context.
+
+        Returns
+        -------
+        fedfilter_pb2.RunList
+            The runs.
+
+        Examples
+        --------
+        >>> servicer = ReportServicer("missing.sqlite")
+        >>> len(servicer.ListRuns(fedfilter_pb2.ListRunsRequest(), None).runs)
+        0
+        """
         ledger = self._get_ledger()
         return fedfilter_pb2.RunList(runs=ledger.runs() if ledger is not None else [])
 
     def StreamRecords(self, request, context):  # noqa: N802
+        """Yield the records of ``request.run_id`` from ``request.from_round`` on, live, until the run finishes.
+
+        Parameters
+        ----------
+        request : fedfilter_pb2.StreamRecordsRequest
+            The run and the first round wanted.
+        context : grpc.ServicerContext
+            The call's context (the stream ends when it is no longer active).
+
+        Yields
+        ------
+        fedfilter_pb2.PublicRoundRecord
+            The records, by round.
+
+        Examples
+        --------
+        >>> import tempfile
+        >>> tmp = tempfile.TemporaryDirectory()
+        >>> path = Path(tmp.name) / "ledger.sqlite"
+        >>> with PublicLedger(path) as ledger:
+        ...     ledger.start_run("run-1", {})
+        ...     ledger.append(fedfilter_pb2.PublicRoundRecord(run_id="run-1", round_id=1, clients_sampled=4))
+        ...     ledger.finish_run("run-1")
+        >>> servicer = ReportServicer(path)
+        >>> class Active:
+        ...     def is_active(self):
+        ...         return True
+        >>> request = fedfilter_pb2.StreamRecordsRequest(run_id="run-1")
+        >>> [r.round_id for r in servicer.StreamRecords(request, Active())]
+        [1]
+        >>> servicer.close(); tmp.cleanup()
+        """
         run_id = request.run_id
         if not run_id:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "run_id is empty")
@@ -143,6 +270,31 @@ def start_server(
 
     Each open ``StreamRecords`` call holds one of ``max_workers`` threads. Raises ``ValueError``
     if the address cannot be bound (SO_REUSEPORT is off, so a port in use is an error).
+
+    Parameters
+    ----------
+    ledger_path : str or pathlib.Path
+        The public ledger's SQLite file.
+    port : int, optional
+        The port (0: the OS picks one).
+    host : str, optional
+        The address to bind.
+    max_workers : int, optional
+        Server threads (each open stream holds one).
+    poll_interval_s : float, optional
+        Seconds between polls of the ledger.
+    run_wait_s : float, optional
+        Seconds a stream waits for its run to appear.
+
+    Returns
+    -------
+    tuple of (grpc.Server, int)
+        The started server and its port.
+
+    Examples
+    --------
+    >>> server, port = start_server("runs/ledger.sqlite")  # doctest: +SKIP
+    >>> server.stop(None)  # doctest: +SKIP
     """
     if not 0 <= int(port) <= 65535:
         raise ValueError(f"port must be in 0..65535, got {port}")
@@ -167,6 +319,25 @@ def serve(ledger_path: str | Path, port: int, host: str = "127.0.0.1") -> grpc.S
     """Start a report server for ``ledger_path`` on ``host:port`` and return it (started).
 
     Stop it with ``server.stop(grace)``. Use :func:`start_server` to learn an OS-chosen port.
+
+    Parameters
+    ----------
+    ledger_path : str or pathlib.Path
+        The public ledger's SQLite file.
+    port : int
+        The port.
+    host : str, optional
+        The address to bind.
+
+    Returns
+    -------
+    grpc.Server
+        The started server.
+
+    Examples
+    --------
+    >>> server = serve("runs/ledger.sqlite", port=50071)  # doctest: +SKIP
+    >>> server.stop(grace=1.0)  # doctest: +SKIP
     """
     server, _ = start_server(ledger_path, port, host)
     return server
@@ -178,7 +349,39 @@ def newest_run_id(
     wait_s: float = DEFAULT_RUN_WAIT_S,
     poll_interval_s: float = DEFAULT_POLL_INTERVAL_S,
 ) -> str:
-    """The id of the newest run the server knows, waiting up to ``wait_s`` for a first run."""
+    """The id of the newest run the server knows, waiting up to ``wait_s`` for a first run.
+
+    Parameters
+    ----------
+    stub : fedfilter_pb2_grpc.ReportServiceStub
+        A client of the report service.
+    wait_s : float, optional
+        Seconds to wait for a first run (then ``LookupError``).
+    poll_interval_s : float, optional
+        Seconds between polls.
+
+    Returns
+    -------
+    str
+        The newest run's id.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> tmp = tempfile.TemporaryDirectory()
+    >>> path = Path(tmp.name) / "ledger.sqlite"
+    >>> with PublicLedger(path) as ledger:
+    ...     ledger.start_run("run-1", {})
+    ...     ledger.append(fedfilter_pb2.PublicRoundRecord(run_id="run-1", round_id=1, clients_sampled=4))
+    ...     ledger.finish_run("run-1")
+    >>> servicer = ReportServicer(path)
+    >>> class Stub:  # stands in for a ReportServiceStub, without a channel
+    ...     def ListRuns(self, request, timeout):
+    ...         return servicer.ListRuns(request, None)
+    >>> newest_run_id(Stub())
+    'run-1'
+    >>> servicer.close(); tmp.cleanup()
+    """
     deadline = time.monotonic() + wait_s
     while True:
         runs = stub.ListRuns(fedfilter_pb2.ListRunsRequest(), timeout=max(wait_s, 5.0)).runs
@@ -203,6 +406,29 @@ def watch(
     when the run is finished. ``timeout_s`` bounds the whole stream (``grpc.RpcError`` with
     DEADLINE_EXCEEDED when it runs out); ``wait_s`` bounds the wait for a first run when
     ``run_id`` is None. Closing the generator cancels the stream.
+
+    Parameters
+    ----------
+    target : str
+        The server's ``host:port``.
+    run_id : str or None, optional
+        The run to watch (``None``: the newest).
+    from_round : int, optional
+        The first round wanted.
+    timeout_s : float or None, optional
+        Bound on the whole stream, in seconds.
+    wait_s : float, optional
+        Seconds to wait for a first run when ``run_id`` is ``None``.
+
+    Yields
+    ------
+    fedfilter_pb2.PublicRoundRecord
+        The run's records, by round.
+
+    Examples
+    --------
+    >>> for record in watch("127.0.0.1:50071"):  # doctest: +SKIP
+    ...     print(record.round_id, record.released)
     """
     if from_round < 0:
         raise ValueError(f"from_round must be >= 0, got {from_round}")
@@ -235,7 +461,26 @@ def _placement_name(value: int) -> str:
 
 
 def record_to_dict(record: fedfilter_pb2.PublicRoundRecord) -> dict[str, Any]:
-    """A plain, JSON-ready dict of a record (ints stay ints; NaN/inf become None)."""
+    """A plain, JSON-ready dict of a record (ints stay ints; NaN/inf become None).
+
+    Parameters
+    ----------
+    record : fedfilter_pb2.PublicRoundRecord
+        A round's public record.
+
+    Returns
+    -------
+    dict
+        The record's fields, the request's nested under ``"request"``.
+
+    Examples
+    --------
+    >>> record = fedfilter_pb2.PublicRoundRecord(run_id="run-1", round_id=1, released=True,
+    ...                                          aggregate_norm=float("nan"))
+    >>> d = record_to_dict(record)
+    >>> d["round_id"], d["aggregate_norm"], d["request"]["placement"]
+    (1, None, 'NOISE_PLACEMENT_UNSPECIFIED')
+    """
     request = record.request
     return {
         "run_id": record.run_id,

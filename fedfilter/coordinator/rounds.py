@@ -270,11 +270,31 @@ class LocalRound(_Round):
     """
 
     def ask(self) -> list[Message]:
-        """The inner strategy's messages, each with the round request: sent in the clear."""
+        """The inner strategy's messages, each with the round request: sent in the clear.
+
+        Returns
+        -------
+        list of Message
+            The train messages.
+
+        Examples
+        --------
+        >>> messages = training.ask()  # doctest: +SKIP
+        """
         return self.messages
 
     def collect(self) -> list[Message]:
-        """The replies to ``ask()``, through the grid."""
+        """The replies to ``ask()``, through the grid.
+
+        Returns
+        -------
+        list of Message
+            The replies that arrived within ``timeout``.
+
+        Examples
+        --------
+        >>> replies = training.collect()  # doctest: +SKIP
+        """
         return list(self.grid.send_and_receive(self.messages, timeout=self.timeout))
 
     def release(self, replies: Iterable[Message]) -> RoundRelease:
@@ -284,6 +304,17 @@ class LocalRound(_Round):
         ----------
         replies : iterable of Message
             The replies collected.
+
+        Returns
+        -------
+        RoundRelease
+            The inner strategy's step (``None`` if dropped), the outcome and the public record.
+
+        Examples
+        --------
+        >>> released = training.release(training.collect())  # doctest: +SKIP
+        >>> released.outcome.released  # doctest: +SKIP
+        True
         """
         replies = list(replies)
         bound = report_norm_bound(
@@ -309,7 +340,17 @@ class LocalRound(_Round):
         return self._released(outcome, arrays)
 
     def run(self) -> RoundRelease:
-        """The whole round: ask, collect, release."""
+        """The whole round: ask, collect, release.
+
+        Returns
+        -------
+        RoundRelease
+            What the round released.
+
+        Examples
+        --------
+        >>> released = training.run()  # doctest: +SKIP
+        """
         return self.release(self.collect())
 
     def aggregate(self, replies: Iterable[Message]) -> RoundRelease:
@@ -319,6 +360,15 @@ class LocalRound(_Round):
         ----------
         replies : iterable of Message
             The replies to ``ask()``.
+
+        Returns
+        -------
+        RoundRelease
+            What the round released.
+
+        Examples
+        --------
+        >>> released = training.aggregate(grid.send_and_receive(training.ask()))  # doctest: +SKIP
         """
         return self.release(replies)
 
@@ -367,11 +417,32 @@ class SecureRound(_Round):
             raise RuntimeError(f"the inner strategy addressed a node twice: {sorted(self.asked)}.")
 
     def ask(self) -> list[Message]:
-        """Nothing in the clear: the messages go inside SecAgg+'s masked-vector stage (``collect``)."""
+        """Nothing in the clear: the messages go inside SecAgg+'s masked-vector stage (``collect``).
+
+        Returns
+        -------
+        list of Message
+            Always empty.
+
+        Examples
+        --------
+        >>> training.ask()  # doctest: +SKIP
+        []
+        """
         return []
 
     def collect(self) -> SecureSum:
-        """SecAgg+ over the sampled nodes: the unmasked sum and its counts, never one report."""
+        """SecAgg+ over the sampled nodes: the unmasked sum and its counts, never one report.
+
+        Returns
+        -------
+        SecureSum
+            The sum of the integer reports and the round's public counts.
+
+        Examples
+        --------
+        >>> secure = training.collect()  # doctest: +SKIP
+        """
         return secure_round.run_secure_round(
             self.grid,
             {int(m.metadata.dst_node_id): m.content for m in self.messages},
@@ -392,6 +463,15 @@ class SecureRound(_Round):
             What ``collect`` got.
         stray : iterable of Message, default ()
             Replies that reached the coordinator outside SecAgg+.
+
+        Returns
+        -------
+        RoundRelease
+            The inner strategy's step (``None`` below ``min_reports``), the outcome and the public record.
+
+        Examples
+        --------
+        >>> released = training.release(training.collect())  # doctest: +SKIP
         """
         stray = list(stray)
         n = secure.reports
@@ -417,7 +497,17 @@ class SecureRound(_Round):
         return self._released(outcome, arrays)
 
     def run(self) -> RoundRelease:
-        """The whole round: SecAgg+ (its masked stage asks), then the release of the sum."""
+        """The whole round: SecAgg+ (its masked stage asks), then the release of the sum.
+
+        Returns
+        -------
+        RoundRelease
+            What the round released.
+
+        Examples
+        --------
+        >>> released = training.run()  # doctest: +SKIP
+        """
         return self.release(self.collect())
 
     def aggregate(self, replies: Iterable[Message]) -> RoundRelease:
@@ -427,6 +517,15 @@ class SecureRound(_Round):
         ----------
         replies : iterable of Message
             What Flower's loop collected for ``ask()`` (nothing, unless a node replied out of turn).
+
+        Returns
+        -------
+        RoundRelease
+            What the round released.
+
+        Examples
+        --------
+        >>> released = training.aggregate([])  # doctest: +SKIP
         """
         return self.release(self.collect(), stray=replies)
 

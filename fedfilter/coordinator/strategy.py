@@ -283,7 +283,14 @@ class IndividualFilterStrategy(Strategy):
         return self.run_name or run_id_for(grid.run.run_id)
 
     def summary(self) -> None:
-        """Log the wrapper's settings, then the inner strategy's summary (weighted by nothing)."""
+        """Log the wrapper's settings, then the inner strategy's summary (weighted by nothing).
+
+        Examples
+        --------
+        >>> from flwr.serverapp.strategy import FedAvg
+        >>> strategy = IndividualFilterStrategy(FedAvg(), noise_multiplier=1.0, clip=0.5)
+        >>> strategy.summary()  # logs at INFO through Flower's logger
+        """
         self._run_log.start_summary(
             noise_std=self.per_client_noise_std(),
             secagg_num_shares=self.secagg_num_shares if self.placement == "distributed" else None,
@@ -334,14 +341,60 @@ class IndividualFilterStrategy(Strategy):
     ) -> Iterable[Message]:
         """The inner strategy's messages, each with the round request added (none in distributed
         placement: they travel inside SecAgg+, run by ``aggregate_train``). Opens the round that
-        ``aggregate_train`` releases; ``start`` drives its rounds without these two calls."""
+        ``aggregate_train`` releases; ``start`` drives its rounds without these two calls.
+
+        Parameters
+        ----------
+        server_round : int
+            The round.
+        arrays : flwr.app.ArrayRecord
+            The global model.
+        config : flwr.app.ConfigRecord
+            The train config the inner strategy sends.
+        grid : flwr.serverapp.Grid
+            Flower's grid (its nodes and run).
+
+        Returns
+        -------
+        iterable of flwr.app.Message
+            The train messages, each carrying the round request.
+
+        Examples
+        --------
+        >>> from flwr.serverapp.strategy import FedAvg
+        >>> strategy = IndividualFilterStrategy(FedAvg(), noise_multiplier=1.0, clip=0.5)
+        >>> messages = strategy.configure_train(1, arrays, ConfigRecord(), grid)  # doctest: +SKIP
+        >>> arrays, metrics = strategy.aggregate_train(1, grid.send_and_receive(messages))  # doctest: +SKIP
+        """
         self._open = self._open_round(server_round, arrays, config, grid, self._run_log, None)
         return self._open.ask()
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """The inner strategy's step from the plain mean of the checked reports; ``None`` arrays if dropped."""
+        """The inner strategy's step from the plain mean of the checked reports; ``None`` arrays if dropped.
+
+        Parameters
+        ----------
+        server_round : int
+            The round ``configure_train`` opened.
+        replies : iterable of flwr.app.Message
+            The round's replies (ignored in distributed placement, where SecAgg+ collects them).
+
+        Returns
+        -------
+        tuple of (flwr.app.ArrayRecord or None, flwr.app.MetricRecord or None)
+            The new global model (``None`` if the round was dropped) and the round's public counts.
+
+        Examples
+        --------
+        >>> from flwr.serverapp.strategy import FedAvg
+        >>> strategy = IndividualFilterStrategy(FedAvg(), noise_multiplier=1.0, clip=0.5)
+        >>> strategy.aggregate_train(1, [])
+        Traceback (most recent call last):
+        ...
+        RuntimeError: aggregate_train(server_round=1) without configure_train for that round.
+        """
         training = self._open
         if training is None or training.round_id != server_round:
             raise RuntimeError(f"aggregate_train(server_round={server_round}) without configure_train for that round.")
@@ -353,11 +406,56 @@ class IndividualFilterStrategy(Strategy):
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        """Nothing: a client's metrics on its private data would be a release the filter cannot account."""
+        """Nothing: a client's metrics on its private data would be a release the filter cannot account.
+
+        Parameters
+        ----------
+        server_round : int
+            The round.
+        arrays : flwr.app.ArrayRecord
+            The global model (not sent).
+        config : flwr.app.ConfigRecord
+            The evaluate config (not sent).
+        grid : flwr.serverapp.Grid
+            Flower's grid (not used).
+
+        Returns
+        -------
+        list
+            Always empty.
+
+        Examples
+        --------
+        >>> from flwr.serverapp.strategy import FedAvg
+        >>> strategy = IndividualFilterStrategy(FedAvg(), noise_multiplier=1.0, clip=0.5)
+        >>> strategy.configure_evaluate(1, ArrayRecord(), ConfigRecord(), None)
+        []
+        """
         self._say_evaluation_refused()  # said in summary() at the start; here if summary() was skipped
         return []
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+        """Nothing to aggregate: ``configure_evaluate`` sends no message.
+
+        Parameters
+        ----------
+        server_round : int
+            The round.
+        replies : iterable of flwr.app.Message
+            The evaluate replies (none).
+
+        Returns
+        -------
+        None
+            Always.
+
+        Examples
+        --------
+        >>> from flwr.serverapp.strategy import FedAvg
+        >>> strategy = IndividualFilterStrategy(FedAvg(), noise_multiplier=1.0, clip=0.5)
+        >>> strategy.aggregate_evaluate(1, []) is None
+        True
+        """
         return None
 
     # -- the run: Flower's loop, one round object per round, one public record per round --
@@ -374,7 +472,40 @@ class IndividualFilterStrategy(Strategy):
     ) -> Result:
         """Flower's ``Strategy.start`` (flwr 1.41/1.42: its logging, ``Result``, client-side evaluate step
         and ``evaluate_fn`` at round 0 and after each round), each training round one round object
-        (ask, collect, release), its public record appended after the server-side evaluation."""
+        (ask, collect, release), its public record appended after the server-side evaluation.
+
+        Parameters
+        ----------
+        grid : flwr.serverapp.Grid
+            Flower's grid.
+        initial_arrays : flwr.app.ArrayRecord
+            The initial global model.
+        num_rounds : int, optional
+            Training rounds.
+        timeout : float, optional
+            Seconds each round waits for replies (below the message TTL).
+        train_config, evaluate_config : flwr.app.ConfigRecord, optional
+            Configs for the inner strategy's train (and evaluate) messages.
+        evaluate_fn : callable, optional
+            ``evaluate_fn(server_round, arrays)``: server-side evaluation on held-out data; its
+            numeric metrics join the round's public record.
+
+        Returns
+        -------
+        flwr.serverapp.strategy.Result
+            Flower's result: the final model and the metrics by round.
+
+        Raises
+        ------
+        NothingReleasedError
+            If no round was released (after the public ledger is closed).
+
+        Examples
+        --------
+        >>> from flwr.serverapp.strategy import FedAvg
+        >>> strategy = IndividualFilterStrategy(FedAvg(), noise_multiplier=1.0, clip=0.5)
+        >>> result = strategy.start(grid=grid, initial_arrays=arrays, num_rounds=3)  # doctest: +SKIP
+        """
         ttl = self.message_ttl_s if self.message_ttl_s is not None else DEFAULT_TTL
         check_message_ttl(ttl, timeout)
         self._run_shown = run_id = self.run_id(grid)

@@ -77,7 +77,27 @@ class _Relay:
 
 
 class ConsistencyCheckedSecAggPlus(SecAggPlusWorkflow):
-    """Flower's SecAgg+ workflow plus the routing of the devices' consistency round."""
+    """Flower's SecAgg+ workflow plus the routing of the devices' consistency round.
+
+    Parameters
+    ----------
+    **kwargs
+        ``SecAggPlusWorkflow``'s parameters (``num_shares``, ``reconstruction_threshold``, ``timeout``, ...).
+
+    Attributes
+    ----------
+    signers : int
+        Devices that authenticated the survivor set in the last consistency round.
+    refusals : dict of str to int
+        Refusal code -> error replies, over all stages.
+
+    Examples
+    --------
+    >>> workflow = ConsistencyCheckedSecAggPlus(num_shares=3, reconstruction_threshold=2)
+    >>> workflow.refusals, workflow.signers
+    ({}, 0)
+    >>> workflow(grid, context)  # doctest: +SKIP
+    """
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
@@ -91,9 +111,51 @@ class ConsistencyCheckedSecAggPlus(SecAggPlusWorkflow):
         self.refusals[code] = self.refusals.get(code, 0) + 1
 
     def setup_stage(self, grid: Grid, context: LegacyContext, state: WorkflowState) -> bool:
+        """Flower's setup stage, its error replies counted by refusal code.
+
+        Parameters
+        ----------
+        grid : Grid
+            Flower's grid.
+        context : LegacyContext
+            The workflow's context.
+        state : WorkflowState
+            SecAgg+'s state.
+
+        Returns
+        -------
+        bool
+            Whether the protocol goes on.
+
+        Examples
+        --------
+        >>> workflow.setup_stage(grid, context, state)  # doctest: +SKIP
+        True
+        """
         return super().setup_stage(cast(Grid, _Relay(grid, refused=self._count)), context, state)
 
     def share_keys_stage(self, grid: Grid, context: LegacyContext, state: WorkflowState) -> bool:
+        """Flower's share-keys stage, keeping the certificates devices sealed for their neighbours.
+
+        Parameters
+        ----------
+        grid : Grid
+            Flower's grid.
+        context : LegacyContext
+            The workflow's context.
+        state : WorkflowState
+            SecAgg+'s state.
+
+        Returns
+        -------
+        bool
+            Whether the protocol goes on.
+
+        Examples
+        --------
+        >>> workflow.share_keys_stage(grid, context, state)  # doctest: +SKIP
+        True
+        """
         self._sealed = {}
 
         def keep(reply: Message) -> None:
@@ -109,6 +171,28 @@ class ConsistencyCheckedSecAggPlus(SecAggPlusWorkflow):
         return super().share_keys_stage(cast(Grid, _Relay(grid, incoming=keep, refused=self._count)), context, state)
 
     def collect_masked_vectors_stage(self, grid: Grid, context: LegacyContext, state: WorkflowState) -> bool:
+        """Flower's masked-vector stage, each device also sent the certificates sealed for it.
+
+        Parameters
+        ----------
+        grid : Grid
+            Flower's grid.
+        context : LegacyContext
+            The workflow's context.
+        state : WorkflowState
+            SecAgg+'s state.
+
+        Returns
+        -------
+        bool
+            Whether the protocol goes on.
+
+        Examples
+        --------
+        >>> workflow.collect_masked_vectors_stage(grid, context, state)  # doctest: +SKIP
+        True
+        """
+
         def add(msg: Message) -> None:
             pairs = self._sealed.get(int(msg.metadata.dst_node_id))
             if pairs:  # only certificates are relayed here: without pinning the message is Flower's own
@@ -120,7 +204,23 @@ class ConsistencyCheckedSecAggPlus(SecAggPlusWorkflow):
         return super().collect_masked_vectors_stage(cast(Grid, relay), context, state)
 
     def consistency_stage(self, grid: Grid, context: LegacyContext, state: WorkflowState) -> None:
-        """Send the survivor set to every survivor and keep the tags that come back, by destination."""
+        """Send the survivor set to every survivor and keep the tags that come back, by destination.
+
+        Parameters
+        ----------
+        grid : Grid
+            Flower's grid.
+        context : LegacyContext
+            The workflow's context (its current round is the messages' group).
+        state : WorkflowState
+            SecAgg+'s state (``active_node_ids``: the survivors).
+
+        Examples
+        --------
+        >>> workflow.consistency_stage(grid, context, state)  # doctest: +SKIP
+        >>> workflow.signers  # doctest: +SKIP
+        5
+        """
         group = str(context.state.config_records[LEGACY_CONFIGS_RECORD][LEGACY_CURRENT_ROUND])
         survivors = sorted(state.active_node_ids)
 
@@ -153,6 +253,27 @@ class ConsistencyCheckedSecAggPlus(SecAggPlusWorkflow):
         self.signers = len(signers)
 
     def unmask_stage(self, grid: Grid, context: LegacyContext, state: WorkflowState) -> bool:
+        """The consistency round, then Flower's unmask stage with each device's tags attached.
+
+        Parameters
+        ----------
+        grid : Grid
+            Flower's grid.
+        context : LegacyContext
+            The workflow's context.
+        state : WorkflowState
+            SecAgg+'s state.
+
+        Returns
+        -------
+        bool
+            Whether the sum was unmasked.
+
+        Examples
+        --------
+        >>> workflow.unmask_stage(grid, context, state)  # doctest: +SKIP
+        True
+        """
         self.consistency_stage(grid, context, state)
 
         def add(msg: Message) -> None:

@@ -72,7 +72,34 @@ AUTO_SHARES = "auto"  # num_shares: the sparse graph choose_graph picks for the 
 
 @dataclass
 class SecureSum:
-    """What one SecAgg+ round gave the coordinator: counts, and the unmasked sum when it completed."""
+    """What one SecAgg+ round gave the coordinator: counts, and the unmasked sum when it completed.
+
+    Attributes
+    ----------
+    sampled : int
+        Nodes sampled.
+    masked_vectors : int
+        Masked reports collected (each hides its report; none is kept).
+    reports : int
+        Reports in the unmasked sum; 0 when the protocol halted.
+    aggregate : list of numpy.ndarray or None
+        Flower's dequantized sum (decode with ``decode_sum``).
+    quantization_range : int
+        SecAgg+'s quantization range.
+    threshold : int
+        SecAgg+'s reconstruction threshold.
+    reason : str
+        Why there is no usable sum, for the log.
+    num_shares : int
+        The graph's neighbourhood size k (== ``sampled``: the full graph).
+    refusals : dict of str to int
+        Refusal code -> error replies, over all stages.
+
+    Examples
+    --------
+    >>> SecureSum(sampled=5, reason="SecAgg+ halted").reports
+    0
+    """
 
     sampled: int
     masked_vectors: int = 0  # masked reports collected (each hides its report; none is kept)
@@ -88,7 +115,29 @@ class SecureSum:
 def check_num_shares(num_shares: int | float | str, min_reports: int) -> int | float | str:
     """``num_shares`` as the strategy takes it: ``"auto"`` (the sparse graph ``choose_graph`` picks for
     the number sampled), a fraction in (0, 1] of the sampled nodes, or an odd integer >= 3 (the same
-    as strings, as a run config holds them)."""
+    as strings, as a run config holds them).
+
+    Parameters
+    ----------
+    num_shares : int, float or str
+        The setting to check.
+    min_reports : int
+        The request's ``min_reports``.
+
+    Returns
+    -------
+    int, float or str
+        ``"auto"``, the fraction or the integer.
+
+    Examples
+    --------
+    >>> check_num_shares("auto", 4), check_num_shares("0.5", 4), check_num_shares(5, 4)
+    ('auto', 0.5, 5)
+    >>> check_num_shares(4, 4)
+    Traceback (most recent call last):
+    ...
+    ValueError: secagg_num_shares as an integer must be odd and >= 3. Found 4.
+    """
     if isinstance(num_shares, str):
         if num_shares == AUTO_SHARES:
             return num_shares
@@ -116,7 +165,22 @@ class RoundGraph:
     """One round's SecAgg+ neighbourhood: ``num_shares`` holders per node (itself included; == the
     number sampled for the full graph), ``threshold`` shares to rebuild a secret, and the per-round
     bound on the probability that the round aborts under the assumed drop-out rate (1.0 when no
-    round among the nodes sampled can be unmasked)."""
+    round among the nodes sampled can be unmasked).
+
+    Attributes
+    ----------
+    num_shares : int
+        Share holders per node ``k``, itself included.
+    threshold : int
+        Shares needed to rebuild a secret ``t``.
+    abort_probability : float
+        Bound on the probability the round aborts at the assumed drop-out rate.
+
+    Examples
+    --------
+    >>> RoundGraph(num_shares=5, threshold=4, abort_probability=0.0).threshold
+    4
+    """
 
     num_shares: int
     threshold: int
@@ -139,6 +203,33 @@ def round_graph(
     is too small. With fewer nodes than ``m + c`` no round can be unmasked: the graph then has
     ``threshold = m + c`` (Flower halts after its setup stage) and abort probability 1. Devices check
     the rule again (``check_secagg_state``).
+
+    Parameters
+    ----------
+    n_sampled : int
+        Nodes sampled (>= 2).
+    min_reports : int
+        The request's ``min_reports`` ``m``.
+    num_shares : int, float or str, optional
+        ``"auto"``, a fraction of the nodes sampled, or an odd integer (``check_num_shares``).
+    colluders : int, optional
+        Colluders ``c`` the threshold leaves room for.
+    dropout_rate : float, optional
+        The assumed drop-out rate, for the abort bound.
+
+    Returns
+    -------
+    RoundGraph
+        ``k``, ``t`` and the abort bound.
+
+    Examples
+    --------
+    >>> round_graph(10, 4)
+    RoundGraph(num_shares=5, threshold=4, abort_probability=0.0)
+    >>> round_graph(10, 4, 1.0)
+    RoundGraph(num_shares=10, threshold=6, abort_probability=0.0)
+    >>> round_graph(3, 4).abort_probability
+    1.0
     """
     n, m, c = int(n_sampled), int(min_reports), int(colluders)
     if n < 2:
@@ -247,6 +338,34 @@ def run_secure_round(
 
     ``timeout`` bounds each of the four stages' waits (Flower's own rule), so a round takes at most
     about four times it; Flower builds the stages' messages with its default TTL (12 h).
+
+    Parameters
+    ----------
+    grid : Grid
+        Flower's grid.
+    contents : Mapping of int to RecordDict
+        Node id -> the content of its train message.
+    server_round : int
+        The round.
+    min_reports : int
+        The request's ``min_reports``.
+    num_shares : int, float or str, optional
+        The SecAgg+ neighbourhood (``round_graph``).
+    colluders : int, optional
+        Colluders the threshold leaves room for.
+    timeout : float or None, optional
+        Each stage's wait, in seconds.
+
+    Returns
+    -------
+    SecureSum
+        The round's counts and, when it completed, the unmasked sum.
+
+    Examples
+    --------
+    >>> secure = run_secure_round(grid, contents, server_round=1, min_reports=4)  # doctest: +SKIP
+    >>> run_secure_round(None, {7: RecordDict()}, server_round=1, min_reports=1).reason
+    'SecAgg+ needs at least 2 sampled nodes. Found 1.'
     """
     out = SecureSum(sampled=len(contents))
     if len(contents) < 2:
@@ -314,6 +433,33 @@ def released_mean(
     Released only when the sum holds at least ``min_reports`` reports: fewer carry less than the
     accounted noise (each share is calibrated to ``min_reports``). SecAgg+ already halts below its
     threshold (``min_reports``); this checks again.
+
+    Parameters
+    ----------
+    secure : SecureSum
+        What the SecAgg+ round gave.
+    template : sequence of numpy.ndarray
+        The model's arrays (their shapes).
+    clip : float
+        The request's clip (it sets the grid step).
+    min_reports : int
+        The fewest reports a released sum holds.
+
+    Returns
+    -------
+    tuple of (list of numpy.ndarray or None, str)
+        The mean update, or ``None`` and why (``""`` when the protocol gave no sum).
+
+    Examples
+    --------
+    One report ``(3, -2)`` on the grid, as Flower hands it over with quantization range 8:
+
+    >>> secure = SecureSum(sampled=2, reports=1, aggregate=[np.array([-1.0, 2.0])], quantization_range=8)
+    >>> mean, why = released_mean(secure, template=[np.zeros(2, np.float32)], clip=1.0, min_reports=1)
+    >>> mean[0] / grid_step(1.0), why
+    (array([ 3., -2.]), '')
+    >>> released_mean(secure, template=[np.zeros(2, np.float32)], clip=1.0, min_reports=2)
+    (None, 'the sum holds 1 reports, fewer than min-reports 2')
     """
     n = secure.reports
     if secure.aggregate is None:
