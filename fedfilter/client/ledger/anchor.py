@@ -537,7 +537,8 @@ def anchor_problem(
     >>> read = read_anchor_file(anchor_file)
     >>> anchor_problem(conn, ledger_dir, ledger_id, anchor_file, filt, read) is None
     True
-    >>> print(anchor_problem(conn, Path(tmp.name) / "elsewhere", ledger_id, anchor_file, filt, read))  # doctest: +ELLIPSIS
+    >>> problem = anchor_problem(conn, Path(tmp.name) / "elsewhere", ledger_id, anchor_file, filt, read)
+    >>> print(problem)  # doctest: +ELLIPSIS
     has a roll-back anchor (...) written for another ledger directory, ...
     >>> conn.close(); tmp.cleanup()
     """

@@ -40,7 +40,8 @@ def exhausted_round(records: list[SpendRecord], run_id: str | None) -> int | Non
     Examples
     --------
     >>> from fedfilter.client.ledger.schema import spend_record
-    >>> rows = [(1, "run", 0, "contributed", 1.0, 2.0, 1.0, 2.0, "local", "[0.25]", "[0.25]", "[0.25]", 0.0, "default", "[]"),
+    >>> rows = [(1, "run", 0, "contributed", 1.0, 2.0, 1.0, 2.0, "local", "[0.25]", "[0.25]", "[0.25]",
+    ...          0.0, "default", "[]"),
     ...         (2, "run", 1, "left", 0.0, 2.0, 1.0, 2.0, "local", "[0.0]", "[0.25]", "[0.25]", 0.0, "default", "[]")]
     >>> records = [spend_record(r) for r in rows]
     >>> exhausted_round(records, "run")
@@ -69,7 +70,8 @@ def contributed_rounds(records: list[SpendRecord], run_id: str | None) -> list[i
     Examples
     --------
     >>> from fedfilter.client.ledger.schema import spend_record
-    >>> rows = [(1, "run", 0, "contributed", 1.0, 2.0, 1.0, 2.0, "local", "[0.25]", "[0.25]", "[0.25]", 0.0, "default", "[]"),
+    >>> rows = [(1, "run", 0, "contributed", 1.0, 2.0, 1.0, 2.0, "local", "[0.25]", "[0.25]", "[0.25]",
+    ...          0.0, "default", "[]"),
     ...         (2, "run", 1, "left", 0.0, 2.0, 1.0, 2.0, "local", "[0.0]", "[0.25]", "[0.25]", 0.0, "default", "[]")]
     >>> records = [spend_record(r) for r in rows]
     >>> contributed_rounds(records, "run")

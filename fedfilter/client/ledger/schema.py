@@ -229,7 +229,8 @@ def spend_record(row: tuple) -> SpendRecord:
 
     Examples
     --------
-    >>> row = (1, "run", 0, "contributed", 1.0, 2.0, 1.0, 2.0, "local", "[0.25]", "[0.25]", "[0.25]", 0.0, "default", "[]")
+    >>> row = (1, "run", 0, "contributed", 1.0, 2.0, 1.0, 2.0, "local", "[0.25]", "[0.25]", "[0.25]",
+    ...        0.0, "default", "[]")
     >>> rec = spend_record(row)
     >>> rec.charge, rec.worst_charge
     (array([0.25]), None)
@@ -669,7 +670,8 @@ def spends_by_run(records: list[SpendRecord], filt) -> tuple[list[dict], dict[st
     Examples
     --------
     >>> from fedfilter.privacy.filters import make_filter
-    >>> row = (1, "run", 0, "contributed", 1.0, 2.0, 1.0, 2.0, "local", "[0.25]", "[0.25]", "[0.25]", 0.0, "default", "[]")
+    >>> row = (1, "run", 0, "contributed", 1.0, 2.0, 1.0, 2.0, "local", "[0.25]", "[0.25]", "[0.25]",
+    ...        0.0, "default", "[]")
     >>> runs, coordinators = spends_by_run([spend_record(row)], make_filter("gdp", 4.0, 1e-5))
     >>> runs[0]["spent_epsilon"], coordinators
     (1.993091404415121, {'default': 1})
