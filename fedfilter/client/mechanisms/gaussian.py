@@ -412,8 +412,18 @@ class GaussianMechanism:
 
         Examples
         --------
-        >>> m.allowance(account)  # doctest: +SKIP
-        2.0
+        >>> import tempfile
+        >>> from pathlib import Path
+        >>> from fedfilter.client.ledger.budget import BudgetLedger
+        >>> from fedfilter.protocol.request import RoundSpec
+        >>> m = GaussianMechanism.for_request(RoundSpec("run", 0, 1.0, 2.0))
+        >>> tmp = tempfile.TemporaryDirectory()
+        >>> ledger = BudgetLedger.enrol(Path(tmp.name) / "ledger", client_id="a", epsilon=4.0, delta=1e-5,
+        ...                             state_dir=Path(tmp.name) / "owner")
+        >>> with ledger.reserve("run", 0) as account:
+        ...     m.allowance(account)
+        1.8498617953338456
+        >>> ledger.close(); tmp.cleanup()
         """
         allowance = account.allowance(noise_std=self.accounted_std, clip=self.clip)
         return min(allowance, account.worst_allowance(noise_std=self.added_std, clip=self.clip))
@@ -463,7 +473,18 @@ class GaussianMechanism:
 
         Examples
         --------
-        >>> m.charges(account, snapped, 1.0)  # doctest: +SKIP
+        >>> import tempfile
+        >>> from pathlib import Path
+        >>> from fedfilter.client.ledger.budget import BudgetLedger
+        >>> from fedfilter.protocol.request import RoundSpec
+        >>> m = GaussianMechanism.for_request(RoundSpec("run", 0, 1.0, 2.0))
+        >>> tmp = tempfile.TemporaryDirectory()
+        >>> ledger = BudgetLedger.enrol(Path(tmp.name) / "ledger", client_id="a", epsilon=4.0, delta=1e-5,
+        ...                             state_dir=Path(tmp.name) / "owner")
+        >>> with ledger.reserve("run", 0) as account:
+        ...     m.charges(account, None, 1.0)
+        (array([0.25]), None)
+        >>> ledger.close(); tmp.cleanup()
         """
         charge = account.filter.charge(sensitivity=sensitivity, noise_std=self.accounted_std)
         worst = account.worst_filter
