@@ -80,11 +80,44 @@ _SLOT = 16384  # bytes per slot (two slots per file); the anchor's JSON is far s
 
 
 class AnchorError(ValueError):
-    """The anchor file exists but cannot be read, fails its checksum, or has a damaged slot."""
+    """The anchor file exists but cannot be read, fails its checksum, or has a damaged slot.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> from pathlib import Path
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     _ = (Path(tmp) / "a.json").write_bytes(b"x")
+    ...     read_anchor(Path(tmp) / "a.json")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    fedfilter.client.ledger.anchor.AnchorError: the roll-back anchor ... is damaged (size 1, expected 32768).
+    """
 
 
 @dataclass(frozen=True)
 class Anchor:
+    """What one slot of the anchor file names: a ledger directory, its database and its latest spend.
+
+    Attributes
+    ----------
+    directory : str
+        The ledger directory it anchors (resolved).
+    ledger_id : str
+        The database's random id.
+    seq : int
+        The latest committed spend (0: enrolled, nothing spent yet).
+    digest : str
+        SHA-256 of that spend row (``row_digest``; "" for seq 0).
+    state_after : str
+        That row's lifetime filter state (JSON text).
+
+    Examples
+    --------
+    >>> Anchor("/srv/ledger", "id", 0, "", "[]").seq
+    0
+    """
+
     directory: str  # the ledger directory it anchors (resolved); a ledger elsewhere is refused
     ledger_id: str  # random id of the anchored database and its enrolment (its meta table)
     seq: int  # latest committed spend (0: enrolled, nothing spent yet)
@@ -94,19 +127,67 @@ class Anchor:
 
 @dataclass(frozen=True)
 class AnchorRead:
-    """An anchor file as read: its newest readable slot, and what damaged the other one (if any)."""
+    """An anchor file as read: its newest readable slot, and what damaged the other one (if any).
+
+    Attributes
+    ----------
+    anchor : Anchor
+        The newest readable slot.
+    damaged : str or None
+        The other slot's damage (None: intact).
+
+    Examples
+    --------
+    >>> AnchorRead(Anchor("/srv/ledger", "id", 0, "", "[]"), None).damaged is None
+    True
+    """
 
     anchor: Anchor
     damaged: str | None  # the other slot's damage: it may have named a later spend (None: intact)
 
 
 def row_digest(row: tuple) -> str:
-    """SHA-256 of a spend row (every column, as SQLite returns them)."""
+    """SHA-256 of a spend row (every column, as SQLite returns them).
+
+    Parameters
+    ----------
+    row : tuple
+        The row, in ``ANCHOR_ROW_SQL``'s column order.
+
+    Returns
+    -------
+    str
+        The hex digest.
+
+    Examples
+    --------
+    >>> row_digest((1, "run"))[:16]
+    '2e8d0812d77ad8a2'
+    """
     return hashlib.sha256(json.dumps(list(row), separators=(",", ":")).encode()).hexdigest()
 
 
 def anchor_path(ledger_dir: Path, state_dir: Path | None = None) -> Path:
-    """Where the anchor of ``ledger_dir`` lives: one file per resolved ledger directory."""
+    """Where the anchor of ``ledger_dir`` lives: one file per resolved ledger directory.
+
+    Parameters
+    ----------
+    ledger_dir : pathlib.Path
+        The ledger directory.
+    state_dir : pathlib.Path, optional
+        The owner's state directory (default: ``owner_state_dir()``).
+
+    Returns
+    -------
+    pathlib.Path
+
+    Examples
+    --------
+    >>> from pathlib import Path
+    >>> path = anchor_path(Path("ledger"), Path("/srv/owner"))
+    >>> path.parent, path.suffix
+    (PosixPath('/srv/owner/ledger-anchors'), '.json')
+    """
     key = hashlib.sha256(str(Path(ledger_dir).resolve()).encode()).hexdigest()[:32]
     return Path(state_dir if state_dir is not None else owner_state_dir()) / ANCHOR_DIR / f"{key}.json"
 
@@ -161,7 +242,36 @@ def _slots(raw: bytes, path: Path) -> AnchorRead:
 
 def read_anchor_file(path: Path) -> AnchorRead | None:
     """The anchor file at ``path`` as read (its newest readable slot, and the other slot's damage);
-    None if there is none; ``AnchorError`` if no slot is readable."""
+    None if there is none; ``AnchorError`` if no slot is readable.
+
+    Parameters
+    ----------
+    path : pathlib.Path
+        The anchor file.
+
+    Returns
+    -------
+    AnchorRead or None
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> from pathlib import Path
+    >>> from fedfilter.client.ledger.schema import connect, prepare
+    >>> from fedfilter.privacy.filters import make_filter
+    >>> tmp = tempfile.TemporaryDirectory()
+    >>> ledger_dir, filt = Path(tmp.name) / "ledger", make_filter("gdp", 4.0, 1e-5)
+    >>> anchor_file = anchor_path(ledger_dir, Path(tmp.name) / "owner")
+    >>> conn = connect(":memory:")
+    >>> _ = prepare(conn)
+    >>> ledger_id = conn.execute("SELECT value FROM meta WHERE key='ledger_id'").fetchone()[0]
+    >>> read_anchor_file(anchor_file) is None
+    True
+    >>> advance_anchor(conn, ledger_dir, ledger_id, anchor_file, filt, owner=True)
+    >>> read_anchor_file(anchor_file).anchor.seq
+    0
+    >>> conn.close(); tmp.cleanup()
+    """
     try:
         raw = Path(path).read_bytes()
     except FileNotFoundError:
@@ -177,6 +287,32 @@ def read_anchor(path: Path) -> Anchor | None:
     A damaged slot may have named a later spend than the readable one, released since: it is never
     read as "not released" (the module's docstring). Only ``check_anchor``, which sees the database,
     accepts the one case a database proves to be a torn write.
+
+    Parameters
+    ----------
+    path : pathlib.Path
+        The anchor file.
+
+    Returns
+    -------
+    Anchor or None
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> from pathlib import Path
+    >>> from fedfilter.client.ledger.schema import connect, prepare
+    >>> from fedfilter.privacy.filters import make_filter
+    >>> tmp = tempfile.TemporaryDirectory()
+    >>> ledger_dir, filt = Path(tmp.name) / "ledger", make_filter("gdp", 4.0, 1e-5)
+    >>> anchor_file = anchor_path(ledger_dir, Path(tmp.name) / "owner")
+    >>> conn = connect(":memory:")
+    >>> _ = prepare(conn)
+    >>> ledger_id = conn.execute("SELECT value FROM meta WHERE key='ledger_id'").fetchone()[0]
+    >>> advance_anchor(conn, ledger_dir, ledger_id, anchor_file, filt, owner=True)
+    >>> read_anchor(anchor_file).ledger_id == ledger_id
+    True
+    >>> conn.close(); tmp.cleanup()
     """
     read = read_anchor_file(path)
     if read is None:
@@ -205,6 +341,26 @@ def write_anchor(path: Path, anchor: Anchor, *, new_file: bool = False) -> None:
     short damages only the slot being written, and the other still holds the previous anchor. The
     file itself is created atomically (temporary file, fsync, rename, fsync of the directory): the
     first time, and for an owner's act (``new_file``), which starts its history afresh.
+
+    Parameters
+    ----------
+    path : pathlib.Path
+        The anchor file (its folder must exist).
+    anchor : Anchor
+        The new anchor.
+    new_file : bool, optional
+        Start a new file (an owner's act).
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> from pathlib import Path
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     path = Path(tmp) / "a.json"
+    ...     with locked(path):
+    ...         write_anchor(path, Anchor(tmp, "id", 0, "", "[]"))
+    ...     read_anchor(path).ledger_id
+    'id'
     """
     path = Path(path)
     if new_file or not path.exists():
@@ -249,7 +405,22 @@ def _slot_gen(raw: bytes, i: int) -> int | None:
 
 @contextmanager
 def locked(path: Path) -> Iterator[None]:
-    """An exclusive lock on the anchor of one ledger directory (its ``.lock`` file), across processes."""
+    """An exclusive lock on the anchor of one ledger directory (its ``.lock`` file), across processes.
+
+    Parameters
+    ----------
+    path : pathlib.Path
+        The anchor file (its folder is created if needed).
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> from pathlib import Path
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     with locked(Path(tmp) / "anchors" / "a.json"):
+    ...         print(sorted(p.name for p in (Path(tmp) / "anchors").iterdir()))
+    ['a.lock']
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     fd = os.open(path.with_suffix(".lock"), os.O_RDWR | os.O_CREAT, 0o600)
@@ -261,7 +432,35 @@ def locked(path: Path) -> Iterator[None]:
 
 
 def retire_anchor(path: Path) -> Path | None:
-    """The owner's act: keep a replaced ledger's anchor for the record (``<name>.retired-<n>``)."""
+    """The owner's act: keep a replaced ledger's anchor for the record (``<name>.retired-<n>``).
+
+    Parameters
+    ----------
+    path : pathlib.Path
+        The anchor file.
+
+    Returns
+    -------
+    pathlib.Path or None
+        Where it was kept; None if there was none.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> from pathlib import Path
+    >>> from fedfilter.client.ledger.schema import connect, prepare
+    >>> from fedfilter.privacy.filters import make_filter
+    >>> tmp = tempfile.TemporaryDirectory()
+    >>> ledger_dir, filt = Path(tmp.name) / "ledger", make_filter("gdp", 4.0, 1e-5)
+    >>> anchor_file = anchor_path(ledger_dir, Path(tmp.name) / "owner")
+    >>> conn = connect(":memory:")
+    >>> _ = prepare(conn)
+    >>> ledger_id = conn.execute("SELECT value FROM meta WHERE key='ledger_id'").fetchone()[0]
+    >>> advance_anchor(conn, ledger_dir, ledger_id, anchor_file, filt, owner=True)
+    >>> retire_anchor(anchor_file).name.endswith(".json.retired-0")
+    True
+    >>> conn.close(); tmp.cleanup()
+    """
     path = Path(path)
     with locked(path):
         if not path.exists():
@@ -299,7 +498,50 @@ def anchor_problem(
     conn: sqlite3.Connection, directory: Path, ledger_id: str, anchor_file: Path, filt, read: AnchorRead | None
 ):
     """Why this database is not (a continuation of) the ledger its anchor names; None if it is;
-    ``OLDER`` for a ledger written before anchors (the owner migrates it)."""
+    ``OLDER`` for a ledger written before anchors (the owner migrates it).
+
+    Parameters
+    ----------
+    conn : sqlite3.Connection
+        The database.
+    directory : pathlib.Path
+        The ledger directory.
+    ledger_id : str
+        The database's id.
+    anchor_file : pathlib.Path
+        The anchor file (named in the problem).
+    filt : GaussianFilter
+        The lifetime filter (for the epsilon the problem names).
+    read : AnchorRead or None
+        The anchor file as read.
+
+    Returns
+    -------
+    str or None
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> from pathlib import Path
+    >>> from fedfilter.client.ledger.schema import connect, prepare
+    >>> from fedfilter.privacy.filters import make_filter
+    >>> tmp = tempfile.TemporaryDirectory()
+    >>> ledger_dir, filt = Path(tmp.name) / "ledger", make_filter("gdp", 4.0, 1e-5)
+    >>> anchor_file = anchor_path(ledger_dir, Path(tmp.name) / "owner")
+    >>> conn = connect(":memory:")
+    >>> _ = prepare(conn)
+    >>> ledger_id = conn.execute("SELECT value FROM meta WHERE key='ledger_id'").fetchone()[0]
+    >>> anchor_problem(conn, ledger_dir, ledger_id, anchor_file, filt, None)  # never anchored
+    'older'
+    >>> advance_anchor(conn, ledger_dir, ledger_id, anchor_file, filt, owner=True)
+    >>> read = read_anchor_file(anchor_file)
+    >>> anchor_problem(conn, ledger_dir, ledger_id, anchor_file, filt, read) is None
+    True
+    >>> problem = anchor_problem(conn, Path(tmp.name) / "elsewhere", ledger_id, anchor_file, filt, read)
+    >>> print(problem)  # doctest: +ELLIPSIS
+    has a roll-back anchor (...) written for another ledger directory, ...
+    >>> conn.close(); tmp.cleanup()
+    """
 
     def spent(state_text: str) -> str:
         return f"lifetime epsilon spent {filt.epsilon_spent(floats(state_text)):.4g}"
@@ -360,6 +602,42 @@ def check_anchor(
 
     Returns whether the database holds a spend the anchor does not name yet (its anchor write failed
     or tore; never released): the ledger anchors it before committing another (``BudgetLedger.reserve``).
+
+    Parameters
+    ----------
+    conn : sqlite3.Connection
+        The database.
+    directory : pathlib.Path
+        The ledger directory.
+    ledger_id : str
+        The database's id.
+    anchor_file : pathlib.Path
+        The anchor file.
+    filt : GaussianFilter
+        The lifetime filter.
+    allow_older : bool, optional
+        Accept a ledger written before anchors (the owner's reseal).
+
+    Returns
+    -------
+    bool
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> from pathlib import Path
+    >>> from fedfilter.client.ledger.schema import connect, prepare
+    >>> from fedfilter.privacy.filters import make_filter
+    >>> tmp = tempfile.TemporaryDirectory()
+    >>> ledger_dir, filt = Path(tmp.name) / "ledger", make_filter("gdp", 4.0, 1e-5)
+    >>> anchor_file = anchor_path(ledger_dir, Path(tmp.name) / "owner")
+    >>> conn = connect(":memory:")
+    >>> _ = prepare(conn)
+    >>> ledger_id = conn.execute("SELECT value FROM meta WHERE key='ledger_id'").fetchone()[0]
+    >>> advance_anchor(conn, ledger_dir, ledger_id, anchor_file, filt, owner=True)
+    >>> check_anchor(conn, ledger_dir, ledger_id, anchor_file, filt)
+    False
+    >>> conn.close(); tmp.cleanup()
     """
     read = _read_or_refuse(directory, anchor_file)
     problem = anchor_problem(conn, directory, ledger_id, anchor_file, filt, read)
@@ -381,6 +659,38 @@ def advance_anchor(
     own SQLite lock) cannot move it backwards or sideways. ``owner``: an owner's act (enrolment,
     migration, an accepted restore) that sets the anchor to this database whatever it named before,
     in a new file.
+
+    Parameters
+    ----------
+    conn : sqlite3.Connection
+        The database.
+    directory : pathlib.Path
+        The ledger directory.
+    ledger_id : str
+        The database's id.
+    anchor_file : pathlib.Path
+        The anchor file.
+    filt : GaussianFilter
+        The lifetime filter.
+    owner : bool
+        Whether this is an owner's act.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> from pathlib import Path
+    >>> from fedfilter.client.ledger.schema import connect, prepare
+    >>> from fedfilter.privacy.filters import make_filter
+    >>> tmp = tempfile.TemporaryDirectory()
+    >>> ledger_dir, filt = Path(tmp.name) / "ledger", make_filter("gdp", 4.0, 1e-5)
+    >>> anchor_file = anchor_path(ledger_dir, Path(tmp.name) / "owner")
+    >>> conn = connect(":memory:")
+    >>> _ = prepare(conn)
+    >>> ledger_id = conn.execute("SELECT value FROM meta WHERE key='ledger_id'").fetchone()[0]
+    >>> advance_anchor(conn, ledger_dir, ledger_id, anchor_file, filt, owner=True)
+    >>> read_anchor(anchor_file).seq
+    0
+    >>> conn.close(); tmp.cleanup()
     """
     latest = _row(conn)
     where = str(Path(directory).resolve())
@@ -406,7 +716,31 @@ def advance_anchor(
 
 
 def refuse_if_spent_here(directory: Path, anchor_file: Path) -> None:
-    """A directory that holds no enrolled ledger, but whose anchor names spends: no fresh budget."""
+    """A directory that holds no enrolled ledger, but whose anchor names spends: no fresh budget.
+
+    Parameters
+    ----------
+    directory : pathlib.Path
+        The ledger directory.
+    anchor_file : pathlib.Path
+        Its anchor file.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> from pathlib import Path
+    >>> from fedfilter.client.ledger.schema import connect, prepare
+    >>> from fedfilter.privacy.filters import make_filter
+    >>> tmp = tempfile.TemporaryDirectory()
+    >>> ledger_dir, filt = Path(tmp.name) / "ledger", make_filter("gdp", 4.0, 1e-5)
+    >>> anchor_file = anchor_path(ledger_dir, Path(tmp.name) / "owner")
+    >>> conn = connect(":memory:")
+    >>> _ = prepare(conn)
+    >>> ledger_id = conn.execute("SELECT value FROM meta WHERE key='ledger_id'").fetchone()[0]
+    >>> advance_anchor(conn, ledger_dir, ledger_id, anchor_file, filt, owner=True)
+    >>> refuse_if_spent_here(ledger_dir, anchor_file)  # enrolled, nothing spent: no refusal
+    >>> conn.close(); tmp.cleanup()
+    """
     read = _read_or_refuse(directory, anchor_file)
     if read is not None and (read.anchor.seq > 0 or read.damaged):
         damaged = f" (its other slot is damaged: {read.damaged})" if read.damaged else ""

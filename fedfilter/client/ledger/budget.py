@@ -156,27 +156,94 @@ class BudgetLedger:
     # --- the accounts it holds, under the names the ledger always had ---------------------------------
     @property
     def quotas(self) -> Quotas:
-        """The owner's coordinator and daily quotas (``Quotas``)."""
+        """The owner's coordinator and daily quotas (``Quotas``).
+
+        Examples
+        --------
+        >>> import tempfile
+        >>> from pathlib import Path
+        >>> from fedfilter.client.ledger.quota import Quotas
+        >>> tmp = tempfile.TemporaryDirectory()
+        >>> ledger = BudgetLedger.enrol(Path(tmp.name) / "ledger", client_id="a", epsilon=4.0, delta=1e-5,
+        ...                             state_dir=Path(tmp.name) / "owner", quotas=Quotas(coordinator=0.5, daily=0.25))
+        >>> ledger.quotas
+        Quotas(federation='default', coordinator=0.5, daily=0.25)
+        >>> ledger.close(); tmp.cleanup()
+        """
         return self.quota_accounts.quotas
 
     @property
     def coordinator_filter(self) -> GaussianFilter:
-        """The lifetime filter scaled to the coordinator quota."""
+        """The lifetime filter scaled to the coordinator quota.
+
+        Examples
+        --------
+        >>> import tempfile
+        >>> from pathlib import Path
+        >>> from fedfilter.client.ledger.quota import Quotas
+        >>> tmp = tempfile.TemporaryDirectory()
+        >>> ledger = BudgetLedger.enrol(Path(tmp.name) / "ledger", client_id="a", epsilon=4.0, delta=1e-5,
+        ...                             state_dir=Path(tmp.name) / "owner", quotas=Quotas(coordinator=0.5, daily=0.25))
+        >>> ledger.filter.budget, ledger.coordinator_filter.budget
+        (array([0.85549717]), array([0.42774858]))
+        >>> ledger.close(); tmp.cleanup()
+        """
         return self.quota_accounts.coordinator_filter
 
     @property
     def daily_filter(self) -> GaussianFilter:
-        """The lifetime filter scaled to the daily quota."""
+        """The lifetime filter scaled to the daily quota.
+
+        Examples
+        --------
+        >>> import tempfile
+        >>> from pathlib import Path
+        >>> from fedfilter.client.ledger.quota import Quotas
+        >>> tmp = tempfile.TemporaryDirectory()
+        >>> ledger = BudgetLedger.enrol(Path(tmp.name) / "ledger", client_id="a", epsilon=4.0, delta=1e-5,
+        ...                             state_dir=Path(tmp.name) / "owner", quotas=Quotas(coordinator=0.5, daily=0.25))
+        >>> ledger.daily_filter.budget
+        array([0.21387429])
+        >>> ledger.close(); tmp.cleanup()
+        """
         return self.quota_accounts.daily_filter
 
     @property
     def worst_case(self) -> WorstCase | None:
-        """The owner's worst-case budget as last read (None: not set)."""
+        """The owner's worst-case budget as last read (None: not set).
+
+        Examples
+        --------
+        >>> import tempfile
+        >>> from pathlib import Path
+        >>> tmp = tempfile.TemporaryDirectory()
+        >>> ledger = BudgetLedger.enrol(Path(tmp.name) / "ledger", client_id="a", epsilon=4.0, delta=1e-5,
+        ...                             state_dir=Path(tmp.name) / "owner")
+        >>> ledger.worst_case is None
+        True
+        >>> _ = ledger.set_worst_case(8.0)
+        >>> ledger.worst_case.epsilon
+        8.0
+        >>> ledger.close(); tmp.cleanup()
+        """
         return self.worst_account.worst_case
 
     @property
     def worst_filter(self) -> GaussianFilter | None:
-        """The worst-case account's filter as last read (None: no worst-case budget, local rounds only)."""
+        """The worst-case account's filter as last read (None: no worst-case budget, local rounds only).
+
+        Examples
+        --------
+        >>> import tempfile
+        >>> from pathlib import Path
+        >>> tmp = tempfile.TemporaryDirectory()
+        >>> ledger = BudgetLedger.enrol(Path(tmp.name) / "ledger", client_id="a", epsilon=4.0, delta=1e-5,
+        ...                             state_dir=Path(tmp.name) / "owner")
+        >>> _ = ledger.set_worst_case(8.0)
+        >>> ledger.worst_filter
+        GaussianFilter(kind='gdp', epsilon=8.0, delta=1e-05, orders=())
+        >>> ledger.close(); tmp.cleanup()
+        """
         return self.worst_account.filter
 
     # --- opening ------------------------------------------------------------------------------
@@ -207,6 +274,50 @@ class BudgetLedger:
 
         ``worst_case_epsilon``: the owner's budget against any coordinator (``worst_case``), set
         with the ledger, or added to an enrolled ledger that has none (``set_worst_case``).
+
+        Parameters
+        ----------
+        directory : str or pathlib.Path
+            The ledger's folder (created if needed).
+        client_id : str
+            The device's name in its records.
+        epsilon, delta : float
+            The lifetime budget.
+        filter_kind : str, optional
+            The filter's accounting (default ``"gdp"``).
+        orders : sequence of float, optional
+            RDP orders, for the filter kinds that use them.
+        run_quota : float, optional
+            The share of the budget any one run may spend, in (0, 1].
+        quotas : Quotas, optional
+            The coordinator and daily quotas.
+        recover : str, optional
+            ``"reseal"`` or ``"replace"``: the owner's recovery of a damaged or lost ledger.
+        state_dir : pathlib.Path, optional
+            The owner's state directory (the anchor).
+        worst_case_epsilon : float, optional
+            The budget against any coordinator.
+
+        Returns
+        -------
+        BudgetLedger
+
+        Examples
+        --------
+        >>> import tempfile
+        >>> from pathlib import Path
+        >>> tmp = tempfile.TemporaryDirectory()
+        >>> ledger = BudgetLedger.enrol(Path(tmp.name) / "ledger", client_id="a", epsilon=4.0, delta=1e-5,
+        ...                             state_dir=Path(tmp.name) / "owner")
+        >>> ledger.enrolment.epsilon
+        4.0
+        >>> ledger.close()
+        >>> BudgetLedger.enrol(Path(tmp.name) / "ledger", client_id="a", epsilon=8.0, delta=1e-5,
+        ...                    state_dir=Path(tmp.name) / "owner")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        ValueError: ...
+        >>> tmp.cleanup()
         """
         check_enrolment_args(client_id, epsilon, delta, filter_kind, run_quota)
         if worst_case_epsilon is not None:
@@ -621,6 +732,27 @@ class BudgetLedger:
         Spends already recorded are charged to it conservatively (``worst_case.past_worst_charge``),
         in the same transaction; if they exceed it, the account starts spent and the device
         contributes no more data. Immutable afterwards (a trigger aborts any change).
+
+        Parameters
+        ----------
+        worst_case_epsilon : float
+            The budget against any coordinator.
+
+        Returns
+        -------
+        WorstCase
+            The stored budget.
+
+        Examples
+        --------
+        >>> import tempfile
+        >>> from pathlib import Path
+        >>> tmp = tempfile.TemporaryDirectory()
+        >>> ledger = BudgetLedger.enrol(Path(tmp.name) / "ledger", client_id="a", epsilon=4.0, delta=1e-5,
+        ...                             state_dir=Path(tmp.name) / "owner")
+        >>> ledger.set_worst_case(8.0).epsilon
+        8.0
+        >>> ledger.close(); tmp.cleanup()
         """
         eps = check_worst_case_epsilon(worst_case_epsilon, self.enrolment.epsilon)
         with self._lock:
@@ -696,6 +828,30 @@ class BudgetLedger:
         roll-back anchor names a spend it does not hold), and
         ``LedgerWriteError`` when the disk refuses the write. An exception inside the block rolls
         back: nothing is spent.
+
+        Parameters
+        ----------
+        run_id : str
+            The run.
+        round_id : int
+            The round, in [0, 2**63-1].
+
+        Yields
+        ------
+        Reservation
+            The round's ``Account`` (``fedfilter.client.mechanisms.spend``).
+
+        Examples
+        --------
+        >>> import tempfile
+        >>> from pathlib import Path
+        >>> tmp = tempfile.TemporaryDirectory()
+        >>> ledger = BudgetLedger.enrol(Path(tmp.name) / "ledger", client_id="a", epsilon=4.0, delta=1e-5,
+        ...                             state_dir=Path(tmp.name) / "owner")
+        >>> with ledger.reserve("run", 0) as tx:
+        ...     tx.allowance(noise_std=2.0, clip=2.0)
+        1.8498617953338456
+        >>> ledger.close(); tmp.cleanup()
         """
         if not (isinstance(run_id, str) and run_id):
             raise ValueError(f"run_id must be a non-empty string. Found {run_id!r}.")

@@ -54,7 +54,42 @@ from fedfilter.privacy.filters import make_filter
 
 @dataclass(frozen=True)
 class LedgerView:
-    """What the owner is asked to accept: the database as it is, and what its anchor and seal name."""
+    """What the owner is asked to accept: the database as it is, and what its anchor and seal name.
+
+    Attributes
+    ----------
+    directory : pathlib.Path
+        The ledger directory.
+    anchor_file : pathlib.Path
+        Its roll-back anchor.
+    refused : str or None
+        Why the device refuses this ledger now (None: it opens as it is).
+    database : str
+        The database's latest spend and lifetime epsilon spent.
+    anchored : str
+        What the anchor names ("none" or "damaged" included).
+    sealed : str
+        What the seal names.
+    at_risk_epsilon : float or None
+        The epsilon the anchor names beyond the database; None when unknown.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> import numpy as np
+    >>> from pathlib import Path
+    >>> from fedfilter.client.mechanisms.spend import ReleaseRecord
+    >>> tmp = tempfile.TemporaryDirectory()
+    >>> ledger_dir, owner = Path(tmp.name) / "ledger", Path(tmp.name) / "owner"
+    >>> ledger = BudgetLedger.enrol(ledger_dir, client_id="a", epsilon=4.0, delta=1e-5, state_dir=owner)
+    >>> with ledger.reserve("run", 0) as tx:
+    ...     tx.commit(ReleaseRecord("contributed", "local", 1.0, 2.0, 1.0, 2.0, np.array([0.25]), None))
+    >>> ledger.close()
+    >>> view = inspect(ledger_dir, state_dir=owner)
+    >>> view.refused, view.at_risk_epsilon
+    (None, 0.0)
+    >>> tmp.cleanup()
+    """
 
     directory: Path
     anchor_file: Path
@@ -81,7 +116,35 @@ def _connect(directory: Path) -> sqlite3.Connection:
 
 
 def inspect(directory, *, state_dir: Path | None = None) -> LedgerView:
-    """The database, its anchor and its seal side by side, and the budget accepting it gives back."""
+    """The database, its anchor and its seal side by side, and the budget accepting it gives back.
+
+    Parameters
+    ----------
+    directory : str or pathlib.Path
+        The ledger directory.
+    state_dir : pathlib.Path, optional
+        The owner's state directory (default: the owner's).
+
+    Returns
+    -------
+    LedgerView
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> import numpy as np
+    >>> from pathlib import Path
+    >>> from fedfilter.client.mechanisms.spend import ReleaseRecord
+    >>> tmp = tempfile.TemporaryDirectory()
+    >>> ledger_dir, owner = Path(tmp.name) / "ledger", Path(tmp.name) / "owner"
+    >>> ledger = BudgetLedger.enrol(ledger_dir, client_id="a", epsilon=4.0, delta=1e-5, state_dir=owner)
+    >>> with ledger.reserve("run", 0) as tx:
+    ...     tx.commit(ReleaseRecord("contributed", "local", 1.0, 2.0, 1.0, 2.0, np.array([0.25]), None))
+    >>> ledger.close()
+    >>> inspect(ledger_dir, state_dir=owner).database.endswith("spend #1, lifetime epsilon spent 1.993 of 4")
+    True
+    >>> tmp.cleanup()
+    """
     directory = Path(directory)
     anchor_file = anchor_path(directory, state_dir)
     try:
@@ -154,6 +217,35 @@ def migrate(directory, *, state_dir: Path | None = None) -> tuple[BudgetLedger, 
 
     Refused (``LedgerUnavailableError``) when the seal or the anchor shows the database to be an
     older copy: that is for ``accept_restore``, which names the budget at risk.
+
+    Parameters
+    ----------
+    directory : str or pathlib.Path
+        The ledger directory.
+    state_dir : pathlib.Path, optional
+        The owner's state directory (default: the owner's).
+
+    Returns
+    -------
+    tuple of (BudgetLedger, bool)
+        The opened ledger, and whether it was migrated.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> import numpy as np
+    >>> from pathlib import Path
+    >>> from fedfilter.client.mechanisms.spend import ReleaseRecord
+    >>> tmp = tempfile.TemporaryDirectory()
+    >>> ledger_dir, owner = Path(tmp.name) / "ledger", Path(tmp.name) / "owner"
+    >>> ledger = BudgetLedger.enrol(ledger_dir, client_id="a", epsilon=4.0, delta=1e-5, state_dir=owner)
+    >>> with ledger.reserve("run", 0) as tx:
+    ...     tx.commit(ReleaseRecord("contributed", "local", 1.0, 2.0, 1.0, 2.0, np.array([0.25]), None))
+    >>> ledger.close()
+    >>> ledger, migrated = migrate(ledger_dir, state_dir=owner)  # current format: nothing to do
+    >>> migrated
+    False
+    >>> ledger.close(); tmp.cleanup()
     """
     directory = Path(directory)
     try:
@@ -200,6 +292,36 @@ def accept_restore(directory, *, state_dir: Path | None = None) -> LedgerView:
     Returns what was accepted (``inspect`` before the change). The old seal goes into a ``lost-*``
     folder and the old anchor is kept beside the new one (``.retired-N``). A ledger that opens as it
     is is left untouched.
+
+    Parameters
+    ----------
+    directory : str or pathlib.Path
+        The ledger directory.
+    state_dir : pathlib.Path, optional
+        The owner's state directory (default: the owner's).
+
+    Returns
+    -------
+    LedgerView
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> import numpy as np
+    >>> from pathlib import Path
+    >>> from fedfilter.client.mechanisms.spend import ReleaseRecord
+    >>> tmp = tempfile.TemporaryDirectory()
+    >>> ledger_dir, owner = Path(tmp.name) / "ledger", Path(tmp.name) / "owner"
+    >>> ledger = BudgetLedger.enrol(ledger_dir, client_id="a", epsilon=4.0, delta=1e-5, state_dir=owner)
+    >>> with ledger.reserve("run", 0) as tx:
+    ...     tx.commit(ReleaseRecord("contributed", "local", 1.0, 2.0, 1.0, 2.0, np.array([0.25]), None))
+    >>> ledger.close()
+    >>> (ledger_dir / "budget_ledger.seal").unlink()  # the device now refuses the ledger
+    >>> view = accept_restore(ledger_dir, state_dir=owner)
+    >>> "has no seal" in view.refused, view.at_risk_epsilon
+    (True, 0.0)
+    >>> BudgetLedger.open(ledger_dir, state_dir=owner).close()
+    >>> tmp.cleanup()
     """
     directory = Path(directory)
     view = inspect(directory, state_dir=state_dir)

@@ -18,7 +18,24 @@ STATE_DIR_ENV = "FEDFILTER_STATE_DIR"
 
 
 def owner_state_dir(environ: Mapping[str, str] | None = None) -> Path:
-    """The owner's state directory on this device (not created here)."""
+    """The owner's state directory on this device (not created here).
+
+    Parameters
+    ----------
+    environ : mapping, optional
+        The environment to read (default: ``os.environ``).
+
+    Returns
+    -------
+    pathlib.Path
+
+    Examples
+    --------
+    >>> owner_state_dir({"FEDFILTER_STATE_DIR": "/srv/owner"})
+    PosixPath('/srv/owner')
+    >>> owner_state_dir({"XDG_STATE_HOME": "/var/state"})
+    PosixPath('/var/state/fedfilter')
+    """
     env = os.environ if environ is None else environ
     named = env.get(STATE_DIR_ENV)
     if named:
@@ -30,7 +47,26 @@ def owner_state_dir(environ: Mapping[str, str] | None = None) -> Path:
 @contextmanager
 def owner_state_at(path: Path) -> Iterator[Path]:
     """Throw-away devices of one process (the audit's canaries): their owner's state lives at ``path``
-    for the duration, not in the user's state directory; restored afterwards."""
+    for the duration, not in the user's state directory; restored afterwards.
+
+    Parameters
+    ----------
+    path : pathlib.Path
+        The throw-away owner's state directory.
+
+    Yields
+    ------
+    pathlib.Path
+        ``path``.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> from pathlib import Path
+    >>> with tempfile.TemporaryDirectory() as tmp, owner_state_at(Path(tmp)) as state:
+    ...     owner_state_dir() == state
+    True
+    """
     before = os.environ.get(STATE_DIR_ENV)
     os.environ[STATE_DIR_ENV] = str(path)
     try:

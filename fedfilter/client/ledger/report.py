@@ -24,7 +24,29 @@ CONTRIBUTED = "contributed"  # of ledger.STATUSES; "noise-only" and "left" mean 
 
 
 def exhausted_round(records: list[SpendRecord], run_id: str | None) -> int | None:
-    """The first round of ``run_id`` in which the device did not contribute, or None."""
+    """The first round of ``run_id`` in which the device did not contribute, or None.
+
+    Parameters
+    ----------
+    records : list of SpendRecord
+        The ledger's spends.
+    run_id : str or None
+        The run.
+
+    Returns
+    -------
+    int or None
+
+    Examples
+    --------
+    >>> from fedfilter.client.ledger.schema import spend_record
+    >>> rows = [(1, "run", 0, "contributed", 1.0, 2.0, 1.0, 2.0, "local", "[0.25]", "[0.25]", "[0.25]",
+    ...          0.0, "default", "[]"),
+    ...         (2, "run", 1, "left", 0.0, 2.0, 1.0, 2.0, "local", "[0.0]", "[0.25]", "[0.25]", 0.0, "default", "[]")]
+    >>> records = [spend_record(r) for r in rows]
+    >>> exhausted_round(records, "run")
+    1
+    """
     for rec in records:
         if rec.run_id == run_id and rec.status != CONTRIBUTED:
             return int(rec.round_id)
@@ -32,7 +54,29 @@ def exhausted_round(records: list[SpendRecord], run_id: str | None) -> int | Non
 
 
 def contributed_rounds(records: list[SpendRecord], run_id: str | None) -> list[int]:
-    """The rounds of ``run_id`` in which the device released its (clipped, noised) update."""
+    """The rounds of ``run_id`` in which the device released its (clipped, noised) update.
+
+    Parameters
+    ----------
+    records : list of SpendRecord
+        The ledger's spends.
+    run_id : str or None
+        The run.
+
+    Returns
+    -------
+    list of int
+
+    Examples
+    --------
+    >>> from fedfilter.client.ledger.schema import spend_record
+    >>> rows = [(1, "run", 0, "contributed", 1.0, 2.0, 1.0, 2.0, "local", "[0.25]", "[0.25]", "[0.25]",
+    ...          0.0, "default", "[]"),
+    ...         (2, "run", 1, "left", 0.0, 2.0, 1.0, 2.0, "local", "[0.0]", "[0.25]", "[0.25]", 0.0, "default", "[]")]
+    >>> records = [spend_record(r) for r in rows]
+    >>> contributed_rounds(records, "run")
+    [0]
+    """
     return [int(rec.round_id) for rec in records if rec.run_id == run_id and rec.status == CONTRIBUTED]
 
 
@@ -41,7 +85,30 @@ def device_report(ledger_dir: Path, run_id: str | None) -> dict[str, Any]:
     client id, budget, lifetime spent epsilon (the filter's readout), the lifetime odometer (at the
     ledger's delta), the worst-case budget and its spent epsilon (None without one), the round it ran
     out (or None) and the rounds it contributed to. ``run_id`` None (no run reached the public ledger)
-    reports no rounds."""
+    reports no rounds.
+
+    Parameters
+    ----------
+    ledger_dir : pathlib.Path
+        The device's ledger folder.
+    run_id : str or None
+        The run.
+
+    Returns
+    -------
+    dict
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> from pathlib import Path
+    >>> from fedfilter.client.ledger.owner_state import owner_state_at
+    >>> with tempfile.TemporaryDirectory() as tmp, owner_state_at(Path(tmp) / "owner"):
+    ...     BudgetLedger.enrol(Path(tmp) / "ledger", client_id="a", epsilon=4.0, delta=1e-5).close()
+    ...     report = device_report(Path(tmp) / "ledger", "run")
+    >>> report["budget_epsilon"], report["spent_epsilon"], report["exhausted_round"]
+    (4.0, 0.0, None)
+    """
     ledger = BudgetLedger.open(ledger_dir)
     try:
         records = ledger.records(run_id) if run_id is not None else []
@@ -71,7 +138,31 @@ def device_report(ledger_dir: Path, run_id: str | None) -> dict[str, Any]:
 def odometer_report(ledger: BudgetLedger, federations: list[str | None]) -> dict[str, Any]:
     """The odometer (Rogers et al. (2016) Definition 3.2) of the device's lifetime spend and of each
     federation's, at the ledger's delta: a bound on the privacy loss so far that holds at every
-    moment, also if the device stops now. The filter's guarantee is its budget while it keeps it."""
+    moment, also if the device stops now. The filter's guarantee is its budget while it keeps it.
+
+    Parameters
+    ----------
+    ledger : BudgetLedger
+        The open ledger.
+    federations : list of str or None
+        The federations to report (None and "" are skipped).
+
+    Returns
+    -------
+    dict
+        ``epsilon``, ``delta`` and ``coordinators`` (epsilon per federation).
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> from pathlib import Path
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     ledger = BudgetLedger.enrol(Path(tmp) / "ledger", client_id="a", epsilon=4.0, delta=1e-5,
+    ...                                 state_dir=Path(tmp) / "owner")
+    ...     print(odometer_report(ledger, ["default"]))
+    ...     ledger.close()
+    {'epsilon': 0.0, 'delta': 1e-05, 'coordinators': {'default': 0.0}}
+    """
     filt = ledger.filter
     return {
         "epsilon": filter_odometer(filt, ledger.state()),
@@ -81,7 +172,22 @@ def odometer_report(ledger: BudgetLedger, federations: list[str | None]) -> dict
 
 
 def odometer_text(delta: float) -> str:
-    """Which of a report's numbers is the guarantee, in the words the summaries keep."""
+    """Which of a report's numbers is the guarantee, in the words the summaries keep.
+
+    Parameters
+    ----------
+    delta : float
+        The ledgers' delta.
+
+    Returns
+    -------
+    str
+
+    Examples
+    --------
+    >>> odometer_text(1e-5).startswith("odometer_epsilon bounds each client's privacy loss so far at delta 1e-05")
+    True
+    """
     return (
         f"odometer_epsilon bounds each client's privacy loss so far at delta {delta:g}, valid at every moment "
         "(also if the client stops now); spent_epsilon is the filter's readout, not a guarantee: while the "

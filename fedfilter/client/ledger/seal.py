@@ -25,11 +25,46 @@ _FORMAT = 1
 
 
 class SealError(ValueError):
-    """The seal file exists but cannot be read or fails its checksum."""
+    """The seal file exists but cannot be read or fails its checksum.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> from pathlib import Path
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     _ = (Path(tmp) / SEAL_FILE).write_text("{}")
+    ...     read_seal(Path(tmp))  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    fedfilter.client.ledger.seal.SealError: the ledger seal ... is damaged ('checksum').
+    """
 
 
 @dataclass(frozen=True)
 class Seal:
+    """What the seal file names: the database and its latest committed spend.
+
+    Attributes
+    ----------
+    ledger_id : str
+        The database's random id (its meta table).
+    seq : int
+        The latest committed spend (0: none yet).
+    run_id : str
+        Its run.
+    round_id : int
+        Its round.
+    created_at : float
+        Its time.
+    state_after : str
+        Its ``state_after``, as stored (exact JSON text).
+
+    Examples
+    --------
+    >>> Seal("id", 0, "", 0, 0.0, "[]").seq
+    0
+    """
+
     ledger_id: str  # random id of the database, kept in its meta table
     seq: int  # latest committed spend (0: none yet)
     run_id: str
@@ -43,7 +78,25 @@ def _checksum(body: dict) -> str:
 
 
 def read_seal(directory: Path) -> Seal | None:
-    """The seal in ``directory``; None if there is none; ``SealError`` if it is damaged."""
+    """The seal in ``directory``; None if there is none; ``SealError`` if it is damaged.
+
+    Parameters
+    ----------
+    directory : pathlib.Path
+        The ledger's folder.
+
+    Returns
+    -------
+    Seal or None
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> from pathlib import Path
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     print(read_seal(Path(tmp)))
+    None
+    """
     path = Path(directory) / SEAL_FILE
     try:
         text = path.read_text()
@@ -65,6 +118,22 @@ def write_seal(directory: Path, seal: Seal) -> None:
     """Replace the seal atomically and durably (file and directory fsync'd).
 
     Callers hold the database's write lock, so one temporary name suffices.
+
+    Parameters
+    ----------
+    directory : pathlib.Path
+        The ledger's folder.
+    seal : Seal
+        The new seal.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> from pathlib import Path
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     write_seal(Path(tmp), Seal("id", 0, "", 0, 0.0, "[]"))
+    ...     read_seal(Path(tmp))
+    Seal(ledger_id='id', seq=0, run_id='', round_id=0, created_at=0.0, state_after='[]')
     """
     directory = Path(directory)
     body = {**asdict(seal), "format": _FORMAT}
@@ -84,7 +153,32 @@ def write_seal(directory: Path, seal: Seal) -> None:
 
 def check_seal(conn: sqlite3.Connection, directory: Path, ledger_id: str, seal: Seal | None = None) -> None:
     """Refuse (``LedgerUnavailableError``) a database that no longer holds the spend its seal names
-    (``seal``: as read already, or None to read it now). The ledger calls this under its lock."""
+    (``seal``: as read already, or None to read it now). The ledger calls this under its lock.
+
+    Parameters
+    ----------
+    conn : sqlite3.Connection
+        The database.
+    directory : pathlib.Path
+        The ledger's folder.
+    ledger_id : str
+        The database's id (its meta table).
+    seal : Seal, optional
+        The seal as read (default: read it now).
+
+    Examples
+    --------
+    >>> from pathlib import Path
+    >>> from fedfilter.client.ledger.schema import connect, prepare
+    >>> conn = connect(":memory:")
+    >>> _ = prepare(conn)
+    >>> check_seal(conn, Path("led"), "id", Seal("id", 0, "", 0, 0.0, "[]"))
+    >>> check_seal(conn, Path("led"), "other", Seal("id", 0, "", 0, 0.0, "[]"))  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    fedfilter.client.ledger.storage.LedgerUnavailableError: the budget ledger at led is not the database ...
+    >>> conn.close()
+    """
     if seal is None:
         try:
             seal = read_seal(directory)
@@ -113,7 +207,30 @@ def check_seal(conn: sqlite3.Connection, directory: Path, ledger_id: str, seal: 
 
 
 def advance_seal(conn: sqlite3.Connection, directory: Path, ledger_id: str) -> None:
-    """Seal the latest committed spend if it is newer (caller holds the write lock: seals only move forward)."""
+    """Seal the latest committed spend if it is newer (caller holds the write lock: seals only move forward).
+
+    Parameters
+    ----------
+    conn : sqlite3.Connection
+        The database.
+    directory : pathlib.Path
+        The ledger's folder.
+    ledger_id : str
+        The database's id.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> from pathlib import Path
+    >>> from fedfilter.client.ledger.schema import connect, prepare
+    >>> conn = connect(":memory:")
+    >>> _ = prepare(conn)
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     advance_seal(conn, Path(tmp), "id")
+    ...     read_seal(Path(tmp)).seq
+    0
+    >>> conn.close()
+    """
     row = conn.execute(
         "SELECT seq, run_id, round_id, created_at, state_after FROM spends ORDER BY seq DESC LIMIT 1"
     ).fetchone()
@@ -127,7 +244,30 @@ def advance_seal(conn: sqlite3.Connection, directory: Path, ledger_id: str) -> N
 
 
 def move_aside(directory: Path, names: list[str]) -> Path | None:
-    """Move the named files (those that exist) into ``directory/lost-<UTC time>/``; return it."""
+    """Move the named files (those that exist) into ``directory/lost-<UTC time>/``; return it.
+
+    Parameters
+    ----------
+    directory : pathlib.Path
+        The ledger's folder.
+    names : list of str
+        File names in it.
+
+    Returns
+    -------
+    pathlib.Path or None
+        The new folder; None when none of the files exists.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> from pathlib import Path
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     _ = (Path(tmp) / "x").write_text("1")
+    ...     lost = move_aside(Path(tmp), ["x", "y"])
+    ...     lost.name.startswith("lost-"), [p.name for p in lost.iterdir()]
+    (True, ['x'])
+    """
     directory = Path(directory)
     present = [n for n in names if (directory / n).exists()]
     if not present:

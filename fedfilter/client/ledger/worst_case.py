@@ -59,12 +59,41 @@ TRUSTS_NOTHING = "against any coordinator"
 
 
 class WorstCaseMissingError(ValueError):
-    """A distributed round on a device without a worst-case budget; nothing was trained or spent."""
+    """A distributed round on a device without a worst-case budget; nothing was trained or spent.
+
+    Examples
+    --------
+    >>> require_worst_case(None)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    fedfilter.client.ledger.worst_case.WorstCaseMissingError: round request refused: ...
+    """
 
 
 def check_worst_case_epsilon(worst_case_epsilon, epsilon) -> float:
     """The owner's worst-case budget, checked: finite, > 0, and at least the main ``epsilon`` (the
-    account against any coordinator can never promise more than the one that trusts SecAgg+)."""
+    account against any coordinator can never promise more than the one that trusts SecAgg+).
+
+    Parameters
+    ----------
+    worst_case_epsilon : float
+        The owner's worst-case budget.
+    epsilon : float
+        The main budget.
+
+    Returns
+    -------
+    float
+
+    Examples
+    --------
+    >>> check_worst_case_epsilon(8, 4.0)
+    8.0
+    >>> check_worst_case_epsilon(2.0, 4.0)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: worst-case-epsilon=2.0 is below the budget epsilon=4.0: ...
+    """
     if (problem := positive_finite(SETTING, worst_case_epsilon)) is not None:
         raise ValueError(problem)
     if worst_case_epsilon < epsilon:
@@ -76,12 +105,47 @@ def check_worst_case_epsilon(worst_case_epsilon, epsilon) -> float:
 
 
 def worst_case_filter(main: GaussianFilter, worst_case_epsilon: float) -> GaussianFilter:
-    """The worst-case account's filter: the main filter's kind, delta and orders at ``worst_case_epsilon``."""
+    """The worst-case account's filter: the main filter's kind, delta and orders at ``worst_case_epsilon``.
+
+    Parameters
+    ----------
+    main : GaussianFilter
+        The lifetime filter.
+    worst_case_epsilon : float
+        The worst-case budget.
+
+    Returns
+    -------
+    GaussianFilter
+
+    Examples
+    --------
+    >>> from fedfilter.privacy.filters import make_filter
+    >>> worst_case_filter(make_filter("gdp", 4.0, 1e-5), 8.0)
+    GaussianFilter(kind='gdp', epsilon=8.0, delta=1e-05, orders=())
+    """
     return make_filter(main.kind, float(worst_case_epsilon), main.delta, main.orders or None)
 
 
 def require_worst_case(worst: GaussianFilter | None) -> GaussianFilter:
-    """The one check every distributed path calls before training or spending."""
+    """The one check every distributed path calls before training or spending.
+
+    Parameters
+    ----------
+    worst : GaussianFilter or None
+        The worst-case account's filter.
+
+    Returns
+    -------
+    GaussianFilter
+        ``worst``; ``WorstCaseMissingError`` when it is None.
+
+    Examples
+    --------
+    >>> from fedfilter.privacy.filters import make_filter
+    >>> require_worst_case(make_filter("gdp", 8.0, 1e-5)).epsilon
+    8.0
+    """
     if worst is None:
         raise WorstCaseMissingError(
             f"round request refused: distributed placement needs this device's owner to set {SETTING} "
@@ -95,7 +159,32 @@ def require_worst_case(worst: GaussianFilter | None) -> GaussianFilter:
 def past_worst_charge(
     worst: GaussianFilter, *, placement: str, charge, sensitivity: float, noise_std: float, clip: float
 ) -> np.ndarray:
-    """A conservative worst-case charge for a spend recorded before the account existed (module doc)."""
+    """A conservative worst-case charge for a spend recorded before the account existed (module doc).
+
+    Parameters
+    ----------
+    worst : GaussianFilter
+        The worst-case account's filter.
+    placement : str
+        The spend's placement.
+    charge : array_like
+        Its main charge.
+    sensitivity, noise_std, clip : float
+        As the spend records them.
+
+    Returns
+    -------
+    numpy.ndarray
+
+    Examples
+    --------
+    >>> from fedfilter.privacy.filters import make_filter
+    >>> worst = make_filter("gdp", 8.0, 1e-5)
+    >>> past_worst_charge(worst, placement="local", charge=[0.25], sensitivity=1.0, noise_std=2.0, clip=2.0)
+    array([0.25])
+    >>> past_worst_charge(worst, placement="distributed", charge=[0.25], sensitivity=1.0, noise_std=1.0, clip=2.0)
+    array([1.])
+    """
     main = np.asarray(charge, dtype=np.float64).reshape(worst.dim)
     if placement == "local":
         return main
@@ -114,7 +203,26 @@ def past_worst_charge(
 
 
 def guarantee_lines(epsilon: float, worst_case_epsilon: float | None, delta: float) -> list[str]:
-    """The two guarantees a device holds, as the demo, deploy-local and `ledger show` print them."""
+    """The two guarantees a device holds, as the demo, deploy-local and `ledger show` print them.
+
+    Parameters
+    ----------
+    epsilon : float
+        The main budget.
+    worst_case_epsilon : float or None
+        The worst-case budget (None: local rounds only).
+    delta : float
+        The enrolment's delta.
+
+    Returns
+    -------
+    list of str
+
+    Examples
+    --------
+    >>> guarantee_lines(4.0, 8.0, 1e-5)[1]
+    '(eps_worst=8, delta=1e-05) against any coordinator'
+    """
     if worst_case_epsilon is None:  # local rounds only: each report is private on its own
         return [f"(eps_i={epsilon:g}, delta={delta:g}) {TRUSTS_NOTHING} (local rounds only: no {SETTING} set)"]
     return [

@@ -26,18 +26,62 @@ _U = 2.0**-53  # unit roundoff of float64
 
 
 class NonFiniteUpdateError(ValueError):
-    """The update holds NaN or inf: refused before anything is spent."""
+    """The update holds NaN or inf: refused before anything is spent.
+
+    Examples
+    --------
+    >>> issubclass(NonFiniteUpdateError, ValueError)
+    True
+    """
 
 
 def floating_indices(arrays: Sequence[np.ndarray]) -> list[int]:
     """The arrays a report releases: the floating-point ones. Integer, bool and complex arrays (e.g.
-    BatchNorm's batch counter) are never released: they travel as zeros."""
+    BatchNorm's batch counter) are never released: they travel as zeros.
+
+    Parameters
+    ----------
+    arrays : sequence of numpy.ndarray
+        The model's arrays.
+
+    Returns
+    -------
+    list of int
+        The indices of the floating-point arrays.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> floating_indices([np.zeros(2), np.zeros(2, dtype=np.int64)])
+    [0]
+    """
     return [i for i, a in enumerate(arrays) if np.issubdtype(np.asarray(a).dtype, np.floating)]
 
 
 def as_float_arrays(update: Sequence[np.ndarray]) -> list[np.ndarray]:
     """The update's arrays, refused (``ValueError``, before anything is spent) unless every one is
-    floating-point and together they hold at least one value to release."""
+    floating-point and together they hold at least one value to release.
+
+    Parameters
+    ----------
+    update : sequence of numpy.ndarray
+        The update's arrays.
+
+    Returns
+    -------
+    list of numpy.ndarray
+        The same arrays, as numpy arrays.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> len(as_float_arrays([np.ones(3), np.zeros((2, 2))]))
+    2
+    >>> as_float_arrays([np.zeros(2, dtype=np.int64)])
+    Traceback (most recent call last):
+    ...
+    ValueError: update[0] must be a floating-point array. Found dtype int64.
+    """
     arrays = [np.asarray(a) for a in update]
     for i, a in enumerate(arrays):
         if not np.issubdtype(a.dtype, np.floating):
@@ -52,7 +96,22 @@ def as_float_arrays(update: Sequence[np.ndarray]) -> list[np.ndarray]:
 
 
 def check_finite(arrays: Sequence[np.ndarray]) -> None:
-    """Raise ``NonFiniteUpdateError`` naming the first array holding NaN or inf, and the value."""
+    """Raise ``NonFiniteUpdateError`` naming the first array holding NaN or inf, and the value.
+
+    Parameters
+    ----------
+    arrays : sequence of numpy.ndarray
+        The floating-point arrays to check.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> check_finite([np.ones(2)])
+    >>> check_finite([np.array([1.0, np.nan])])  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    fedfilter.client.mechanisms.gaussian.NonFiniteUpdateError: update[0] (shape (2,)) contains 1 non-finite ...
+    """
     for i, a in enumerate(arrays):
         bad = ~np.isfinite(a)
         if bad.any():
@@ -68,6 +127,22 @@ def certified_norm(arrays: Sequence[np.ndarray]) -> float:
     Entries are first scaled by an exact power of two so that the largest lies in [0.5, 1):
     squares then neither overflow nor lose the total to underflow, and the relative error bound
     holds (an entry whose square underflows contributes less than 2**-1074 to a total >= 0.25).
+
+    Parameters
+    ----------
+    arrays : sequence of numpy.ndarray
+        Floating-point arrays, taken together as one vector.
+
+    Returns
+    -------
+    float
+        A bound at or just above their L2 norm.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> certified_norm([np.array([3.0, 4.0])])
+    5.0000000000000115
     """
     n = sum(a.size for a in arrays)
     peak = max((float(np.max(np.abs(a))) for a in arrays if a.size), default=0.0)
@@ -89,6 +164,25 @@ def clip_to_norm(arrays: Sequence[np.ndarray], max_norm: float) -> tuple[list[np
 
     The arrays keep their dtypes. Rounding in the cast can push a norm up by a few ulps of the
     dtype, so the result is re-certified and shrunk again if needed.
+
+    Parameters
+    ----------
+    arrays : sequence of numpy.ndarray
+        The update's floating-point arrays.
+    max_norm : float
+        The bound, finite and >= 0.
+
+    Returns
+    -------
+    tuple of (list of numpy.ndarray, float)
+        The clipped arrays and their certified norm (at most ``max_norm``).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> clipped, norm = clip_to_norm([np.array([3.0, 4.0])], 1.0)
+    >>> clipped[0], norm
+    (array([0.6, 0.8]), 1.0)
     """
     if not (np.isfinite(max_norm) and max_norm >= 0):
         raise ValueError(f"max_norm must be finite and >= 0. Found {max_norm!r}.")
@@ -124,6 +218,21 @@ def noise_grid(std: float) -> tuple[float, float]:
     exactly (scaling by a power of two). Snapping then moves each coordinate by less than
     ``2**-16`` of the noise std, and ``|k + R|`` stays far below ``2**24``, so float32 holds every
     report exactly.
+
+    Parameters
+    ----------
+    std : float
+        The noise std, in ``NOISE_STD_RANGE``.
+
+    Returns
+    -------
+    tuple of (float, float)
+        ``(gamma, sigma_g)``.
+
+    Examples
+    --------
+    >>> noise_grid(1.0)
+    (1.52587890625e-05, 65536.0)
     """
     if not (math.isfinite(std) and NOISE_STD_RANGE[0] <= std <= NOISE_STD_RANGE[1]):
         raise ValueError(f"noise std must be a finite number in [2**-100, 2**100]. Found {std!r}.")
@@ -136,6 +245,24 @@ def snap_toward_zero(arrays: Sequence[np.ndarray], gamma: float) -> list[np.ndar
 
     Exact: dividing by a power of two and truncating introduce no rounding, and ``|k gamma| <= |a|``
     per coordinate, so the snapped update's norm never exceeds the clipped one (the charge).
+
+    Parameters
+    ----------
+    arrays : sequence of numpy.ndarray
+        The clipped update.
+    gamma : float
+        The grid step (``noise_grid``).
+
+    Returns
+    -------
+    list of numpy.ndarray
+        int64 arrays ``k`` with ``|k gamma| <= |a|``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> snap_toward_zero([np.array([0.75, -0.3])], 0.25)
+    [array([ 3, -1])]
     """
     out = []
     for i, a in enumerate(arrays):
@@ -150,6 +277,27 @@ def add_grid_noise(snapped: Sequence[np.ndarray], std: float, stream: NoiseStrea
     """``(k + round(sigma_g G)) * gamma`` per array, in ``REPLY_DTYPE``.
 
     See ``fedfilter.client.mechanisms.gaussian_noise``.
+
+    Parameters
+    ----------
+    snapped : sequence of numpy.ndarray
+        The int64 arrays from ``snap_toward_zero``.
+    std : float
+        The noise std.
+    stream : NoiseStream
+        The random bytes.
+
+    Returns
+    -------
+    list of numpy.ndarray
+        The report's arrays.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from fedfilter.client.mechanisms.gaussian_noise import NoiseStream
+    >>> add_grid_noise([np.array([1, 2])], 1.0, NoiseStream.from_seed(0))
+    [array([-0.8088989,  1.8667908], dtype=float32)]
     """
     gamma, sigma_g = noise_grid(std)
     out = []
@@ -196,7 +344,23 @@ class GaussianMechanism:
 
     @classmethod
     def for_request(cls, spec: RoundSpec) -> GaussianMechanism:
-        """The mechanism a (validated) request asks for; ``ValueError`` when its noise std has no grid."""
+        """The mechanism a (validated) request asks for; ``ValueError`` when its noise std has no grid.
+
+        Parameters
+        ----------
+        spec : RoundSpec
+            The round's request.
+
+        Returns
+        -------
+        GaussianMechanism
+
+        Examples
+        --------
+        >>> from fedfilter.protocol.request import RoundSpec
+        >>> GaussianMechanism.for_request(RoundSpec("run", 0, 1.0, 2.0)).gamma
+        3.0517578125e-05
+        """
         z, clip = float(spec.noise_multiplier), float(spec.clip)
         added_std = added_noise_std(z, clip, spec.placement, spec.min_reports)
         gamma, _ = noise_grid(added_std)  # before anything is spent: an impossible std is refused here
@@ -208,27 +372,146 @@ class GaussianMechanism:
     floor: ClassVar[float] = 0.0
 
     def check(self, update: Sequence[np.ndarray], filt: GaussianFilter) -> list[np.ndarray]:
-        """The arrays to release, refused (``ValueError``) before anything is spent. Every filter kind accounts it."""
+        """The arrays to release, refused (``ValueError``) before anything is spent. Every filter kind accounts it.
+
+        Parameters
+        ----------
+        update : sequence of numpy.ndarray
+            The update's arrays.
+        filt : GaussianFilter
+            The device's filter (unused: every kind accounts a Gaussian release).
+
+        Returns
+        -------
+        list of numpy.ndarray
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from fedfilter.protocol.request import RoundSpec
+        >>> m = GaussianMechanism.for_request(RoundSpec("run", 0, 1.0, 2.0))
+        >>> m.check([np.ones(2)], None)
+        [array([1., 1.])]
+        """
         arrays = as_float_arrays(update)
         check_finite(arrays)
         return arrays
 
     def allowance(self, account: Account) -> float | np.ndarray:
-        """The smaller of every budget's allowance at ``accounted_std`` and the worst-case one at ``added_std``."""
+        """The smaller of every budget's allowance at ``accounted_std`` and the worst-case one at ``added_std``.
+
+        Parameters
+        ----------
+        account : Account
+            The ledger's account for this round.
+
+        Returns
+        -------
+        float or numpy.ndarray
+            The largest clipped norm the budgets still allow.
+
+        Examples
+        --------
+        >>> import tempfile
+        >>> from pathlib import Path
+        >>> from fedfilter.client.ledger.budget import BudgetLedger
+        >>> from fedfilter.protocol.request import RoundSpec
+        >>> m = GaussianMechanism.for_request(RoundSpec("run", 0, 1.0, 2.0))
+        >>> tmp = tempfile.TemporaryDirectory()
+        >>> ledger = BudgetLedger.enrol(Path(tmp.name) / "ledger", client_id="a", epsilon=4.0, delta=1e-5,
+        ...                             state_dir=Path(tmp.name) / "owner")
+        >>> with ledger.reserve("run", 0) as account:
+        ...     m.allowance(account)
+        1.8498617953338456
+        >>> ledger.close(); tmp.cleanup()
+        """
         allowance = account.allowance(noise_std=self.accounted_std, clip=self.clip)
         return min(allowance, account.worst_allowance(noise_std=self.added_std, clip=self.clip))
 
     def clip_and_snap(self, arrays: Sequence[np.ndarray], bound) -> tuple[list[np.ndarray] | None, float | np.ndarray]:
-        """The update clipped to ``bound`` and snapped onto the grid, and its certified (clipped) norm."""
+        """The update clipped to ``bound`` and snapped onto the grid, and its certified (clipped) norm.
+
+        Parameters
+        ----------
+        arrays : sequence of numpy.ndarray
+            The update (from ``check``).
+        bound : float
+            The allowance.
+
+        Returns
+        -------
+        tuple of (list of numpy.ndarray, float)
+            The snapped int64 arrays and the certified norm they are charged at.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from fedfilter.protocol.request import RoundSpec
+        >>> m = GaussianMechanism.for_request(RoundSpec("run", 0, 1.0, 2.0))
+        >>> k, norm = m.clip_and_snap([np.array([3.0, 4.0])], 1.0)
+        >>> norm, k[0]
+        (1.0, array([19660, 26214]))
+        """
         clipped, norm = clip_to_norm(arrays, float(bound))
         return snap_toward_zero(clipped, self.gamma), norm  # the snapped norm is at most `norm`
 
     def charges(self, account: Account, payload, sensitivity: float) -> tuple[np.ndarray, np.ndarray | None]:
-        """The main charge at ``accounted_std`` and the worst-case one at ``added_std`` (None without an account)."""
+        """The main charge at ``accounted_std`` and the worst-case one at ``added_std`` (None without an account).
+
+        Parameters
+        ----------
+        account : Account
+            The ledger's account for this round.
+        payload : list of numpy.ndarray
+            The snapped update (unused).
+        sensitivity : float
+            The certified clipped norm.
+
+        Returns
+        -------
+        tuple of (numpy.ndarray, numpy.ndarray or None)
+
+        Examples
+        --------
+        >>> import tempfile
+        >>> from pathlib import Path
+        >>> from fedfilter.client.ledger.budget import BudgetLedger
+        >>> from fedfilter.protocol.request import RoundSpec
+        >>> m = GaussianMechanism.for_request(RoundSpec("run", 0, 1.0, 2.0))
+        >>> tmp = tempfile.TemporaryDirectory()
+        >>> ledger = BudgetLedger.enrol(Path(tmp.name) / "ledger", client_id="a", epsilon=4.0, delta=1e-5,
+        ...                             state_dir=Path(tmp.name) / "owner")
+        >>> with ledger.reserve("run", 0) as account:
+        ...     m.charges(account, None, 1.0)
+        (array([0.25]), None)
+        >>> ledger.close(); tmp.cleanup()
+        """
         charge = account.filter.charge(sensitivity=sensitivity, noise_std=self.accounted_std)
         worst = account.worst_filter
         return charge, None if worst is None else worst.charge(sensitivity=sensitivity, noise_std=self.added_std)
 
     def noise(self, payload: list[np.ndarray], stream: NoiseStream) -> list[np.ndarray]:
-        """The report: grid noise added to the snapped update (call only after the commit)."""
+        """The report: grid noise added to the snapped update (call only after the commit).
+
+        Parameters
+        ----------
+        payload : list of numpy.ndarray
+            The snapped update (``clip_and_snap``).
+        stream : NoiseStream
+            The random bytes.
+
+        Returns
+        -------
+        list of numpy.ndarray
+            The report, in ``REPLY_DTYPE``.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from fedfilter.client.mechanisms.gaussian_noise import NoiseStream
+        >>> from fedfilter.protocol.request import RoundSpec
+        >>> m = GaussianMechanism.for_request(RoundSpec("run", 0, 1.0, 2.0))
+        >>> m.noise([np.array([0, 0])], NoiseStream.from_seed(0))[0].dtype
+        dtype('float32')
+        """
         return add_grid_noise(payload, self.added_std, stream)

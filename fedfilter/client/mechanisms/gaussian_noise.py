@@ -53,6 +53,16 @@ class NoiseStream:
     """Random bytes from ChaCha20 (RFC 8439) keyed from ``os.urandom`` or from a test seed.
 
     A stream is used by one release and then dropped: it holds no state another thread could share.
+
+    Parameters
+    ----------
+    key : bytes, optional
+        A 32-byte ChaCha20 key (default: fresh from ``os.urandom``).
+
+    Examples
+    --------
+    >>> len(NoiseStream().uint64(3))
+    3
     """
 
     def __init__(self, key: bytes | None = None):
@@ -64,15 +74,67 @@ class NoiseStream:
     @classmethod
     def from_seed(cls, *parts) -> NoiseStream:
         """A reproducible stream for tests and the engine's conformance runs ONLY: whoever knows
-        the seed can subtract the noise."""
+        the seed can subtract the noise.
+
+        Parameters
+        ----------
+        *parts
+            Anything with a ``str``; joined and hashed into the key.
+
+        Returns
+        -------
+        NoiseStream
+
+        Examples
+        --------
+        >>> NoiseStream.from_seed("doc").uint64(2)
+        array([ 4661060918872516330, 14013047268065875604], dtype=uint64)
+        """
         return cls(hashlib.sha256("\x00".join(str(p) for p in parts).encode()).digest())
 
     def uint64(self, n: int) -> np.ndarray:
+        """The stream's next ``n`` 64-bit words.
+
+        Parameters
+        ----------
+        n : int
+            How many words.
+
+        Returns
+        -------
+        numpy.ndarray
+            ``n`` uint64 values.
+
+        Examples
+        --------
+        >>> NoiseStream.from_seed("doc").uint64(1)
+        array([4661060918872516330], dtype=uint64)
+        """
         return np.frombuffer(self._cipher.update(bytes(8 * n)), dtype="<u8").astype(np.uint64)
 
 
 def rounded_gaussian(sigma_g: float, size: int, stream: NoiseStream) -> np.ndarray:
-    """``round(sigma_g * G)`` for ``size`` independent ``G ~ N(0, 1)``, exactly; int64."""
+    """``round(sigma_g * G)`` for ``size`` independent ``G ~ N(0, 1)``, exactly; int64.
+
+    Parameters
+    ----------
+    sigma_g : float
+        The std in grid steps, in ``[1, 2**40]``.
+    size : int
+        How many samples.
+    stream : NoiseStream
+        The random bytes.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``size`` int64 samples.
+
+    Examples
+    --------
+    >>> rounded_gaussian(4.0, 5, NoiseStream.from_seed("doc"))
+    array([-3,  3, -2, -2, -7])
+    """
     if not (math.isfinite(sigma_g) and 1.0 <= sigma_g <= 2.0**40):
         raise ValueError(f"sigma_g must be a finite number in [1, 2**40]. Found {sigma_g!r}.")
     u = stream.uint64(size)
@@ -128,5 +190,23 @@ def round_noise_stream(noise_seed: int, run_id: str, round_id: int) -> NoiseStre
 
     Each Deployment-Engine message runs in a fresh process, so a plain seed would repeat the same
     noise every round (and let differences of reports cancel it): the round enters the key.
+
+    Parameters
+    ----------
+    noise_seed : int
+        The device's test ``noise-seed``.
+    run_id : str
+        The run.
+    round_id : int
+        The round.
+
+    Returns
+    -------
+    NoiseStream
+
+    Examples
+    --------
+    >>> round_noise_stream(7, "run", 0).uint64(1)
+    array([16671923865967405132], dtype=uint64)
     """
     return NoiseStream.from_seed("fedfilter.noise", int(noise_seed), run_id, int(round_id))

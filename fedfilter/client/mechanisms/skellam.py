@@ -78,7 +78,24 @@ CLIP_SLACK = 1.0 - 2.0**-30
 
 @dataclass(frozen=True)
 class SkellamGrid:
-    """The public numbers of one distributed round: from the request and the SecAgg+ setup alone."""
+    """The public numbers of one distributed round: from the request and the SecAgg+ setup alone.
+
+    Attributes
+    ----------
+    gamma : float
+        The grid step, model units (a power of two).
+    mu_total : float
+        The Skellam variance per coordinate of the released sum, grid units.
+    mu_share : float
+        The variance this device adds, grid units.
+    target_range : int
+        ``q``: SecAgg+'s quantization range.
+
+    Examples
+    --------
+    >>> SkellamGrid(gamma=0.25, mu_total=64.0, mu_share=16.0, target_range=2**22).noise_std
+    1.0
+    """
 
     gamma: float  # grid step, model units (a power of two)
     mu_total: float  # Skellam variance per coordinate of the released sum, grid units
@@ -87,7 +104,13 @@ class SkellamGrid:
 
     @property
     def noise_std(self) -> float:
-        """The std this device adds, in model units."""
+        """The std this device adds, in model units.
+
+        Examples
+        --------
+        >>> SkellamGrid(gamma=0.25, mu_total=64.0, mu_share=16.0, target_range=2**22).noise_std
+        1.0
+        """
         return math.sqrt(self.mu_share) * self.gamma
 
 
@@ -95,6 +118,26 @@ def skellam_grid(spec: RoundSpec, *, target_range: int, sample_num: int) -> Skel
     """The round's grid and variances; ``RoundSpecError`` naming the values when they are impossible.
 
     Call after ``check_request`` (which bounds z, C, m) and ``check_secagg_state`` (q, n).
+
+    Parameters
+    ----------
+    spec : RoundSpec
+        The distributed request (``z``, ``C``, ``m``).
+    target_range : int
+        SecAgg+'s quantization range ``q``.
+    sample_num : int
+        The number of reports SecAgg+ sums (``n``).
+
+    Returns
+    -------
+    SkellamGrid
+
+    Examples
+    --------
+    >>> from fedfilter.protocol.request import RoundSpec
+    >>> spec = RoundSpec("run", 0, 1.0, 1.0, placement="distributed", min_reports=2)
+    >>> skellam_grid(spec, target_range=2**22, sample_num=4)
+    SkellamGrid(gamma=0.000244140625, mu_total=16777215.999999998, mu_share=8388608.0, target_range=4194304)
     """
     z, clip, m = float(spec.noise_multiplier), float(spec.clip), int(spec.min_reports)
     gamma = grid_step(clip)
@@ -159,6 +202,30 @@ def l2_allowance(
     left: 0.74 to 0.77 C with the worst-case account at the settings of ``benchmarks/fl_vs_flower_dp.py``
     (FEMNIST and MNIST at epsilon 8). ``fedfilter plan`` counts full-``C`` Skellam rounds, as this does.
 
+    Parameters
+    ----------
+    filt : GaussianFilter
+        The main (rdp) filter.
+    a_gauss : float or numpy.ndarray
+        The main Gaussian allowance at ``sigma``, not capped.
+    worst : GaussianFilter
+        The worst-case account's filter.
+    a_worst : float or numpy.ndarray
+        Its Gaussian allowance at ``grid.noise_std``, not capped.
+    sigma : float
+        The accounted std of the sum, model units.
+    grid : SkellamGrid
+        The round's grid.
+    dim : int
+        The number of released coordinates.
+    clip : float
+        The request's ``C``.
+
+    Returns
+    -------
+    numpy.ndarray
+        The L2 allowance, grid units.
+
     Examples
     --------
     >>> import numpy as np
@@ -202,7 +269,23 @@ def _worst_filter(account: Account) -> GaussianFilter:
 
 @dataclass(frozen=True)
 class SkellamPayload:
-    """The snapped update on the integer grid and its exact norms (``integer_norms``; ``l2`` rounded up)."""
+    """The snapped update on the integer grid and its exact norms (``integer_norms``; ``l2`` rounded up).
+
+    Attributes
+    ----------
+    k : list of numpy.ndarray
+        The int64 arrays (floating-point arrays only).
+    l1 : float
+        Their L1 norm.
+    l2 : float
+        Their L2 norm, rounded up.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> SkellamPayload([np.array([1, 2])], 3.0, 2.25)
+    SkellamPayload(l1=3.0, l2=2.25)
+    """
 
     k: list[np.ndarray] = field(repr=False)
     l1: float
@@ -253,7 +336,31 @@ class SkellamMechanism:
 
     @classmethod
     def for_update(cls, spec: RoundSpec, grid: SkellamGrid, update: Sequence[np.ndarray]) -> SkellamMechanism:
-        """The mechanism for a validated distributed request, its grid and the layout of ``update``."""
+        """The mechanism for a validated distributed request, its grid and the layout of ``update``.
+
+        Parameters
+        ----------
+        spec : RoundSpec
+            The request (placement ``"distributed"``).
+        grid : SkellamGrid
+            The round's grid (``skellam_grid``).
+        update : sequence of numpy.ndarray
+            The model's arrays (their shapes and dtypes).
+
+        Returns
+        -------
+        SkellamMechanism
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from fedfilter.protocol.request import RoundSpec
+        >>> spec = RoundSpec("run", 0, 1.0, 1.0, placement="distributed", min_reports=2)
+        >>> m = SkellamMechanism.for_update(spec, skellam_grid(spec, target_range=2**22, sample_num=4),
+        ...                                 [np.zeros(3, np.float32), np.zeros(1, np.int64)])
+        >>> m.shapes, m.floating
+        (((3,), (1,)), (0,))
+        """
         if spec.placement != "distributed":
             raise RoundSpecError(
                 f"round request refused: a Skellam release needs placement='distributed'. Found {spec.placement!r}."
@@ -267,7 +374,18 @@ class SkellamMechanism:
 
     @property
     def added_std(self) -> float:
-        """The std this report carries, model units: ``sqrt(mu_share) * gamma``."""
+        """The std this report carries, model units: ``sqrt(mu_share) * gamma``.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from fedfilter.protocol.request import RoundSpec
+        >>> spec = RoundSpec("run", 0, 1.0, 1.0, placement="distributed", min_reports=2)
+        >>> m = SkellamMechanism.for_update(spec, skellam_grid(spec, target_range=2**22, sample_num=4),
+        ...                                 [np.zeros(3, np.float32), np.zeros(1, np.int64)])
+        >>> m.added_std
+        0.7071067811865476
+        """
         return self.grid.noise_std
 
     @property
@@ -275,11 +393,45 @@ class SkellamMechanism:
         """``sqrt(dim)`` grid steps, model units (``spend.nothing_left``): from there on an update
         clipped to the allowance keeps a coordinate of at least one step (its largest is at least
         ``L / sqrt(dim)``), so it is charged and the accounts move; below it, one of equal coordinates
-        snaps to zero, costs nothing, and would leave the device "contributing" nothing for ever."""
+        snaps to zero, costs nothing, and would leave the device "contributing" nothing for ever.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from fedfilter.protocol.request import RoundSpec
+        >>> spec = RoundSpec("run", 0, 1.0, 1.0, placement="distributed", min_reports=2)
+        >>> m = SkellamMechanism.for_update(spec, skellam_grid(spec, target_range=2**22, sample_num=4),
+        ...                                 [np.zeros(3, np.float32), np.zeros(1, np.int64)])
+        >>> m.floor  # sqrt(3) grid steps
+        0.0004228639666916204
+        """
         return math.sqrt(self.dim) * self.grid.gamma
 
     def check(self, update: Sequence[np.ndarray], filt: GaussianFilter) -> list[np.ndarray]:
-        """The floating-point arrays to release, refused before anything is spent (and an rdp filter required)."""
+        """The floating-point arrays to release, refused before anything is spent (and an rdp filter required).
+
+        Parameters
+        ----------
+        update : sequence of numpy.ndarray
+            The model's arrays, in the layout the mechanism was built for.
+        filt : GaussianFilter
+            The device's filter (must be rdp).
+
+        Returns
+        -------
+        list of numpy.ndarray
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from fedfilter.protocol.request import RoundSpec
+        >>> spec = RoundSpec("run", 0, 1.0, 1.0, placement="distributed", min_reports=2)
+        >>> m = SkellamMechanism.for_update(spec, skellam_grid(spec, target_range=2**22, sample_num=4),
+        ...                                 [np.zeros(3, np.float32), np.zeros(1, np.int64)])
+        >>> from fedfilter.privacy.filters import make_filter
+        >>> m.check([np.ones(3, np.float32), np.zeros(1, np.int64)], make_filter("rdp", 8.0, 1e-5))
+        [array([1., 1., 1.], dtype=float32)]
+        """
         if filt.kind != "rdp":
             raise RoundSpecError(
                 "round request refused: distributed (Skellam) releases are accounted by the rdp filter; "
@@ -290,7 +442,35 @@ class SkellamMechanism:
         return released
 
     def allowance(self, account: Account) -> float:
-        """``l2_allowance`` (both accounts, constant work) in model units: times the grid step."""
+        """``l2_allowance`` (both accounts, constant work) in model units: times the grid step.
+
+        Parameters
+        ----------
+        account : Account
+            The books (with a worst-case account).
+
+        Returns
+        -------
+        float
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from fedfilter.protocol.request import RoundSpec
+        >>> spec = RoundSpec("run", 0, 1.0, 1.0, placement="distributed", min_reports=2)
+        >>> m = SkellamMechanism.for_update(spec, skellam_grid(spec, target_range=2**22, sample_num=4),
+        ...                                 [np.zeros(3, np.float32), np.zeros(1, np.int64)])
+        >>> import tempfile
+        >>> from pathlib import Path
+        >>> from fedfilter.client.ledger.budget import BudgetLedger
+        >>> tmp = tempfile.TemporaryDirectory()
+        >>> ledger = BudgetLedger.enrol(Path(tmp.name) / "ledger", client_id="a", epsilon=8.0, delta=1e-5,
+        ...                             filter_kind="rdp", worst_case_epsilon=16.0, state_dir=Path(tmp.name) / "owner")
+        >>> with ledger.reserve("run", 0) as account:
+        ...     m.allowance(account)
+        1.0
+        >>> ledger.close(); tmp.cleanup()
+        """
         worst = _worst_filter(account)
         # Not capped at C (l2_allowance says why): every budget and quota; the report alone.
         allowance = account.allowance(noise_std=self.sigma, clip=math.inf)
@@ -310,25 +490,125 @@ class SkellamMechanism:
         return l2_allow * self.grid.gamma
 
     def clip_and_snap(self, arrays: Sequence[np.ndarray], bound) -> tuple[SkellamPayload, float]:
-        """Clip to ``bound * CLIP_SLACK``, snap toward zero onto the grid; the sensitivity ``l2 * gamma``."""
+        """Clip to ``bound * CLIP_SLACK``, snap toward zero onto the grid; the sensitivity ``l2 * gamma``.
+
+        Parameters
+        ----------
+        arrays : sequence of numpy.ndarray
+            The released arrays (``check``).
+        bound : float
+            The allowance, model units.
+
+        Returns
+        -------
+        tuple of (SkellamPayload, float)
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from fedfilter.protocol.request import RoundSpec
+        >>> spec = RoundSpec("run", 0, 1.0, 1.0, placement="distributed", min_reports=2)
+        >>> m = SkellamMechanism.for_update(spec, skellam_grid(spec, target_range=2**22, sample_num=4),
+        ...                                 [np.zeros(3, np.float32), np.zeros(1, np.int64)])
+        >>> m.clip_and_snap([np.array([0.6, 0.8, 0.0], np.float32)], 1.0)
+        (SkellamPayload(l1=5733, l2=4095.0), 0.999755859375)
+        """
         clipped, _ = clip_to_norm(arrays, float(bound) * CLIP_SLACK)
         return self.snap(clipped)
 
     def snap(self, clipped: Sequence[np.ndarray]) -> tuple[SkellamPayload, float]:
-        """Snap a clipped update toward zero onto the grid: the integer ``k``, its norms, ``l2 * gamma``."""
+        """Snap a clipped update toward zero onto the grid: the integer ``k``, its norms, ``l2 * gamma``.
+
+        Parameters
+        ----------
+        clipped : sequence of numpy.ndarray
+            The clipped released arrays.
+
+        Returns
+        -------
+        tuple of (SkellamPayload, float)
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from fedfilter.protocol.request import RoundSpec
+        >>> spec = RoundSpec("run", 0, 1.0, 1.0, placement="distributed", min_reports=2)
+        >>> m = SkellamMechanism.for_update(spec, skellam_grid(spec, target_range=2**22, sample_num=4),
+        ...                                 [np.zeros(3, np.float32), np.zeros(1, np.int64)])
+        >>> m.snap([np.array([0.5, 0.0, 0.0])])
+        (SkellamPayload(l1=2048, l2=2048.0), 0.5)
+        """
         k = snap_toward_zero(clipped, self.grid.gamma)  # |k_i| <= C / gamma < 2**13: integer_norms is exact
         l1, l2sq = integer_norms(k)
         l2 = float(l2_up(l2sq))
         return SkellamPayload(k, l1, l2), l2 * self.grid.gamma
 
     def charges(self, account: Account, payload: SkellamPayload, sensitivity: float) -> tuple[np.ndarray, np.ndarray]:
-        """``skellam_charge`` at the sum's ``mu_total`` and, read alone, at ``mu_share``."""
+        """``skellam_charge`` at the sum's ``mu_total`` and, read alone, at ``mu_share``.
+
+        Parameters
+        ----------
+        account : Account
+            The books (with a worst-case account).
+        payload : SkellamPayload
+            The snapped update.
+        sensitivity : float
+            Its ``l2 * gamma`` (unused: the charge is at the exact integer norms).
+
+        Returns
+        -------
+        tuple of (numpy.ndarray, numpy.ndarray)
+            The main and worst-case charges.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from fedfilter.protocol.request import RoundSpec
+        >>> spec = RoundSpec("run", 0, 1.0, 1.0, placement="distributed", min_reports=2)
+        >>> m = SkellamMechanism.for_update(spec, skellam_grid(spec, target_range=2**22, sample_num=4),
+        ...                                 [np.zeros(3, np.float32), np.zeros(1, np.int64)])
+        >>> import tempfile
+        >>> from pathlib import Path
+        >>> from fedfilter.client.ledger.budget import BudgetLedger
+        >>> tmp = tempfile.TemporaryDirectory()
+        >>> ledger = BudgetLedger.enrol(Path(tmp.name) / "ledger", client_id="a", epsilon=8.0, delta=1e-5,
+        ...                             filter_kind="rdp", worst_case_epsilon=16.0, state_dir=Path(tmp.name) / "owner")
+        >>> payload, sensitivity = m.clip_and_snap([np.array([0.6, 0.8, 0.0], np.float32)], 1.0)
+        >>> with ledger.reserve("run", 0) as account:
+        ...     m.charges(account, payload, sensitivity)
+        (array([0.50373275]), array([1.04524118]))
+        >>> ledger.close(); tmp.cleanup()
+        """
         worst = _worst_filter(account)
         charge = skellam_charge(account.filter, payload.l1, payload.l2, self.grid.mu_total)
         return charge, skellam_charge(worst, payload.l1, payload.l2, self.grid.mu_share)  # k + Sk(mu_share)
 
     def noise(self, payload: SkellamPayload, stream: NoiseStream) -> list[np.ndarray]:
-        """The report ``encode_report(k + Sk(mu_share), q)``, integer buffers as 0 (only after the commit)."""
+        """The report ``encode_report(k + Sk(mu_share), q)``, integer buffers as 0 (only after the commit).
+
+        Parameters
+        ----------
+        payload : SkellamPayload
+            The snapped update.
+        stream : NoiseStream
+            The random bytes.
+
+        Returns
+        -------
+        list of numpy.ndarray
+            The report, one array per model array.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from fedfilter.protocol.request import RoundSpec
+        >>> spec = RoundSpec("run", 0, 1.0, 1.0, placement="distributed", min_reports=2)
+        >>> m = SkellamMechanism.for_update(spec, skellam_grid(spec, target_range=2**22, sample_num=4),
+        ...                                 [np.zeros(3, np.float32), np.zeros(1, np.int64)])
+        >>> payload, _ = m.snap([np.array([0.5, 0.0, 0.0])])
+        >>> [a.shape for a in m.noise(payload, NoiseStream.from_seed("doc"))]
+        [(3,), (1,)]
+        """
         noisy = add_skellam_noise(payload.k, self.grid.mu_share, stream)
         y = [np.zeros(shape, dtype=np.int64) for shape in self.shapes]  # integer buffers: no data, released as 0
         for i, values in zip(self.floating, noisy):

@@ -163,7 +163,28 @@ def _fast_table(mu: float) -> tuple[np.ndarray, np.ndarray, int]:
 
 
 def skellam_noise(mu: float, size: int, stream: NoiseStream) -> np.ndarray:
-    """``size`` independent ``Sk(mu)`` samples (variance ``mu``), exactly; int64."""
+    """``size`` independent ``Sk(mu)`` samples (variance ``mu``), exactly; int64.
+
+    Parameters
+    ----------
+    mu : float
+        The variance of each sample.
+    size : int
+        How many samples (>= 0).
+    stream : NoiseStream
+        The random bytes.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``size`` int64 samples.
+
+    Examples
+    --------
+    >>> from fedfilter.client.mechanisms.gaussian_noise import NoiseStream
+    >>> skellam_noise(4.0, 5, NoiseStream.from_seed("doc"))
+    array([-1,  1, -1, -1, -3])
+    """
     mu = _check_mu(mu)
     if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 0:
         raise ValueError(f"size must be a non-negative integer. Found {size!r}.")
@@ -215,7 +236,29 @@ def _exact_magnitude(mu: float, w: int, stream: NoiseStream) -> int:
 
 
 def add_skellam_noise(k: list[np.ndarray], mu: float, stream: NoiseStream) -> list[np.ndarray]:
-    """``k_i + Sk(mu)`` per coordinate of each int64 array; the noise depends on the shapes only."""
+    """``k_i + Sk(mu)`` per coordinate of each int64 array; the noise depends on the shapes only.
+
+    Parameters
+    ----------
+    k : list of numpy.ndarray
+        Integer arrays (points of the grid).
+    mu : float
+        The variance of each coordinate's noise.
+    stream : NoiseStream
+        The random bytes.
+
+    Returns
+    -------
+    list of numpy.ndarray
+        The noisy int64 arrays.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from fedfilter.client.mechanisms.gaussian_noise import NoiseStream
+    >>> add_skellam_noise([np.array([10, -3])], 4.0, NoiseStream.from_seed("doc"))
+    [array([ 9, -2])]
+    """
     mu = _check_mu(mu)
     out = []
     for index, arr in enumerate(k):

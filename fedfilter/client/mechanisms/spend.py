@@ -74,52 +74,277 @@ class ReleaseRecord:
 
 
 class Account(Protocol):
-    """The books a release is spent from: a ledger ``Reservation`` (device) or ``RowsAccount`` (engine)."""
+    """The books a release is spent from: a ledger ``Reservation`` (device) or ``RowsAccount`` (engine).
+
+    Attributes
+    ----------
+    filter : GaussianFilter
+        The main (lifetime) filter.
+    worst_filter : GaussianFilter or None
+        The worst-case account's filter (None without one).
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> from pathlib import Path
+    >>> from fedfilter.client.ledger.budget import BudgetLedger
+    >>> tmp = tempfile.TemporaryDirectory()
+    >>> ledger = BudgetLedger.enrol(Path(tmp.name) / "ledger", client_id="a", epsilon=4.0, delta=1e-5,
+    ...                             state_dir=Path(tmp.name) / "owner")
+    >>> with ledger.reserve("run", 0) as account:
+    ...     account.filter.epsilon, account.worst_filter
+    (4.0, None)
+    >>> ledger.close(); tmp.cleanup()
+    """
 
     filter: GaussianFilter
     worst_filter: GaussianFilter | None
 
     def allowance(self, *, noise_std: float, clip: float) -> Any:
-        """The largest sensitivity every main budget and quota admits at ``noise_std``, at most ``clip``."""
+        """The largest sensitivity every main budget and quota admits at ``noise_std``, at most ``clip``.
+
+        Parameters
+        ----------
+        noise_std : float
+            The std the observer's view is charged at.
+        clip : float
+            The request's ``C``.
+
+        Returns
+        -------
+        float or numpy.ndarray
+
+        Examples
+        --------
+        >>> import tempfile
+        >>> from pathlib import Path
+        >>> from fedfilter.client.ledger.budget import BudgetLedger
+        >>> tmp = tempfile.TemporaryDirectory()
+        >>> ledger = BudgetLedger.enrol(Path(tmp.name) / "ledger", client_id="a", epsilon=4.0, delta=1e-5,
+        ...                             state_dir=Path(tmp.name) / "owner")
+        >>> with ledger.reserve("run", 0) as account:
+        ...     account.allowance(noise_std=2.0, clip=2.0)
+        1.8498617953338456
+        >>> ledger.close(); tmp.cleanup()
+        """
 
     def worst_allowance(self, *, noise_std: float, clip: float) -> Any:
-        """The worst-case account's allowance at the noise this report carries alone."""
+        """The worst-case account's allowance at the noise this report carries alone.
+
+        Parameters
+        ----------
+        noise_std : float
+            The std this report carries alone.
+        clip : float
+            The request's ``C`` (the allowance without a worst-case account).
+
+        Returns
+        -------
+        float or numpy.ndarray
+
+        Examples
+        --------
+        >>> import tempfile
+        >>> from pathlib import Path
+        >>> from fedfilter.client.ledger.budget import BudgetLedger
+        >>> tmp = tempfile.TemporaryDirectory()
+        >>> ledger = BudgetLedger.enrol(Path(tmp.name) / "ledger", client_id="a", epsilon=4.0, delta=1e-5,
+        ...                             state_dir=Path(tmp.name) / "owner")
+        >>> with ledger.reserve("run", 0) as account:  # no worst-case budget: the clip
+        ...     account.worst_allowance(noise_std=2.0, clip=2.0)
+        2.0
+        >>> ledger.close(); tmp.cleanup()
+        """
 
     def commit(self, record: ReleaseRecord) -> None:
-        """Check that every charge fits, spend each state once, store; raise before storing otherwise."""
+        """Check that every charge fits, spend each state once, store; raise before storing otherwise.
+
+        Parameters
+        ----------
+        record : ReleaseRecord
+            What the release spends.
+
+        Examples
+        --------
+        >>> import tempfile
+        >>> from pathlib import Path
+        >>> from fedfilter.client.ledger.budget import BudgetLedger
+        >>> tmp = tempfile.TemporaryDirectory()
+        >>> ledger = BudgetLedger.enrol(Path(tmp.name) / "ledger", client_id="a", epsilon=4.0, delta=1e-5,
+        ...                             state_dir=Path(tmp.name) / "owner")
+        >>> import numpy as np
+        >>> with ledger.reserve("run", 0) as account:
+        ...     account.commit(ReleaseRecord("contributed", "local", 1.0, 2.0, 1.0, 2.0, np.array([0.25]), None))
+        >>> ledger.spent_epsilon()
+        1.993091404415121
+        >>> ledger.close(); tmp.cleanup()
+        """
 
 
 class Mechanism(Protocol):
-    """The steps that differ between Gaussian and Skellam releases (``gaussian.py``, ``skellam.py``)."""
+    """The steps that differ between Gaussian and Skellam releases (``gaussian.py``, ``skellam.py``).
+
+    Examples
+    --------
+    >>> from fedfilter.client.mechanisms.gaussian import GaussianMechanism
+    >>> from fedfilter.protocol.request import RoundSpec
+    >>> m = GaussianMechanism.for_request(RoundSpec("run", 0, 1.0, 2.0))
+    >>> m.placement, m.noise_multiplier, m.clip, m.added_std, m.floor
+    ('local', 1.0, 2.0, 2.0, 0.0)
+    """
 
     @property
     def placement(self) -> str:
-        """``"local"`` or ``"distributed"``."""
+        """``"local"`` or ``"distributed"``.
+
+        Examples
+        --------
+        >>> from fedfilter.client.mechanisms.gaussian import GaussianMechanism
+        >>> from fedfilter.protocol.request import RoundSpec
+        >>> m = GaussianMechanism.for_request(RoundSpec("run", 0, 1.0, 2.0))
+        >>> m.placement
+        'local'
+        """
 
     @property
     def noise_multiplier(self) -> float:
-        """The request's ``z``."""
+        """The request's ``z``.
+
+        Examples
+        --------
+        >>> from fedfilter.client.mechanisms.gaussian import GaussianMechanism
+        >>> from fedfilter.protocol.request import RoundSpec
+        >>> m = GaussianMechanism.for_request(RoundSpec("run", 0, 1.0, 2.0))
+        >>> m.noise_multiplier
+        1.0
+        """
 
     @property
     def clip(self) -> float:
-        """The request's ``C``."""
+        """The request's ``C``.
+
+        Examples
+        --------
+        >>> from fedfilter.client.mechanisms.gaussian import GaussianMechanism
+        >>> from fedfilter.protocol.request import RoundSpec
+        >>> m = GaussianMechanism.for_request(RoundSpec("run", 0, 1.0, 2.0))
+        >>> m.clip
+        2.0
+        """
 
     @property
     def added_std(self) -> float:
-        """The std of the noise this report carries, model units."""
+        """The std of the noise this report carries, model units.
+
+        Examples
+        --------
+        >>> from fedfilter.client.mechanisms.gaussian import GaussianMechanism
+        >>> from fedfilter.protocol.request import RoundSpec
+        >>> m = GaussianMechanism.for_request(RoundSpec("run", 0, 1.0, 2.0))
+        >>> m.added_std
+        2.0
+        """
 
     @property
     def floor(self) -> float:
-        """The least allowance, model units, that carries data whatever the update (``nothing_left``)."""
+        """The least allowance, model units, that carries data whatever the update (``nothing_left``).
+
+        Examples
+        --------
+        >>> from fedfilter.client.mechanisms.gaussian import GaussianMechanism
+        >>> from fedfilter.protocol.request import RoundSpec
+        >>> m = GaussianMechanism.for_request(RoundSpec("run", 0, 1.0, 2.0))
+        >>> m.floor  # a Gaussian release has none
+        0.0
+        """
 
     def allowance(self, account: Account) -> Any:
-        """The norm bound, model units, both the main and the worst-case account admit."""
+        """The norm bound, model units, both the main and the worst-case account admit.
+
+        Parameters
+        ----------
+        account : Account
+            The books.
+
+        Returns
+        -------
+        float or numpy.ndarray
+
+        Examples
+        --------
+        >>> import tempfile
+        >>> from pathlib import Path
+        >>> from fedfilter.client.ledger.budget import BudgetLedger
+        >>> tmp = tempfile.TemporaryDirectory()
+        >>> ledger = BudgetLedger.enrol(Path(tmp.name) / "ledger", client_id="a", epsilon=4.0, delta=1e-5,
+        ...                             state_dir=Path(tmp.name) / "owner")
+        >>> from fedfilter.client.mechanisms.gaussian import GaussianMechanism
+        >>> from fedfilter.protocol.request import RoundSpec
+        >>> m = GaussianMechanism.for_request(RoundSpec("run", 0, 1.0, 2.0))
+        >>> with ledger.reserve("run", 0) as account:
+        ...     m.allowance(account)
+        1.8498617953338456
+        >>> ledger.close(); tmp.cleanup()
+        """
 
     def clip_and_snap(self, arrays: Any, bound: Any) -> tuple[Any, Any]:
-        """The update clipped to ``bound`` and snapped to the noise grid, and its sensitivity."""
+        """The update clipped to ``bound`` and snapped to the noise grid, and its sensitivity.
+
+        Parameters
+        ----------
+        arrays : Any
+            The update.
+        bound : float or numpy.ndarray
+            The norm bound (the allowance, or 0 when exhausted).
+
+        Returns
+        -------
+        tuple
+            ``(payload, sensitivity)``.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from fedfilter.client.mechanisms.gaussian import GaussianMechanism
+        >>> from fedfilter.protocol.request import RoundSpec
+        >>> m = GaussianMechanism.for_request(RoundSpec("run", 0, 1.0, 2.0))
+        >>> payload, sensitivity = m.clip_and_snap([np.array([3.0, 4.0])], 1.0)
+        >>> sensitivity
+        1.0
+        """
 
     def charges(self, account: Account, payload: Any, sensitivity: Any) -> tuple[np.ndarray, np.ndarray | None]:
-        """The main and worst-case charges of the snapped update."""
+        """The main and worst-case charges of the snapped update.
+
+        Parameters
+        ----------
+        account : Account
+            The books.
+        payload : Any
+            The snapped update.
+        sensitivity : float or numpy.ndarray
+            Its certified norm.
+
+        Returns
+        -------
+        tuple of (numpy.ndarray, numpy.ndarray or None)
+
+        Examples
+        --------
+        >>> import tempfile
+        >>> from pathlib import Path
+        >>> from fedfilter.client.ledger.budget import BudgetLedger
+        >>> tmp = tempfile.TemporaryDirectory()
+        >>> ledger = BudgetLedger.enrol(Path(tmp.name) / "ledger", client_id="a", epsilon=4.0, delta=1e-5,
+        ...                             state_dir=Path(tmp.name) / "owner")
+        >>> from fedfilter.client.mechanisms.gaussian import GaussianMechanism
+        >>> from fedfilter.protocol.request import RoundSpec
+        >>> m = GaussianMechanism.for_request(RoundSpec("run", 0, 1.0, 2.0))
+        >>> with ledger.reserve("run", 0) as account:
+        ...     m.charges(account, None, 1.0)
+        (array([0.25]), None)
+        >>> ledger.close(); tmp.cleanup()
+        """
 
 
 def nothing_left(allowance, *, clip, floor, exhausted_below: float) -> np.ndarray:

@@ -9,6 +9,19 @@ class DeviceSettingsError(ValueError):
 
     ``str(err)`` is the whole story (for the device's log); ``err.public`` is what the error reply
     may say: the file, the partition-id, the key, and the value unless it is in ``WITHHELD_KEYS``.
+
+    Parameters
+    ----------
+    detail : str
+        The whole message.
+    public : str, optional
+        What the reply may say (default: ``detail``).
+
+    Examples
+    --------
+    >>> err = DeviceSettingsError("no entry for partition-id 3 in /secret/path", "no entry for partition-id 3")
+    >>> str(err), err.public
+    ('no entry for partition-id 3 in /secret/path', 'no entry for partition-id 3')
     """
 
     def __init__(self, detail: str, public: str | None = None):

@@ -46,11 +46,43 @@ _lock = threading.Lock()
 
 
 class LedgerRootError(DeviceSettingsError):
-    """A simulated device's ledger would be split between Ray nodes: the device refuses to run."""
+    """A simulated device's ledger would be split between Ray nodes: the device refuses to run.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> from pathlib import Path
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     _ = (Path(tmp) / ROOT_FILE).write_text("{}")
+    ...     ledger_root_id(Path(tmp) / "dev0")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    fedfilter.client.settings.ledger_root.LedgerRootError: ledger root file '...' is not one create_ledger_root wrote.
+    """
 
 
 def create_ledger_root(root: str | os.PathLike) -> str:
-    """Give ``root`` (the directory holding the device ledgers) its identity, once; returns it."""
+    """Give ``root`` (the directory holding the device ledgers) its identity, once; returns it.
+
+    Parameters
+    ----------
+    root : str or os.PathLike
+        The directory holding the device ledgers (created if needed).
+
+    Returns
+    -------
+    str
+        The identity, 32 hex digits (the existing one if it has one).
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> from pathlib import Path
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     identity = create_ledger_root(Path(tmp) / "ledgers")
+    ...     len(identity), create_ledger_root(Path(tmp) / "ledgers") == identity
+    (32, True)
+    """
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     existing = ledger_root_id(root / "any-device")
@@ -68,7 +100,27 @@ def create_ledger_root(root: str | os.PathLike) -> str:
 
 
 def ledger_root_id(ledger_dir: str | os.PathLike) -> str | None:
-    """The identity of the ledger root holding ``ledger_dir`` (its parent), or None if it has none."""
+    """The identity of the ledger root holding ``ledger_dir`` (its parent), or None if it has none.
+
+    Parameters
+    ----------
+    ledger_dir : str or os.PathLike
+        A device's ledger directory.
+
+    Returns
+    -------
+    str or None
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> from pathlib import Path
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     print(ledger_root_id(Path(tmp) / "dev0"))
+    ...     create_ledger_root(tmp) == ledger_root_id(Path(tmp) / "dev0")
+    None
+    True
+    """
     path = Path(ledger_dir).absolute().parent / ROOT_FILE
     try:
         raw = path.read_text(encoding="utf-8")
@@ -90,6 +142,17 @@ def check_ledger_root(partition_id: int, ledger_dir: str | os.PathLike) -> None:
 
     A no-op outside a Ray worker (Ray is never imported here: it is looked up among the modules
     the process already loaded, as Flower's Simulation Engine has).
+
+    Parameters
+    ----------
+    partition_id : int
+        The simulated device.
+    ledger_dir : str or os.PathLike
+        Its ledger directory on this node.
+
+    Examples
+    --------
+    >>> check_ledger_root(0, "ledgers/dev0")  # outside a Ray worker: nothing to check
     """
     ray = sys.modules.get("ray")
     if ray is None or not ray.is_initialized():

@@ -98,7 +98,37 @@ RETIRED_KEYS = {
 
 @dataclass(frozen=True)
 class DeviceConfig:
-    """The device owner's settings, read from ``context.node_config`` only."""
+    """The device owner's settings, read from ``context.node_config`` only.
+
+    Attributes
+    ----------
+    ledger_dir : pathlib.Path
+        The device's ledger directory.
+    budget_epsilon : float or None
+        The budget the enrolment must match (None: not compared).
+    budget_delta : float
+        The personal delta.
+    filter_kind : str
+        ``gdp``, ``zcdp`` or ``rdp``.
+    run_quota : float
+        The share of the budget one run may spend.
+    client_id : str or None
+        The enrolled name to match (None: whatever the ledger holds).
+    policy : ClientPolicy
+        What requests the device accepts.
+    noise_seed : int or None
+        Reproducible noise, for tests only.
+    quotas : Quotas
+        The coordinator and daily quotas.
+    worst_case_epsilon : float or None
+        The worst-case budget the ledger's must match.
+
+    Examples
+    --------
+    >>> config = device_config({"ledger-dir": "/var/lib/fedfilter", "budget-epsilon": 8.0})
+    >>> config.ledger_dir, config.budget_epsilon, config.filter_kind
+    (PosixPath('/var/lib/fedfilter'), 8.0, 'gdp')
+    """
 
     ledger_dir: Path
     budget_epsilon: float | None
@@ -115,6 +145,22 @@ class DeviceConfig:
         """Open the enrolled ledger; never enrol (fail closed: a lost ledger is no fresh budget).
 
         With ``budget-epsilon`` set, the enrolment must be the one the settings describe.
+
+        Returns
+        -------
+        BudgetLedger
+
+        Examples
+        --------
+        >>> import tempfile
+        >>> from pathlib import Path
+        >>> from fedfilter.client.ledger.owner_state import owner_state_at
+        >>> with tempfile.TemporaryDirectory() as tmp, owner_state_at(Path(tmp) / "owner"):
+        ...     device_config({"ledger-dir": f"{tmp}/dev0", "budget-epsilon": 8.0}).enrol().close()
+        ...     ledger = device_config({"ledger-dir": f"{tmp}/dev0"}).open_ledger()
+        ...     print(ledger.enrolment.client_id, ledger.enrolment.epsilon)
+        ...     ledger.close()
+        dev0 8.0
         """
         ledger = BudgetLedger.open(self.ledger_dir, quotas=self.quotas)
         if self.budget_epsilon is not None:
@@ -141,7 +187,28 @@ class DeviceConfig:
         return ledger
 
     def enrol(self, *, recover: str | None = None) -> BudgetLedger:
-        """The owner's act, once, before the device serves rounds (see ``enrol_device``)."""
+        """The owner's act, once, before the device serves rounds (see ``enrol_device``).
+
+        Parameters
+        ----------
+        recover : str, optional
+            ``"reseal"`` or ``"replace"`` (``BudgetLedger.enrol``).
+
+        Returns
+        -------
+        BudgetLedger
+
+        Examples
+        --------
+        >>> import tempfile
+        >>> from pathlib import Path
+        >>> from fedfilter.client.ledger.owner_state import owner_state_at
+        >>> with tempfile.TemporaryDirectory() as tmp, owner_state_at(Path(tmp) / "owner"):
+        ...     ledger = device_config({"ledger-dir": f"{tmp}/dev0", "budget-epsilon": 8.0}).enrol()
+        ...     print(ledger.spent_epsilon())
+        ...     ledger.close()
+        0.0
+        """
         if self.budget_epsilon is None:
             raise ValueError("node-config 'budget-epsilon' is required to enrol the device.")
         return BudgetLedger.enrol(
@@ -162,6 +229,22 @@ class EnrolmentMismatch(ValueError):
 
     ``str(err)`` has the values (the device's log); ``err.public`` names only the keys that differ,
     which depend on the owner's settings, never on the data or the budget spent.
+
+    Parameters
+    ----------
+    ledger_dir : pathlib.Path
+        The ledger directory.
+    diffs : list of tuple of (str, Any, Any)
+        ``(key, enrolled, node-config)`` per key that differs.
+
+    Examples
+    --------
+    >>> from pathlib import Path
+    >>> err = EnrolmentMismatch(Path("led"), [("budget-epsilon", 8.0, 4.0)])
+    >>> print(err)
+    the ledger at led is enrolled with other settings than this node's (budget-epsilon: enrolled 8.0, node-config 4.0).
+    >>> "'budget-epsilon'" in err.public and "8.0" not in err.public
+    True
     """
 
     def __init__(self, ledger_dir: Path, diffs: list[tuple[str, Any, Any]]):
@@ -189,7 +272,26 @@ def _as_int(value: Any) -> int:
 
 
 def device_config(node_config: Mapping[str, Any]) -> DeviceConfig:
-    """Parse the device's settings; ``ValueError`` lists every problem at once."""
+    """Parse the device's settings; ``ValueError`` lists every problem at once.
+
+    Parameters
+    ----------
+    node_config : Mapping[str, Any]
+        The node's settings (the module's table of keys).
+
+    Returns
+    -------
+    DeviceConfig
+
+    Examples
+    --------
+    >>> device_config({"ledger-dir": "/var/lib/fedfilter", "daily-quota": 0.1}).quotas
+    Quotas(federation='default', coordinator=1.0, daily=0.1)
+    >>> device_config({"budget-epsilon": "x"})  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: invalid fedfilter device config: ... node-config 'budget-epsilon' has an invalid value 'x'.
+    """
     problems: list[str] = []
 
     def get(key, convert, default):
@@ -289,7 +391,23 @@ def enrol_simulated_device(node_config: Mapping[str, Any]) -> None:
     ``deploy-local``). A device whose ledger directory does not exist is a new device, even if this
     machine's roll-back anchors remember an earlier simulated device at that path (the folder was
     deleted and is used again): its simulated owner starts a new ledger (``recover="replace"``). An
-    existing directory is enrolled as any owner's device is (a lost ledger fails closed)."""
+    existing directory is enrolled as any owner's device is (a lost ledger fails closed).
+
+    Parameters
+    ----------
+    node_config : Mapping[str, Any]
+        The simulated device's settings (at least ``ledger-dir`` and ``budget-epsilon``).
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> from pathlib import Path
+    >>> from fedfilter.client.ledger.owner_state import owner_state_at
+    >>> with tempfile.TemporaryDirectory() as tmp, owner_state_at(Path(tmp) / "owner"):
+    ...     enrol_simulated_device({"ledger-dir": f"{tmp}/dev0", "budget-epsilon": 8.0})
+    ...     (Path(tmp) / "dev0" / "budget_ledger.sqlite").exists()
+    True
+    """
     config = device_config(node_config)
     config.enrol(recover=None if config.ledger_dir.exists() else "replace").close()
 
@@ -310,7 +428,23 @@ MAX_REPLY_HOLD_S = 3600.0
 
 
 def reply_hold_s(node_config: Mapping[str, Any]) -> float:
-    """The owner's ``reply-hold-s`` (0 turns the hold off); ``ValueError`` names key and value."""
+    """The owner's ``reply-hold-s`` (0 turns the hold off); ``ValueError`` names key and value.
+
+    Parameters
+    ----------
+    node_config : Mapping[str, Any]
+        The node's settings.
+
+    Returns
+    -------
+    float
+        Seconds, in ``[0, MAX_REPLY_HOLD_S]``.
+
+    Examples
+    --------
+    >>> reply_hold_s({}), reply_hold_s({"reply-hold-s": "0"})
+    (60.0, 0.0)
+    """
     value = node_config.get(REPLY_HOLD_KEY, DEFAULT_REPLY_HOLD_S)
     try:
         if isinstance(value, bool):

@@ -198,6 +198,25 @@ def load_device_settings(path: str | os.PathLike) -> dict[int, dict[str, Any]]:
     """The whole file, every entry checked: raises on the first problem (for whoever writes the file).
 
     A device reads only its own entry (``with_device_settings``): a bad entry fails that device only.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The device-settings file.
+
+    Returns
+    -------
+    dict of int to dict
+        Every partition-id's settings.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> from pathlib import Path
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     path = write_device_settings(Path(tmp) / "devices.json", {0: {"ledger-dir": "ledgers/dev0"}})
+    ...     load_device_settings(path)
+    {0: {'ledger-dir': 'ledgers/dev0'}}
     """
     settings = _settings(path)
     for pid in sorted(settings.problems):
@@ -218,6 +237,28 @@ def with_device_settings(node_config: Mapping[str, Any], environ: Mapping[str, s
     of the file ``FEDFILTER_DEVICE_SETTINGS`` names is checked with the same parser the mod uses;
     ``DeviceSettingsError`` names the variable, the file, the partition-id and the key of the problem.
     Only this node's entry matters: a bad entry for another partition-id does not fail this one.
+
+    Parameters
+    ----------
+    node_config : Mapping[str, Any]
+        The node's own settings (a simulated node has only ``partition-id``).
+    environ : Mapping[str, str], optional
+        The environment to read ``FEDFILTER_DEVICE_SETTINGS`` from (default: ``os.environ``).
+
+    Returns
+    -------
+    Mapping[str, Any]
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> from pathlib import Path
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     path = write_device_settings(Path(tmp) / "devices.json", {0: {"ledger-dir": "ledgers/dev0"}})
+    ...     with_device_settings({"partition-id": 0}, {ENV_VAR: str(path)})
+    {'ledger-dir': 'ledgers/dev0', 'partition-id': 0}
+    >>> with_device_settings({"ledger-dir": "mine"}, {})  # a node with its own settings
+    {'ledger-dir': 'mine'}
     """
     environ = os.environ if environ is None else environ
     path = environ.get(ENV_VAR, "")
@@ -290,7 +331,28 @@ def _bad_keys(entry: Mapping[str, Any]) -> list[str]:
 
 
 def write_device_settings(path: str | os.PathLike, devices: Mapping[int, Mapping[str, Any]]) -> Path:
-    """Write a device-settings file (JSON) for ``devices`` (partition-id -> settings); private (0600)."""
+    """Write a device-settings file (JSON) for ``devices`` (partition-id -> settings); private (0600).
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        Where to write it (its folder is created).
+    devices : Mapping[int, Mapping[str, Any]]
+        Each partition-id's settings (checked as the devices will check them).
+
+    Returns
+    -------
+    pathlib.Path
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> from pathlib import Path
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     path = write_device_settings(Path(tmp) / "devices.json", {0: {"ledger-dir": "ledgers/dev0"}})
+    ...     oct(path.stat().st_mode & 0o777)
+    '0o600'
+    """
     path = Path(path)
     table = {str(int(pid)): dict(entry) for pid, entry in devices.items()}
     path.parent.mkdir(parents=True, exist_ok=True)
