@@ -22,7 +22,8 @@ that keep node-local ledgers, cannot both serve one device. Outside Ray (a deplo
 single-process simulation) nothing is checked and Ray is never started or imported.
 
 What it cannot see: a ledger root copied byte for byte to a second node has the same identity.
-Copying a ledger is restoring a backup (DESIGN section 5, invariant 6): do not do it; share one.
+Copying a ledger is restoring a backup (docs/threat-model.md: a rolled-back ledger never yields
+budget): do not do it; share one.
 """
 
 from __future__ import annotations
