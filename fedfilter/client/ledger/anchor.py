@@ -494,6 +494,35 @@ def _spends_after(conn: sqlite3.Connection, seq: int) -> int:
 _STATE_AFTER = 10  # index of state_after in ANCHOR_ROW_SQL
 
 
+def state_epsilon(filt, state_text: str) -> float:
+    """The lifetime epsilon a stored filter state has spent; an empty state (the anchor written at
+    enrolment, before any spend) has spent nothing.
+
+    Parameters
+    ----------
+    filt : GaussianFilter
+        The ledger's filter, which reads the state.
+    state_text : str
+        A state as the ledger and its anchor store it (a JSON list of floats).
+
+    Returns
+    -------
+    float
+        The epsilon spent, as ``filt.epsilon_spent`` reads it; 0 for an empty state.
+
+    Examples
+    --------
+    >>> from fedfilter.privacy.filters import make_filter
+    >>> filt = make_filter("gdp", 1.0, 1e-5)
+    >>> state_epsilon(filt, "[]")
+    0.0
+    >>> 0 < state_epsilon(filt, "[0.01]") < 1.0
+    True
+    """
+    state = floats(state_text)
+    return float(filt.epsilon_spent(state)) if len(state) else 0.0
+
+
 def anchor_problem(
     conn: sqlite3.Connection, directory: Path, ledger_id: str, anchor_file: Path, filt, read: AnchorRead | None
 ):
@@ -544,7 +573,7 @@ def anchor_problem(
     """
 
     def spent(state_text: str) -> str:
-        return f"lifetime epsilon spent {filt.epsilon_spent(floats(state_text)):.4g}"
+        return f"lifetime epsilon spent {state_epsilon(filt, state_text):.4g}"
 
     latest = _row(conn)
 

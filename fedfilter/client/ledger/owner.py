@@ -27,6 +27,7 @@ from fedfilter.client.ledger.anchor import (
     read_anchor,
     read_anchor_file,
     retire_anchor,
+    state_epsilon,
 )
 from fedfilter.client.ledger.budget import BudgetLedger
 from fedfilter.client.ledger.schema import (
@@ -34,7 +35,6 @@ from fedfilter.client.ledger.schema import (
     LEDGER_FILE,
     SCHEMA_VERSION,
     connect,
-    floats,
     prepare,
     read_enrolment,
     schema_version,
@@ -159,7 +159,7 @@ def inspect(directory, *, state_dir: Path | None = None) -> LedgerView:
         row = conn.execute("SELECT seq, state_after FROM spends ORDER BY seq DESC LIMIT 1").fetchone()
         ids = conn.execute("SELECT value FROM meta WHERE key='ledger_id'").fetchone()
     conn.close()
-    db_spent = filt.epsilon_spent(floats(row[1])) if row else 0.0
+    db_spent = state_epsilon(filt, row[1]) if row else 0.0
     database = (
         f"ledger {ids[0] if ids else '(schema 1, no id)'}, spend #{row[0] if row else 0}, "
         f"lifetime epsilon spent {db_spent:.4g} of {enrolment.epsilon:g}"
@@ -171,7 +171,7 @@ def inspect(directory, *, state_dir: Path | None = None) -> LedgerView:
             anchored = "none"
         else:
             anchor = read.anchor
-            anchor_spent = filt.epsilon_spent(floats(anchor.state_after))
+            anchor_spent = state_epsilon(filt, anchor.state_after)
             anchored = (
                 f"ledger {anchor.ledger_id}, spend #{anchor.seq}, lifetime epsilon spent {anchor_spent:.4g} "
                 "(as this ledger's filter reads it)"

@@ -143,3 +143,15 @@ def test_a_spend_whose_anchor_write_failed_is_anchored_before_the_next_so_damage
     with pytest.raises(LedgerUnavailableError, match="damaged roll-back anchor"):
         BudgetLedger.open(ledger_dir)
     assert spend_rows(ledger_dir) == 2
+
+
+def test_the_owner_can_inspect_a_ledger_enrolled_with_nothing_spent(tmp_path):
+    # The anchor written at enrolment holds an empty state: what it names must read as nothing spent
+    # (inspect used to fail on it, so `fedfilter ledger accept-restore` could not show such a ledger).
+    restart_device()
+    context(tmp_path, **BUDGET)  # enrolled, nothing spent yet
+    view = inspect(tmp_path / "ledger")
+    assert view.refused is None
+    assert "spend #0, lifetime epsilon spent 0 " in view.database
+    assert "spend #0, lifetime epsilon spent 0 " in view.anchored
+    assert view.at_risk_epsilon == 0.0
