@@ -39,9 +39,19 @@ class GaussianReports:
 
     Examples
     --------
-    >>> reports = GaussianReports(engine, clients)  # doctest: +SKIP
+    >>> from fedfilter.client.mechanisms.spend import spend
+    >>> from fedfilter.simulations.engine.accounts import RoundRows
+    >>> from fedfilter.simulations.engine.core import Engine
+    >>> from fedfilter.simulations.engine.config import EngineConfig
+    >>> from fedfilter.simulations.engine.mechanisms import EngineGaussian
+    >>> engine = Engine(EngineConfig(num_clients=4, epsilon=2.0, local_epochs=1))
+    >>> engine.round_id, clients = 1, np.arange(4)
+    >>> mechanism = EngineGaussian("local", 1.0, 1.0, 1.0, 1.0, 2.0**-16)
+    >>> reports = GaussianReports(engine, clients)
     >>> record, total = spend(RoundRows(engine, clients), mechanism, reports, exhausted_below=0.0,
-    ...                       after_exhaustion="noise-only", noise=reports.noise)  # doctest: +SKIP
+    ...                       after_exhaustion="noise-only", noise=reports.noise)
+    >>> record.status.tolist(), total.shape
+    (['contributed', 'contributed', 'contributed', 'contributed'], (2410,))
     """
 
     def __init__(self, engine, clients: np.ndarray):
