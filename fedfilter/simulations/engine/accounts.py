@@ -38,9 +38,12 @@ class RowsAccount:
 
     Examples
     --------
-    >>> account = RowsAccount(engine, np.array([0, 3]), 0)  # doctest: +SKIP
-    >>> account.allowance(noise_std=1.0, clip=1.0)  # doctest: +SKIP
-    array([1., 1.])
+    >>> from fedfilter.simulations.engine.core import Engine
+    >>> from fedfilter.simulations.engine.config import EngineConfig
+    >>> engine = Engine(EngineConfig(num_clients=4, epsilon=2.0))
+    >>> account = RowsAccount(engine, np.array([0, 3]), 0)
+    >>> account.allowance(noise_std=1.0, clip=1.0).round(4)
+    array([0.5016, 0.5016])
     """
 
     def __init__(self, engine, rows: np.ndarray, group: int):
@@ -51,7 +54,28 @@ class RowsAccount:
         self._group = group
 
     def allowance(self, *, noise_std: float, clip: float) -> np.ndarray:
-        """``round_allowance`` of each row: the lifetime and run-quota filters, at most ``clip``."""
+        """``round_allowance`` of each row: the lifetime and run-quota filters, at most ``clip``.
+
+        Parameters
+        ----------
+        noise_std : float
+            The accounted noise std.
+        clip : float
+            The cap.
+
+        Returns
+        -------
+        numpy.ndarray
+            One allowance per row.
+
+        Examples
+        --------
+        >>> from fedfilter.simulations.engine.core import Engine
+        >>> from fedfilter.simulations.engine.config import EngineConfig
+        >>> account = RowsAccount(Engine(EngineConfig(num_clients=4, epsilon=2.0)), np.array([0, 3]), 0)
+        >>> account.allowance(noise_std=1.0, clip=0.2)
+        array([0.2, 0.2])
+        """
         e = self._engine
         return round_allowance(
             self.filter,
@@ -63,7 +87,34 @@ class RowsAccount:
         )
 
     def worst_allowance(self, *, noise_std: float, clip: float) -> np.ndarray:
-        """What each row's worst-case account still admits at the share's std (``tx.worst_allowance``)."""
+        """What each row's worst-case account still admits at the share's std (``tx.worst_allowance``).
+
+        Parameters
+        ----------
+        noise_std : float
+            The std of one client's share of the noise.
+        clip : float
+            The cap.
+
+        Returns
+        -------
+        numpy.ndarray
+            One allowance per row.
+
+        Raises
+        ------
+        RuntimeError
+            When the engine keeps no worst-case accounts (not distributed placement).
+
+        Examples
+        --------
+        >>> from fedfilter.simulations.engine.core import Engine
+        >>> from fedfilter.simulations.engine.config import EngineConfig
+        >>> engine = Engine(EngineConfig(num_clients=4, epsilon=2.0, worst_case_epsilon=4.0,
+        ...                              placement="distributed", filter_kind="rdp", min_reports=2))
+        >>> RowsAccount(engine, np.array([0, 1]), 0).worst_allowance(noise_std=1.0, clip=1.0).round(4)
+        array([0.8639, 0.8639])
+        """
         e = self._engine
         if self.worst_filter is None or e.worst_state is None:
             raise RuntimeError("internal error: no worst-case accounts (distributed placement keeps them)")
@@ -78,7 +129,31 @@ class RowsAccount:
         return [(f"{WORST}'s run quota", e.worst_run_filters[self._group], e.worst_state[self.rows])]
 
     def commit(self, record: ReleaseRecord) -> None:
-        """Check that every row's charge fits every account, then spend each state array once."""
+        """Check that every row's charge fits every account, then spend each state array once.
+
+        Parameters
+        ----------
+        record : ReleaseRecord
+            The rows' release, one charge per row.
+
+        Raises
+        ------
+        RuntimeError
+            When some row's charge does not fit (then nothing is spent).
+
+        Examples
+        --------
+        >>> from fedfilter.client.mechanisms.spend import ReleaseRecord
+        >>> from fedfilter.simulations.engine.core import Engine
+        >>> from fedfilter.simulations.engine.config import EngineConfig
+        >>> engine = Engine(EngineConfig(num_clients=4, epsilon=2.0))
+        >>> account = RowsAccount(engine, np.array([0, 3]), 0)
+        >>> sens = np.array([0.5, 0.5])
+        >>> charge = account.filter.charge(sensitivity=sens, noise_std=1.0)
+        >>> account.commit(ReleaseRecord("contributed", "local", sens, 1.0, 1.0, 1.0, charge, None))
+        >>> engine.state[:, 0]
+        array([0.25, 0.  , 0.  , 0.25])
+        """
         e, rows = self._engine, self.rows
         charge, worst = record.charge, record.worst_charge
         admitted = bool(np.all(self.filter.admits(e.state[rows], charge))) and bool(
@@ -131,9 +206,11 @@ class RoundRows:
 
     Examples
     --------
-    >>> account = RoundRows(engine, np.arange(4))  # doctest: +SKIP
-    >>> account.allowance(noise_std=1.0, clip=1.0)  # doctest: +SKIP
-    array([1., 1., 1., 1.])
+    >>> from fedfilter.simulations.engine.core import Engine
+    >>> from fedfilter.simulations.engine.config import EngineConfig
+    >>> account = RoundRows(Engine(EngineConfig(num_clients=4, epsilon=2.0)), np.arange(4))
+    >>> account.allowance(noise_std=1.0, clip=1.0).round(4)
+    array([0.5016, 0.5016, 0.5016, 0.5016])
     """
 
     def __init__(self, engine, clients: np.ndarray):
@@ -153,16 +230,79 @@ class RoundRows:
         return out
 
     def allowance(self, *, noise_std: float, clip: float) -> np.ndarray:
-        """Each row's allowance (its group's filters), under the engine's accounting (``Engine.uniform``)."""
+        """Each row's allowance (its group's filters), under the engine's accounting (``Engine.uniform``).
+
+        Parameters
+        ----------
+        noise_std : float
+            The accounted noise std.
+        clip : float
+            The cap.
+
+        Returns
+        -------
+        numpy.ndarray
+            One allowance per row.
+
+        Examples
+        --------
+        >>> from fedfilter.simulations.engine.core import Engine
+        >>> from fedfilter.simulations.engine.config import EngineConfig
+        >>> account = RoundRows(Engine(EngineConfig(num_clients=4, epsilon=2.0)), np.arange(4))
+        >>> account.allowance(noise_std=1.0, clip=0.2)
+        array([0.2, 0.2, 0.2, 0.2])
+        """
         allow = self._scatter(lambda account: account.allowance(noise_std=noise_std, clip=clip))
         return self._engine.uniform(self.rows, allow)
 
     def worst_allowance(self, *, noise_std: float, clip: float) -> np.ndarray:
-        """Each row's worst-case allowance (its group's account)."""
+        """Each row's worst-case allowance (its group's account).
+
+        Parameters
+        ----------
+        noise_std : float
+            The std of one client's share of the noise.
+        clip : float
+            The cap.
+
+        Returns
+        -------
+        numpy.ndarray
+            One allowance per row.
+
+        Examples
+        --------
+        >>> from fedfilter.simulations.engine.core import Engine
+        >>> from fedfilter.simulations.engine.config import EngineConfig
+        >>> engine = Engine(EngineConfig(num_clients=4, epsilon=2.0, worst_case_epsilon=4.0,
+        ...                              placement="distributed", filter_kind="rdp", min_reports=2))
+        >>> RoundRows(engine, np.arange(4)).worst_allowance(noise_std=1.0, clip=1.0).round(4)
+        array([0.8639, 0.8639, 0.8639, 0.8639])
+        """
         return self._scatter(lambda account: account.worst_allowance(noise_std=noise_std, clip=clip))
 
     def commit(self, record: ReleaseRecord) -> None:
-        """Each group's ``RowsAccount.commit`` on its rows of ``record``."""
+        """Each group's ``RowsAccount.commit`` on its rows of ``record``.
+
+        Parameters
+        ----------
+        record : ReleaseRecord
+            The round's release, one row per client of the round.
+
+        Examples
+        --------
+        >>> from fedfilter.client.mechanisms.spend import ReleaseRecord
+        >>> from fedfilter.simulations.engine.core import Engine
+        >>> from fedfilter.simulations.engine.config import EngineConfig
+        >>> engine = Engine(EngineConfig(num_clients=4, epsilon=2.0))
+        >>> account = RoundRows(engine, np.arange(4))
+        >>> sens = np.full(4, 0.25)
+        >>> charge = account.filter.charge(sensitivity=sens, noise_std=1.0)
+        >>> status = np.array(["contributed"] * 4)
+        >>> account.commit(ReleaseRecord(status, "local", sens, 1.0, 1.0, 1.0, charge, None))
+        >>> engine.state[:, 0]
+        array([0.0625, 0.0625, 0.0625, 0.0625])
+        """
         for at, account in self.parts:
             worst = None if record.worst_charge is None else np.asarray(record.worst_charge)[at]
             status = record.status[at] if isinstance(record.status, np.ndarray) else record.status
@@ -175,7 +315,26 @@ def all_or_nothing(allowance: np.ndarray, full: np.ndarray | None) -> np.ndarray
     """``accounting="worst-case"`` (simulation only): each allowance becomes its full round's, ``full``
     (what a fresh client admits: model units, or integer-grid L2 in distributed placement), while the
     accounts still admit that, else 0 (exhausted); the engine then charges this bound, not the update's
-    norm. ``full=None`` (individual accounting): the allowance unchanged."""
+    norm. ``full=None`` (individual accounting): the allowance unchanged.
+
+    Parameters
+    ----------
+    allowance : numpy.ndarray
+        The individual allowances.
+    full : numpy.ndarray or None
+        The full round's allowance of each client, or None.
+
+    Returns
+    -------
+    numpy.ndarray
+
+    Examples
+    --------
+    >>> all_or_nothing(np.array([1.0, 0.4]), np.array([0.5, 0.5]))
+    array([0.5, 0. ])
+    >>> all_or_nothing(np.array([1.0, 0.4]), None)
+    array([1. , 0.4])
+    """
     if full is None:
         return allowance
     return np.where(np.asarray(allowance) >= full, full, 0.0)
@@ -183,7 +342,30 @@ def all_or_nothing(allowance: np.ndarray, full: np.ndarray | None) -> np.ndarray
 
 def full_round_allowance(engine) -> np.ndarray:
     """What each client of ``engine`` admits on its fresh state, a full round: its allowance (model units),
-    or in distributed placement its integer-grid L2 allowance. Call before any round is spent."""
+    or in distributed placement its integer-grid L2 allowance. Call before any round is spent.
+
+    Parameters
+    ----------
+    engine : Engine
+        An engine before its first round.
+
+    Returns
+    -------
+    numpy.ndarray
+        One allowance per client.
+
+    Raises
+    ------
+    RuntimeError
+        When a round has already run.
+
+    Examples
+    --------
+    >>> from fedfilter.simulations.engine.core import Engine
+    >>> from fedfilter.simulations.engine.config import EngineConfig
+    >>> full_round_allowance(Engine(EngineConfig(num_clients=4, epsilon=2.0))).round(4)
+    array([0.5016, 0.5016, 0.5016, 0.5016])
+    """
     everyone = np.arange(engine.n)
     if engine.round_id != 0:
         raise RuntimeError("internal error: a full round's allowance is read off the fresh states, before round 1")
@@ -202,6 +384,26 @@ def spent_epsilon(filt: GaussianFilter, states: np.ndarray, exact_limit: int = _
     Distinct rows are solved once. With more than ``exact_limit`` distinct one-coordinate states,
     each state gets the epsilon of the smallest *actual* state at or above it among
     ``exact_limit`` quantiles (epsilon grows with the state): an upper bound, rounded up.
+
+    Parameters
+    ----------
+    filt : GaussianFilter
+        The rows' filter.
+    states : numpy.ndarray
+        Their states, one row each.
+    exact_limit : int, optional
+        Distinct one-coordinate states solved exactly at most.
+
+    Returns
+    -------
+    numpy.ndarray
+        Spent epsilon per row.
+
+    Examples
+    --------
+    >>> from fedfilter.privacy.filters import make_filter
+    >>> spent_epsilon(make_filter("gdp", 2.0, 1e-5), np.array([[0.0], [0.25], [0.25]])).round(3)
+    array([0.   , 1.993, 1.993])
     """
     states = np.asarray(states, dtype=np.float64).reshape(len(states), -1)
     if len(states) == 0:

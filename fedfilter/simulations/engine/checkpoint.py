@@ -18,7 +18,26 @@ _OPTIONAL_ARRAYS = ("worst_state",)  # None where the engine keeps none (local p
 
 
 def save_checkpoint(path: str | Path, snapshot: dict, meta: dict) -> None:
-    """Write ``Engine.snapshot()`` and the caller's JSON-ready ``meta`` to ``path`` atomically."""
+    """Write ``Engine.snapshot()`` and the caller's JSON-ready ``meta`` to ``path`` atomically.
+
+    Parameters
+    ----------
+    path : str or pathlib.Path
+        The ``.npz`` file to write (its folder is created).
+    snapshot : dict
+        What ``Engine.snapshot()`` returns.
+    meta : dict
+        The caller's JSON-ready data, returned as is by ``load_checkpoint``.
+
+    Examples
+    --------
+    >>> import tempfile, numpy as np
+    >>> snap = {"round_id": 3, "state": np.zeros(2), "weights": [np.ones(2, np.float32)]}
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     save_checkpoint(f"{d}/c.npz", snap, {"cell": "a"})
+    ...     checkpoint_round(f"{d}/c.npz")
+    3
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     rest = {k: v for k, v in snapshot.items() if k not in (*_ARRAYS, *_OPTIONAL_ARRAYS) and k != "weights"}
@@ -35,7 +54,28 @@ def save_checkpoint(path: str | Path, snapshot: dict, meta: dict) -> None:
 
 
 def load_checkpoint(path: str | Path) -> tuple[dict, dict]:
-    """``(snapshot, meta)`` as saved by ``save_checkpoint``."""
+    """``(snapshot, meta)`` as saved by ``save_checkpoint``.
+
+    Parameters
+    ----------
+    path : str or pathlib.Path
+        A checkpoint written by ``save_checkpoint``.
+
+    Returns
+    -------
+    tuple of (dict, dict)
+        The snapshot (arrays restored, ``worst_state`` None where absent) and the meta.
+
+    Examples
+    --------
+    >>> import tempfile, numpy as np
+    >>> snap = {"round_id": 3, "state": np.zeros(2), "weights": [np.ones(2, np.float32)]}
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     save_checkpoint(f"{d}/c.npz", snap, {"cell": "a"})
+    ...     back, meta = load_checkpoint(f"{d}/c.npz")
+    >>> back["round_id"], back["weights"][0].tolist(), back["worst_state"], meta
+    (3, [1.0, 1.0], None, {'cell': 'a'})
+    """
     with np.load(Path(path), allow_pickle=False) as z:
         doc = json.loads(str(z["json"]))
         snapshot = dict(doc["snapshot"])
@@ -50,6 +90,25 @@ def load_checkpoint(path: str | Path) -> tuple[dict, dict]:
 
 def checkpoint_round(path: str | Path) -> int:
     """The last finished round stored in a checkpoint, reading only its JSON member (progress
-    reports over many large checkpoints stay cheap)."""
+    reports over many large checkpoints stay cheap).
+
+    Parameters
+    ----------
+    path : str or pathlib.Path
+        A checkpoint written by ``save_checkpoint``.
+
+    Returns
+    -------
+    int
+        The snapshot's ``round_id``.
+
+    Examples
+    --------
+    >>> import tempfile, numpy as np
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     save_checkpoint(f"{d}/c.npz", {"round_id": 7, "weights": []}, {})
+    ...     checkpoint_round(f"{d}/c.npz")
+    7
+    """
     with np.load(Path(path), allow_pickle=False) as z:
         return int(json.loads(str(z["json"]))["snapshot"]["round_id"])

@@ -36,8 +36,10 @@ SECAGG_GRAPHS = ("full", "sparse")
 class EngineConfig:
     """One simulated federation: data split, per-client budgets, round requests and training.
 
-    Privacy (the same meaning as on a Flower device and in the coordinator's request)
-    -----------------------------------------------------------------------------------
+    Parameters
+    ----------
+    Privacy fields (the same meaning as on a Flower device and in the coordinator's request):
+
     epsilon
         Personal lifetime budget: one number for every client, or one per client.
     delta, filter_kind, run_quota
@@ -133,6 +135,27 @@ class EngineConfig:
         ``group_by="label"``: test accuracy per label class; ``"client"``: each client's
         accuracy on its own training data (writer, for FEMNIST), an oracle statistic the
         coordinator never sees; ``"none"``.
+    local_epochs, lr, batch_size
+        Multi-example clients' local SGD; ``lr`` is also the single-example step.
+    run_id
+        The run every noise stream and account is keyed by.
+    chunk_size, torch_threads
+        Clients processed at once, and torch's thread count (None leaves it alone).
+
+    Raises
+    ------
+    ValueError
+        Listing every invalid field.
+
+    Examples
+    --------
+    >>> config = EngineConfig(num_clients=4, epsilon=2.0, noise_multiplier=2.0, clip=0.5)
+    >>> config.accounted_std
+    1.0
+    >>> EngineConfig(num_clients=0)
+    Traceback (most recent call last):
+    ...
+    ValueError: invalid EngineConfig: num_clients must be a positive integer. Found 0.
     """
 
     task: str = "digits"
@@ -263,14 +286,41 @@ class EngineConfig:
 
     @property
     def accounted_std(self) -> float:
-        """The noise std the filter charges against (what an observer of the aggregate faces)."""
+        """The noise std the filter charges against (what an observer of the aggregate faces).
+
+        Returns
+        -------
+        float
+            ``noise_multiplier * clip``.
+
+        Examples
+        --------
+        >>> EngineConfig(noise_multiplier=2.0, clip=0.5).accounted_std
+        1.0
+        """
         return accounted_noise_std(float(self.noise_multiplier), float(self.clip))
 
     @property
     def added_std(self) -> float:
         """The Gaussian noise std each client adds in local placement
         (``fedfilter.client.release.FilteredClient.release``); distributed reports carry Skellam noise
-        (``fedfilter.simulations.engine.skellam_round.SkellamRound``), central ones none."""
+        (``fedfilter.simulations.engine.skellam_round.SkellamRound``), central ones none.
+
+        Returns
+        -------
+        float
+            The std of each local report's Gaussian noise.
+
+        Raises
+        ------
+        ValueError
+            When the placement is not ``local``.
+
+        Examples
+        --------
+        >>> EngineConfig(noise_multiplier=2.0, clip=0.5).added_std
+        1.0
+        """
         if self.placement != "local":
             raise ValueError(f"added_std is the local placement's Gaussian std. Found placement={self.placement!r}.")
         return added_noise_std(float(self.noise_multiplier), float(self.clip), self.placement, self.min_reports)
@@ -278,7 +328,35 @@ class EngineConfig:
 
 @dataclass
 class RoundRecord:
-    """One round, as the engine saw it (ground truth) and as the coordinator saw it (public)."""
+    """One round, as the engine saw it (ground truth) and as the coordinator saw it (public).
+
+    Attributes
+    ----------
+    round_id : int
+        The round.
+    sampled, contributing, noise_only, left, reports_seen : int
+        Clients asked; clients whose data entered the report (ground truth); pure-noise reports
+        (ground truth); "left" markers; reports the coordinator received.
+    released : bool
+        Whether the aggregate was applied.
+    exhausted_total : int
+        Clients exhausted so far (ground truth).
+    aggregate_norm : float
+        Norm of the noisy mean (0 if not released).
+    accuracy, loss : float or None
+        Test metrics after the round's step (None if not evaluated).
+    group_accuracy : dict of str to float, or None
+        Accuracy per group (``EngineConfig.group_by``).
+    seconds : float
+        Wall-clock time of the round.
+
+    Examples
+    --------
+    >>> r = RoundRecord(1, sampled=4, contributing=3, noise_only=1, left=0, reports_seen=4,
+    ...                 released=True, exhausted_total=1, aggregate_norm=0.5)
+    >>> r.reports_seen - r.contributing
+    1
+    """
 
     round_id: int
     sampled: int  # clients asked this round
@@ -297,7 +375,43 @@ class RoundRecord:
 
 @dataclass
 class EngineResult:
-    """Everything a study needs after a run; per-client arrays are indexed by client position."""
+    """Everything a study needs after a run; per-client arrays are indexed by client position.
+
+    Attributes
+    ----------
+    config : EngineConfig
+        The run's configuration.
+    rounds : list of RoundRecord
+        One record per round run.
+    client_ids : list of str
+        The clients, in array order.
+    exhausted_round : numpy.ndarray
+        First round each client found its budget spent; -1 if never.
+    spent_epsilon, spent_fraction : numpy.ndarray
+        Lifetime epsilon used (rounded up) and its share of the budget.
+    state, run_state : numpy.ndarray
+        Lifetime and this run's filter states, ``(n_clients, dim)``.
+    weights : list of numpy.ndarray
+        The final model, in ``state_dict`` order.
+    group_accuracy : dict of str to float, or None
+        At the last evaluation.
+    graph : SecAggGraph or None
+        Distributed placement: the SecAgg+ graph the rounds ran on.
+    graph_rounds : numpy.ndarray or None
+        Distributed placement: rounds each client reported in.
+    worst_state : numpy.ndarray or None
+        Distributed placement: the worst-case accounts.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> rec = RoundRecord(1, 2, 2, 0, 0, 2, True, 0, 0.1, accuracy=0.75)
+    >>> z = np.zeros(2)
+    >>> res = EngineResult(EngineConfig(num_clients=2), [rec], ["0", "1"], np.array([-1, -1]),
+    ...                    z, z, z[:, None], z[:, None], weights=[])
+    >>> res.accuracy, res.contributing, res.reports_seen
+    ([0.75], [2], [2])
+    """
 
     config: EngineConfig
     rounds: list[RoundRecord]
@@ -317,12 +431,42 @@ class EngineResult:
 
     @property
     def accuracy(self) -> list[float | None]:
+        """Test accuracy after each round (None where not evaluated).
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> z = np.zeros(1)
+        >>> rec = RoundRecord(1, 1, 1, 0, 0, 1, True, 0, 0.1)
+        >>> EngineResult(EngineConfig(), [rec], ["0"], z, z, z, z, z, weights=[]).accuracy
+        [None]
+        """
         return [r.accuracy for r in self.rounds]
 
     @property
     def contributing(self) -> list[int]:
+        """Clients whose data entered each round's report (ground truth).
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> z = np.zeros(1)
+        >>> rec = RoundRecord(1, 1, 1, 0, 0, 1, True, 0, 0.1)
+        >>> EngineResult(EngineConfig(), [rec], ["0"], z, z, z, z, z, weights=[]).contributing
+        [1]
+        """
         return [r.contributing for r in self.rounds]
 
     @property
     def reports_seen(self) -> list[int]:
+        """Reports the coordinator received each round.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> z = np.zeros(1)
+        >>> rec = RoundRecord(1, 1, 0, 1, 0, 1, True, 1, 0.1)
+        >>> EngineResult(EngineConfig(), [rec], ["0"], z, z, z, z, z, weights=[]).reports_seen
+        [1]
+        """
         return [r.reports_seen for r in self.rounds]

@@ -66,7 +66,28 @@ from fedfilter.simulations.tasks.training import evaluate, get_weights, set_weig
 
 
 class Engine:
-    """A federation of ``task.num_clients`` clients, stepped one round at a time."""
+    """A federation of ``task.num_clients`` clients, stepped one round at a time.
+
+    Parameters
+    ----------
+    config : EngineConfig
+        The federation, its budgets and the round requests.
+    task : Task, optional
+        A prebuilt task; by default ``load_task`` on the config's task arguments.
+
+    Raises
+    ------
+    ValueError
+        When a client has no data, or ``client_mode="single-example"`` meets a larger client.
+
+    Examples
+    --------
+    >>> engine = Engine(EngineConfig(num_clients=4, epsilon=2.0, local_epochs=1))
+    >>> engine.n, engine.mode
+    (4, 'multi-example')
+    >>> engine.step().contributing
+    4
+    """
 
     def __init__(self, config: EngineConfig, task=None):
         from fedfilter.simulations.tasks.registry import load_task
@@ -151,7 +172,28 @@ class Engine:
         self.full_allowance = full_round_allowance(self) if cfg.accounting == "worst-case" else None
 
     def uniform(self, clients: np.ndarray, allowance: np.ndarray) -> np.ndarray:
-        """The allowance under ``config.accounting`` (``accounts.all_or_nothing``; identity if individual)."""
+        """The allowance under ``config.accounting`` (``accounts.all_or_nothing``; identity if individual).
+
+        Parameters
+        ----------
+        clients : numpy.ndarray
+            Client positions.
+        allowance : numpy.ndarray
+            Their individual allowances.
+
+        Returns
+        -------
+        numpy.ndarray
+            ``allowance`` unchanged, or under ``worst-case`` accounting the full round's allowance
+            where a client still admits it and 0 elsewhere.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> engine = Engine(EngineConfig(num_clients=4, epsilon=2.0, accounting="worst-case"))
+        >>> engine.uniform(np.arange(4), np.array([1.0, 0.5, 0.3, 0.0])).round(4)
+        array([0.5016, 0.    , 0.    , 0.    ])
+        """
         return all_or_nothing(allowance, None if self.full_allowance is None else self.full_allowance[clients])
 
     # --- privacy: the filters, vectorised over clients ------------------------------------------
@@ -165,13 +207,52 @@ class Engine:
 
     def allowance(self, clients: np.ndarray, clip: float | None = None) -> np.ndarray:
         """``round_allowance`` for each client in ``clients``, at most ``clip`` (default the request's C;
-        ``inf`` for the Skellam rule, ``skellam.l2_allowance``)."""
+        ``inf`` for the Skellam rule, ``skellam.l2_allowance``).
+
+        Parameters
+        ----------
+        clients : numpy.ndarray
+            Client positions.
+        clip : float, optional
+            The cap; default the request's clip.
+
+        Returns
+        -------
+        numpy.ndarray
+            The L2 norm each client's filters still admit this round.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> engine = Engine(EngineConfig(num_clients=4, epsilon=2.0))
+        >>> engine.allowance(np.arange(4)).round(4)
+        array([0.5016, 0.5016, 0.5016, 0.5016])
+        >>> engine.allowance(np.arange(4), clip=0.2)
+        array([0.2, 0.2, 0.2, 0.2])
+        """
         std, top = self.config.accounted_std, self.config.clip if clip is None else clip
         return self._by_budget(clients, lambda account: account.allowance(noise_std=std, clip=top))
 
     def has_budget(self, clients: np.ndarray) -> np.ndarray:
         """True where a client would still contribute data this round (the placement's exhaustion rule:
-        the Gaussian allowance, or in distributed placement the Skellam one on the integer grid)."""
+        the Gaussian allowance, or in distributed placement the Skellam one on the integer grid).
+
+        Parameters
+        ----------
+        clients : numpy.ndarray
+            Client positions.
+
+        Returns
+        -------
+        numpy.ndarray
+            Booleans, one per client.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> Engine(EngineConfig(num_clients=4, epsilon=2.0)).has_budget(np.arange(4))
+        array([ True,  True,  True,  True])
+        """
         if self._distributed is not None:
             return ~self._distributed.exhausted(clients)
         return ~self._gaussian_out(self.uniform(clients, self.allowance(clients)))
@@ -183,14 +264,43 @@ class Engine:
 
     def worst_allowance(self, clients: np.ndarray, noise_std: float, clip: float | None = None) -> np.ndarray:
         """What each client's worst-case account still admits at its share's std (``tx.worst_allowance``),
-        at most ``clip`` (default the request's C)."""
+        at most ``clip`` (default the request's C).
+
+        Parameters
+        ----------
+        clients : numpy.ndarray
+            Client positions.
+        noise_std : float
+            The std of one client's share of the noise.
+        clip : float, optional
+            The cap; default the request's clip.
+
+        Returns
+        -------
+        numpy.ndarray
+            The L2 norm each client's worst-case account still admits.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> config = EngineConfig(num_clients=4, epsilon=2.0, worst_case_epsilon=4.0, placement="distributed",
+        ...                       filter_kind="rdp", min_reports=2)
+        >>> Engine(config).worst_allowance(np.arange(4), noise_std=1.0).round(4)
+        array([0.8639, 0.8639, 0.8639, 0.8639])
+        """
         top = self.config.clip if clip is None else clip
         return self._by_budget(clients, lambda account: account.worst_allowance(noise_std=noise_std, clip=top))
 
     # --- one round ------------------------------------------------------------------------------
     @property
     def n_sampled(self) -> int:
-        """Clients asked per round."""
+        """Clients asked per round.
+
+        Examples
+        --------
+        >>> Engine(EngineConfig(num_clients=4, fraction=0.5)).n_sampled
+        2
+        """
         return self.n if self._sampler is None else max(1, math.ceil(self.config.fraction * self.n))
 
     def _sample(self) -> np.ndarray:
@@ -280,7 +390,19 @@ class Engine:
         return reports.out, active, reporting, (total / n).astype(np.float32)  # coordinator's plain mean
 
     def step(self) -> RoundRecord:
-        """Run one round and return its record (the model is updated in place)."""
+        """Run one round and return its record (the model is updated in place).
+
+        Returns
+        -------
+        RoundRecord
+            The round as the engine and the coordinator saw it.
+
+        Examples
+        --------
+        >>> record = Engine(EngineConfig(num_clients=4, epsilon=2.0, local_epochs=1)).step()
+        >>> record.round_id, record.contributing, record.released
+        (1, 4, True)
+        """
         cfg, started = self.config, time.perf_counter()
         self.round_id += 1
         clients = self._sample()
@@ -328,7 +450,19 @@ class Engine:
 
     # --- evaluation -----------------------------------------------------------------------------
     def evaluate(self) -> tuple[float, float, dict[str, float] | None]:
-        """Test loss and accuracy of the current model, and accuracy per group (``group_by``)."""
+        """Test loss and accuracy of the current model, and accuracy per group (``group_by``).
+
+        Returns
+        -------
+        tuple of (float, float, dict or None)
+            Loss, accuracy, and accuracy per group (None for ``group_by="none"``).
+
+        Examples
+        --------
+        >>> loss, accuracy, groups = Engine(EngineConfig(num_clients=4)).evaluate()
+        >>> 0 <= accuracy <= 1, sorted(groups)[:3]
+        (True, ['0', '1', '2'])
+        """
         set_weights(self.model, self.weights)
         x, y = self.task.test_data
         loss, acc = evaluate(self.model, x, y, loss_fn=self.task.loss)
@@ -353,7 +487,17 @@ class Engine:
         return np.concatenate(out)
 
     def train_accuracy(self) -> float:
-        """Accuracy of the current model on every client's training data (a linear query)."""
+        """Accuracy of the current model on every client's training data (a linear query).
+
+        Returns
+        -------
+        float
+
+        Examples
+        --------
+        >>> 0 <= Engine(EngineConfig(num_clients=4)).train_accuracy() <= 1
+        True
+        """
         correct = total = 0
         for x, y in [(self.x.numpy(), self.y.numpy())] if self.mode == "single-example" else self.task.train_data:
             correct += int((self._predict(x) == np.asarray(y)).sum())
@@ -363,7 +507,20 @@ class Engine:
     # --- checkpoints ----------------------------------------------------------------------------
     def snapshot(self) -> dict:
         """Everything a round changes, as arrays and JSON-ready values (``restore`` undoes nothing
-        else: noise generators are derived from (seed, run_id, round_id), the model from weights)."""
+        else: noise generators are derived from (seed, run_id, round_id), the model from weights).
+
+        Returns
+        -------
+        dict
+            Round, weights, filter states, exhaustion, records and the sampler's state.
+
+        Examples
+        --------
+        >>> engine = Engine(EngineConfig(num_clients=4, local_epochs=1))
+        >>> _ = engine.step()
+        >>> engine.snapshot()["round_id"]
+        1
+        """
         return {
             "round_id": self.round_id,
             "weights": [w.copy() for w in self.weights],
@@ -378,7 +535,28 @@ class Engine:
         }
 
     def restore(self, snap: dict) -> None:
-        """Continue from ``snapshot()`` of an engine with the same config and task."""
+        """Continue from ``snapshot()`` of an engine with the same config and task.
+
+        Parameters
+        ----------
+        snap : dict
+            What ``snapshot()`` returned (or ``load_checkpoint`` read back).
+
+        Raises
+        ------
+        ValueError
+            When the snapshot does not fit this engine.
+
+        Examples
+        --------
+        >>> config = EngineConfig(num_clients=4, local_epochs=1)
+        >>> first = Engine(config)
+        >>> _ = first.step()
+        >>> second = Engine(config)
+        >>> second.restore(first.snapshot())
+        >>> second.round_id, bool((second.state == first.state).all())
+        (1, True)
+        """
         shapes = [tuple(np.shape(w)) for w in snap["weights"]]
         if shapes != self.layout.shapes or np.shape(snap["state"]) != self.state.shape:
             raise ValueError(
@@ -414,6 +592,20 @@ class Engine:
 
     # --- results --------------------------------------------------------------------------------
     def result(self) -> EngineResult:
+        """The run so far: records, spent budgets, filter states and the model.
+
+        Returns
+        -------
+        EngineResult
+
+        Examples
+        --------
+        >>> engine = Engine(EngineConfig(num_clients=4, epsilon=2.0, local_epochs=1))
+        >>> _ = engine.step()
+        >>> result = engine.result()
+        >>> result.spent_epsilon.round(3), result.exhausted_round
+        (array([1.511, 1.523, 1.481, 1.535]), array([-1, -1, -1, -1]))
+        """
         spent = np.zeros(self.n)
         frac = np.zeros(self.n)
         for g, filt in enumerate(self.filters):
@@ -440,7 +632,27 @@ class Engine:
 def run_engine(
     config: EngineConfig, progress: Callable[[RoundRecord], object] | None = None, *, task=None
 ) -> EngineResult:
-    """Run ``config.rounds`` rounds; ``progress(record)`` after each. ``task``: a prebuilt Task."""
+    """Run ``config.rounds`` rounds; ``progress(record)`` after each. ``task``: a prebuilt Task.
+
+    Parameters
+    ----------
+    config : EngineConfig
+        The study.
+    progress : callable, optional
+        Called with each round's ``RoundRecord``.
+    task : Task, optional
+        A prebuilt task (default: loaded from the config).
+
+    Returns
+    -------
+    EngineResult
+
+    Examples
+    --------
+    >>> result = run_engine(EngineConfig(num_clients=4, rounds=2, epsilon=2.0, local_epochs=1))
+    >>> result.contributing, result.spent_epsilon.round(3)
+    ([4, 4], array([2., 2., 2., 2.]))
+    """
     engine = Engine(config, task=task)
     for _ in range(config.rounds):
         record = engine.step()

@@ -50,6 +50,27 @@ def ring_unmasks(reporting_in_ring_order: np.ndarray, num_shares: int, threshold
     the mask key of one that dropped out after sharing its keys (a spent ``leave`` device drops at
     the masked-input stage). For a dropped node its own share is missing anyway, so both needs read
     "at least ``threshold`` reporting nodes among offsets ``-h..h``".
+
+    Parameters
+    ----------
+    reporting_in_ring_order : numpy.ndarray
+        1 (or True) where the node at that ring position sent its masked report.
+    num_shares : int
+        SecAgg+'s ``num_shares`` (k).
+    threshold : int
+        SecAgg+'s ``reconstruction_threshold`` (t).
+
+    Returns
+    -------
+    bool
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> ring_unmasks(np.array([1, 1, 0, 1, 1, 1]), 2, 2)
+    True
+    >>> ring_unmasks(np.array([1, 0, 0, 1, 1, 1]), 2, 2)
+    False
     """
     r = np.asarray(reporting_in_ring_order, dtype=np.int64)
     n = len(r)
@@ -65,7 +86,27 @@ def round_graph(cfg, n_asked: int) -> SecAggGraph:
     """The SecAgg+ graph of a distributed round with ``n_asked`` clients: k and t from the coordinator's
     one rule (``coordinator.secure_round.round_graph``: ``"auto"`` for ``cfg.secagg_graph = "sparse"``,
     Flower's full graph 1.0 otherwise), which passes the devices' rule with ``cfg.secagg_colluders``,
-    with its abort bound under the assumed drop-out rate."""
+    with its abort bound under the assumed drop-out rate.
+
+    Parameters
+    ----------
+    cfg : EngineConfig
+        Its ``min_reports`` and ``secagg_*`` fields are read.
+    n_asked : int
+        Clients asked in the round.
+
+    Returns
+    -------
+    SecAggGraph
+
+    Examples
+    --------
+    >>> from fedfilter.simulations.engine.config import EngineConfig
+    >>> round_graph(EngineConfig(min_reports=2), 8)
+    SecAggGraph(num_shares=8, threshold=5, abort_probability=0.0)
+    >>> round_graph(EngineConfig(min_reports=2, secagg_graph="sparse"), 8)
+    SecAggGraph(num_shares=3, threshold=2, abort_probability=0.0)
+    """
     shares = AUTO_SHARES if cfg.secagg_graph == "sparse" else 1.0
     g = coordinator_round_graph(
         n_asked, cfg.min_reports, shares, colluders=cfg.secagg_colluders, dropout_rate=cfg.secagg_dropout_rate
@@ -75,7 +116,26 @@ def round_graph(cfg, n_asked: int) -> SecAggGraph:
 
 @dataclass
 class DistributedOutcome:
-    """What one distributed round produced (``mean`` is None when the round was not released)."""
+    """What one distributed round produced (``mean`` is None when the round was not released).
+
+    Attributes
+    ----------
+    out : numpy.ndarray
+        Per asked client: True if it had nothing left.
+    active : numpy.ndarray
+        Clients whose data entered the sum.
+    reporting : numpy.ndarray
+        Spent noise-only clients (a Skellam share alone).
+    mean : numpy.ndarray or None
+        The float64 flat mean the coordinator steps with, or None.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> outcome = DistributedOutcome(np.zeros(2, bool), np.array([0, 1]), np.array([], int), None)
+    >>> outcome.mean is None
+    True
+    """
 
     out: np.ndarray  # per asked client: True if it had nothing left (exhausted)
     active: np.ndarray  # clients whose data entered the sum
@@ -84,7 +144,28 @@ class DistributedOutcome:
 
 
 class DistributedPlacement:
-    """The engine's distributed rounds: the device's Skellam mechanism on every budget group's rows."""
+    """The engine's distributed rounds: the device's Skellam mechanism on every budget group's rows.
+
+    Parameters
+    ----------
+    engine : Engine
+        An engine with ``placement="distributed"`` (it builds its own, ``engine._distributed``).
+
+    Raises
+    ------
+    ValueError
+        When the engine keeps no worst-case accounts, or a device would refuse the round's numbers.
+
+    Examples
+    --------
+    >>> from fedfilter.simulations.engine.core import Engine
+    >>> from fedfilter.simulations.engine.config import EngineConfig
+    >>> engine = Engine(EngineConfig(num_clients=4, epsilon=2.0, worst_case_epsilon=4.0,
+    ...                              placement="distributed", filter_kind="rdp", min_reports=2))
+    >>> placement = DistributedPlacement(engine)
+    >>> placement.graph
+    SecAggGraph(num_shares=4, threshold=3, abort_probability=0.0)
+    """
 
     def __init__(self, engine):
         cfg = engine.config
@@ -108,7 +189,28 @@ class DistributedPlacement:
 
     def l2_allowance(self, clients: np.ndarray) -> np.ndarray:
         """Each client's ``L2_allow`` (grid units), from the Gaussian allowances its ledger would give
-        (the main account's at sigma, the worst-case account's at the share's std): the device's rule."""
+        (the main account's at sigma, the worst-case account's at the share's std): the device's rule.
+
+        Parameters
+        ----------
+        clients : numpy.ndarray
+            Client positions.
+
+        Returns
+        -------
+        numpy.ndarray
+            One L2 allowance per client, grid units.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from fedfilter.simulations.engine.core import Engine
+        >>> from fedfilter.simulations.engine.config import EngineConfig
+        >>> engine = Engine(EngineConfig(num_clients=4, epsilon=2.0, worst_case_epsilon=4.0,
+        ...                              placement="distributed", filter_kind="rdp", min_reports=2))
+        >>> DistributedPlacement(engine).l2_allowance(np.arange(4)).round(2)
+        array([1904.28, 1904.28, 1904.28, 1904.28])
+        """
         e, m = self.engine, self.mechanism
         # Not capped at C (skellam.l2_allowance says why), as on the device.
         a_gauss = e.allowance(clients, clip=math.inf)
@@ -131,10 +233,55 @@ class DistributedPlacement:
 
     def exhausted(self, clients: np.ndarray) -> np.ndarray:
         """True where a client has nothing left to give (the device's rule on its ``L2_allow``;
-        under worst-case accounting, nothing left for a full round)."""
+        under worst-case accounting, nothing left for a full round).
+
+        Parameters
+        ----------
+        clients : numpy.ndarray
+            Client positions.
+
+        Returns
+        -------
+        numpy.ndarray
+            Booleans, one per client.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from fedfilter.simulations.engine.core import Engine
+        >>> from fedfilter.simulations.engine.config import EngineConfig
+        >>> engine = Engine(EngineConfig(num_clients=4, epsilon=2.0, worst_case_epsilon=4.0,
+        ...                              placement="distributed", filter_kind="rdp", min_reports=2))
+        >>> DistributedPlacement(engine).exhausted(np.arange(4))
+        array([False, False, False, False])
+        """
         return self._exhausted(self.engine.uniform(clients, self.l2_allowance(clients)))
 
     def run(self, clients: np.ndarray, round_id: int) -> DistributedOutcome:
+        """One distributed round of ``clients``: their Skellam releases, spent, and SecAgg+'s sum.
+
+        Parameters
+        ----------
+        clients : numpy.ndarray
+            The clients asked (sorted positions).
+        round_id : int
+            The round (keys the noise streams and the ring order).
+
+        Returns
+        -------
+        DistributedOutcome
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from fedfilter.simulations.engine.core import Engine
+        >>> from fedfilter.simulations.engine.config import EngineConfig
+        >>> engine = Engine(EngineConfig(num_clients=4, epsilon=2.0, worst_case_epsilon=4.0, local_epochs=1,
+        ...                              placement="distributed", filter_kind="rdp", min_reports=2))
+        >>> outcome = DistributedPlacement(engine).run(np.arange(4), 1)
+        >>> outcome.active, outcome.mean.shape
+        (array([0, 1, 2, 3]), (2410,))
+        """
         e, cfg = self.engine, self.engine.config
         l2_allow = e.uniform(clients, self.l2_allowance(clients))
         at_bound = e.full_allowance is not None  # worst-case accounting: charged at L2_allow, not at k's norms
@@ -194,7 +341,32 @@ class DistributedPlacement:
 
     def unmasks(self, clients: np.ndarray, active: np.ndarray, reporting: np.ndarray, round_id: int) -> bool:
         """SecAgg+ on this round's ring: the asked clients in an order drawn per round, unmasked only
-        when every node keeps enough reporting holders (privacy does not depend on the drop-outs)."""
+        when every node keeps enough reporting holders (privacy does not depend on the drop-outs).
+
+        Parameters
+        ----------
+        clients : numpy.ndarray
+            The clients asked.
+        active, reporting : numpy.ndarray
+            Those that sent a report with data, and a noise-only one.
+        round_id : int
+            The round (keys the ring order).
+
+        Returns
+        -------
+        bool
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from fedfilter.simulations.engine.core import Engine
+        >>> from fedfilter.simulations.engine.config import EngineConfig
+        >>> engine = Engine(EngineConfig(num_clients=4, epsilon=2.0, worst_case_epsilon=4.0,
+        ...                              placement="distributed", filter_kind="rdp", min_reports=2))
+        >>> placement, asked = DistributedPlacement(engine), np.arange(4)
+        >>> placement.unmasks(asked, asked[:3], asked[:0], 1), placement.unmasks(asked, asked[:1], asked[:0], 1)
+        (True, False)
+        """
         cfg = self.engine.config
         sent = np.isin(clients, active) | np.isin(clients, reporting)
         n = len(clients)

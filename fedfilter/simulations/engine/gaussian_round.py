@@ -39,9 +39,19 @@ class GaussianReports:
 
     Examples
     --------
-    >>> reports = GaussianReports(engine, clients)  # doctest: +SKIP
+    >>> from fedfilter.client.mechanisms.spend import spend
+    >>> from fedfilter.simulations.engine.accounts import RoundRows
+    >>> from fedfilter.simulations.engine.core import Engine
+    >>> from fedfilter.simulations.engine.config import EngineConfig
+    >>> from fedfilter.simulations.engine.mechanisms import EngineGaussian
+    >>> engine = Engine(EngineConfig(num_clients=4, epsilon=2.0, local_epochs=1))
+    >>> engine.round_id, clients = 1, np.arange(4)
+    >>> mechanism = EngineGaussian("local", 1.0, 1.0, 1.0, 1.0, 2.0**-16)
+    >>> reports = GaussianReports(engine, clients)
     >>> record, total = spend(RoundRows(engine, clients), mechanism, reports, exhausted_below=0.0,
-    ...                       after_exhaustion="noise-only", noise=reports.noise)  # doctest: +SKIP
+    ...                       after_exhaustion="noise-only", noise=reports.noise)
+    >>> record.status.tolist(), total.shape
+    (['contributed', 'contributed', 'contributed', 'contributed'], (2410,))
     """
 
     def __init__(self, engine, clients: np.ndarray):
@@ -55,6 +65,22 @@ class GaussianReports:
         ----------
         bound : numpy.ndarray
             Each row's allowance, 0 where it has nothing left (the template's exhaustion rule).
+
+        Returns
+        -------
+        tuple of (numpy.ndarray, numpy.ndarray)
+            The float64 sum of the clipped (per-client draws: snapped) updates, and each row's
+            certified norm (0 for a row with nothing left).
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from fedfilter.simulations.engine.core import Engine
+        >>> from fedfilter.simulations.engine.config import EngineConfig
+        >>> reports = GaussianReports(Engine(EngineConfig(num_clients=4, local_epochs=1)), np.arange(4))
+        >>> total, norms = reports.clip(np.array([0.5, 0.5, 0.0, 0.5]))
+        >>> bool((norms <= 0.5).all()), float(norms[2]), reports.out.tolist()
+        (True, 0.0, [False, False, True, False])
         """
         e, cfg = self.engine, self.engine.config
         self.out = out = ~(bound > 0)
@@ -85,7 +111,22 @@ class GaussianReports:
         return total, sensitivity
 
     def reporting(self) -> tuple[np.ndarray, np.ndarray]:
-        """``(active, reporting)``: the clients whose data is in the sum, and the spent noise-only ones."""
+        """``(active, reporting)``: the clients whose data is in the sum, and the spent noise-only ones.
+
+        Returns
+        -------
+        tuple of (numpy.ndarray, numpy.ndarray)
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from fedfilter.simulations.engine.core import Engine
+        >>> from fedfilter.simulations.engine.config import EngineConfig
+        >>> reports = GaussianReports(Engine(EngineConfig(num_clients=4, local_epochs=1)), np.arange(4))
+        >>> _ = reports.clip(np.array([0.5, 0.5, 0.0, 0.5]))
+        >>> reports.reporting()
+        (array([0, 1, 3]), array([2]))
+        """
         e = self.engine
         return self.clients[~self.out], self.clients[self.out & ~e.leave[self.clients]]
 
@@ -98,6 +139,31 @@ class GaussianReports:
             What the round spent (its statuses say who had nothing left).
         total : numpy.ndarray
             ``clip``'s sum.
+
+        Returns
+        -------
+        numpy.ndarray
+            ``total`` with the noise added (in place).
+
+        Raises
+        ------
+        RuntimeError
+            When the record's statuses disagree with the rows ``clip`` trained.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from fedfilter.client.mechanisms.spend import ReleaseRecord
+        >>> from fedfilter.simulations.engine.core import Engine
+        >>> from fedfilter.simulations.engine.config import EngineConfig
+        >>> engine = Engine(EngineConfig(num_clients=2, local_epochs=1))
+        >>> engine.round_id = 1
+        >>> reports = GaussianReports(engine, np.arange(2))
+        >>> total, norms = reports.clip(np.array([0.5, 0.0]))
+        >>> status = np.array(["contributed", "noise-only"])
+        >>> record = ReleaseRecord(status, "local", norms, 1.0, 1.0, 1.0, np.zeros((2, 1)), None)
+        >>> reports.noise(record, total).shape == (engine.layout.dim,)
+        True
         """
         e, cfg = self.engine, self.engine.config
         if not np.array_equal(np.asarray(record.status) != "contributed", self.out):

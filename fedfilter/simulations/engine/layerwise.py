@@ -102,7 +102,25 @@ def _sq_rows32(x: torch.Tensor, squares: torch.Tensor | None = None) -> torch.Te
 
 
 def supported(model: nn.Module) -> str | None:
-    """``None`` if the fast mode handles ``model``; else the reason it does not."""
+    """``None`` if the fast mode handles ``model``; else the reason it does not.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        The model to check.
+
+    Returns
+    -------
+    str or None
+
+    Examples
+    --------
+    >>> import torch
+    >>> supported(torch.nn.Sequential(torch.nn.Linear(2, 2))) is None
+    True
+    >>> supported(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.BatchNorm1d(2)))
+    'its state_dict holds entries that are not parameters (buffers)'
+    """
     names = [n for n, _ in model.named_parameters()]
     if names != list(model.state_dict().keys()):
         return "its state_dict holds entries that are not parameters (buffers)"
@@ -131,6 +149,28 @@ def clip_coefficients(norm: torch.Tensor, allowance, lr: float) -> tuple[torch.T
     Client ``i`` adds ``w32_i G_i`` (exactly, in reals), ``charged_i >= ||w32_i G_i||`` and
     ``charged_i <= allowance_i``; NaN marks a non-finite gradient: its client adds nothing and is
     charged 0.
+
+    Parameters
+    ----------
+    norm : torch.Tensor
+        float64 certified norms of ``-lr G_i`` (inf where non-finite).
+    allowance : array_like
+        Each client's allowance.
+    lr : float
+        The step.
+
+    Returns
+    -------
+    tuple of (torch.Tensor, torch.Tensor)
+        The float32 coefficients and the float64 charged norms.
+
+    Examples
+    --------
+    >>> import numpy as np, torch
+    >>> norm = torch.tensor([0.5, 2.0, float("inf")], dtype=torch.float64)
+    >>> w32, charged = clip_coefficients(norm, np.ones(3), lr=1.0)
+    >>> w32.tolist(), charged.tolist()
+    ([-1.0, -0.4999999701976776, -0.0], [0.5, 1.0, nan])
     """
     allow = torch.as_tensor(np.asarray(allowance, dtype=np.float64))
     finite = torch.isfinite(norm)
@@ -153,7 +193,32 @@ class LayerwiseClippedSum:
 
     Large per-chunk arrays (im2col columns, per-example gradients, squares) live in buffers reused
     from chunk to chunk: fresh ones cost page faults that, on this machine, took longer than the
-    arithmetic."""
+    arithmetic.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        A model of Linear and Conv2d layers (``supported``); hooks are registered on its layers.
+    loss_fn : callable
+        ``loss_fn(output, target)``.
+
+    Raises
+    ------
+    ValueError
+        When ``supported(model)`` gives a reason.
+
+    Examples
+    --------
+    >>> import numpy as np, torch
+    >>> _ = torch.manual_seed(0)
+    >>> model = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    >>> fast = LayerwiseClippedSum(model, torch.nn.functional.cross_entropy)
+    >>> weights = [v.detach().numpy().copy() for v in model.state_dict().values()]
+    >>> x, y = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]]), torch.tensor([0, 1, 1])
+    >>> total, charged = fast(weights, x, y, lr=0.1, allowance=np.full(3, 1e-3))
+    >>> total.shape, charged
+    ((6,), array([0.001, 0.001, 0.001]))
+    """
 
     def __init__(self, model: nn.Module, loss_fn: Callable):
         reason = supported(model)
@@ -229,12 +294,58 @@ class LayerwiseClippedSum:
         return self._sum(parts, w32, charged.isnan()).numpy(), torch.nan_to_num(charged, nan=0.0).numpy()
 
     def norms(self, weights: list[np.ndarray], x: torch.Tensor, y: torch.Tensor, *, lr: float) -> np.ndarray:
-        """Certified upper bounds on ``||-lr G_i||`` (inf for a non-finite gradient)."""
+        """Certified upper bounds on ``||-lr G_i||`` (inf for a non-finite gradient).
+
+        Parameters
+        ----------
+        weights : list of numpy.ndarray
+            The model's arrays.
+        x, y : torch.Tensor
+            One example per client.
+        lr : float
+            The step.
+
+        Returns
+        -------
+        numpy.ndarray
+            One bound per client.
+
+        Examples
+        --------
+        >>> import torch
+        >>> model = torch.nn.Sequential(torch.nn.Linear(2, 2))
+        >>> fast = LayerwiseClippedSum(model, torch.nn.functional.cross_entropy)
+        >>> weights = [v.detach().numpy().copy() for v in model.state_dict().values()]
+        >>> norms = fast.norms(weights, torch.eye(2), torch.tensor([0, 1]), lr=0.1)
+        >>> norms.shape, bool((norms > 0).all())
+        ((2,), True)
+        """
         return self._norms(self._per_layer(weights, x, y), lr).numpy()
 
     def terms(self, weights: list[np.ndarray], x: torch.Tensor, y: torch.Tensor) -> list[tuple]:
         """For tests: per parameter (``state_dict`` order), what each example's gradient ``G_i`` is
-        made of: ``("outer", g, a)`` (exactly ``g_i a_i^T``) or ``("array", G)`` (its float32 rows)."""
+        made of: ``("outer", g, a)`` (exactly ``g_i a_i^T``) or ``("array", G)`` (its float32 rows).
+
+        Parameters
+        ----------
+        weights : list of numpy.ndarray
+            The model's arrays.
+        x, y : torch.Tensor
+            One example per client.
+
+        Returns
+        -------
+        list of tuple
+
+        Examples
+        --------
+        >>> import torch
+        >>> model = torch.nn.Sequential(torch.nn.Linear(2, 2))
+        >>> fast = LayerwiseClippedSum(model, torch.nn.functional.cross_entropy)
+        >>> weights = [v.detach().numpy().copy() for v in model.state_dict().values()]
+        >>> [t[0] for t in fast.terms(weights, torch.eye(2), torch.tensor([0, 1]))]
+        ['outer', 'array']
+        """
         out: list[tuple] = []
         for m, _, _, kind, data in self._per_layer(weights, x, y):
             if kind == "outer":

@@ -41,7 +41,29 @@ __all__ = ["SkellamRound", "wrap_centred", "aggregate_skellam"]
 @dataclass(frozen=True)
 class SkellamRound:
     """The public numbers of one distributed round, from the request (z, C, m), SecAgg+'s setup for
-    the clients asked, and the filter's order: the device's ``skellam_grid``, plus alpha*."""
+    the clients asked, and the filter's order: the device's ``skellam_grid``, plus alpha*.
+
+    Attributes
+    ----------
+    sigma : float
+        The accounted std of the released sum, ``z * C`` (model units).
+    gamma : float
+        The SecAgg+ grid step, ``grid_step(C)``.
+    mu_total, mu_share : float
+        The sum's Skellam variance per coordinate (rounded down) and each report's share (rounded
+        up), grid units.
+    q : int
+        SecAgg+'s quantization range for the clients asked.
+    alpha : float
+        The rdp filter's order alpha*.
+
+    Examples
+    --------
+    >>> from fedfilter.privacy.filters import make_filter
+    >>> r = SkellamRound.from_request(1.0, 1.0, 2, 4, make_filter("rdp", 2.0, 1e-5))
+    >>> r.gamma, r.mu_share, r.q, r.alpha
+    (0.000244140625, 8388608.0, 536870912, 10.2)
+    """
 
     sigma: float  # the accounted std of the released SUM (model units): z * C
     gamma: float  # the SecAgg+ grid step, grid_step(C)
@@ -55,7 +77,29 @@ class SkellamRound:
         cls, noise_multiplier: float, clip: float, min_reports: int, n_sampled: int, filt: GaussianFilter
     ) -> SkellamRound:
         """Raises ``RoundSpecError`` (a ValueError) naming the values where a device would refuse the
-        round: no usable variance, a share beyond the sampler, or a sum that would wrap SecAgg+'s range."""
+        round: no usable variance, a share beyond the sampler, or a sum that would wrap SecAgg+'s range.
+
+        Parameters
+        ----------
+        noise_multiplier, clip : float
+            The request's z and C.
+        min_reports : int
+            The request's m.
+        n_sampled : int
+            Clients asked per round (sets SecAgg+'s range).
+        filt : GaussianFilter
+            The rdp filter whose order alpha* the charges use.
+
+        Returns
+        -------
+        SkellamRound
+
+        Examples
+        --------
+        >>> from fedfilter.privacy.filters import make_filter
+        >>> SkellamRound.from_request(1.0, 1.0, 2, 4, make_filter("rdp", 2.0, 1e-5)).sigma
+        1.0
+        """
         spec = RoundSpec("engine", 0, float(noise_multiplier), float(clip), "distributed", int(min_reports))
         q = quantization_range(int(n_sampled))
         grid = skellam_grid(spec, target_range=q, sample_num=int(n_sampled))
@@ -65,7 +109,26 @@ class SkellamRound:
 
 def wrap_centred(total: np.ndarray, q: int) -> np.ndarray:
     """``total mod q`` centred in ``[-q/2, q/2)``: what ``decode_sum`` returns for integer reports
-    whose sum is ``total`` (SecAgg+ sums ``(y_i mod q) - q/2`` modulo a multiple of ``q``)."""
+    whose sum is ``total`` (SecAgg+ sums ``(y_i mod q) - q/2`` modulo a multiple of ``q``).
+
+    Parameters
+    ----------
+    total : numpy.ndarray
+        The integer sum.
+    q : int
+        The quantization range.
+
+    Returns
+    -------
+    numpy.ndarray
+        int64, in ``[-q/2, q/2)``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> wrap_centred(np.array([5, -5, 9]), 16)
+    array([ 5, -5, -7])
+    """
     half = q // 2
     return np.mod(np.asarray(total, dtype=np.int64) + half, q) - half
 
@@ -77,6 +140,28 @@ def aggregate_skellam(n_reports: int, mu_share: float, dim: int, stream) -> np.n
     Independent Skellams add (Sk(a) + Sk(b) = Sk(a + b), Agarwal, Kairouz, Liu 2021), so this is the
     exact distribution of the sum of the reports' shares; ``k * mu_share`` rounds in float64 by at most
     half an ulp (a relative 1e-16 of the variance), the one difference from per-report draws.
+
+    Parameters
+    ----------
+    n_reports : int
+        Reports in the sum.
+    mu_share : float
+        Each report's Skellam variance, grid units.
+    dim : int
+        Coordinates.
+    stream : NoiseStream
+        The round's aggregate stream (``seeds.aggregate_noise_stream``).
+
+    Returns
+    -------
+    numpy.ndarray
+        int64 noise, one value per coordinate.
+
+    Examples
+    --------
+    >>> from fedfilter.simulations.engine.seeds import aggregate_noise_stream
+    >>> aggregate_skellam(3, 10.0, 4, aggregate_noise_stream(0, "run", 1))
+    array([-3,  2,  4,  3])
     """
     n, mu = int(n_reports), float(mu_share)
     per_draw = max(1, int(MAX_MU_SHARE // mu))  # >= 1: a device refuses shares above the cap
@@ -89,5 +174,26 @@ def aggregate_skellam(n_reports: int, mu_share: float, dim: int, stream) -> np.n
 
 
 def per_client_noisy(k: list[np.ndarray], mu_share: float, stream) -> list[np.ndarray]:
-    """``y = k + Sk(mu_share)``: the device's integer report before its SecAgg+ encoding."""
+    """``y = k + Sk(mu_share)``: the device's integer report before its SecAgg+ encoding.
+
+    Parameters
+    ----------
+    k : list of numpy.ndarray
+        The client's snapped integer update.
+    mu_share : float
+        Its share of the Skellam variance, grid units.
+    stream : NoiseStream
+        The client's stream (``seeds.client_noise_stream``).
+
+    Returns
+    -------
+    list of numpy.ndarray
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from fedfilter.simulations.engine.seeds import client_noise_stream
+    >>> per_client_noisy([np.zeros(3, np.int64)], 10.0, client_noise_stream(0, 1, "run", 1))
+    [array([-5, -4,  0])]
+    """
     return add_skellam_noise(k, mu_share, stream)
