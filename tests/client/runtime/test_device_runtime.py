@@ -8,6 +8,7 @@ input a hostile coordinator chooses: message, context with its run config, FAB);
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -214,6 +215,10 @@ class FakeRuntime:
 
 @pytest.fixture
 def markers(tmp_path, monkeypatch) -> Path:
+    # The app's modules may be loaded already by an earlier test of this process (the suite's order
+    # and its workers vary): each test starts from a process that has not imported them.
+    for name in [m for m in sys.modules if m == "hostile_reader" or m.startswith("hostile_reader.")]:
+        monkeypatch.delitem(sys.modules, name)
     out = tmp_path / "markers"
     out.mkdir()
     monkeypatch.setenv("FEDFILTER_TEST_MARKER_DIR", str(out))
