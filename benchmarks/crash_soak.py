@@ -10,9 +10,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # tests/harness: drivers not shipped
+from harness.crash import run_cycles  # noqa: E402
 from tqdm import tqdm  # noqa: E402
-
-from fedfilter.simulations.harness.crash import run_cycles  # noqa: E402
 
 
 def main() -> None:

@@ -5,7 +5,7 @@ Each repetition times, back to back on the same model (Opacus' MNIST CNN) and th
 * ``batched``: a plain batched forward and backward (``loss.backward()`` on each chunk's mean
   loss): what training the model without privacy costs, the floor of any private step;
 * ``torch.func``: the per-example gradients alone (``vmap(grad(functional_call ...))``);
-* ``engine[MODE]``: one full ``Engine.step()`` (papers/004 Algorithm 7's step: gradients,
+* ``engine[MODE]``: one full ``Engine.step()`` (Feldman & Zrnic (2021) Algorithm 7's step: gradients,
   certified norms, allowance, clip, charge/spend on the (n, 1) filter state, aggregate noise,
   mean, server step) for each norm mode asked for (``fast``, ``vectorised``, ``device``);
 

@@ -1,4 +1,4 @@
-"""How the quickstart example learns at the planner's settings, over seeds (issue 24).
+"""How the quickstart example learns at the planner's settings, over seeds.
 
 An offline replica of ``examples/quickstart-pytorch``'s rounds, without Flower: each device trains
 the example's CNN on its digits partition (the example's own ``task.py``), clips its update to C,
@@ -9,7 +9,7 @@ the planner's noise figure next to the measured norm of the mean's noise.
 
     python benchmarks/example_learns.py --seeds 6 --rounds 3 --epochs 3 --clip 3 --noise-multiplier 0.0061
 
-It is not the Flower path (tests/cli/test_example_app.py runs that); it shows the spread of
+It is not the Flower path (tests/test_example_app.py runs that); it shows the spread of
 accuracy a test of a few rounds must tolerate.
 """
 
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedfilter.privacy.federation_plan import mean_noise_norm
+from fedfilter.planning.federation import mean_noise_norm
 from fedfilter.protocol.rules import added_noise_std
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "quickstart-pytorch"

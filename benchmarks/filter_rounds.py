@@ -3,7 +3,7 @@
     python benchmarks/filter_rounds.py [--rounds-only]
 
 Rounds: a fresh client, every clipped update of norm exactly C, noise std z*C, delta = 1e-5, for
-z = 170 (papers/004 Appendix A's eps = 0.3 setting) and z = 5 (a typical federated setting).
+z = 170 (Feldman & Zrnic (2021) Appendix A's eps = 0.3 setting) and z = 5 (a typical federated setting).
 Latency: one FilteredClient.release (validate, allowance, clip, durable SQLite commit with
 synchronous=FULL, noise) of a 100k-parameter update, against a baseline measured in the same run:
 a bare SQLite insert+commit with the same durability settings on the same disk (the fsync floor).
@@ -22,7 +22,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fedfilter.client.ledger.budget import BudgetLedger  # noqa: E402
 from fedfilter.client.release import FilteredClient  # noqa: E402
-from fedfilter.privacy.planner import plan_rounds  # noqa: E402
+from fedfilter.planning.rounds import plan_rounds  # noqa: E402
 from fedfilter.protocol.request import RoundSpec  # noqa: E402
 
 EPSILONS = (0.3, 0.5, 1.0, 2.0, 8.0)

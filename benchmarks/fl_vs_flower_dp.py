@@ -1,4 +1,4 @@
-"""What individual accounting buys a federation, against Flower's own differential privacy (issue 27).
+"""What individual accounting buys a federation, against Flower's own differential privacy.
 
 The same federation (task, clients, clients asked per round, rounds), the same model and local training
 (``local_epochs`` epochs of SGD, the shuffling seed ``1_000_003 * round + partition_id`` of
@@ -9,7 +9,7 @@ per-device ``(epsilon, delta)``, five ways:
     Flower's ``FedAvg`` with Flower's RDP accountant (``flwr.supercore.privacy_accounting``:
     ``PrivacyConfig(target_delta, population_size, ADD_OR_REMOVE_ONE, NO_AMPLIFICATION, max_epsilon)``,
     the one model flwr 1.42 accepts for fixed clipping), run by Flower's own strategy code on a Grid
-    (``fedfilter.simulations.harness.secagg_loopback.LoopbackGrid``) whose nodes are Flower ClientApps
+    (``harness.secagg_loopback.LoopbackGrid``) whose nodes are Flower ClientApps
     training the same torch model. A TRUSTED server: it sees every clipped update in the clear. One
     budget for the population: with budget tiers it runs at the smallest epsilon (the output says so).
     ``z`` is the smallest (bisection, rounded up) for which Flower's accountant itself admits the
@@ -19,7 +19,7 @@ per-device ``(epsilon, delta)``, five ways:
 (b) ``fedfilter-distributed``: fedfilter's distributed placement (Skellam noise on SecAgg+'s integer
     grid, no trusted server) with each device's individual filter (rdp), through the vectorised engine
     studies use (``fedfilter.simulations.engine``; its agreement with the Flower path is
-    ``tests/simulations/test_engine_conformance.py`` and ``test_engine_conformance_distributed.py``).
+    ``tests/simulations/engine/test_engine_conformance.py`` and ``test_engine_conformance_distributed.py``).
     ``min_reports = max(2, clients_per_round // 2)`` unless ``--min-reports``: each report carries
     ``1/min_reports`` of the sum's noise, so with every asked device reporting the sum carries
     ``clients_per_round / min_reports`` times (a)'s variance. Each device's worst-case budget is the
@@ -32,7 +32,7 @@ per-device ``(epsilon, delta)``, five ways:
     the exact Gaussian-DP filter).
 (e) ``no-privacy``: Flower's plain ``FedAvg`` on the same Grid and ClientApps.
 (f) ``engine-central`` (a diagnostic, not in the default ``--arms``): (a)'s mechanism through
-    fedfilter's engine: the engine's ``central`` placement (papers/004's trusted curator: the clipped
+    fedfilter's engine: the engine's ``central`` placement (Feldman & Zrnic's trusted curator: the clipped
     updates summed in the clear, one Gaussian draw ``N(0, (z C)^2)`` added), at (a)'s ``z``, each
     device's Gaussian-DP filter. A TRUSTED server. (f) against (a) is the engine against Flower's
     strategy code on one mechanism; (b) against (f) is what the distributed mechanism costs.
@@ -66,7 +66,9 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # tests/harness: drivers not shipped
+
+import numpy as np  # noqa: E402
 from fl_vs_flower_dp_plan import budgets, fedfilter_noise_multipliers, min_reports
 
 ARMS = {
@@ -124,7 +126,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="(b)-(d): this noise multiplier instead of (a)'s (fedfilter charges a device only when asked), or "
         "'plan': each placement's own planner (the smallest z whose filter pays for the rounds a device is "
-        "expected to be asked, full clip every time; fedfilter.privacy.federation_plan)",
+        "expected to be asked, full clip every time; fedfilter.planning.federation)",
     )
     p.add_argument(
         "--plan-quantile",
@@ -261,7 +263,7 @@ def flower_arm(
 ) -> dict[str, Any]:
     """(a) with ``z`` and Flower's accountant at ``epsilon``, or (e) with ``z=None``: Flower's own
     strategy code at the run's settings (``flower_central_dp.run_flower``)."""
-    from fedfilter.simulations.harness.flower_central_dp import run_flower
+    from harness.flower_central_dp import run_flower
 
     return run_flower(
         task,
@@ -284,7 +286,7 @@ def flower_arm(
 def engine_arm(task, args, *, arm: str, z: float, eps: np.ndarray, bar, run_id: str = "fl-vs-flower") -> dict[str, Any]:
     from fedfilter.deploy.devices import simulated_worst_case_epsilon
     from fedfilter.privacy.filters import rdp_order
-    from fedfilter.protocol.secagg_grid import grid_step
+    from fedfilter.protocol.secagg.grid import grid_step
     from fedfilter.simulations.engine import Engine, EngineConfig
 
     n, k = task.num_clients, args.clients_per_round
@@ -392,9 +394,8 @@ def settings(args: argparse.Namespace, task) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
+    from harness.flower_central_dp import flower_noise_multiplier
     from tqdm import tqdm
-
-    from fedfilter.simulations.harness.flower_central_dp import flower_noise_multiplier
 
     task = load(args)
     config = settings(args, task)

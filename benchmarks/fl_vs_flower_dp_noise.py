@@ -1,4 +1,5 @@
-"""Where issue 27's gaps live: in the noise, or in the path before it (a diagnostic for docs/results.md).
+"""Where the gaps between fedfilter and Flower's DP live: in the noise, or in the path before it (a diagnostic
+for docs/results.md).
 
 Two questions, each asked on ``fl_vs_flower_dp.py``'s own settings (everything after ``--`` is its
 arguments; its ``load``, ``engine_arm`` and Flower driver run unchanged):
@@ -35,6 +36,7 @@ from fedfilter.checks import positive_finite
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # tests/harness: drivers not shipped
 import fl_vs_flower_dp as bench  # noqa: E402  (the benchmark this diagnoses, beside this script)
 
 NEVER_BINDS = 1e4  # a per-device epsilon no 100-round run at z >= 0.1 comes near
@@ -63,9 +65,8 @@ def run_arm(args: argparse.Namespace, task, arm: str, *, z_scale: float = 1.0, d
     """One arm's result (accuracy and test loss per round) at the benchmark's settings (its first epsilon);
     ``draw`` 0 is the benchmark's own noise, ``draw`` i > 0 another (``run_id(i)``, or for (a) another
     seed of numpy's global generator)."""
+    from harness.flower_central_dp import flower_noise_multiplier
     from tqdm import tqdm
-
-    from fedfilter.simulations.harness.flower_central_dp import flower_noise_multiplier
 
     n, k, epsilon = task.num_clients, args.clients_per_round, args.epsilon[0]
     eps = bench.budgets(n, epsilon, args.budgets, args.seed)

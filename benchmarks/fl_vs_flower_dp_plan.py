@@ -1,4 +1,4 @@
-"""What each arm of ``benchmarks/fl_vs_flower_dp.py`` is asked to run (issue 27): the devices' budgets,
+"""What each arm of ``benchmarks/fl_vs_flower_dp.py`` is asked to run: the devices' budgets,
 SecAgg+'s threshold and fedfilter's noise multiplier.
 
 Budget tiers (``--budgets tiers``): the shares of Jorgensen et al. (ICDE 2015), used for individualized
@@ -68,7 +68,7 @@ def fedfilter_noise_multipliers(task, args: argparse.Namespace, epsilon: float, 
         return dict.fromkeys("bcd", flower_z)
     if args.fedfilter_z != "plan":
         return dict.fromkeys("bcd", float(args.fedfilter_z))
-    from fedfilter.privacy.federation_plan import plan_federation
+    from fedfilter.planning.federation import plan_federation
 
     model = task.model_fn()
     dim = int(sum(p.numel() for p in model.parameters()))

@@ -1,4 +1,4 @@
-"""The results of ``benchmarks/fl_vs_flower_dp.py`` (issue 27) as text, markdown and plots.
+"""The results of ``benchmarks/fl_vs_flower_dp.py`` as text, markdown and plots.
 
 ``table`` and ``markdown`` print one ``results.json``; run as a script, this draws the plots
 docs/results.md shows from one or more of them:

@@ -39,6 +39,7 @@ from pathlib import Path
 
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # Ray on 127.0.0.1 only, before Ray starts
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # tests/harness: drivers not shipped
 
 
 def build_apps(args, devices: dict, timings: dict):
@@ -46,14 +47,14 @@ def build_apps(args, devices: dict, timings: dict):
     from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
     from flwr.clientapp import ClientApp
     from flwr.serverapp import ServerApp
+    from harness.probe_coordinator import (
+        FilteredMeanStrategy,  # tests/: rounds driven message by message
+    )
 
     from fedfilter.app.client_app import train
     from fedfilter.client.filter_mod import individual_filter_mod
     from fedfilter.client.flower.simulated_mod import simulated_device_config_mod
     from fedfilter.protocol.wire import ARRAYS_RECORD, REQUEST_RECORD
-    from fedfilter.simulations.harness.probe_coordinator import (
-        FilteredMeanStrategy,  # tests/: rounds driven message by message
-    )
 
     client_app = ClientApp()
     client_app.train()(train)

@@ -25,15 +25,16 @@ from pathlib import Path
 # nested stages are subtracted from their parent when the table is printed. A stage whose function
 # is gone, or is no longer called there, stops the run: the table must follow the code.
 STAGES = [
-    ("filter_mod", "device_config", "settings (node_config -> DeviceConfig)"),
-    ("filter_mod", "round_spec_from_record", "request parsing and checks"),
-    ("filter_mod", "check_request", "request parsing and checks"),
-    ("filter_mod", "decode", "read Arrays (model received, model returned)"),
-    ("filter_mod", "cached_ledger", "ledger open (per-process cache)"),
-    ("filter_mod", "_filtered_release", "(filtered round)"),
+    ("round.admit", "device_config", "settings (node_config -> DeviceConfig)"),
+    ("round.admit", "round_spec_from_record", "request parsing and checks"),
+    ("round.placement", "check_request", "request parsing and checks"),
+    ("round.admit", "decode", "read Arrays (model received, model returned)"),
+    ("round.train", "decode", "read Arrays (model received, model returned)"),
+    ("round.run", "cached_ledger", "ledger open (per-process cache)"),
+    ("round.run", "_filtered", "(filtered round)"),
     ("ledger.budget.BudgetLedger", "has_release", "replay pre-check (one SELECT)"),
-    ("filter_mod", "_inner_update", "(inner handler + update)"),
-    ("filter_mod", "release", "(release)"),
+    ("round.train", "_inner_update", "(inner handler + update)"),
+    ("round.release", "release", "(release)"),
     ("ledger.budget.BudgetLedger", "_check_seal", "seal check (read seal, SELECT its row)"),
     ("ledger.budget.BudgetLedger", "_check_anchor", "roll-back anchor check (read anchor, SELECT its row)"),
     ("ledger.quota.Reservation", "allowance", "allowance (every cap)"),
@@ -43,7 +44,7 @@ STAGES = [
     ("ledger.budget.BudgetLedger", "_seal_latest", "seal write (fsync file + rename + fsync dir)"),
     ("ledger.budget", "advance_anchor", "roll-back anchor write (flock, re-check, pwrite + fdatasync)"),
     ("mechanisms.gaussian", "add_grid_noise", "noise (ChaCha20 + exact rounded Gaussian)"),
-    ("filter_mod", "_reply", "reply building (encode Arrays)"),
+    ("round.placement.LocalPlacement", "reply", "reply building (encode Arrays)"),
 ]
 
 

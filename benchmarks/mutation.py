@@ -47,62 +47,66 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # the operators' modul
 from mutation_ops import Mutant, apply_mutant, find_mutants, survivor_key  # noqa: E402
 
 _PRIVACY_TESTS = [
-    "tests/client/test_budget_references.py",
-    "tests/client/test_renyi_zcdp.py",
-    "tests/client/test_gaussian_dp.py",
-    "tests/client/test_filters_shared.py",
+    "tests/client/ledger/test_budget_references.py",
+    "tests/privacy/test_renyi_zcdp.py",
+    "tests/privacy/test_gaussian_dp.py",
+    "tests/privacy/test_filters_shared.py",
 ]
 # Test files that exercise each target; the fast tests among them are chosen by timing.
 TESTS: dict[str, list[str]] = {
-    "privacy/filters.py": _PRIVACY_TESTS + ["tests/client/test_release.py", "tests/client/test_ledger.py"],
-    "privacy/rounding.py": _PRIVACY_TESTS,
-    "privacy/gaussian_dp.py": _PRIVACY_TESTS,
-    "privacy/zcdp.py": _PRIVACY_TESTS,
-    "privacy/renyi.py": _PRIVACY_TESTS,
-    "privacy/pure_dp.py": ["tests/client/test_pure_dp_baselines.py"],
-    "privacy/planner.py": ["tests/cli/test_cli_planner.py"],
-    "client/ledger/budget.py": [
-        "tests/client/test_ledger.py",
+    "fedfilter/privacy/filters.py": _PRIVACY_TESTS
+    + ["tests/client/test_release.py", "tests/client/ledger/test_ledger.py"],
+    "fedfilter/privacy/rounding.py": _PRIVACY_TESTS,
+    "fedfilter/privacy/gaussian_dp.py": _PRIVACY_TESTS,
+    "fedfilter/privacy/zcdp.py": _PRIVACY_TESTS,
+    "fedfilter/privacy/renyi.py": _PRIVACY_TESTS,
+    "fedfilter/privacy/pure_dp.py": ["tests/privacy/test_pure_dp_baselines.py"],
+    "planning/rounds.py": ["tests/cli/test_cli_planner.py"],
+    "fedfilter/client/ledger/budget.py": [
+        "tests/client/ledger/test_ledger.py",
         "tests/client/test_mod_replay.py",
-        "tests/client/test_budget_references.py",
+        "tests/client/ledger/test_budget_references.py",
         "tests/client/test_release.py",
     ],
-    "client/release.py": [
+    "fedfilter/client/release.py": [
         "tests/client/test_release.py",
-        "tests/client/test_budget_references.py",
+        "tests/client/ledger/test_budget_references.py",
         "tests/client/test_mod_replay.py",
     ],
-    "client/mechanisms/gaussian.py": [
+    "fedfilter/client/mechanisms/gaussian.py": [
         "tests/client/test_release.py",
-        "tests/client/test_budget_references.py",
-        "tests/client/test_noise.py",
+        "tests/client/ledger/test_budget_references.py",
+        "tests/client/mechanisms/test_noise.py",
     ],
-    "client/mechanisms/gaussian_noise.py": ["tests/client/test_noise.py"],
-    "client/ledger/seal.py": ["tests/client/test_ledger_fail_closed.py"],
+    "fedfilter/client/mechanisms/gaussian_noise.py": ["tests/client/mechanisms/test_noise.py"],
+    "fedfilter/client/ledger/seal.py": ["tests/client/ledger/test_ledger_fail_closed.py"],
 }
 TESTS["privacy/filters.py"] += [
-    "tests/client/test_allowance_constant_work.py",
-    "tests/client/test_rdp_filter.py",
+    "tests/privacy/test_allowance_constant_work.py",
+    "tests/privacy/test_rdp_filter.py",
 ]
-TESTS["privacy/renyi.py"] += ["tests/client/test_rdp_filter.py"]
-TESTS["client/ledger/budget.py"] += ["tests/client/test_ledger_fail_closed.py", "tests/client/test_quota.py"]
+TESTS["privacy/renyi.py"] += ["tests/privacy/test_rdp_filter.py"]
+TESTS["client/ledger/budget.py"] += [
+    "tests/client/ledger/test_ledger_fail_closed.py",
+    "tests/client/ledger/test_quota.py",
+]
 TESTS["client/release.py"] += [
     "tests/client/test_request_bounds.py",
-    "tests/client/test_noise.py",
-    "tests/client/test_quota.py",
+    "tests/client/mechanisms/test_noise.py",
+    "tests/client/ledger/test_quota.py",
 ]
 # Default targets, most privacy-critical first (a time budget runs them in this order).
 DEFAULT_FILES = [
-    "privacy/filters.py",
-    "privacy/rounding.py",
-    "privacy/zcdp.py",
-    "privacy/renyi.py",
-    "client/ledger/budget.py",
-    "privacy/gaussian_dp.py",
-    "client/release.py",
-    "client/mechanisms/gaussian.py",
-    "client/mechanisms/gaussian_noise.py",
-    "client/ledger/seal.py",
+    "fedfilter/privacy/filters.py",
+    "fedfilter/privacy/rounding.py",
+    "fedfilter/privacy/zcdp.py",
+    "fedfilter/privacy/renyi.py",
+    "fedfilter/client/ledger/budget.py",
+    "fedfilter/privacy/gaussian_dp.py",
+    "fedfilter/client/release.py",
+    "fedfilter/client/mechanisms/gaussian.py",
+    "fedfilter/client/mechanisms/gaussian_noise.py",
+    "fedfilter/client/ledger/seal.py",
 ]
 # Imported once in the parent so that each forked child starts warm. Never the project's own code.
 PRELOAD = ["numpy", "scipy.stats", "mpmath", "dp_accounting", "hypothesis", "pytest", "flwr.app", "sqlite3"]

@@ -3,7 +3,7 @@
     python benchmarks/noise_latency.py [--dims 100000 1000000] [--repeats 5]
 
 For each model size: (1) the replaced float noise (numpy's float64 normal added in float64, cast to
-float32: what `add_gaussian_noise` did before issue 13), (2) the float-safe noise (snap the update
+float32: what `add_gaussian_noise` did before the float-safe noise), (2) the float-safe noise (snap the update
 onto the grid, exact rounded Gaussian from ChaCha20, `fedfilter.client.mechanisms.gaussian`), (3) a whole
 `FilteredClient.release` (validate, filter, clip, durable SQLite commit, snap, noise). Medians of
 `--repeats` runs, one core, and the ratio (2) / (1).

@@ -1,4 +1,4 @@
-"""Filter readout against odometers on the same Gaussian spend histories (issue 26, docs/results.md).
+"""Filter readout against odometers on the same Gaussian spend histories (docs/results.md).
 
 Each history is T rounds at mu = clip / noise std = 1 / noise multiplier (a device sending a full
 clipped update each round). Columns, all epsilons at delta (default 1e-5):
@@ -8,7 +8,7 @@ clipped update each round). Columns, all epsilons at delta (default 1e-5):
 * ``gdp odometer``: ``odometer.gdp_odometer`` (valid at every round at once).
 * ``rdp odometer``: ``odometer.rdp_odometer`` at alpha* of an rdp ledger enrolled with epsilon
   ``--rdp-budget`` (the one order its state keeps).
-* ``Thm 6.5``: papers/003 Theorem 6.5 through Lemma 3.3: each round as (eps_t, delta_t)-DP on the
+* ``Thm 6.5``: Rogers et al. (2016) Theorem 6.5 through Lemma 3.3: each round as (eps_t, delta_t)-DP on the
   Gaussian curve, eps_t the smallest with ``T * 2 delta_t / (eps_t e^eps_t) <= delta/2`` (bisection),
   and the advanced odometer at (2 eps_t) with delta/2 and ``--n``; total delta as the others.
 
@@ -47,14 +47,14 @@ def theorem65_via_lemma33(mu: float, rounds: int, delta: float, n: int) -> float
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--delta", type=float, default=1e-5)
-    p.add_argument("--n", type=int, default=1000, help="papers/003 Theorem 6.5's n")
+    p.add_argument("--n", type=int, default=1000, help="Rogers et al. (2016) Theorem 6.5's n")
     p.add_argument("--rdp-budget", type=float, default=4.0)
     args = p.parse_args()
     filt = rdp_filter(args.rdp_budget, args.delta)
     alpha = rdp_order(filt)
     print(f"delta={args.delta:g}; rdp ledger of budget epsilon {args.rdp_budget:g} keeps order alpha*={alpha:g}")
     print(
-        "| noise mult. | rounds | sum mu^2 | filter spent | gdp odometer | rdp odometer | papers/003 Thm 6.5 |\n"
+        "| noise mult. | rounds | sum mu^2 | filter spent | gdp odometer | rdp odometer | Rogers et al. Thm 6.5 |\n"
         "|---:|---:|---:|---:|---:|---:|---:|"
     )
     for sigma, rounds in HISTORIES:

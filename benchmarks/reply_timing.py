@@ -40,9 +40,11 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # tests/harness: drivers not shipped
+
+from harness.reply_timing import measure  # noqa: E402
 
 from fedfilter.app.client_app import make_client_app  # noqa: E402
-from fedfilter.simulations.harness.reply_timing import measure  # noqa: E402
 
 P_MIN, ACCURACY_MAX = 0.01, 0.60
 

@@ -1,4 +1,4 @@
-"""Reproduce papers/001's Adult table (private GD with and without filtering) on the engine.
+"""Reproduce the short version's Adult table (private GD with and without filtering) on the engine.
 
     # 1. tune private GD (Algorithm 6) on a validation split of the training rows
     nice -n 10 python benchmarks/reproduce_adult.py --tune > adult_tune.log 2>&1
@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fedfilter.simulations.reproduce.adult_gd import EPSILONS, GRID, PAPER_TABLE, VARIANTS  # noqa: E402
 
-RESULTS = Path("simulations/reproduce/results")  # the default of --results
+RESULTS = Path("fedfilter/simulations/reproduce/results")  # the default of --results
 
 
 def _rows(path: Path) -> list[dict]:

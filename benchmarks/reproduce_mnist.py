@@ -1,4 +1,4 @@
-"""Reproduce papers/004 Section 5.1 (MNIST, private GD with and without filtering) on the engine.
+"""Reproduce Feldman & Zrnic (2021) Section 5.1 (MNIST, private GD with and without filtering) on the engine.
 
     python benchmarks/reproduce_mnist.py --help
 

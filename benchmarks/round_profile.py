@@ -1,6 +1,6 @@
 """Where one round's time goes, by cProfile: own time per function, grouped by where the code lives.
 
-Used by ``benchmarks/secagg_overhead.py --profile FILE`` (issue 23). cProfile slows Python-heavy code
+Used by ``benchmarks/secagg_overhead.py --profile FILE``. cProfile slows Python-heavy code
 most, so read the groups' shares, not their seconds.
 """
 

@@ -1,9 +1,9 @@
-"""What the malicious-server checks (issue 22) cost per secure round, next to Flower's plain SecAgg+.
+"""What the malicious-server checks cost per secure round, next to Flower's plain SecAgg+.
 
     python benchmarks/secagg_consistency_cost.py [--clients 10 20 30] [--rounds 5] [--dim 10000]
 
 Both variants run Flower's own SecAgg+ protocol code on the same in-process loopback
-(``simulations/harness/secagg_loopback.py``: every message through Flower's wire format to an in-process ClientApp,
+(``tests/harness/secagg_loopback.py``: every message through Flower's wire format to an in-process ClientApp,
 one node after the other, so a round's time is the whole federation's compute), with fedfilter's
 ChaCha20 mask generator, the distributed integer grid (``secaggplus_settings``, ``encode_report``),
 every sampled node a neighbour (``num_shares = 1.0``) and the same threshold (more than half the
@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # tests/harness: drivers not shipped
 
 
 def run(n: int, rounds: int, dim: int) -> dict:
@@ -45,14 +46,14 @@ def run(n: int, rounds: int, dim: int) -> dict:
     from flwr.server import LegacyContext, ServerConfig
     from flwr.server.strategy import FedAvg
     from flwr.server.workflow import DefaultWorkflow, SecAggPlusWorkflow
+    from harness.secagg_loopback import LoopbackGrid
 
     import fedfilter.client.secagg.mod as device
     from fedfilter.client.secagg.mod import secure_aggregation_mod
-    from fedfilter.coordinator.secagg_consistency_round import ConsistencyCheckedSecAggPlus
-    from fedfilter.coordinator.secure_round import round_graph
-    from fedfilter.protocol.secagg_grid import encode_report, secaggplus_settings
-    from fedfilter.protocol.secagg_masks import cryptographic_masks, use_cryptographic_masks
-    from fedfilter.simulations.harness.secagg_loopback import LoopbackGrid
+    from fedfilter.coordinator.secagg.consistency import ConsistencyCheckedSecAggPlus
+    from fedfilter.coordinator.secagg.secure_round import round_graph
+    from fedfilter.protocol.secagg.grid import encode_report, secaggplus_settings
+    from fedfilter.protocol.secagg.masks import cryptographic_masks, use_cryptographic_masks
 
     settings = secaggplus_settings(n)
     threshold = round_graph(n, 2, 1.0).threshold  # the full graph, as this benchmark runs it

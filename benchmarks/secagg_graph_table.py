@@ -25,7 +25,7 @@ def main(argv=None) -> int:
     p.add_argument("--dropout-rate", type=float, nargs="+", default=[0.1, 0.2])
     p.add_argument("--colluders", type=int, default=0)
     args = p.parse_args(argv)
-    from fedfilter.privacy.secagg_graph import choose_graph
+    from fedfilter.protocol.secagg.graph import choose_graph
 
     print("| devices n | min-reports | dropout rate | k | t | abort per round | k / n | s |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|")

@@ -3,7 +3,7 @@
     python benchmarks/secagg_overhead.py [--clients 10 100 1000] [--rounds 3] [--warmup 1] [--num-shares auto]
         [--min-reports-fraction 0.5] [--workflow product|flower] [--profile FILE]
 
-Where: in-process rounds through ``simulations/harness/secagg_loopback.py``'s ``LoopbackGrid`` (every message goes
+Where: in-process rounds through ``tests/harness/secagg_loopback.py``'s ``LoopbackGrid`` (every message goes
 through Flower's wire format to an in-process ClientApp, one node after the other; no Ray, no
 network), so a round's time is the whole federation's compute: every client's and the server's.
 Flower's real protocol code runs on both sides: the legacy ``DefaultWorkflow`` fit round
@@ -13,9 +13,9 @@ Flower's real protocol code runs on both sides: the legacy ``DefaultWorkflow`` f
 consistency round before unmask) with ``secure_aggregation_mod`` on the clients (Flower's
 ``secaggplus_mod`` with the devices' key checks and survivor-set MACs);
 ``--workflow flower`` runs Flower's bare ``SecAggPlusWorkflow`` with ``secaggplus_mod``. Both with
-fedfilter's SecAgg+ primitives installed (``fedfilter.protocol.secagg_masks``: AES-256-CTR masks,
+fedfilter's SecAgg+ primitives installed (``fedfilter.protocol.secagg.masks``: AES-256-CTR masks,
 prime-field Shamir sharing, X25519 key agreement with raw keys) and with the integer grid of distributed placement
-(``fedfilter.protocol.secagg_grid``: ``secaggplus_settings``, ``encode_report``, ``decode_sum``), on the
+(``fedfilter.protocol.secagg.grid``: ``secaggplus_settings``, ``encode_report``, ``decode_sum``), on the
 neighbourhood graph the coordinator ships by default (``coordinator.secure_round.round_graph`` for
 ``min-reports = ceil(clients * --min-reports-fraction)``, default a half, and ``--num-shares``, default
 ``auto``: the sparse graph). The devices' rule ties the graph to min-reports (``t >= min-reports``,
@@ -60,6 +60,7 @@ from collections import defaultdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # tests/harness: drivers not shipped
 
 CLIP = 0.4
 
@@ -72,7 +73,7 @@ def _client_app(task, pid_of: dict, sent: dict, clip: float, local_epochs: int, 
 
     from fedfilter.app.task import local_update, set_weights
     from fedfilter.client.mechanisms.gaussian import snap_toward_zero
-    from fedfilter.protocol.secagg_grid import encode_report, grid_step
+    from fedfilter.protocol.secagg.grid import encode_report, grid_step
 
     step = grid_step(clip)
 
@@ -113,7 +114,7 @@ def _strategy(weights_ref: list, clip: float, q: int, sent: dict):
     from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
     from flwr.server.strategy import FedAvg
 
-    from fedfilter.protocol.secagg_grid import decode_sum, grid_step
+    from fedfilter.protocol.secagg.grid import decode_sum, grid_step
 
     step = grid_step(clip)
 
@@ -233,13 +234,13 @@ def run_size(n: int, args) -> dict:
     from flwr.server.workflow import SecAggPlusWorkflow
     from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD, Key
     from flwr.server.workflow.default_workflows import default_fit_workflow
+    from harness.secagg_loopback import LoopbackGrid
 
     from fedfilter.app.task import evaluate, get_weights, load_task, set_weights
-    from fedfilter.coordinator.secagg_consistency_round import ConsistencyCheckedSecAggPlus
-    from fedfilter.coordinator.secure_round import round_graph
-    from fedfilter.protocol.secagg_grid import secaggplus_settings
-    from fedfilter.protocol.secagg_masks import use_cryptographic_masks
-    from fedfilter.simulations.harness.secagg_loopback import LoopbackGrid
+    from fedfilter.coordinator.secagg.consistency import ConsistencyCheckedSecAggPlus
+    from fedfilter.coordinator.secagg.secure_round import round_graph
+    from fedfilter.protocol.secagg.grid import secaggplus_settings
+    from fedfilter.protocol.secagg.masks import use_cryptographic_masks
 
     use_cryptographic_masks()  # both sides run in this process: one install covers them
     primitive_s: dict[str, float] = defaultdict(float)

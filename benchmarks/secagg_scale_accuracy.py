@@ -1,4 +1,4 @@
-"""What distributed placement buys as the devices per round grow (issue 23, item 4).
+"""What distributed placement buys as the devices per round grow.
 
 Runs a study file through the study runner with ``resume`` (rerun the same command after an
 interruption and the finished runs are kept), then prints the table of final accuracy against

@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     from fedfilter.client.settings.node_config import enrol_device
     from fedfilter.client.settings.simulated import write_device_settings
     from fedfilter.coordinator.public_ledger import PublicLedger
-    from fedfilter.coordinator.secure_round import round_graph
+    from fedfilter.coordinator.secagg.secure_round import round_graph
     from fedfilter.deploy.command import BUILTIN_APP_DIR
     from fedfilter.deploy.simulation_link import SimulationLink
 

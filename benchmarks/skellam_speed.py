@@ -1,4 +1,4 @@
-"""Exact Skellam noise against the exact rounded Gaussian, samples per second, in one run (issue 15).
+"""Exact Skellam noise against the exact rounded Gaussian, samples per second, in one run.
 
     python benchmarks/skellam_speed.py [--mus 50 100000 10000000] [--size 1000000] [--repeats 5]
 

@@ -1,4 +1,4 @@
-"""Sparse counting queries: worst-case accounting vs the individual filter (papers/004 Theorem 1.2).
+"""Sparse counting queries: worst-case accounting vs the individual filter (Feldman & Zrnic (2021) Theorem 1.2).
 
     python benchmarks/sparse_queries.py                       # the table
     python benchmarks/sparse_queries.py --figures docs/results_study   # and one PNG per scenario

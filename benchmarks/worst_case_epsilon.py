@@ -1,4 +1,4 @@
-"""Does the demo's worst-case budget (m x epsilon) bind before the main one? (issue 22)
+"""Does the demo's worst-case budget (m x epsilon) bind before the main one?
 
     python benchmarks/worst_case_epsilon.py [--epsilons 2,8] [--min-reports 5,10,100] [--dim 1000] [--max-rounds 50]
 
@@ -32,7 +32,7 @@ from fedfilter.client.release import release
 from fedfilter.client.settings.policy import ClientPolicy, check_request
 from fedfilter.deploy.devices import simulated_worst_case_epsilon
 from fedfilter.protocol.request import RoundSpec
-from fedfilter.protocol.secagg_grid import secaggplus_settings  # noqa: E402
+from fedfilter.protocol.secagg.grid import secaggplus_settings  # noqa: E402
 
 DELTA = 1e-5
 

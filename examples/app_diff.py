@@ -2,7 +2,7 @@
 
 ``quickstart-pytorch/`` is ``flower-quickstart-pytorch/`` (Flower's template, offline data) plus
 fedfilter. ``python examples/app_diff.py`` prints the diff; ``--write`` stores it in
-``quickstart-pytorch/FEDFILTER.diff``, the file the README shows and ``tests/cli/test_example_app.py``
+``quickstart-pytorch/FEDFILTER.diff``, the file the README shows and ``tests/test_example_app.py``
 compares with the live diff, so neither can go stale.
 """
 

@@ -1,7 +1,9 @@
-"""The layering and the one-place rules, checked on the source (issue 25).
+"""The layering and the one-place rules, checked on the source.
 
 * Apps apart from studies: the device and coordinator code never imports ``fedfilter.simulations``;
   the built-in app reaches the research tasks only through ``fedfilter/app/task.py``.
+* Flower's internals (everything outside its documented app API) are imported in one module,
+  ``protocol/flower_api.py``, so a Flower upgrade is one file.
 * What both sides share lives in ``protocol/`` and ``privacy/``: the coordinator (and those two) never
   import the device package ``fedfilter.client``.
 * Each constant and rule is defined once, and the spend order is written once
@@ -14,7 +16,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[1]
+ROOT = REPO / "fedfilter"  # the packages; paths below are relative to it
 STUDIES = "fedfilter.simulations"
 
 
@@ -45,7 +48,7 @@ def test_client_and_coordinator_never_import_the_studies():
 
 
 def test_the_app_reaches_the_studies_only_through_task_py():
-    offenders = _offenders(ROOT / "fedfilter" / "app")
+    offenders = _offenders(ROOT / "app")
     assert offenders and all(line.startswith("task.py: ") for line in offenders), offenders
 
 
@@ -67,7 +70,7 @@ def test_the_coordinator_and_the_shared_code_never_import_the_device():
 
 # --- each constant and rule once ---------------------------------------------------------------------
 
-CODE = ("client", "coordinator", "privacy", "protocol", "protos", "simulations", "fedfilter", "benchmarks")
+CODE = (ROOT, REPO / "benchmarks")
 # name -> the one file that defines it (a module-level assignment)
 DEFINED_ONCE = {
     "PLACEMENTS": "protocol/request.py",
@@ -77,22 +80,33 @@ DEFINED_ONCE = {
     "REQUEST_FIELDS": "protocol/wire.py",
     "REPLY_DTYPE": "protocol/wire.py",
     "CONSISTENCY_RECORD": "protocol/wire.py",
-    "SECAGG_GRID_BITS": "protocol/secagg_grid.py",
-    "DEFAULT_DROPOUT_RATE": "protocol/secagg_grid.py",
+    "SECAGG_GRID_BITS": "protocol/secagg/grid.py",
+    "DEFAULT_DROPOUT_RATE": "protocol/secagg/grid.py",
     "NOISE_GRID_BITS": "client/mechanisms/gaussian.py",
     "MAX_MU_SHARE": "client/mechanisms/skellam_noise.py",
     "CLIP_SLACK": "client/mechanisms/skellam.py",
-    "TRAIN_KEYS": "fedfilter/app/config.py",
+    "TRAIN_KEYS": "app/config.py",
 }
 # names that once had a second, differently named copy: none may come back
 RETIRED = ("GRID_BITS", "_MU_MAX", "_CLIP_SLACK", "_TRAIN_KEYS", "_REQUEST_TYPES")
 
 
-def _sources():
+def _files():
+    """(path relative to fedfilter/, or to the repository outside it; its text) for every source file."""
     for folder in CODE:
-        for path in sorted((ROOT / folder).rglob("*.py")):
+        for path in sorted(folder.rglob("*.py")):
             if "_pb2" not in path.name and "build" not in path.parts:
-                yield path.relative_to(ROOT).as_posix(), ast.parse(path.read_text(encoding="utf-8"))
+                rel = path.relative_to(ROOT if path.is_relative_to(ROOT) else REPO).as_posix()
+                yield rel, path.read_text(encoding="utf-8")
+
+
+def _sources():
+    for rel, text in _files():
+        yield rel, ast.parse(text)
+
+
+def _source_path(rel: str) -> Path:
+    return REPO / rel if rel.startswith("benchmarks/") else ROOT / rel
 
 
 def _assigned(tree: ast.Module) -> set[str]:
@@ -153,8 +167,143 @@ def test_the_spend_order_is_written_once():
 
 
 def test_the_round_rules_are_written_once():
-    texts = {rel: (ROOT / rel).read_text(encoding="utf-8") for rel, _ in _sources()}
+    texts = dict(_files())
     assert [rel for rel, t in texts.items() if 'f"flwr-{' in t] == ["protocol/rules.py"]
     assert [rel for rel, t in texts.items() if "must exceed the round timeout {" in t] == ["protocol/rules.py"]
-    assert [rel for rel, t in texts.items() if "must be a finite number > 0. Found" in t] == ["fedfilter/checks.py"]
+    assert [rel for rel, t in texts.items() if "must be a finite number > 0. Found" in t] == ["checks.py"]
     assert not [rel for rel, t in texts.items() if "type(default)(" in t]
+
+
+# --- Flower's internals in one module -----------------------------------------------------------------
+
+FLOWER_API = "protocol/flower_api.py"
+# Flower's documented app API: imported directly wherever it is used.
+FLOWER_DOCUMENTED = {"flwr.app", "flwr.clientapp", "flwr.serverapp", "flwr.serverapp.strategy"}
+
+
+def _flower_internal_imports(folder: Path) -> list[str]:
+    """``file: module`` for every import of a Flower module outside its documented app API."""
+    return [
+        f"{path.relative_to(folder).as_posix()}: {name}"
+        for path in sorted(folder.rglob("*.py"))
+        if path.relative_to(folder).as_posix() != FLOWER_API
+        for name in _imports(path)
+        if (name == "flwr" or name.startswith("flwr.")) and name not in FLOWER_DOCUMENTED
+    ]
+
+
+def test_only_flower_api_imports_flowers_internals():
+    assert _flower_internal_imports(ROOT) == []
+
+
+def test_the_flower_scan_sees_internal_imports(tmp_path):
+    (tmp_path / "a.py").write_text("from flwr.app import Message\nfrom flwr.serverapp.strategy import FedAvg\n")
+    (tmp_path / "b.py").write_text("def f():\n    from flwr.common.constant import ErrorCode\n")
+    (tmp_path / "c.py").write_text("import flwr.server.workflow\nfrom flwr.app.message_type import MessageType\n")
+    assert _flower_internal_imports(tmp_path) == [
+        "b.py: flwr.common.constant",
+        "c.py: flwr.server.workflow",
+        "c.py: flwr.app.message_type",
+    ]
+
+
+def _type_checking_imports(tree: ast.Module) -> dict[str, tuple[str, str]]:
+    block = next(n for n in tree.body if isinstance(n, ast.If) and ast.unparse(n.test) == "TYPE_CHECKING")
+    return {
+        alias.asname or alias.name: (node.module, alias.name)
+        for node in block.body
+        if isinstance(node, ast.ImportFrom) and node.module
+        for alias in node.names
+    }
+
+
+def test_flower_api_types_each_name_from_its_first_location():
+    from fedfilter.protocol.flower_api import LOCATIONS
+
+    typed = _type_checking_imports(ast.parse((ROOT / FLOWER_API).read_text(encoding="utf-8")))
+    assert typed == {name: places[0] for name, places in LOCATIONS.items()}
+
+
+def test_every_flower_name_resolves_under_the_installed_flower():
+    from fedfilter.protocol import flower_api
+
+    missing = []
+    for name in flower_api.LOCATIONS:
+        try:
+            flower_api.resolve(name)
+        except ImportError as error:
+            missing.append(f"{name}: {error}")
+    assert missing == []
+
+
+def test_a_moved_flower_name_is_found_at_its_next_location_or_named_in_the_error(monkeypatch):
+    from importlib.metadata import version
+
+    import pytest
+
+    from fedfilter.protocol import flower_api
+
+    moved = (("flwr.nowhere", "ErrorCode"), *flower_api.LOCATIONS["ErrorCode"])
+    monkeypatch.setitem(flower_api.LOCATIONS, "ErrorCodeMoved", moved)
+    assert flower_api.resolve("ErrorCodeMoved") is flower_api.resolve("ErrorCode")
+    monkeypatch.setitem(flower_api.LOCATIONS, "Gone", (("flwr.nowhere", "Gone"), ("flwr.common.constant", "Gone")))
+    with pytest.raises(ImportError, match=f"Flower {version('flwr')} has no 'Gone'"):
+        from fedfilter.protocol.flower_api import Gone  # noqa: F401
+
+
+def test_a_flower_name_is_read_from_flowers_module_at_each_import(monkeypatch):
+    """As a direct ``from flwr... import`` inside a function would: a replaced Flower function is seen."""
+    from flwr.supernode.runtime import run_clientapp
+
+    from fedfilter.protocol import flower_api
+
+    assert flower_api.resolve("push_message") is run_clientapp.push_message
+
+    def replaced(*args):
+        return None
+
+    monkeypatch.setattr(run_clientapp, "push_message", replaced)
+    from fedfilter.protocol.flower_api import push_message
+
+    assert push_message is replaced
+
+
+def test_importing_flower_api_loads_no_flower():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from fedfilter.protocol import flower_api; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'flwr'))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
+    assert done.stdout.strip() == "[]"
+
+
+# --- the noise std in one home ------------------------------------------------------------------------
+
+
+def _name(node: ast.AST) -> str | None:
+    return node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else None
+
+
+def _noise_std_products(tree: ast.AST) -> int:
+    """Products ``noise_multiplier * clip`` (also ``z * c``, any spelling through an attribute)."""
+    z_names, c_names = {"noise_multiplier", "z"}, {"clip", "c"}
+    return sum(
+        isinstance(node, ast.BinOp)
+        and isinstance(node.op, ast.Mult)
+        and {_name(node.left), _name(node.right)} in ({z, c} for z in z_names for c in c_names)
+        for node in ast.walk(tree)
+    )
+
+
+def test_the_noise_std_is_computed_in_one_place():
+    """``protocol/rules.py`` (``accounted_noise_std``) multiplies z by C; everything else calls it."""
+    computing = {rel for rel, tree in _sources() if _noise_std_products(tree) and not rel.startswith("benchmarks/")}
+    assert computing - {"audit/game.py"} == {"protocol/rules.py"}  # audit/game.py: still to move
+
+
+def test_the_noise_std_scan_sees_the_product():
+    assert _noise_std_products(ast.parse("std = spec.noise_multiplier * spec.clip\ns = z * c")) == 2
+    assert _noise_std_products(ast.parse("x = clip * 2\ny = z * z")) == 0

@@ -62,7 +62,38 @@ def _partition(node_config: Mapping[str, Any], settings: Mapping[str, Any]) -> t
 
 
 def train(msg: Message, context: Context) -> Message:
-    """Train this node's partition for ``local-epochs`` epochs and return the new weights."""
+    """Train this node's partition for ``local-epochs`` epochs and return the new weights.
+
+    The handler is an ordinary Flower one; the mods around it in ``app`` (``individual_filter_mod``)
+    turn the reply into a filtered, noisy update and drop its metrics.
+
+    Parameters
+    ----------
+    msg : flwr.app.Message
+        The coordinator's train message: the model's ``ArrayRecord`` and a ``"config"`` ConfigRecord.
+    context : flwr.app.Context
+        The node's context (``partition-id`` and ``data-dir`` in its node config; the run config).
+
+    Returns
+    -------
+    flwr.app.Message
+        The reply: the trained weights and ``num-examples``.
+
+    Examples
+    --------
+    >>> import time, torch
+    >>> from flwr.app import ConfigRecord, Metadata
+    >>> from fedfilter.app.task import load_task
+    >>> model = load_task("digits", 2).model_fn()
+    >>> content = RecordDict({"arrays": ArrayRecord(model.state_dict()),
+    ...                       "config": ConfigRecord({"task": "digits", "num-clients": 2, "local-epochs": 1})})
+    >>> meta = Metadata(run_id=1, message_id="m", src_node_id=1, dst_node_id=2, reply_to_message_id="",
+    ...                 group_id="1", created_at=time.time(), ttl=60.0, message_type="train")
+    >>> context = Context(run_id=1, node_id=2, node_config={"partition-id": 0}, state=RecordDict(), run_config={})
+    >>> reply = train(Message(content=content, metadata=meta), context)
+    >>> reply.content["metrics"]["num-examples"] > 0
+    True
+    """
     import torch
 
     from fedfilter.app.task import load_task, local_update, set_weights
@@ -108,7 +139,23 @@ def train(msg: Message, context: Context) -> Message:
 
 
 def make_client_app(devices: Mapping[int, Mapping[str, Any]] | None = None) -> ClientApp:
-    """The built-in ClientApp; ``devices`` (partition-id -> node-config) only in simulation."""
+    """The built-in ClientApp: ``train`` inside ``secure_aggregation_mod`` and ``individual_filter_mod``.
+
+    Parameters
+    ----------
+    devices : Mapping of int to Mapping, optional
+        Simulation only: partition-id -> the device's node-config (``simulated_device_config_mod``).
+
+    Returns
+    -------
+    flwr.clientapp.ClientApp
+        The app.
+
+    Examples
+    --------
+    >>> isinstance(make_client_app(), ClientApp)
+    True
+    """
     mods = [simulated_device_config_mod(devices)] if devices else []
     # The order is the device's own: secure_aggregation_mod marks the reply it will mask, and only
     # then does individual_filter_mod serve distributed placement.

@@ -40,7 +40,19 @@ def _defaults() -> tuple[tuple[str, Any], ...]:
 
 
 def app_defaults() -> dict[str, Any]:
-    """A fresh copy of ``[tool.flwr.app.config]`` (key -> default value, TOML-typed)."""
+    """A fresh copy of ``[tool.flwr.app.config]`` (key -> default value, TOML-typed).
+
+    Returns
+    -------
+    dict
+        The app's run-config defaults; the caller may change its copy.
+
+    Examples
+    --------
+    >>> defaults = app_defaults()
+    >>> defaults["placement"], type(defaults["noise-multiplier"]).__name__
+    ('local', 'float')
+    """
     return dict(_defaults())
 
 
@@ -65,8 +77,36 @@ def resolve_config(
 ) -> dict[str, Any]:
     """The defaults, then each layer in order (later wins), typed like the defaults.
 
-    ``keys`` restricts the result (and what the layers may hold) to a subset of the app's keys.
-    A key the app does not know is refused, naming it and listing the known ones.
+    A key the app does not know is refused, naming it and listing the known ones; a value of
+    another type than its default's is refused (an int where a float is expected is accepted).
+
+    Parameters
+    ----------
+    *layers : Mapping
+        Run-config layers, lowest priority first (e.g. Flower's ``run_config``, then the train message's).
+    keys : tuple of str, optional
+        Restrict the result (and what the layers may hold) to a subset of the app's keys.
+    source : str, optional
+        How error messages name the layers.
+
+    Returns
+    -------
+    dict
+        Key -> typed value.
+
+    Raises
+    ------
+    ValueError
+        An unknown key or a value of the wrong type.
+
+    Examples
+    --------
+    >>> resolve_config({"lr": 1}, {"task": "digits"}, keys=("task", "lr"))
+    {'task': 'digits', 'lr': 1.0}
+    >>> resolve_config({"num-rounds": "3"})
+    Traceback (most recent call last):
+        ...
+    ValueError: run-config 'num-rounds' must be a int. Found '3'.
     """
     defaults = app_defaults()
     wanted = tuple(defaults) if keys is None else keys

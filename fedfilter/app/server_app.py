@@ -8,7 +8,7 @@ rate when ``server-lr`` is not 1, without momentum: ``w + server-lr * mean``), w
 the wrapper adds the round request, checks every reply, hands the inner strategy the plain mean of
 the valid noisy updates (in ``distributed`` placement, the only distributed path: runs the round
 through Flower's SecAgg+ and releases the mean of the unmasked sum only,
-``fedfilter.coordinator.secure_round``), and appends one ``PublicRoundRecord`` (with the server-side
+``fedfilter.coordinator.secagg.secure_round``), and appends one ``PublicRoundRecord`` (with the server-side
 evaluation on the task's test data) to the public ledger. Nothing per client is written anywhere.
 
 Messages live longer than a round (``message-ttl-s`` > ``round-timeout-s``), so Flower does not
@@ -28,14 +28,14 @@ from typing import Any
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, MetricRecord
-from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg, FedAvgM
 
 from fedfilter.app.config import TRAIN_KEYS, app_defaults, resolve_config
 from fedfilter.checks import positive_finite
-from fedfilter.coordinator.secure_round import check_num_shares
+from fedfilter.coordinator.secagg.secure_round import check_num_shares
 from fedfilter.coordinator.strategy import IndividualFilterStrategy
+from fedfilter.protocol.flower_api import log
 from fedfilter.protocol.rules import check_message_ttl, reconstruction_threshold, run_id_for
 
 __all__ = ["app", "make_server_app", "run", "SERVER_DEFAULTS", "server_config", "inner_strategy"]
@@ -49,6 +49,24 @@ def server_config(run_config: Mapping[str, Any], overrides: Mapping[str, Any] | 
 
     ``fedfilter.app.config.resolve_config``: a key the app does not know, or a value of another
     type than its default's (``"3"`` for an int), is refused naming the key and the value.
+
+    Parameters
+    ----------
+    run_config : Mapping
+        Flower's ``context.run_config``.
+    overrides : Mapping, optional
+        Set by ``make_server_app`` (under ``run_simulation``).
+
+    Returns
+    -------
+    dict
+        The whole typed run config.
+
+    Examples
+    --------
+    >>> cfg = server_config({"num-rounds": 3}, {"server-lr": 2})
+    >>> cfg["num-rounds"], cfg["server-lr"]
+    (3, 2.0)
     """
     return resolve_config(run_config, overrides or {})
 
@@ -74,6 +92,25 @@ def inner_strategy(cfg: Mapping[str, Any], min_available_nodes: int) -> FedAvg:
 
     In distributed placement every round samples at least ``min-reports`` nodes (and 2, SecAgg+'s
     minimum) when that many are connected: a smaller sample can never be released.
+
+    Parameters
+    ----------
+    cfg : Mapping
+        The run config (``server_config``).
+    min_available_nodes : int
+        The nodes the strategy waits for.
+
+    Returns
+    -------
+    flwr.serverapp.strategy.FedAvg
+        ``FedAvg`` when ``server-lr`` is 1, else ``FedAvgM`` with momentum 0.
+
+    Examples
+    --------
+    >>> type(inner_strategy(server_config({}), 10)).__name__
+    'FedAvg'
+    >>> type(inner_strategy(server_config({"server-lr": 2.0}), 10)).__name__
+    'FedAvgM'
     """
     min_train = 1
     if cfg["placement"] == "distributed":
@@ -95,7 +132,23 @@ def inner_strategy(cfg: Mapping[str, Any], min_available_nodes: int) -> FedAvg:
 
 
 def run(grid: Grid, context: Context, overrides: Mapping[str, Any] | None = None) -> None:
-    """Build the model, the inner strategy and the filter wrapper, then run Flower's loop."""
+    """Build the model, the inner strategy and the filter wrapper, then run Flower's loop.
+
+    Parameters
+    ----------
+    grid : flwr.serverapp.Grid
+        Flower's grid of the run.
+    context : flwr.app.Context
+        The ServerApp's context (its ``run_config``).
+    overrides : Mapping, optional
+        Run-config values on top of the run's own.
+
+    Examples
+    --------
+    Flower calls it through ``app``; it needs a running SuperLink and its nodes:
+
+    >>> run(grid, context, {"num-rounds": 3})  # doctest: +SKIP
+    """
     import torch
 
     from fedfilter.app.task import evaluate, get_weights, load_task, set_weights
@@ -154,7 +207,23 @@ def run(grid: Grid, context: Context, overrides: Mapping[str, Any] | None = None
 
 
 def make_server_app(overrides: Mapping[str, Any] | None = None) -> ServerApp:
-    """A ServerApp whose run config is ``overrides`` on top of the run's own (for run_simulation)."""
+    """A ServerApp whose run config is ``overrides`` on top of the run's own (for ``run_simulation``).
+
+    Parameters
+    ----------
+    overrides : Mapping, optional
+        Run-config values fixed for every run of this app.
+
+    Returns
+    -------
+    flwr.serverapp.ServerApp
+        The app.
+
+    Examples
+    --------
+    >>> isinstance(make_server_app({"num-rounds": 2}), ServerApp)
+    True
+    """
     server_app = ServerApp()
     fixed = dict(overrides or {})
 

@@ -13,7 +13,26 @@ RESULT_FILE, TRIALS_FILE, FIGURE_FILE = "audit.json", "audit_trials.npz", "audit
 
 
 def trial_arrays(run: Any) -> dict[str, np.ndarray]:
-    """One dtype's trials as named arrays: both worlds' scores, clipped norms, probe features."""
+    """One dtype's trials as named arrays: both worlds' scores, clipped norms, probe features.
+
+    Parameters
+    ----------
+    run : GameRun
+        One dtype's game.
+
+    Returns
+    -------
+    dict of str to numpy.ndarray
+        ``score_no_data``, ``score_canary``, ``clipped_norms``, ``noise_only_<feature>``,
+        ``contributing_<feature>``.
+
+    Examples
+    --------
+    >>> from fedfilter.audit.game import GameConfig, GameRun, Trial
+    >>> run = GameRun(GameConfig(epsilon=2.0), np.ones(3), [Trial(0.1, 0.6, {"bytes": 1.0}, {"bytes": 1.0})])
+    >>> sorted(trial_arrays(run))
+    ['clipped_norms', 'contributing_bytes', 'noise_only_bytes', 'score_canary', 'score_no_data']
+    """
     from fedfilter.audit.game import probe_table, scores
 
     s0, s1 = scores(run)
@@ -25,7 +44,32 @@ def trial_arrays(run: Any) -> dict[str, np.ndarray]:
 
 
 def write_outputs(result: dict, runs: dict[str, Any], out: Path) -> list[Path]:
-    """Write the result, the trials of every dtype in ``runs`` and the figure into ``out``."""
+    """Write the result, the trials of every dtype in ``runs`` and the figure into ``out``.
+
+    Parameters
+    ----------
+    result : dict
+        ``run_audit``'s result (without ``_runs``).
+    runs : dict of str to GameRun
+        Dtype -> its game (``run_audit(..., keep_runs=True)["_runs"]``).
+    out : Path
+        The folder (created if missing).
+
+    Returns
+    -------
+    list of Path
+        ``audit.json``, ``audit.png``, ``audit_trials.npz``.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> from fedfilter.audit.run import run_audit
+    >>> result = run_audit(epsilon=2.0, delta=1e-5, trials=2, dtypes=["float32"], seed=0, reply_hold_s=0.0,
+    ...                    keep_runs=True)
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     [p.name for p in write_outputs(result, result.pop("_runs"), Path(d))]
+    ['audit.json', 'audit.png', 'audit_trials.npz']
+    """
     from fedfilter.audit import report
 
     out = Path(out)

@@ -11,6 +11,26 @@ from fedfilter.audit.game import scores
 
 
 def table(result: dict) -> str:
+    """The audit's result as the terminal table: the bounds per dtype, every distinguisher, the verdict.
+
+    Parameters
+    ----------
+    result : dict
+        ``run_audit``'s result.
+
+    Returns
+    -------
+    str
+        The table.
+
+    Examples
+    --------
+    >>> from fedfilter.audit.run import run_audit
+    >>> result = run_audit(epsilon=2.0, delta=1e-5, trials=2, dtypes=["float32"], seed=0, reply_hold_s=0.0)
+    >>> print(table(result).splitlines()[0])  # doctest: +NORMALIZE_WHITESPACE
+    fedfilter audit: claimed (epsilon=2, delta=1e-05), filter gdp, local placement, 2 trials per world,
+    confidence 95%, thresholds planned
+    """
     eps = result["claimed_epsilon"]
     lines = [
         f"fedfilter audit: claimed (epsilon={eps:g}, delta={result['delta']:g}), filter {result['filter']}, "
@@ -52,6 +72,26 @@ def table(result: dict) -> str:
 
 
 def plot(result: dict, path: Path) -> None:
+    """Draw the audit's figure (scores of both worlds against the claimed model) and save it.
+
+    Parameters
+    ----------
+    result : dict
+        ``run_audit``'s result with ``keep_runs=True`` (its ``_runs``).
+    path : Path
+        The PNG file.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> from fedfilter.audit.run import run_audit
+    >>> result = run_audit(epsilon=2.0, delta=1e-5, trials=2, dtypes=["float32"], seed=0, reply_hold_s=0.0,
+    ...                    keep_runs=True)
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     plot(result, Path(d) / "audit.png")
+    ...     (Path(d) / "audit.png").is_file()
+    True
+    """
     import matplotlib
 
     matplotlib.use("Agg")

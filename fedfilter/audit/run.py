@@ -43,7 +43,25 @@ DISTINGUISHERS = {
 
 
 def gdp_epsilon(mu_lb: float, delta: float) -> float:
-    """Epsilon of mu_lb-GDP at delta, rounded down (a lower bound stays a lower bound)."""
+    """Epsilon of mu_lb-GDP at delta, rounded down (a lower bound stays a lower bound).
+
+    Parameters
+    ----------
+    mu_lb : float
+        A lower bound on mu.
+    delta : float
+        The claimed delta.
+
+    Returns
+    -------
+    float
+        The lower bound on epsilon (0 for mu_lb <= 0, inf for an infinite one).
+
+    Examples
+    --------
+    >>> round(gdp_epsilon(0.5, 1e-5), 4), gdp_epsilon(0.0, 1e-5)
+    (1.9931, 0.0)
+    """
     if mu_lb <= 0:
         return 0.0
     if not math.isfinite(mu_lb):
@@ -54,6 +72,40 @@ def gdp_epsilon(mu_lb: float, delta: float) -> float:
 def game_bounds(
     run: GameRun, *, alpha: float, threshold: str, select_fraction: float, rng: np.random.Generator
 ) -> dict:
+    """The game's two lower bounds on epsilon, with the tests and rates behind them.
+
+    Parameters
+    ----------
+    run : GameRun
+        The game's trials.
+    alpha : float
+        1 - confidence.
+    threshold : str
+        ``planned`` (tests fixed from the claim) or ``split`` (chosen on ``select_fraction`` of the
+        trials, evaluated on the rest).
+    select_fraction : float
+        The share of trials that choose the test (``split``).
+    rng : numpy.random.Generator
+        Draws the split.
+
+    Returns
+    -------
+    dict
+        ``epsilon_lower_bound``, ``gdp_mu_lower_bound``, ``gdp_epsilon_lower_bound``, the claim, the
+        schedule and both tests.
+
+    Raises
+    ------
+    ValueError
+        An unknown ``threshold``.
+
+    Examples
+    --------
+    >>> run = play(GameConfig(epsilon=2.0, reply_hold_s=0.0), 2, rng=np.random.default_rng(0), seeded=True)
+    >>> g = game_bounds(run, alpha=0.05, threshold="planned", select_fraction=0.5, rng=np.random.default_rng(0))
+    >>> g["rounds_to_exhaust"], g["epsilon_lower_bound"] <= 2.0
+    (3, True)
+    """
     cfg = run.cfg
     s0, s1 = scores(run)
     if threshold == "planned":
@@ -82,6 +134,28 @@ def game_bounds(
 
 
 def exhaustion_findings(run: GameRun, *, alpha: float, rng: np.random.Generator) -> dict:
+    """Every exhaustion distinguisher's finding on one game's probe replies (half the trials select).
+
+    Parameters
+    ----------
+    run : GameRun
+        The game's trials.
+    alpha : float
+        1 - confidence of each verdict.
+    rng : numpy.random.Generator
+        Draws the split.
+
+    Returns
+    -------
+    dict of str to dict
+        Distinguisher -> ``Finding.as_dict()``.
+
+    Examples
+    --------
+    >>> run = play(GameConfig(epsilon=2.0, reply_hold_s=0.0), 2, rng=np.random.default_rng(0), seeded=True)
+    >>> sorted(exhaustion_findings(run, alpha=0.05, rng=np.random.default_rng(0)))
+    ['bits', 'bytes', 'metadata-time', 'time', 'value']
+    """
     noise_only, contributing = probe_table(run)
     select = bounds.split_mask(len(run.trials), 0.5, rng)
     tv = single_reply_tv(run.cfg.noise_multiplier)
@@ -121,8 +195,55 @@ def run_audit(
 ) -> dict:
     """Audit the claimed (epsilon, delta) through canary devices; see the module docstring.
 
-    ``seed`` makes the audit reproducible, device noise included (each canary device gets a
-    ``noise-seed``); without it the devices draw their noise from the OS, as deployed.
+    Parameters
+    ----------
+    epsilon, delta : float
+        The claim.
+    trials : int
+        Pairs of canary devices per dtype (>= 2).
+    dtypes : sequence of str, optional
+        The model dtypes the coordinator sends.
+    rounds : int, optional
+        Full-norm rounds that exhaust the budget (sets the noise multiplier).
+    filter_kind : str, optional
+        The canaries' filter.
+    clip : float, optional
+        The clip norm C.
+    alpha : float, optional
+        1 - confidence of every bound.
+    threshold : str, optional
+        ``planned`` or ``split``.
+    select_fraction : float, optional
+        With ``split``: the share of trials that choose the test.
+    seed : int, optional
+        Makes the audit reproducible, device noise included (each canary device gets a
+        ``noise-seed``); without it the devices draw their noise from the OS, as deployed.
+    tmp_dir : str, optional
+        Where the throw-away ledgers go.
+    device_epsilon : float, optional
+        The budget the devices really have (tests of the audit only).
+    reply_hold_s : float, optional
+        The devices' reply hold in the probe round.
+    progress : callable, optional
+        Called with the number of trials done.
+    keep_runs : bool, optional
+        Keep the raw trials under ``_runs`` (not JSON), for the plot.
+
+    Returns
+    -------
+    dict
+        The result: the bounds, every game and finding, and ``passed``.
+
+    Raises
+    ------
+    ValueError
+        Bad settings, or every dtype refused.
+
+    Examples
+    --------
+    >>> result = run_audit(epsilon=2.0, delta=1e-5, trials=2, dtypes=["float32"], seed=0, reply_hold_s=0.0)
+    >>> result["games"]["float32"]["rounds_to_exhaust"], result["epsilon_lower_bound"] <= 2.0
+    (3, True)
     """
     problems = []
     if not (isinstance(trials, int) and trials >= 2):

@@ -35,9 +35,10 @@ EXTRA_OF = {"torch": "app", "sklearn": "app", "matplotlib": "app", "tqdm": "app"
 def build_parser() -> argparse.ArgumentParser:
     """The ``fedfilter`` parser with every sub-command of ``COMMAND_MODULES``.
 
-    Parameters
-    ----------
-    None
+    Returns
+    -------
+    argparse.ArgumentParser
+        The parser; each sub-command sets ``func`` (its handler) as a default.
 
     Examples
     --------
@@ -69,8 +70,8 @@ def main(argv: list[str] | None = None) -> int:
 
     Examples
     --------
-    >>> main(["rounds", "--epsilon", "8", "--delta", "1e-5", "--noise-multiplier", "1", "--json"])  # doctest: +SKIP
-    {"filter": "gdp", ...}
+    >>> main(["odometer", "--kind", "gdp", "--mus", "0.5,0.5", "--delta-g", "1e-5"])
+    odometer gdp: epsilon=4.27687 at delta=1e-05, valid at every round at once
     0
     """
     parser = build_parser()

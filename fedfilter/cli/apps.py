@@ -16,6 +16,22 @@ from typing import Any
 
 
 def register(subparsers: Any) -> None:
+    """Add ``apps approve``, ``apps list`` and ``apps revoke`` to the ``fedfilter`` command.
+
+    Parameters
+    ----------
+    subparsers : argparse._SubParsersAction
+        The ``fedfilter`` parser's sub-commands.
+
+    Examples
+    --------
+    >>> import argparse
+    >>> parser = argparse.ArgumentParser(prog="fedfilter")
+    >>> register(parser.add_subparsers(dest="command"))
+    >>> args = parser.parse_args(["apps", "revoke", "0123abcd"])
+    >>> args.apps_command, args.hash
+    ('revoke', '0123abcd')
+    """
     parser = subparsers.add_parser(
         "apps",
         help="the apps this device's owner approved (the only code the device runs)",

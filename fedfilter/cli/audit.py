@@ -61,6 +61,21 @@ def _audit(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    """Add ``audit`` (canary devices through the real mod) to the ``fedfilter`` command.
+
+    Parameters
+    ----------
+    sub : argparse._SubParsersAction
+        The ``fedfilter`` parser's sub-commands.
+
+    Examples
+    --------
+    >>> parser = argparse.ArgumentParser(prog="fedfilter")
+    >>> register(parser.add_subparsers(dest="command"))
+    >>> args = parser.parse_args(["audit", "--epsilon", "2", "--out", "runs/audit", "--dtype", "float32"])
+    >>> args.trials, args.rounds, args.filter
+    (1000, 3, 'gdp')
+    """
     p = sub.add_parser(
         "audit",
         help="measure the privacy guarantee with canary devices through the real mod",

@@ -96,7 +96,21 @@ RUN_TIMEOUT_S, ROUND_TIMEOUT_S = 300.0, 120.0  # the whole `flwr run`: start-up 
 
 
 def register(subparsers: Any) -> None:
-    """Add ``demo`` to the ``fedfilter`` command."""
+    """Add ``demo`` to the ``fedfilter`` command.
+
+    Parameters
+    ----------
+    subparsers : argparse._SubParsersAction
+        The ``fedfilter`` parser's sub-commands.
+
+    Examples
+    --------
+    >>> parser = argparse.ArgumentParser(prog="fedfilter")
+    >>> register(parser.add_subparsers(dest="command"))
+    >>> args = parser.parse_args(["demo", "--out", "runs/demo", "--clients", "4"])
+    >>> args.clients, args.rounds, args.placement, args.noise_multiplier  # None: the placement's default
+    (4, 5, 'local', None)
+    """
     p = subparsers.add_parser(
         "demo",
         help="run a small Flower simulation with individual budgets and plot who drops out",
@@ -179,7 +193,26 @@ def register(subparsers: Any) -> None:
 
 
 def placement_defaults(args: argparse.Namespace) -> argparse.Namespace:
-    """Fill in what the user left unset with the placement's defaults (in place; returned)."""
+    """Fill in what the user left unset with the placement's defaults (in place; returned).
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        The parsed ``demo`` options.
+
+    Returns
+    -------
+    argparse.Namespace
+        ``args``, with ``noise_multiplier``, ``eps_min``, ``eps_max`` and ``min_reports`` set.
+
+    Examples
+    --------
+    >>> parser = argparse.ArgumentParser(prog="fedfilter")
+    >>> register(parser.add_subparsers(dest="command"))
+    >>> args = placement_defaults(parser.parse_args(["demo", "--out", "runs/demo", "--placement", "distributed"]))
+    >>> args.noise_multiplier, args.eps_min, args.eps_max, args.min_reports
+    (1.0, 2.0, 16.0, 5)
+    """
     table = {**DEFAULTS, **(DISTRIBUTED_DEFAULTS if args.placement == "distributed" else {})}
     for name in ("noise_multiplier", "eps_min", "eps_max"):
         if getattr(args, name) is None:
@@ -218,7 +251,27 @@ def _check(args: argparse.Namespace) -> None:
 
 
 def draw_budgets(n: int, eps_min: float, eps_max: float, seed: int) -> list[float]:
-    """Personal epsilons, log-uniform on [eps_min, eps_max], rounded to 2 decimals."""
+    """Personal epsilons, log-uniform on [eps_min, eps_max], rounded to 2 decimals.
+
+    Parameters
+    ----------
+    n : int
+        The number of devices.
+    eps_min, eps_max : float
+        The range of the draw.
+    seed : int
+        The demo's seed (the same seed draws the same budgets).
+
+    Returns
+    -------
+    list of float
+        One epsilon per device.
+
+    Examples
+    --------
+    >>> draw_budgets(3, 10.0, 60.0, seed=0)
+    [14.35, 52.65, 15.02]
+    """
     import numpy as np
 
     rng = np.random.default_rng([seed, 0xB0D6E7])
@@ -237,12 +290,42 @@ def device_configs(
 ) -> dict[int, dict]:
     """Each simulated node's own node-config (what ``--node-config`` would hold on a real device).
 
-    A device already enrolled under ``out/devices/<id>`` keeps the budget it was enrolled with.
-    ``reply_hold_s`` is set explicitly: 0 (timing protection off) keeps the simulation fast, where
-    a held reply would block a Ray actor that serves many nodes in turn. ``filter_kind`` is the
-    filter a NEW device is enrolled with (``FILTER_OF_PLACEMENT``); an enrolled one keeps its own.
-    ``worst_case_reports`` (distributed placement: ``min_reports``): each device's worst-case-epsilon
-    is ``simulated_worst_case_epsilon(budget, min_reports)``, unless its ledger already has one.
+    Every device is enrolled here, up front (its owner's act; the mod never enrols). A device
+    already enrolled under ``out/devices/<id>`` keeps the budget it was enrolled with.
+    ``reply_hold_s`` is set explicitly: 0 (timing protection off) keeps the simulation fast, where a
+    held reply would block a Ray actor that serves many nodes in turn.
+
+    Parameters
+    ----------
+    out : Path
+        The demo's output folder; ledgers go to ``out/devices/<id>``.
+    budgets : list of float
+        Each new device's epsilon (``draw_budgets``).
+    after_exhaustion : str
+        What a device whose budget is spent sends (``noise-only`` or ``leave``).
+    min_noise_multiplier : float, optional
+        The smallest noise multiplier a device accepts.
+    reply_hold_s : float, optional
+        Every device's reply hold (0: timing protection off).
+    filter_kind : str, optional
+        The filter a NEW device is enrolled with (``FILTER_OF_PLACEMENT``); an enrolled one keeps its own.
+    worst_case_reports : int, optional
+        Distributed placement: ``min_reports``. Each device's worst-case-epsilon is then
+        ``simulated_worst_case_epsilon(budget, min_reports)``, unless its ledger already has one.
+
+    Returns
+    -------
+    dict of int to dict
+        Partition id -> the device's node-config.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     devices = device_configs(Path(d), [10.0, 20.0], after_exhaustion="noise-only")
+    ...     again = device_configs(Path(d), [99.0, 99.0], after_exhaustion="noise-only")  # enrolled: kept
+    >>> devices[1]["budget-epsilon"], again[1]["budget-epsilon"], devices[1]["filter"]
+    (20.0, 20.0, 'gdp')
     """
     from fedfilter.client.ledger.budget import BudgetLedger
     from fedfilter.client.ledger.schema import LEDGER_FILE
@@ -279,7 +362,31 @@ def device_configs(
 
 
 def run_config_overrides(args: argparse.Namespace, run_id: str, ledger_path: Path) -> dict[str, Any]:
-    """The demo's ``--run-config`` overrides of the app's ``[tool.flwr.app.config]`` (checked here)."""
+    """The demo's ``--run-config`` overrides of the app's ``[tool.flwr.app.config]`` (checked here).
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        The demo's options, defaults filled in (``placement_defaults``).
+    run_id : str
+        The run's name in the public ledger.
+    ledger_path : Path
+        The coordinator's public ledger file.
+
+    Returns
+    -------
+    dict
+        Run-config key -> value; an unknown key or a wrong type raises ValueError.
+
+    Examples
+    --------
+    >>> parser = argparse.ArgumentParser(prog="fedfilter")
+    >>> register(parser.add_subparsers(dest="command"))
+    >>> args = placement_defaults(parser.parse_args(["demo", "--out", "runs/demo", "--rounds", "3"]))
+    >>> over = run_config_overrides(args, "run-1", Path("public_ledger.sqlite"))
+    >>> over["num-rounds"], over["placement"], over["run-name"]
+    (3, 'local', 'run-1')
+    """
     overrides = {
         "run-name": run_id,
         "num-rounds": args.rounds,
@@ -331,8 +438,31 @@ def _sigterm_as_interrupt():
 
 
 def check_device_filters(devices: dict[int, dict], placement: str) -> None:
-    """Distributed placement needs devices enrolled with the rdp filter (the Skellam mechanism's
-    accountant): a device enrolled earlier under ``--out`` with another filter is refused here."""
+    """Refuse distributed placement unless every device was enrolled with the rdp filter.
+
+    The rdp filter is the Skellam mechanism's accountant: a device enrolled earlier under ``--out``
+    with another filter is refused here.
+
+    Parameters
+    ----------
+    devices : dict of int to dict
+        ``device_configs``'s node-configs.
+    placement : str
+        ``local`` (nothing to check) or ``distributed``.
+
+    Raises
+    ------
+    ValueError
+        Naming the devices enrolled with another filter.
+
+    Examples
+    --------
+    >>> check_device_filters({0: {"filter": "rdp"}}, "distributed")
+    >>> check_device_filters({0: {"filter": "gdp"}}, "distributed")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+        ...
+    ValueError: --placement distributed needs every device enrolled with filter 'rdp'; devices [0] ...
+    """
     if placement != "distributed":
         return
     wrong = {i: d["filter"] for i, d in devices.items() if d["filter"] != FILTER_OF_PLACEMENT["distributed"]}

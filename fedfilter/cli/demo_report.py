@@ -19,7 +19,27 @@ DELTA = 1e-5  # every demo device's delta (fedfilter.cli.demo.DEFAULTS["delta"])
 
 
 def follow_public_ledger(ledger_path: Path, run_id: str, total: int, stop: threading.Event) -> None:
-    """Advance a progress bar as the coordinator appends public records."""
+    """Advance a progress bar (on stderr) as the coordinator appends public records, until ``stop`` is set.
+
+    Parameters
+    ----------
+    ledger_path : Path
+        The coordinator's public ledger file (it may not exist yet).
+    run_id : str
+        The run whose records are counted.
+    total : int
+        The rounds the run has (the bar's length).
+    stop : threading.Event
+        Set by the caller when the run ends; the bar then shows the final count.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> stop = threading.Event()
+    >>> stop.set()  # a run that has already ended: one look, then return
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     follow_public_ledger(Path(d) / "public_ledger.sqlite", "run-1", 5, stop)
+    """
     from tqdm import tqdm
 
     from fedfilter.coordinator.public_ledger import PublicLedger
@@ -46,11 +66,35 @@ def follow_public_ledger(ledger_path: Path, run_id: str, total: int, stop: threa
 
 
 def clip_share_per_round(ledger_dirs: list[Path], run_id: str, rounds: list[int], clip: float) -> list[float]:
-    """Per round, the mean over the devices of the norm each put in (the ledger's ``sensitivity`` of a
-    ``contributed`` record) over the clip: 1 when every device sent a full-norm update, 0 when none sent
-    data. Read from the devices' own ledgers after the run (the coordinator never learns it). With
-    distributed noise a device's allowance shrinks round by round as its budget runs out, long before
-    its ledger calls it exhausted; this is where that shows."""
+    """Per round, the mean over the devices of the norm each put in, over the clip.
+
+    The norm a device put in is the ``sensitivity`` of a ``contributed`` record of its ledger: the
+    share is 1 when every device sent a full-norm update, 0 when none sent data. Read from the
+    devices' own ledgers after the run (the coordinator never learns it). With distributed noise a
+    device's allowance shrinks round by round as its budget runs out, long before its ledger calls it
+    exhausted; this is where that shows.
+
+    Parameters
+    ----------
+    ledger_dirs : list of Path
+        The devices' ledger directories.
+    run_id : str
+        The run.
+    rounds : list of int
+        The rounds to report.
+    clip : float
+        The clip norm C.
+
+    Returns
+    -------
+    list of float
+        One share in [0, 1] per round of ``rounds``.
+
+    Examples
+    --------
+    >>> clip_share_per_round([], "run-1", [1, 2], clip=1.0)  # no device: nothing was put in
+    [0.0, 0.0]
+    """
     from fedfilter.client.ledger.budget import BudgetLedger
 
     total = dict.fromkeys(rounds, 0.0)
@@ -75,6 +119,33 @@ def plot_rounds(
     placement: str,
     clip_share: list[float] | None = None,
 ) -> None:
+    """Plot, per round, the clients contributing data (bars) and the public accuracy, and save it.
+
+    Parameters
+    ----------
+    path : Path
+        The PNG file to write.
+    rounds : list of int
+        The rounds (x axis).
+    contributing : list of int
+        Per round, the clients that contributed data (from the device ledgers).
+    accuracy : list of float or None
+        Per round, the public test accuracy (None for a round not released).
+    n : int
+        The number of clients (the bars' axis limit).
+    placement : str
+        ``local`` or ``distributed`` (for the title).
+    clip_share : list of float, optional
+        Per round, ``clip_share_per_round``'s share, drawn when given.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     plot_rounds(Path(d) / "rounds.png", [1, 2], [3, 1], [0.5, None], n=3, placement="local")
+    ...     (Path(d) / "rounds.png").stat().st_size > 0
+    True
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -103,7 +174,23 @@ def plot_rounds(
 
 
 def placement_text(args: argparse.Namespace) -> str:
-    """How the noise is placed, for the header line."""
+    """How the noise is placed, for the header line.
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        The demo's options (``placement``, ``min_reports``).
+
+    Returns
+    -------
+    str
+        One phrase.
+
+    Examples
+    --------
+    >>> placement_text(argparse.Namespace(placement="local", min_reports=1))
+    'local noise (gdp filter)'
+    """
     if args.placement == "distributed":
         return (
             f"distributed noise (Skellam shares summed by SecAgg+, released only from >= {args.min_reports} "
@@ -113,7 +200,26 @@ def placement_text(args: argparse.Namespace) -> str:
 
 
 def guarantee_text(args: argparse.Namespace) -> str:
-    """What each device's budget covers, in the words the summary keeps."""
+    """What each device's budget covers, in the words the summary keeps.
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        The demo's options (``after_exhaustion``, ``placement``, ``min_reports``, ``reply_hold_s``).
+
+    Returns
+    -------
+    str
+        The guarantee, ending with the trust the device places in its approved apps.
+
+    Examples
+    --------
+    >>> args = argparse.Namespace(after_exhaustion="noise-only", placement="local", min_reports=1, reply_hold_s=0.0)
+    >>> guarantee_text(args).startswith("each client: (budget_epsilon, 1e-05)-DP over its whole lifetime")
+    True
+    >>> "timing protection is off" in guarantee_text(args)
+    True
+    """
     d = DELTA
     if args.after_exhaustion == "leave":
         text = (
@@ -146,7 +252,31 @@ def guarantee_text(args: argparse.Namespace) -> str:
 def print_rounds_table(
     records: list, contributing: list[int], clip_share: list[float], accuracy: list[float | None]
 ) -> None:
-    """Per round: the public record, and what the devices' own ledgers say after the run."""
+    """Print per round the public record, and what the devices' own ledgers say after the run.
+
+    Parameters
+    ----------
+    records : list
+        The public ledger's round records (``round_id``, ``reports_received``, ``markers_received``,
+        ``released``).
+    contributing : list of int
+        Per round, the clients that contributed data.
+    clip_share : list of float
+        Per round, the mean norm put in over the clip.
+    accuracy : list of float or None
+        Per round, the public accuracy (None for a round not released).
+
+    Examples
+    --------
+    >>> from types import SimpleNamespace as Rec
+    >>> rec = Rec(round_id=1, reports_received=3, markers_received=0, released=True)
+    >>> print_rounds_table([rec], [2], [0.667], [0.5])  # doctest: +NORMALIZE_WHITESPACE
+    <BLANKLINE>
+    round  reports  markers  released  contributing*  norm/clip*  accuracy
+        1        3        0       yes              2       0.667     0.500
+      * from the devices' own ledgers after the run; the coordinator never learns it.
+        norm/clip: the mean norm the devices put in, over the clip (0 when none sent data).
+    """
     print()
     print(
         f"{'round':>5}  {'reports':>7}  {'markers':>7}  {'released':>8}  {'contributing*':>13}  "
@@ -163,7 +293,22 @@ def print_rounds_table(
 
 
 def print_clients_table(clients: list[dict[str, Any]]) -> None:
-    """Per client: its budget, what it spent, its odometer and worst-case account (``device_report``)."""
+    """Print per client its budget, what it spent, its odometer and worst-case account.
+
+    Parameters
+    ----------
+    clients : list of dict
+        ``device_report`` of each client.
+
+    Examples
+    --------
+    >>> c = {"client_id": "client-0", "budget_epsilon": 10.0, "spent_epsilon": 4.0, "odometer_epsilon": 3.5,
+    ...      "worst_case_epsilon": None, "worst_case_spent_epsilon": None, "exhausted_round": None}
+    >>> print_clients_table([c])  # doctest: +NORMALIZE_WHITESPACE
+    <BLANKLINE>
+    client  budget eps  spent eps  odometer  worst eps  spent  exhausted in round
+    client-0  10.00  4.000  3.500  -  -  -
+    """
     print()
     print(
         f"{'client':>10}  {'budget eps':>10}  {'spent eps':>10}  {'odometer':>9}  {'worst eps':>10}  {'spent':>8}  "
@@ -194,8 +339,51 @@ def demo_summary(
     guarantee: str,
     elapsed: float,
 ) -> dict[str, Any]:
-    """What ``OUT/summary.json`` keeps of a run (README lists its keys): the public records, each
-    client's report from its own ledger, the settings and the guarantee the demo printed."""
+    """What ``OUT/summary.json`` keeps of a run (README lists its keys).
+
+    That is the public records, each client's report from its own ledger, the settings and the
+    guarantee the demo printed.
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        The demo's options, defaults filled in.
+    run_id : str
+        The run.
+    public_ledger : Path
+        The coordinator's public ledger file.
+    records : list
+        The run's public round records.
+    clients : list of dict
+        ``device_report`` of each client.
+    accuracy, contributing, clip_share : list
+        Per round: the public accuracy, the clients contributing data, the share of the clip put in.
+    filter_kind : str
+        The devices' filter.
+    timing : str
+        The timing protection the demo printed.
+    guarantee : str
+        ``guarantee_text(args)``.
+    elapsed : float
+        The run's wall time in seconds.
+
+    Returns
+    -------
+    dict
+        The summary, ready for ``json.dump``.
+
+    Examples
+    --------
+    >>> from types import SimpleNamespace as Rec
+    >>> args = argparse.Namespace(placement="local", task="digits", clients=2, rounds=1, seed=0,
+    ...     noise_multiplier=0.5, clip=1.0, min_reports=1, local_epochs=1, lr=0.1, server_lr=1.0,
+    ...     eps_min=10.0, eps_max=60.0, after_exhaustion="noise-only", reply_hold_s=0.0)
+    >>> s = demo_summary(args, run_id="run-1", public_ledger=Path("public_ledger.sqlite"),
+    ...     records=[Rec(released=True)], clients=[], accuracy=[0.8], contributing=[2], clip_share=[1.0],
+    ...     filter_kind="gdp", timing="off", guarantee="...", elapsed=12.34)
+    >>> s["released_rounds"], s["final_accuracy"], s["wall_time_s"]
+    (1, 0.8, 12.3)
+    """
     from fedfilter.client.ledger.report import odometer_text
 
     released = [bool(r.released) for r in records]

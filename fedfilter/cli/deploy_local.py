@@ -36,13 +36,28 @@ def _budgets(text: str) -> tuple[float, ...]:
 
 
 def _run_config(text: str) -> dict[str, Any]:
-    from flwr.common.config import parse_config_args
+    from fedfilter.protocol.flower_api import parse_config_args
 
     return dict(parse_config_args([text]))
 
 
 def register(subparsers: Any) -> None:
-    """Add ``deploy-local`` to the ``fedfilter`` command."""
+    """Add ``deploy-local`` to the ``fedfilter`` command.
+
+    Parameters
+    ----------
+    subparsers : argparse._SubParsersAction
+        The ``fedfilter`` parser's sub-commands.
+
+    Examples
+    --------
+    >>> import argparse
+    >>> parser = argparse.ArgumentParser(prog="fedfilter")
+    >>> register(parser.add_subparsers(dest="command"))
+    >>> args = parser.parse_args(["deploy-local", "--clients", "3"])
+    >>> args.clients, args.rounds
+    (3, 2)
+    """
     parser = subparsers.add_parser(
         "deploy-local",
         help="run the app on a local Flower Deployment Engine (TLS + node auth, 127.0.0.1)",

@@ -9,8 +9,8 @@ import argparse
 import json
 
 from fedfilter.cli.budget_options import FILTER_HELP, add_placement_options, distributed_kind, table
+from fedfilter.planning.rounds import plan_distributed_epsilon, plan_epsilon
 from fedfilter.privacy.filters import FILTER_KINDS
-from fedfilter.privacy.planner import plan_distributed_epsilon, plan_epsilon
 
 
 def _epsilon(args: argparse.Namespace) -> int:
@@ -63,6 +63,26 @@ def _epsilon(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    """Add ``epsilon`` (the budget a planned run needs) to the ``fedfilter`` command.
+
+    Parameters
+    ----------
+    sub : argparse._SubParsersAction
+        The ``fedfilter`` parser's sub-commands.
+
+    Examples
+    --------
+    >>> parser = argparse.ArgumentParser(prog="fedfilter")
+    >>> register(parser.add_subparsers(dest="command"))
+    >>> args = parser.parse_args(["epsilon", "--rounds", "10", "--delta", "1e-5", "--noise-multiplier", "1"])
+    >>> args.func(args)  # doctest: +NORMALIZE_WHITESPACE
+    filter      gdp: exact Gaussian-DP filter (default; the most rounds any valid accountant admits)
+    rounds      10 full-norm rounds at noise multiplier 1
+    delta       1e-05
+    epsilon     17.8566   (smallest budget whose filter admits them; rounded up)
+    fixed plan  17.8566   (the same rounds fixed in advance, no filter)
+    0
+    """
     e = sub.add_parser("epsilon", help="the budget a planned run of full-norm rounds needs")
     e.add_argument("--noise-multiplier", type=float, required=True, help="z: noise std is z * C")
     e.add_argument("--rounds", type=int, required=True, help="full-norm rounds the run should afford")

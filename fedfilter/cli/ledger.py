@@ -176,6 +176,29 @@ def _worst_case(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    """Add ``ledger show|enrol|migrate|accept-restore|worst-case`` to the ``fedfilter`` command.
+
+    Parameters
+    ----------
+    sub : argparse._SubParsersAction
+        The ``fedfilter`` parser's sub-commands.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> parser = argparse.ArgumentParser(prog="fedfilter")
+    >>> register(parser.add_subparsers(dest="command"))
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     enrol = parser.parse_args(["ledger", "enrol", "--dir", d, "--client-id", "phone-1",
+    ...                                "--epsilon", "8", "--delta", "1e-5"])
+    ...     _ = enrol.func(enrol)  # doctest: +ELLIPSIS
+    ...     show = parser.parse_args(["ledger", "show", "--dir", d])
+    ...     _ = show.func(show)  # doctest: +ELLIPSIS
+    enrolled phone-1: epsilon=8 delta=1e-05 filter=gdp in /...
+    device phone-1  ledger /...
+      lifetime budget  epsilon=8  delta=1e-05  filter=gdp  per-run quota=100%
+    ...
+    """
     p = sub.add_parser("ledger", help="a device's lifetime budget ledger")
     lsub = p.add_subparsers(dest="ledger_command", required=True)
     show = lsub.add_parser("show", help="lifetime budget, spent, remaining and spending per run")

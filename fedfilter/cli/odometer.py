@@ -1,7 +1,7 @@
 """``fedfilter odometer``: the privacy odometer of a given history (``privacy/odometer.py``).
 
 Per-round losses in each kind's natural units: ``--epsilons`` (pure-DP epsilons, with optional
-``--deltas`` through papers/003 Lemma 3.3) for ``basic`` and ``advanced``; ``--mus`` (Gaussian-DP
+``--deltas`` through Rogers et al. (2016) Lemma 3.3) for ``basic`` and ``advanced``; ``--mus`` (Gaussian-DP
 mu_t, the noise multiplier's inverse times the clipped norm) for ``gdp``; ``--rdp`` (Rényi losses
 at ``--order``) for ``rdp``. The value bounds the privacy loss at every round at once with
 probability ``1 - delta``, ``delta`` as printed (``--delta-g``, plus ``--delta-g-prime`` with
@@ -38,7 +38,33 @@ def _need(args: argparse.Namespace, flag: str, kind: str):
 
 
 def odometer_value(args: argparse.Namespace) -> dict:
-    """The odometer of the history in ``args`` with the delta it holds at; raises ValueError."""
+    """The odometer (privacy loss so far, valid at every round at once) of the history in ``args``.
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        The parsed ``odometer`` options: ``kind``, ``delta_g`` and the history the kind reads
+        (``epsilons``/``deltas``/``delta_g_prime``/``n``, ``mus``, or ``rdp`` with ``order``).
+
+    Returns
+    -------
+    dict
+        ``kind``, ``epsilon``, the ``delta`` it holds at, ``rounds`` and the kind's own totals
+        (``sum_mu_sq``, ``sum_rdp``, ``branch``).
+
+    Raises
+    ------
+    ValueError
+        A missing or malformed option of the kind.
+
+    Examples
+    --------
+    >>> parser = argparse.ArgumentParser(prog="fedfilter")
+    >>> register(parser.add_subparsers(dest="command"))
+    >>> out = odometer_value(parser.parse_args(["odometer", "--kind", "gdp", "--mus", "0.5,0.5", "--delta-g", "1e-5"]))
+    >>> out["rounds"], round(out["epsilon"], 4)
+    (2, 4.2769)
+    """
     kind = args.kind
     out: dict = {"kind": kind, "delta": args.delta_g}
     if kind in ("basic", "advanced"):
@@ -57,7 +83,7 @@ def odometer_value(args: argparse.Namespace) -> dict:
 
         if args.deltas is None:
             out["epsilon"] = pure(eps)
-        else:  # papers/003 Lemma 3.3: valid at delta_g + delta_g'
+        else:  # Rogers et al. (2016) Lemma 3.3: valid at delta_g + delta_g'
             prime = _need(args, "--delta-g-prime", kind)
             out["epsilon"] = odo.lemma33_odometer(pure, eps, _floats("--deltas", args.deltas), prime)
             out["delta"] = float(add_up(args.delta_g, prime))
@@ -96,18 +122,34 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    """Add ``odometer`` to the ``fedfilter`` command.
+
+    Parameters
+    ----------
+    sub : argparse._SubParsersAction
+        The ``fedfilter`` parser's sub-commands.
+
+    Examples
+    --------
+    >>> parser = argparse.ArgumentParser(prog="fedfilter")
+    >>> register(parser.add_subparsers(dest="command"))
+    >>> args = parser.parse_args(["odometer", "--kind", "gdp", "--mus", "0.5,0.5", "--delta-g", "1e-5"])
+    >>> args.func(args)
+    odometer gdp: epsilon=4.27687 at delta=1e-05, valid at every round at once
+    0
+    """
     p = sub.add_parser("odometer", help="the privacy odometer (loss so far, valid at any moment) of a history")
     p.add_argument(
         "--kind",
         choices=list(KINDS),
         required=True,
-        help="basic/advanced: papers/003 Theorems 3.4/6.5 over --epsilons; gdp: --mus; rdp: --rdp at --order",
+        help="basic/advanced: Rogers et al. (2016) Theorems 3.4/6.5 over --epsilons; gdp: --mus; rdp: --rdp at --order",
     )
     p.add_argument("--epsilons", help="basic/advanced: per-round pure-DP epsilons, comma-separated")
-    p.add_argument("--deltas", help="basic/advanced: per-round deltas (papers/003 Lemma 3.3)")
+    p.add_argument("--deltas", help="basic/advanced: per-round deltas (Rogers et al. (2016) Lemma 3.3)")
     p.add_argument("--delta-g", type=float, required=True, help="the odometer's failure probability")
     p.add_argument("--delta-g-prime", type=float, help="with --deltas: the share for the deltas (Lemma 3.3)")
-    p.add_argument("--n", type=int, help="advanced: n of papers/003 Theorem 6.5")
+    p.add_argument("--n", type=int, help="advanced: n of Rogers et al. (2016) Theorem 6.5")
     p.add_argument("--mus", help="gdp: per-round Gaussian-DP mu_t, comma-separated")
     p.add_argument("--rdp", help="rdp: per-round Rényi losses at --order, comma-separated")
     p.add_argument("--order", type=float, help="rdp: the Rényi order alpha > 1")

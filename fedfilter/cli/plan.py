@@ -1,6 +1,6 @@
 """``fedfilter plan``: will this federation learn, and can its devices pay for it?
 
-The figures come from ``fedfilter.privacy.federation_plan`` (the expected noise norm of the
+The figures come from ``fedfilter.planning.federation`` (the expected noise norm of the
 released mean against the clip, and the device's own filter for the rounds); this module only
 reads the arguments, counts a model's parameters (``--app-dir``) and prints. In distributed placement
 it adds the device's worst-case account (``budget_options.worst_case_plan``): the worst-case-epsilon
@@ -21,7 +21,7 @@ import numpy as np
 
 from fedfilter.cli.budget_options import table, worst_case_plan, worst_case_rows
 from fedfilter.client.settings.policy import ClientPolicy
-from fedfilter.privacy.federation_plan import TARGET_NOISE_TO_CLIP, plan_federation
+from fedfilter.planning.federation import TARGET_NOISE_TO_CLIP, plan_federation
 from fedfilter.privacy.filters import FILTER_KINDS
 from fedfilter.protocol.request import PLACEMENTS
 
@@ -29,9 +29,25 @@ DEFAULT_MIN_Z = ClientPolicy.min_noise_multiplier  # a device's min-noise-multip
 
 
 def count_parameters(model: Any) -> int:
-    """The floating-point coordinates a device releases for ``model``: a torch module (its
-    ``state_dict``), or a sequence of arrays. Integer buffers are never released (their update is
-    zero, ``client/filter_mod.py``)."""
+    """The floating-point coordinates a device releases for ``model``.
+
+    Integer buffers are never released (their update is zero, ``client/filter_mod.py``).
+
+    Parameters
+    ----------
+    model : torch.nn.Module or sequence of array_like
+        A torch module (its ``state_dict`` is counted), or the arrays themselves.
+
+    Returns
+    -------
+    int
+        The number of floating-point coordinates.
+
+    Examples
+    --------
+    >>> count_parameters([np.zeros((3, 2)), np.zeros(4, dtype=np.int64)])  # the integer buffer is not released
+    6
+    """
     arrays = model.state_dict().values() if hasattr(model, "state_dict") else model
     total = 0
     for a in arrays:
@@ -42,8 +58,41 @@ def count_parameters(model: Any) -> int:
 
 
 def app_model_parameters(app_dir: Path, model: str | None) -> int:
-    """Count the parameters of ``MODULE:CALLABLE`` (default: the ServerApp package's ``task:Net``,
-    as in Flower's templates) imported from the app directory."""
+    r"""Count the parameters of a Flower app's model, imported from the app directory.
+
+    Parameters
+    ----------
+    app_dir : Path
+        A Flower app directory (it has a ``pyproject.toml``).
+    model : str or None
+        The model as ``MODULE:CALLABLE``; None: the ServerApp package's ``task:Net``, as in Flower's
+        templates.
+
+    Returns
+    -------
+    int
+        ``count_parameters`` of what the callable returns.
+
+    Raises
+    ------
+    FileNotFoundError
+        ``app_dir`` is not a Flower app.
+    ValueError
+        The model cannot be loaded.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     app = Path(d)
+    ...     components = '[tool.flwr.app.components]\nserverapp = "tinyapp.server_app:app"\n'
+    ...     _ = (app / "pyproject.toml").write_text(components)
+    ...     (app / "tinyapp").mkdir()
+    ...     _ = (app / "tinyapp" / "__init__.py").write_text("")
+    ...     _ = (app / "tinyapp" / "task.py").write_text("import numpy\ndef Net():\n    return [numpy.zeros(7)]\n")
+    ...     app_model_parameters(app, None)
+    7
+    """
     app_dir = Path(app_dir).resolve()
     pyproject = app_dir / "pyproject.toml"
     if not pyproject.is_file():
@@ -165,6 +214,26 @@ def _plan(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    """Add ``plan`` (will a federation learn) to the ``fedfilter`` command.
+
+    Parameters
+    ----------
+    sub : argparse._SubParsersAction
+        The ``fedfilter`` parser's sub-commands.
+
+    Examples
+    --------
+    >>> parser = argparse.ArgumentParser(prog="fedfilter")
+    >>> register(parser.add_subparsers(dest="command"))
+    >>> args = parser.parse_args(["plan", "--devices", "100", "--params", "1000", "--noise-multiplier", "1",
+    ...                           "--clip", "1", "--epsilon", "8", "--delta", "1e-5", "--rounds", "10"])
+    >>> args.func(args)  # doctest: +ELLIPSIS
+    Federation: 100 devices per round, 1,000 parameters, placement local, noise multiplier 1, clip 1; ...
+    <BLANKLINE>
+    noise in the released mean   norm 3.161  (std 0.1 per coordinate)
+    ...
+    0
+    """
     p = sub.add_parser(
         "plan",
         help="will a federation learn: the noise in the released mean against the clip, and the rounds devices afford",

@@ -18,7 +18,21 @@ from typing import Any
 
 
 def register(subparsers: Any) -> None:
-    """Add ``reports serve`` and ``reports watch`` to the ``fedfilter`` command."""
+    """Add ``reports serve`` and ``reports watch`` to the ``fedfilter`` command.
+
+    Parameters
+    ----------
+    subparsers : argparse._SubParsersAction
+        The ``fedfilter`` parser's sub-commands.
+
+    Examples
+    --------
+    >>> parser = argparse.ArgumentParser(prog="fedfilter")
+    >>> register(parser.add_subparsers(dest="command"))
+    >>> args = parser.parse_args(["reports", "serve", "--ledger", "runs/ledger.sqlite", "--port", "0"])
+    >>> args.reports_command, args.host, args.run_wait
+    ('serve', '127.0.0.1', 60.0)
+    """
     reports = subparsers.add_parser(
         "reports",
         help="serve or watch the public round records",

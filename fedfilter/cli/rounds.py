@@ -20,8 +20,8 @@ from fedfilter.cli.budget_options import (
     worst_case_plan,
     worst_case_rows,
 )
+from fedfilter.planning.rounds import BASELINE_KINDS, plan_distributed_rounds, plan_rounds
 from fedfilter.privacy.filters import FILTER_KINDS
-from fedfilter.privacy.planner import BASELINE_KINDS, plan_distributed_rounds, plan_rounds
 
 
 def _distributed_rounds(args: argparse.Namespace) -> int:
@@ -117,6 +117,25 @@ def _rounds(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    """Add ``rounds`` (how many full-norm rounds a budget buys) to the ``fedfilter`` command.
+
+    Parameters
+    ----------
+    sub : argparse._SubParsersAction
+        The ``fedfilter`` parser's sub-commands.
+
+    Examples
+    --------
+    >>> parser = argparse.ArgumentParser(prog="fedfilter")
+    >>> register(parser.add_subparsers(dest="command"))
+    >>> args = parser.parse_args(["rounds", "--epsilon", "8", "--delta", "1e-5", "--noise-multiplier", "1"])
+    >>> args.func(args)  # doctest: +ELLIPSIS
+    Full-norm rounds for a fresh client: budget (epsilon=8, delta=1e-05), noise multiplier 1 ...
+    <BLANKLINE>
+    filter  rounds   then a partial round of
+    gdp     2        0.881 C    exact Gaussian-DP filter (default; the most rounds any valid accountant admits)
+    0
+    """
     p = sub.add_parser("rounds", help="how many full-norm rounds a fresh client admits")
     p.add_argument("--epsilon", type=float, required=True, help="the client's personal lifetime budget epsilon")
     p.add_argument("--delta", type=float, required=True, help="the client's personal delta (e.g. 1e-5)")

@@ -12,12 +12,44 @@ PACKAGED = resources.files("fedfilter.simulations") / "configs"
 
 
 def packaged_configs() -> dict[str, Path]:
-    """Name (file stem) -> path of every study file installed with fedfilter."""
+    """Name (file stem) -> path of every study file installed with fedfilter.
+
+    Returns
+    -------
+    dict of str to Path
+        One entry per packaged ``.toml`` study.
+
+    Examples
+    --------
+    >>> packaged_configs()["smoke"].name
+    'smoke.toml'
+    """
     return {Path(f.name).stem: Path(str(f)) for f in PACKAGED.iterdir() if f.name.endswith(".toml")}
 
 
 def study_config(value: str) -> Path:
-    """``--config``: a study file, or the name of a packaged one (``smoke``, ``smoke.toml``)."""
+    """``--config``: a study file, or the name of a packaged one (``smoke``, ``smoke.toml``).
+
+    Parameters
+    ----------
+    value : str
+        A path to a study TOML file, or a packaged study's name with or without ``.toml``.
+
+    Returns
+    -------
+    Path
+        The study file.
+
+    Raises
+    ------
+    ValueError
+        Neither a file nor a packaged study (the message lists the packaged ones).
+
+    Examples
+    --------
+    >>> study_config("smoke.toml") == study_config("smoke") == packaged_configs()["smoke"]
+    True
+    """
     path = Path(value)
     if path.is_file():
         return path
@@ -73,6 +105,24 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    """Add ``study dropout`` and ``study report`` to the ``fedfilter`` command.
+
+    Parameters
+    ----------
+    sub : argparse._SubParsersAction
+        The ``fedfilter`` parser's sub-commands.
+
+    Examples
+    --------
+    >>> parser = argparse.ArgumentParser(prog="fedfilter")
+    >>> register(parser.add_subparsers(dest="command"))
+    >>> args = parser.parse_args(["study", "dropout", "--config", "smoke", "--dry-run"])
+    >>> args.func(args)  # doctest: +ELLIPSIS
+    /.../smoke.toml: valid; 16 runs x 20 rounds
+       1  digits-iid, eps 4 fixed, noise-only, local    [epsilon_i = 4 for every client]
+    ...
+    0
+    """
     p = sub.add_parser("study", help="studies of how clients drop out (vectorised engine)")
     studies = p.add_subparsers(dest="study", required=True)
     names = ", ".join(sorted(packaged_configs()))

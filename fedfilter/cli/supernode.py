@@ -18,6 +18,22 @@ from typing import Any
 
 
 def register(subparsers: Any) -> None:
+    """Add ``supernode`` to the ``fedfilter`` command; flags it does not know go to ``flower-supernode``.
+
+    Parameters
+    ----------
+    subparsers : argparse._SubParsersAction
+        The ``fedfilter`` parser's sub-commands.
+
+    Examples
+    --------
+    >>> import argparse
+    >>> parser = argparse.ArgumentParser(prog="fedfilter")
+    >>> register(parser.add_subparsers(dest="command"))
+    >>> args, flower_flags = parser.parse_known_args(["supernode", "--secure-aggregation", "--superlink", "h:9092"])
+    >>> args.secure_aggregation, flower_flags, args.passthrough
+    (True, ['--superlink', 'h:9092'], 'flower_args')
+    """
     parser = subparsers.add_parser(
         "supernode",
         allow_abbrev=False,

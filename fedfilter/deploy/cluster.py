@@ -47,6 +47,27 @@ _SUPERLINK_READY = re.compile(r"Uvicorn running on https?://\S+")
 
 @dataclass
 class RunResult:
+    """The outcome of ``flwr run`` (``FlowerCluster.run_app``).
+
+    Parameters
+    ----------
+    run_id : int or None
+        The run's id (None if it did not start).
+    status : str
+        Flower's status, e.g. ``finished:completed``, or ``timeout`` / ``not-started``.
+    details : str
+        Flower's status details, or what went wrong.
+    duration_s : float
+        Wall time of ``flwr run``.
+    output : str, optional
+        Everything ``flwr run`` printed.
+
+    Examples
+    --------
+    >>> RunResult(3, RUN_COMPLETED, "", 12.5).ok
+    True
+    """
+
     run_id: int | None
     status: str  # Flower's, e.g. "finished:completed", or "timeout" / "not-started"
     details: str
@@ -55,11 +76,45 @@ class RunResult:
 
     @property
     def ok(self) -> bool:
+        """Whether the run completed (Flower's ``finished:completed``).
+
+        Returns
+        -------
+        bool
+            ``status == RUN_COMPLETED``.
+
+        Examples
+        --------
+        >>> RunResult(None, "not-started", "no SuperLink", 0.1).ok
+        False
+        """
         return self.status == RUN_COMPLETED
 
 
 @dataclass
 class SuperNodeHandle:
+    """A SuperNode a ``FlowerCluster`` started.
+
+    Parameters
+    ----------
+    name : str
+        Its name (its folder under ``supernodes/``).
+    process : ManagedProcess
+        Its process.
+    home : Path
+        Its folder.
+    node_id : int, optional
+        The id the SuperLink gave it (set by ``FlowerCluster.wait_online``).
+    node_config : dict, optional
+        The node config it was started with.
+
+    Examples
+    --------
+    >>> proc = ManagedProcess("flower-supernode a", ["flower-supernode"], log_path=Path("a.log"))
+    >>> SuperNodeHandle("a", proc, Path("supernodes/a")).node_id is None
+    True
+    """
+
     name: str
     process: ManagedProcess
     home: Path
@@ -68,17 +123,52 @@ class SuperNodeHandle:
 
 
 class FlowerCluster:
-    """A SuperLink on 127.0.0.1 (by default with TLS and SuperNode authentication), its CLI
-    connection, and the SuperNodes started through it; everything stops when the context exits.
+    """A SuperLink on 127.0.0.1 and its CLI connection, and the SuperNodes started through it.
+
+    By default the SuperLink runs with TLS and SuperNode authentication; everything stops when the
+    context exits.
 
     Layout under ``root``: ``tls/`` (CA and server certificate), ``flwr-home/`` (the SuperLink's
     and the CLI's ``FLWR_HOME``, with ``config.toml``), ``keys/`` (SuperNode keys),
     ``supernodes/<name>/`` (each SuperNode's ``FLWR_HOME`` and node config), ``logs/``.
 
-    ``tls=False`` starts the SuperLink with ``--insecure`` (still bound to 127.0.0.1 only);
-    ``simulation=True`` adds ``--simulation`` (Flower's Simulation Engine: no SuperNodes, no
-    node authentication); ``superlink_args`` are further flags for ``flower-superlink`` and
-    ``superlink_env`` further environment variables for it.
+    Parameters
+    ----------
+    root : Path
+        The folder for all of the above.
+    connection : str, optional
+        The CLI connection's name.
+    node_auth : bool, optional
+        SuperNode authentication (must be False with ``simulation``).
+    tls : bool, optional
+        False starts the SuperLink with ``--insecure`` (still bound to 127.0.0.1 only).
+    simulation : bool, optional
+        Add ``--simulation`` (Flower's Simulation Engine: no SuperNodes, no node authentication).
+    superlink_args : sequence of str, optional
+        Further flags for ``flower-superlink``.
+    superlink_env : Mapping, optional
+        Further environment variables for it.
+    grace_s : float, optional
+        Seconds between SIGTERM and SIGKILL when stopping.
+    echo : callable, optional
+        Called with a line for each event worth showing.
+
+    Examples
+    --------
+    >>> FlowerCluster(Path("runs/x"), simulation=True)
+    Traceback (most recent call last):
+        ...
+    ValueError: node_auth must be False with simulation=True: a simulation has no SuperNodes to admit.
+
+    A deployment with two authenticated SuperNodes (it starts Flower's processes):
+
+    >>> with FlowerCluster(Path("runs/deploy")) as cluster:  # doctest: +SKIP
+    ...     keys = [cluster.new_key(f"node-{i}") for i in range(2)]
+    ...     for private, public in keys:
+    ...         cluster.register(public)
+    ...     nodes = [cluster.start_supernode(f"node-{i}", private_key=k[0]) for i, k in enumerate(keys)]
+    ...     cluster.wait_online(nodes)
+    ...     result = cluster.run_app(Path("fedfilter/app"))
     """
 
     def __init__(
@@ -111,6 +201,25 @@ class FlowerCluster:
 
     @property
     def address(self) -> str:
+        """The SuperLink's Control API address, ``127.0.0.1:PORT``.
+
+        Returns
+        -------
+        str
+            The address.
+
+        Raises
+        ------
+        RuntimeError
+            The SuperLink was not started.
+
+        Examples
+        --------
+        >>> FlowerCluster(Path("runs/x")).address
+        Traceback (most recent call last):
+            ...
+        RuntimeError: the SuperLink was not started
+        """
         if self.port is None:
             raise RuntimeError("the SuperLink was not started")
         return f"{LOOPBACK}:{self.port}"
@@ -132,7 +241,26 @@ class FlowerCluster:
         return process.start()
 
     def start(self, timeout: float = 60.0) -> None:
-        """Certificates (with TLS), the SuperLink (ready when it listens) and the CLI connection."""
+        """Certificates (with TLS), the SuperLink (ready when it listens) and the CLI connection.
+
+        Entering the context calls it (and ``close`` if it fails).
+
+        Parameters
+        ----------
+        timeout : float, optional
+            Seconds the SuperLink has to get ready.
+
+        Raises
+        ------
+        DeploymentError
+            The SuperLink exited or was not ready in time.
+
+        Examples
+        --------
+        >>> cluster = FlowerCluster(Path("runs/deploy"))
+        >>> cluster.start(timeout=60)  # doctest: +SKIP
+        >>> cluster.close()
+        """
         self.home.mkdir(parents=True, exist_ok=True)
         (self.port,) = free_ports(1)
         argv = [tool("flower-superlink")]
@@ -171,17 +299,52 @@ class FlowerCluster:
         self.echo(f"SuperLink listening on {self.address} ({', '.join(features)}); log {self.superlink.log_path}")
 
     def superlink_environment(self) -> dict[str, str]:
-        """The SuperLink's environment: ``flower_env`` plus ``superlink_env`` (in simulation, what
-        ``flwr-simulation`` and its Ray workers inherit)."""
+        """The SuperLink's environment: ``flower_env`` plus ``superlink_env``.
+
+        In simulation it is what ``flwr-simulation`` and its Ray workers inherit.
+
+        Returns
+        -------
+        dict of str to str
+            The environment.
+
+        Examples
+        --------
+        >>> cluster = FlowerCluster(Path("/tmp/c"), superlink_env={"X": "1"})
+        >>> env = cluster.superlink_environment()
+        >>> env["X"], env["FLWR_HOME"]
+        ('1', '/tmp/c/flwr-home')
+        """
         return {**flower_env(self.home), **self.superlink_env}
 
     def write_connection(self) -> Path:
-        """``[superlink.NAME]`` in the CLI's ``FLWR_HOME/config.toml``, made the default."""
+        """``[superlink.NAME]`` in the CLI's ``FLWR_HOME/config.toml``, made the default.
+
+        Returns
+        -------
+        Path
+            The ``config.toml`` written.
+
+        Examples
+        --------
+        ``start`` writes it once the SuperLink listens:
+
+        >>> cluster.write_connection()  # doctest: +SKIP
+        PosixPath('.../flwr-home/config.toml')
+        """
         ca_cert = self.tls.ca_cert if self.tls is not None else None
         return write_connection(self.home, self.connection, self.address, root_certificates=ca_cert)
 
     def close(self) -> None:
-        """Stop every process this cluster started, newest first (SIGTERM, then SIGKILL)."""
+        """Stop every process this cluster started, newest first (SIGTERM, then SIGKILL).
+
+        One grace period in total: every process gets SIGTERM first. A second Ctrl-C does not stop the
+        stopping of the others; it is raised at the end.
+
+        Examples
+        --------
+        >>> FlowerCluster(Path("runs/x")).close()  # nothing started: nothing to stop
+        """
         interrupted: BaseException | None = None
 
         def each(action: Callable[[ManagedProcess], Any]) -> None:
@@ -202,7 +365,30 @@ class FlowerCluster:
 
     # the CLI -----------------------------------------------------------------------------------
     def flwr(self, *args: str, timeout: float = 60.0) -> subprocess.CompletedProcess:
-        """One ``flwr`` CLI command against this cluster's connection (bounded by ``timeout``)."""
+        """One ``flwr`` CLI command against this cluster's connection (bounded by ``timeout``).
+
+        Parameters
+        ----------
+        *args : str
+            The command's arguments.
+        timeout : float, optional
+            Seconds it may take.
+
+        Returns
+        -------
+        subprocess.CompletedProcess
+            Its exit code and output.
+
+        Raises
+        ------
+        DeploymentError
+            It did not finish in time.
+
+        Examples
+        --------
+        >>> with FlowerCluster(Path("runs/deploy")) as cluster:  # doctest: +SKIP
+        ...     print(cluster.flwr("ls", cluster.connection).stdout)
+        """
         try:
             return subprocess.run(
                 [tool("flwr"), *args],
@@ -230,10 +416,45 @@ class FlowerCluster:
         return payload
 
     def new_key(self, name: str) -> tuple[Path, Path]:
+        """A SuperNode key pair under ``keys/`` (``make_node_key``).
+
+        Parameters
+        ----------
+        name : str
+            The key's file name.
+
+        Returns
+        -------
+        tuple of Path
+            (private key, public key).
+
+        Examples
+        --------
+        >>> import tempfile
+        >>> with tempfile.TemporaryDirectory() as d:
+        ...     private, public = FlowerCluster(Path(d)).new_key("node-0")
+        ...     public.name
+        'node-0.pub'
+        """
         return make_node_key(self.keys_dir / name)
 
     def register(self, public_key: Path) -> int:
-        """``flwr supernode register KEY.pub CONNECTION``; the node id the SuperLink assigned."""
+        """``flwr supernode register KEY.pub CONNECTION``; the node id the SuperLink assigned.
+
+        Parameters
+        ----------
+        public_key : Path
+            The SuperNode's public key.
+
+        Returns
+        -------
+        int
+            The node id.
+
+        Examples
+        --------
+        >>> node_id = cluster.register(cluster.new_key("node-0")[1])  # doctest: +SKIP
+        """
         payload = self._flwr_json("supernode", "register", str(public_key), self.connection)
         return int(payload["node-id"])
 
@@ -257,6 +478,38 @@ class FlowerCluster:
         that state directory, where the device's roll-back anchor is). ``node_config`` is written to
         ``supernodes/<name>/node-config.toml`` and passed as ``--node-config FILE`` (no quoting
         pitfalls for paths). Does not wait: see ``wait_online``.
+
+        Parameters
+        ----------
+        name : str
+            The SuperNode's name.
+        private_key : Path or None
+            Its authentication key (None without node authentication).
+        node_config : Mapping, optional
+            Its node config.
+        extra_args : sequence of str, optional
+            Further flags for the SuperNode.
+        owner_state_dir : Path, optional
+            The device owner's state directory.
+        device_args : sequence of str, optional
+            ``fedfilter supernode``'s own flags.
+        device_runtime : bool, optional
+            Start ``fedfilter supernode`` (with ``owner_state_dir``) rather than ``flower-supernode``.
+
+        Returns
+        -------
+        SuperNodeHandle
+            The started SuperNode.
+
+        Raises
+        ------
+        DeploymentError
+            On a simulation SuperLink.
+
+        Examples
+        --------
+        >>> node = cluster.start_supernode("node-0", private_key=key, node_config={"partition-id": 0})  # doctest: +SKIP
+        >>> cluster.wait_online([node])  # doctest: +SKIP
         """
         if self.simulation:
             raise DeploymentError("a simulation SuperLink runs its own simulated nodes: start no SuperNode")
@@ -293,7 +546,24 @@ class FlowerCluster:
         return handle
 
     def wait_online(self, handles: Sequence[SuperNodeHandle], timeout: float = 60.0) -> None:
-        """Wait until every SuperNode has connected (its log names its node id)."""
+        """Wait until every SuperNode has connected (its log names its node id); sets their ``node_id``.
+
+        Parameters
+        ----------
+        handles : sequence of SuperNodeHandle
+            The SuperNodes.
+        timeout : float, optional
+            Seconds for all of them together.
+
+        Raises
+        ------
+        DeploymentError
+            A SuperNode exited or did not connect in time.
+
+        Examples
+        --------
+        >>> cluster.wait_online(cluster.supernodes, timeout=60)  # doctest: +SKIP
+        """
         deadline = time.monotonic() + timeout
         for handle in handles:
             match = handle.process.wait_for_log(_SUPERNODE_ONLINE, max(0.0, deadline - time.monotonic()))
@@ -301,6 +571,23 @@ class FlowerCluster:
 
     # runs --------------------------------------------------------------------------------------
     def run_status(self, run_id: int) -> tuple[str, str]:
+        """A run's status and status details, as the SuperLink reports them (``flwr ls --run-id``).
+
+        Parameters
+        ----------
+        run_id : int
+            The run.
+
+        Returns
+        -------
+        tuple of str
+            (status, details); ``unknown`` for a run the SuperLink does not know.
+
+        Examples
+        --------
+        >>> cluster.run_status(result.run_id)  # doctest: +SKIP
+        ('finished:completed', '')
+        """
         payload = self._flwr_json("ls", self.connection, "--run-id", str(run_id))
         runs = payload.get("runs", [])
         if not runs:
@@ -321,9 +608,34 @@ class FlowerCluster:
 
         The run's status comes from the SuperLink afterwards (``flwr ls --run-id``): ``flwr run``
         exits 0 even when the ServerApp raised. On timeout the run is stopped (``flwr stop``).
-        ``on_line`` sees every output line, ``on_tick`` is called about once a second.
         ``run_config`` and ``federation_config`` (e.g. ``{"num-supernodes": 10}`` for a simulation
         SuperLink) are written to flat TOML files and passed as ``--run-config``/``--federation-config``.
+
+        Parameters
+        ----------
+        app_dir : Path
+            The Flower app directory.
+        run_config : Mapping, optional
+            ``--run-config`` overrides.
+        federation_config : Mapping, optional
+            ``--federation-config`` values.
+        timeout : float, optional
+            Seconds the run may take.
+        on_line : callable, optional
+            Sees every output line.
+        on_tick : callable, optional
+            Called about once a second.
+
+        Returns
+        -------
+        RunResult
+            The run's id, status and output.
+
+        Examples
+        --------
+        >>> result = cluster.run_app(Path("fedfilter/app"), run_config={"num-rounds": 2}, timeout=300)  # doctest: +SKIP
+        >>> result.ok  # doctest: +SKIP
+        True
         """
         argv = [tool("flwr"), "run", str(Path(app_dir).resolve()), self.connection, "--stream"]
         if run_config:

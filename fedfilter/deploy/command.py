@@ -48,6 +48,60 @@ BUILTIN_APP_DIR = Path(__file__).resolve().parents[1] / "app"
 
 @dataclass
 class DeployOptions:
+    """The settings of one ``fedfilter deploy-local`` run (the command's flags).
+
+    Parameters
+    ----------
+    clients : int
+        SuperNodes (devices).
+    rounds : int, optional
+        Server rounds.
+    out : Path, optional
+        Output folder: certificates, keys, device ledgers, logs, ``summary.json``.
+    app_dir : Path, optional
+        The Flower app to run (default: the built-in one).
+    approve_apps : tuple of Path, optional
+        The apps every simulated device owner approves; empty: ``app_dir`` only.
+    budgets : tuple of float, optional
+        Personal epsilons, cycled over the devices.
+    delta : float, optional
+        Every device's delta.
+    filter_kind : str, optional
+        The devices' filter; None: ``DEFAULT_FILTER[placement]``.
+    after_exhaustion : str, optional
+        What an exhausted device sends.
+    placement : str, optional
+        ``local`` or ``distributed``.
+    min_reports : int, optional
+        Distributed: the SecAgg+ threshold; None: ``rules.default_min_reports``.
+    min_noise_multiplier : float, optional
+        The smallest noise multiplier a device accepts.
+    data_dir : Path, optional
+        Root of the offline data sets on every device.
+    run_config : dict, optional
+        Extra ``--run-config`` overrides.
+    reply_hold_s : float, optional
+        Every device's reply hold: 0 (timing protection off) keeps a local trial fast; real devices
+        default to ``client.reply_timing.DEFAULT_REPLY_HOLD_S``.
+    timeout_s : float, optional
+        Seconds the run may take.
+    device_runtime : bool, optional
+        False: Flower's plain ``flower-supernode`` (no approval, no enforced filter); only the
+        baseline of ``benchmarks/deployed_round.py``, the CLI has no such flag.
+    connect_timeout_s : float, optional
+        Seconds the SuperNodes have to connect.
+    grace_s : float, optional
+        Seconds between SIGTERM and SIGKILL when stopping.
+    verbose : bool, optional
+        Show every process's output.
+
+    Examples
+    --------
+    >>> options = DeployOptions(clients=4, placement="distributed")
+    >>> options.filter, options.reports_needed
+    ('rdp', 2)
+    """
+
     clients: int
     rounds: int = 2
     out: Path = Path("out/deploy")
@@ -76,22 +130,72 @@ class DeployOptions:
 
     @property
     def filter(self) -> str:
-        """The filter every device is enrolled with."""
+        """The filter every device is enrolled with.
+
+        Returns
+        -------
+        str
+            ``filter_kind``, else the placement's default.
+
+        Examples
+        --------
+        >>> DeployOptions(clients=2).filter, DeployOptions(clients=2, filter_kind="zcdp").filter
+        ('gdp', 'zcdp')
+        """
         return self.filter_kind if self.filter_kind is not None else DEFAULT_FILTER.get(self.placement, "gdp")
 
     @property
     def approved_apps(self) -> tuple[Path, ...]:
-        """What each device's owner approves: ``--approve-app``, else the app submitted."""
+        """What each device's owner approves: ``--approve-app``, else the app submitted.
+
+        Returns
+        -------
+        tuple of Path
+            Resolved paths.
+
+        Examples
+        --------
+        >>> DeployOptions(clients=2).approved_apps == (BUILTIN_APP_DIR,)
+        True
+        """
         return tuple(Path(p).resolve() for p in (self.approve_apps or (self.app_dir,)))
 
     @property
     def reports_needed(self) -> int:
-        """The fewest reports a released round has (the run config's ``min-reports``)."""
+        """The fewest reports a released round has (the run config's ``min-reports``).
+
+        Returns
+        -------
+        int
+            ``min_reports``, else the placement's default for ``clients``.
+
+        Examples
+        --------
+        >>> DeployOptions(clients=3).reports_needed
+        1
+        >>> DeployOptions(clients=3, placement="distributed", min_reports=3).reports_needed
+        3
+        """
         if self.min_reports is not None:
             return self.min_reports
         return default_min_reports(self.clients, self.placement) if isinstance(self.clients, int) else 1
 
     def check(self) -> None:
+        """Refuse bad options, naming every problem at once.
+
+        Raises
+        ------
+        ValueError
+            One sentence per problem.
+
+        Examples
+        --------
+        >>> DeployOptions(clients=2).check()
+        >>> DeployOptions(clients=1, placement="distributed").check()
+        Traceback (most recent call last):
+            ...
+        ValueError: --placement distributed needs --clients >= 2 (SecAgg+ unmasks no single report). Found 1.
+        """
         problems: list[str | None] = []  # None: a check that passed (fedfilter.checks)
         if not is_int(self.clients) or self.clients < 1:
             problems.append(f"--clients must be an integer >= 1. Found {self.clients!r}.")
@@ -151,7 +255,28 @@ class DeployOptions:
 
 
 def device_node_config(index: int, options: DeployOptions, ledger_dir: Path) -> dict[str, Any]:
-    """The ``--node-config`` of device ``index``: where its ledger lives and its own budget."""
+    """The ``--node-config`` of device ``index``: where its ledger lives and its own budget.
+
+    Parameters
+    ----------
+    index : int
+        The device's number (its partition id).
+    options : DeployOptions
+        The run's options.
+    ledger_dir : Path
+        The device's ledger directory.
+
+    Returns
+    -------
+    dict
+        The node config (with ``worst-case-epsilon`` in distributed placement).
+
+    Examples
+    --------
+    >>> config = device_node_config(1, DeployOptions(clients=3), Path("out/devices/1"))
+    >>> config["client-id"], config["budget-epsilon"], config["partition-id"]
+    ('device-1', 2.0, 1)
+    """
     config: dict[str, Any] = {
         "ledger-dir": str(ledger_dir),
         "client-id": f"device-{index}",
@@ -186,6 +311,33 @@ def build_run_config(app_config: Mapping[str, Any], options: DeployOptions, publ
     """The ``--run-config`` overrides: rounds, the public ledger's path, the user's extras.
 
     Flower refuses override keys the app does not declare, so every key is checked here first.
+
+    Parameters
+    ----------
+    app_config : Mapping
+        The app's ``[tool.flwr.app.config]`` (``app_run_config``).
+    options : DeployOptions
+        The run's options.
+    public_ledger : Path
+        The coordinator's public ledger file.
+
+    Returns
+    -------
+    dict
+        The overrides.
+
+    Raises
+    ------
+    ValueError
+        A key the app does not declare.
+
+    Examples
+    --------
+    >>> app_config = app_run_config(BUILTIN_APP_DIR)
+    >>> build_run_config(app_config, DeployOptions(clients=3, rounds=4), Path("/out/public_ledger.sqlite"))
+    ... # doctest: +NORMALIZE_WHITESPACE
+    {'num-rounds': 4, 'public-ledger': '/out/public_ledger.sqlite', 'min-available-nodes': 3,
+     'placement': 'local', 'min-reports': 1}
     """
     overrides: dict[str, Any] = {}
     rounds_key = next((k for k in ROUNDS_KEYS if k in app_config), None)
@@ -220,7 +372,33 @@ _REFUSED = re.compile(r"refused app ([0-9a-f]{64}): not approved")
 
 
 def approve_owner_apps(owners: Path, options: DeployOptions) -> list[str]:
-    """Every simulated owner's list of approved apps, exactly ``options.approved_apps`` (rewritten)."""
+    r"""Every simulated owner's list of approved apps, exactly ``options.approved_apps`` (rewritten).
+
+    Parameters
+    ----------
+    owners : Path
+        The owners' state directories' parent (``OUT/owners``).
+    options : DeployOptions
+        The run's options.
+
+    Returns
+    -------
+    list of str
+        ``name (hash prefix)`` of each approved app.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     app = Path(d, "myapp")
+    ...     app.mkdir()
+    ...     _ = (app / "pyproject.toml").write_text(
+    ...         '[project]\nname = "myapp"\nversion = "1.0.0"\n\n[tool.flwr.app]\npublisher = "me"\n\n'
+    ...         '[tool.flwr.app.components]\nserverapp = "myapp.server_app:app"\nclientapp = "myapp.client_app:app"\n'
+    ...     )
+    ...     approve_owner_apps(Path(d, "owners"), DeployOptions(clients=2, approve_apps=(app,)))  # doctest: +ELLIPSIS
+    ['myapp (...)']
+    """
     from fedfilter.client.runtime.approval import APPROVED_FILE, approve
 
     entries = []
@@ -232,7 +410,28 @@ def approve_owner_apps(owners: Path, options: DeployOptions) -> list[str]:
 
 
 def refused_apps(logs: Path, clients: int) -> dict[str, list[str]]:
-    """The apps each device refused, read from its own log (a local trial shows both sides)."""
+    r"""The apps each device refused, read from its own log (a local trial shows both sides).
+
+    Parameters
+    ----------
+    logs : Path
+        The deployment's ``logs/`` folder.
+    clients : int
+        The number of devices.
+
+    Returns
+    -------
+    dict of str to list of str
+        Device name -> the hashes of the apps it refused (devices that refused none are left out).
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     _ = Path(d, "supernode-device-1.log").write_text(f"refused app {'ab' * 32}: not approved\n")
+    ...     refused_apps(Path(d), clients=2) == {"device-1": ["ab" * 32]}
+    True
+    """
     out = {}
     for index in range(clients):
         name = f"device-{index}"
@@ -252,12 +451,28 @@ ANNOUNCED_LEDGER = re.compile(r"Public ledger: (?P<path>/[^\x1b]*?) \(run (?P<ru
 
 
 class LedgerProgress:
-    """Prints each new round of the coordinator's public ledger (read-only, polled), skipping
-    the runs of earlier invocations (``old_runs``).
+    """Print each new round of the coordinator's public ledger (read-only, polled).
 
-    ``see(line)`` follows the ledger the app announces in its log: an app that writes its ledger
-    elsewhere than ``path`` (its own ``public_ledger=...``, relative to the ServerApp's working
-    directory) is found wherever that is, and only the announced run counts.
+    The runs of earlier invocations (``old_runs``) are skipped. ``see(line)`` follows the ledger the
+    app announces in its log: an app that writes its ledger elsewhere than ``path`` (its own
+    ``public_ledger=...``, relative to the ServerApp's working directory) is found wherever that
+    is, and only the announced run counts.
+
+    Parameters
+    ----------
+    path : Path
+        Where the public ledger is expected.
+    echo : callable
+        Prints a line.
+    old_runs : sequence of str, optional
+        Runs already in the ledger before this invocation.
+
+    Examples
+    --------
+    >>> progress = LedgerProgress(Path("out/public_ledger.sqlite"), print)
+    >>> progress.see("INFO : Public ledger: /srv/ledger.sqlite (run run-7)")
+    >>> progress.path, progress.run_id
+    (PosixPath('/srv/ledger.sqlite'), 'run-7')
     """
 
     def __init__(self, path: Path, echo: Callable[[str], None], old_runs: Sequence[str] = ()):
@@ -266,6 +481,20 @@ class LedgerProgress:
         self.run_id: str | None = None  # the run the app announced, once seen
 
     def see(self, line: str) -> None:
+        """Follow the ledger and run an output line announces (the first announcement only).
+
+        Parameters
+        ----------
+        line : str
+            One line of ``flwr run``'s output.
+
+        Examples
+        --------
+        >>> progress = LedgerProgress(Path("out/public_ledger.sqlite"), print)
+        >>> progress.see("INFO : starting round 1")  # not an announcement
+        >>> progress.run_id is None
+        True
+        """
         if self.run_id is not None or (match := ANNOUNCED_LEDGER.search(line)) is None:
             return
         from fedfilter.coordinator.public_report import public_run_ids
@@ -278,6 +507,12 @@ class LedgerProgress:
         self.old_runs = {run for run in runs if run != self.run_id}
 
     def tick(self) -> None:
+        """Print the rounds recorded since the last tick (nothing while the ledger does not exist).
+
+        Examples
+        --------
+        >>> LedgerProgress(Path("no/such/ledger.sqlite"), print).tick()
+        """
         if not self.path.is_file():
             return
         from fedfilter.coordinator.public_ledger import PublicLedger
@@ -298,7 +533,25 @@ class LedgerProgress:
 
 
 def released_rounds(path: Path, run_id: str | None) -> int:
-    """How many rounds of ``run_id`` the coordinator's public ledger marks released."""
+    """How many rounds of ``run_id`` the coordinator's public ledger marks released.
+
+    Parameters
+    ----------
+    path : Path
+        The public ledger file.
+    run_id : str or None
+        The run.
+
+    Returns
+    -------
+    int
+        The released rounds (0 without a ledger or a run).
+
+    Examples
+    --------
+    >>> released_rounds(Path("no/such/ledger.sqlite"), "run-7")
+    0
+    """
     if run_id is None or not path.is_file():
         return 0
     from fedfilter.coordinator.public_ledger import PublicLedger
@@ -311,6 +564,25 @@ def deploy_local(options: DeployOptions, echo: Callable[[str], None] = print) ->
     """Run the app on a local Deployment Engine; write ``OUT/summary.json``; 0 on success.
 
     Every process is stopped before this returns, whatever happened (Ctrl-C included).
+
+    Parameters
+    ----------
+    options : DeployOptions
+        The run's options.
+    echo : callable, optional
+        Prints a line of progress.
+
+    Returns
+    -------
+    int
+        The exit code.
+
+    Examples
+    --------
+    It starts a SuperLink and a SuperNode per device:
+
+    >>> deploy_local(DeployOptions(clients=3, rounds=2, out=Path("out/deploy")))  # doctest: +SKIP
+    0
     """
     from fedfilter.client.flower.reply_timing import timing_protection
     from fedfilter.client.ledger.owner_state import owner_state_at

@@ -17,7 +17,28 @@ from typing import Any
 
 
 def toml_value(value: Any) -> str:
-    """One TOML value for a flat Flower config (bool, int, float or str)."""
+    r"""One TOML value for a flat Flower config (bool, int, float or str).
+
+    Parameters
+    ----------
+    value : bool, int, float or str
+        The value.
+
+    Returns
+    -------
+    str
+        Its TOML spelling.
+
+    Raises
+    ------
+    ValueError
+        Any other type.
+
+    Examples
+    --------
+    >>> toml_value(True), toml_value(0.5), toml_value(float("inf")), toml_value('C:\\dir')
+    ('true', '0.5', 'inf', '"C:\\\\dir"')
+    """
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int):
@@ -34,7 +55,29 @@ def toml_value(value: Any) -> str:
 
 
 def write_flat_toml(path: Path, values: Mapping[str, Any]) -> Path:
-    """A flat ``key = value`` TOML file (what ``--node-config``/``--run-config FILE.toml`` read)."""
+    """A flat ``key = value`` TOML file (what ``--node-config``/``--run-config FILE.toml`` read).
+
+    Parameters
+    ----------
+    path : Path
+        The file to write (its folder is created).
+    values : Mapping
+        Key -> bool, int, float or str.
+
+    Returns
+    -------
+    Path
+        ``path``.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     print(write_flat_toml(Path(d) / "node.toml", {"partition-id": 0, "ledger-dir": "/var/ff"}).read_text())
+    "partition-id" = 0
+    "ledger-dir" = "/var/ff"
+    <BLANKLINE>
+    """
     lines = [f"{json.dumps(key)} = {toml_value(val)}" for key, val in values.items()]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
@@ -42,7 +85,31 @@ def write_flat_toml(path: Path, values: Mapping[str, Any]) -> Path:
 
 
 def app_run_config(app_dir: Path) -> dict[str, Any]:
-    """The app's ``[tool.flwr.app.config]`` defaults (the keys ``--run-config`` may override)."""
+    """The app's ``[tool.flwr.app.config]`` defaults (the keys ``--run-config`` may override).
+
+    Nested tables are flattened to dotted keys.
+
+    Parameters
+    ----------
+    app_dir : Path
+        A Flower app directory.
+
+    Returns
+    -------
+    dict
+        Key -> default value.
+
+    Raises
+    ------
+    ValueError
+        ``app_dir`` is not a Flower app.
+
+    Examples
+    --------
+    >>> from fedfilter.app.config import APP_DIR
+    >>> app_run_config(APP_DIR)["placement"]
+    'local'
+    """
     pyproject = Path(app_dir) / "pyproject.toml"
     if not pyproject.is_file():
         raise ValueError(f"{pyproject} not found: APP_DIR must be a Flower app directory.")
@@ -71,6 +138,35 @@ def write_connection(home: Path, name: str, address: str, *, root_certificates: 
 
     With ``root_certificates`` the CLI verifies the SuperLink's certificate against that CA;
     without, the connection is ``insecure = true`` (a SuperLink started with ``--insecure``).
+
+    Parameters
+    ----------
+    home : Path
+        The ``FLWR_HOME`` folder.
+    name : str
+        The connection's name.
+    address : str
+        The SuperLink's Control API address.
+    root_certificates : Path or None
+        The CA certificate, or None for an insecure connection.
+
+    Returns
+    -------
+    Path
+        ``home/config.toml``.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     print(write_connection(Path(d), "local", "127.0.0.1:9093", root_certificates=None).read_text())
+    [superlink]
+    default = "local"
+    <BLANKLINE>
+    [superlink.local]
+    address = "127.0.0.1:9093"
+    insecure = true
+    <BLANKLINE>
     """
     config = Path(home) / "config.toml"
     security = (

@@ -25,10 +25,33 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
 class DeploymentError(RuntimeError):
-    """A process of the local deployment did not start, connect or finish as expected."""
+    """A process of the local deployment did not start, connect or finish as expected.
+
+    Examples
+    --------
+    >>> issubclass(DeploymentError, RuntimeError)
+    True
+    """
 
 
 def strip_ansi(text: str) -> str:
+    r"""Remove ANSI colour and cursor codes from ``text``.
+
+    Parameters
+    ----------
+    text : str
+        A log's text.
+
+    Returns
+    -------
+    str
+        The text without escape codes.
+
+    Examples
+    --------
+    >>> strip_ansi("\x1b[32mINFO\x1b[0m : ready")
+    'INFO : ready'
+    """
     return _ANSI.sub("", text)
 
 
@@ -40,6 +63,27 @@ class ManagedProcess:
     (``flower-superexec`` and the ``flwr-serverapp``/``flwr-clientapp`` processes it starts). The
     leader is reaped only in ``stop``: until then an exited leader stays a zombie, which keeps
     its process-group id from being reused, so the group can be signalled safely.
+
+    Parameters
+    ----------
+    name : str
+        The process's name in messages.
+    argv : sequence of str
+        The command line.
+    log_path : Path
+        The file its stdout and stderr are appended to.
+    env : Mapping, optional
+        Its environment (default: ours).
+    cwd : Path, optional
+        Its working directory.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     with ManagedProcess("shell", ["sh", "-c", "echo ready; sleep 30"], log_path=Path(d) / "sh.log") as proc:
+    ...         proc.wait_for_log("ready", timeout=10).group(0), proc.running
+    ('ready', True)
     """
 
     def __init__(
@@ -59,6 +103,26 @@ class ManagedProcess:
 
     # lifecycle ---------------------------------------------------------------------------------
     def start(self) -> ManagedProcess:
+        """Start the process (once), its output appended to ``log_path``.
+
+        Returns
+        -------
+        ManagedProcess
+            ``self``.
+
+        Raises
+        ------
+        RuntimeError
+            It was started already.
+
+        Examples
+        --------
+        >>> import tempfile
+        >>> with tempfile.TemporaryDirectory() as d:
+        ...     proc = ManagedProcess("true", ["true"], log_path=Path(d) / "true.log").start()
+        ...     proc.wait(timeout=10), proc.stop()
+        (0, 0)
+        """
         if self._popen is not None:
             raise RuntimeError(f"{self.name} was started already")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -83,6 +147,26 @@ class ManagedProcess:
 
     @property
     def pid(self) -> int:
+        """The leader's process id (the process group's id).
+
+        Returns
+        -------
+        int
+            The pid.
+
+        Raises
+        ------
+        RuntimeError
+            It was not started.
+
+        Examples
+        --------
+        >>> import tempfile
+        >>> with tempfile.TemporaryDirectory() as d:
+        ...     with ManagedProcess("true", ["true"], log_path=Path(d) / "true.log") as proc:
+        ...         proc.pid > 0
+        True
+        """
         if self._popen is None:
             raise RuntimeError(f"{self.name} was not started")
         return self._popen.pid
@@ -103,14 +187,61 @@ class ManagedProcess:
 
     @property
     def returncode(self) -> int | None:
+        """The leader's exit code (negative: killed by that signal), None while it runs or before it starts.
+
+        Returns
+        -------
+        int or None
+            The exit code.
+
+        Examples
+        --------
+        >>> import tempfile
+        >>> with tempfile.TemporaryDirectory() as d:
+        ...     with ManagedProcess("false", ["false"], log_path=Path(d) / "false.log") as proc:
+        ...         _ = proc.wait(timeout=10)
+        ...         proc.returncode
+        1
+        """
         return self._exit_status()
 
     @property
     def running(self) -> bool:
+        """Whether it was started and its leader has not exited.
+
+        Returns
+        -------
+        bool
+            True while it runs.
+
+        Examples
+        --------
+        >>> ManagedProcess("idle", ["true"], log_path=Path("never.log")).running  # not started
+        False
+        """
         return self._popen is not None and self._exit_status() is None
 
     def wait(self, timeout: float) -> int | None:
-        """Wait up to ``timeout`` seconds for the leader to exit; its code, or None."""
+        """Wait up to ``timeout`` seconds for the leader to exit; its code, or None.
+
+        Parameters
+        ----------
+        timeout : float
+            Seconds to wait.
+
+        Returns
+        -------
+        int or None
+            The exit code, or None if it still runs (it is not reaped: see ``stop``).
+
+        Examples
+        --------
+        >>> import tempfile
+        >>> with tempfile.TemporaryDirectory() as d:
+        ...     with ManagedProcess("sleep", ["sleep", "30"], log_path=Path(d) / "sleep.log") as proc:
+        ...         proc.wait(timeout=0.2) is None
+        True
+        """
         deadline = time.monotonic() + timeout
         while True:
             code = self._exit_status()
@@ -130,6 +261,15 @@ class ManagedProcess:
         "Everything it started" is its process group plus its descendants in other sessions
         (``flower-superlink`` starts ``flower-superexec`` with ``start_new_session=True``, and
         that one starts ``flwr-serverapp``), followed through /proc.
+
+        Examples
+        --------
+        >>> import tempfile
+        >>> with tempfile.TemporaryDirectory() as d:
+        ...     proc = ManagedProcess("sleep", ["sleep", "30"], log_path=Path(d) / "sleep.log").start()
+        ...     proc.terminate()
+        ...     proc.stop()  # reaps it: killed by SIGTERM
+        -15
         """
         if self._popen is None or self._family is not None or self._popen.returncode is not None:
             return  # not started, already terminated, or reaped (the group id may be reused)
@@ -144,9 +284,30 @@ class ManagedProcess:
         return self._exit_status() is not None and not self._family.alive()
 
     def stop(self, grace_s: float = 10.0, *, deadline: float | None = None) -> int | None:
-        """SIGTERM the process and everything it started, SIGKILL what is left after ``grace_s``
-        seconds (or at the monotonic ``deadline``), and reap it. Safe to call more than once and
-        on a process that has already exited.
+        """Stop the process and everything it started, and reap it.
+
+        SIGTERM first, then SIGKILL what is left after ``grace_s`` seconds (or at the monotonic
+        ``deadline``). Safe to call more than once and on a process that has already exited.
+
+        Parameters
+        ----------
+        grace_s : float, optional
+            Seconds between SIGTERM and SIGKILL.
+        deadline : float, optional
+            A ``time.monotonic()`` time to SIGKILL at instead.
+
+        Returns
+        -------
+        int or None
+            The exit code (negative: the signal), None if it was never started.
+
+        Examples
+        --------
+        >>> import tempfile
+        >>> with tempfile.TemporaryDirectory() as d:
+        ...     proc = ManagedProcess("sleep", ["sleep", "30"], log_path=Path(d) / "sleep.log").start()
+        ...     proc.stop(grace_s=5), proc.stop()
+        (-15, -15)
         """
         if self._popen is None:
             return None
@@ -166,7 +327,22 @@ class ManagedProcess:
 
     # logs --------------------------------------------------------------------------------------
     def log_text(self) -> str:
-        """What this process has written to its log (ANSI colours removed)."""
+        r"""What this process has written to its log (ANSI colours removed).
+
+        Returns
+        -------
+        str
+            The log since this process started (an earlier process's lines in the same file are left out).
+
+        Examples
+        --------
+        >>> import tempfile
+        >>> with tempfile.TemporaryDirectory() as d:
+        ...     with ManagedProcess("echo", ["echo", "hello"], log_path=Path(d) / "echo.log") as proc:
+        ...         _ = proc.wait(timeout=10)
+        ...         proc.log_text()
+        'hello\n'
+        """
         try:
             with open(self.log_path, "rb") as log:
                 log.seek(self._log_offset)
@@ -175,7 +351,33 @@ class ManagedProcess:
             return ""
 
     def wait_for_log(self, pattern: re.Pattern | str, timeout: float) -> re.Match:
-        """Wait until the log matches ``pattern``; ``DeploymentError`` on exit or timeout."""
+        r"""Wait until the log matches ``pattern``; ``DeploymentError`` on exit or timeout.
+
+        Parameters
+        ----------
+        pattern : str or re.Pattern
+            What a ready process writes.
+        timeout : float
+            Seconds to wait.
+
+        Returns
+        -------
+        re.Match
+            The first match.
+
+        Raises
+        ------
+        DeploymentError
+            The process exited, or the time ran out, first (with the log's last lines).
+
+        Examples
+        --------
+        >>> import tempfile
+        >>> with tempfile.TemporaryDirectory() as d:
+        ...     with ManagedProcess("echo", ["echo", "port 9092"], log_path=Path(d) / "echo.log") as proc:
+        ...         proc.wait_for_log(r"port (\d+)", timeout=10).group(1)
+        '9092'
+        """
         regex = re.compile(pattern) if isinstance(pattern, str) else pattern
         deadline = time.monotonic() + timeout
         while True:
@@ -252,11 +454,47 @@ class _Descendants:
 
 
 def tail(text: str, lines: int = 15) -> str:
+    r"""The last ``lines`` lines of ``text``.
+
+    Parameters
+    ----------
+    text : str
+        A log's text.
+    lines : int, optional
+        How many lines.
+
+    Returns
+    -------
+    str
+        Those lines.
+
+    Examples
+    --------
+    >>> tail("a\nb\nc\n", lines=2)
+    'b\nc'
+    """
     return "\n".join(text.rstrip().splitlines()[-lines:])
 
 
 def free_ports(count: int) -> list[int]:
-    """``count`` distinct free TCP ports on 127.0.0.1 (held open together while picking)."""
+    """``count`` distinct free TCP ports on 127.0.0.1 (held open together while picking).
+
+    Parameters
+    ----------
+    count : int
+        How many ports.
+
+    Returns
+    -------
+    list of int
+        The ports.
+
+    Examples
+    --------
+    >>> ports = free_ports(3)
+    >>> len(set(ports))
+    3
+    """
     sockets = []
     try:
         for _ in range(count):
@@ -270,13 +508,49 @@ def free_ports(count: int) -> list[int]:
 
 
 def tool(name: str) -> str:
-    """The console script next to this interpreter (the venv's), else the one on PATH."""
+    """The console script next to this interpreter (the venv's), else the one on PATH.
+
+    Parameters
+    ----------
+    name : str
+        The script's name, e.g. ``flower-superlink``.
+
+    Returns
+    -------
+    str
+        Its path, or ``name`` to be found on PATH.
+
+    Examples
+    --------
+    >>> tool("no-such-script-here")
+    'no-such-script-here'
+    """
     candidate = Path(sys.executable).with_name(name)
     return str(candidate) if candidate.exists() else name
 
 
 def flower_env(home: Path) -> dict[str, str]:
-    """The environment of a Flower process whose ``FLWR_HOME`` is ``home``."""
+    """The environment of a Flower process whose ``FLWR_HOME`` is ``home``.
+
+    This interpreter's scripts come first on PATH (so a venv works unactivated), and telemetry is
+    off unless set.
+
+    Parameters
+    ----------
+    home : Path
+        The process's ``FLWR_HOME``.
+
+    Returns
+    -------
+    dict of str to str
+        The environment.
+
+    Examples
+    --------
+    >>> env = flower_env(Path("/tmp/flwr-home"))
+    >>> env["FLWR_HOME"], env["PATH"].split(os.pathsep)[0] == str(Path(sys.executable).parent)
+    ('/tmp/flwr-home', True)
+    """
     env = dict(os.environ)
     # Flower's processes start their helpers (flower-superexec, flwr-serverapp, flwr-clientapp)
     # by name: put this interpreter's scripts first on PATH, so a venv works unactivated

@@ -38,7 +38,30 @@ SIMULATION_CONNECTION = "flwrrun"
 
 
 def federation_options(num_supernodes: int, num_cpus: int = 1) -> dict[str, Any]:
-    """The simulation's size, as ``flwr run --federation-config`` keys (Flower 1.41: both ints)."""
+    """The simulation's size, as ``flwr run --federation-config`` keys (Flower 1.41: both ints).
+
+    Parameters
+    ----------
+    num_supernodes : int
+        Simulated nodes (>= 1).
+    num_cpus : int, optional
+        CPUs per simulated client (>= 1).
+
+    Returns
+    -------
+    dict
+        ``num-supernodes`` and ``client-resources-num-cpus``.
+
+    Raises
+    ------
+    ValueError
+        A value that is not an integer >= 1.
+
+    Examples
+    --------
+    >>> federation_options(10)
+    {'num-supernodes': 10, 'client-resources-num-cpus': 1}
+    """
     for key, value in (("num-supernodes", num_supernodes), ("client-resources-num-cpus", num_cpus)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{key} must be an integer >= 1. Found {value!r}.")
@@ -46,15 +69,60 @@ def federation_options(num_supernodes: int, num_cpus: int = 1) -> dict[str, Any]
 
 
 def federation_config_arg(options: dict[str, Any]) -> str:
-    """``options`` as the value of ``flwr run --federation-config`` (for people typing it)."""
+    """``options`` as the value of ``flwr run --federation-config`` (for people typing it).
+
+    Parameters
+    ----------
+    options : dict
+        ``federation_options``'s result.
+
+    Returns
+    -------
+    str
+        ``key=value`` pairs separated by spaces.
+
+    Examples
+    --------
+    >>> federation_config_arg(federation_options(10))
+    'num-supernodes=10 client-resources-num-cpus=1'
+    """
     return " ".join(f"{key}={value}" for key, value in options.items())
 
 
 class SimulationLink(FlowerCluster):
-    """A SuperLink in simulation mode on 127.0.0.1 (no TLS: loopback only) and its ``flwr``
-    connection; ``run_app`` runs an app on ``num_supernodes`` simulated nodes. ``device_settings``
-    (a file, see ``fedfilter.client.settings.simulated``) is put in the SuperLink's environment;
-    ``None`` leaves the environment as it is.
+    """A SuperLink in simulation mode on 127.0.0.1 (no TLS: loopback only) and its ``flwr`` connection.
+
+    ``run_app`` runs an app on ``num_supernodes`` simulated nodes. ``device_settings`` (a file, see
+    ``fedfilter.client.settings.simulated``) is put in the SuperLink's environment; ``None`` leaves
+    the environment as it is.
+
+    Parameters
+    ----------
+    root : Path
+        The folder for its ``FLWR_HOME``, logs and config files.
+    num_supernodes : int
+        Simulated nodes.
+    num_cpus : int, optional
+        CPUs per simulated client.
+    device_settings : Path, optional
+        The simulated devices' settings file.
+    grace_s : float, optional
+        Seconds between SIGTERM and SIGKILL when stopping.
+    echo : callable, optional
+        Called with a line for each event worth showing.
+
+    Examples
+    --------
+    Nothing starts before the context is entered:
+
+    >>> link = SimulationLink(Path("runs/sim"), num_supernodes=4, device_settings=Path("devices.json"))
+    >>> link.options["num-supernodes"], link.superlink_environment()[ENV_VAR].endswith("devices.json")
+    (4, True)
+
+    Entering it starts the SuperLink (and Ray, for the run):
+
+    >>> with SimulationLink(Path("runs/sim"), num_supernodes=4) as link:  # doctest: +SKIP
+    ...     result = link.run_app(Path("fedfilter/app"), run_config={"num-rounds": 2})
     """
 
     def __init__(
@@ -84,5 +152,24 @@ class SimulationLink(FlowerCluster):
         )
 
     def run_app(self, app_dir: Path, **kwargs: Any) -> RunResult:
-        """``FlowerCluster.run_app`` with this simulation's size as ``--federation-config``."""
+        """``FlowerCluster.run_app`` with this simulation's size as ``--federation-config``.
+
+        Parameters
+        ----------
+        app_dir : Path
+            The Flower app directory.
+        **kwargs
+            ``FlowerCluster.run_app``'s ``run_config``, ``timeout``, ``on_line``, ``on_tick``.
+
+        Returns
+        -------
+        RunResult
+            The run's id, status and output.
+
+        Examples
+        --------
+        >>> with SimulationLink(Path("runs/sim"), num_supernodes=4) as link:  # doctest: +SKIP
+        ...     link.run_app(Path("fedfilter/app"), run_config={"num-rounds": 2}).ok
+        True
+        """
         return super().run_app(app_dir, federation_config=self.options, **kwargs)

@@ -18,6 +18,23 @@ from fedfilter.deploy.processes import LOOPBACK
 
 @dataclass(frozen=True)
 class TlsFiles:
+    """The files ``make_tls`` writes: the CA's certificate and the server's certificate and key.
+
+    Parameters
+    ----------
+    ca_cert : Path
+        The CA certificate (``ca.crt``), what clients verify the SuperLink against.
+    server_cert : Path
+        The SuperLink's certificate.
+    server_key : Path
+        The SuperLink's private key (mode 0600).
+
+    Examples
+    --------
+    >>> TlsFiles(Path("ca.crt"), Path("server.pem"), Path("server.key")).ca_cert.name
+    'ca.crt'
+    """
+
     ca_cert: Path
     server_cert: Path
     server_key: Path
@@ -34,6 +51,27 @@ def make_tls(directory: Path, *, days: int = 7) -> TlsFiles:
     """A fresh CA (``ca.crt``) and a server certificate for IP:127.0.0.1 and DNS:localhost.
 
     The CA's private key is never written: nothing else can be signed with it later.
+
+    Parameters
+    ----------
+    directory : Path
+        Where the files go (created if missing).
+    days : int, optional
+        How long the certificates are valid.
+
+    Returns
+    -------
+    TlsFiles
+        The files written.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     files = make_tls(Path(d))
+    ...     pem = files.ca_cert.read_text()
+    ...     pem.startswith("-----BEGIN CERTIFICATE-----"), oct(files.server_key.stat().st_mode & 0o777)
+    (True, '0o600')
     """
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
@@ -108,7 +146,23 @@ def make_tls(directory: Path, *, days: int = 7) -> TlsFiles:
 def make_node_key(private_path: Path) -> tuple[Path, Path]:
     """An ECDSA P-384 key pair in OpenSSH format (as ``ssh-keygen -t ecdsa -b 384 -N ""``).
 
-    Returns (private key, public key ``<private>.pub``).
+    Parameters
+    ----------
+    private_path : Path
+        The private key's file (mode 0600); the public key goes next to it as ``<private>.pub``.
+
+    Returns
+    -------
+    tuple of Path
+        (private key, public key).
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     private, public = make_node_key(Path(d) / "node-1")
+    ...     public.name, public.read_text().startswith("ecdsa-sha2-nistp384 ")
+    ('node-1.pub', True)
     """
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import ec

@@ -47,7 +47,7 @@ def test_the_walk_sees_the_options_it_checks():
 
 
 def test_packaged_studies_resolve_by_name_to_the_shipped_files():
-    shipped = {p.stem: p.resolve() for p in (REPO / "simulations" / "configs").glob("*.toml")}
+    shipped = {p.stem: p.resolve() for p in (REPO / "fedfilter" / "simulations" / "configs").glob("*.toml")}
     assert {name: path.resolve() for name, path in packaged_configs().items()} == shipped
     assert study_config("smoke").resolve() == shipped["smoke"] == study_config("smoke.toml").resolve()
 

@@ -1,4 +1,4 @@
-"""``fedfilter odometer`` against an independent mpmath evaluation of papers/003 (issue 26)."""
+"""``fedfilter odometer`` against an independent mpmath evaluation of Rogers et al. (2016)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``fedfilter plan``: its JSON for issue 24's case, its text, and the app's parameter count."""
+"""``fedfilter plan``: its JSON for the quickstart example's case, its text, and the app's parameter count."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ def _json(capsys, argv):
     return json.loads(capsys.readouterr().out)
 
 
-def test_plan_json_for_issue_24_and_its_recommendation(capsys):
+def test_plan_json_for_the_quickstart_and_its_recommendation(capsys):
     out = _json(capsys, ISSUE_24 + BUDGET)
     assert abs(out["mean_noise_norm"] / math.sqrt(62006 / 10) - 1) < 0.05 and out["noise_dominates"] is True
     rec = out["recommended"]

@@ -22,7 +22,7 @@ def test_rounds_json():
         "rounds", "--epsilon", "0.3", "--delta", "1e-5", "--noise-multiplier", "170", "--filter", "zcdp", "--json"
     )
     assert out.returncode == 0, out.stderr
-    assert json.loads(out.stdout)["rounds"] == 111  # 112 steps cost 0.3007 > 0.3 (papers/004 App. A)
+    assert json.loads(out.stdout)["rounds"] == 111  # 112 steps cost 0.3007 > 0.3 (Feldman & Zrnic (2021) App. A)
 
 
 def test_epsilon_json_round_trips_with_rounds():
@@ -56,9 +56,9 @@ def test_ledger_show(tmp_path):
     assert missing.returncode == 2 and "no budget ledger" in missing.stderr and "Traceback" not in missing.stderr
 
 
-def test_readme_rounds_table_is_the_commands_output():
-    """The README's `fedfilter rounds` block is what the command prints today."""
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+def test_docs_rounds_table_is_the_commands_output():
+    """The device owner's page's `fedfilter rounds` block (moved from the README) is what the command prints today."""
+    readme = (Path(__file__).resolve().parents[2] / "docs" / "device-owner.md").read_text()
     cmd = "$ fedfilter rounds --epsilon 1 --delta 1e-5 --noise-multiplier 10 --filter all\n"
     assert cmd in readme
     shown = readme.split(cmd, 1)[1].split("```", 1)[0]

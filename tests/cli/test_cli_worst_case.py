@@ -1,4 +1,4 @@
-"""``fedfilter ledger enrol --worst-case-epsilon``, ``ledger worst-case`` and ``ledger show`` (issue 22)."""
+"""``fedfilter ledger enrol --worst-case-epsilon``, ``ledger worst-case`` and ``ledger show``."""
 
 import json
 

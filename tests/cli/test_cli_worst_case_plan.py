@@ -23,7 +23,7 @@ from fedfilter.client.mechanisms.skellam import skellam_grid
 from fedfilter.privacy.filters import make_filter, rdp_order
 from fedfilter.privacy.skellam import l1_cap, skellam_charge
 from fedfilter.protocol.request import RoundSpec
-from fedfilter.protocol.secagg_grid import grid_step, quantization_range
+from fedfilter.protocol.secagg.grid import grid_step, quantization_range
 
 DELTA = 1e-5
 # (epsilon, z, clip, m, dim, worst-case-epsilon): README's digits example, and a small model at m = 10.
@@ -119,8 +119,9 @@ def test_plan_shows_the_worst_case_epsilon_the_wanted_rounds_need(capsys):
     assert math.isfinite(needed)
 
 
-def test_the_readmes_distributed_rounds_block_is_what_the_command_prints(capsys):
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+def test_the_docs_distributed_rounds_block_is_what_the_command_prints(capsys):
+    # The device owner's page (docs/device-owner.md, "Plan a budget") shows it, moved from the README.
+    readme = (Path(__file__).resolve().parents[2] / "docs" / "device-owner.md").read_text(encoding="utf-8")
     cmd = next(line for line in readme.splitlines() if line.startswith("$ fedfilter rounds") and "distributed" in line)
     shown = readme.split(cmd + "\n", 1)[1].split("```", 1)[0]
     assert main(cmd.split()[2:]) == 0

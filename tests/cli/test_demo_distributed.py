@@ -95,7 +95,7 @@ def test_the_guarantee_names_secure_aggregation_and_the_threshold_only_when_dist
 
     dist = guarantee_text(_args("--clients", "6", "--placement", "distributed"))
     assert "SecAgg+" in dist and ">= 3 reports" in dist and "rdp filter" in dist
-    # Both guarantees, each with what it trusts (issue 22): the main one trusts SecAgg+ and genuine
+    # Both guarantees, each with what it trusts: the main one trusts SecAgg+ and genuine
     # peers, the worst-case one (min_reports x the budget, enforced by each device) nothing.
     assert "against a coordinator that may lie about SecAgg+ rounds" in dist
     assert "(worst_case_epsilon = 3 x budget_epsilon, 1e-05)-DP against any coordinator" in dist

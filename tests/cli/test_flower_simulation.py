@@ -56,9 +56,9 @@ def _devices(root):
 def _probe_server(captured: dict, run_id: str, rounds: int, malicious: bool):
     """A ServerApp that keeps every reply (for the test only; the real one keeps none)."""
     from flwr.serverapp import ServerApp
+    from harness.probe_coordinator import FilteredMeanStrategy
 
     from fedfilter.protocol.wire import STATUS_RECORD
-    from fedfilter.simulations.harness.probe_coordinator import FilteredMeanStrategy
 
     app = ServerApp()
 

@@ -10,6 +10,7 @@ import math
 import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from harness.probe_coordinator import FilteredMeanStrategy
 from helpers.flower_messages import delivered
 from helpers.mods import KEYS, SHAPES, Handler, context, model_arrays, records, spec, train_message
 
@@ -19,7 +20,6 @@ from fedfilter.client.ledger.budget import BudgetLedger
 from fedfilter.client.settings.node_config import enrol_device
 from fedfilter.coordinator.strategy import classify_reply, plain_mean, report_norm_bound
 from fedfilter.protocol.wire import ARRAYS_RECORD, REQUEST_RECORD, STATUS_RECORD, request_record
-from fedfilter.simulations.harness.probe_coordinator import FilteredMeanStrategy
 
 
 def reply_arrays(reply: Message) -> list[np.ndarray]:

@@ -1,9 +1,9 @@
-"""Issue 21, item 6: clear error replies, nothing spent.
+"""Clear error replies, nothing spent.
 
 A model with no floating-point values (only integer, bool or complex arrays, or none) and a ledger
 directory that is missing or read-only each get an error reply from the mod that names the cause,
 and a clear error from the core; nothing is trained, spent or released. The reply names the kind of
-failure only: the same words whatever the device's budget state (DESIGN.md invariant 5).
+failure only: the same words whatever the device's budget state (what a reply shows depends on nothing private).
 """
 
 import ctypes

@@ -43,7 +43,7 @@ def _message(message_id: str) -> Message:
 
 
 def _context(ledger_dir: Path) -> Context:
-    # reply-hold-s 0: the replay, not the timing, is under test (tests/client/test_reply_timing.py holds replies).
+    # reply-hold-s 0: the replay, not the timing, is under test (test_reply_timing.py holds replies).
     config = {
         "ledger-dir": str(ledger_dir),
         "client-id": "alice",

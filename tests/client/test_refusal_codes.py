@@ -5,7 +5,7 @@ The attack: a coordinator that learns anything from *which* error a device sends
 would learn it without noise. So every refusal the mod can send is produced here twice, by devices
 that differ in their data (what training returns) and in their budget state (fresh, or spent in an
 earlier run), and the two replies must be identical. A static check makes sure no error reply of the
-mod escapes this list: every ``_error(...)`` call names a code from the table, and every code has a
+mod escapes this list: every ``refusal(...)`` call names a code from the table, and every code has a
 scenario below.
 """
 
@@ -27,7 +27,13 @@ from fedfilter.client.settings.node_config import enrol_device
 from fedfilter.protocol.refusals import REFUSALS, refusal_code
 from fedfilter.protocol.wire import REQUEST_RECORD, request_record
 
-MOD_SOURCE = Path(__file__).resolve().parents[2] / "client" / "filter_mod.py"
+CLIENT = Path(__file__).resolve().parents[2] / "fedfilter" / "client"
+# The filter mod, the stages of its round and the SecAgg+ placement: every error reply they build.
+MOD_SOURCES = [
+    CLIENT / "filter_mod.py",
+    *sorted((CLIENT / "round").glob("*.py")),
+    CLIENT / "secagg" / "masked_round.py",
+]
 
 
 def _handler(shift: float):
@@ -95,14 +101,14 @@ SCENARIOS = {
 }
 # Refusals whose cause is not reachable with the messages alone (the test says where they are covered):
 COVERED_ELSEWHERE = {
-    "ledger-failed": "a failing disk (tests/client/test_ledger_fail_closed.py); depends on the disk, not the data",
+    "ledger-failed": "a failing disk (test_ledger_fail_closed.py); depends on the disk, not the data",
     "ledger-refused": "a damaged ledger (below); a restored or older-format one: test_ledger_rollback.py",
-    "filter-not-rdp": "a SecAgg+ masked stage (tests/client/test_secagg_device_refusals.py); a setting",
-    "request-refused": "request numbers without a usable SecAgg+ grid (tests/client/test_secagg_device_refusals.py)",
-    "left": "after-exhaustion='leave' under SecAgg+: the visible departure DESIGN.md section 1 declares",
+    "filter-not-rdp": "a SecAgg+ masked stage (test_secagg_device_refusals.py); a setting",
+    "request-refused": "request numbers without a usable SecAgg+ grid (test_secagg_device_refusals.py)",
+    "left": "after-exhaustion='leave' under SecAgg+: the visible departure the privacy model declares",
     # Each family of SecAgg+ check, played in a SecAgg+ round with fresh and spent devices alike:
     **{
-        code: "tests/coordinator/test_secagg_refusal_codes.py"
+        code: "tests/client/secagg/test_secagg_refusal_codes.py"
         for code in REFUSALS
         if code.startswith("secagg-") and code not in SCENARIOS
     },
@@ -134,10 +140,10 @@ def test_each_refusal_depends_only_on_the_request_and_the_settings(tmp_path, cod
 
 
 def test_every_error_reply_of_the_mod_names_a_known_code_and_is_enumerated():
-    tree = ast.parse(MOD_SOURCE.read_text())
     codes, dynamic = set(), 0
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "_error":
+    nodes = [node for path in MOD_SOURCES for node in ast.walk(ast.parse(path.read_text()))]
+    for node in nodes:
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "refusal":
             arg = node.args[1]
             if isinstance(arg, ast.Constant):
                 codes.add(arg.value)

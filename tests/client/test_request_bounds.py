@@ -1,4 +1,4 @@
-"""Issue 13, attack 6: every number in a round request is bounded before training, and a refusal
+"""Every number in a round request is bounded before training, and a refusal
 names the field and the value and spends nothing (core API and the real mod)."""
 
 import math

@@ -146,8 +146,9 @@ def _lines(stream) -> queue.Queue:
     lines: queue.Queue = queue.Queue()
 
     def pump() -> None:
-        for line in stream:
-            lines.put(line)
+        with stream:  # closed at the process's end of output
+            for line in stream:
+                lines.put(line)
         lines.put(None)
 
     threading.Thread(target=pump, daemon=True).start()
@@ -155,15 +156,19 @@ def _lines(stream) -> queue.Queue:
 
 
 def _stop(proc: subprocess.Popen) -> int | None:
-    if proc.poll() is None:
-        os.kill(proc.pid, signal.SIGTERM)
-        try:
-            return proc.wait(10)
-        except subprocess.TimeoutExpired:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(5)
-            return None
-    return proc.returncode
+    try:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGTERM)
+            try:
+                return proc.wait(10)
+            except subprocess.TimeoutExpired:
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait(5)
+                return None
+        return proc.returncode
+    finally:
+        if proc.stderr is not None:  # stdout, where read, is closed by its reader (_lines)
+            proc.stderr.close()
 
 
 def test_cli_serve_and_watch(ledger_path: Path) -> None:

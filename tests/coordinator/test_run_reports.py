@@ -1,7 +1,7 @@
-"""What the operator reads at run time (issue 24): the released mean's norm against the noise norm
+"""What the operator reads at run time: the released mean's norm against the noise norm
 it should carry, refusals counted by code with the fix to make, and a run that released nothing
 failing with the reason. The devices are the real ``individual_filter_mod`` called in-process
-behind a fake Grid (no Flower engine); ``tests/cli/test_example_app.py`` runs the same through
+behind a fake Grid (no Flower engine); ``tests/test_example_app.py`` runs the same through
 ``flwr run``."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from fedfilter.client.filter_mod import individual_filter_mod
 from fedfilter.client.settings.node_config import enrol_device
 from fedfilter.coordinator.public_ledger import PublicLedger
 from fedfilter.coordinator.strategy import IndividualFilterStrategy, NothingReleasedError
-from fedfilter.privacy.federation_plan import plan_federation
+from fedfilter.planning.federation import plan_federation
 
 NODES = [11, 12, 13, 14]
 DIM = 4000  # coordinates: the norm of the mean's noise then varies by about 1% around its mean

@@ -177,7 +177,7 @@ def test_fedavgm_server_learning_rate_scales_the_mean_step():
 
 
 def test_a_distributed_round_sends_nothing_in_the_clear_and_never_aggregates_a_plain_reply():
-    # Distributed rounds go through SecAgg+ (tests/coordinator/test_secure_round.py): configure_train
+    # Distributed rounds go through SecAgg+ (tests/coordinator/secagg/test_secure_round.py): configure_train
     # hands Flower's loop no message to send, and a reply outside SecAgg+ is dropped, never averaged.
     inner = SpyFedAvg(min_available_nodes=1, min_train_nodes=1)
     strategy = wrap(inner, placement="distributed", min_reports=3)

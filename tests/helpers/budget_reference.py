@@ -12,7 +12,7 @@ capped at the budget and so cannot show a budget that is too large), and convert
 * Google's ``dp_accounting``: ``RdpAccountant`` (Rényi filter, and as a second opinion on the
   zCDP filter) and the optimistic PLD, a lower bound on the true delta of the composition;
 * for the zCDP filter, Bun and Steinke 2016 (arXiv 1605.02065) Proposition 1.3:
-  ``rho``-zCDP gives ``(rho + 2 sqrt(rho log(1/delta)), delta)``-DP (papers/004 Theorem 4.9).
+  ``rho``-zCDP gives ``(rho + 2 sqrt(rho log(1/delta)), delta)``-DP (Feldman & Zrnic (2021) Theorem 4.9).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """A device that restarts, serves rounds, and what a ledger refusal looks like through the mod.
 
-Shared by the fail-closed, roll-back, anchor and migrate tests (tests/client/test_ledger_fail_closed.py,
+Shared by the fail-closed, roll-back, anchor and migrate tests (tests/client/ledger/test_ledger_fail_closed.py,
 test_ledger_rollback.py, test_ledger_anchor_binding.py, test_ledger_migrate.py, test_mod_errors.py);
 ``_schema_1_ledger`` writes a ledger as fedfilter did before seals (schema 1).
 """

@@ -46,7 +46,7 @@ def spec(round_id=1, *, run_id="run-a", z=1.0, clip=1.0, placement="local", m=1)
 def context(tmp_path, *, enrol: bool = True, **node) -> Context:
     """A node's Context; its owner enrols the device first (the mod itself never enrols).
 
-    Timing protection off (reply-hold-s = 0) so these tests stay fast: tests/client/test_reply_timing.py
+    Timing protection off (reply-hold-s = 0) so these tests stay fast: tests/client/flower/test_reply_timing.py
     covers the hold.
     """
     config = {

@@ -1,6 +1,6 @@
 """One SecAgg+ round of devices behind ``secure_aggregation_mod`` and the filter, in process.
 
-``run_round`` drives Flower's SecAgg+ workflow through ``fedfilter.simulations.harness.secagg_loopback``'s
+``run_round`` drives Flower's SecAgg+ workflow through ``harness.secagg_loopback``'s
 grid to n devices (node ids ``node_id(i)``, settings ``node_config``) and returns what every side saw;
 ``assert_refused_before_training`` is the promise every refusal of a SecAgg+ round keeps.
 """
@@ -17,18 +17,18 @@ from flwr.common.secure_aggregation.secaggplus_constants import Stage
 from flwr.server import LegacyContext, ServerConfig
 from flwr.server.strategy import FedAvg
 from flwr.server.workflow import DefaultWorkflow
+from harness.secagg_loopback import LoopbackGrid, stage_of
 
 import fedfilter.client.mechanisms.skellam as release_distributed
 from fedfilter.client.filter_mod import individual_filter_mod
 from fedfilter.client.ledger.budget import BudgetLedger
 from fedfilter.client.secagg.mod import secure_aggregation_mod
 from fedfilter.client.settings.node_config import enrol_device
-from fedfilter.coordinator.secagg_consistency_round import ConsistencyCheckedSecAggPlus
+from fedfilter.coordinator.secagg.consistency import ConsistencyCheckedSecAggPlus
 from fedfilter.protocol.request import RoundSpec
-from fedfilter.protocol.secagg_grid import secaggplus_settings
-from fedfilter.protocol.secagg_masks import cryptographic_masks
+from fedfilter.protocol.secagg.grid import secaggplus_settings
+from fedfilter.protocol.secagg.masks import cryptographic_masks
 from fedfilter.protocol.wire import ARRAYS_RECORD, REQUEST_RECORD, request_record
-from fedfilter.simulations.harness.secagg_loopback import LoopbackGrid, stage_of
 
 KEYS = ["w", "b", "count"]
 SHAPES = [(6, 5), (5,), (1,)]

@@ -17,21 +17,21 @@ from flwr.clientapp import ClientApp
 from flwr.common import bytes_to_ndarray
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key, Stage
 from flwr.serverapp.strategy import FedAvg
+from harness.secagg_loopback import LoopbackGrid, stage_of
 
 import fedfilter.client.mechanisms.skellam as release_distributed
 from fedfilter.client.filter_mod import individual_filter_mod
 from fedfilter.client.ledger.budget import BudgetLedger
 from fedfilter.client.secagg.mod import secure_aggregation_mod
 from fedfilter.client.settings.node_config import enrol_device
-from fedfilter.coordinator import secure_round
 from fedfilter.coordinator.run_log import NothingReleasedError
+from fedfilter.coordinator.secagg import secure_round
 from fedfilter.coordinator.strategy import IndividualFilterStrategy
-from fedfilter.protocol.secagg_grid import grid_step, secaggplus_settings
-from fedfilter.protocol.secagg_keys import bytes_to_private_key, bytes_to_public_key, generate_shared_key
-from fedfilter.protocol.secagg_masks import aes_mask_gen
-from fedfilter.protocol.secagg_shamir import combine_shares
+from fedfilter.protocol.secagg.grid import grid_step, secaggplus_settings
+from fedfilter.protocol.secagg.keys import bytes_to_private_key, bytes_to_public_key, generate_shared_key
+from fedfilter.protocol.secagg.masks import aes_mask_gen
+from fedfilter.protocol.secagg.shamir import combine_shares
 from fedfilter.protocol.wire import ARRAYS_RECORD
-from fedfilter.simulations.harness.secagg_loopback import LoopbackGrid, stage_of
 
 SHAPES = [(4, 3), (3,)]
 CLIP, Z, RUN = 1.0, 0.5, "secagg-attack"
@@ -94,7 +94,7 @@ def attacker(seen: Seen, forge, *, modulus_range=None, consistency=None):
         def unmask_stage(self, grid, context, state):
             return super().unmask_stage(Forging(grid, seen, forge), context, state)
 
-        def consistency_stage(self, grid, context, state):  # the round issue 22 adds (absent before)
+        def consistency_stage(self, grid, context, state):  # the consistency round (absent before it existed)
             if consistency is not None:
                 return consistency(self, grid, context, state)
             return super().consistency_stage(grid, context, state)
@@ -123,7 +123,7 @@ def run_attack(
             "ledger-dir": str(tmp_path / f"dev{i}"),
             "client-id": f"dev{i}",
             "budget-epsilon": 8.0,
-            # Distributed rounds need a worst-case account (issue 22); it does not bind here: these
+            # Distributed rounds need a worst-case account; it does not bind here: these
             # tests are about which shares leave a device, and the attacks must fail for that reason.
             "worst-case-epsilon": 1000.0,
             "budget-delta": 1e-5,

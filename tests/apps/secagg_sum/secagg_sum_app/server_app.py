@@ -3,7 +3,7 @@
 * ``RecordingGrid`` wraps the Grid Flower hands the ServerApp and records every reply the
   coordinator received (per ``send_and_receive`` call: the SecAgg+ stage it answered, and what each
   reply carried), saving the masked vectors of the COLLECT_MASKED_VECTORS stage.
-* ``decode_sum`` in ``fedfilter.coordinator.secure_round`` is wrapped (in this process only) to save
+* ``decode_sum`` in ``fedfilter.coordinator.secagg.secure_round`` is wrapped (in this process only) to save
   the integer sum the coordinator unmasked, with the round, the number of reports and ``q``.
 
 Everything is written to ``probe_dir()`` for the test; nothing here changes what is sent or released,
@@ -26,8 +26,7 @@ from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFI
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 
-import fedfilter.coordinator.secure_round as secure_round
-import fedfilter.coordinator.strategy as strategy_module
+import fedfilter.coordinator.secagg.secure_round as secure_round
 from fedfilter.coordinator.strategy import IndividualFilterStrategy
 
 from . import KEYS, SHAPES, probe_dir
@@ -113,7 +112,7 @@ def _install_claim() -> None:
 
 def _install_sum_spy() -> None:
     """Wrap the coordinator's secure round and its decode step to save the unmasked integer sum."""
-    run_secure_round, decode_sum = strategy_module.run_secure_round, secure_round.decode_sum
+    run_secure_round, decode_sum = secure_round.run_secure_round, secure_round.decode_sum
     current = {"round": 0}
 
     def run_spy(grid, contents, *, server_round, **kwargs):
@@ -130,7 +129,7 @@ def _install_sum_spy() -> None:
         np.savez(out, *sums, n_reports=np.int64(n_reports), q=np.int64(q))
         return sums
 
-    strategy_module.run_secure_round = run_spy
+    secure_round.run_secure_round = run_spy
     secure_round.decode_sum = decode_spy
 
 

@@ -1,0 +1,374 @@
+"""One ``distributed`` round of the engine: every asked client's Skellam release, then SecAgg+'s sum.
+
+Per client, the device's spend template with its Skellam steps (``EngineSkellam`` on a
+``RowsAccount``; the allowances of all clients computed first with the device's ``l2_allowance``, as the
+engine must know who trains; each chunk clipped at once) up to its noise, which the template adds after
+the commit (``spend(..., noise=)``: the report joins the integer sum); then the sum the coordinator
+unmasks: the reporting clients' integer reports added, wrapped mod ``q`` (the
+quantization range SecAgg+ is set up with for the clients asked), released only with at least
+``min_reports`` reports and when SecAgg+ can unmask it on its graph (``SecAggRing``).
+A spent ``leave`` client drops out of the SecAgg+ round (no report); a spent ``noise-only`` client
+reports its Skellam share alone. ``reports_seen`` counts the masked reports sent, released or not.
+
+Noise (``noise_draw``): ``per-client`` draws each report's share ``Sk(mu_share)`` from the client's own
+stream (``client_noise_stream``, as its device with ``noise-seed`` would), so the integer sum is
+bitwise the one the devices' reports add up to; ``aggregate`` draws the sum's noise once,
+``Sk(n * mu_share)`` (exact: independent Skellams add), and never forms the individual reports.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from fedfilter.client.mechanisms.skellam import CLIP_SLACK, SkellamGrid, l2_allowance
+from fedfilter.client.mechanisms.spend import nothing_left, spend
+from fedfilter.coordinator.secagg.secure_round import AUTO_SHARES
+from fedfilter.coordinator.secagg.secure_round import round_graph as coordinator_round_graph
+from fedfilter.protocol.rules import reports_needed
+from fedfilter.protocol.secagg.graph import SecAggGraph
+from fedfilter.simulations.engine.accounts import RowsAccount
+from fedfilter.simulations.engine.mechanisms import EngineSkellam
+from fedfilter.simulations.engine.norms import clip_rows
+from fedfilter.simulations.engine.seeds import aggregate_noise_stream, client_noise_stream, graph_rng
+from fedfilter.simulations.engine.skellam_round import (
+    SkellamRound,
+    aggregate_skellam,
+    per_client_noisy,
+    wrap_centred,
+)
+
+
+def ring_unmasks(reporting_in_ring_order: np.ndarray, num_shares: int, threshold: int) -> bool:
+    """Whether SecAgg+ can unmask a round on Flower's ring (``SecAggPlusWorkflow.setup_stage``).
+
+    Node ``i`` of the ring holds shares of the nodes at offsets ``-h..h`` (``h = num_shares // 2``,
+    itself included; the whole ring when ``num_shares`` reaches it). The coordinator needs, for
+    every node, ``threshold`` shares from reporting holders: the self-mask seed of a reporting node,
+    the mask key of one that dropped out after sharing its keys (a spent ``leave`` device drops at
+    the masked-input stage). For a dropped node its own share is missing anyway, so both needs read
+    "at least ``threshold`` reporting nodes among offsets ``-h..h``".
+
+    Parameters
+    ----------
+    reporting_in_ring_order : numpy.ndarray
+        1 (or True) where the node at that ring position sent its masked report.
+    num_shares : int
+        SecAgg+'s ``num_shares`` (k).
+    threshold : int
+        SecAgg+'s ``reconstruction_threshold`` (t).
+
+    Returns
+    -------
+    bool
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> ring_unmasks(np.array([1, 1, 0, 1, 1, 1]), 2, 2)
+    True
+    >>> ring_unmasks(np.array([1, 0, 0, 1, 1, 1]), 2, 2)
+    False
+    """
+    r = np.asarray(reporting_in_ring_order, dtype=np.int64)
+    n = len(r)
+    half = num_shares // 2
+    if 2 * half + 1 >= n:
+        return bool(r.sum() >= threshold)
+    padded = np.concatenate([r[-half:], r, r[:half]])
+    window = np.convolve(padded, np.ones(2 * half + 1, dtype=np.int64), mode="valid")
+    return bool(window.min() >= threshold)
+
+
+def round_graph(cfg, n_asked: int) -> SecAggGraph:
+    """The SecAgg+ graph of a distributed round with ``n_asked`` clients: k and t from the coordinator's
+    one rule (``coordinator.secure_round.round_graph``: ``"auto"`` for ``cfg.secagg_graph = "sparse"``,
+    Flower's full graph 1.0 otherwise), which passes the devices' rule with ``cfg.secagg_colluders``,
+    with its abort bound under the assumed drop-out rate.
+
+    Parameters
+    ----------
+    cfg : EngineConfig
+        Its ``min_reports`` and ``secagg_*`` fields are read.
+    n_asked : int
+        Clients asked in the round.
+
+    Returns
+    -------
+    SecAggGraph
+
+    Examples
+    --------
+    >>> from fedfilter.simulations.engine.config import EngineConfig
+    >>> round_graph(EngineConfig(min_reports=2), 8)
+    SecAggGraph(num_shares=8, threshold=5, abort_probability=0.0)
+    >>> round_graph(EngineConfig(min_reports=2, secagg_graph="sparse"), 8)
+    SecAggGraph(num_shares=3, threshold=2, abort_probability=0.0)
+    """
+    shares = AUTO_SHARES if cfg.secagg_graph == "sparse" else 1.0
+    g = coordinator_round_graph(
+        n_asked, cfg.min_reports, shares, colluders=cfg.secagg_colluders, dropout_rate=cfg.secagg_dropout_rate
+    )
+    return SecAggGraph(g.num_shares, g.threshold, g.abort_probability)
+
+
+@dataclass
+class DistributedOutcome:
+    """What one distributed round produced (``mean`` is None when the round was not released).
+
+    Attributes
+    ----------
+    out : numpy.ndarray
+        Per asked client: True if it had nothing left.
+    active : numpy.ndarray
+        Clients whose data entered the sum.
+    reporting : numpy.ndarray
+        Spent noise-only clients (a Skellam share alone).
+    mean : numpy.ndarray or None
+        The float64 flat mean the coordinator steps with, or None.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> outcome = DistributedOutcome(np.zeros(2, bool), np.array([0, 1]), np.array([], int), None)
+    >>> outcome.mean is None
+    True
+    """
+
+    out: np.ndarray  # per asked client: True if it had nothing left (exhausted)
+    active: np.ndarray  # clients whose data entered the sum
+    reporting: np.ndarray  # spent noise-only clients (a Skellam share alone)
+    mean: np.ndarray | None  # float64 flat mean the coordinator steps with, or None
+
+
+class DistributedPlacement:
+    """The engine's distributed rounds: the device's Skellam mechanism on every budget group's rows.
+
+    Parameters
+    ----------
+    engine : Engine
+        An engine with ``placement="distributed"`` (it builds its own, ``engine._distributed``).
+
+    Raises
+    ------
+    ValueError
+        When the engine keeps no worst-case accounts, or a device would refuse the round's numbers.
+
+    Examples
+    --------
+    >>> from fedfilter.simulations.engine.core import Engine
+    >>> from fedfilter.simulations.engine.config import EngineConfig
+    >>> engine = Engine(EngineConfig(num_clients=4, epsilon=2.0, worst_case_epsilon=4.0,
+    ...                              placement="distributed", filter_kind="rdp", min_reports=2))
+    >>> placement = DistributedPlacement(engine)
+    >>> placement.graph
+    SecAggGraph(num_shares=4, threshold=3, abort_probability=0.0)
+    """
+
+    def __init__(self, engine):
+        cfg = engine.config
+        self.engine = engine
+        request = (cfg.noise_multiplier, cfg.clip, cfg.min_reports, engine.n_sampled)
+        self.params = SkellamRound.from_request(*request, engine.filters[0])  # alpha aside, the same for all
+        # The coordinator releases only sums of >= min_reports, and SecAgg+ unmasks only when every node
+        # keeps `threshold` reporting share holders on this graph (full: max(m, 2), since Flower reads
+        # a threshold of 1 as "all shares").
+        self.graph = round_graph(cfg, engine.n_sampled)
+        if engine.worst_filters is None:
+            raise ValueError("distributed placement needs worst_case_epsilon (EngineConfig). Found None.")
+        p = self.params
+        # The device's SkellamGrid: its noise_std is the worst-case account's std, sqrt(mu_share) gamma.
+        self.grid = SkellamGrid(p.gamma, p.mu_total, p.mu_share, p.q)
+        shapes = tuple(engine.layout.shapes)  # float32 arrays only (Layout): every one is released
+        dim = engine.layout.dim
+        self.mechanism = EngineSkellam(
+            float(cfg.noise_multiplier), float(cfg.clip), p.sigma, self.grid, shapes, tuple(range(len(shapes))), dim
+        )
+
+    def l2_allowance(self, clients: np.ndarray) -> np.ndarray:
+        """Each client's ``L2_allow`` (grid units), from the Gaussian allowances its ledger would give
+        (the main account's at sigma, the worst-case account's at the share's std): the device's rule.
+
+        Parameters
+        ----------
+        clients : numpy.ndarray
+            Client positions.
+
+        Returns
+        -------
+        numpy.ndarray
+            One L2 allowance per client, grid units.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from fedfilter.simulations.engine.core import Engine
+        >>> from fedfilter.simulations.engine.config import EngineConfig
+        >>> engine = Engine(EngineConfig(num_clients=4, epsilon=2.0, worst_case_epsilon=4.0,
+        ...                              placement="distributed", filter_kind="rdp", min_reports=2))
+        >>> DistributedPlacement(engine).l2_allowance(np.arange(4)).round(2)
+        array([1904.28, 1904.28, 1904.28, 1904.28])
+        """
+        e, m = self.engine, self.mechanism
+        # Not capped at C (skellam.l2_allowance says why), as on the device.
+        a_gauss = e.allowance(clients, clip=math.inf)
+        a_worst = e.worst_allowance(clients, self.grid.noise_std, clip=math.inf)  # gamma, mu_share: the same for all
+        out = np.zeros(len(clients))
+        groups = e.group[clients]
+        for g, (filt, worst) in enumerate(zip(e.filters, e.worst_filters)):
+            at = groups == g
+            if at.any():
+                allow = l2_allowance(
+                    filt, a_gauss[at], worst, a_worst[at], sigma=m.sigma, grid=self.grid, dim=m.dim, clip=m.clip
+                )
+                out[at] = np.asarray(allow, dtype=np.float64).reshape(np.shape(a_gauss[at]))
+        return out
+
+    def _exhausted(self, l2_allow: np.ndarray) -> np.ndarray:
+        cfg, floor = self.engine.config, self.mechanism.floor  # the device's rule on SkellamMechanism.allowance
+        allowance = np.asarray(l2_allow) * self.grid.gamma
+        return nothing_left(allowance, clip=cfg.clip, floor=floor, exhausted_below=cfg.exhausted_below)
+
+    def exhausted(self, clients: np.ndarray) -> np.ndarray:
+        """True where a client has nothing left to give (the device's rule on its ``L2_allow``;
+        under worst-case accounting, nothing left for a full round).
+
+        Parameters
+        ----------
+        clients : numpy.ndarray
+            Client positions.
+
+        Returns
+        -------
+        numpy.ndarray
+            Booleans, one per client.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from fedfilter.simulations.engine.core import Engine
+        >>> from fedfilter.simulations.engine.config import EngineConfig
+        >>> engine = Engine(EngineConfig(num_clients=4, epsilon=2.0, worst_case_epsilon=4.0,
+        ...                              placement="distributed", filter_kind="rdp", min_reports=2))
+        >>> DistributedPlacement(engine).exhausted(np.arange(4))
+        array([False, False, False, False])
+        """
+        return self._exhausted(self.engine.uniform(clients, self.l2_allowance(clients)))
+
+    def run(self, clients: np.ndarray, round_id: int) -> DistributedOutcome:
+        """One distributed round of ``clients``: their Skellam releases, spent, and SecAgg+'s sum.
+
+        Parameters
+        ----------
+        clients : numpy.ndarray
+            The clients asked (sorted positions).
+        round_id : int
+            The round (keys the noise streams and the ring order).
+
+        Returns
+        -------
+        DistributedOutcome
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from fedfilter.simulations.engine.core import Engine
+        >>> from fedfilter.simulations.engine.config import EngineConfig
+        >>> engine = Engine(EngineConfig(num_clients=4, epsilon=2.0, worst_case_epsilon=4.0, local_epochs=1,
+        ...                              placement="distributed", filter_kind="rdp", min_reports=2))
+        >>> outcome = DistributedPlacement(engine).run(np.arange(4), 1)
+        >>> outcome.active, outcome.mean.shape
+        (array([0, 1, 2, 3]), (2410,))
+        """
+        e, cfg = self.engine, self.engine.config
+        l2_allow = e.uniform(clients, self.l2_allowance(clients))
+        at_bound = e.full_allowance is not None  # worst-case accounting: charged at L2_allow, not at k's norms
+        out = self._exhausted(l2_allow)  # gamma and C are the same for all
+        active, reporting = clients[~out], clients[out & ~e.leave[clients]]
+        allow_active = l2_allow[~out]
+        dim, per_client = e.layout.dim, cfg.noise_draw == "per-client"
+        total = np.zeros(dim, dtype=np.int64)
+        for a in range(0, len(active), cfg.chunk_size):
+            chunk = active[a : a + cfg.chunk_size]
+            updates = e._updates(chunk)
+            bad = ~np.isfinite(np.einsum("ij->i", updates, dtype=np.float64))
+            updates[bad] = 0.0  # client.flower_mod: a non-finite update is released as a zero update
+            vectorised = cfg.norms != "device"
+            if vectorised:  # the same guarantee as clip_to_norm: certified norm <= the clip bound
+                bounds = np.asarray(allow_active[a : a + len(chunk)], dtype=np.float64) * self.grid.gamma * CLIP_SLACK
+                clip_rows(updates, bounds)
+            for j, c in enumerate(chunk):
+                mechanism = replace(
+                    self.mechanism, l2_allow=float(allow_active[a + j]), clipped=vectorised, charge_at_bound=at_bound
+                )
+                account = RowsAccount(e, np.array([c]), int(e.group[c]))
+
+                def report(record, payload, c=c):
+                    """After the commit: the client's report, ``k`` and (per-client draws) its own
+                    ``Sk(mu_share)``, added to the integer sum; the payload goes back unchanged."""
+                    k = payload.k
+                    if per_client:
+                        stream = client_noise_stream(cfg.seed, int(c), cfg.run_id, round_id)
+                        k = per_client_noisy(k, self.params.mu_share, stream)
+                    total[:] += np.concatenate([np.ravel(x) for x in k])
+                    return payload
+
+                spend(
+                    account,
+                    mechanism,
+                    e.layout.views(updates[j]),
+                    exhausted_below=cfg.exhausted_below,
+                    after_exhaustion="noise-only",
+                    noise=report,
+                )
+        n = len(active) + len(reporting)
+        if per_client:
+            zeros = np.zeros(dim, dtype=np.int64)
+            for c in reporting:
+                stream = client_noise_stream(cfg.seed, int(c), cfg.run_id, round_id)
+                y = per_client_noisy(e.layout.views(zeros), self.params.mu_share, stream)
+                total += np.concatenate([np.ravel(x) for x in y])
+        elif n:
+            stream = aggregate_noise_stream(cfg.seed, cfg.run_id, round_id)
+            total += aggregate_skellam(n, self.params.mu_share, dim, stream)
+        mean = None
+        if n >= reports_needed("distributed", cfg.min_reports) and self.unmasks(clients, active, reporting, round_id):
+            # SecAgg+ is set up for the clients asked (q = quantization_range(len(clients))).
+            mean = wrap_centred(total, self.params.q).astype(np.float64) * self.params.gamma / n
+        return DistributedOutcome(out, active, reporting, mean)
+
+    def unmasks(self, clients: np.ndarray, active: np.ndarray, reporting: np.ndarray, round_id: int) -> bool:
+        """SecAgg+ on this round's ring: the asked clients in an order drawn per round, unmasked only
+        when every node keeps enough reporting holders (privacy does not depend on the drop-outs).
+
+        Parameters
+        ----------
+        clients : numpy.ndarray
+            The clients asked.
+        active, reporting : numpy.ndarray
+            Those that sent a report with data, and a noise-only one.
+        round_id : int
+            The round (keys the ring order).
+
+        Returns
+        -------
+        bool
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from fedfilter.simulations.engine.core import Engine
+        >>> from fedfilter.simulations.engine.config import EngineConfig
+        >>> engine = Engine(EngineConfig(num_clients=4, epsilon=2.0, worst_case_epsilon=4.0,
+        ...                              placement="distributed", filter_kind="rdp", min_reports=2))
+        >>> placement, asked = DistributedPlacement(engine), np.arange(4)
+        >>> placement.unmasks(asked, asked[:3], asked[:0], 1), placement.unmasks(asked, asked[:1], asked[:0], 1)
+        (True, False)
+        """
+        cfg = self.engine.config
+        sent = np.isin(clients, active) | np.isin(clients, reporting)
+        n = len(clients)
+        order = graph_rng(cfg.seed, cfg.run_id, round_id).permutation(n)
+        return ring_unmasks(sent[order], self.graph.num_shares, self.graph.threshold)

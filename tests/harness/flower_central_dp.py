@@ -1,0 +1,201 @@
+"""Flower's own central differential privacy on a Grid of Flower ClientApps, in one process (arm (a) of
+benchmarks/fl_vs_flower_dp.py).
+
+``DifferentialPrivacyServerSideFixedClipping`` around Flower's ``FedAvg`` with Flower's RDP accountant
+(``flwr.supercore.privacy_accounting``), or plain ``FedAvg`` (``z=None``), run by Flower's strategy
+code (``Strategy.start``) on ``LoopbackGrid``; each node is a plain Flower ClientApp training a prebuilt
+``Task``'s partition with ``fedfilter.app.client_app.train``'s local SGD and seeds. Nothing here is
+fedfilter's privacy code: it is the baseline ``benchmarks/fl_vs_flower_dp.py`` compares against.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Callable
+from typing import Any, cast
+
+import numpy as np
+
+NODE_BASE = 100  # Grid node ids: NODE_BASE + partition id (the loopback's server is node 1)
+
+
+def flower_accountant(epsilon: float, delta: float, population: int):
+    """Flower's RDP accountant for fixed clipping, at ``max_epsilon = epsilon``."""
+    from flwr.serverapp import NeighboringRelation, PrivacyConfig, SamplingMethod
+    from flwr.supercore.privacy_accounting.rdp_accountant import RdpAccountant
+
+    config = PrivacyConfig(
+        target_delta=delta,
+        population_size=population,
+        neighboring_relation=NeighboringRelation.ADD_OR_REMOVE_ONE,
+        sampling_method=SamplingMethod.NO_AMPLIFICATION,
+        max_epsilon=epsilon,
+    )
+    return RdpAccountant(config)
+
+
+def flower_noise_multiplier(epsilon: float, delta: float, rounds: int, population: int, sampled: int) -> float:
+    """The smallest ``z`` (to 1e-4 relative, rounded up) whose ``rounds`` releases Flower's accountant
+    admits within ``epsilon``: its own ``would_exceed``, the check its strategy makes before each round."""
+    from flwr.serverapp import GaussianPrivacyEvent
+
+    accountant = flower_accountant(epsilon, delta, population)
+
+    def fits(z: float) -> bool:
+        event = GaussianPrivacyEvent(noise_multiplier=z, sample_size=sampled, population_size=population)
+        return not accountant.would_exceed(event, count=rounds)
+
+    lo, hi = 1e-3, 1.0
+    while not fits(hi):
+        lo, hi = hi, hi * 2
+        if hi > 1e6:
+            raise ValueError(f"no noise multiplier up to 1e6 fits {rounds} rounds at epsilon={epsilon!r}")
+    while hi - lo > 1e-4 * hi:
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if fits(mid) else (mid, hi)
+    return hi
+
+
+def client_app(task, *, local_epochs: int, lr: float, batch_size: int):
+    """A plain Flower ClientApp: ``fedfilter.app.client_app.train``'s local SGD on this node's partition
+    (the prebuilt task), returning the new weights with weight 1 (uniform FedAvg)."""
+    import torch
+    from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
+    from flwr.clientapp import ClientApp
+
+    from fedfilter.simulations.tasks.training import local_update, set_weights
+
+    app = ClientApp()
+    model = task.model_fn()
+
+    @app.train()
+    def train(msg, context):
+        torch.set_num_threads(1)
+        pid = int(context.node_config["partition-id"])
+        server_round = int(msg.content["config"]["server-round"])
+        set_weights(model, msg.content["arrays"].to_numpy_ndarrays())
+        x, y = task.train_data[pid]
+        local_update(
+            model,
+            x,
+            y,
+            epochs=local_epochs,
+            lr=lr,
+            batch_size=batch_size,
+            seed=1_000_003 * server_round + pid,  # fedfilter.app.client_app.train's seed
+            loss_fn=task.loss,
+        )
+        content = RecordDict({"arrays": ArrayRecord(model.state_dict()), "metrics": MetricRecord({"num-examples": 1})})
+        return Message(content, reply_to=msg)
+
+    return app
+
+
+def run_flower(
+    task,
+    *,
+    clients_per_round: int,
+    rounds: int,
+    clip: float,
+    delta: float,
+    z: float | None,
+    epsilon: float | None,
+    local_epochs: int,
+    lr: float,
+    batch_size: int,
+    seed: int,
+    eval_every: int,
+    progress: Callable[[], object] = lambda: None,
+    noise_seed: int | None = None,
+) -> dict[str, Any]:
+    """Central DP with noise multiplier ``z`` and Flower's accountant at ``max_epsilon = epsilon``, or
+    plain FedAvg (``z=None``); ``progress()`` after every round; ``noise_seed`` (default ``seed``) seeds
+    only Flower's noise draws. Returns accuracy and test loss per round (None where not evaluated),
+    devices per round, rounds run and, with ``z``, what Flower's accountant spent."""
+    import torch
+    from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
+    from flwr.serverapp import Grid
+    from flwr.serverapp.exception import PrivacyBudgetExhausted
+    from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping, FedAvg, Strategy
+
+    from fedfilter.simulations.tasks.training import evaluate, set_weights
+    from harness.secagg_loopback import LoopbackGrid
+
+    n, k = task.num_clients, clients_per_round
+    app = client_app(task, local_epochs=local_epochs, lr=lr, batch_size=batch_size)
+    nodes = {NODE_BASE + pid: app for pid in range(n)}
+    grid = LoopbackGrid(nodes, {NODE_BASE + pid: {"partition-id": pid} for pid in range(n)})
+    fedavg = FedAvg(
+        fraction_train=k / n, fraction_evaluate=0.0, min_train_nodes=k, min_evaluate_nodes=0, min_available_nodes=k
+    )
+    dp = None
+    if z is not None:
+        if epsilon is None:
+            raise ValueError("central DP needs its population budget: epsilon must be a number. Found None.")
+        dp = DifferentialPrivacyServerSideFixedClipping(
+            fedavg, z, clip, k, accountant=flower_accountant(epsilon, delta, n)
+        )
+    strategy: Strategy = fedavg if dp is None else dp
+    torch.manual_seed(seed)  # the engine's initial model (EngineConfig.seed)
+    model = task.model_fn()
+    accuracy: list[float | None] = []
+    losses: list[float | None] = []
+
+    def central_evaluation(server_round: int, arrays):
+        if server_round == 0:
+            return None
+        progress()
+        if server_round % eval_every and server_round != rounds:
+            accuracy.append(None)
+            losses.append(None)
+            return None
+        set_weights(model, arrays.to_numpy_ndarrays())
+        loss, acc = evaluate(model, *task.test_data, loss_fn=task.loss)
+        accuracy.append(float(acc))
+        losses.append(float(loss))
+        return MetricRecord({"accuracy": float(acc), "loss": float(loss)})
+
+    # The process's state this run sets is put back after it (a caller's logging and generators are its own).
+    flwr_log = logging.getLogger("flwr")
+    level = flwr_log.level
+    py_state, np_state = random.getstate(), np.random.get_state()
+    flwr_log.setLevel(logging.WARNING)  # Flower logs every round at INFO
+    random.seed(seed)  # FedAvg's node sampling
+    np.random.seed(seed if noise_seed is None else noise_seed)  # Flower's central noise (np.random.normal)
+    stopped = None
+    try:
+        strategy.start(
+            grid=cast(Grid, grid),  # a Grid in all but name: the loopback implements what strategies call
+            initial_arrays=ArrayRecord(model.state_dict()),
+            num_rounds=rounds,
+            train_config=ConfigRecord({}),
+            evaluate_fn=central_evaluation,
+        )
+    except PrivacyBudgetExhausted as e:  # the planned z should prevent it: reported, not hidden
+        stopped = str(e)
+    finally:
+        flwr_log.setLevel(level)
+        random.setstate(py_state)
+        np.random.set_state(np_state)
+    out: dict[str, Any] = {
+        "accuracy_per_round": accuracy,
+        "loss_per_round": losses,
+        "accuracy": next((a for a in reversed(accuracy) if a is not None), None),
+        "contributing_per_round": [k] * len(accuracy),
+        "rounds_run": len(accuracy),
+        "trusted_server": True,
+        "stopped": stopped,
+    }
+    if dp is not None:
+        spent = dp.privacy_spent()
+        assert spent is not None  # an accountant is configured
+        out.update(
+            noise_multiplier=z,
+            epsilon_budget=epsilon,
+            spent_epsilon=float(spent.epsilon),
+            spent_delta=float(spent.delta),
+            releases=int(spent.num_releases),
+            rounds_run=int(spent.num_releases),
+        )
+    return out

@@ -1,0 +1,113 @@
+"""The federation planner: the noise norm of a released mean against an independent reference
+(mpmath at 50 digits, a Monte Carlo average, the z C sqrt(d / n) rule of thumb), and
+recommended settings that pass its own check (and the device's filter, through ``plan_rounds``)."""
+
+from __future__ import annotations
+
+import math
+
+import mpmath
+import numpy as np
+import pytest
+
+from fedfilter.planning.federation import TARGET_NOISE_TO_CLIP, mean_noise_norm, plan_federation
+from fedfilter.planning.rounds import plan_rounds
+from fedfilter.privacy.noise_norm import chi_mean, expected_noise_norm
+
+QUICKSTART_CNN = 62_006  # Flower's quickstart-pytorch CNN (CIFAR-10), the planner's worked example
+
+
+@pytest.mark.parametrize("dim", [1, 2, 3, 10, 341, 1999, 2000, 19_754, QUICKSTART_CNN, 10**7, 10**12])
+def test_chi_mean_matches_mpmath_at_50_digits(dim):
+    with mpmath.workdps(50):
+        exact = mpmath.sqrt(2) * mpmath.gamma(mpmath.mpf(dim + 1) / 2) / mpmath.gamma(mpmath.mpf(dim) / 2)
+    assert chi_mean(dim) == pytest.approx(float(exact), rel=1e-11)
+
+
+def test_chi_mean_small_dims_exactly_and_by_monte_carlo():
+    assert chi_mean(1) == pytest.approx(math.sqrt(2 / math.pi), rel=1e-14)  # E|N(0,1)|
+    assert chi_mean(2) == pytest.approx(math.sqrt(math.pi / 2), rel=1e-14)  # the Rayleigh mean
+    rng = np.random.default_rng(5)
+    sample = np.linalg.norm(rng.normal(0.0, 0.3, size=(20_000, 50)), axis=1)
+    assert expected_noise_norm(std=0.3, dim=50) == pytest.approx(sample.mean(), rel=3e-3)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.0, True, None])
+def test_chi_mean_refuses_a_bad_dim_by_name(bad):
+    with pytest.raises(ValueError, match="dim"):
+        chi_mean(bad)
+
+
+def test_quickstart_local_noise_dominates_and_the_recommendation_does_not():
+    plan = plan_federation(
+        devices=10, dim=QUICKSTART_CNN, noise_multiplier=1.0, clip=1.0, epsilon=8.0, delta=1e-5, rounds=50
+    )
+    assert plan["mean_noise_norm"] == pytest.approx(1.0 * 1.0 * math.sqrt(QUICKSTART_CNN / 10), rel=0.05)
+    assert plan["noise_dominates"] is True
+    for name in ("recommended", "at_these_devices", "distributed"):
+        rec = plan[name]
+        again = plan_federation(
+            **{k: rec[k] for k in ("devices", "dim", "noise_multiplier", "clip", "epsilon", "delta", "rounds")},
+            placement=rec["placement"],
+            min_reports=rec["min_reports"],
+            filter=rec["filter"],
+        )
+        assert again["noise_dominates"] is False, name
+        assert again["mean_noise_norm"] <= TARGET_NOISE_TO_CLIP * rec["clip"], name
+    # The recommendation fits the typical budget: the device's own filter admits its rounds.
+    rec = plan["recommended"]
+    assert plan_rounds("gdp", epsilon=8.0, delta=1e-5, noise_multiplier=rec["noise_multiplier"]).rounds >= 50
+    assert rec["devices"] > 10  # the budget cannot pay for a learning mean among 10 devices
+    # Every remedy the issue names is offered.
+    text = " ".join(plan["changes"])
+    for remedy in ("more devices", "distributed placement", "larger clip", "fewer parameters", "fewer rounds"):
+        assert remedy in text
+
+
+def test_distributed_noise_is_split_among_min_reports():
+    # n reports of std z C / sqrt(m) each: the mean's std is z C / sqrt(n m), z C / n when n = m.
+    for n, m in ((10, 10), (20, 10)):
+        norm = mean_noise_norm(
+            noise_multiplier=2.0, clip=0.5, placement="distributed", min_reports=m, devices=n, dim=100
+        )
+        assert norm == pytest.approx(2.0 * 0.5 / math.sqrt(n * m) * chi_mean(100), rel=1e-12)
+
+
+def test_a_federation_that_learns_gets_the_same_settings_back():
+    plan = plan_federation(devices=10_000, dim=1_000, noise_multiplier=1.0, clip=1.0, epsilon=8.0, delta=1e-5, rounds=2)
+    assert plan["noise_dominates"] is False and plan["fits_budget"] is True
+    assert plan["changes"] == [] and plan["verdict"].startswith("learns")
+    assert plan["recommended_why"] == "the settings given"
+    assert (plan["recommended"]["devices"], plan["recommended"]["noise_multiplier"]) == (10_000, 1.0)
+
+
+def test_bad_settings_are_all_named_at_once():
+    with pytest.raises(ValueError) as err:
+        plan_federation(devices=0, dim=-3, noise_multiplier=float("nan"), clip=1.0, epsilon=8.0, delta=2.0, rounds=1)
+    for field in ("devices", "dim", "noise_multiplier", "delta"):
+        assert field in str(err.value)
+    with pytest.raises(ValueError, match="min_reports=11 exceeds devices=10"):
+        plan_federation(
+            devices=10,
+            dim=5,
+            noise_multiplier=1.0,
+            clip=1.0,
+            epsilon=8.0,
+            delta=1e-5,
+            rounds=1,
+            placement="distributed",
+            min_reports=11,
+        )
+    with pytest.raises(ValueError, match="rdp"):
+        plan_federation(
+            devices=10,
+            dim=5,
+            noise_multiplier=1.0,
+            clip=1.0,
+            epsilon=8.0,
+            delta=1e-5,
+            rounds=1,
+            placement="distributed",
+            min_reports=10,
+            filter="gdp",
+        )
