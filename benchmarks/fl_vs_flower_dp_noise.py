@@ -53,11 +53,11 @@ def remove_noise() -> None:
     """Replace every arm's noise draw by zeros (for this process only)."""
     import flwr.serverapp.strategy.dp_fixed_clipping as flower_dp
 
-    import fedfilter.simulations.engine.core as core
     import fedfilter.simulations.engine.distributed_round as distributed
+    import fedfilter.simulations.engine.gaussian_round as gaussian
 
     flower_dp.add_gaussian_noise_inplace = lambda arrays, std: None
-    core.aggregate_noise_rng = lambda *key: _Zeros()
+    gaussian.aggregate_noise_rng = lambda *key: _Zeros()  # the engine's Gaussian rounds draw here
     distributed.aggregate_skellam = lambda n, mu_share, dim, stream: np.zeros(dim, dtype=np.int64)
 
 
