@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import argparse
 import math
-from fractions import Fraction
 
 import numpy as np
+
+from fedfilter.planning.participation import asks_planned
 
 TIER_SHARES = (0.34, 0.43, 0.23)  # Jorgensen et al. 2015: conservatives, pragmatists, liberals
 TIER_FACTORS = (1.0, 2.0, 3.0)
@@ -34,22 +35,6 @@ def budgets(n: int, epsilon: float, kind: str, seed: int) -> np.ndarray:
 def min_reports(args: argparse.Namespace) -> int:
     """(b), (c): SecAgg+'s threshold m (``--min-reports``, default half the devices asked, at least 2)."""
     return int(args.min_reports or max(2, args.clients_per_round // 2))
-
-
-def asks_planned(rounds: int, asked: int, devices: int, quantile: float | None) -> int:
-    """How many times the plan pays for a device to be asked: the expected number rounded up
-    (``quantile=None``), or the ``quantile`` of the number a device is asked, ``Binomial(rounds, asked /
-    devices)`` (each round asks ``asked`` of the ``devices`` uniformly at random): the smallest ``a`` with
-    ``P(X <= a) >= quantile``, in exact rational arithmetic."""
-    if quantile is None:
-        return math.ceil(rounds * asked / devices)
-    p, q = Fraction(asked, devices), Fraction(quantile)
-    cdf = Fraction(0)
-    for a in range(rounds + 1):
-        cdf += math.comb(rounds, a) * p**a * (1 - p) ** (rounds - a)
-        if cdf >= q:
-            return a
-    return rounds
 
 
 def fedfilter_noise_multipliers(task, args: argparse.Namespace, epsilon: float, flower_z: float) -> dict[str, float]:
