@@ -39,9 +39,10 @@ Examples
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from fedfilter.checks import finite, short_repr
+from fedfilter.protocol.request import RoundSpec
 from fedfilter.protocol.rules import accounted_noise_std
 
 __all__ = [
@@ -52,6 +53,7 @@ __all__ = [
     "bit_scale",
     "unclipped_fraction",
     "next_clip",
+    "released_vector_spec",
     "update_noise_multiplier",
 ]
 
@@ -264,3 +266,39 @@ def next_clip(clip: float, fraction: float, adaptive: AdaptiveClipping) -> float
     0.923116
     """
     return clip * math.exp(-adaptive.clip_norm_lr * (fraction - adaptive.target_clipped_quantile))
+
+
+def released_vector_spec(spec: RoundSpec) -> RoundSpec:
+    """The request as the release of the report vector sees it: its norm bound and accounted multiplier.
+
+    With adaptive clipping (``clipped_count_stddev > 0``) the report is ``(update clipped to C, c (b -
+    1/2))``: norm bound ``C_aug`` (``augmented_clip``), noise ``z C = z_eff C_aug`` on every coordinate,
+    so the mechanism, the filter's charge and the owner's minimum noise all use ``(z_eff, C_aug)``. A
+    fixed-clip request is returned as it is.
+
+    Parameters
+    ----------
+    spec : RoundSpec
+        The coordinator's request.
+
+    Returns
+    -------
+    RoundSpec
+        ``spec`` with ``noise_multiplier = z_eff`` and ``clip = C_aug`` (the other fields unchanged).
+
+    Examples
+    --------
+    >>> released = released_vector_spec(RoundSpec("run", 1, 2.0, 3.0, clipped_count_stddev=1.5))
+    >>> round(released.clip, 6), round(released.noise_multiplier * released.clip, 12)
+    (3.605551, 6.0)
+    >>> released_vector_spec(RoundSpec("run", 1, 2.0, 3.0)).clip
+    3.0
+    """
+    sigma_b = spec.clipped_count_stddev
+    if not sigma_b:
+        return spec
+    return replace(
+        spec,
+        noise_multiplier=accounted_noise_multiplier(spec.noise_multiplier, sigma_b),
+        clip=augmented_clip(spec.clip, spec.noise_multiplier, sigma_b),
+    )
