@@ -71,6 +71,7 @@ from fedfilter.coordinator.run_log import (
     say_evaluation_refused,
 )
 from fedfilter.coordinator.secagg.secure_round import AUTO_SHARES, check_num_shares
+from fedfilter.protocol.adaptive_clip import AdaptiveClipping, next_clip
 from fedfilter.protocol.flower_api import DEFAULT_TTL, FLOWER_LOGGER, log, log_strategy_start_info
 from fedfilter.protocol.request import RoundSpec, request_problems
 from fedfilter.protocol.rules import check_message_ttl, run_id_for
@@ -103,8 +104,12 @@ class IndividualFilterStrategy(Strategy):
     noise_multiplier : float
         ``z``: every observer's view of a report (of the sum, in distributed placement) carries
         Gaussian noise of std ``z * clip``. Finite, > 0; each device refuses one below its minimum.
+        With ``adaptive_clipping`` it is the report's accounted multiplier, the clip bit included (as
+        in Flower's adaptive clipping wrappers): the update gets the slightly larger
+        ``update_noise_multiplier(z, clipped_count_stddev)``.
     clip : float
-        ``C``: the L2 norm each device clips its update to (model units). Finite, > 0.
+        ``C``: the L2 norm each device clips its update to (model units); with ``adaptive_clipping``
+        the first round's. Finite, > 0.
     placement : {"local", "distributed"}, default "local"
         ``local``: each report carries all the noise. ``distributed``: each carries ``1/sqrt(m)`` of
         it and the round runs through Flower's SecAgg+, which releases only the sum.
@@ -129,6 +134,11 @@ class IndividualFilterStrategy(Strategy):
         Distributed placement: the most devices of a SecAgg+ neighbourhood that may be the
         coordinator's own or collude with it. The threshold is raised to ``min_reports`` plus this;
         devices refuse a graph below their own ``secagg-colluders``.
+    adaptive_clipping : AdaptiveClipping, optional
+        The clip follows a target quantile of the devices' update norms (Andrew et al., NeurIPS 2021),
+        estimated from each device's noisy "within the clip" bit, which each device pays for from its
+        own budget (``protocol/adaptive_clip.py``); its fields are named as in Flower's adaptive
+        clipping wrappers. ``None`` (default): the clip is fixed.
 
     Raises
     ------
@@ -161,6 +171,7 @@ class IndividualFilterStrategy(Strategy):
         message_ttl_s: float | None = None,
         secagg_num_shares: int | float | str = AUTO_SHARES,
         secagg_colluders: int = 0,
+        adaptive_clipping: AdaptiveClipping | None = None,
     ) -> None:
         problems = []
         if not isinstance(strategy, Strategy):
@@ -194,6 +205,7 @@ class IndividualFilterStrategy(Strategy):
                 problems.append(str(err))
         if isinstance(secagg_colluders, bool) or not isinstance(secagg_colluders, int) or secagg_colluders < 0:
             problems.append(f"secagg_colluders must be an integer >= 0. Found {short_repr(secagg_colluders)}.")
+        problems += _adaptive_problems(adaptive_clipping, noise_multiplier)
         if problems:
             raise ValueError(" ".join(problems))
         self.strategy = strategy
@@ -207,6 +219,8 @@ class IndividualFilterStrategy(Strategy):
         self.message_ttl_s = message_ttl_s
         self.secagg_num_shares = secagg_num_shares
         self.secagg_colluders = secagg_colluders
+        self.adaptive_clipping = adaptive_clipping
+        self.current_clip = self.clip  # adaptive clipping moves it after each released round (public)
         self.last_outcome: RoundOutcome | None = None  # the last round's public outcome (read after a round)
         self._evaluate_refusal_logged = False
         self._run_shown: str | None = None  # the run id start() records under, shown with the ledger's path
@@ -232,12 +246,13 @@ class IndividualFilterStrategy(Strategy):
     def _settings(self) -> RoundSettings:
         return RoundSettings(
             noise_multiplier=self.noise_multiplier,
-            clip=self.clip,
+            clip=self.current_clip,
             placement=self.placement,
             min_reports=self.min_reports,
             message_ttl_s=self.message_ttl_s,
             secagg_num_shares=self.secagg_num_shares,
             secagg_colluders=self.secagg_colluders,
+            adaptive=self.adaptive_clipping,
         )
 
     def per_client_noise_std(self) -> float:
@@ -334,6 +349,19 @@ class IndividualFilterStrategy(Strategy):
 
     def _outcome(self, released: RoundRelease) -> tuple[ArrayRecord | None, MetricRecord]:
         self.last_outcome = released.outcome
+        fraction = released.unclipped_fraction
+        if self.adaptive_clipping is not None and fraction is not None:
+            # Andrew et al. 2021, Algorithm 1: the geometric step toward the target quantile.
+            clip = next_clip(self.current_clip, fraction, self.adaptive_clipping)
+            log(
+                INFO,
+                "fedfilter: adaptive clipping: %.3f of the reports were within the clip %.6g (noisy estimate); "
+                "next clip %.6g",
+                fraction,
+                self.current_clip,
+                clip,
+            )
+            self.current_clip = clip
         return released.arrays, released.metrics()
 
     def configure_train(
@@ -509,6 +537,7 @@ class IndividualFilterStrategy(Strategy):
         ttl = self.message_ttl_s if self.message_ttl_s is not None else DEFAULT_TTL
         check_message_ttl(ttl, timeout)
         self._run_shown = run_id = self.run_id(grid)
+        self.current_clip = self.clip  # each run's clip starts where the operator set it
         run_log = self._new_run_log()
         recorder = PublicRecorder(self.public_ledger)
         # Whether the coordinator saw only sums (SecAgg+) or each noisy report, with every run.
@@ -598,4 +627,35 @@ class IndividualFilterStrategy(Strategy):
             "clip": self.clip,
             "placement": self.placement,
             "min-reports": self.min_reports,
+            **_adaptive_config(self.adaptive_clipping),
         }
+
+
+def _adaptive_problems(adaptive: Any, noise_multiplier: Any) -> list[str]:
+    """Adaptive clipping's settings, checked before any round (the default ``sigma_b`` is per round)."""
+    if adaptive is None:
+        return []
+    if not isinstance(adaptive, AdaptiveClipping):
+        return [f"adaptive_clipping must be an AdaptiveClipping or None. Found {short_repr(adaptive)}."]
+    problems = adaptive.problems()
+    sigma_b = adaptive.clipped_count_stddev
+    if not problems and sigma_b is not None and isinstance(noise_multiplier, (int, float)):
+        if not noise_multiplier < 2 * sigma_b:
+            problems.append(
+                f"noise_multiplier must be below 2 * clipped_count_stddev ({2 * sigma_b!r}): the clip bit alone "
+                f"would cost more than a round. Found {noise_multiplier!r}."
+            )
+    return problems
+
+
+def _adaptive_config(adaptive: AdaptiveClipping | None) -> dict[str, Any]:
+    """The public run config's adaptive clipping settings (none for a fixed clip)."""
+    if adaptive is None:
+        return {}
+    out: dict[str, Any] = {
+        "target-clipped-quantile": adaptive.target_clipped_quantile,
+        "clip-norm-lr": adaptive.clip_norm_lr,
+    }
+    if adaptive.clipped_count_stddev is not None:
+        out["clipped-count-stddev"] = adaptive.clipped_count_stddev
+    return out
