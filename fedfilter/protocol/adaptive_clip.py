@@ -143,7 +143,9 @@ def update_noise_multiplier(noise_multiplier: float, clipped_count_stddev: float
             f"noise_multiplier must be below 2 * clipped_count_stddev ({2.0 * clipped_count_stddev!r}), or the bit "
             f"alone costs more than a round. Found {noise_multiplier!r}."
         )
-    return (noise_multiplier**-2 - (2.0 * clipped_count_stddev) ** -2) ** -0.5
+    # (z_eff^-2 - (2 s)^-2)^(-1/2) = z_eff / sqrt(1 - r^2), r = z_eff / 2s < 1: no power overflows.
+    r = noise_multiplier / (2.0 * clipped_count_stddev)
+    return noise_multiplier / math.sqrt((1.0 - r) * (1.0 + r))
 
 
 def accounted_noise_multiplier(noise_multiplier: float, clipped_count_stddev: float) -> float:
@@ -164,7 +166,9 @@ def accounted_noise_multiplier(noise_multiplier: float, clipped_count_stddev: fl
     >>> round(z_eff, 12), round(2.0 * 3.0 / augmented_clip(3.0, 2.0, 1.0), 12)
     (1.414213562373, 1.414213562373)
     """
-    return (noise_multiplier**-2 + (2.0 * clipped_count_stddev) ** -2) ** -0.5
+    # (z^-2 + (2 s)^-2)^(-1/2) = z / hypot(1, z / 2s): a request's extreme values cannot overflow it
+    # (z / 2s = inf gives 0, which every owner's minimum refuses).
+    return noise_multiplier / math.hypot(1.0, noise_multiplier / (2.0 * clipped_count_stddev))
 
 
 def bit_scale(noise_multiplier: float, clip: float, clipped_count_stddev: float) -> float:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from fedfilter.checks import finite, int_in, is_int, positive_finite, short_repr
 from fedfilter.client.mechanisms.gaussian import NOISE_STD_RANGE
-from fedfilter.protocol.adaptive_clip import accounted_noise_multiplier
+from fedfilter.protocol.adaptive_clip import accounted_noise_multiplier, augmented_clip
 from fedfilter.protocol.request import (
     AFTER_EXHAUSTION,
     INT64_MAX,
@@ -195,6 +195,15 @@ def check_request(spec: RoundSpec, policy: ClientPolicy) -> None:
                 problems.append(
                     f"noise_multiplier * clip / sqrt(min_reports) (each report's noise std) must be "
                     f"in [2**-100, 2**100]. Found {share!r}."
+                )
+        if sigma_b is not None and sigma_b > 0:
+            # Adaptive clipping: the report's norm bound C_aug = sqrt(C^2 + (z C / sigma_b)^2 / 4) is the
+            # clip the release works with; a tiny sigma_b would make it overflow (or the bit cost all).
+            bound = augmented_clip(c, z, sigma_b)
+            if not (math.isfinite(bound) and bound <= high):
+                problems.append(
+                    "clipped_count_stddev makes the report's norm bound sqrt(clip^2 + (noise_multiplier * clip / "
+                    f"clipped_count_stddev)^2 / 4) exceed 2**100. Found clipped_count_stddev={sigma_b!r}."
                 )
     if problems:
         code = policy_codes[0] if len(policy_codes) == len(problems) else "bad-request"

@@ -99,3 +99,13 @@ def test_a_masked_round_sums_the_bit_with_the_update(tmp_path, monkeypatch):
         (record,), _, _ = ledger_records(tmp_path, i)
         assert record.clip == pytest.approx(augmented_clip(1.0, 1.0, sigma_b), rel=1e-12)
         assert record.sensitivity >= bit_scale(1.0, 1.0, sigma_b) / 2 * (1 - 1e-3)  # the bit is charged
+
+
+@pytest.mark.parametrize("sigma_b", [1e-300, 5e-324])
+def test_a_clipped_count_stddev_that_would_overflow_the_norm_bound_is_refused(tmp_path, sigma_b):
+    # Even for an owner whose minimum noise admits it: the report's norm bound must stay finite.
+    handler = Handler()
+    ctx = context(tmp_path, **{"min-noise-multiplier": 1e-300})
+    reply = individual_filter_mod(train_message(adaptive(sigma_b=sigma_b)), ctx, handler)
+    assert refusal_code(reply.error.reason) in {"bad-request", "noise-below-minimum"}
+    assert handler.calls == 0 and records(tmp_path)[0] == []
