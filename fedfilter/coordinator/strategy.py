@@ -311,6 +311,20 @@ class IndividualFilterStrategy(Strategy):
             secagg_num_shares=self.secagg_num_shares if self.placement == "distributed" else None,
             public_ledger=public_ledger_shown(self.public_ledger, self._run_shown),
         )
+        if (adaptive := self.adaptive_clipping) is not None:
+            sigma_b = adaptive.clipped_count_stddev
+            log(
+                INFO,
+                "fedfilter: adaptive clipping (Andrew et al. 2021): the clip starts at %g and follows the %g quantile "
+                "of the update norms (step %g); each device's report carries its 'within the clip' bit, noise std "
+                "%s bits on the sum, which each device pays for from its own budget; noise multiplier %g is the "
+                "report's, bit included.",
+                self.clip,
+                adaptive.target_clipped_quantile,
+                adaptive.clip_norm_lr,
+                f"{sigma_b:g}" if sigma_b is not None else "(devices asked) / 20",
+                self.noise_multiplier,
+            )
         self._say_evaluation_refused()
         filtered = NoExampleWeights()
         FLOWER_LOGGER.addFilter(filtered)
