@@ -70,6 +70,7 @@ DEFAULT_INITIAL_CLIP = 0.1  # Flower's initial_clipping_norm; Andrew et al. star
 DEFAULT_PLAN_QUANTILE = 0.9  # uniform sampling: the asks a device is planned for
 DEFAULT_ABORT_PROBABILITY = 0.01  # the chance a round may abort for too few replies
 PARTICIPATIONS = ("balanced", "uniform", "every-round")
+_NOISY_FRACTION = 0.1  # above this std the plan says the adaptive clip's estimate is noisy
 _SIGMA_B_PER_DEVICE = 1 / 20  # sigma_b = devices per round / 20 (Andrew et al., Flower)
 
 
@@ -129,6 +130,13 @@ def _problems(f: dict[str, Any]) -> list[str]:
                 check_rate(name, f[name], low_open=low_open)
             except ValueError as err:
                 out.append(str(err))
+    if f["min_reports"] is not None and not (
+        int_in(f["min_reports"], 1, 2**62) and int_in(f["devices"], 1, 2**62) and f["min_reports"] <= f["devices"]
+    ):
+        out.append(
+            f"min_reports must be an integer in [1, devices={short_repr(f['devices'])}]. "
+            f"Found {short_repr(f['min_reports'])}."
+        )
     for name in ("clip", "noise_multiplier", "clipped_count_stddev"):
         if f[name] is not None and (problem := positive_finite(name, f[name])) is not None:
             out.append(problem)
@@ -192,6 +200,7 @@ def plan_strategy(
     clip_norm_lr: float = AdaptiveClipping.clip_norm_lr,
     clipped_count_stddev: float | None = None,
     seed: int = 0,
+    min_reports: int | None = None,
 ) -> dict[str, Any]:
     """The strategy's settings from public facts: one JSON-able document (the module docstring says how).
 
@@ -231,6 +240,8 @@ def plan_strategy(
         ``AdaptiveClipping``'s fields (``clipped_count_stddev`` default ``k / 20``).
     seed : int, optional
         The public seed of the balanced passes' shuffles.
+    min_reports : int, optional
+        Distributed placement: ``m`` to use instead of the one the drop-out rate chooses.
 
     Returns
     -------
@@ -263,7 +274,9 @@ def plan_strategy(
     kind = filter if filter is not None else ("rdp" if placement == "distributed" else "gdp")
     part = _participation(f)
     asks = part["asks_planned"]
-    if placement == "distributed":
+    if placement == "distributed" and min_reports is not None:
+        m, p_abort = min_reports, dropout.abort_probability(devices, dropout_rate, min_reports)
+    elif placement == "distributed":
         m, p_abort = min_reports_for_dropout(devices, dropout_rate, abort_probability)
     else:
         m, p_abort = 1, abort_probability_local(devices, dropout_rate)
@@ -288,6 +301,14 @@ def plan_strategy(
         z = _round_up_admitted(z_least, admits)
     else:
         z = float(noise_multiplier)
+    notes = []
+    if sigma_b is not None and not z < 2.0 * sigma_b and clipped_count_stddev is None:
+        # The default sigma_b = k / 20 is too small for this z: a fixed clip, said in the plan.
+        notes.append(
+            f"adaptive clipping off: its bit needs clipped_count_stddev above noise_multiplier / 2 = {z / 2:g}, "
+            f"and devices per round / 20 is {sigma_b:g} (give a larger clipped_count_stddev, or more devices)"
+        )
+        sigma_b = None
     if sigma_b is not None and not z < 2.0 * sigma_b:
         raise ValueError(
             f"clipped_count_stddev must exceed noise_multiplier / 2 = {z / 2:g} for the adaptive clip's bit to fit "
@@ -315,6 +336,13 @@ def plan_strategy(
             "rounds_per_decade": rounds_per_decade(spec),
             "fraction_noise_std": bits,
         }
+        if bits > _NOISY_FRACTION:
+            notes.append(
+                f"the unclipped fraction's estimate carries noise of std {bits:.3g} per round (above "
+                f"{_NOISY_FRACTION:g}), so the clip wanders: distributed placement divides it by about "
+                "sqrt(min_reports); "
+                "a smaller clipped_count_stddev lowers it but its bit then costs more of each round"
+            )
     return {
         "format": PLAN_FORMAT,
         "noise_multiplier": z,
@@ -339,6 +367,7 @@ def plan_strategy(
             "pays_for_planned_asks": afforded[f["epsilons"].index(epsilon)] >= asks,
         },
         "mean_noise_to_clip": mean_noise_to_clip,
+        "notes": notes,
     }
 
 
