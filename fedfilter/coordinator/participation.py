@@ -108,7 +108,8 @@ class Participation:
         >>> Participation.from_plan({"mode": "balanced", "asks_planned": 4, "population": 50, "seed": 0})
         Participation(mode='balanced', asks_planned=4, population=50, seed=0)
         """
-        return cls(part.get("mode"), part.get("asks_planned"), part.get("population"), part.get("seed", 0))
+        fields: Any = part  # checked by problems(), each field named with its value
+        return cls(fields.get("mode"), fields.get("asks_planned"), fields.get("population"), fields.get("seed", 0))
 
 
 class AskCounter:

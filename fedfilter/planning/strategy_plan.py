@@ -285,7 +285,7 @@ def plan_strategy(
         sigma_b = clipped_count_stddev if clipped_count_stddev is not None else devices * _SIGMA_B_PER_DEVICE
     released = dim + 1 if adaptive else dim  # the bit rides as one more coordinate
     # Distributed: the Skellam charge at a power-of-two clip is the largest over the grid's binade.
-    setting = dict(placement=placement, clip=1.0, min_reports=m, dim=released)
+    setting: dict[str, Any] = dict(placement=placement, clip=1.0, min_reports=m, dim=released)
     epsilon = min(f["epsilons"])
 
     def admits(z: float) -> bool:
