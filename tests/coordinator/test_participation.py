@@ -10,8 +10,12 @@ import random
 import re
 from collections import Counter
 
+import numpy as np
 import pytest
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
+from flwr.clientapp import ClientApp
 from flwr.serverapp.strategy import FedAvg
+from harness.secagg_loopback import LoopbackGrid, stage_of
 from helpers.strategy import (
     NODES,
     FakeGrid,
@@ -22,9 +26,14 @@ from helpers.strategy import (
     wrap,
 )
 
+from fedfilter.client.filter_mod import individual_filter_mod
+from fedfilter.client.secagg.mod import secure_aggregation_mod
+from fedfilter.client.settings.node_config import enrol_device
 from fedfilter.coordinator.participation import ASKED_BEYOND_PLAN, AskCounter, Participation
 from fedfilter.coordinator.public_ledger import PublicLedger
+from fedfilter.coordinator.strategy import IndividualFilterStrategy
 from fedfilter.planning.participation import balanced_asks
+from fedfilter.protocol.wire import ARRAYS_RECORD
 
 BEYOND = re.compile(r"round (\d+) asks node (\d+) for the (\d+)-th time; its plan paid for (\d+) asks")
 
@@ -133,8 +142,6 @@ def test_hand_driven_rounds_are_addressed_and_counted():
 
 
 def _config():
-    from flwr.app import ConfigRecord
-
     return ConfigRecord({"local-epochs": 1, "lr": 0.1})
 
 
@@ -143,3 +150,44 @@ def test_bad_participation_is_named():
         wrap(participation=Participation("balanced", 0))
     with pytest.raises(ValueError, match=r"participation must be a Participation or None. Found 'balanced'."):
         wrap(participation="balanced")
+
+
+def test_distributed_rounds_ask_the_scheduled_nodes_through_secagg(tmp_path):
+    # The product's devices (SecAgg+ mod and filter mod) behind the in-process SecAgg+ loopback.
+    nodes = list(range(100, 108))
+    configs = {}
+    for n in nodes:
+        configs[n] = {
+            "ledger-dir": str(tmp_path / str(n)),
+            "client-id": f"d{n}",
+            "budget-epsilon": 50.0,
+            "worst-case-epsilon": 1000.0,
+            "budget-delta": 1e-5,
+            "filter": "rdp",
+            "reply-hold-s": 0,
+        }
+        enrol_device(configs[n])
+
+    def train(msg, ctx):
+        return Message(RecordDict({ARRAYS_RECORD: msg.content[ARRAYS_RECORD]}), reply_to=msg)
+
+    def device():
+        app = ClientApp(mods=[secure_aggregation_mod, individual_filter_mod])
+        app.train()(train)
+        return app
+
+    grid = LoopbackGrid({n: device() for n in nodes}, configs)
+    strategy = IndividualFilterStrategy(
+        FedAvg(fraction_train=0.5, min_available_nodes=len(nodes), fraction_evaluate=0.0),
+        noise_multiplier=0.5,
+        clip=1.0,
+        placement="distributed",
+        min_reports=3,
+        run_name="d",
+        participation=Participation("balanced", 2, population=len(nodes), seed=1),
+    )
+    arrays = ArrayRecord({"w": Array(np.zeros(16, np.float32))})
+    strategy.start(grid=grid, initial_arrays=arrays, num_rounds=4, timeout=60)
+    first_stage = stage_of(grid.sent[0])
+    asked = Counter(int(m.metadata.dst_node_id) for m in grid.sent if stage_of(m) == first_stage)
+    assert asked == dict.fromkeys(nodes, 2)  # 4 rounds of 4 over 8 nodes: two passes, each node twice
