@@ -377,6 +377,11 @@ def strategy_lines(st: dict[str, Any]) -> list[str]:
         f"{drop['expected_reports']:.4g} expected reports, over the clip)",
     ]
     lines += [f"  note: {n}" for n in st["notes"]]
+    if st["update_noise_multiplier"] < DEFAULT_MIN_Z:
+        lines.append(
+            f"  note: devices refuse an update noise multiplier below their min-noise-multiplier ({DEFAULT_MIN_Z:g} "
+            "unless their owners lower it)"
+        )
     return lines
 
 

@@ -87,3 +87,9 @@ def test_bad_input_names_the_field_and_value(capsys):
     with pytest.raises(SystemExit, match="2"):  # argparse's own exit, on a value its type refuses
         main([*ARGV[:-6], "--epsilon", "4,x"])
     assert "--epsilon must be a number or numbers separated by commas. Found '4,x'." in capsys.readouterr().err
+
+
+def test_a_multiplier_devices_refuse_by_default_is_said(capsys):
+    argv = ["plan", "--devices", "100", "--population", "100", "--params", "10", "--epsilon", "50", "--delta", "1e-5"]
+    assert main([*argv, "--rounds", "2"]) == 0
+    assert "devices refuse an update noise multiplier below their min-noise-multiplier (0.5" in capsys.readouterr().out
