@@ -306,7 +306,8 @@ def plan_strategy(
         # The default sigma_b = k / 20 is too small for this z: a fixed clip, said in the plan.
         notes.append(
             f"adaptive clipping off: its bit needs clipped_count_stddev above noise_multiplier / 2 = {z / 2:g}, "
-            f"and devices per round / 20 is {sigma_b:g} (give a larger clipped_count_stddev, or more devices)"
+            f"and devices per round / 20 is {sigma_b:g}; the clip stays at {f['clip']:g} (give a larger "
+            "clipped_count_stddev, or more devices)"
         )
         sigma_b = None
     if sigma_b is not None and not z < 2.0 * sigma_b:
