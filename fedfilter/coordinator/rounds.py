@@ -34,6 +34,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from fedfilter.coordinator.inner_strategy import inner_step
+from fedfilter.coordinator.participation import ASKED_BEYOND_PLAN, AskCounter
 from fedfilter.coordinator.replies import l2_norm, plain_mean, report_norm_bound, tally_replies
 from fedfilter.coordinator.run_log import RoundOutcome, RunLog
 from fedfilter.coordinator.secagg import secure_round
@@ -239,6 +240,7 @@ class _Round:
         inner: Strategy,
         run_log: RunLog,
         timeout: float | None = None,
+        asks: AskCounter | None = None,
     ) -> None:
         self.started_at = time.time()
         self.settings, self.grid, self.inner, self.run_log, self.timeout = settings, grid, inner, run_log, timeout
@@ -251,6 +253,9 @@ class _Round:
             "learning_rate": _float_or_zero(config.get("lr")),
         }
         messages = list(inner.configure_train(server_round, arrays, config, grid))
+        self.asked_beyond_plan: int | None = None
+        if asks is not None:  # the plan's participation: which nodes, and asks counted (participation.py)
+            messages, self.asked_beyond_plan = asks.take(messages, grid.get_node_ids(), round_id=self.round_id)
         self.spec = settings.spec(run_id, server_round, asked=len(messages))
         # The report vector: the model's arrays and, with adaptive clipping, the clip bit's after them.
         self.released_spec = released_vector_spec(self.spec)
@@ -299,6 +304,8 @@ class _Round:
             started_at_unix=self.started_at,
             unclipped_fraction=fraction if fraction is not None and math.isfinite(fraction) else 0.0,
         )
+        if self.asked_beyond_plan is not None:
+            record.metrics[ASKED_BEYOND_PLAN] = float(self.asked_beyond_plan)
         self.run_log.round(outcome, self.template)
         return RoundRelease(arrays, outcome, record, fraction)
 
@@ -327,6 +334,8 @@ class LocalRound(_Round):
         The run's log (the round's outcome is logged there when released).
     timeout : float or None, default None
         How long ``collect`` waits for replies.
+    asks : AskCounter or None, default None
+        The run's participation: re-addresses the messages (balanced passes) and counts the asks.
 
     Examples
     --------
@@ -466,6 +475,8 @@ class SecureRound(_Round):
         The run's log.
     timeout : float or None, default None
         Each SecAgg+ stage's wait.
+    asks : AskCounter or None, default None
+        The run's participation (as for ``LocalRound``).
 
     Raises
     ------
@@ -612,7 +623,7 @@ def open_round(settings: RoundSettings, **kwargs: Any) -> LocalRound | SecureRou
     settings : RoundSettings
         The run's settings.
     **kwargs
-        ``run_id``, ``server_round``, ``arrays``, ``config``, ``grid``, ``inner``, ``run_log``, ``timeout``.
+        ``run_id``, ``server_round``, ``arrays``, ``config``, ``grid``, ``inner``, ``run_log``, ``timeout``, ``asks``.
 
     Examples
     --------
