@@ -159,7 +159,10 @@ def check_request(spec: RoundSpec, policy: ClientPolicy) -> None:
     c = finite(spec.clip) if positive_finite("clip", spec.clip) is None else None
     m = spec.min_reports if int_in(spec.min_reports, 1, policy.max_min_reports) else None
     if z is not None and z < policy.min_noise_multiplier:
-        problems.append(f"noise_multiplier={z!r} is below this device's minimum {policy.min_noise_multiplier!r}.")
+        problems.append(
+            f"noise_multiplier={z!r} is below this device's min-noise-multiplier {policy.min_noise_multiplier!r} "
+            "(its owner's setting)."
+        )
         policy_codes.append("noise-below-minimum")
     if spec.placement == "distributed" and not policy.allow_distributed:
         policy_codes.append("needs-secure-aggregation")
