@@ -40,6 +40,7 @@ from functools import lru_cache
 
 from scipy import stats
 
+from fedfilter.checks import positive_finite
 from fedfilter.privacy.noise_norm import chi_mean
 
 __all__ = [
@@ -163,8 +164,8 @@ def noise_like_probability(signal_norm: float, noise_std: float, dim: int, alpha
     >>> noise_like_probability(100.0, 1.0, 100) < 1e-12
     True
     """
-    if not (math.isfinite(noise_std) and noise_std > 0):
-        raise ValueError(f"noise_std must be a finite number > 0. Found {noise_std!r}.")
+    if problem := positive_finite("noise_std", noise_std):
+        raise ValueError(problem)
     if not (math.isfinite(signal_norm) and signal_norm >= 0):
         raise ValueError(f"signal_norm must be a finite number >= 0. Found {signal_norm!r}.")
     _check(1.0, dim, alpha)

@@ -110,3 +110,10 @@ def test_a_pure_noise_run_is_warned_about_at_the_stated_rate():
 def test_bad_input_is_named(args, named):
     with pytest.raises(ValueError, match=re.escape(named)):
         noise_like_norm(*args)
+
+
+def test_bad_noise_or_signal_is_named():
+    with pytest.raises(ValueError, match=re.escape("noise_std must be a finite number > 0. Found -1.0.")):
+        noise_like_probability(1.0, -1.0, 5)
+    with pytest.raises(ValueError, match=re.escape("signal_norm must be a finite number >= 0. Found -2.0.")):
+        noise_like_probability(-2.0, 1.0, 5)
