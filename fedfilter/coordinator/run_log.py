@@ -370,15 +370,16 @@ class RunLog:
             log(
                 WARNING,
                 "fedfilter: the released means of the last %d released rounds (to round %d) carry no signal the "
-                "noise does not explain: each norm is within the %.4g that pure noise stays below with probability "
-                "%.10g. The model is not learning from them. Likely causes: the devices' budgets are spent and they "
+                "noise does not explain: each norm is within what the round's Gaussian noise alone stays below with "
+                "probability %.10g (in the last round %.4g). The model is not learning from them. Likely causes: "
+                "the devices' budgets are spent and they "
                 "send noise only (after-exhaustion='noise-only' makes that look like a report, by design), or the "
                 "noise multiplier %g is too large for %d reports (check with `fedfilter plan --devices %d "
                 "--params %d --noise-multiplier %g --clip %g --placement %s ...`).",
                 self.signal_watch.rounds,
                 outcome.round_id,
-                noise_like_norm(outcome.expected_noise_norm, dim, NOISE_LIKE_ALPHA),
                 1 - NOISE_LIKE_ALPHA,
+                noise_like_norm(outcome.expected_noise_norm, dim, NOISE_LIKE_ALPHA),
                 *(self.noise_multiplier, outcome.reports, outcome.reports, dim),
                 *(self.noise_multiplier, self.clip, self.placement),
             )

@@ -38,8 +38,9 @@ REFUSALS: dict[str, str] = {
         "the device's reply names"
     ),
     "request-refused": (
-        "the round request breaks a rule the device's owner set (the device's reply names it and "
-        "the owner's setting that fixes it)"
+        "the device cannot serve the request as sent (the device's reply names why): a distributed round "
+        "whose noise does not fit the SecAgg+ range (the coordinator lowers noise_multiplier or samples "
+        "fewer nodes), or a device without a worst-case budget (its owner runs `fedfilter ledger worst-case`)"
     ),
     "noise-below-minimum": (
         "noise_multiplier is below the min-noise-multiplier the device's owner set (0.5 unless the owner "
