@@ -285,6 +285,7 @@ class _Round:
         outcome.released = True
         outcome.aggregate_norm = l2_norm(mean)
         outcome.expected_noise_norm = self.run_log.expected_noise_norm(self.template, outcome.reports)
+        self.run_log.handing_mean(outcome)  # explains the inner strategy's "Received 1 results"
         return inner_step(self.inner, self.round_id, carrier, self.keys, self.template, mean)
 
     def _released(
@@ -408,6 +409,7 @@ class LocalRound(_Round):
             dropped=tally.dropped,
             reasons=tally.reasons,
             refusals=tally.refusals,
+            refusal_texts=tally.refusal_texts,
         )
         arrays: ArrayRecord | None = None
         fraction = None

@@ -166,11 +166,15 @@ def check_request(spec: RoundSpec, policy: ClientPolicy) -> None:
         if z_eff < policy.min_noise_multiplier:
             problems.append(
                 f"the report's accounted noise multiplier {z_eff!r} (noise_multiplier={z!r} with the clip bit's "
-                f"clipped_count_stddev={sigma_b!r}) is below this device's minimum {policy.min_noise_multiplier!r}."
+                f"clipped_count_stddev={sigma_b!r}) is below this device's min-noise-multiplier "
+                f"{policy.min_noise_multiplier!r} (its owner's setting)."
             )
             policy_codes.append("noise-below-minimum")
     elif z is not None and z < policy.min_noise_multiplier:
-        problems.append(f"noise_multiplier={z!r} is below this device's minimum {policy.min_noise_multiplier!r}.")
+        problems.append(
+            f"noise_multiplier={z!r} is below this device's min-noise-multiplier {policy.min_noise_multiplier!r} "
+            "(its owner's setting)."
+        )
         policy_codes.append("noise-below-minimum")
     if spec.placement == "distributed" and not policy.allow_distributed:
         policy_codes.append("needs-secure-aggregation")
