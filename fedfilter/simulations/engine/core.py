@@ -24,6 +24,10 @@ integer grid, charged to the rdp filter at alpha*, and the coordinator's mean fr
 integer sum of at least ``min_reports`` reports (``fedfilter.simulations.engine.distributed_round``).
 ``central`` placement (simulation only, no device runs it) is Feldman & Zrnic's trusted curator: the clipped
 updates are summed in the clear and one ``N(0, (z C)^2 I)`` draw is added to the sum.
+
+With adaptive clipping each round's release is the augmented vector (``fedfilter.simulations.engine.adaptive``:
+the update clipped to the round's ``C`` and its bit) in every placement; the released mean's bit sets
+the next round's clip and its model part steps the model.
 """
 
 from __future__ import annotations
