@@ -11,13 +11,14 @@ engine's helpers.
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import numpy as np
 import pytest
 from scipy.stats import norm as normal
 
 from fedfilter.protocol.adaptive_clip import AdaptiveClipping
-from fedfilter.simulations.engine import Engine, EngineConfig, gaussian_round, run_engine
+from fedfilter.simulations.engine import Engine, EngineConfig, distributed_round, gaussian_round, run_engine
 from fedfilter.simulations.tasks.registry import load_task
 
 N = 10
@@ -157,6 +158,32 @@ def test_a_spent_client_sends_a_zero_row_its_bit_one_half_charged_nothing(digits
     assert record.unclipped_fraction == pytest.approx((N - 3 + 1.5) / N, abs=1e-6)
 
 
+def test_central_bit_count_gets_flowers_noise(digits, monkeypatch):
+    """Central placement: the one draw's bit coordinate is, in bits, ``N(0, sigma_b^2)`` on the count of
+    unclipped updates, as in Flower's ``DifferentialPrivacyServerSideAdaptiveClipping._noisy_fraction``
+    (``np.random.normal(count, clipped_count_stddev) / total``)."""
+    draws = []
+
+    class OneStdOnTheBit:
+        def normal(self, loc, scale, size):
+            draws.append((scale, size))
+            out = np.zeros(size)
+            out[-1] = scale  # one standard deviation on the bit's coordinate, none elsewhere
+            return out
+
+    monkeypatch.setattr(gaussian_round, "aggregate_noise_rng", lambda *key: OneStdOnTheBit())
+    z_eff, sigma_b = 1.5, 2.0
+    norms = np.random.default_rng(6).uniform(0.2, 2.0, size=(1, N))
+    engine = Engine(config(placement="central", rounds=1, noise_multiplier=z_eff), task=digits)
+    with_norms(engine, norms)
+    record = engine.step()
+    count = int((norms[0] <= 1.0).sum())
+    assert 0 < count < N
+    assert record.unclipped_fraction == pytest.approx((count + sigma_b) / N, rel=1e-6)  # Flower's, one std up
+    z = (z_eff**-2 - (2.0 * sigma_b) ** -2) ** -0.5
+    assert draws == [(pytest.approx(z * 1.0, rel=1e-12), engine.layout.dim + 1)]  # the update's noise z C
+
+
 def test_local_placement_reports_carry_the_bit_and_the_noise(digits):
     """Per-client draws (each report as its device sends it): the bit's sum carries sigma_b sqrt(n)."""
     cfg = config(rounds=3, noise_draw="per-client")
@@ -248,3 +275,68 @@ def test_default_clipped_count_stddev_is_asked_over_20():
 def test_fast_norms_fall_back_with_adaptive_clipping(digits):
     engine = Engine(config(norms="fast"), task=digits)
     assert engine.fast_fallback is not None and "adaptive clipping" in engine.fast_fallback
+
+
+def akl_rdp(l1: int, l2sq: int, mu: Fraction, order: int) -> Fraction:
+    """Agarwal, Kairouz & Liu 2021 (arXiv 2110.04995) Corollary 3.6 at an integer order, exactly."""
+    a = Fraction(order)
+    discrete = min(((2 * a - 1) * l2sq + 6 * l1) / (4 * mu * mu), Fraction(3 * l1) / (2 * mu))
+    return a * l2sq / (2 * mu) + discrete if l2sq else Fraction(0)
+
+
+def akl_rdp_at(l1: int, l2sq: int, mu: Fraction, alpha: float) -> Fraction:
+    """At a real order, from the integer orders around it ((a - 1) D_a is convex in a; van Erven and
+    Harremoes 2014); below 2, D_2 (monotone in the order)."""
+    a = Fraction(alpha)
+    n = math.floor(a)
+    if n < 2:
+        return akl_rdp(l1, l2sq, mu, 2)
+    t = a - n
+    return ((1 - t) * (n - 1) * akl_rdp(l1, l2sq, mu, n) + t * n * akl_rdp(l1, l2sq, mu, n + 1)) / (a - 1)
+
+
+def test_distributed_release_is_the_augmented_integer_vector(digits, monkeypatch):
+    """Each Skellam release is the update clipped to C on the grid plus its bit, +-c/2 snapped toward
+    zero, and is charged the Skellam RDP of that whole integer vector (computed here exactly)."""
+    from fedfilter.privacy.filters import rdp_order
+
+    rounds, z_eff, sigma_b = 3, 1.5, 2.0
+    norms = np.random.default_rng(5).uniform(0.2, 2.5, size=(rounds, N))
+    cfg = config(
+        rounds=rounds,
+        placement="distributed",
+        filter_kind="rdp",
+        min_reports=4,
+        epsilon=20.0,  # alpha* = 2.4: the interpolation between integer orders
+        worst_case_epsilon=2000.0,
+        noise_multiplier=z_eff,
+    )
+    engine = Engine(cfg, task=digits)
+    with_norms(engine, norms)
+    seen: list[tuple] = []
+    real = distributed_round.spend
+
+    def recording(account, mechanism, arrays, **kwargs):
+        (c,) = account.rows
+        before = float(engine.state[c, 0])
+        record, payload = real(account, mechanism, arrays, **kwargs)
+        ints = [int(v) for a in payload.k for v in np.asarray(a).ravel()]
+        seen.append((engine.round_id, int(c), ints, mechanism.grid, before, float(engine.state[c, 0])))
+        return record, payload
+
+    monkeypatch.setattr(distributed_round, "spend", recording)
+    clips = [engine.step().clip for _ in range(rounds)]
+    assert len(seen) == rounds * N
+    z = (z_eff**-2 - (2.0 * sigma_b) ** -2) ** -0.5
+    alpha = rdp_order(engine.filters[0])
+    for round_id, c, ints, grid, before, after in seen:
+        clip = clips[round_id - 1]
+        half_c = z * clip / sigma_b / 2.0  # the bit's size, c / 2
+        bit, model = ints[-1] * grid.gamma, ints[:-1]
+        sign = 1.0 if norms[round_id - 1, c] <= clip else -1.0
+        assert sign * bit <= half_c and sign * bit > half_c - 2 * grid.gamma  # snapped toward zero
+        assert math.sqrt(sum(v * v for v in model)) * grid.gamma <= clip * (1 + 1e-9)
+        l1, l2sq = sum(abs(v) for v in ints), sum(v * v for v in ints)
+        cost = akl_rdp_at(l1, l2sq, Fraction(grid.mu_total), alpha) / Fraction(alpha)
+        assert Fraction(after) - Fraction(before) >= cost
+        assert Fraction(after) - Fraction(before) <= cost * (1 + Fraction(1, 10**9))
