@@ -246,15 +246,16 @@ class Engine:
         return out
 
     def allowance(self, clients: np.ndarray, clip: float | None = None) -> np.ndarray:
-        """``round_allowance`` for each client in ``clients``, at most ``clip`` (default the request's C;
-        ``inf`` for the Skellam rule, ``skellam.l2_allowance``).
+        """``round_allowance`` for each client in ``clients``, at most ``clip`` (default the round's release
+        bound: the request's C, or ``C_aug`` with adaptive clipping; ``inf`` for the Skellam rule,
+        ``skellam.l2_allowance``), at the round's accounted std.
 
         Parameters
         ----------
         clients : numpy.ndarray
             Client positions.
         clip : float, optional
-            The cap; default the request's clip.
+            The cap; default the round's release bound (``round_numbers().clip``).
 
         Returns
         -------
@@ -305,7 +306,7 @@ class Engine:
 
     def worst_allowance(self, clients: np.ndarray, noise_std: float, clip: float | None = None) -> np.ndarray:
         """What each client's worst-case account still admits at its share's std (``tx.worst_allowance``),
-        at most ``clip`` (default the request's C).
+        at most ``clip`` (default the round's release bound, ``round_numbers().clip``).
 
         Parameters
         ----------
@@ -329,7 +330,7 @@ class Engine:
         >>> Engine(config).worst_allowance(np.arange(4), noise_std=1.0).round(4)
         array([0.8639, 0.8639, 0.8639, 0.8639])
         """
-        top = self.config.clip if clip is None else clip
+        top = self.round_numbers().clip if clip is None else clip
         return self._by_budget(clients, lambda account: account.worst_allowance(noise_std=noise_std, clip=top))
 
     # --- one round ------------------------------------------------------------------------------

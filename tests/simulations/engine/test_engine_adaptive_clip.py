@@ -19,6 +19,7 @@ from scipy.stats import norm as normal
 
 from fedfilter.protocol.adaptive_clip import AdaptiveClipping
 from fedfilter.simulations.engine import Engine, EngineConfig, distributed_round, gaussian_round, run_engine
+from fedfilter.simulations.engine.checkpoint import load_checkpoint, save_checkpoint
 from fedfilter.simulations.tasks.registry import load_task
 
 N = 10
@@ -233,13 +234,14 @@ def test_worst_case_accounting_charges_the_augmented_full_round(digits, noise_fr
     assert engine.full_allowance == pytest.approx(np.full(N, c_aug), rel=1e-12)
 
 
-def test_checkpoint_restores_the_clip(digits):
+def test_checkpoint_restores_the_clip(digits, tmp_path):
     cfg = config(rounds=4, noise_draw="per-client")
     straight = run_engine(cfg, task=digits)
     first = Engine(cfg, task=digits)
     first.step(), first.step()
+    save_checkpoint(tmp_path / "c.npz", first.snapshot(), {})
     second = Engine(cfg, task=digits)
-    second.restore(first.snapshot())
+    second.restore(load_checkpoint(tmp_path / "c.npz")[0])
     second.step(), second.step()
     assert [r.clip for r in second.result().rounds] == [r.clip for r in straight.rounds]
     assert np.array_equal(second.state, straight.state)
