@@ -272,13 +272,25 @@ class _Round:
         self.messages = messages
         self.asked = [int(m.metadata.dst_node_id) for m in messages]
 
-    def _split(self, mean: list[np.ndarray]) -> tuple[list[np.ndarray], float | None]:
+    def _split(
+        self, mean: list[np.ndarray], reports: list[list[np.ndarray]] | None = None
+    ) -> tuple[list[np.ndarray], float | None]:
         """The released mean's model part, and with adaptive clipping the fraction of reports within
-        the clip that its bit coordinate estimates (``adaptive_clip.unclipped_fraction``)."""
+        the clip that its bit coordinate estimates (``adaptive_clip.unclipped_fraction``).
+
+        ``reports``: the local reports, whose bits are averaged here in float64 (the mean's own bit
+        is cast to the report dtype, float32), as the engine averages them."""
         if not self.adaptive:
             return mean, None
         c = bit_scale(self.spec.noise_multiplier, self.spec.clip, self.spec.clipped_count_stddev)
-        return mean[:-1], unclipped_fraction(float(np.asarray(mean[-1], dtype=np.float64)[0]), c)
+        if reports is None:
+            bit = float(np.asarray(mean[-1], dtype=np.float64)[0])
+        else:
+            total = 0.0
+            for report in reports:  # in report order, as plain_mean accumulates
+                total += float(np.asarray(report[-1], dtype=np.float64)[0])
+            bit = total / len(reports)
+        return mean[:-1], unclipped_fraction(bit, c)
 
     def _step(self, carrier: Message, mean: list[np.ndarray], outcome: RoundOutcome) -> ArrayRecord:
         """Mark the round released and return the inner strategy's step from ``mean``."""
@@ -414,7 +426,7 @@ class LocalRound(_Round):
         arrays: ArrayRecord | None = None
         fraction = None
         if tally.reports and len(tally.reports) >= self.settings.reports_needed():
-            mean, fraction = self._split(plain_mean(tally.reports, self.report_template))
+            mean, fraction = self._split(plain_mean(tally.reports, self.report_template), tally.reports)
             first = next(m for m in replies if int(m.metadata.src_node_id) == tally.report_sources[0])
             arrays = self._step(first, mean, outcome)
         return self._released(outcome, arrays, fraction)

@@ -41,6 +41,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+import numpy as np
+
 from fedfilter.checks import finite, short_repr
 from fedfilter.protocol.request import RoundSpec
 from fedfilter.protocol.rules import accounted_noise_std
@@ -51,6 +53,7 @@ __all__ = [
     "augmented_clip",
     "bit_coordinate",
     "bit_scale",
+    "bits_float32",
     "unclipped_fraction",
     "next_clip",
     "released_vector_spec",
@@ -306,3 +309,32 @@ def released_vector_spec(spec: RoundSpec) -> RoundSpec:
         noise_multiplier=accounted_noise_multiplier(spec.noise_multiplier, sigma_b),
         clip=augmented_clip(spec.clip, spec.noise_multiplier, sigma_b),
     )
+
+
+def bits_float32(bits: np.ndarray) -> np.ndarray:
+    """The bits' coordinates as float32, rounded toward zero: a report never exceeds ``C_aug`` by rounding.
+
+    The device (one bit) and the engine (one per row) both send the bit in float32; rounding to
+    nearest could put ``|c (b - 1/2)|`` one float32 step above ``c / 2``, and with it the vector above
+    its norm bound.
+
+    Parameters
+    ----------
+    bits : numpy.ndarray
+        ``bit_coordinate`` values, float64.
+
+    Returns
+    -------
+    numpy.ndarray
+        float32, each at most the float64 value in magnitude.
+
+    Examples
+    --------
+    >>> bits_float32(np.array([0.1, -0.1]))  # 0.1 rounds up to 0.10000000149 in float32: one step back
+    array([ 0.09999999, -0.09999999], dtype=float32)
+    """
+    bits = np.asarray(bits, dtype=np.float64)
+    out = bits.astype(np.float32)
+    over = np.abs(out.astype(np.float64)) > np.abs(bits)
+    out[over] = np.nextafter(out[over], np.float32(0))
+    return out

@@ -6,20 +6,26 @@ report as one more coordinate, ``c (b - 1/2)`` (``protocol/adaptive_clip.py``), 
 follows (allowance, clip, charge, commit, then noise: ``client/release.py``) treats the pair as one
 vector with the norm bound ``C_aug``: the filter charges the bit at its actual size, and a device whose
 budget is spent clips the whole vector, bit included, to zero. Clipping the update to ``C`` here first
-keeps the bit's coordinate whole whenever the allowance covers the round.
+keeps the bit's coordinate whole whenever the allowance covers the round. The norm and the clip are
+the release's own (``certified_norm``, ``clip_to_norm``: the same passes whether or not the update is
+clipped), as the engine computes them for its rows.
 """
 
 from __future__ import annotations
 
+import logging
+import math
 from collections.abc import Sequence
 
 import numpy as np
 
-from fedfilter.protocol.adaptive_clip import bit_coordinate, bit_scale
+from fedfilter.client.mechanisms.gaussian import certified_norm, clip_to_norm
+from fedfilter.protocol.adaptive_clip import bit_coordinate, bit_scale, bits_float32
 from fedfilter.protocol.request import RoundSpec
-from fedfilter.protocol.wire import REPLY_DTYPE
 
 __all__ = ["with_clip_bit"]
+
+log = logging.getLogger("fedfilter.client")
 
 
 def with_clip_bit(arrays: Sequence[np.ndarray], spec: RoundSpec) -> list[np.ndarray]:
@@ -35,14 +41,15 @@ def with_clip_bit(arrays: Sequence[np.ndarray], spec: RoundSpec) -> list[np.ndar
     Returns
     -------
     list of numpy.ndarray
-        The arrays (scaled to norm ``C`` if longer), then a ``(1,)`` float32 array ``c (b - 1/2)``. An
-        update holding NaN or inf is left as it is (the release refuses it and sends a zero update).
+        The arrays clipped to norm ``C``, then a ``(1,)`` float32 array ``c (b - 1/2)`` (rounded toward
+        zero). An update holding NaN or inf goes as zeros, its bit "clipped".
 
     Examples
     --------
     >>> spec = RoundSpec("run", 1, noise_multiplier=2.0, clip=1.0, clipped_count_stddev=1.0)  # c = 2
-    >>> with_clip_bit([np.array([3.0, 4.0], np.float32)], spec)  # norm 5 > C: clipped, bit -c/2
-    [array([0.6, 0.8], dtype=float32), array([-1.], dtype=float32)]
+    >>> out = with_clip_bit([np.array([3.0, 4.0], np.float32)], spec)  # norm 5 > C: clipped, bit -c/2
+    >>> [round(float(x), 6) for x in out[0]], out[1]
+    ([0.6, 0.8], array([-1.], dtype=float32))
     >>> with_clip_bit([np.array([0.3, 0.4], np.float32)], spec)[1]  # within C: +c/2
     array([1.], dtype=float32)
     >>> len(with_clip_bit([np.zeros(2)], RoundSpec("run", 1, 2.0, 1.0)))  # a fixed clip: no bit
@@ -51,10 +58,9 @@ def with_clip_bit(arrays: Sequence[np.ndarray], spec: RoundSpec) -> list[np.ndar
     if not spec.clipped_count_stddev:
         return list(arrays)
     clip = float(spec.clip)
-    norm = float(np.sqrt(sum(float(np.sum(np.square(a, dtype=np.float64))) for a in arrays)))
-    out = list(arrays)
-    if np.isfinite(norm) and norm > clip:
-        out = [(a.astype(np.float64) * (clip / norm)).astype(a.dtype) for a in arrays]
+    norm = certified_norm(arrays)  # NaN or inf for a non-finite update
+    clipped, _ = clip_to_norm(arrays, clip)  # a non-finite update comes out as zeros
+    if not math.isfinite(norm):
+        log.error("fedfilter mod: the update holds NaN or inf; releasing a zero update, its clip bit 'clipped'")
     scale = bit_scale(float(spec.noise_multiplier), clip, float(spec.clipped_count_stddev))
-    out.append(np.array([bit_coordinate(norm, clip, scale)], dtype=REPLY_DTYPE))
-    return out
+    return [*clipped, bits_float32(np.array([bit_coordinate(norm, clip, scale)]))]

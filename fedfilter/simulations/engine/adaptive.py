@@ -43,6 +43,7 @@ from fedfilter.protocol.adaptive_clip import (
     augmented_clip,
     bit_coordinate,
     bit_scale,
+    bits_float32,
     next_clip,
     unclipped_fraction,
     update_noise_multiplier,
@@ -230,10 +231,7 @@ class AdaptiveClip:
         before = np.empty(len(updates))
         clip_rows(updates, np.full(len(updates), numbers.request_clip), before=before)
         bits = np.array([bit_coordinate(float(n), numbers.request_clip, scale) for n in before])
-        bits32 = bits.astype(np.float32)
-        over = np.abs(bits32.astype(np.float64)) > np.abs(bits)  # rounded away from zero: one step back
-        bits32[over] = np.nextafter(bits32[over], np.float32(0))
-        return np.concatenate([updates, bits32[:, None]], axis=1)
+        return np.concatenate([updates, bits_float32(bits)[:, None]], axis=1)
 
     def observe(self, mean_bit: float) -> float:
         """Read the released mean's bit coordinate, step the clip (``next_clip``); returns ``b_bar``.
