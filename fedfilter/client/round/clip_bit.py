@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from fedfilter.client.mechanisms.gaussian import certified_norm, clip_to_norm
+from fedfilter.client.mechanisms.gaussian import certified_norm, clip_to_norm, floating_indices
 from fedfilter.protocol.adaptive_clip import bit_coordinate, bit_scale, bits_float32
 from fedfilter.protocol.request import RoundSpec
 
@@ -48,7 +48,7 @@ def with_clip_bit(arrays: Sequence[np.ndarray], spec: RoundSpec) -> list[np.ndar
     --------
     >>> spec = RoundSpec("run", 1, noise_multiplier=2.0, clip=1.0, clipped_count_stddev=1.0)  # c = 2
     >>> out = with_clip_bit([np.array([3.0, 4.0], np.float32)], spec)  # norm 5 > C: clipped, bit -c/2
-    >>> [round(float(x), 6) for x in out[0]], out[1]
+    >>> [round(float(x), 5) for x in out[0]], out[1]
     ([0.6, 0.8], array([-1.], dtype=float32))
     >>> with_clip_bit([np.array([0.3, 0.4], np.float32)], spec)[1]  # within C: +c/2
     array([1.], dtype=float32)
@@ -58,9 +58,14 @@ def with_clip_bit(arrays: Sequence[np.ndarray], spec: RoundSpec) -> list[np.ndar
     if not spec.clipped_count_stddev:
         return list(arrays)
     clip = float(spec.clip)
-    norm = certified_norm(arrays)  # NaN or inf for a non-finite update
-    clipped, _ = clip_to_norm(arrays, clip)  # a non-finite update comes out as zeros
+    out = list(arrays)
+    # The floating-point arrays (a masked report also carries integer buffers, whose update is zero).
+    floating = floating_indices(out)
+    norm = certified_norm([out[i] for i in floating])  # NaN or inf for a non-finite update
+    clipped, _ = clip_to_norm([out[i] for i in floating], clip)  # a non-finite update comes out as zeros
+    for i, a in zip(floating, clipped):
+        out[i] = a
     if not math.isfinite(norm):
         log.error("fedfilter mod: the update holds NaN or inf; releasing a zero update, its clip bit 'clipped'")
     scale = bit_scale(float(spec.noise_multiplier), clip, float(spec.clipped_count_stddev))
-    return [*clipped, bits_float32(np.array([bit_coordinate(norm, clip, scale)]))]
+    return [*out, bits_float32(np.array([bit_coordinate(norm, clip, scale)]))]
