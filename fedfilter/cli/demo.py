@@ -370,8 +370,8 @@ def _problems(args: argparse.Namespace) -> list[str]:
         problems.append(f"--rounds must be >= 1. Found {args.rounds}.")
     if not (0 < args.eps_min <= args.eps_max and math.isfinite(args.eps_max)):
         problems.append(f"need 0 < --eps-min <= --eps-max. Found {args.eps_min} and {args.eps_max}.")
-    if not (isinstance(args.clip, float) and math.isfinite(args.clip) and args.clip > 0):
-        problems.append(f"--clip must be a finite number > 0. Found {args.clip}.")
+    if (p := positive_finite("--clip", args.clip)) is not None:
+        problems.append(p)
     from fedfilter.client.settings.node_config import MAX_REPLY_HOLD_S
 
     if not (math.isfinite(args.reply_hold_s) and 0 <= args.reply_hold_s <= MAX_REPLY_HOLD_S):

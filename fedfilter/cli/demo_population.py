@@ -350,8 +350,8 @@ def run_part(args: argparse.Namespace, out: Path) -> dict[str, Any]:
         f"({run.seconds['both']:.0f} s for both runs)"
     )
     title = (
-        f"{run.devices:,} devices on {run.task}, {run.settings.per_round} a round, budgets epsilon "
-        f"{', '.join(f'{e:g}' for e in run.settings.budgets)} (delta 1e-5), distributed noise (SecAgg+)"
+        f"{run.devices:,} devices on {run.task}, {run.settings.per_round} asked a round\nbudgets epsilon "
+        f"{', '.join(f'{e:g}' for e in run.settings.budgets)} (delta 1e-5), distributed noise over SecAgg+"
     )
     plot_population(out / "population.png", private, base, title)
     summary = {

@@ -154,7 +154,7 @@ def plot_rounds(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    fig, ax = plt.subplots(figsize=(6.4, 4.8))
     ax.bar(rounds, contributing, color="#9ecae1", label="clients contributing data (device ledgers)")
     ax.set_xlabel("round")
     ax.set_ylabel("clients contributing data")
@@ -170,7 +170,8 @@ def plot_rounds(
     ax2.set_ylabel("test accuracy; share of the clip")
     ax2.set_ylim(0, 1)
     handles = ax.get_legend_handles_labels()[0] + ax2.get_legend_handles_labels()[0]
-    ax.legend(handles=handles, loc="lower left", fontsize=8)  # labels from the artists
+    # below the axes, clear of the lines; labels from the artists
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, fontsize=7)
     noise = "distributed noise over SecAgg+" if placement == "distributed" else "local noise"
     ax.set_title(f"fedfilter demo: {n} clients with individual budgets, {noise}", fontsize=10)
     fig.tight_layout()
