@@ -237,6 +237,7 @@ def placement_defaults(args: argparse.Namespace) -> argparse.Namespace:
         from fedfilter.simulations.population.settings import planned_noise_multiplier
 
         args.noise_multiplier = planned_noise_multiplier(flower_plan(args, 1.0), rounds=args.rounds, delta=DELTA)
+        args.noise_planned = True  # what the texts may say of it
     return args
 
 
@@ -643,9 +644,10 @@ def _flower_part(args: argparse.Namespace, out: Path) -> int:
     ledger_path = out / "public_ledger.sqlite"
     overrides = run_config_overrides(args, run_id, ledger_path)
     print(f"fedfilter demo: {args.clients} clients x {args.rounds} rounds on {args.task!r}, run {run_id}")
+    planned = " (the planner's for the smallest budget)" if getattr(args, "noise_planned", False) else ""
     print(
         f"  personal budgets: epsilon log-uniform on [{args.eps_min:g}, {args.eps_max:g}], delta "
-        f"{DEFAULTS['delta']:g}; noise multiplier {args.noise_multiplier:g}, clip {args.clip:g}, "
+        f"{DEFAULTS['delta']:g}; noise multiplier {args.noise_multiplier:g}{planned}, clip {args.clip:g}, "
         f"{placement_text(args)}, after exhaustion: {args.after_exhaustion}"
     )
     timing = timing_protection(args.reply_hold_s)

@@ -317,7 +317,8 @@ def learning_text(
     Parameters
     ----------
     args : argparse.Namespace
-        The demo's options (``clients``, ``placement``, ``noise_multiplier``, ``eps_min``, ``rounds``).
+        The demo's options (``clients``, ``placement``, ``noise_multiplier``, ``eps_min``, ``rounds``;
+        ``noise_planned`` when the planner chose the noise multiplier).
     plan : dict
         ``fedfilter.cli.demo.flower_plan``'s figures at the run's noise multiplier.
     accuracy : list of float or None
@@ -332,7 +333,8 @@ def learning_text(
 
     Examples
     --------
-    >>> args = argparse.Namespace(clients=10, placement="local", noise_multiplier=8.35, eps_min=1.0, rounds=5)
+    >>> args = argparse.Namespace(clients=10, placement="local", noise_multiplier=8.35, eps_min=1.0, rounds=5,
+    ...     noise_planned=True)
     >>> plan = {"noise_dominates": True, "noise_to_clip": 129.4, "recommended": {"devices": 680058},
     ...         "distributed": {"devices": 894}}
     >>> print(learning_text(args, plan, [0.1, None], [0.5, 0.9]))  # doctest: +NORMALIZE_WHITESPACE
@@ -356,10 +358,14 @@ def learning_text(
         wants = [f"{plan['recommended']['devices']:,} devices per round with {args.placement} noise"]
         if "distributed" in plan:
             wants.append(f"{plan['distributed']['devices']:,} with distributed noise over SecAgg+")
+        why = (
+            f" (the least whose {args.rounds} rounds the smallest budget, epsilon {args.eps_min:g}, pays for)"
+            if getattr(args, "noise_planned", False)
+            else ""
+        )
         head = (
             f"{args.clients} clients cannot learn privately at these budgets: at noise multiplier "
-            f"{args.noise_multiplier:g} (the least whose {args.rounds} rounds the smallest budget, epsilon "
-            f"{args.eps_min:g}, pays for) the released mean carries noise of norm {plan['noise_to_clip']:.3g} "
+            f"{args.noise_multiplier:g}{why} the released mean carries noise of norm {plan['noise_to_clip']:.3g} "
             "times the clip, the most the clients' signal can be. For that noise to be half the clip the planner "
             f"(fedfilter.planning) wants {', or '.join(wants)} (--population runs such a federation)."
         )

@@ -204,3 +204,39 @@ def test_without_mnist_the_population_part_falls_back_to_digits_and_says_so(tmp_
     task, fallback = load_population_task(PopulationSettings(devices=3000, task="mnist"))
     assert task.name == "digits" and task.num_clients == 1437
     assert fallback.startswith("MNIST not found") and "1437 devices instead of 3000" in fallback
+
+
+def test_balanced_passes_and_adaptive_clipping_are_one_field_each_and_refused_clearly_without_engine_support():
+    import dataclasses
+
+    from fedfilter.protocol.adaptive_clip import AdaptiveClipping
+    from fedfilter.simulations.engine import EngineConfig
+    from fedfilter.simulations.population.run import engine_config
+    from fedfilter.simulations.population.settings import PopulationSettings, plan_population
+
+    fields = {f.name for f in dataclasses.fields(EngineConfig)}
+    s = PopulationSettings(devices=40, per_round=20, rounds=4, min_reports=10, task="digits", participation="balanced")
+    plan = plan_population(s, dim=2410)
+    assert plan["asks_planned"] == 2 and plan["plan_quantile"] is None  # ceil(4 * 20 / 40)
+    for settings, field in (
+        (s, "participation"),
+        (PopulationSettings(adaptive_clipping=AdaptiveClipping()), "adaptive_clipping"),
+    ):
+        if field in fields:
+            assert getattr(engine_config(settings, plan, np.full(settings.devices, 8.0)), field) is not None
+        else:
+            with pytest.raises(ValueError, match=f"this engine has no {field}"):
+                engine_config(settings, plan, np.full(settings.devices, 8.0))
+
+
+def test_the_learning_text_says_the_noise_was_planned_only_when_it_was():
+    from fedfilter.cli.demo_report import learning_text
+
+    plan = {"noise_dominates": True, "noise_to_clip": 20.0, "recommended": {"devices": 5000}}
+    args = argparse.Namespace(clients=10, placement="distributed", noise_multiplier=2.0, eps_min=1.0, rounds=5)
+    given = learning_text(args, plan, [0.1], [0.9])
+    assert "cannot learn privately" in given and "5,000 devices per round" in given and "the least whose" not in given
+    args.noise_planned = True
+    assert "the least whose 5 rounds the smallest budget, epsilon 1, pays for" in learning_text(
+        args, plan, [0.1], [0.9]
+    )

@@ -4,8 +4,10 @@ Plain federated averaging over the very devices, data split, initial model, roun
 per round and local training of a private run (``fedfilter.simulations.engine.updates.local_sgd_update``
 with the ClientApp's shuffling seeds, the coordinator's ``protocol.rules.model_step``), with the
 privacy taken out: no clip, no noise, no budget, every asked device's update in the plain mean. The
-devices asked each round follow the same rule as the engine's (uniform sampling of ``per_round`` from
-the engine's own sampling generator, ``engine.seeds.sampling_rng``; every device when all are asked).
+devices asked each round follow the same rule as the engine's: uniform sampling of ``per_round`` from
+the engine's own sampling generator (``engine.seeds.sampling_rng``), so the very devices the private
+run asks; or balanced passes (``planning.participation.BalancedSchedule``) on that generator; every
+device when all are asked.
 
 Examples
 --------
@@ -23,6 +25,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from fedfilter.planning.participation import BalancedSchedule
 from fedfilter.protocol.rules import model_step
 from fedfilter.simulations.engine.seeds import sampling_rng
 from fedfilter.simulations.engine.updates import local_seed, local_sgd_update
@@ -42,6 +45,7 @@ def no_privacy_accuracy(
     server_lr: float,
     seed: int,
     run_id: str,
+    participation: str = "uniform",
     progress: Callable[[int, float], object] | None = None,
 ) -> list[float]:
     """Test accuracy after each round of plain federated averaging (no clip, no noise, no budget).
@@ -62,6 +66,8 @@ def no_privacy_accuracy(
         The initial model (``torch.manual_seed(seed)``, as the engine and the ServerApp) and the sampling.
     run_id : str
         The sampling generator's run (the private run's ``run_id`` asks by the same rule).
+    participation : {"uniform", "balanced"}, optional
+        How the devices of a round are chosen when not all are asked.
     progress : callable, optional
         Called as ``progress(round_id, accuracy)`` after each round.
 
@@ -84,10 +90,16 @@ def no_privacy_accuracy(
     model = task.model_fn()
     weights = get_weights(model)
     sampler = sampling_rng(seed, run_id) if per_round < n else None
+    passes = BalancedSchedule(n, per_round, sampler) if sampler is not None and participation == "balanced" else None
     x_test, y_test = task.test_data
     out = []
     for round_id in range(1, rounds + 1):
-        asked = np.arange(n) if sampler is None else np.sort(sampler.choice(n, size=per_round, replace=False))
+        if sampler is None:
+            asked = np.arange(n)
+        elif passes is not None:
+            asked = np.sort(passes.next_round())
+        else:
+            asked = np.sort(sampler.choice(n, size=per_round, replace=False))
         total = [np.zeros(w.shape, dtype=np.float64) for w in weights]
         for client in asked:
             x, y = task.train_data[client]

@@ -242,6 +242,7 @@ def _no_privacy(
         server_lr=settings.server_lr,
         seed=settings.seed,
         run_id=RUN_ID,
+        participation=settings.participation,
         progress=progress,
     )
 
