@@ -616,7 +616,12 @@ def _run(args: argparse.Namespace) -> int:
     if args.clients and (code := _flower_part(args, out)) != 0:
         return code
     if args.population:
-        demo_population.run_part(args, out)
+        try:
+            with _sigterm_as_interrupt():
+                demo_population.run_part(args, out)
+        except KeyboardInterrupt:  # the second process gets the same signal from the terminal, or ends with the pool
+            print("\nfedfilter demo: interrupted during the population part", flush=True)
+            return 130
     return 0
 
 

@@ -13,6 +13,10 @@ import argparse
 import json
 import math
 import re
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -240,3 +244,36 @@ def test_the_learning_text_says_the_noise_was_planned_only_when_it_was():
     assert "the least whose 5 rounds the smallest budget, epsilon 1, pays for" in learning_text(
         args, plan, [0.1], [0.9]
     )
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_an_interrupted_population_part_stops_its_second_process(tmp_path, sig):
+    argv = [sys.executable, "-m", "fedfilter", "demo", "--clients", "0", "--population", "400"]
+    argv += ["--population-per-round", "200", "--population-rounds", "50", "--population-task", "digits"]
+    demo = subprocess.Popen(
+        [*argv, "--out", str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as at a terminal
+    )
+    try:
+        deadline, children = time.monotonic() + 120, []
+        while len(children) < 2:  # the resource tracker and the run without privacy
+            assert demo.poll() is None and time.monotonic() < deadline
+            time.sleep(0.5)
+            children = Path(f"/proc/{demo.pid}/task/{demo.pid}/children").read_text().split()
+        time.sleep(2)
+        demo.send_signal(sig)
+        output, _ = demo.communicate(timeout=60)
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+    assert b"interrupted during the population part" in output
+    deadline = time.monotonic() + 15
+    while any(Path(f"/proc/{pid}").exists() for pid in children) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not [pid for pid in children if Path(f"/proc/{pid}").exists()]
+    # The demo returns 130; now and then the interpreter still ends by SIGINT after that (-2), not yet understood.
+    assert demo.returncode in (130, -signal.SIGINT), output

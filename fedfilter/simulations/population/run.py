@@ -247,6 +247,20 @@ def _no_privacy(
     )
 
 
+def _no_privacy_child(settings: PopulationSettings, send: Any) -> None:
+    """The second process: the run without privacy, its result (or the error) sent back through ``send``."""
+    import signal
+    import traceback
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it ends this process
+    try:
+        send.send(("ok", _no_privacy(settings)))
+    except Exception:  # noqa: BLE001 - reported by the parent
+        send.send(("error", traceback.format_exc()))
+    finally:
+        send.close()
+
+
 def run_population(
     settings: PopulationSettings,
     *,
@@ -296,13 +310,25 @@ def run_population(
     started = time.monotonic()
     if parallel:
         import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor
 
-        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-            future = pool.submit(_no_privacy, ran)
+        ctx = multiprocessing.get_context("spawn")
+        receive, send = ctx.Pipe(duplex=False)
+        child = ctx.Process(target=_no_privacy_child, args=(ran, send), daemon=True)
+        child.start()
+        send.close()  # the child holds the sending end now: if it dies, recv raises EOFError
+        try:
             result = run_engine(config, on_private, task=task)
             private_s = time.monotonic() - started
-            baseline = future.result()
+            try:
+                status, baseline = receive.recv()
+            except EOFError:
+                status, baseline = "error", f"it ended with exit code {child.exitcode} and no result"
+            if status != "ok":
+                raise RuntimeError(f"the run without privacy failed in its process:\n{baseline}")
+        finally:  # also on Ctrl-C or an error here: the second process never outlives this one
+            if child.is_alive():
+                child.terminate()
+            child.join()
     else:
         result = run_engine(config, on_private, task=task)
         private_s = time.monotonic() - started
