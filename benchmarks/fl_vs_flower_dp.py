@@ -69,7 +69,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # tests/harness: drivers not shipped
 
 import numpy as np  # noqa: E402
-from fl_vs_flower_dp_plan import budgets, fedfilter_noise_multipliers, min_reports
+from fl_vs_flower_dp_plan import adaptive_clipping, budgets, fedfilter_noise_multipliers, min_reports
 
 ARMS = {
     "a": "flower-central",
@@ -157,6 +157,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "62 classes against FemnistCNN's 222,078; DP noise grows with the dimension)",
     )
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--adaptive-clip", type=float, help="engine arms: adapt the clip from --clip to this quantile")
+    p.add_argument("--clip-norm-lr", type=float, help="with --adaptive-clip: the clip's step (default 0.2)")
+    p.add_argument("--clipped-count-stddev", type=float, help="with --adaptive-clip (default: per round / 20)")
+    p.add_argument("--participation", choices=("uniform", "balanced"), help="engine arms (default uniform)")
     p.add_argument("--arms", default="abcde", help="which of a-f to run (default a-e; f is a diagnostic)")
     p.add_argument("--out", default=None, help="directory for results.json (checkpoint after every arm)")
     p.add_argument("--no-progress", action="store_true")
@@ -211,6 +215,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         problems.append(f"--plan-quantile must lie in (0, 1), with --fedfilter-z plan. Found {args.plan_quantile!r}.")
     if not (math.isfinite(args.clip) and args.clip > 0):
         problems.append(f"--clip must be finite and > 0. Found {args.clip!r}.")
+    problems += adaptive_clipping(args).problems() if args.adaptive_clip is not None else []
     if not args.arms or set(args.arms) - set(ARMS):
         problems.append(f"--arms must be letters among {''.join(ARMS)}. Found {args.arms!r}.")
     if problems:
@@ -307,6 +312,8 @@ def engine_arm(task, args, *, arm: str, z: float, eps: np.ndarray, bar, run_id: 
         if distributed
         else None,
         accounting="worst-case" if arm == "c" else "individual",
+        adaptive_clipping=adaptive_clipping(args),
+        participation=args.participation or "uniform",
         rounds=args.rounds,
         fraction=k / n,
         local_epochs=args.local_epochs,
@@ -353,6 +360,7 @@ def engine_arm(task, args, *, arm: str, z: float, eps: np.ndarray, bar, run_id: 
         "loss_per_round": [r.loss for r in res.rounds],
         "accuracy": next((a for a in reversed(accuracy) if a is not None), None),
         "contributing_per_round": [r.contributing for r in res.rounds],
+        "clip_per_round": [r.clip for r in res.rounds],
         "rounds_run": int(sum(r.released for r in res.rounds)),
         "trusted_server": central,
         "noise_multiplier": z,
@@ -376,6 +384,7 @@ def settings(args: argparse.Namespace, task) -> dict[str, Any]:
         "fedfilter_z",
         "plan_quantile",
         "worst_case_factor",
+        *("adaptive_clip", "clip_norm_lr", "clipped_count_stddev", "participation"),
     ):  # absent: the default (keeps earlier results.json resumable)
         if getattr(args, key) is not None:
             out[key] = getattr(args, key)

@@ -14,6 +14,7 @@ import math
 import numpy as np
 
 from fedfilter.planning.participation import asks_planned
+from fedfilter.protocol.adaptive_clip import AdaptiveClipping
 
 TIER_SHARES = (0.34, 0.43, 0.23)  # Jorgensen et al. 2015: conservatives, pragmatists, liberals
 TIER_FACTORS = (1.0, 2.0, 3.0)
@@ -35,6 +36,14 @@ def budgets(n: int, epsilon: float, kind: str, seed: int) -> np.ndarray:
 def min_reports(args: argparse.Namespace) -> int:
     """(b), (c): SecAgg+'s threshold m (``--min-reports``, default half the devices asked, at least 2)."""
     return int(args.min_reports or max(2, args.clients_per_round // 2))
+
+
+def adaptive_clipping(args: argparse.Namespace) -> AdaptiveClipping | None:
+    """The engine arms' adaptive clipping (``--adaptive-clip`` is Flower's target_clipped_quantile), or None."""
+    if args.adaptive_clip is None:
+        return None
+    lr = {} if args.clip_norm_lr is None else {"clip_norm_lr": args.clip_norm_lr}
+    return AdaptiveClipping(args.adaptive_clip, clipped_count_stddev=args.clipped_count_stddev, **lr)
 
 
 def fedfilter_noise_multipliers(task, args: argparse.Namespace, epsilon: float, flower_z: float) -> dict[str, float]:

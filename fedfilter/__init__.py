@@ -10,8 +10,10 @@ The public API, as a Flower app uses it (the pair mirrors Flower's own ``fixedcl
     strategy = IndividualFilterStrategy(FedAvg(), noise_multiplier=1.0, clip=0.5)  # on the server
 
 Also here: ``enrol_device`` (the one way to give a device its budget, from the owner's node-config
-settings), ``BudgetLedger`` (a device's durable budget, to read it), ``make_filter`` (the filters) and
-``plan_rounds`` (how many rounds a budget buys). Every name is defined in the module ``__module__``
+settings), ``BudgetLedger`` (a device's durable budget, to read it), ``make_filter`` (the filters),
+``plan_rounds`` (how many rounds a budget buys) and ``AdaptiveClipping`` (the strategy's
+``adaptive_clipping=``: the clip follows a quantile of the update norms, each device paying for its
+bit). Every name is defined in the module ``__module__``
 names and imported on first use, so that ``import fedfilter`` (and ``fedfilter rounds``) loads neither
 Flower, numpy nor torch. ``pip install fedfilter`` is what a device or a coordinator needs;
 ``fedfilter[app]`` adds torch and the demo's libraries (pyproject's extras).
@@ -45,8 +47,10 @@ _PUBLIC = {
     "BudgetLedger": "fedfilter.client.ledger.budget",
     "make_filter": "fedfilter.privacy.filters",
     "plan_rounds": "fedfilter.planning.rounds",
+    "AdaptiveClipping": "fedfilter.protocol.adaptive_clip",
 }
 __all__ = [
+    "AdaptiveClipping",
     "BudgetLedger",
     "IndividualFilterStrategy",
     "enrol_device",
@@ -65,6 +69,7 @@ if TYPE_CHECKING:
     from fedfilter.coordinator.strategy import IndividualFilterStrategy
     from fedfilter.planning.rounds import plan_rounds
     from fedfilter.privacy.filters import make_filter
+    from fedfilter.protocol.adaptive_clip import AdaptiveClipping
 
 
 def __getattr__(name: str) -> Any:

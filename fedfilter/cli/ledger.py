@@ -53,11 +53,17 @@ def _show(args: argparse.Namespace) -> int:
         f"  lifetime budget  epsilon={s['budget_epsilon']:g}  delta={s['budget_delta']:g}  filter={s['filter']}"
         f"  per-run quota={s['run_quota']:.0%}"
     )
-    print(f"  spent            epsilon={s['spent_epsilon']:.4f}  (the filter's readout; its guarantee is the budget)")
-    odo = s["odometer"]
     print(
-        f"  odometer         epsilon={odo['epsilon']:.4f}  delta={odo['delta']:g}"
-        "  (valid now, also if the device stops now)"
+        f"  spent            epsilon={s['spent_epsilon']:.4f}  (the filter's readout, at most the budget; "
+        "the guarantee is the budget, which the filter enforces)"
+    )
+    odo = s["odometer"]
+    # The odometer bounds the loss at every moment at once (it holds even if the device stops now), a
+    # looser accountant than the filter's: beside the budget it can read higher without any overspend.
+    print(
+        f"  odometer         epsilon={odo['epsilon']:.4f}  delta={odo['delta']:g}  (not a spend: a running "
+        "upper bound on the loss so far, valid at every moment, by a looser accountant than the filter's; "
+        "it can read above the budget, which the filter still holds)"
     )
     print(f"  remaining        {s['remaining_fraction']:.1%} of the budget")
     w = s["worst_case"]
@@ -81,12 +87,13 @@ def _show(args: argparse.Namespace) -> int:
             f"  {r['run_id']:<24} {r['rounds']:>6} {r['contributed']:>7} {r['noise_only']:>6} {r['left']:>5} "
             f"{r['spent_epsilon']:>10.4f}"
         )
-    print(f"\n  {'federation':<24} {'rounds':>6} {'spent eps':>10} {'odometer':>9}")
+    print(f"\n  {'federation':<24} {'rounds':>6} {'spent eps':>10} {'odometer*':>9}")
     for c in s["coordinators"]:
         spent = "(before quotas)" if c["spent_epsilon"] is None else f"{c['spent_epsilon']:.4f}"
         odo_c = odo["coordinators"].get(c["federation"])
         odo_text = "-" if odo_c is None else f"{odo_c:.4f}"
         print(f"  {c['federation'] or '-':<24} {c['rounds']:>6} {spent:>10} {odo_text:>9}")
+    print("  * odometer: not a spend; a running upper bound by a looser accountant (see above)")
     return 0
 
 

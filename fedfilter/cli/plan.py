@@ -22,6 +22,12 @@ import numpy as np
 from fedfilter.cli.budget_options import table, worst_case_plan, worst_case_rows
 from fedfilter.client.settings.policy import ClientPolicy
 from fedfilter.planning.federation import TARGET_NOISE_TO_CLIP, plan_federation
+from fedfilter.planning.strategy_plan import (
+    DEFAULT_ABORT_PROBABILITY,
+    DEFAULT_PLAN_QUANTILE,
+    PARTICIPATIONS,
+    plan_strategy,
+)
 from fedfilter.privacy.filters import FILTER_KINDS
 from fedfilter.protocol.request import PLACEMENTS
 
@@ -147,20 +153,55 @@ def _option(name: str, o: dict[str, Any]) -> list[str]:
     )
 
 
+def _epsilons(text: str) -> list[float]:
+    """``--epsilon``: one budget, or the tiers' budgets comma-separated (the smallest is planned for)."""
+    try:
+        return [float(x) for x in text.split(",")]
+    except ValueError:
+        msg = f"--epsilon must be a number or numbers separated by commas. Found {text!r}."
+        raise argparse.ArgumentTypeError(msg) from None
+
+
+def _strategy_plan(args: argparse.Namespace, dim: int) -> dict[str, Any]:
+    return plan_strategy(
+        devices=args.devices,
+        rounds=args.rounds,
+        dim=dim,
+        epsilons=args.epsilon,
+        delta=args.delta,
+        population=args.population,
+        placement=args.placement,
+        filter=args.filter,
+        participation=args.participation,
+        plan_quantile=args.plan_quantile,
+        dropout_rate=args.dropout_rate,
+        abort_probability=args.abort_probability,
+        clip=args.clip,
+        noise_multiplier=args.noise_multiplier,
+        adaptive=not args.fixed_clip,
+        target_clipped_quantile=args.target_clipped_quantile,
+        clip_norm_lr=args.clip_norm_lr,
+        clipped_count_stddev=args.clipped_count_stddev,
+        seed=args.seed,
+        min_reports=args.min_reports,
+    )
+
+
 def _plan(args: argparse.Namespace) -> int:
     if (args.params is None) == (args.app_dir is None):
         raise ValueError("give the model's size with exactly one of --params D or --app-dir DIR.")
     dim = args.params if args.params is not None else app_model_parameters(args.app_dir, args.model)
+    strategy = _strategy_plan(args, dim)
     p = plan_federation(
         devices=args.devices,
         dim=dim,
-        noise_multiplier=args.noise_multiplier,
-        clip=args.clip,
-        epsilon=args.epsilon,
+        noise_multiplier=strategy["noise_multiplier"],
+        clip=strategy["clip"],
+        epsilon=min(args.epsilon),
         delta=args.delta,
-        rounds=args.rounds,
+        rounds=strategy["participation"]["asks_planned"],  # a device pays for the rounds it is asked
         placement=args.placement,
-        min_reports=args.min_reports,
+        min_reports=strategy["min_reports"],
         filter=args.filter,
     )
     if p["placement"] == "distributed":
@@ -176,16 +217,23 @@ def _plan(args: argparse.Namespace) -> int:
             dim=p["dim"],
             kind=p["filter"],
         )
+    p["strategy"] = strategy
     if args.json:
         print(json.dumps(p))
         return 0
     where = f"placement {p['placement']}" + (
         f", min-reports {p['min_reports']}" if p["placement"] == "distributed" else ""
     )
+    part = strategy["participation"]
+    wanted = f"{part['rounds']} rounds wanted" + (
+        f", each device asked at most {part['asks_planned']} times ({part['mode']}; the rounds below count its asks)"
+        if part["asks_planned"] != part["rounds"]
+        else ""
+    )
     lines = [
         f"Federation: {p['devices']:,} devices per round, {p['dim']:,} parameters, {where}, noise multiplier "
         f"{p['noise_multiplier']:g}, clip {p['clip']:g}; a typical device's budget epsilon {p['epsilon']:g}, "
-        f"delta {p['delta']:g} ({p['filter']} filter); {p['rounds']} rounds wanted",
+        f"delta {p['delta']:g} ({p['filter']} filter); {wanted}",
         "",
         f"noise in the released mean   norm {p['mean_noise_norm']:.4g}  (std {p['mean_noise_std']:.4g} per coordinate)",
         f"signal's bound (the clip)    {p['clip']:g}   -> noise / clip = {p['noise_to_clip']:.3g}",
@@ -209,8 +257,132 @@ def _plan(args: argparse.Namespace) -> int:
     lines += _option("at these devices", p["at_these_devices"])
     if "distributed" in p:
         lines += _option("distributed placement", p["distributed"])
+    lines += ["", *strategy_lines(strategy)]
     print("\n".join(lines))
     return 0
+
+
+def add_strategy_options(p: argparse.ArgumentParser) -> None:
+    """The options of the plan the strategy takes (participation, drop-outs, adaptive clipping).
+
+    Parameters
+    ----------
+    p : argparse.ArgumentParser
+        The ``plan`` parser.
+
+    Examples
+    --------
+    >>> parser = argparse.ArgumentParser()
+    >>> add_strategy_options(parser)
+    >>> args = parser.parse_args(["--population", "1000", "--dropout-rate", "0.1"])
+    >>> args.population, args.dropout_rate, args.abort_probability, args.fixed_clip
+    (1000, 0.1, 0.01, False)
+    """
+    g = p.add_argument_group("the plan the strategy takes (IndividualFilterStrategy.from_plan)")
+    g.add_argument("--population", type=int, default=None, help="devices in the federation (public)")
+    g.add_argument(
+        "--participation",
+        choices=PARTICIPATIONS,
+        default=None,
+        help="how devices are asked: balanced passes (default with --population), uniform sampling, or every round",
+    )
+    g.add_argument(
+        "--plan-quantile",
+        type=float,
+        default=None,
+        help=f"uniform: pay for this quantile of a device's asks (default {DEFAULT_PLAN_QUANTILE})",
+    )
+    g.add_argument("--dropout-rate", type=float, default=0.0, help="the chance a device asked does not reply")
+    g.add_argument(
+        "--abort-probability",
+        type=float,
+        default=DEFAULT_ABORT_PROBABILITY,
+        help="distributed: the chance a round may abort for too few replies (chooses min-reports)",
+    )
+    g.add_argument("--fixed-clip", action="store_true", help="no adaptive clipping: --clip stays")
+    g.add_argument("--target-clipped-quantile", type=float, default=0.5, help="adaptive: the unclipped fraction wanted")
+    g.add_argument("--clip-norm-lr", type=float, default=0.2, help="adaptive: the clip's geometric step")
+    g.add_argument(
+        "--clipped-count-stddev",
+        type=float,
+        default=None,
+        help="adaptive: the noise std on the sum of the bits (default devices / 20)",
+    )
+    g.add_argument("--seed", type=int, default=0, help="balanced: the public seed of the passes' shuffles")
+
+
+def _participation_line(part: dict[str, Any]) -> str:
+    k, r, a = part["devices_per_round"], part["rounds"], part["asks_planned"]
+    if part["mode"] == "balanced":
+        return (
+            f"balanced passes over a population of {part['population']:,} (public seed {part['seed']}), {k:,} per "
+            f"round: each device asked at most {a} times in {r} rounds"
+        )
+    if part["mode"] == "uniform":
+        return (
+            f"uniform sampling of {k:,} of {part['population']:,} per round: each device's plan pays for {a} asks "
+            f"(the {part['plan_quantile']:g} quantile of Binomial({r}, {k / part['population']:.4g})); a given device "
+            f"is asked more often with probability {part['p_asked_more']:.4g}"
+        )
+    return f"every round (population unknown): each device's plan pays for all {r} rounds"
+
+
+def strategy_lines(st: dict[str, Any]) -> list[str]:
+    """The plan's fields as lines, by their JSON names (``--json`` prints the same under ``"strategy"``).
+
+    Parameters
+    ----------
+    st : dict
+        ``plan_strategy``'s document.
+
+    Examples
+    --------
+    >>> from fedfilter.planning.strategy_plan import plan_strategy
+    >>> plan = plan_strategy(devices=100, population=1000, rounds=50, dim=1000, epsilons=[4.0], delta=1e-5)
+    >>> for line in strategy_lines(plan)[:3]:
+    ...     print(line)  # doctest: +ELLIPSIS
+    Plan for IndividualFilterStrategy.from_plan (the fields --json prints under "strategy"):
+      noise_multiplier   2.42 (accounted: the adaptive clip's bit included; the update's z 2.49414)
+      clip               0.1 (initial)
+    """
+    b, part, drop, ad = st["budget"], st["participation"], st["dropout"], st["adaptive_clipping"]
+    eps = min(b["epsilons"])
+    pays = "yes" if b["pays_for_planned_asks"] else "NO: raise z, or plan fewer asks"
+    afforded = ", ".join(f"epsilon {e:g}: {n}" for e, n in zip(b["epsilons"], b["asks_afforded"]))
+    what = "accounted: the adaptive clip's bit included; " if ad else "accounted; "
+    lines = [
+        'Plan for IndividualFilterStrategy.from_plan (the fields --json prints under "strategy"):',
+        f"  noise_multiplier   {st['noise_multiplier']:g} ({what}the update's z {st['update_noise_multiplier']:.6g})",
+        f"  clip               {st['clip']:g} ({'initial' if ad else 'fixed'})",
+    ]
+    if ad:
+        lines += [
+            f"  adaptive_clipping  target_clipped_quantile {ad['target_clipped_quantile']:g}, clip_norm_lr "
+            f"{ad['clip_norm_lr']:g}, clipped_count_stddev {ad['clipped_count_stddev']:.4g} (Andrew et al. 2021; the "
+            f"unclipped fraction's noise std {ad['fraction_noise_std']:.3g}); noise-free, the clip moves tenfold in "
+            f"{ad['rounds_per_decade']} rounds at the least: start nearer the update norms with --clip",
+        ]
+    lines += [
+        f"  placement          {st['placement']}, filter {st['filter']}, dim {st['dim']:,}",
+        f"  min_reports        {st['min_reports']}: a round aborts (fewer than min_reports of the "
+        f"{part['devices_per_round']:,} asked reply) with probability {drop['abort_probability']:.4g} (target "
+        f"{drop['abort_probability_target']:g}), assuming each drops out independently with probability "
+        f"{drop['dropout_rate']:g}",
+        f"  participation      {_participation_line(part)}",
+        f"  budget             full-clip asks a device affords at this z: {afforded} (delta {b['delta']:g}, "
+        f"{st['filter']} filter); pays for the {part['asks_planned']} planned asks at epsilon {eps:g}: {pays}. "
+        "Assumes each device enrolled that budget in that filter and accepts these settings; its filter stops it "
+        "at its budget whatever the plan",
+        f"  mean_noise_to_clip {st['mean_noise_to_clip']:.3g} (the expected noise norm of the mean of "
+        f"{drop['expected_reports']:.4g} expected reports, over the clip)",
+    ]
+    lines += [f"  note: {n}" for n in st["notes"]]
+    if st["update_noise_multiplier"] < DEFAULT_MIN_Z:
+        lines.append(
+            f"  note: devices refuse an update noise multiplier below their min-noise-multiplier ({DEFAULT_MIN_Z:g} "
+            "unless their owners lower it)"
+        )
+    return lines
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -258,10 +430,27 @@ def register(sub: argparse._SubParsersAction) -> None:
         default="local",
         help="local: each device adds all the noise; distributed: the noise is split among min-reports (SecAgg+)",
     )
-    p.add_argument("--min-reports", type=int, default=None, help="distributed: reports a sum needs (default --devices)")
-    p.add_argument("--noise-multiplier", type=float, required=True, help="z: the noise std is z * C")
-    p.add_argument("--clip", type=float, required=True, help="C: the clip norm of each device's update")
-    p.add_argument("--epsilon", type=float, required=True, help="a typical device's budget epsilon")
+    p.add_argument(
+        "--min-reports",
+        type=int,
+        default=None,
+        help="distributed: reports a sum needs (default: the most whose round aborts at most --abort-probability)",
+    )
+    p.add_argument(
+        "--noise-multiplier",
+        type=float,
+        default=None,
+        help="z, accounted: the noise std is z * C (default: the least the smallest budget pays for the planned asks)",
+    )
+    p.add_argument(
+        "--clip", type=float, default=None, help="C: the (initial) clip norm of each device's update (default 0.1)"
+    )
+    p.add_argument(
+        "--epsilon",
+        type=_epsilons,
+        required=True,
+        help="the devices' budget epsilon, or the tiers' comma-separated (the smallest is planned for)",
+    )
     p.add_argument("--delta", type=float, required=True, help="a typical device's budget delta")
     p.add_argument("--rounds", type=int, required=True, help="the rounds you want to run")
     p.add_argument(
@@ -276,13 +465,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="placement distributed: a typical device's worst-case budget (each report read alone); show its rounds",
     )
+    add_strategy_options(p)
     p.add_argument(
-        "--json", action="store_true", help="print one JSON object (keys include mean_noise_norm, noise_dominates)"
+        "--json",
+        action="store_true",
+        help="print one JSON object (keys include mean_noise_norm, noise_dominates and strategy, the plan)",
     )
     p.set_defaults(func=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
-    if args.min_reports is None:
-        args.min_reports = args.devices if args.placement == "distributed" else 1
     return _plan(args)

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from flwr.app import Message
 
-from fedfilter.protocol.refusals import REFUSALS, refusal_code
+from fedfilter.protocol.refusals import CODE_PATTERN, REFUSALS, refusal_code
 from fedfilter.protocol.wire import ARRAYS_RECORD, STATUS_LEFT, STATUS_RECORD, STATUS_REPORT, reply_dtype
 
 __all__ = [
@@ -36,6 +36,8 @@ __all__ = [
     "l2_norm",
     "refusal_of",
     "describe_refusals",
+    "refusal_text",
+    "keep_refusal_text",
 ]
 
 # Refusals the coordinator recognises without a device's code (the device runs no fedfilter mod).
@@ -46,6 +48,11 @@ _COORDINATOR_REFUSALS = {
         "ClientApp(mods=[individual_filter_mod])"
     ),
 }
+
+# The distinct texts of one refusal code kept per round and per run (the log names the device's own
+# words, e.g. the min-noise-multiplier its owner set), and the longest shown.
+MAX_REFUSAL_TEXTS = 3
+MAX_REFUSAL_TEXT_CHARS = 300
 
 # A report is noise of standard deviation s per coordinate plus at most `clip` of signal. Its norm
 # exceeds clip + s (sqrt(d) + t) with probability at most exp(-t^2 / 2) (Gaussian concentration of
@@ -97,11 +104,14 @@ class RoundTally:
         Why replies were dropped, for the log.
     refusals : dict of str to int
         Refusal code -> number of replies (public counts).
+    refusal_texts : dict of str to list of str
+        Refusal code -> the distinct texts the devices sent with it (at most ``MAX_REFUSAL_TEXTS``), for
+        the operator's log only: a device's refusal text depends on the request and its owner's settings.
 
     Examples
     --------
-    >>> RoundTally(markers=2)
-    RoundTally(reports=[], report_sources=[], markers=2, dropped=0, reasons=[], refusals={})
+    >>> RoundTally(markers=2).markers
+    2
     """
 
     reports: list[list[np.ndarray]] = field(default_factory=list)
@@ -110,6 +120,7 @@ class RoundTally:
     dropped: int = 0
     reasons: list[str] = field(default_factory=list)  # why replies were dropped, for the log
     refusals: dict[str, int] = field(default_factory=dict)  # refusal code -> replies (public counts)
+    refusal_texts: dict[str, list[str]] = field(default_factory=dict)  # code -> the devices' texts (log only)
 
 
 def classify_reply(
@@ -292,6 +303,7 @@ def tally_replies(
             code = refusal_of(msg)
             if code is not None:
                 out.refusals[code] = out.refusals.get(code, 0) + 1
+                keep_refusal_text(out.refusal_texts, code, refusal_text(msg))
             else:
                 out.reasons.append(reason)
     return out
@@ -329,25 +341,86 @@ def refusal_of(msg: Message) -> str | None:
     return None
 
 
-def describe_refusals(counts: dict[str, int]) -> list[str]:
-    """One line per refusal code, most frequent first: ``"10 refused: not-enrolled (what it means, the fix)"``.
+def refusal_text(msg: Message) -> str:
+    """What a device said with its refusal: the error reason without its ``fedfilter[<code>]: `` prefix
+    (and without the ``round request refused: `` every request check begins with), cut to
+    ``MAX_REFUSAL_TEXT_CHARS``; empty for a reply that is not an error.
+
+    Parameters
+    ----------
+    msg : flwr.app.Message
+        A dropped reply.
+
+    Returns
+    -------
+    str
+        The device's text.
+
+    Examples
+    --------
+    >>> import time
+    >>> from flwr.app import Error, Metadata
+    >>> meta = Metadata(run_id=1, message_id="m", src_node_id=7, dst_node_id=0, reply_to_message_id="q",
+    ...                 group_id="1", created_at=time.time(), ttl=60.0, message_type="train")
+    >>> reason = "fedfilter[replay]: round request refused: round 3 was already answered."
+    >>> refusal_text(Message(Error(code=6, reason=reason), metadata=meta))
+    'round 3 was already answered.'
+    """
+    if not msg.has_error():
+        return ""
+    text = CODE_PATTERN.sub("", msg.error.reason or "", count=1).removeprefix("round request refused: ").strip()
+    return text if len(text) <= MAX_REFUSAL_TEXT_CHARS else text[: MAX_REFUSAL_TEXT_CHARS - 3] + "..."
+
+
+def keep_refusal_text(texts: dict[str, list[str]], code: str, text: str) -> None:
+    """Add ``text`` to the distinct texts of ``code`` (at most ``MAX_REFUSAL_TEXTS`` kept).
+
+    Parameters
+    ----------
+    texts : dict of str to list of str
+        Code -> texts, updated in place.
+    code : str
+        The refusal code.
+    text : str
+        A device's text (an empty one is not kept).
+
+    Examples
+    --------
+    >>> texts = {}
+    >>> for t in ["a", "a", "b", "c", "d", ""]:
+    ...     keep_refusal_text(texts, "replay", t)
+    >>> texts
+    {'replay': ['a', 'b', 'c']}
+    """
+    kept = texts.setdefault(code, [])
+    if text and text not in kept and len(kept) < MAX_REFUSAL_TEXTS:
+        kept.append(text)
+
+
+def describe_refusals(counts: dict[str, int], texts: dict[str, list[str]] | None = None) -> list[str]:
+    """One line per refusal code, most frequent first: ``"10 refused: not-enrolled (what it means, the fix)"``,
+    each followed by a line of what the devices said with it, when ``texts`` has any (e.g. the
+    ``min-noise-multiplier`` their owners set).
 
     Parameters
     ----------
     counts : dict of str to int
         Refusal code -> number of replies (``RoundTally.refusals``).
+    texts : dict of str to list of str, optional
+        Refusal code -> the devices' distinct texts (``RoundTally.refusal_texts``).
 
     Returns
     -------
     list of str
-        One line per code.
+        One line per code, and one per code with texts.
 
     Examples
     --------
-    >>> for line in describe_refusals({"replay": 1, "made-up": 3}):
+    >>> for line in describe_refusals({"replay": 1, "made-up": 3}, {"replay": ["round 3 was already answered."]}):
     ...     print(line)
     3 refused: made-up (unknown code)
     1 refused: replay (the round was already answered (a repeated round gets no second release))
+      replay, as the devices said it: 'round 3 was already answered.'
     """
     lines = []
     for code, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])):
@@ -355,4 +428,7 @@ def describe_refusals(counts: dict[str, int]) -> list[str]:
         if meaning is None and code.startswith("flower-error-"):
             meaning = "Flower's error reply (the ClientApp raised, the reply expired or the node is gone)"
         lines.append(f"{n} refused: {code} ({meaning or 'unknown code'})")
+        said = (texts or {}).get(code)
+        if said:
+            lines.append(f"  {code}, as the devices said it: " + " | ".join(repr(s) for s in said))
     return lines

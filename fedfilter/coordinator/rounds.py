@@ -34,13 +34,21 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from fedfilter.coordinator.inner_strategy import inner_step
+from fedfilter.coordinator.participation import ASKED_BEYOND_PLAN, AskCounter
 from fedfilter.coordinator.replies import l2_norm, plain_mean, report_norm_bound, tally_replies
 from fedfilter.coordinator.run_log import RoundOutcome, RunLog
 from fedfilter.coordinator.secagg import secure_round
 from fedfilter.coordinator.secagg.secure_round import AUTO_SHARES, SecureSum, released_mean
+from fedfilter.protocol.adaptive_clip import (
+    AdaptiveClipping,
+    bit_scale,
+    released_vector_spec,
+    unclipped_fraction,
+    update_noise_multiplier,
+)
 from fedfilter.protocol.request import RoundSpec
 from fedfilter.protocol.rules import added_noise_std, reports_needed
-from fedfilter.protocol.wire import REQUEST_RECORD, request_proto, request_record
+from fedfilter.protocol.wire import CLIP_BIT_KEY, REPLY_DTYPE, REQUEST_RECORD, request_proto, request_record
 from fedfilter.protos import fedfilter_pb2
 
 __all__ = ["LocalRound", "RoundRelease", "RoundSettings", "SecureRound", "open_round"]
@@ -53,9 +61,10 @@ class RoundSettings:
     Parameters
     ----------
     noise_multiplier : float
-        The request's ``z``.
+        The accounted ``z``: the request's with a fixed clip; with adaptive clipping the report's
+        ``z_eff`` (bit included), from which each round's request derives the update's ``z``.
     clip : float
-        The request's ``C``.
+        This round's ``C``.
     placement : str
         ``"local"`` or ``"distributed"``.
     min_reports : int
@@ -66,6 +75,8 @@ class RoundSettings:
         Distributed placement: the SecAgg+ neighbourhood (``secure_round.check_num_shares``).
     secagg_colluders : int, default 0
         Distributed placement: the colluders the SecAgg+ threshold leaves room for.
+    adaptive : AdaptiveClipping or None, default None
+        Adaptive clipping (``protocol/adaptive_clip.py``); ``None``: the clip is fixed.
 
     Examples
     --------
@@ -81,9 +92,33 @@ class RoundSettings:
     message_ttl_s: float | None = None
     secagg_num_shares: int | float | str = AUTO_SHARES
     secagg_colluders: int = 0
+    adaptive: AdaptiveClipping | None = None
 
-    def spec(self, run_id: str, round_id: int) -> RoundSpec:
-        """The round request of round ``round_id`` of run ``run_id``.
+    def clipped_count_stddev(self, asked: int) -> float:
+        """Adaptive clipping's ``sigma_b`` for a round that asks ``asked`` devices (0: a fixed clip).
+
+        The setting's own, or ``asked / 20`` (Andrew et al. 2021 and Flower's default).
+
+        Parameters
+        ----------
+        asked : int
+            The devices the round asks.
+
+        Examples
+        --------
+        >>> RoundSettings(1.0, 0.5, "local", 1, adaptive=AdaptiveClipping()).clipped_count_stddev(200)
+        10.0
+        """
+        if self.adaptive is None:
+            return 0.0
+        given = self.adaptive.clipped_count_stddev
+        return float(given) if given is not None else asked / 20.0
+
+    def spec(self, run_id: str, round_id: int, asked: int = 1) -> RoundSpec:
+        """The round request of round ``round_id`` of run ``run_id``, for a round asking ``asked`` devices.
+
+        With adaptive clipping the request's ``z`` is the update's, ``update_noise_multiplier(z_eff,
+        sigma_b)``, so that the report, bit included, carries the accounted ``z_eff``.
 
         Parameters
         ----------
@@ -91,19 +126,32 @@ class RoundSettings:
             The run the devices account under.
         round_id : int
             The server round.
+        asked : int, default 1
+            The devices the round asks (sets the default ``sigma_b``).
+
+        Raises
+        ------
+        ValueError
+            With adaptive clipping, when ``z_eff >= 2 sigma_b`` (the bit alone would cost more than a round).
 
         Examples
         --------
         >>> RoundSettings(1.0, 0.5, "distributed", 4).spec("r", 2).min_reports
         4
+        >>> spec = RoundSettings(1.0, 0.5, "local", 1, adaptive=AdaptiveClipping()).spec("r", 2, asked=200)
+        >>> spec.clipped_count_stddev, round(spec.noise_multiplier, 6)
+        (10.0, 1.001252)
         """
+        sigma_b = self.clipped_count_stddev(asked)
+        z = update_noise_multiplier(self.noise_multiplier, sigma_b) if sigma_b else self.noise_multiplier
         return RoundSpec(
             run_id=run_id,
             round_id=int(round_id),
-            noise_multiplier=self.noise_multiplier,
+            noise_multiplier=z,
             clip=self.clip,
             placement=self.placement,
             min_reports=self.min_reports,
+            clipped_count_stddev=sigma_b,
         )
 
     def noise_std(self) -> float:
@@ -140,6 +188,8 @@ class RoundRelease:
         The round's public counts.
     record : fedfilter_pb2.PublicRoundRecord
         The round's public record.
+    unclipped_fraction : float or None, default None
+        Adaptive clipping: the fraction of reports within the clip the released mean estimates.
 
     Examples
     --------
@@ -152,6 +202,7 @@ class RoundRelease:
     arrays: ArrayRecord | None
     outcome: RoundOutcome
     record: Any  # fedfilter_pb2.PublicRoundRecord
+    unclipped_fraction: float | None = None  # adaptive clipping: the released estimate (public)
 
     def metrics(self) -> MetricRecord:
         """The round's train metrics in Flower's ``Result`` (public counts only).
@@ -189,11 +240,11 @@ class _Round:
         inner: Strategy,
         run_log: RunLog,
         timeout: float | None = None,
+        asks: AskCounter | None = None,
     ) -> None:
         self.started_at = time.time()
         self.settings, self.grid, self.inner, self.run_log, self.timeout = settings, grid, inner, run_log, timeout
         self.round_id = int(server_round)
-        self.spec = settings.spec(run_id, server_round)
         self.keys = list(arrays.keys())
         self.template = [arrays[k].numpy() for k in self.keys]
         # The public record repeats the training settings sent, when the config names them.
@@ -201,8 +252,17 @@ class _Round:
             "local_epochs": _int_or_zero(config.get("local-epochs")),
             "learning_rate": _float_or_zero(config.get("lr")),
         }
-        request = request_record(self.spec)
         messages = list(inner.configure_train(server_round, arrays, config, grid))
+        self.asked_beyond_plan: int | None = None
+        if asks is not None:  # the plan's participation: which nodes, and asks counted (participation.py)
+            messages, self.asked_beyond_plan = asks.take(messages, grid.get_node_ids(), round_id=self.round_id)
+        self.spec = settings.spec(run_id, server_round, asked=len(messages))
+        # The report vector: the model's arrays and, with adaptive clipping, the clip bit's after them.
+        self.released_spec = released_vector_spec(self.spec)
+        self.adaptive = self.spec.clipped_count_stddev > 0
+        bit = ([CLIP_BIT_KEY], [np.zeros(1, dtype=REPLY_DTYPE)]) if self.adaptive else ([], [])
+        self.report_keys, self.report_template = self.keys + bit[0], self.template + bit[1]
+        request = request_record(self.spec)
         for msg in messages:
             content = RecordDict(dict(msg.content.items()))  # a copy: inner strategies share one RecordDict
             content[REQUEST_RECORD] = request
@@ -212,14 +272,37 @@ class _Round:
         self.messages = messages
         self.asked = [int(m.metadata.dst_node_id) for m in messages]
 
+    def _split(
+        self, mean: list[np.ndarray], reports: list[list[np.ndarray]] | None = None
+    ) -> tuple[list[np.ndarray], float | None]:
+        """The released mean's model part, and with adaptive clipping the fraction of reports within
+        the clip that its bit coordinate estimates (``adaptive_clip.unclipped_fraction``).
+
+        ``reports``: the local reports, whose bits are averaged here in float64 (the mean's own bit
+        is cast to the report dtype, float32), as the engine averages them."""
+        if not self.adaptive:
+            return mean, None
+        c = bit_scale(self.spec.noise_multiplier, self.spec.clip, self.spec.clipped_count_stddev)
+        if reports is None:
+            bit = float(np.asarray(mean[-1], dtype=np.float64)[0])
+        else:
+            total = 0.0
+            for report in reports:  # in report order, as plain_mean accumulates
+                total += float(np.asarray(report[-1], dtype=np.float64)[0])
+            bit = total / len(reports)
+        return mean[:-1], unclipped_fraction(bit, c)
+
     def _step(self, carrier: Message, mean: list[np.ndarray], outcome: RoundOutcome) -> ArrayRecord:
         """Mark the round released and return the inner strategy's step from ``mean``."""
         outcome.released = True
         outcome.aggregate_norm = l2_norm(mean)
         outcome.expected_noise_norm = self.run_log.expected_noise_norm(self.template, outcome.reports)
+        self.run_log.handing_mean(outcome)  # explains the inner strategy's "Received 1 results"
         return inner_step(self.inner, self.round_id, carrier, self.keys, self.template, mean)
 
-    def _released(self, outcome: RoundOutcome, arrays: ArrayRecord | None) -> RoundRelease:
+    def _released(
+        self, outcome: RoundOutcome, arrays: ArrayRecord | None, fraction: float | None = None
+    ) -> RoundRelease:
         record = fedfilter_pb2.PublicRoundRecord(
             run_id=self.spec.run_id,
             round_id=outcome.round_id,
@@ -232,9 +315,12 @@ class _Round:
             aggregate_norm=outcome.aggregate_norm if math.isfinite(outcome.aggregate_norm) else 0.0,
             expected_noise_norm=outcome.expected_noise_norm,
             started_at_unix=self.started_at,
+            unclipped_fraction=fraction if fraction is not None and math.isfinite(fraction) else 0.0,
         )
+        if self.asked_beyond_plan is not None:
+            record.metrics[ASKED_BEYOND_PLAN] = float(self.asked_beyond_plan)
         self.run_log.round(outcome, self.template)
-        return RoundRelease(arrays, outcome, record)
+        return RoundRelease(arrays, outcome, record, fraction)
 
 
 class LocalRound(_Round):
@@ -261,6 +347,8 @@ class LocalRound(_Round):
         The run's log (the round's outcome is logged there when released).
     timeout : float or None, default None
         How long ``collect`` waits for replies.
+    asks : AskCounter or None, default None
+        The run's participation: re-addresses the messages (balanced passes) and counts the asks.
 
     Examples
     --------
@@ -318,11 +406,13 @@ class LocalRound(_Round):
         """
         replies = list(replies)
         bound = report_norm_bound(
-            clip=self.settings.clip,
-            noise_std=self.settings.noise_std(),
-            dim=sum(int(t.size) for t in self.template),
+            clip=self.released_spec.clip,
+            noise_std=added_noise_std(
+                self.spec.noise_multiplier, self.spec.clip, self.spec.placement, self.spec.min_reports
+            ),
+            dim=sum(int(t.size) for t in self.report_template),
         )
-        tally = tally_replies(replies, self.asked, self.keys, self.template, bound)
+        tally = tally_replies(replies, self.asked, self.report_keys, self.report_template, bound)
         outcome = RoundOutcome(
             round_id=self.round_id,
             sampled=len(self.asked),
@@ -331,13 +421,15 @@ class LocalRound(_Round):
             dropped=tally.dropped,
             reasons=tally.reasons,
             refusals=tally.refusals,
+            refusal_texts=tally.refusal_texts,
         )
         arrays: ArrayRecord | None = None
+        fraction = None
         if tally.reports and len(tally.reports) >= self.settings.reports_needed():
-            mean = plain_mean(tally.reports, self.template)
+            mean, fraction = self._split(plain_mean(tally.reports, self.report_template), tally.reports)
             first = next(m for m in replies if int(m.metadata.src_node_id) == tally.report_sources[0])
             arrays = self._step(first, mean, outcome)
-        return self._released(outcome, arrays)
+        return self._released(outcome, arrays, fraction)
 
     def run(self) -> RoundRelease:
         """The whole round: ask, collect, release.
@@ -397,6 +489,8 @@ class SecureRound(_Round):
         The run's log.
     timeout : float or None, default None
         Each SecAgg+ stage's wait.
+    asks : AskCounter or None, default None
+        The run's participation (as for ``LocalRound``).
 
     Raises
     ------
@@ -486,15 +580,20 @@ class SecureRound(_Round):
         if stray:
             outcome.reasons.append("a reply outside secure aggregation in a distributed round")
         arrays: ArrayRecord | None = None
+        fraction = None
         mean, reason = released_mean(
-            secure, template=self.template, clip=self.settings.clip, min_reports=self.settings.min_reports
+            secure,
+            template=self.report_template,
+            clip=self.released_spec.clip,  # the devices' grid step follows the report's norm bound
+            min_reports=self.settings.min_reports,
         )
         if reason:
             outcome.reasons.append(reason)
         if mean is not None:
+            mean, fraction = self._split(mean)
             # No single reply exists: the first instruction carries the released mean (its metadata only).
             arrays = self._step(self.messages[0], mean, outcome)
-        return self._released(outcome, arrays)
+        return self._released(outcome, arrays, fraction)
 
     def run(self) -> RoundRelease:
         """The whole round: SecAgg+ (its masked stage asks), then the release of the sum.
@@ -538,7 +637,7 @@ def open_round(settings: RoundSettings, **kwargs: Any) -> LocalRound | SecureRou
     settings : RoundSettings
         The run's settings.
     **kwargs
-        ``run_id``, ``server_round``, ``arrays``, ``config``, ``grid``, ``inner``, ``run_log``, ``timeout``.
+        ``run_id``, ``server_round``, ``arrays``, ``config``, ``grid``, ``inner``, ``run_log``, ``timeout``, ``asks``.
 
     Examples
     --------

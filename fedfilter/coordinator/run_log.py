@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from logging import INFO, WARNING
+from logging import ERROR, INFO, WARNING
 from pathlib import Path
 
 import numpy as np
 
 from fedfilter.coordinator.public_ledger import PublicLedger
-from fedfilter.coordinator.replies import describe_refusals
+from fedfilter.coordinator.replies import describe_refusals, keep_refusal_text
+from fedfilter.coordinator.signal_check import NOISE_LIKE_ALPHA, SignalWatch, is_noise_like, noise_like_norm
 from fedfilter.planning.federation import mean_noise_norm
 from fedfilter.protocol.flower_api import log
 
@@ -52,6 +53,8 @@ class RoundOutcome:
         Why replies were dropped.
     refusals : dict of str to int
         Device refusal code -> replies.
+    refusal_texts : dict of str to list of str
+        Device refusal code -> what the devices said with it (the operator's log only).
 
     Examples
     --------
@@ -69,6 +72,18 @@ class RoundOutcome:
     expected_noise_norm: float = 0.0  # of the released mean (round rules, reports count); 0 if not released
     reasons: list[str] = field(default_factory=list)
     refusals: dict[str, int] = field(default_factory=dict)  # device refusal code -> replies
+    refusal_texts: dict[str, list[str]] = field(default_factory=dict)  # code -> the devices' texts (log only)
+
+    @property
+    def received(self) -> int:
+        """Replies received: reports, ``left`` markers and dropped replies.
+
+        Examples
+        --------
+        >>> RoundOutcome(round_id=1, sampled=5, reports=3, markers=1, dropped=1).received
+        5
+        """
+        return self.reports + self.markers + self.dropped
 
 
 class NothingReleasedError(RuntimeError):
@@ -176,10 +191,14 @@ class RunLog:
         Rounds released so far.
     refusals : dict of str to int
         Device refusal code -> replies, over the run.
+    refusal_texts : dict of str to list of str
+        Device refusal code -> what the devices said with it, over the run.
     drop_reasons : set of str
         Why other replies were dropped, over the run.
     noise_warned : bool
         Whether the mostly-noise warning was logged already.
+    signal_watch : SignalWatch
+        The released rounds in a row whose mean was noise-like (``signal_check``).
 
     Examples
     --------
@@ -195,8 +214,10 @@ class RunLog:
     min_reports: int
     released_rounds: int = 0
     refusals: dict[str, int] = field(default_factory=dict)
+    refusal_texts: dict[str, list[str]] = field(default_factory=dict)
     drop_reasons: set[str] = field(default_factory=set)
     noise_warned: bool = False
+    signal_watch: SignalWatch = field(default_factory=SignalWatch)
 
     def start_summary(self, *, noise_std: float, secagg_num_shares: object, public_ledger: str) -> None:
         """The wrapper's settings, at the start of the run (Flower's strategy summary format).
@@ -282,8 +303,10 @@ class RunLog:
         r = outcome.round_id
         log(
             INFO,
-            "fedfilter round %d: %d sampled, %d reports, %d markers, %d dropped, released=%s",
-            *(r, outcome.sampled, outcome.reports, outcome.markers, outcome.dropped, outcome.released),
+            "fedfilter round %d: %d asked, %d replies received: %d valid reports, %d left (budget spent), "
+            "%d dropped; released=%s",
+            *(r, outcome.sampled, outcome.received, outcome.reports, outcome.markers, outcome.dropped),
+            outcome.released,
         )
         if outcome.released:
             log(
@@ -302,17 +325,69 @@ class RunLog:
                     *(outcome.expected_noise_norm, self.clip, outcome.reports, released_dim(template)),
                     *(self.noise_multiplier, self.clip, self.placement),
                 )
-        for line in describe_refusals(outcome.refusals):
+        if outcome.released:
+            self._watch_signal(outcome, released_dim(template))
+        for line in describe_refusals(outcome.refusals, outcome.refusal_texts):
             log(WARNING, "fedfilter round %d: %s", r, line)
         for reason in sorted(set(outcome.reasons)):
             log(WARNING, "fedfilter round %d: dropped a reply: %s", r, reason)
         self.released_rounds += int(outcome.released)
         for code, n in outcome.refusals.items():
             self.refusals[code] = self.refusals.get(code, 0) + n
+        for code, said in outcome.refusal_texts.items():
+            for text in said:
+                keep_refusal_text(self.refusal_texts, code, text)
         self.drop_reasons.update(outcome.reasons)
 
+    def handing_mean(self, outcome: RoundOutcome) -> None:
+        """Say, just before the inner strategy aggregates, what its one result is: the inner strategy
+        (Flower's ``FedAvg``) then logs ``aggregate_train: Received 1 results``, which counts that one
+        result, not the devices.
+
+        Parameters
+        ----------
+        outcome : RoundOutcome
+            The round's counts so far.
+
+        Examples
+        --------
+        >>> run = RunLog(noise_multiplier=1.0, clip=1.0, placement="local", min_reports=1)
+        >>> run.handing_mean(RoundOutcome(round_id=1, sampled=10, reports=10))  # logs at INFO
+        """
+        log(
+            INFO,
+            "fedfilter round %d: handing the inner strategy the plain mean of %d valid reports (of %d replies "
+            "received, %d asked) as one result of weight 1: its 'Received 1 results' below counts that mean",
+            *(outcome.round_id, outcome.reports, outcome.received, outcome.sampled),
+        )
+
+    def _watch_signal(self, outcome: RoundOutcome, dim: int) -> None:
+        """Warn once per streak of ``signal_watch.rounds`` released rounds whose mean is noise-like."""
+        if dim < 1 or not outcome.expected_noise_norm > 0:
+            return
+        noise_like = is_noise_like(outcome.aggregate_norm, outcome.expected_noise_norm, dim, NOISE_LIKE_ALPHA)
+        if self.signal_watch.observe(noise_like):
+            log(
+                WARNING,
+                "fedfilter: the released means of the last %d released rounds (to round %d) carry no signal the "
+                "noise does not explain: each norm is within what the round's Gaussian noise alone stays below with "
+                "probability %.10g (in the last round %.4g). The model is not learning from them. Likely causes: "
+                "the devices' budgets are spent and they "
+                "send noise only (after-exhaustion='noise-only' makes that look like a report, by design), or the "
+                "noise multiplier %g is too large for %d reports (check with `fedfilter plan --devices %d "
+                "--params %d --noise-multiplier %g --clip %g --placement %s ...`).",
+                self.signal_watch.rounds,
+                outcome.round_id,
+                1 - NOISE_LIKE_ALPHA,
+                noise_like_norm(outcome.expected_noise_norm, dim, NOISE_LIKE_ALPHA),
+                *(self.noise_multiplier, outcome.reports, outcome.reports, dim),
+                *(self.noise_multiplier, self.clip, self.placement),
+            )
+
     def nothing_released(self, run_id: str, num_rounds: int) -> str | None:
-        """Why the run failed, if ``num_rounds >= 1`` rounds released nothing; else ``None``.
+        """Why the run failed, if ``num_rounds >= 1`` rounds released nothing; else ``None``. A failed
+        run is also logged at ERROR, one line per cause with its fix, for the operator who reads only
+        the log (``flwr run`` exits 0 even when the ServerApp raised).
 
         Parameters
         ----------
@@ -334,12 +409,23 @@ class RunLog:
         """
         if num_rounds < 1 or self.released_rounds > 0:
             return None
-        why = describe_refusals(self.refusals) + [f"dropped: {r}" for r in sorted(self.drop_reasons)]
+        why = describe_refusals(self.refusals, self.refusal_texts)
+        why += [f"dropped: {r}" for r in sorted(self.drop_reasons)]
         if not why:
             why = ["no device replied with a report (none sampled, all left, or the replies timed out)"]
         if self.placement == "distributed":
             why.append(f"a distributed round needs at least min_reports={self.min_reports} reports")
+        log(
+            ERROR,
+            "fedfilter: NOTHING RELEASED: no round of run %r was released in %d round(s); the run fails with "
+            "NothingReleasedError (`flwr run` itself exits 0: this line and the run's status say it failed). "
+            "Over the run:",
+            run_id,
+            num_rounds,
+        )
+        for line in why:
+            log(ERROR, "fedfilter:   %s", line.strip())
         return (
             f"fedfilter: no round of run {run_id!r} was released in {num_rounds} round(s), so nothing was learned "
-            "and no model is returned. Over the run: " + "; ".join(why) + "."
+            "and no model is returned. Over the run: " + "; ".join(line.strip() for line in why) + "."
         )

@@ -41,6 +41,7 @@ public record), so the strategy keeps nothing of a round between rounds. Per rou
 from __future__ import annotations
 
 import io
+import json
 import time
 from collections.abc import Callable, Iterable, Mapping
 from logging import INFO, WARNING
@@ -59,6 +60,7 @@ from fedfilter.coordinator.inner_strategy import (
     check_inner_strategy,
     is_mean_strategy,
 )
+from fedfilter.coordinator.participation import AskCounter, Participation
 from fedfilter.coordinator.public_ledger import PublicLedger
 from fedfilter.coordinator.public_record import PublicRecorder
 from fedfilter.coordinator.replies import RoundTally, classify_reply, plain_mean, report_norm_bound
@@ -71,6 +73,8 @@ from fedfilter.coordinator.run_log import (
     say_evaluation_refused,
 )
 from fedfilter.coordinator.secagg.secure_round import AUTO_SHARES, check_num_shares
+from fedfilter.planning.strategy_plan import strategy_arguments
+from fedfilter.protocol.adaptive_clip import AdaptiveClipping, next_clip
 from fedfilter.protocol.flower_api import DEFAULT_TTL, FLOWER_LOGGER, log, log_strategy_start_info
 from fedfilter.protocol.request import RoundSpec, request_problems
 from fedfilter.protocol.rules import check_message_ttl, run_id_for
@@ -103,8 +107,12 @@ class IndividualFilterStrategy(Strategy):
     noise_multiplier : float
         ``z``: every observer's view of a report (of the sum, in distributed placement) carries
         Gaussian noise of std ``z * clip``. Finite, > 0; each device refuses one below its minimum.
+        With ``adaptive_clipping`` it is the report's accounted multiplier, the clip bit included (as
+        in Flower's adaptive clipping wrappers): the update gets the slightly larger
+        ``update_noise_multiplier(z, clipped_count_stddev)``.
     clip : float
-        ``C``: the L2 norm each device clips its update to (model units). Finite, > 0.
+        ``C``: the L2 norm each device clips its update to (model units); with ``adaptive_clipping``
+        the first round's. Finite, > 0.
     placement : {"local", "distributed"}, default "local"
         ``local``: each report carries all the noise. ``distributed``: each carries ``1/sqrt(m)`` of
         it and the round runs through Flower's SecAgg+, which releases only the sum.
@@ -129,6 +137,16 @@ class IndividualFilterStrategy(Strategy):
         Distributed placement: the most devices of a SecAgg+ neighbourhood that may be the
         coordinator's own or collude with it. The threshold is raised to ``min_reports`` plus this;
         devices refuse a graph below their own ``secagg-colluders``.
+    adaptive_clipping : AdaptiveClipping, optional
+        The clip follows a target quantile of the devices' update norms (Andrew et al., NeurIPS 2021),
+        estimated from each device's noisy "within the clip" bit, which each device pays for from its
+        own budget (``protocol/adaptive_clip.py``); its fields are named as in Flower's adaptive
+        clipping wrappers. ``None`` (default): the clip is fixed.
+    participation : Participation, optional
+        How the nodes are chosen (balanced passes, or the inner strategy's sampling) and the asks each
+        device's plan paid for: a node asked more often is named in a WARNING and counted in the
+        round's public record (``coordinator/participation.py``). ``None``: the inner strategy's
+        sampling, not counted.
 
     Raises
     ------
@@ -161,6 +179,8 @@ class IndividualFilterStrategy(Strategy):
         message_ttl_s: float | None = None,
         secagg_num_shares: int | float | str = AUTO_SHARES,
         secagg_colluders: int = 0,
+        adaptive_clipping: AdaptiveClipping | None = None,
+        participation: Participation | None = None,
     ) -> None:
         problems = []
         if not isinstance(strategy, Strategy):
@@ -194,6 +214,12 @@ class IndividualFilterStrategy(Strategy):
                 problems.append(str(err))
         if isinstance(secagg_colluders, bool) or not isinstance(secagg_colluders, int) or secagg_colluders < 0:
             problems.append(f"secagg_colluders must be an integer >= 0. Found {short_repr(secagg_colluders)}.")
+        problems += _adaptive_problems(adaptive_clipping, noise_multiplier)
+        if participation is not None:
+            if isinstance(participation, Participation):
+                problems += participation.problems()
+            else:
+                problems.append(f"participation must be a Participation or None. Found {short_repr(participation)}.")
         if problems:
             raise ValueError(" ".join(problems))
         self.strategy = strategy
@@ -207,6 +233,10 @@ class IndividualFilterStrategy(Strategy):
         self.message_ttl_s = message_ttl_s
         self.secagg_num_shares = secagg_num_shares
         self.secagg_colluders = secagg_colluders
+        self.adaptive_clipping = adaptive_clipping
+        self.current_clip = self.clip  # adaptive clipping moves it after each released round (public)
+        self.participation = participation
+        self._asks = self._new_ask_counter()  # the hand-driven rounds' asks; start() counts each run afresh
         self.last_outcome: RoundOutcome | None = None  # the last round's public outcome (read after a round)
         self._evaluate_refusal_logged = False
         self._run_shown: str | None = None  # the run id start() records under, shown with the ledger's path
@@ -227,17 +257,63 @@ class IndividualFilterStrategy(Strategy):
     def __repr__(self) -> str:
         return f"IndividualFilterStrategy({self.strategy!r})"
 
+    @classmethod
+    def from_plan(
+        cls, strategy: Strategy, plan: Mapping[str, Any] | str | Path, **overrides: Any
+    ) -> IndividualFilterStrategy:
+        """The strategy ``fedfilter plan --json`` chose: ``z``, clip, placement, ``min_reports``, adaptive
+        clipping and participation from the plan, any keyword in ``overrides`` on top.
+
+        Nothing in the plan binds a device: each checks every request against its owner's policy.
+
+        Parameters
+        ----------
+        strategy : flwr.serverapp.strategy.Strategy
+            The inner strategy.
+        plan : mapping, str or Path
+            The plan (``fedfilter plan --json``'s output, or its ``"strategy"`` part) or a path to its file.
+        **overrides
+            Keyword arguments of ``IndividualFilterStrategy`` (``public_ledger``, ``run_name``, ...).
+
+        Raises
+        ------
+        ValueError
+            Naming a missing or bad field of the plan, or a bad argument.
+
+        Examples
+        --------
+        >>> from flwr.serverapp.strategy import FedAvg
+        >>> from fedfilter.planning.strategy_plan import plan_strategy
+        >>> plan = plan_strategy(devices=10, population=100, rounds=20, dim=10, epsilons=[8.0], delta=1e-5)
+        >>> strategy = IndividualFilterStrategy.from_plan(FedAvg(), plan, run_name="r")
+        >>> strategy.noise_multiplier == plan["noise_multiplier"], strategy.participation.asks_planned
+        (True, 2)
+        """
+        if isinstance(plan, (str, Path)):
+            try:
+                plan = json.loads(Path(plan).read_text(encoding="utf-8"))
+            except (OSError, json.JSONDecodeError) as err:
+                raise ValueError(f"plan {str(plan)!r} is not a readable JSON file ({err}).") from None
+        args = strategy_arguments(plan)  # type: ignore[arg-type]
+        args["participation"] = Participation.from_plan(args["participation"])
+        # The one place the plan's adaptive clipping reaches the strategy: its ``adaptive_clipping`` keyword.
+        if (adaptive := args.pop("adaptive_clipping")) is not None:
+            args["adaptive_clipping"] = adaptive
+        args.update(overrides)
+        return cls(strategy, **args)
+
     # -- the round rules (fedfilter.protocol.rules; not re-derived here) --
 
     def _settings(self) -> RoundSettings:
         return RoundSettings(
             noise_multiplier=self.noise_multiplier,
-            clip=self.clip,
+            clip=self.current_clip,
             placement=self.placement,
             min_reports=self.min_reports,
             message_ttl_s=self.message_ttl_s,
             secagg_num_shares=self.secagg_num_shares,
             secagg_colluders=self.secagg_colluders,
+            adaptive=self.adaptive_clipping,
         )
 
     def per_client_noise_std(self) -> float:
@@ -262,6 +338,9 @@ class IndividualFilterStrategy(Strategy):
         4
         """
         return self._settings().reports_needed()
+
+    def _new_ask_counter(self) -> AskCounter | None:
+        return AskCounter(self.participation) if self.participation is not None else None
 
     def _new_run_log(self) -> RunLog:
         return RunLog(self.noise_multiplier, self.clip, self.placement, self.min_reports)
@@ -296,6 +375,24 @@ class IndividualFilterStrategy(Strategy):
             secagg_num_shares=self.secagg_num_shares if self.placement == "distributed" else None,
             public_ledger=public_ledger_shown(self.public_ledger, self._run_shown),
         )
+        if (adaptive := self.adaptive_clipping) is not None:
+            sigma_b = adaptive.clipped_count_stddev
+            log(
+                INFO,
+                "fedfilter: adaptive clipping (Andrew et al. 2021): the clip starts at %g and follows the %g quantile "
+                "of the update norms (step %g); each device's report carries its 'within the clip' bit, noise std "
+                "%s bits on the sum, which each device pays for from its own budget; noise multiplier %g is the "
+                "report's, bit included.",
+                self.clip,
+                adaptive.target_clipped_quantile,
+                adaptive.clip_norm_lr,
+                f"{sigma_b:g}" if sigma_b is not None else "(devices asked) / 20",
+                self.noise_multiplier,
+            )
+        if self.participation is not None:
+            p = self.participation
+            how = f"balanced passes (public seed {p.seed})" if p.mode == "balanced" else f"{p.mode} (inner strategy)"
+            log(INFO, "\t├── Participation: %s; a device asked over %d times is named", how, p.asks_planned)
         self._say_evaluation_refused()
         filtered = NoExampleWeights()
         FLOWER_LOGGER.addFilter(filtered)
@@ -319,6 +416,7 @@ class IndividualFilterStrategy(Strategy):
         grid: Grid,
         run_log: RunLog,
         timeout: float | None,
+        asks: AskCounter | None,
     ) -> LocalRound | SecureRound:
         return open_round(
             self._settings(),
@@ -330,10 +428,24 @@ class IndividualFilterStrategy(Strategy):
             inner=self.strategy,
             run_log=run_log,
             timeout=timeout,
+            asks=asks,
         )
 
     def _outcome(self, released: RoundRelease) -> tuple[ArrayRecord | None, MetricRecord]:
         self.last_outcome = released.outcome
+        fraction = released.unclipped_fraction
+        if self.adaptive_clipping is not None and fraction is not None:
+            # Andrew et al. 2021, Algorithm 1: the geometric step toward the target quantile.
+            clip = next_clip(self.current_clip, fraction, self.adaptive_clipping)
+            log(
+                INFO,
+                "fedfilter: adaptive clipping: %.3f of the reports were within the clip %.6g (noisy estimate); "
+                "next clip %.6g",
+                fraction,
+                self.current_clip,
+                clip,
+            )
+            self.current_clip = clip
         return released.arrays, released.metrics()
 
     def configure_train(
@@ -366,7 +478,7 @@ class IndividualFilterStrategy(Strategy):
         >>> messages = strategy.configure_train(1, arrays, ConfigRecord(), grid)  # doctest: +SKIP
         >>> arrays, metrics = strategy.aggregate_train(1, grid.send_and_receive(messages))  # doctest: +SKIP
         """
-        self._open = self._open_round(server_round, arrays, config, grid, self._run_log, None)
+        self._open = self._open_round(server_round, arrays, config, grid, self._run_log, None, self._asks)
         return self._open.ask()
 
     def aggregate_train(
@@ -509,12 +621,23 @@ class IndividualFilterStrategy(Strategy):
         ttl = self.message_ttl_s if self.message_ttl_s is not None else DEFAULT_TTL
         check_message_ttl(ttl, timeout)
         self._run_shown = run_id = self.run_id(grid)
+        self.current_clip = self.clip  # each run's clip starts where the operator set it
         run_log = self._new_run_log()
+        asks = self._new_ask_counter()
         recorder = PublicRecorder(self.public_ledger)
         # Whether the coordinator saw only sums (SecAgg+) or each noisy report, with every run.
         with recorder.run(run_id, {**self._run_config(), "secure-aggregation": self.placement == "distributed"}):
             result = self._run_rounds(
-                grid, initial_arrays, num_rounds, timeout, train_config, evaluate_config, evaluate_fn, run_log, recorder
+                grid,
+                initial_arrays,
+                num_rounds,
+                timeout,
+                train_config,
+                evaluate_config,
+                evaluate_fn,
+                run_log,
+                recorder,
+                asks,
             )
         failure = run_log.nothing_released(run_id, num_rounds)
         if failure is not None:
@@ -532,6 +655,7 @@ class IndividualFilterStrategy(Strategy):
         evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None,
         run_log: RunLog,
         recorder: PublicRecorder,
+        asks: AskCounter | None = None,
     ) -> Result:
         log(INFO, "Starting %s strategy:", self.__class__.__name__)
         log_strategy_start_info(num_rounds, initial_arrays, train_config, evaluate_config)
@@ -556,7 +680,7 @@ class IndividualFilterStrategy(Strategy):
             log(INFO, "")
             log(INFO, "[ROUND %s/%s]", current_round, num_rounds)
             # Training: one round object, asked, collected and released here; nothing of it outlives the round.
-            training = self._open_round(current_round, arrays, train_config, grid, run_log, float(timeout))
+            training = self._open_round(current_round, arrays, train_config, grid, run_log, float(timeout), asks)
             released = training.run()  # ask, collect (the grid, or SecAgg+), release
             agg_arrays, agg_train_metrics = self._outcome(released)
             if agg_arrays is not None:
@@ -592,10 +716,45 @@ class IndividualFilterStrategy(Strategy):
     def _run_config(self) -> dict[str, Any]:
         if self.public_config is not None:
             return self.public_config
-        return {
+        config: dict[str, Any] = {
             "strategy": type(self.strategy).__name__,
             "noise-multiplier": self.noise_multiplier,
             "clip": self.clip,
             "placement": self.placement,
             "min-reports": self.min_reports,
+            **_adaptive_config(self.adaptive_clipping),
         }
+        if self.participation is not None:
+            config["participation"] = self.participation.mode
+            config["asks-planned"] = self.participation.asks_planned
+        return config
+
+
+def _adaptive_problems(adaptive: Any, noise_multiplier: Any) -> list[str]:
+    """Adaptive clipping's settings, checked before any round (the default ``sigma_b`` is per round)."""
+    if adaptive is None:
+        return []
+    if not isinstance(adaptive, AdaptiveClipping):
+        return [f"adaptive_clipping must be an AdaptiveClipping or None. Found {short_repr(adaptive)}."]
+    problems = adaptive.problems()
+    sigma_b = adaptive.clipped_count_stddev
+    if not problems and sigma_b is not None and isinstance(noise_multiplier, (int, float)):
+        if not noise_multiplier < 2 * sigma_b:
+            problems.append(
+                f"noise_multiplier must be below 2 * clipped_count_stddev ({2 * sigma_b!r}): the clip bit alone "
+                f"would cost more than a round. Found {noise_multiplier!r}."
+            )
+    return problems
+
+
+def _adaptive_config(adaptive: AdaptiveClipping | None) -> dict[str, Any]:
+    """The public run config's adaptive clipping settings (none for a fixed clip)."""
+    if adaptive is None:
+        return {}
+    out: dict[str, Any] = {
+        "target-clipped-quantile": adaptive.target_clipped_quantile,
+        "clip-norm-lr": adaptive.clip_norm_lr,
+    }
+    if adaptive.clipped_count_stddev is not None:
+        out["clipped-count-stddev"] = adaptive.clipped_count_stddev
+    return out

@@ -45,7 +45,7 @@ from fedfilter.privacy.noise_norm import chi_mean, expected_noise_norm
 from fedfilter.protocol.request import PLACEMENTS
 from fedfilter.protocol.rules import released_mean_noise_std
 
-__all__ = ["TARGET_NOISE_TO_CLIP", "mean_noise_norm", "plan_federation"]
+__all__ = ["TARGET_NOISE_TO_CLIP", "least_affordable_noise_multiplier", "mean_noise_norm", "plan_federation"]
 
 # The recommended settings keep the mean's noise norm at most half the clip (the signal's bound),
 # so that a round's mean can point where the devices' updates point.
@@ -162,6 +162,56 @@ def _least_affordable_z(s: dict[str, Any]) -> float | None:
         if hi - lo <= 1e-9 * hi:
             break
     return hi
+
+
+def least_affordable_noise_multiplier(
+    *,
+    epsilon: float,
+    delta: float,
+    rounds: int,
+    placement: str = "local",
+    filter: str | None = None,
+    clip: float = 1.0,
+    min_reports: int = 1,
+    dim: int = 1,
+) -> float | None:
+    """The smallest noise multiplier (to 1e-9 relative, from above) whose ``rounds`` full-clip rounds
+    a fresh device's own filter admits (``planning/rounds.admits_rounds``); ``None`` above ``1e6``.
+
+    Parameters
+    ----------
+    epsilon, delta : float
+        The device's budget.
+    rounds : int
+        The full-clip rounds (asks) to pay for.
+    placement : {"local", "distributed"}, optional
+        Where the noise is added.
+    filter : str, optional
+        The filter kind (default gdp, rdp for distributed placement).
+    clip, min_reports, dim : float, int, int, optional
+        Distributed placement: the clip norm, ``m`` and the released coordinates.
+
+    Examples
+    --------
+    The gdp filter admits ``k`` rounds while ``k / z^2 <= mu^2``, so ``z = sqrt(k) / mu``:
+
+    >>> from fedfilter.privacy.gaussian_dp import mu_for_budget
+    >>> z = least_affordable_noise_multiplier(epsilon=4.0, delta=1e-5, rounds=85)
+    >>> round(z, 6), round(math.sqrt(85) / mu_for_budget(4.0, 1e-5), 6)
+    (9.96782, 9.96782)
+    """
+    kind = filter if filter is not None else ("rdp" if placement == "distributed" else "gdp")
+    s = dict(
+        filter=kind,
+        epsilon=epsilon,
+        delta=delta,
+        rounds=rounds,
+        placement=placement,
+        clip=clip,
+        min_reports=min_reports,
+        dim=dim,
+    )
+    return _least_affordable_z(s)
 
 
 def _rounds_afforded(s: dict[str, Any], z: float) -> int:

@@ -39,9 +39,12 @@ Examples
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+import numpy as np
 
 from fedfilter.checks import finite, short_repr
+from fedfilter.protocol.request import RoundSpec
 from fedfilter.protocol.rules import accounted_noise_std
 
 __all__ = [
@@ -50,8 +53,10 @@ __all__ = [
     "augmented_clip",
     "bit_coordinate",
     "bit_scale",
+    "bits_float32",
     "unclipped_fraction",
     "next_clip",
+    "released_vector_spec",
     "update_noise_multiplier",
 ]
 
@@ -141,7 +146,9 @@ def update_noise_multiplier(noise_multiplier: float, clipped_count_stddev: float
             f"noise_multiplier must be below 2 * clipped_count_stddev ({2.0 * clipped_count_stddev!r}), or the bit "
             f"alone costs more than a round. Found {noise_multiplier!r}."
         )
-    return (noise_multiplier**-2 - (2.0 * clipped_count_stddev) ** -2) ** -0.5
+    # (z_eff^-2 - (2 s)^-2)^(-1/2) = z_eff / sqrt(1 - r^2), r = z_eff / 2s < 1: no power overflows.
+    r = noise_multiplier / (2.0 * clipped_count_stddev)
+    return noise_multiplier / math.sqrt((1.0 - r) * (1.0 + r))
 
 
 def accounted_noise_multiplier(noise_multiplier: float, clipped_count_stddev: float) -> float:
@@ -162,7 +169,9 @@ def accounted_noise_multiplier(noise_multiplier: float, clipped_count_stddev: fl
     >>> round(z_eff, 12), round(2.0 * 3.0 / augmented_clip(3.0, 2.0, 1.0), 12)
     (1.414213562373, 1.414213562373)
     """
-    return (noise_multiplier**-2 + (2.0 * clipped_count_stddev) ** -2) ** -0.5
+    # (z^-2 + (2 s)^-2)^(-1/2) = z / hypot(1, z / 2s): a request's extreme values cannot overflow it
+    # (z / 2s = inf gives 0, which every owner's minimum refuses).
+    return noise_multiplier / math.hypot(1.0, noise_multiplier / (2.0 * clipped_count_stddev))
 
 
 def bit_scale(noise_multiplier: float, clip: float, clipped_count_stddev: float) -> float:
@@ -264,3 +273,68 @@ def next_clip(clip: float, fraction: float, adaptive: AdaptiveClipping) -> float
     0.923116
     """
     return clip * math.exp(-adaptive.clip_norm_lr * (fraction - adaptive.target_clipped_quantile))
+
+
+def released_vector_spec(spec: RoundSpec) -> RoundSpec:
+    """The request as the release of the report vector sees it: its norm bound and accounted multiplier.
+
+    With adaptive clipping (``clipped_count_stddev > 0``) the report is ``(update clipped to C, c (b -
+    1/2))``: norm bound ``C_aug`` (``augmented_clip``), noise ``z C = z_eff C_aug`` on every coordinate,
+    so the mechanism, the filter's charge and the owner's minimum noise all use ``(z_eff, C_aug)``. A
+    fixed-clip request is returned as it is.
+
+    Parameters
+    ----------
+    spec : RoundSpec
+        The coordinator's request.
+
+    Returns
+    -------
+    RoundSpec
+        ``spec`` with ``noise_multiplier = z_eff`` and ``clip = C_aug`` (the other fields unchanged).
+
+    Examples
+    --------
+    >>> released = released_vector_spec(RoundSpec("run", 1, 2.0, 3.0, clipped_count_stddev=1.5))
+    >>> round(released.clip, 6), round(released.noise_multiplier * released.clip, 12)
+    (3.605551, 6.0)
+    >>> released_vector_spec(RoundSpec("run", 1, 2.0, 3.0)).clip
+    3.0
+    """
+    sigma_b = spec.clipped_count_stddev
+    if not sigma_b:
+        return spec
+    return replace(
+        spec,
+        noise_multiplier=accounted_noise_multiplier(spec.noise_multiplier, sigma_b),
+        clip=augmented_clip(spec.clip, spec.noise_multiplier, sigma_b),
+    )
+
+
+def bits_float32(bits: np.ndarray) -> np.ndarray:
+    """The bits' coordinates as float32, rounded toward zero: a report never exceeds ``C_aug`` by rounding.
+
+    The device (one bit) and the engine (one per row) both send the bit in float32; rounding to
+    nearest could put ``|c (b - 1/2)|`` one float32 step above ``c / 2``, and with it the vector above
+    its norm bound.
+
+    Parameters
+    ----------
+    bits : numpy.ndarray
+        ``bit_coordinate`` values, float64.
+
+    Returns
+    -------
+    numpy.ndarray
+        float32, each at most the float64 value in magnitude.
+
+    Examples
+    --------
+    >>> bits_float32(np.array([0.1, -0.1]))  # 0.1 rounds up to 0.10000000149 in float32: one step back
+    array([ 0.09999999, -0.09999999], dtype=float32)
+    """
+    bits = np.asarray(bits, dtype=np.float64)
+    out = bits.astype(np.float32)
+    over = np.abs(out.astype(np.float64)) > np.abs(bits)
+    out[over] = np.nextafter(out[over], np.float32(0))
+    return out

@@ -33,12 +33,25 @@ REFUSALS: dict[str, str] = {
         "no fedfilter round request in the train message: wrap the server's strategy, "
         "IndividualFilterStrategy(FedAvg(...), noise_multiplier=..., clip=...)"
     ),
-    "bad-request": "the round request is malformed (the device's reply names the field)",
-    "request-refused": "the round request breaks the device's policy (the device's reply names the field)",
-    "noise-below-minimum": "noise_multiplier is below the device's minimum: raise noise_multiplier",
+    "bad-request": (
+        "the round request is malformed: the coordinator fixes the IndividualFilterStrategy argument "
+        "the device's reply names"
+    ),
+    "request-refused": (
+        "the device cannot serve the request as sent (the device's reply names why): a distributed round "
+        "whose noise does not fit the SecAgg+ range (the coordinator lowers noise_multiplier or samples "
+        "fewer nodes), or a device without a worst-case budget (its owner runs `fedfilter ledger worst-case`)"
+    ),
+    "noise-below-minimum": (
+        "noise_multiplier is below the min-noise-multiplier the device's owner set (0.5 unless the owner "
+        "changed it; the device's reply names its value): either raise noise_multiplier to at least that "
+        "value (the coordinator), or the owner lowers min-noise-multiplier in the device's settings "
+        "(a smaller multiplier costs the device more of its budget per round: mu = norm / (z C))"
+    ),
     "needs-secure-aggregation": (
-        "placement 'distributed' needs SecAgg+ on the device: "
-        "ClientApp(mods=[secure_aggregation_mod, individual_filter_mod])"
+        "placement 'distributed' needs SecAgg+ on the device: the app lists "
+        "ClientApp(mods=[secure_aggregation_mod, individual_filter_mod]), or the coordinator sends "
+        "placement='local'"
     ),
     "secagg-mod-order": (
         "SecAgg+ messages reach individual_filter_mod outside secure_aggregation_mod: put it first, "
@@ -52,7 +65,8 @@ REFUSALS: dict[str, str] = {
     ),
     "secagg-graph": (
         "the SecAgg+ neighbourhood graph could unmask fewer than min-reports reports, breaks the device's "
-        "secagg-* limits, or too few neighbours shared keys: raise the threshold or sample more nodes"
+        "secagg-* limits, or too few neighbours shared keys (the device's reply says which): the coordinator "
+        "raises the threshold or samples more nodes, or the owner relaxes its secagg-* settings"
     ),
     "secagg-stage": "a SecAgg+ stage came out of order or twice in a round: run each stage once, in order",
     "secagg-keys": "a neighbour's public keys were refused (malformed, low-order or repeated keys) at share-keys",
@@ -71,10 +85,13 @@ REFUSALS: dict[str, str] = {
     ),
     "secagg-unmask": "the unmask request's active and dropped lists disagree with the authenticated survivor set",
     "secagg-not-enabled": (
-        "a SecAgg+ round reached a device whose owner has not enabled distributed placement "
-        "(`fedfilter supernode --secure-aggregation`)"
+        "a SecAgg+ round reached a device whose owner has not enabled distributed placement: the owner "
+        "starts it with `fedfilter supernode --secure-aggregation`, or the coordinator sends placement='local'"
     ),
-    "filter-not-rdp": "distributed rounds need the rdp filter: the device's owner enrols it with --filter rdp",
+    "filter-not-rdp": (
+        "distributed rounds need the rdp filter: the device's owner enrols it with --filter rdp, "
+        "or the coordinator sends placement='local'"
+    ),
     "device-settings": (
         "the device's privacy settings are missing or invalid: its owner fixes its node config "
         "(or its entry of the FEDFILTER_DEVICE_SETTINGS file in a simulation)"
@@ -88,11 +105,19 @@ REFUSALS: dict[str, str] = {
         "`accept-restore` or `enrol --recover`)"
     ),
     "ledger-failed": "the device's budget ledger failed (disk full or read-only): its owner checks the device",
-    "bad-model": "the train message must hold exactly one readable ArrayRecord, the model",
+    "bad-model": "the train message must hold exactly one readable ArrayRecord, the model: send the model alone",
     "no-float-model": "the model holds no floating-point arrays (int, bool, complex or none): send a float model",
-    "run-id-changed": "the round request's run-id changed within one Flower run",
+    "run-id-changed": (
+        "the round request's run-id changed within one Flower run: send one run-id per Flower run "
+        "(IndividualFilterStrategy does)"
+    ),
     "replay": "the round was already answered (a repeated round gets no second release)",
     "left": "the device's budget is spent and it leaves (after-exhaustion='leave')",
+    "app-not-approved": (
+        "the device's owner has not approved this app (the device's reply names its FAB hash); nothing was "
+        "installed, imported, trained or spent: the owner approves it with `fedfilter apps approve "
+        "APP_DIR_OR_FAB`, or the coordinator runs an app the owners approved"
+    ),
     "evaluate-refused": (
         "client-side evaluation is refused (unaccounted release of private data): "
         "evaluate on the server with start(evaluate_fn=...)"

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fedfilter.checks import int_in, positive_finite, short_repr
+from fedfilter.checks import finite, int_in, positive_finite, short_repr
 
 __all__ = [
     "AFTER_EXHAUSTION",
@@ -83,11 +83,17 @@ class RoundSpec:
         Where the noise is added (``PLACEMENTS``).
     min_reports : int, optional
         Distributed placement: the sum of at least this many reports is released.
+    clipped_count_stddev : float, optional
+        Adaptive clipping's ``sigma_b`` (``protocol/adaptive_clip.py``): each report carries one more
+        coordinate, the device's "my update was within the clip" bit, whose sum has noise std
+        ``sigma_b`` in bits. 0 (the default): a fixed clip, no bit.
 
     Examples
     --------
     >>> RoundSpec("run-1", 0, noise_multiplier=1.0, clip=0.5)
-    RoundSpec(run_id='run-1', round_id=0, noise_multiplier=1.0, clip=0.5, placement='local', min_reports=1)
+    ... # doctest: +NORMALIZE_WHITESPACE
+    RoundSpec(run_id='run-1', round_id=0, noise_multiplier=1.0, clip=0.5, placement='local', min_reports=1,
+              clipped_count_stddev=0.0)
     """
 
     run_id: str
@@ -96,6 +102,7 @@ class RoundSpec:
     clip: float
     placement: str = "local"
     min_reports: int = 1  # distributed mode: the sum of at least this many reports is released
+    clipped_count_stddev: float = 0.0  # adaptive clipping's sigma_b; 0: a fixed clip
 
 
 def request_problems(spec: RoundSpec, *, max_min_reports: int | None = None) -> list[str]:
@@ -147,4 +154,10 @@ def request_problems(spec: RoundSpec, *, max_min_reports: int | None = None) -> 
         )
     if spec.placement not in PLACEMENTS:
         problems.append(f"placement must be one of {PLACEMENTS}. Found {short_repr(spec.placement)}.")
+    sigma_b = finite(spec.clipped_count_stddev)
+    if sigma_b is None or sigma_b < 0:
+        problems.append(
+            "clipped_count_stddev must be a finite number >= 0 (0: a fixed clip). "
+            f"Found {short_repr(spec.clipped_count_stddev)}."
+        )
     return problems

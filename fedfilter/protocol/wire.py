@@ -41,6 +41,8 @@ __all__ = [
     "STATUS_LEFT",
     "REQUEST_FIELDS",
     "REQUEST_KEYS",
+    "OPTIONAL_REQUEST_FIELDS",
+    "CLIP_BIT_KEY",
     "request_record",
     "round_spec_from_record",
     "request_proto",
@@ -62,6 +64,14 @@ REQUEST_FIELDS: dict[str, tuple[str, tuple[type, ...]]] = {
     "min-reports": ("min_reports", (int,)),
 }
 REQUEST_KEYS = tuple(REQUEST_FIELDS)
+# Keys a request may leave out, with the value a missing one means (a coordinator that predates
+# them sends none): key -> (RoundSpec field, allowed types, default).
+OPTIONAL_REQUEST_FIELDS: dict[str, tuple[str, tuple[type, ...], Any]] = {
+    "clipped-count-stddev": ("clipped_count_stddev", (int, float), 0.0),
+}
+# Adaptive clipping: the report's extra array, the device's centred "within the clip" bit
+# (protocol/adaptive_clip.py), after the model's arrays; one float32 coordinate.
+CLIP_BIT_KEY = "fedfilter.clip-bit"
 
 
 def request_record(spec: RoundSpec) -> ConfigRecord:
@@ -89,6 +99,9 @@ def request_record(spec: RoundSpec) -> ConfigRecord:
     for key, (field, kinds) in REQUEST_FIELDS.items():
         wire_type = float if float in kinds else kinds[0]
         values[key] = wire_type(getattr(spec, field))
+    for key, (field, _, default) in OPTIONAL_REQUEST_FIELDS.items():
+        if getattr(spec, field) != default:  # a fixed-clip request reads as it always did
+            values[key] = float(getattr(spec, field))
     return ConfigRecord(values)
 
 
@@ -115,7 +128,9 @@ def round_spec_from_record(record: ConfigRecord | None) -> RoundSpec:
     Examples
     --------
     >>> round_spec_from_record(request_record(RoundSpec("run-1", 3, noise_multiplier=1.0, clip=0.5)))
-    RoundSpec(run_id='run-1', round_id=3, noise_multiplier=1.0, clip=0.5, placement='local', min_reports=1)
+    ... # doctest: +NORMALIZE_WHITESPACE
+    RoundSpec(run_id='run-1', round_id=3, noise_multiplier=1.0, clip=0.5, placement='local', min_reports=1,
+              clipped_count_stddev=0.0)
     >>> try:
     ...     round_spec_from_record(ConfigRecord({"run-id": "run-1"}))
     ... except RoundSpecError as err:
@@ -132,11 +147,16 @@ def round_spec_from_record(record: ConfigRecord | None) -> RoundSpec:
     for key, (_, kinds) in REQUEST_FIELDS.items():
         if key in record and (isinstance(record[key], bool) or not isinstance(record[key], kinds)):
             problems.append(f"{REQUEST_RECORD}[{key!r}] has the wrong type. Found {short_repr(record[key])}.")
+    for key, (_, kinds, _) in OPTIONAL_REQUEST_FIELDS.items():
+        if key in record and (isinstance(record[key], bool) or not isinstance(record[key], kinds)):
+            problems.append(f"{REQUEST_RECORD}[{key!r}] has the wrong type. Found {short_repr(record[key])}.")
     if problems:
         raise RoundSpecError("round request refused: " + " ".join(problems), code="bad-request")
     # Values go through as sent (no float(): a huge int would overflow); check_request bounds them.
     # Any: the isinstance checks above established each field's type.
     fields: dict[str, Any] = {field: record[key] for key, (field, _) in REQUEST_FIELDS.items()}
+    for key, (field, _, default) in OPTIONAL_REQUEST_FIELDS.items():
+        fields[field] = record[key] if key in record else default
     return RoundSpec(**fields)
 
 
@@ -167,6 +187,7 @@ def request_proto(spec: RoundSpec, *, local_epochs: int = 0, learning_rate: floa
 
     placement = fedfilter_pb2.DISTRIBUTED if spec.placement == "distributed" else fedfilter_pb2.LOCAL
     fields = {field: getattr(spec, field) for field, _ in REQUEST_FIELDS.values()}
+    fields.update({field: float(getattr(spec, field)) for field, _, _ in OPTIONAL_REQUEST_FIELDS.values()})
     return fedfilter_pb2.RoundRequest(
         **{**fields, "placement": placement}, local_epochs=local_epochs, learning_rate=learning_rate
     )

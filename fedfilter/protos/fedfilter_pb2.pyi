@@ -17,7 +17,7 @@ LOCAL: NoisePlacement
 DISTRIBUTED: NoisePlacement
 
 class RoundRequest(_message.Message):
-    __slots__ = ("run_id", "round_id", "noise_multiplier", "clip", "placement", "min_reports", "local_epochs", "learning_rate")
+    __slots__ = ("run_id", "round_id", "noise_multiplier", "clip", "placement", "min_reports", "local_epochs", "learning_rate", "clipped_count_stddev")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     ROUND_ID_FIELD_NUMBER: _ClassVar[int]
     NOISE_MULTIPLIER_FIELD_NUMBER: _ClassVar[int]
@@ -26,6 +26,7 @@ class RoundRequest(_message.Message):
     MIN_REPORTS_FIELD_NUMBER: _ClassVar[int]
     LOCAL_EPOCHS_FIELD_NUMBER: _ClassVar[int]
     LEARNING_RATE_FIELD_NUMBER: _ClassVar[int]
+    CLIPPED_COUNT_STDDEV_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     round_id: int
     noise_multiplier: float
@@ -34,10 +35,11 @@ class RoundRequest(_message.Message):
     min_reports: int
     local_epochs: int
     learning_rate: float
-    def __init__(self, run_id: _Optional[str] = ..., round_id: _Optional[int] = ..., noise_multiplier: _Optional[float] = ..., clip: _Optional[float] = ..., placement: _Optional[_Union[NoisePlacement, str]] = ..., min_reports: _Optional[int] = ..., local_epochs: _Optional[int] = ..., learning_rate: _Optional[float] = ...) -> None: ...
+    clipped_count_stddev: float
+    def __init__(self, run_id: _Optional[str] = ..., round_id: _Optional[int] = ..., noise_multiplier: _Optional[float] = ..., clip: _Optional[float] = ..., placement: _Optional[_Union[NoisePlacement, str]] = ..., min_reports: _Optional[int] = ..., local_epochs: _Optional[int] = ..., learning_rate: _Optional[float] = ..., clipped_count_stddev: _Optional[float] = ...) -> None: ...
 
 class PublicRoundRecord(_message.Message):
-    __slots__ = ("run_id", "round_id", "request", "clients_sampled", "reports_received", "markers_received", "replies_dropped", "released", "aggregate_norm", "metrics", "started_at_unix", "finished_at_unix", "wall_time_s", "expected_noise_norm")
+    __slots__ = ("run_id", "round_id", "request", "clients_sampled", "reports_received", "markers_received", "replies_dropped", "released", "aggregate_norm", "metrics", "started_at_unix", "finished_at_unix", "wall_time_s", "expected_noise_norm", "unclipped_fraction")
     class MetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -59,6 +61,7 @@ class PublicRoundRecord(_message.Message):
     FINISHED_AT_UNIX_FIELD_NUMBER: _ClassVar[int]
     WALL_TIME_S_FIELD_NUMBER: _ClassVar[int]
     EXPECTED_NOISE_NORM_FIELD_NUMBER: _ClassVar[int]
+    UNCLIPPED_FRACTION_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     round_id: int
     request: RoundRequest
@@ -73,7 +76,8 @@ class PublicRoundRecord(_message.Message):
     finished_at_unix: float
     wall_time_s: float
     expected_noise_norm: float
-    def __init__(self, run_id: _Optional[str] = ..., round_id: _Optional[int] = ..., request: _Optional[_Union[RoundRequest, _Mapping]] = ..., clients_sampled: _Optional[int] = ..., reports_received: _Optional[int] = ..., markers_received: _Optional[int] = ..., replies_dropped: _Optional[int] = ..., released: _Optional[bool] = ..., aggregate_norm: _Optional[float] = ..., metrics: _Optional[_Mapping[str, float]] = ..., started_at_unix: _Optional[float] = ..., finished_at_unix: _Optional[float] = ..., wall_time_s: _Optional[float] = ..., expected_noise_norm: _Optional[float] = ...) -> None: ...
+    unclipped_fraction: float
+    def __init__(self, run_id: _Optional[str] = ..., round_id: _Optional[int] = ..., request: _Optional[_Union[RoundRequest, _Mapping]] = ..., clients_sampled: _Optional[int] = ..., reports_received: _Optional[int] = ..., markers_received: _Optional[int] = ..., replies_dropped: _Optional[int] = ..., released: _Optional[bool] = ..., aggregate_norm: _Optional[float] = ..., metrics: _Optional[_Mapping[str, float]] = ..., started_at_unix: _Optional[float] = ..., finished_at_unix: _Optional[float] = ..., wall_time_s: _Optional[float] = ..., expected_noise_norm: _Optional[float] = ..., unclipped_fraction: _Optional[float] = ...) -> None: ...
 
 class GetRecordsRequest(_message.Message):
     __slots__ = ("run_id",)

@@ -106,6 +106,7 @@ COVERED_ELSEWHERE = {
     "filter-not-rdp": "a SecAgg+ masked stage (test_secagg_device_refusals.py); a setting",
     "request-refused": "request numbers without a usable SecAgg+ grid (test_secagg_device_refusals.py)",
     "left": "after-exhaustion='leave' under SecAgg+: the visible departure the privacy model declares",
+    "app-not-approved": "the device runtime, before any app code (tests/client/runtime/test_device_runtime.py)",
     # Each family of SecAgg+ check, played in a SecAgg+ round with fresh and spent devices alike:
     **{
         code: "tests/client/secagg/test_secagg_refusal_codes.py"

@@ -36,8 +36,8 @@ def _zero_update(msg, ctx):
     return Message(RecordDict({"arrays": msg.content["arrays"]}), reply_to=msg)
 
 
-def _devices(root, *, enrol=True, **settings):
-    """A reply function for FakeGrid: each node is a device running the real mod."""
+def _devices(root, *, enrol=True, train=_zero_update, **settings):
+    """A reply function for FakeGrid: each node is a device running the real mod around ``train``."""
     contexts = {}
     for node in NODES:
         config = {
@@ -53,7 +53,7 @@ def _devices(root, *, enrol=True, **settings):
         contexts[node] = Context(run_id=7, node_id=node, node_config=config, state=RecordDict(), run_config={})
 
     def reply(msg):
-        return individual_filter_mod(msg, contexts[msg.metadata.dst_node_id], _zero_update)
+        return individual_filter_mod(msg, contexts[msg.metadata.dst_node_id], train)
 
     return reply
 
@@ -127,6 +127,72 @@ def test_noise_below_the_devices_minimum_says_raise_the_multiplier(tmp_path):
         _start(_wrap(tmp_path), _devices(tmp_path / "devices", **{"min-noise-multiplier": 1.0}), rounds=1)
 
 
+def test_noise_below_the_devices_minimum_names_the_owners_value_and_both_fixes(tmp_path, caplog):
+    caplog.set_level(logging.INFO)
+    with pytest.raises(NothingReleasedError) as err:
+        _start(_wrap(tmp_path), _devices(tmp_path / "devices", **{"min-noise-multiplier": 1.0}), rounds=1)
+    message = str(err.value)
+    # The value the owners set, as the devices said it, and both fixes with what the second costs.
+    assert "noise_multiplier=0.5 is below this device's min-noise-multiplier 1.0 (its owner's setting)" in message
+    assert "raise noise_multiplier to at least that value" in message
+    assert "the owner lowers min-noise-multiplier in the device's settings" in message and "costs" in message
+    # Loud in the log too: an ERROR line that says nothing was released and that `flwr run` exits 0.
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert any("NOTHING RELEASED" in line and "exits 0" in line for line in errors), errors
+    assert any("4 refused: noise-below-minimum" in line for line in errors), errors
+
+
+def test_the_log_counts_replies_and_explains_the_inner_strategys_one_result(tmp_path, caplog):
+    caplog.set_level(logging.INFO)
+    _start(_wrap(tmp_path), _devices(tmp_path / "devices"), rounds=1)
+    lines = [r.getMessage() for r in caplog.records]
+    counts = next(i for i, line in enumerate(lines) if line.startswith("fedfilter round 1: 4 asked"))
+    assert lines[counts] == (
+        "fedfilter round 1: 4 asked, 4 replies received: 4 valid reports, 0 left (budget spent), 0 dropped; "
+        "released=True"
+    )
+    handing = next(i for i, line in enumerate(lines) if "handing the inner strategy" in line)
+    received = next(i for i, line in enumerate(lines) if "aggregate_train: Received 1 results" in line)
+    assert handing < received, lines  # our line comes just before Flower's, and says what it counts
+    assert "the plain mean of 4 valid reports (of 4 replies received, 4 asked)" in lines[handing]
+
+
+def test_three_released_rounds_of_pure_noise_are_warned_about_once(tmp_path, caplog, monkeypatch):
+    from fedfilter.coordinator import run_log
+
+    # Zero updates: every report is pure noise. A level of 1e-9 leaves the warning to chance with
+    # probability 3e-9 (the default level's figures are tested in test_signal_check.py).
+    monkeypatch.setattr(run_log, "NOISE_LIKE_ALPHA", 1e-9)
+    caplog.set_level(logging.WARNING)
+    _start(_wrap(tmp_path), _devices(tmp_path / "devices"), rounds=4)
+    warnings = [r.getMessage() for r in caplog.records if "carry no signal" in r.getMessage()]
+    assert len(warnings) == 1, warnings  # after round 3, once for the streak
+    assert "to round 3" in warnings[0] and "send noise only" in warnings[0] and "fedfilter plan" in warnings[0]
+
+
+@pytest.mark.parametrize(("budget", "warned"), [(1e5, False), (8.0, True)])
+def test_rounds_with_signal_are_not_warned_about_and_exhausted_devices_are(
+    tmp_path, caplog, monkeypatch, budget, warned
+):
+    """At z = 0.02 a full-clip round costs mu = 50: budgets of epsilon 1e5 pay for 3 rounds of signal,
+    while budgets of 8 are spent within the first round, after which the devices send noise only."""
+    from fedfilter.coordinator import run_log
+
+    monkeypatch.setattr(run_log, "NOISE_LIKE_ALPHA", 1e-9)  # the strictest level: signal must still show
+    caplog.set_level(logging.WARNING)
+
+    def shifted(msg, ctx):  # an update of norm 10, clipped to 1: signal 1 against noise std 0.01
+        arrays = msg.content["arrays"]
+        moved = {k: Array(arrays[k].numpy() + 10.0 / np.sqrt(DIM)) for k in arrays.keys()}
+        return Message(RecordDict({"arrays": ArrayRecord(moved)}), reply_to=msg)
+
+    reply = _devices(tmp_path / "devices", train=shifted, **{"min-noise-multiplier": 0.02, "budget-epsilon": budget})
+    strategy = IndividualFilterStrategy(FedAvg(min_available_nodes=len(NODES)), noise_multiplier=0.02, clip=1.0)
+    _start(strategy, reply, rounds=3)
+    assert strategy.last_outcome.released
+    assert ("carry no signal" in caplog.text) is warned, caplog.text
+
+
 def test_devices_without_the_mod_are_told_apart_and_the_fix_named(tmp_path):
     def plain_client_app(msg):  # a ClientApp without individual_filter_mod: the template's reply
         content = RecordDict({"arrays": msg.content["arrays"], "metrics": MetricRecord({"num-examples": 10})})
@@ -194,3 +260,27 @@ def test_an_older_public_ledger_gains_the_column_and_keeps_its_records(tmp_path)
     conn = sqlite3.connect(path)
     assert conn.execute("SELECT expected_noise_norm FROM records").fetchall() == [(2.5,)]
     conn.close()
+
+
+def test_an_app_the_owners_did_not_approve_is_named_by_code_and_hash(tmp_path, caplog):
+    """The device runtime's refusal (``client/runtime``) reaches the operator as ``app-not-approved``
+    with the FAB's hash, not as Flower's bare error code."""
+    from flwr.app import Error
+
+    from fedfilter.client.runtime.approval import Decision
+    from fedfilter.protocol.flower_api import ErrorCode
+
+    fab_hash = "ab" * 32
+
+    def unapproved(msg):  # what client/runtime/runner.py sends for an app its owner did not approve
+        reason = Decision(fab_hash, False, "", None).refusal()
+        return Message(Error(code=ErrorCode.LOAD_CLIENT_APP_EXCEPTION, reason=reason), reply_to=msg)
+
+    caplog.set_level(logging.WARNING)
+    with pytest.raises(NothingReleasedError) as err:
+        _start(_wrap(tmp_path), unapproved, rounds=1)
+    message = str(err.value)
+    assert "4 refused: app-not-approved" in message and "flower-error" not in message
+    assert f"has not approved app {fab_hash}" in message and "fedfilter apps approve" in message
+    assert message.count(fab_hash) == 1  # four identical texts, shown once
+    assert "fedfilter round 1: 4 refused: app-not-approved" in caplog.text

@@ -91,3 +91,19 @@ def test_bad_settings_are_named_with_their_values():
         "target_clipped_quantile must be a number in [0, 1]. Found nan.",
         "clip_norm_lr must be a positive finite number. Found -1.0.",
     ]
+
+
+@given(
+    z=st.floats(5e-324, 1.7e308),
+    clip=st.floats(5e-324, 1.7e308),
+    sigma_b=st.floats(5e-324, 1.7e308),
+)
+def test_no_request_value_makes_the_rules_raise(z, clip, sigma_b):
+    # The coordinator chooses these: the device must be able to compute (and then refuse) any of them.
+    from fedfilter.protocol.adaptive_clip import released_vector_spec
+    from fedfilter.protocol.request import RoundSpec
+
+    z_eff = accounted_noise_multiplier(z, sigma_b)
+    assert 0.0 <= z_eff <= z
+    assert augmented_clip(clip, z, sigma_b) >= clip
+    released_vector_spec(RoundSpec("run", 1, z, clip, clipped_count_stddev=sigma_b))

@@ -30,9 +30,10 @@ from fedfilter.client.release import Release
 from fedfilter.client.round.admitted import AdmittedRound, MechanismFor
 from fedfilter.client.round.refusal import refusal
 from fedfilter.client.settings.policy import ClientPolicy, check_request
+from fedfilter.protocol.adaptive_clip import released_vector_spec
 from fedfilter.protocol.flower_api import RECORD_KEY_CONFIGS
 from fedfilter.protocol.request import RoundSpec
-from fedfilter.protocol.wire import ARRAYS_RECORD, STATUS_LEFT, STATUS_RECORD, STATUS_REPORT
+from fedfilter.protocol.wire import ARRAYS_RECORD, CLIP_BIT_KEY, STATUS_LEFT, STATUS_RECORD, STATUS_REPORT
 
 __all__ = ["Placement", "LocalPlacement", "installed_placement", "install_placement"]
 
@@ -102,7 +103,8 @@ class Placement(ABC):
         needs-secure-aggregation
         """
         check_request(spec, replace(policy, allow_distributed=self.distributed))
-        return self.mechanism_for(spec, policy)
+        # The mechanism releases the report vector (with adaptive clipping: the update and the clip bit).
+        return self.mechanism_for(released_vector_spec(spec), policy)
 
     @abstractmethod
     def mechanism_for(self, spec: RoundSpec, policy: ClientPolicy) -> MechanismFor:
@@ -378,7 +380,10 @@ class LocalPlacement(Placement):
         out = [np.zeros_like(a) for a in admitted.received]
         for i, noisy in zip(admitted.floating, release.arrays):
             out[i] = noisy
-        content[ARRAYS_RECORD] = ArrayRecord({k: encode(a) for k, a in zip(admitted.keys, out)})
+        arrays = {k: encode(a) for k, a in zip(admitted.keys, out)}
+        if admitted.spec.clipped_count_stddev:  # adaptive clipping: the noisy clip bit, after the model
+            arrays[CLIP_BIT_KEY] = encode(release.arrays[-1])
+        content[ARRAYS_RECORD] = ArrayRecord(arrays)
         content[STATUS_RECORD] = ConfigRecord({"status": STATUS_REPORT})
         return Message(content, reply_to=msg)
 

@@ -1,5 +1,6 @@
-"""Release: the placement's arrays through ``client/release.py`` (clip to the allowance, spend durably,
-and only then noise), with the placement's mechanism."""
+"""Release: the placement's arrays (with adaptive clipping, the clip bit appended: ``clip_bit.py``)
+through ``client/release.py`` (clip to the allowance, spend durably, and only then noise), with the
+placement's mechanism."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from fedfilter.client.ledger.budget import BudgetLedger
 from fedfilter.client.mechanisms.gaussian import NonFiniteUpdateError
 from fedfilter.client.release import Release, noise_stream, release
 from fedfilter.client.round.admitted import AdmittedRound
+from fedfilter.client.round.clip_bit import with_clip_bit
 from fedfilter.client.round.placement import Placement
 
 __all__ = ["release_update"]
@@ -68,7 +70,7 @@ def release_update(
         )
 
     try:
-        return spend_and_noise(released)
+        return spend_and_noise(with_clip_bit(released, spec))
     except NonFiniteUpdateError:
         log.error("fedfilter mod: the update holds NaN or inf; releasing a zero update instead")
-        return spend_and_noise([np.zeros_like(a) for a in released])
+        return spend_and_noise(with_clip_bit([np.zeros_like(a) for a in released], spec))

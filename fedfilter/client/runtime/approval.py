@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from fedfilter.client.ledger.owner_state import owner_state_dir
+from fedfilter.protocol.refusals import refusal_reason
 
 APPROVED_FILE = "approved_apps.json"
 FORMAT_VERSION = 1
@@ -142,13 +143,14 @@ class Decision:
 
         Examples
         --------
-        >>> Decision("ab" * 32, False, "", None).refusal()[:64]
-        "fedfilter: this device's owner has not approved app abababababab"
+        >>> Decision("ab" * 32, False, "", None).refusal()[:78]
+        "fedfilter[app-not-approved]: this device's owner has not approved app abababab"
         """
-        return (
-            f"fedfilter: this device's owner has not approved app {self.fab_hash} (SHA-256 of the FAB); "
+        return refusal_reason(
+            "app-not-approved",
+            f"this device's owner has not approved app {self.fab_hash} (SHA-256 of the FAB); "
             f"nothing was installed, imported, trained or spent. The owner approves an app on the device "
-            f"with `{APPROVE_HINT}`."
+            f"with `{APPROVE_HINT}`.",
         )
 
 

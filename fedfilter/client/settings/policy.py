@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from fedfilter.checks import finite, int_in, is_int, positive_finite, short_repr
 from fedfilter.client.mechanisms.gaussian import NOISE_STD_RANGE
+from fedfilter.protocol.adaptive_clip import accounted_noise_multiplier, augmented_clip
 from fedfilter.protocol.request import (
     AFTER_EXHAUSTION,
     INT64_MAX,
@@ -158,8 +159,22 @@ def check_request(spec: RoundSpec, policy: ClientPolicy) -> None:
     z = finite(spec.noise_multiplier) if positive_finite("noise_multiplier", spec.noise_multiplier) is None else None
     c = finite(spec.clip) if positive_finite("clip", spec.clip) is None else None
     m = spec.min_reports if int_in(spec.min_reports, 1, policy.max_min_reports) else None
-    if z is not None and z < policy.min_noise_multiplier:
-        problems.append(f"noise_multiplier={z!r} is below this device's minimum {policy.min_noise_multiplier!r}.")
+    sigma_b = finite(spec.clipped_count_stddev)
+    if z is not None and sigma_b is not None and sigma_b > 0:
+        # Adaptive clipping: the report also carries the clip bit, so its accounted multiplier is z_eff < z.
+        z_eff = accounted_noise_multiplier(z, sigma_b)
+        if z_eff < policy.min_noise_multiplier:
+            problems.append(
+                f"the report's accounted noise multiplier {z_eff!r} (noise_multiplier={z!r} with the clip bit's "
+                f"clipped_count_stddev={sigma_b!r}) is below this device's min-noise-multiplier "
+                f"{policy.min_noise_multiplier!r} (its owner's setting)."
+            )
+            policy_codes.append("noise-below-minimum")
+    elif z is not None and z < policy.min_noise_multiplier:
+        problems.append(
+            f"noise_multiplier={z!r} is below this device's min-noise-multiplier {policy.min_noise_multiplier!r} "
+            "(its owner's setting)."
+        )
         policy_codes.append("noise-below-minimum")
     if spec.placement == "distributed" and not policy.allow_distributed:
         policy_codes.append("needs-secure-aggregation")
@@ -184,6 +199,15 @@ def check_request(spec: RoundSpec, policy: ClientPolicy) -> None:
                 problems.append(
                     f"noise_multiplier * clip / sqrt(min_reports) (each report's noise std) must be "
                     f"in [2**-100, 2**100]. Found {share!r}."
+                )
+        if sigma_b is not None and sigma_b > 0:
+            # Adaptive clipping: the report's norm bound C_aug = sqrt(C^2 + (z C / sigma_b)^2 / 4) is the
+            # clip the release works with; a tiny sigma_b would make it overflow (or the bit cost all).
+            bound = augmented_clip(c, z, sigma_b)
+            if not (math.isfinite(bound) and bound <= high):
+                problems.append(
+                    "clipped_count_stddev makes the report's norm bound sqrt(clip^2 + (noise_multiplier * clip / "
+                    f"clipped_count_stddev)^2 / 4) exceed 2**100. Found clipped_count_stddev={sigma_b!r}."
                 )
     if problems:
         code = policy_codes[0] if len(policy_codes) == len(problems) else "bad-request"

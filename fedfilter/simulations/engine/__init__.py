@@ -17,7 +17,10 @@ Public API
     (``local``, ``distributed`` (rdp only), ``central``), min_reports, after_exhaustion (``noise-only``, ``leave``; one
     value or one per client), exhausted_below, accounting (``individual``; ``worst-case``: every
     contribution charged a full round, simulation only), noise_draw (``per-client``, ``aggregate``),
-    rounds, fraction, local_epochs, lr, batch_size, server_lr, seed, run_id, model_fn,
+    adaptive_clipping (``fedfilter.protocol.adaptive_clip.AdaptiveClipping`` or None: the clip follows a
+    quantile of the update norms, ``noise_multiplier`` then the accounted ``z_eff``),
+    rounds, fraction, participation (``uniform``, ``balanced``), local_epochs, lr, batch_size,
+    server_lr, seed, run_id, model_fn,
     eval_every, group_by (``label``, ``client``, ``none``), norms (``device``, ``vectorised``,
     ``fast``), chunk_size, torch_threads.
 
@@ -28,7 +31,8 @@ Public API
 
 ``Engine(config, task=None)``
     The same, one round at a time: ``step() -> RoundRecord``, ``evaluate()``,
-    ``train_accuracy()``, ``allowance(clients)``, ``result() -> EngineResult``; attributes
+    ``train_accuracy()``, ``allowance(clients)``, ``round_numbers()`` (the next round's release:
+    multiplier, norm bound, clip), ``result() -> EngineResult``; attributes
     ``weights`` (state_dict order), ``state`` / ``run_state`` (``(n_clients, dim)`` float64),
     ``exhausted_round``, ``round_id``.
 
@@ -38,7 +42,8 @@ Public API
     reports count as reports, ``left`` markers do not), ``left``, ``released``,
     ``aggregate_norm``; evaluation (when evaluated): ``accuracy``, ``loss``,
     ``group_accuracy`` (label class -> test accuracy, or client id -> accuracy on its own
-    data); ``sampled``, ``seconds``.
+    data); ``sampled``, ``seconds``; public: ``clip`` (the round's C) and, with adaptive clipping,
+    ``unclipped_fraction`` (the released bit's estimate).
 
 ``EngineResult``
     ``rounds`` (list of ``RoundRecord``; shortcuts ``accuracy``, ``contributing``,
@@ -73,6 +78,10 @@ Agreement with the Flower path, precisely
   integer norms -> commit, the device's functions in the device's order), so filter states are bitwise a device's; with
   ``noise_draw="per-client"`` each integer report is bitwise the device's, and the integer sum (hence
   the mean) is exact whatever the order. ``norms="fast"`` falls back to ``vectorised`` there.
+* adaptive clipping (``fedfilter.simulations.engine.adaptive``): each client's bit is read off the
+  certified norm of its update before clipping (the device's ``certified_norm``, or the vectorised
+  one), a non-finite update counting as clipped; its release is the augmented vector, one Gaussian or
+  Skellam release with the norm bound ``augmented_clip`` and the multiplier ``z_eff``.
 * ``central`` placement has no device counterpart: Feldman & Zrnic's trusted curator (private GD), used by
   ``fedfilter.simulations.reproduce``.
 """

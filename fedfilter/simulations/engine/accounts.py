@@ -341,23 +341,20 @@ def all_or_nothing(allowance: np.ndarray, full: np.ndarray | None) -> np.ndarray
 
 
 def full_round_allowance(engine) -> np.ndarray:
-    """What each client of ``engine`` admits on its fresh state, a full round: its allowance (model units),
-    or in distributed placement its integer-grid L2 allowance. Call before any round is spent.
+    """What each client of ``engine`` would admit on a fresh state, a full round of the round's release
+    (``Engine.round_numbers``): its allowance (model units), or in distributed placement its
+    integer-grid L2 allowance. The same code as every round's allowance, run on fresh states (the
+    engine's own are put back), so with adaptive clipping it follows the clip round by round.
 
     Parameters
     ----------
     engine : Engine
-        An engine before its first round.
+        The engine.
 
     Returns
     -------
     numpy.ndarray
         One allowance per client.
-
-    Raises
-    ------
-    RuntimeError
-        When a round has already run.
 
     Examples
     --------
@@ -367,10 +364,15 @@ def full_round_allowance(engine) -> np.ndarray:
     array([0.5016, 0.5016, 0.5016, 0.5016])
     """
     everyone = np.arange(engine.n)
-    if engine.round_id != 0:
-        raise RuntimeError("internal error: a full round's allowance is read off the fresh states, before round 1")
-    distributed = getattr(engine, "_distributed", None)
-    return engine.allowance(everyone) if distributed is None else distributed.l2_allowance(everyone)
+    fresh = engine.filters[0].initial_state(engine.n)
+    held = engine.state, engine.run_state, engine.worst_state
+    engine.state, engine.run_state = fresh.copy(), fresh.copy()
+    engine.worst_state = None if held[2] is None else fresh.copy()
+    try:
+        distributed = getattr(engine, "_distributed", None)
+        return engine.allowance(everyone) if distributed is None else distributed.l2_allowance(everyone)
+    finally:
+        engine.state, engine.run_state, engine.worst_state = held
 
 
 # Above this many distinct 1-d states, spent epsilon is read off a grid of actual states (see

@@ -7,6 +7,7 @@ between the two without translating settings.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -15,9 +16,11 @@ import numpy as np
 from fedfilter.checks import is_int, positive_finite, short_repr
 from fedfilter.client.settings.policy import ClientPolicy
 from fedfilter.privacy.filters import FILTER_KINDS
+from fedfilter.protocol.adaptive_clip import AdaptiveClipping, update_noise_multiplier
 from fedfilter.protocol.request import AFTER_EXHAUSTION, PLACEMENTS
 from fedfilter.protocol.rules import accounted_noise_std, added_noise_std
 from fedfilter.protocol.secagg.graph import SecAggGraph
+from fedfilter.simulations.engine.adaptive import default_clipped_count_stddev
 
 CLIENT_MODES = ("auto", "single-example", "multi-example")
 NOISE_DRAWS = ("per-client", "aggregate")
@@ -30,6 +33,9 @@ GROUP_BY = ("label", "client", "none")
 # simulation only.
 ACCOUNTINGS = ("individual", "worst-case")
 SECAGG_GRAPHS = ("full", "sparse")
+# "uniform": each round asks a fresh random subset; "balanced": passes over a shuffled population
+# (``fedfilter.planning.participation.BalancedSchedule``), every client asked within one of the others.
+PARTICIPATIONS = ("uniform", "balanced")
 
 
 @dataclass(frozen=True)
@@ -47,11 +53,12 @@ class EngineConfig:
         filter), ``zcdp`` (Feldman & Zrnic (2021) Theorem 4.9) or ``rdp``.
     noise_multiplier, clip, placement, min_reports
         The coordinator's request (``fedfilter.protocol.request.RoundSpec``): accounted noise std is
-        ``sigma = noise_multiplier * clip``. ``local``: each report carries Gaussian noise of std sigma
-        (the device's float-safe rounded Gaussian). ``distributed``: the device's Skellam mechanism on
-        the SecAgg+ grid (``fedfilter.simulations.engine.skellam_round``): each report carries
-        ``Sk(mu_share)``, ``mu_share = mu_total / min_reports`` (rounded up), ``mu_total = (sigma /
-        gamma)**2`` (rounded down) in grid units, the coordinator sees only the sum mod q, and a
+        ``sigma = noise_multiplier * clip`` (with ``adaptive_clipping``: ``noise_multiplier`` is the
+        accounted ``z_eff`` and ``clip`` the first round's ``C``). ``local``: each report carries
+        Gaussian noise of std sigma (the device's float-safe rounded Gaussian). ``distributed``: the
+        device's Skellam mechanism on the SecAgg+ grid (``fedfilter.simulations.engine.skellam_round``):
+        each report carries ``Sk(mu_share)``, ``mu_share = mu_total / min_reports`` (rounded up),
+        ``mu_total = (sigma / gamma)**2`` (rounded down) in grid units, the coordinator sees only the sum mod q, and a
         round with fewer than ``min_reports`` reports is not released; needs ``filter_kind="rdp"``.
         ``central`` (simulation only; Feldman & Zrnic's private GD): the coordinator sums the clipped
         updates and adds one ``N(0, sigma^2 I)`` draw; needs ``noise_draw="aggregate"``.
@@ -73,6 +80,16 @@ class EngineConfig:
         keeps the worst-case account (its share ``Sk(mu_share)`` read alone) and stops contributing
         when either account is spent. Local placement: the worst-case account is charged the main
         charges against a budget at least as large, so it never binds and the engine does not keep it.
+    adaptive_clipping
+        ``fedfilter.protocol.adaptive_clip.AdaptiveClipping`` (Flower's names: target_clipped_quantile,
+        clip_norm_lr, clipped_count_stddev, None: clients asked per round / 20), or None for a fixed
+        clip. Each asked client clips its update to the round's ``C`` and appends its bit; the
+        augmented row is one release, charged at its norm with the clip ``augmented_clip`` and the
+        multiplier ``noise_multiplier``; the released mean's bit sets the next round's clip
+        (``fedfilter.simulations.engine.adaptive``; every rule from ``fedfilter.protocol.adaptive_clip``).
+        Each round's clip is in its ``RoundRecord.clip``. With ``accounting="worst-case"`` a full
+        round is the augmented vector's, at the round's clip. ``norms="fast"`` falls back to
+        ``vectorised``.
     after_exhaustion
         ``noise-only`` (keeps sending pure-noise reports) or ``leave`` (sends a marker); one value
         or one per client.
@@ -123,6 +140,11 @@ class EngineConfig:
         Rounds to run (``round_id`` 1..rounds, as the ServerApp numbers them) and the share of
         clients asked each round (``fraction < 1`` draws from the engine's own generator, which
         is not the ServerApp's node sampling).
+    participation
+        With ``fraction < 1``: ``uniform`` (a fresh random subset each round) or ``balanced`` (passes
+        over a shuffled population, ``fedfilter.planning.participation.BalancedSchedule``, from the
+        same sampling seed: after any number of rounds every client has been asked within one of
+        every other).
     server_lr
         The coordinator's step: ``w <- w + server_lr * mean(reports)`` (``fedfilter.protocol.rules.model_step``).
     seed
@@ -179,12 +201,14 @@ class EngineConfig:
     after_exhaustion: str | Sequence[str] = "noise-only"
     worst_case_epsilon: float | Sequence[float] | np.ndarray | None = None
     exhausted_below: float = ClientPolicy.exhausted_below  # the device's default
+    adaptive_clipping: AdaptiveClipping | None = None
     accounting: str = "individual"
     noise_draw: str = "per-client"
     norms: str = "device"
 
     rounds: int = 5
     fraction: float = 1.0
+    participation: str = "uniform"
     local_epochs: int = 2
     lr: float = 0.1
     batch_size: int = 32
@@ -275,6 +299,9 @@ class EngineConfig:
                     "worst_case_epsilon must be at least epsilon for every client (the account against any "
                     f"coordinator covers every release the main one does). Found {self.worst_case_epsilon!r}."
                 )
+        problems += self._adaptive_problems()
+        if self.participation not in PARTICIPATIONS:
+            problems.append(f"participation must be one of {PARTICIPATIONS}. Found {self.participation!r}.")
         if not (0 < self.fraction <= 1):
             problems.append(f"fraction must be in (0, 1]. Found {self.fraction!r}.")
         if not (0 <= self.exhausted_below < 1):
@@ -283,6 +310,29 @@ class EngineConfig:
             problems.append(f"run_id must be a non-empty string. Found {self.run_id!r}.")
         if problems:
             raise ValueError("invalid EngineConfig: " + " ".join(problems))
+
+    def _adaptive_problems(self) -> list[str]:
+        spec = self.adaptive_clipping
+        if spec is None:
+            return []
+        if not isinstance(spec, AdaptiveClipping):
+            return [f"adaptive_clipping must be an AdaptiveClipping or None. Found {short_repr(spec)}."]
+        out = [f"adaptive_clipping.{p}" for p in spec.problems()]
+        fields_ok = (
+            is_int(self.num_clients)
+            and self.num_clients > 0
+            and isinstance(self.fraction, (int, float))
+            and 0 < self.fraction <= 1
+            and positive_finite("noise_multiplier", self.noise_multiplier) is None
+        )
+        if not out and fields_ok:
+            asked = self.num_clients if self.fraction >= 1 else max(1, math.ceil(self.fraction * self.num_clients))
+            sigma_b = spec.clipped_count_stddev or default_clipped_count_stddev(asked)
+            try:
+                update_noise_multiplier(float(self.noise_multiplier), float(sigma_b))
+            except ValueError as err:
+                out.append(f"adaptive_clipping with clipped_count_stddev={sigma_b!r}: {err}")
+        return out
 
     @property
     def accounted_std(self) -> float:
@@ -342,13 +392,18 @@ class RoundRecord:
     exhausted_total : int
         Clients exhausted so far (ground truth).
     aggregate_norm : float
-        Norm of the noisy mean (0 if not released).
+        Norm of the noisy mean's model part (0 if not released).
     accuracy, loss : float or None
         Test metrics after the round's step (None if not evaluated).
     group_accuracy : dict of str to float, or None
         Accuracy per group (``EngineConfig.group_by``).
     seconds : float
         Wall-clock time of the round.
+    clip : float or None
+        The round's clip ``C`` (public: the request's).
+    unclipped_fraction : float or None
+        Adaptive clipping: the fraction of unclipped updates the released mean's bit estimates
+        (public; None without adaptive clipping or when not released).
 
     Examples
     --------
@@ -371,6 +426,8 @@ class RoundRecord:
     loss: float | None = None
     group_accuracy: dict[str, float] | None = None
     seconds: float = 0.0
+    clip: float | None = None  # public: the round's clip C
+    unclipped_fraction: float | None = None  # public: adaptive clipping's estimate from the released bit
 
 
 @dataclass

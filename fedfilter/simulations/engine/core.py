@@ -24,6 +24,10 @@ integer grid, charged to the rdp filter at alpha*, and the coordinator's mean fr
 integer sum of at least ``min_reports`` reports (``fedfilter.simulations.engine.distributed_round``).
 ``central`` placement (simulation only, no device runs it) is Feldman & Zrnic's trusted curator: the clipped
 updates are summed in the clear and one ``N(0, (z C)^2 I)`` draw is added to the sum.
+
+With adaptive clipping each round's release is the augmented vector (``fedfilter.simulations.engine.adaptive``:
+the update clipped to the round's ``C`` and its bit) in every placement; the released mean's bit sets
+the next round's clip and its model part steps the model.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ from fedfilter.client.mechanisms.gaussian import (
     snap_toward_zero,
 )
 from fedfilter.client.mechanisms.spend import nothing_left, spend
+from fedfilter.planning.participation import BalancedSchedule
 from fedfilter.privacy.filters import make_filter
 from fedfilter.protocol.rules import model_step, reports_needed
 from fedfilter.simulations.engine.accounts import (
@@ -54,12 +59,13 @@ from fedfilter.simulations.engine.accounts import (
     full_round_allowance,
     spent_epsilon,
 )
+from fedfilter.simulations.engine.adaptive import AdaptiveClip, RoundNumbers
 from fedfilter.simulations.engine.config import EngineConfig, EngineResult, RoundRecord
 from fedfilter.simulations.engine.distributed_round import DistributedPlacement
 from fedfilter.simulations.engine.gaussian_round import GaussianReports
 from fedfilter.simulations.engine.layerwise import LayerwiseClippedSum, supported
 from fedfilter.simulations.engine.mechanisms import EngineGaussian
-from fedfilter.simulations.engine.norms import clip_rows
+from fedfilter.simulations.engine.norms import certified_row_norms, clip_rows
 from fedfilter.simulations.engine.seeds import client_noise_stream, sampling_rng
 from fedfilter.simulations.engine.updates import Layout, PerExampleGradients, local_seed, local_sgd_update
 from fedfilter.simulations.tasks.training import evaluate, get_weights, set_weights
@@ -146,6 +152,19 @@ class Engine:
         self.records: list[RoundRecord] = []
         self.last_groups: dict[str, float] | None = None
         self._sampler = sampling_rng(cfg.seed, cfg.run_id) if cfg.fraction < 1 else None
+        self._schedule = self._balanced_schedule()
+        # Adaptive clipping: the clip of the next round, and the release's layout (the model's arrays
+        # and the bit's one coordinate).
+        self.adaptive = (
+            None
+            if cfg.adaptive_clipping is None
+            else AdaptiveClip(
+                cfg.adaptive_clipping, noise_multiplier=cfg.noise_multiplier, clip=cfg.clip, asked=self.n_sampled
+            )
+        )
+        self.release_layout = (
+            self.layout if self.adaptive is None else Layout([*self.weights, np.zeros(1, dtype=np.float32)])
+        )
 
         if mode == "single-example":
             self.x = torch.from_numpy(np.ascontiguousarray(np.concatenate([x for x, _ in self.task.train_data])))
@@ -160,6 +179,8 @@ class Engine:
                 "distributed placement needs each client's integer update on the SecAgg+ grid (its Skellam "
                 "charge is at its exact integer norms), which the fast mode never forms"
                 if cfg.placement == "distributed"
+                else "adaptive clipping appends each client's bit to its update, which the fast mode never forms"
+                if cfg.adaptive_clipping is not None
                 else "multi-example clients' updates come from local SGD"
                 if mode != "single-example"
                 else supported(self.model)
@@ -170,6 +191,25 @@ class Engine:
         self.graph_rounds = np.zeros(n, dtype=np.int64)  # distributed rounds each client reported in
         # accounting="worst-case": a full round's allowance, on the fresh states (``accounts.all_or_nothing``)
         self.full_allowance = full_round_allowance(self) if cfg.accounting == "worst-case" else None
+
+    def round_numbers(self) -> RoundNumbers:
+        """The next round's release: its accounted multiplier and norm bound, the clip ``C`` and the bit's scale.
+
+        Returns
+        -------
+        RoundNumbers
+            The config's ``noise_multiplier`` and ``clip`` with a fixed clip; with adaptive clipping
+            ``z_eff``, ``C_aug``, the current ``C`` and ``c`` (``adaptive.AdaptiveClip.numbers``).
+
+        Examples
+        --------
+        >>> Engine(EngineConfig(num_clients=4, noise_multiplier=2.0, clip=0.5)).round_numbers()
+        RoundNumbers(noise_multiplier=2.0, clip=0.5, request_clip=0.5, bit_scale=None)
+        """
+        if self.adaptive is not None:
+            return self.adaptive.numbers()
+        cfg = self.config
+        return RoundNumbers(float(cfg.noise_multiplier), float(cfg.clip), float(cfg.clip))
 
     def uniform(self, clients: np.ndarray, allowance: np.ndarray) -> np.ndarray:
         """The allowance under ``config.accounting`` (``accounts.all_or_nothing``; identity if individual).
@@ -206,15 +246,16 @@ class Engine:
         return out
 
     def allowance(self, clients: np.ndarray, clip: float | None = None) -> np.ndarray:
-        """``round_allowance`` for each client in ``clients``, at most ``clip`` (default the request's C;
-        ``inf`` for the Skellam rule, ``skellam.l2_allowance``).
+        """``round_allowance`` for each client in ``clients``, at most ``clip`` (default the round's release
+        bound: the request's C, or ``C_aug`` with adaptive clipping; ``inf`` for the Skellam rule,
+        ``skellam.l2_allowance``), at the round's accounted std.
 
         Parameters
         ----------
         clients : numpy.ndarray
             Client positions.
         clip : float, optional
-            The cap; default the request's clip.
+            The cap; default the round's release bound (``round_numbers().clip``).
 
         Returns
         -------
@@ -230,7 +271,8 @@ class Engine:
         >>> engine.allowance(np.arange(4), clip=0.2)
         array([0.2, 0.2, 0.2, 0.2])
         """
-        std, top = self.config.accounted_std, self.config.clip if clip is None else clip
+        numbers = self.round_numbers()
+        std, top = numbers.accounted_std, numbers.clip if clip is None else clip
         return self._by_budget(clients, lambda account: account.allowance(noise_std=std, clip=top))
 
     def has_budget(self, clients: np.ndarray) -> np.ndarray:
@@ -259,12 +301,12 @@ class Engine:
 
     def _gaussian_out(self, allow: np.ndarray) -> np.ndarray:
         """The device's exhaustion rule (``spend.nothing_left``) for the Gaussian release."""
-        cfg = self.config
-        return nothing_left(allow, clip=cfg.clip, floor=EngineGaussian.floor, exhausted_below=cfg.exhausted_below)
+        clip = self.round_numbers().clip
+        return nothing_left(allow, clip=clip, floor=EngineGaussian.floor, exhausted_below=self.config.exhausted_below)
 
     def worst_allowance(self, clients: np.ndarray, noise_std: float, clip: float | None = None) -> np.ndarray:
         """What each client's worst-case account still admits at its share's std (``tx.worst_allowance``),
-        at most ``clip`` (default the request's C).
+        at most ``clip`` (default the round's release bound, ``round_numbers().clip``).
 
         Parameters
         ----------
@@ -288,7 +330,7 @@ class Engine:
         >>> Engine(config).worst_allowance(np.arange(4), noise_std=1.0).round(4)
         array([0.8639, 0.8639, 0.8639, 0.8639])
         """
-        top = self.config.clip if clip is None else clip
+        top = self.round_numbers().clip if clip is None else clip
         return self._by_budget(clients, lambda account: account.worst_allowance(noise_std=noise_std, clip=top))
 
     # --- one round ------------------------------------------------------------------------------
@@ -303,9 +345,17 @@ class Engine:
         """
         return self.n if self._sampler is None else max(1, math.ceil(self.config.fraction * self.n))
 
+    def _balanced_schedule(self) -> BalancedSchedule | None:
+        """``participation="balanced"``: passes over the population, shuffled by the sampling generator."""
+        if self.config.participation != "balanced" or self._sampler is None:
+            return None
+        return BalancedSchedule(self.n, self.n_sampled, self._sampler)
+
     def _sample(self) -> np.ndarray:
         if self._sampler is None:
             return np.arange(self.n)
+        if self._schedule is not None:
+            return np.sort(self._schedule.next_round())
         return np.sort(self._sampler.choice(self.n, size=self.n_sampled, replace=False))
 
     def _updates(self, clients: np.ndarray) -> np.ndarray:
@@ -338,25 +388,35 @@ class Engine:
         idx = torch.from_numpy(clients)
         return self.x[idx], self.y[idx]
 
-    def _clip_rows(self, updates: np.ndarray, allowance: np.ndarray) -> np.ndarray:
-        """Clip each row to its allowance in place with the device's own functions; certified norms."""
+    def _clip_rows(
+        self, updates: np.ndarray, allowance: np.ndarray, layout: Layout | None = None, before: np.ndarray | None = None
+    ) -> np.ndarray:
+        """Clip each row to its allowance in place with the device's own functions; certified norms.
+
+        ``layout``: the rows' arrays (default the model's); ``before``: filled with each row's
+        certified norm before clipping (NaN for a non-finite row)."""
+        layout = self.layout if layout is None else layout
         norms = np.zeros(len(updates))
         # A row sum is finite iff every entry is (finite float32 values cannot overflow a float64 sum).
         bad = ~np.isfinite(np.einsum("ij->i", updates, dtype=np.float64))
         updates[bad] = 0.0  # client.flower_mod: a non-finite update is released as a zero update
         if self.config.norms != "device":
+            if before is not None:
+                before[:] = np.where(bad, np.nan, certified_row_norms(updates))
             return clip_rows(updates, allowance)
         # certified_norm casts each array to float64 first; handing it float64 views of a reused
         # buffer holding the very same values gives the same result without a large allocation
         # (and page faults) per client.
-        row64 = np.empty(self.layout.dim, dtype=np.float64)
-        views64 = self.layout.views(row64)
+        row64 = np.empty(layout.dim, dtype=np.float64)
+        views64 = layout.views(row64)
         for j in range(len(updates)):
             np.copyto(row64, updates[j])
             norm = certified_norm(views64)
+            if before is not None:
+                before[j] = np.nan if bad[j] else norm
             if norm > allowance[j]:
-                clipped, norm = clip_to_norm(self.layout.views(updates[j]), float(allowance[j]))
-                updates[j] = self.layout.flatten(clipped)
+                clipped, norm = clip_to_norm(layout.views(updates[j]), float(allowance[j]))
+                updates[j] = layout.flatten(clipped)
             norms[j] = norm
         return norms
 
@@ -369,12 +429,12 @@ class Engine:
         (``GaussianReports.noise``). Returns ``(out, active, reporting, mean)``: who had nothing left,
         who contributed data, who sent pure noise, and the mean the coordinator steps with (None if
         not released)."""
-        cfg = self.config
-        added = cfg.added_std if cfg.placement == "local" else cfg.accounted_std  # central: the coordinator's
+        cfg, numbers = self.config, self.round_numbers()
+        added = numbers.added_std(cfg.placement, cfg.min_reports)  # central: the coordinator's one draw
         mechanism = EngineGaussian(
-            cfg.placement, float(cfg.noise_multiplier), float(cfg.clip), cfg.accounted_std, added, noise_grid(added)[0]
+            cfg.placement, numbers.noise_multiplier, numbers.clip, numbers.accounted_std, added, noise_grid(added)[0]
         )
-        reports = GaussianReports(self, clients)
+        reports = GaussianReports(self, clients, numbers)
         _, total = spend(
             RoundRows(self, clients),
             mechanism,
@@ -387,7 +447,7 @@ class Engine:
         n = len(active) + len(reporting)
         if n < reports_needed(cfg.placement, cfg.min_reports):
             return reports.out, active, reporting, None
-        return reports.out, active, reporting, (total / n).astype(np.float32)  # coordinator's plain mean
+        return reports.out, active, reporting, total / n  # the coordinator's plain mean
 
     def step(self) -> RoundRecord:
         """Run one round and return its record (the model is updated in place).
@@ -405,6 +465,7 @@ class Engine:
         """
         cfg, started = self.config, time.perf_counter()
         self.round_id += 1
+        clip = self.round_numbers().request_clip
         clients = self._sample()
         if self._distributed is not None:
             outcome = self._distributed.run(clients, self.round_id)
@@ -418,8 +479,15 @@ class Engine:
         self.exhausted_round[newly] = self.round_id
         reports = len(active) + len(reporting)
         released = mean is not None
-        agg_norm = 0.0
+        agg_norm, fraction = 0.0, None
         if mean is not None:
+            if self.adaptive is not None:  # the bit sets the next clip; the model part steps the model
+                fraction = self.adaptive.observe(float(mean[-1]))
+                mean = mean[:-1]
+                if self.full_allowance is not None:  # worst-case accounting: the next round's full round
+                    self.full_allowance = full_round_allowance(self)
+            if self._distributed is None:
+                mean = mean.astype(np.float32)  # the coordinator's float32 mean of the float32 reports
             agg_norm = float(np.sqrt(np.sum(np.square(mean, dtype=np.float64))))
             self.weights = model_step(self.weights, self.layout.views(mean), cfg.server_lr)
 
@@ -433,6 +501,8 @@ class Engine:
             released=released,
             exhausted_total=int((self.exhausted_round >= 0).sum()),
             aggregate_norm=agg_norm,
+            clip=clip,
+            unclipped_fraction=fraction,
         )
         if self.round_id % cfg.eval_every == 0 or self.round_id == cfg.rounds:
             record.loss, record.accuracy, record.group_accuracy = self.evaluate()
@@ -442,10 +512,11 @@ class Engine:
 
     def _noisy_report(self, client: int, update: np.ndarray) -> np.ndarray:
         """The client's report exactly as its device sends it (float32), as float64."""
-        cfg = self.config
+        cfg, layout = self.config, self.release_layout
+        std = self.round_numbers().added_std(cfg.placement, cfg.min_reports)
         stream = client_noise_stream(cfg.seed, int(client), cfg.run_id, self.round_id)
-        snapped = snap_toward_zero(self.layout.views(update), noise_grid(cfg.added_std)[0])
-        noisy = add_grid_noise(snapped, cfg.added_std, stream)
+        snapped = snap_toward_zero(layout.views(update), noise_grid(std)[0])
+        noisy = add_grid_noise(snapped, std, stream)
         return np.concatenate([a.ravel() for a in noisy]).astype(np.float64)
 
     # --- evaluation -----------------------------------------------------------------------------
@@ -532,6 +603,7 @@ class Engine:
             "records": [asdict(r) for r in self.records],
             "last_groups": self.last_groups,
             "sampler": None if self._sampler is None else self._sampler.bit_generator.state,
+            "adaptive_clip": None if self.adaptive is None else self.adaptive.clip,
         }
 
     def restore(self, snap: dict) -> None:
@@ -589,6 +661,19 @@ class Engine:
                     "checkpoint 'sampler': this engine asks every client (fraction 1); the checkpoint does not."
                 )
             self._sampler.bit_generator.state = snap["sampler"]
+        if self._schedule is not None:  # its passes replayed from the seed: the same queue and generator
+            self._sampler = sampling_rng(self.config.seed, self.config.run_id)
+            schedule = self._balanced_schedule()
+            if schedule is not None:
+                for _ in range(self.round_id):
+                    schedule.next_round()
+            self._schedule = schedule
+        if self.adaptive is not None:
+            if snap.get("adaptive_clip") is None:
+                raise ValueError("checkpoint 'adaptive_clip': this engine adapts its clip; the checkpoint has none.")
+            self.adaptive.clip = float(snap["adaptive_clip"])
+            if self.full_allowance is not None:  # worst-case accounting: a full round at the restored clip
+                self.full_allowance = full_round_allowance(self)
 
     # --- results --------------------------------------------------------------------------------
     def result(self) -> EngineResult:

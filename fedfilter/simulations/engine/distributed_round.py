@@ -30,6 +30,7 @@ from fedfilter.coordinator.secagg.secure_round import round_graph as coordinator
 from fedfilter.protocol.rules import reports_needed
 from fedfilter.protocol.secagg.graph import SecAggGraph
 from fedfilter.simulations.engine.accounts import RowsAccount
+from fedfilter.simulations.engine.adaptive import RoundNumbers
 from fedfilter.simulations.engine.mechanisms import EngineSkellam
 from fedfilter.simulations.engine.norms import clip_rows
 from fedfilter.simulations.engine.seeds import aggregate_noise_stream, client_noise_stream, graph_rng
@@ -170,22 +171,31 @@ class DistributedPlacement:
     def __init__(self, engine):
         cfg = engine.config
         self.engine = engine
-        request = (cfg.noise_multiplier, cfg.clip, cfg.min_reports, engine.n_sampled)
-        self.params = SkellamRound.from_request(*request, engine.filters[0])  # alpha aside, the same for all
         # The coordinator releases only sums of >= min_reports, and SecAgg+ unmasks only when every node
         # keeps `threshold` reporting share holders on this graph (full: max(m, 2), since Flower reads
         # a threshold of 1 as "all shares").
         self.graph = round_graph(cfg, engine.n_sampled)
         if engine.worst_filters is None:
             raise ValueError("distributed placement needs worst_case_epsilon (EngineConfig). Found None.")
-        p = self.params
+        self._numbers: RoundNumbers | None = None
+        self._setup(engine.round_numbers())
+
+    def _setup(self, numbers: RoundNumbers) -> None:
+        """The round's Skellam numbers, from its release (a fixed clip's request, or with adaptive
+        clipping the augmented vector's ``z_eff`` and ``C_aug``): rebuilt only when the clip moved."""
+        if numbers == self._numbers:
+            return
+        e, cfg = self.engine, self.engine.config
+        request = (numbers.noise_multiplier, numbers.clip, cfg.min_reports, e.n_sampled)
+        self.params = p = SkellamRound.from_request(*request, e.filters[0])  # alpha aside, the same for all
         # The device's SkellamGrid: its noise_std is the worst-case account's std, sqrt(mu_share) gamma.
         self.grid = SkellamGrid(p.gamma, p.mu_total, p.mu_share, p.q)
-        shapes = tuple(engine.layout.shapes)  # float32 arrays only (Layout): every one is released
-        dim = engine.layout.dim
+        layout = e.release_layout  # float32 arrays only (Layout): every one is released, the bit's too
+        shapes = tuple(layout.shapes)
         self.mechanism = EngineSkellam(
-            float(cfg.noise_multiplier), float(cfg.clip), p.sigma, self.grid, shapes, tuple(range(len(shapes))), dim
+            numbers.noise_multiplier, numbers.clip, p.sigma, self.grid, shapes, tuple(range(len(shapes))), layout.dim
         )
+        self._numbers = numbers
 
     def l2_allowance(self, clients: np.ndarray) -> np.ndarray:
         """Each client's ``L2_allow`` (grid units), from the Gaussian allowances its ledger would give
@@ -211,6 +221,7 @@ class DistributedPlacement:
         >>> DistributedPlacement(engine).l2_allowance(np.arange(4)).round(2)
         array([1904.28, 1904.28, 1904.28, 1904.28])
         """
+        self._setup(self.engine.round_numbers())
         e, m = self.engine, self.mechanism
         # Not capped at C (skellam.l2_allowance says why), as on the device.
         a_gauss = e.allowance(clients, clip=math.inf)
@@ -227,9 +238,9 @@ class DistributedPlacement:
         return out
 
     def _exhausted(self, l2_allow: np.ndarray) -> np.ndarray:
-        cfg, floor = self.engine.config, self.mechanism.floor  # the device's rule on SkellamMechanism.allowance
+        cfg, m = self.engine.config, self.mechanism  # the device's rule on SkellamMechanism.allowance
         allowance = np.asarray(l2_allow) * self.grid.gamma
-        return nothing_left(allowance, clip=cfg.clip, floor=floor, exhausted_below=cfg.exhausted_below)
+        return nothing_left(allowance, clip=m.clip, floor=m.floor, exhausted_below=cfg.exhausted_below)
 
     def exhausted(self, clients: np.ndarray) -> np.ndarray:
         """True where a client has nothing left to give (the device's rule on its ``L2_allow``;
@@ -283,16 +294,19 @@ class DistributedPlacement:
         (array([0, 1, 2, 3]), (2410,))
         """
         e, cfg = self.engine, self.engine.config
-        l2_allow = e.uniform(clients, self.l2_allowance(clients))
+        l2_allow = e.uniform(clients, self.l2_allowance(clients))  # sets up this round's numbers
+        layout = e.release_layout
         at_bound = e.full_allowance is not None  # worst-case accounting: charged at L2_allow, not at k's norms
         out = self._exhausted(l2_allow)  # gamma and C are the same for all
         active, reporting = clients[~out], clients[out & ~e.leave[clients]]
         allow_active = l2_allow[~out]
-        dim, per_client = e.layout.dim, cfg.noise_draw == "per-client"
+        dim, per_client = layout.dim, cfg.noise_draw == "per-client"
         total = np.zeros(dim, dtype=np.int64)
         for a in range(0, len(active), cfg.chunk_size):
             chunk = active[a : a + cfg.chunk_size]
             updates = e._updates(chunk)
+            if e.adaptive is not None:  # clipped to C, the bit appended: the row the release clips and charges
+                updates = e.adaptive.augment(updates, e._clip_rows)
             bad = ~np.isfinite(np.einsum("ij->i", updates, dtype=np.float64))
             updates[bad] = 0.0  # client.flower_mod: a non-finite update is released as a zero update
             vectorised = cfg.norms != "device"
@@ -318,7 +332,7 @@ class DistributedPlacement:
                 spend(
                     account,
                     mechanism,
-                    e.layout.views(updates[j]),
+                    layout.views(updates[j]),
                     exhausted_below=cfg.exhausted_below,
                     after_exhaustion="noise-only",
                     noise=report,
@@ -328,7 +342,7 @@ class DistributedPlacement:
             zeros = np.zeros(dim, dtype=np.int64)
             for c in reporting:
                 stream = client_noise_stream(cfg.seed, int(c), cfg.run_id, round_id)
-                y = per_client_noisy(e.layout.views(zeros), self.params.mu_share, stream)
+                y = per_client_noisy(layout.views(zeros), self.params.mu_share, stream)
                 total += np.concatenate([np.ravel(x) for x in y])
         elif n:
             stream = aggregate_noise_stream(cfg.seed, cfg.run_id, round_id)

@@ -22,6 +22,7 @@ import numpy as np
 
 from fedfilter.client.mechanisms.gaussian import noise_grid, snap_toward_zero
 from fedfilter.client.mechanisms.spend import ReleaseRecord
+from fedfilter.simulations.engine.adaptive import RoundNumbers
 from fedfilter.simulations.engine.seeds import aggregate_noise_rng
 
 __all__ = ["GaussianReports"]
@@ -36,6 +37,10 @@ class GaussianReports:
         The federation (its model, data, chunk size, noise draws).
     clients : numpy.ndarray
         The round's clients (sorted indices).
+    numbers : RoundNumbers, optional
+        The round's release (default ``engine.round_numbers()``); with adaptive clipping each
+        update is clipped to ``C`` and carries its bit (``adaptive.AdaptiveClip.augment``), and the
+        rows, their sum and the noise have the release's one more coordinate.
 
     Examples
     --------
@@ -54,8 +59,10 @@ class GaussianReports:
     (['contributed', 'contributed', 'contributed', 'contributed'], (2410,))
     """
 
-    def __init__(self, engine, clients: np.ndarray):
+    def __init__(self, engine, clients: np.ndarray, numbers: RoundNumbers | None = None):
         self.engine, self.clients = engine, clients
+        self.numbers = engine.round_numbers() if numbers is None else numbers
+        self.added_std = self.numbers.added_std(engine.config.placement, engine.config.min_reports)
         self.out = np.zeros(len(clients), dtype=bool)  # rows with nothing left (set by clip)
 
     def clip(self, bound: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -82,13 +89,13 @@ class GaussianReports:
         >>> bool((norms <= 0.5).all()), float(norms[2]), reports.out.tolist()
         (True, 0.0, [False, False, True, False])
         """
-        e, cfg = self.engine, self.engine.config
+        e, cfg, layout = self.engine, self.engine.config, self.engine.release_layout
         self.out = out = ~(bound > 0)
         active, allow_active = self.clients[~out], bound[~out]
-        total = np.zeros(e.layout.dim, dtype=np.float64)
+        total = np.zeros(layout.dim, dtype=np.float64)
         norms = np.zeros(len(active))
         per_client = cfg.noise_draw == "per-client"
-        gamma = noise_grid(cfg.added_std)[0] if per_client else 0.0  # the reports' grid (the device's)
+        gamma = noise_grid(self.added_std)[0] if per_client else 0.0  # the reports' grid (the device's)
         for a in range(0, len(active), cfg.chunk_size):
             chunk = active[a : a + cfg.chunk_size]
             if e._fast is not None:
@@ -99,10 +106,12 @@ class GaussianReports:
                 total += chunk_sum
                 continue
             updates = e._updates(chunk)
-            norms[a : a + len(chunk)] = e._clip_rows(updates, allow_active[a : a + len(chunk)])
+            if e.adaptive is not None:  # clipped to C, the bit appended: the row the release clips and charges
+                updates = e.adaptive.augment(updates, e._clip_rows)
+            norms[a : a + len(chunk)] = e._clip_rows(updates, allow_active[a : a + len(chunk)], layout)
             if per_client:
                 for j in range(len(chunk)):
-                    snapped = snap_toward_zero(e.layout.views(updates[j]), gamma)
+                    snapped = snap_toward_zero(layout.views(updates[j]), gamma)
                     total += np.concatenate([k.ravel() for k in snapped]).astype(np.float64) * gamma  # exact
             else:
                 total += updates.sum(axis=0, dtype=np.float64)
@@ -170,8 +179,9 @@ class GaussianReports:
             raise RuntimeError("internal error: the rows trained are not the rows the spend says contributed")
         active, reporting = self.reporting()
         reports = len(active) + len(reporting)
+        dim = e.release_layout.dim
         if cfg.noise_draw == "per-client":
-            zero = np.zeros(e.layout.dim, dtype=np.float32)
+            zero = np.zeros(dim, dtype=np.float32)
             for c in np.concatenate([active, reporting]):
                 total += e._noisy_report(c, zero)  # R gamma: a noise-only report is the noise alone
         elif reports:
@@ -180,7 +190,9 @@ class GaussianReports:
             # individual reports. A device's float-safe report is the Gaussian rounded to a grid 2**16
             # times finer than s (client/mechanisms/gaussian_noise.py): its variance is about s^2 (1 + 2**-32 / 12), a
             # difference this simulated draw leaves out. Central: the coordinator's one N(0, (z C)^2 I).
-            std = cfg.accounted_std if cfg.placement == "central" else cfg.added_std * math.sqrt(reports)
+            # With adaptive clipping the bit's coordinate gets its share of the draw: in central placement
+            # N(0, sigma_b^2) on the count, Flower's server-side adaptive clipping's noise.
+            std = self.added_std if cfg.placement == "central" else self.added_std * math.sqrt(reports)
             rng = aggregate_noise_rng(cfg.seed, cfg.run_id, e.round_id)
-            total += rng.normal(0.0, std, size=e.layout.dim)
+            total += rng.normal(0.0, std, size=dim)
         return total

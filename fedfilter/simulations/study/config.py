@@ -3,7 +3,8 @@
 A study file has five kinds of tables (see ``simulations/configs/smoke.toml`` for a commented one)::
 
     [study]            name, rounds, seeds, filter, delta, eval_every, budget_grid, description
-    [federation]       settings every run shares (noise multiplier, clip, fraction asked per round, ...)
+    [federation]       settings every run shares (noise multiplier, clip, fraction asked per round,
+                       participation, adaptive clipping's target_clipped_quantile, ...)
     [sweep]            lists: budget_level, heterogeneity, after_exhaustion, noise, data
     [heterogeneity.X]  a budget distribution named X (fixed, uniform, lognormal, two-level)
     [data.X]           a data set named X (task, partition iid / dirichlet / natural, clients)

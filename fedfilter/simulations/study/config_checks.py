@@ -60,7 +60,15 @@ FEDERATION_KEYS: dict[str, tuple[type, str]] = {
     # Distributed runs: each client's worst-case-epsilon is this times its epsilon (client/ledger/worst_case.py);
     # required when sweep.noise includes 'distributed' (the runner passes worst_case_epsilon).
     "worst_case_factor": (float, "positive"),
+    "participation": (str, "uniform|balanced"),
+    # Adaptive clipping (Flower's names; EngineConfig.adaptive_clipping): on when target_clipped_quantile
+    # is given; clip is then the first round's and noise_multiplier the accounted z_eff.
+    "target_clipped_quantile": (float, "prob"),
+    "clip_norm_lr": (float, "positive"),
+    "clipped_count_stddev": (float, "positive"),
 }
+# The [federation] keys that make up EngineConfig.adaptive_clipping (the runner builds it).
+ADAPTIVE_KEYS = ("target_clipped_quantile", "clip_norm_lr", "clipped_count_stddev")
 FEDERATION_DEFAULTS: dict[str, Any] = {"noise_multiplier": 1.0, "clip": 1.0, "fraction": 1.0, "min_reports": 1}
 
 
@@ -298,6 +306,9 @@ def check_federation(c: Checker, t: dict) -> dict:
         else:
             c.number(f"federation.{k}", v, kind=rule, integer=typ is int)
         out[k] = float(v) if typ is float and _is_num(v) else v
+    if "target_clipped_quantile" not in t and any(k in t for k in ADAPTIVE_KEYS):
+        given = [k for k in ADAPTIVE_KEYS if k in t]
+        c.bad(f"federation.{given[0]}", t[given[0]], "set with federation.target_clipped_quantile (adaptive clipping)")
     return out
 
 

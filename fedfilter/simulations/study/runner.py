@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from fedfilter.protocol.adaptive_clip import AdaptiveClipping
+from fedfilter.simulations.study.config_checks import ADAPTIVE_KEYS
 from fedfilter.simulations.study.groups import Grouping, make_grouping
 from fedfilter.simulations.study.specs import DataSpec, RunSpec, StudyConfig
 
@@ -138,6 +140,9 @@ def run_one(
     if run.data.min_reports is not None:
         fed["min_reports"] = run.data.min_reports
     factor = fed.pop("worst_case_factor", None)
+    adaptive = {k: fed.pop(k) for k in ADAPTIVE_KEYS if k in fed}
+    if adaptive:  # [federation] target_clipped_quantile and its companions: EngineConfig.adaptive_clipping
+        fed["adaptive_clipping"] = AdaptiveClipping(**adaptive)
     if run.noise == "distributed" and factor is not None:  # the study's rule (config_checks.check_min_reports)
         fed["worst_case_epsilon"] = np.asarray(eps, dtype=np.float64) * float(factor)
     ec = EngineConfig(
@@ -181,6 +186,7 @@ def run_one(
             "accuracy",
             "accuracy_evaluated",
             "aggregate_norm",
+            "clip",
         )
     }
     group_share: dict[str, list[float]] = {g: [] for g in grouping.names}
@@ -209,6 +215,7 @@ def run_one(
         per_round["accuracy"].append(float(acc_last))
         per_round["accuracy_evaluated"].append(rec.accuracy is not None)
         per_round["aggregate_norm"].append(float(rec.aggregate_norm))
+        per_round["clip"].append(rec.clip)  # public: the round's clip (moves with adaptive clipping)
         for g, s in zip(grouping.names, grouping.share(alive)):
             group_share[g].append(float(s))
         for g in grouping.names:
@@ -258,6 +265,7 @@ def run_one(
         "exhausted_total_per_round": per_round["exhausted_total"],
         "accuracy_evaluated_per_round": per_round["accuracy_evaluated"],
         "aggregate_norm_per_round": per_round["aggregate_norm"],
+        "clip_per_round": per_round["clip"],
         "exhaustion": {
             "clients_exhausted": int(ex_rounds.size),
             "first_round": int(ex_rounds.min()) if ex_rounds.size else None,

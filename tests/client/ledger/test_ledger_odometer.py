@@ -64,3 +64,23 @@ def test_device_report_carries_the_odometer_and_the_summary_says_which_is_the_gu
     assert rep["exhausted_round"] is not None
     text = odometer_text(1e-6)
     assert "1e-06" in text and "valid at every moment" in text and "guarantee is budget_epsilon" in text
+
+
+def test_ledger_show_labels_an_odometer_above_the_budget_as_no_overspend(tmp_path, capsys):
+    """An exhausted gdp ledger: the filter held the budget, the odometer (a looser, every-moment
+    bound) reads above it, and `ledger show` says which is which instead of hiding either number."""
+    client = FilteredClient(BudgetLedger.enrol(tmp_path, client_id="d", epsilon=2.0, delta=1e-5))
+    for r in range(30):
+        client.release(RoundSpec("run-z", r, 2.0, 1.0), [np.ones(8) * 0.2])
+    client.ledger.close()
+    assert main(["ledger", "show", "--dir", str(tmp_path), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["spent_epsilon"] <= data["budget_epsilon"] < data["odometer"]["epsilon"]
+    assert main(["ledger", "show", "--dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    spent = next(line for line in out.splitlines() if line.strip().startswith("spent "))
+    odometer = next(line for line in out.splitlines() if line.strip().startswith("odometer "))
+    assert f"epsilon={data['spent_epsilon']:.4f}" in spent and "at most the budget" in spent
+    assert f"epsilon={data['odometer']['epsilon']:.4f}" in odometer  # shown, not hidden
+    assert "not a spend" in odometer and "looser accountant" in odometer and "above the budget" in odometer
+    assert "odometer*" in out and "* odometer: not a spend" in out

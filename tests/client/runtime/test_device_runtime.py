@@ -271,6 +271,9 @@ def test_an_approved_fab_runs_inside_the_filter_and_stays_loaded(tmp_path, monke
     runtime = FakeRuntime(monkeypatch, message(round_id=3), ctx, fab)
     worker.run_task("token")
     assert runtime.pushed[0].has_error() and "not approved" in runtime.pushed[0].error.reason
+    from fedfilter.protocol.refusals import refusal_code
+
+    assert refusal_code(runtime.pushed[0].error.reason) == "app-not-approved"  # the operator counts it by code
 
 
 def test_a_worker_serves_one_run(tmp_path, monkeypatch, markers):

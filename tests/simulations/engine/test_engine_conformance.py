@@ -24,6 +24,7 @@ from fedfilter.client.ledger.budget import BudgetLedger
 from fedfilter.client.settings.node_config import enrol_device
 from fedfilter.coordinator.strategy import IndividualFilterStrategy
 from fedfilter.privacy.filters import make_filter
+from fedfilter.protocol.adaptive_clip import AdaptiveClipping
 from fedfilter.simulations.engine import EngineConfig, run_engine
 from fedfilter.simulations.engine.seeds import client_noise_seed
 from fedfilter.simulations.reproduce.private_gd import single_example_task
@@ -57,7 +58,7 @@ class _NodesGrid:
         return list(self.nodes)
 
 
-def flower_reference(tmp_path, *, placement: str, min_reports: int, clip: float, z: float):
+def flower_reference(tmp_path, *, placement: str, min_reports: int, clip: float, z: float, adaptive=None):
     """Rounds through the real mod, ClientApp handler and strategy; returns ledgers and counts."""
     torch.set_num_threads(1)
     torch.manual_seed(SEED)
@@ -70,6 +71,7 @@ def flower_reference(tmp_path, *, placement: str, min_reports: int, clip: float,
         placement=placement,
         min_reports=min_reports,
         run_name=RUN,
+        adaptive_clipping=adaptive,
     )
     nodes = list(range(100, 100 + N))
     grid = _NodesGrid(nodes)
@@ -123,16 +125,20 @@ def flower_reference(tmp_path, *, placement: str, min_reports: int, clip: float,
             statuses.append([r.status for r in ledger.records(RUN)])
         finally:
             ledger.close()
-    return np.array(states), np.array(run_states), statuses, counts, weights
+    return np.array(states), np.array(run_states), statuses, counts, weights, strategy.current_clip
 
 
-@pytest.mark.parametrize("placement,min_reports", [("local", 1)])
-def test_engine_matches_flower_path_bitwise(tmp_path, monkeypatch, placement, min_reports):
+# Adaptive clipping: sigma_b = 2 lets z_eff = 2 (z_eff < 2 sigma_b); the clip moves every round.
+ADAPTIVE = AdaptiveClipping(target_clipped_quantile=0.5, clip_norm_lr=0.5, clipped_count_stddev=2.0)
+
+
+@pytest.mark.parametrize("placement,min_reports,adaptive", [("local", 1, None), ("local", 1, ADAPTIVE)])
+def test_engine_matches_flower_path_bitwise(tmp_path, monkeypatch, placement, min_reports, adaptive):
     # The ServerApp process would have its Flower run id set; messages are built outside one here.
     task_identity(monkeypatch, run_id=1)
     clip, z = 0.5, 2.0
-    states, run_states, statuses, counts, weights = flower_reference(
-        tmp_path, placement=placement, min_reports=min_reports, clip=clip, z=z
+    states, run_states, statuses, counts, weights, last_clip = flower_reference(
+        tmp_path, placement=placement, min_reports=min_reports, clip=clip, z=z, adaptive=adaptive
     )
 
     result = run_engine(
@@ -156,6 +162,7 @@ def test_engine_matches_flower_path_bitwise(tmp_path, monkeypatch, placement, mi
             noise_draw="per-client",
             group_by="none",
             torch_threads=1,
+            adaptive_clipping=adaptive,
         )
     )
 
@@ -173,6 +180,16 @@ def test_engine_matches_flower_path_bitwise(tmp_path, monkeypatch, placement, mi
     # The model: float tolerance (summation order of the mean).
     for a, b in zip(result.weights, weights):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    if adaptive is not None:  # the clip the coordinator would ask for next, from the same noisy bits
+        assert result.rounds[-1].clip != clip
+        assert float(np.float64(last_clip)) == pytest.approx(_next_clip(result, adaptive), rel=1e-6)
+
+
+def _next_clip(result, adaptive) -> float:
+    from fedfilter.protocol.adaptive_clip import next_clip
+
+    last = result.rounds[-1]
+    return next_clip(last.clip, last.unclipped_fraction, adaptive)
 
 
 @pytest.fixture(scope="module")

@@ -29,6 +29,7 @@ from fedfilter.client.ledger.budget import BudgetLedger
 from fedfilter.client.secagg.mod import secure_aggregation_mod
 from fedfilter.client.settings.node_config import enrol_device
 from fedfilter.coordinator.strategy import IndividualFilterStrategy
+from fedfilter.protocol.adaptive_clip import AdaptiveClipping
 from fedfilter.simulations.engine import EngineConfig, run_engine
 from fedfilter.simulations.engine.seeds import client_noise_seed
 from fedfilter.simulations.tasks.registry import load_task
@@ -55,7 +56,7 @@ TRAIN = {
 }
 
 
-def flower_reference(tmp_path, run_quota: float = 1.0):
+def flower_reference(tmp_path, run_quota: float = 1.0, adaptive=None):
     torch.set_num_threads(1)
     torch.manual_seed(SEED)
     # Flower's SecAgg+ workflow shuffles the nodes into its ring with Python's global generator, and
@@ -93,6 +94,7 @@ def flower_reference(tmp_path, run_quota: float = 1.0):
         placement="distributed",
         min_reports=M,
         run_name=RUN,
+        adaptive_clipping=adaptive,
     )
     seen = []
 
@@ -119,12 +121,16 @@ def flower_reference(tmp_path, run_quota: float = 1.0):
     return np.array(states), np.array(run_states), np.array(worst_states), statuses, seen
 
 
+# Adaptive clipping: sigma_b = 2 lets z_eff = 3 (z_eff < 2 sigma_b); the clip moves every round.
+ADAPTIVE = AdaptiveClipping(target_clipped_quantile=0.5, clip_norm_lr=0.5, clipped_count_stddev=2.0)
+
+
 # A run quota caps both accounts (client/ledger/quota.py): at 0.3 it binds the worst-case accounts too.
-@pytest.mark.parametrize("run_quota", [1.0, 0.3])
-def test_engine_matches_the_flower_secagg_path_bitwise(tmp_path, monkeypatch, run_quota):
+@pytest.mark.parametrize("run_quota,adaptive", [(1.0, None), (0.3, None), (1.0, ADAPTIVE)])
+def test_engine_matches_the_flower_secagg_path_bitwise(tmp_path, monkeypatch, run_quota, adaptive):
     for name, value in (("_run_id", 1), ("_node_id", 1), ("_task_id", 1)):
         monkeypatch.setattr(TaskIdentity, name, value)  # restored after the loopback grid sets them
-    states, run_states, worst_states, statuses, seen = flower_reference(tmp_path, run_quota)
+    states, run_states, worst_states, statuses, seen = flower_reference(tmp_path, run_quota, adaptive)
     assert len(seen) == ROUNDS
 
     result = run_engine(
@@ -151,6 +157,7 @@ def test_engine_matches_the_flower_secagg_path_bitwise(tmp_path, monkeypatch, ru
             secagg_graph="sparse",  # the strategy's default secagg_num_shares="auto": the same graph and threshold
             group_by="none",
             torch_threads=1,
+            adaptive_clipping=adaptive,
         )
     )
 
@@ -158,11 +165,10 @@ def test_engine_matches_the_flower_secagg_path_bitwise(tmp_path, monkeypatch, ru
     assert result.state.tobytes() == states.tobytes()
     assert result.run_state.tobytes() == run_states.tobytes()
     assert result.worst_state is not None and result.worst_state.tobytes() == worst_states.tobytes()
-    # The worst-case account bound for some devices: they stopped with most of the main budget left.
-    assert any(result.exhausted_round[k] > 0 and result.spent_fraction[k] < 0.5 for k in range(N))
-    assert (states[:, 0] > 0).sum() == 8  # every budget but the two spent ones paid something
-    flat = [s for row in statuses for s in row]
-    assert "noise-only" in flat and "left" in flat and "contributed" in flat
+    if adaptive is not None:  # the clip moved, from the same unmasked bits on both paths
+        assert len({r.clip for r in result.rounds}) == ROUNDS
+    else:
+        _fixed_clip_scenario(result, states, statuses)
     for k in range(N):
         first = next((i + 1 for i, s in enumerate(statuses[k]) if s != "contributed"), -1)
         assert result.exhausted_round[k] == first
@@ -174,3 +180,12 @@ def test_engine_matches_the_flower_secagg_path_bitwise(tmp_path, monkeypatch, ru
     _, final = seen[-1]
     for a, b in zip(result.weights, final):
         np.testing.assert_array_equal(a, b)
+
+
+def _fixed_clip_scenario(result, states, statuses) -> None:
+    """What this fixed-clip setting was chosen to exercise (else the comparison would prove little)."""
+    # The worst-case account bound for some devices: they stopped with most of the main budget left.
+    assert any(result.exhausted_round[k] > 0 and result.spent_fraction[k] < 0.5 for k in range(N))
+    assert (states[:, 0] > 0).sum() == 8  # every budget but the two spent ones paid something
+    flat = [s for row in statuses for s in row]
+    assert "noise-only" in flat and "left" in flat and "contributed" in flat

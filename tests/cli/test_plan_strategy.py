@@ -1,0 +1,95 @@
+"""``fedfilter plan``'s plan for the strategy: one JSON document on stdout with the plan under
+``"strategy"``, the same fields in the text, bad input named, and ``from_plan`` taking the file whole."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from flwr.serverapp.strategy import FedAvg
+
+from fedfilter.cli import main
+from fedfilter.coordinator.strategy import IndividualFilterStrategy
+from fedfilter.planning.strategy_plan import PLAN_FORMAT
+from fedfilter.protocol.adaptive_clip import AdaptiveClipping
+
+ARGV = ["plan", "--devices", "100", "--population", "1000", "--params", "19754", "--epsilon", "4,8"]
+ARGV += ["--delta", "1e-5", "--rounds", "50", "--dropout-rate", "0.1", "--placement", "distributed"]
+FIELDS = ["format", "noise_multiplier", "update_noise_multiplier", "clip", "placement", "min_reports", "filter"]
+FIELDS += ["dim", "adaptive_clipping", "participation", "dropout", "budget", "mean_noise_to_clip", "notes"]
+
+
+def _json(capsys, argv):
+    assert main([*argv, "--json"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1  # one document, one line
+    return json.loads(out)
+
+
+def test_the_json_carries_the_plan_under_stable_names(capsys):
+    out = _json(capsys, ARGV)
+    st = out["strategy"]
+    assert list(st) == FIELDS and st["format"] == PLAN_FORMAT
+    assert st["participation"]["mode"] == "balanced" and st["participation"]["asks_planned"] == 5
+    assert st["min_reports"] == 82 and st["dropout"]["abort_probability"] <= 0.01
+    assert st["budget"]["epsilons"] == [4.0, 8.0] and st["budget"]["pays_for_planned_asks"] is True
+    # The figures above it are computed at the plan's z and clip, for the asks it plans.
+    assert (out["noise_multiplier"], out["clip"], out["min_reports"]) == (st["noise_multiplier"], 0.1, 82)
+    assert out["rounds"] == 5 and out["fits_budget"] is True
+
+
+def test_the_text_carries_the_same_fields(capsys):
+    st = _json(capsys, ARGV)["strategy"]
+    assert main(ARGV) == 0
+    text = capsys.readouterr().out
+    for name in ("noise_multiplier", "clip", "adaptive_clipping", "placement", "min_reports", "participation"):
+        assert f"\n  {name} " in text
+    assert f"noise_multiplier   {st['noise_multiplier']:g} " in text
+    assert f"min_reports        {st['min_reports']}: a round aborts" in text
+    assert f"probability {st['dropout']['abort_probability']:.4g} (target 0.01)" in text
+    assert "the clip moves tenfold in 24 rounds" in text and "each device asked at most 5 times" in text
+
+
+def test_from_plan_round_trips_the_json_file(capsys, tmp_path):
+    plan = _json(capsys, ARGV)
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan))
+    st = plan["strategy"]
+    strategy = IndividualFilterStrategy.from_plan(FedAvg(), path, run_name="r")
+    assert (strategy.noise_multiplier, strategy.clip, strategy.placement, strategy.min_reports) == (
+        st["noise_multiplier"],
+        st["clip"],
+        "distributed",
+        st["min_reports"],
+    )
+    assert strategy.adaptive_clipping == AdaptiveClipping(0.5, 0.2, 5.0)
+    p = strategy.participation
+    assert (p.mode, p.asks_planned, p.population, p.seed) == ("balanced", 5, 1000, 0)
+    # Overrides win; the plan's part alone is taken too.
+    again = IndividualFilterStrategy.from_plan(FedAvg(), st, clip=0.5, run_name="r")
+    assert again.clip == 0.5 and again.noise_multiplier == st["noise_multiplier"]
+
+
+def test_the_old_command_still_plans_a_given_multiplier(capsys):
+    argv = ["plan", "--devices", "10", "--params", "62006", "--noise-multiplier", "1", "--clip", "1"]
+    out = _json(capsys, argv + ["--epsilon", "8", "--delta", "1e-5", "--rounds", "50"])
+    assert out["noise_multiplier"] == 1.0 and out["rounds"] == 50 and out["strategy"]["noise_multiplier"] == 1.0
+    assert out["strategy"]["participation"]["mode"] == "every-round"
+    assert out["strategy"]["adaptive_clipping"] is None  # sigma_b = 10 / 20 cannot carry z = 1: said in notes
+    assert out["strategy"]["notes"]
+
+
+def test_bad_input_names_the_field_and_value(capsys):
+    assert main([*ARGV, "--dropout-rate", "1.5"]) == 2
+    assert "dropout_rate must be a number in [0, 1). Found 1.5." in capsys.readouterr().err
+    assert main([*ARGV, "--participation", "uniform", "--plan-quantile", "0"]) == 2
+    assert "plan_quantile must be a number in (0, 1). Found 0.0." in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="2"):  # argparse's own exit, on a value its type refuses
+        main([*ARGV[:-6], "--epsilon", "4,x"])
+    assert "--epsilon must be a number or numbers separated by commas. Found '4,x'." in capsys.readouterr().err
+
+
+def test_a_multiplier_devices_refuse_by_default_is_said(capsys):
+    argv = ["plan", "--devices", "100", "--population", "100", "--params", "10", "--epsilon", "50", "--delta", "1e-5"]
+    assert main([*argv, "--rounds", "2"]) == 0
+    assert "devices refuse an update noise multiplier below their min-noise-multiplier (0.5" in capsys.readouterr().out
