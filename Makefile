@@ -18,7 +18,7 @@ $(BIN)/fedfilter: pyproject.toml
 setup: $(BIN)/fedfilter
 
 demo: setup
-	$(BIN)/fedfilter demo --clients 10 --rounds 5 --out $(OUT)
+	$(BIN)/fedfilter demo --clients 10 --rounds 5 --population 6000 --out $(OUT)
 
 lint: setup
 	@echo "== ruff check"

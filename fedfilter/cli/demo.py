@@ -53,13 +53,16 @@ from typing import Any
 
 from fedfilter.app.config import APP_DIR, app_defaults, resolve_config
 from fedfilter.checks import positive_finite
+from fedfilter.cli import demo_population
 from fedfilter.cli.demo_report import (
     DELTA,
     clip_share_per_round,
     demo_summary,
     follow_public_ledger,
     guarantee_text,
+    learning_text,
     placement_text,
+    plan_summary,
     plot_rounds,
     print_clients_table,
     print_rounds_table,
@@ -67,28 +70,28 @@ from fedfilter.cli.demo_report import (
 from fedfilter.deploy.devices import simulated_worst_case_epsilon
 from fedfilter.protocol.request import AFTER_EXHAUSTION, PLACEMENTS
 from fedfilter.protocol.rules import default_min_reports
+from fedfilter.simulations.population.settings import MAX_DEMO_EPSILON
 
-# Demo defaults, chosen (docs/results.md) so that with 10 clients x 5 rounds on digits some
-# clients run out of budget while the accuracy of the global model visibly rises. The app's own
-# settings come from its one place (fedfilter/app/pyproject.toml); the budget draw is the demo's.
+# Demo defaults. The app's own settings come from its one place (fedfilter/app/pyproject.toml); the
+# budget draw and the noise multiplier are the demo's. Budgets are ones people use: epsilon
+# log-uniform on [1, 8] at delta 1e-5, never above 8 (MAX_DEMO_EPSILON). The noise multiplier is
+# planned (``planned_noise_multiplier``): the least whose every round at full clip the smallest budget's
+# own filter pays for; at the defaults (5 rounds, epsilon 1, digits MLP) that is the value below, which
+# tests/cli/test_demo_population.py recomputes with the planner.
 _APP = app_defaults()
 DEFAULTS = {
-    "noise_multiplier": _APP["noise-multiplier"],
+    "noise_multiplier": 8.35,  # gdp filter: sqrt(5) / mu(epsilon 1, delta 1e-5), rounded up
     "clip": _APP["clip"],
     "local_epochs": _APP["local-epochs"],
     "lr": _APP["lr"],
     "server_lr": _APP["server-lr"],
-    # A full-norm round at sigma = 0.5 costs mu_t^2 = 4 (gdp filter, delta 1e-5): eps 10 (mu 2.0)
-    # pays for 1 such round, eps 60 (mu 7.56) for 14.
-    "eps_min": 10.0,
-    "eps_max": 60.0,
+    "eps_min": 1.0,
+    "eps_max": MAX_DEMO_EPSILON,
     "delta": DELTA,
 }
-# Distributed placement: sigma = z C is the std of the SUM (not of each report), so budgets 5-8
-# times smaller still leave room for several rounds. With 10 clients x 5 rounds on digits, z = 1 and
-# epsilon log-uniform on [2, 16] (rdp filter, delta 1e-5), 3 to 8 clients run out of budget by round
-# 5 (vectorised engine, docs/results.md "Distributed noise over SecAgg+").
-DISTRIBUTED_DEFAULTS = {"noise_multiplier": 1.0, "eps_min": 2.0, "eps_max": 16.0}
+# Distributed placement: z C is the std of the SUM (not of each report); the rdp filter accounts the
+# Skellam sum, and plans a slightly larger z than the gdp filter for the same budget and rounds.
+DISTRIBUTED_DEFAULTS = {"noise_multiplier": 9.05, "eps_min": 1.0, "eps_max": MAX_DEMO_EPSILON}
 # The filter that accounts each placement's mechanism: the exact Gaussian-DP filter for Gaussian
 # noise; the Renyi filter for the Skellam sum (the gdp filter is not valid for it).
 FILTER_OF_PLACEMENT = {"local": "gdp", "distributed": "rdp"}
@@ -113,11 +116,18 @@ def register(subparsers: Any) -> None:
     """
     p = subparsers.add_parser(
         "demo",
-        help="run a small Flower simulation with individual budgets and plot who drops out",
+        help="run a small Flower simulation with personal budgets (epsilon <= 8), then optionally a "
+        "population that learns at those budgets",
         description="Flower Simulation Engine demo: clients with heterogeneous personal budgets, "
-        "individual filters, a plain-mean coordinator and its public ledger.",
+        "individual filters, a plain-mean coordinator and its public ledger; with --population N, "
+        "then N devices on the vectorised engine, against the same federation without privacy.",
     )
-    p.add_argument("--clients", type=int, default=10, help="number of simulated devices (default 10)")
+    p.add_argument(
+        "--clients",
+        type=int,
+        default=10,
+        help="number of simulated Flower devices (default 10; 0: the population part alone)",
+    )
     p.add_argument("--rounds", type=int, default=5, help="federated rounds (default 5)")
     p.add_argument("--out", required=True, help="output folder (device ledgers, public ledger, summary)")
     p.add_argument("--task", default=_APP["task"], help=f"built-in task (default {_APP['task']})")
@@ -141,7 +151,8 @@ def register(subparsers: Any) -> None:
         "--noise-multiplier",
         type=float,
         default=None,
-        help=f"z, noise std z * clip (default {DEFAULTS['noise_multiplier']:g}; distributed: "
+        help="z, noise std z * clip (default: the planner's, the least whose every round at full clip the "
+        f"smallest budget pays for: {DEFAULTS['noise_multiplier']:g} at the defaults; distributed: "
         f"{DISTRIBUTED_DEFAULTS['noise_multiplier']:g}, the std of the sum)",
     )
     p.add_argument(
@@ -189,6 +200,7 @@ def register(subparsers: Any) -> None:
         "simulation stays fast; deployed devices default to 60)",
     )
     p.add_argument("--verbose", action="store_true", help="show Flower's INFO logs")
+    demo_population.add_arguments(p)
     p.set_defaults(func=_run)
 
 
@@ -203,7 +215,9 @@ def placement_defaults(args: argparse.Namespace) -> argparse.Namespace:
     Returns
     -------
     argparse.Namespace
-        ``args``, with ``noise_multiplier``, ``eps_min``, ``eps_max`` and ``min_reports`` set.
+        ``args``, with ``eps_min``, ``eps_max``, ``min_reports`` and (unless the settings are bad, or
+        the Flower part is skipped) ``noise_multiplier`` set: the planner's (``flower_plan``), the least
+        whose ``rounds`` full-clip rounds the smallest budget's filter pays for, rounded up.
 
     Examples
     --------
@@ -211,19 +225,134 @@ def placement_defaults(args: argparse.Namespace) -> argparse.Namespace:
     >>> register(parser.add_subparsers(dest="command"))
     >>> args = placement_defaults(parser.parse_args(["demo", "--out", "runs/demo", "--placement", "distributed"]))
     >>> args.noise_multiplier, args.eps_min, args.eps_max, args.min_reports
-    (1.0, 2.0, 16.0, 5)
+    (9.05, 1.0, 8.0, 5)
     """
     table = {**DEFAULTS, **(DISTRIBUTED_DEFAULTS if args.placement == "distributed" else {})}
-    for name in ("noise_multiplier", "eps_min", "eps_max"):
+    for name in ("eps_min", "eps_max"):
         if getattr(args, name) is None:
             setattr(args, name, table[name])
     if args.min_reports is None:
         args.min_reports = default_min_reports(args.clients, args.placement)
+    if args.noise_multiplier is None and args.clients and not _problems(args):  # else _check names the problems
+        from fedfilter.simulations.population.settings import planned_noise_multiplier
+
+        args.noise_multiplier = planned_noise_multiplier(flower_plan(args, 1.0), rounds=args.rounds, delta=DELTA)
+        args.noise_planned = True  # what the texts may say of it
     return args
 
 
-def _check(args: argparse.Namespace) -> None:
+def model_dim(task: str) -> int:
+    """The floating-point coordinates a device releases for the task's model.
+
+    Parameters
+    ----------
+    task : str
+        A built-in task.
+
+    Returns
+    -------
+    int
+        ``fedfilter.cli.plan.count_parameters`` of the task's model.
+
+    Examples
+    --------
+    >>> model_dim("digits")
+    2410
+    """
+    from fedfilter.cli.plan import count_parameters
+    from fedfilter.simulations.tasks.registry import load_task
+
+    return count_parameters(load_task(task, num_clients=1).model_fn())
+
+
+def flower_plan(args: argparse.Namespace, noise_multiplier: float) -> dict[str, Any]:
+    """``fedfilter.planning.federation.plan_federation`` for the Flower part: every client asked every
+    round, the smallest budget of the draw (``--eps-min``, cut to the draw's 2 decimals).
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        The ``demo`` options, defaults filled in.
+    noise_multiplier : float
+        The z to report the figures at.
+
+    Returns
+    -------
+    dict
+        The planner's figures, verdict and recommendations.
+
+    Examples
+    --------
+    >>> args = argparse.Namespace(clients=10, rounds=5, clip=0.4, eps_min=1.0, placement="local", min_reports=1,
+    ...     task="digits")
+    >>> plan = flower_plan(args, 8.35)
+    >>> plan["fits_budget"], round(plan["noise_to_clip"]), plan["distributed"]["devices"]
+    (True, 130, 894)
+    """
+    from fedfilter.planning.federation import plan_federation
+
+    return plan_federation(
+        devices=args.clients,
+        dim=model_dim(args.task),
+        noise_multiplier=noise_multiplier,
+        clip=args.clip,
+        epsilon=math.floor(args.eps_min * 100) / 100,  # draw_budgets rounds to 2 decimals
+        delta=DELTA,
+        rounds=args.rounds,
+        placement=args.placement,
+        min_reports=args.min_reports,
+        filter=FILTER_OF_PLACEMENT[args.placement],
+    )
+
+
+def no_privacy_baseline(args: argparse.Namespace, run_id: str) -> list[float]:
+    """The Flower part's devices without privacy: their test accuracy per round.
+
+    The app's data split, initial model and local training (``fedfilter.simulations.population.no_privacy``),
+    every device asked every round as the app's strategy does, the plain mean of the unclipped updates.
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        The ``demo`` options (``task``, ``clients``, ``rounds``, ``local_epochs``, ``lr``, ``server_lr``, ``seed``).
+    run_id : str
+        The run.
+
+    Returns
+    -------
+    list of float
+        One accuracy per round.
+
+    Examples
+    --------
+    >>> args = argparse.Namespace(task="digits", clients=4, rounds=2, local_epochs=1, lr=0.1, server_lr=1.0, seed=0)
+    >>> acc = no_privacy_baseline(args, "run-1")
+    >>> len(acc), acc[-1] > 0.3  # chance is 0.1
+    (2, True)
+    """
+    from fedfilter.simulations.population.no_privacy import no_privacy_accuracy
+    from fedfilter.simulations.tasks.registry import load_task
+
+    task = load_task(args.task, num_clients=args.clients, partition=_APP["partition"], seed=_APP["partition-seed"])
+    return no_privacy_accuracy(
+        task,
+        per_round=args.clients,
+        rounds=args.rounds,
+        local_epochs=args.local_epochs,
+        lr=args.lr,
+        batch_size=_APP["batch-size"],
+        server_lr=args.server_lr,
+        seed=args.seed,
+        run_id=run_id,
+    )
+
+
+def _problems(args: argparse.Namespace) -> list[str]:
     problems = []
+    if args.clients == 0:  # the population part alone
+        if args.population < 1:
+            problems.append("--clients 0 skips the Flower part: it needs --population N > 0. Found --population 0.")
+        return problems + demo_population.check(args)
     if args.placement not in PLACEMENTS:
         problems.append(f"--placement must be one of {', '.join(PLACEMENTS)}. Found {args.placement!r}.")
     if args.placement == "distributed" and args.clients < 2:
@@ -234,19 +363,25 @@ def _check(args: argparse.Namespace) -> None:
         problems.append(f"--min-reports must be in [1, --clients={args.clients}]. Found {args.min_reports}.")
     if args.placement == "local" and args.min_reports != 1:
         problems.append(f"--min-reports applies to --placement distributed only. Found {args.min_reports}.")
-    if (problem := positive_finite("--noise-multiplier", args.noise_multiplier)) is not None:
-        problems.append(problem)
-    if args.clients < 1:
-        problems.append(f"--clients must be >= 1. Found {args.clients}.")
+    if args.noise_multiplier is not None and (p := positive_finite("--noise-multiplier", args.noise_multiplier)):
+        problems.append(p)
+    if args.clients < 0:
+        problems.append(f"--clients must be >= 1 (0: the population part alone). Found {args.clients}.")
     if args.rounds < 1:
         problems.append(f"--rounds must be >= 1. Found {args.rounds}.")
     if not (0 < args.eps_min <= args.eps_max and math.isfinite(args.eps_max)):
         problems.append(f"need 0 < --eps-min <= --eps-max. Found {args.eps_min} and {args.eps_max}.")
+    if (p := positive_finite("--clip", args.clip)) is not None:
+        problems.append(p)
     from fedfilter.client.settings.node_config import MAX_REPLY_HOLD_S
 
     if not (math.isfinite(args.reply_hold_s) and 0 <= args.reply_hold_s <= MAX_REPLY_HOLD_S):
         problems.append(f"--reply-hold-s must be in [0, {MAX_REPLY_HOLD_S:g}] seconds. Found {args.reply_hold_s}.")
-    if problems:
+    return problems + demo_population.check(args)
+
+
+def _check(args: argparse.Namespace) -> None:
+    if problems := _problems(args):
         raise ValueError(" ".join(problems))
 
 
@@ -478,7 +613,19 @@ def _run(args: argparse.Namespace) -> int:
     _check(args)
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
+    if args.clients and (code := _flower_part(args, out)) != 0:
+        return code
+    if args.population:
+        try:
+            with _sigterm_as_interrupt():
+                demo_population.run_part(args, out)
+        except KeyboardInterrupt:  # the second process gets the same signal from the terminal, or ends with the pool
+            print("\nfedfilter demo: interrupted during the population part", flush=True)
+            return 130
+    return 0
 
+
+def _flower_part(args: argparse.Namespace, out: Path) -> int:
     from fedfilter.client.flower.reply_timing import timing_protection
     from fedfilter.client.ledger.report import device_report, odometer_text
     from fedfilter.client.settings.simulated import write_device_settings
@@ -502,9 +649,10 @@ def _run(args: argparse.Namespace) -> int:
     ledger_path = out / "public_ledger.sqlite"
     overrides = run_config_overrides(args, run_id, ledger_path)
     print(f"fedfilter demo: {args.clients} clients x {args.rounds} rounds on {args.task!r}, run {run_id}")
+    planned = " (the planner's for the smallest budget)" if getattr(args, "noise_planned", False) else ""
     print(
         f"  personal budgets: epsilon log-uniform on [{args.eps_min:g}, {args.eps_max:g}], delta "
-        f"{DEFAULTS['delta']:g}; noise multiplier {args.noise_multiplier:g}, clip {args.clip:g}, "
+        f"{DEFAULTS['delta']:g}; noise multiplier {args.noise_multiplier:g}{planned}, clip {args.clip:g}, "
         f"{placement_text(args)}, after exhaustion: {args.after_exhaustion}"
     )
     timing = timing_protection(args.reply_hold_s)
@@ -557,12 +705,15 @@ def _run(args: argparse.Namespace) -> int:
     # A round below the SecAgg+ threshold is not released: the model, and its accuracy, stay as they were.
     accuracy = [float(r.metrics["accuracy"]) if "accuracy" in r.metrics else None for r in records]
 
-    print_rounds_table(records, contributing, clip_share, accuracy)
+    # The same 10 devices without privacy, and the planner's figures at this z: what the accuracy is read against.
+    no_privacy = no_privacy_baseline(args, run_id)
+    plan = flower_plan(args, float(args.noise_multiplier))
+    print_rounds_table(records, contributing, clip_share, accuracy, no_privacy)
     print_clients_table(clients)
     guarantee = guarantee_text(args)
     print(f"\nguarantee: {guarantee}")
     print(f"odometer: {odometer_text(DELTA)}")
-
+    print(f"\n{learning_text(args, plan, accuracy, no_privacy)}")
     for c in clients:
         if c["spent_epsilon"] > c["budget_epsilon"]:
             raise RuntimeError(f"{c['client_id']} spent {c['spent_epsilon']} > its budget {c['budget_epsilon']}")
@@ -582,7 +733,11 @@ def _run(args: argparse.Namespace) -> int:
         guarantee=guarantee,
         elapsed=elapsed,
     )
+    summary["no_privacy_accuracy_per_round"] = no_privacy
+    summary["plan"] = plan_summary(plan)
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    plot_rounds(out / "rounds.png", rounds, contributing, accuracy, args.clients, args.placement, clip_share)
+    plot_rounds(
+        out / "rounds.png", rounds, contributing, accuracy, args.clients, args.placement, clip_share, no_privacy
+    )
     print(f"\nwrote {out / 'summary.json'}, {out / 'rounds.png'} ({elapsed:.0f} s)")
     return 0

@@ -118,6 +118,7 @@ def plot_rounds(
     n: int,
     placement: str,
     clip_share: list[float] | None = None,
+    no_privacy: list[float] | None = None,
 ) -> None:
     """Plot, per round, the clients contributing data (bars) and the public accuracy, and save it.
 
@@ -137,6 +138,8 @@ def plot_rounds(
         ``local`` or ``distributed`` (for the title).
     clip_share : list of float, optional
         Per round, ``clip_share_per_round``'s share, drawn when given.
+    no_privacy : list of float, optional
+        Per round, the accuracy of the same clients without privacy, drawn when given.
 
     Examples
     --------
@@ -151,7 +154,7 @@ def plot_rounds(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    fig, ax = plt.subplots(figsize=(6.4, 4.8))
     ax.bar(rounds, contributing, color="#9ecae1", label="clients contributing data (device ledgers)")
     ax.set_xlabel("round")
     ax.set_ylabel("clients contributing data")
@@ -160,12 +163,15 @@ def plot_rounds(
     ax2 = ax.twinx()
     shown = [(r, a) for r, a in zip(rounds, accuracy) if a is not None]  # released rounds only
     ax2.plot([r for r, _ in shown], [a for _, a in shown], "o-", color="#d62728", label="test accuracy (public ledger)")
+    if no_privacy is not None:
+        ax2.plot(rounds, no_privacy, "o--", color="#636363", label="test accuracy, same clients without privacy")
     if clip_share is not None:
         ax2.plot(rounds, clip_share, "s--", color="#3182bd", label="mean norm put in / clip (device ledgers)")
     ax2.set_ylabel("test accuracy; share of the clip")
     ax2.set_ylim(0, 1)
     handles = ax.get_legend_handles_labels()[0] + ax2.get_legend_handles_labels()[0]
-    ax.legend(handles=handles, loc="lower left", fontsize=8)  # labels from the artists
+    # below the axes, clear of the lines; labels from the artists
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, fontsize=7)
     noise = "distributed noise over SecAgg+" if placement == "distributed" else "local noise"
     ax.set_title(f"fedfilter demo: {n} clients with individual budgets, {noise}", fontsize=10)
     fig.tight_layout()
@@ -250,7 +256,11 @@ def guarantee_text(args: argparse.Namespace) -> str:
 
 # --- after the run: the tables and summary.json (the device owners' view beside the public one) ---
 def print_rounds_table(
-    records: list, contributing: list[int], clip_share: list[float], accuracy: list[float | None]
+    records: list,
+    contributing: list[int],
+    clip_share: list[float],
+    accuracy: list[float | None],
+    no_privacy: list[float] | None = None,
 ) -> None:
     """Print per round the public record, and what the devices' own ledgers say after the run.
 
@@ -265,31 +275,128 @@ def print_rounds_table(
         Per round, the mean norm put in over the clip.
     accuracy : list of float or None
         Per round, the public accuracy (None for a round not released).
+    no_privacy : list of float, optional
+        Per round, the accuracy of the same clients without privacy (a last column when given).
 
     Examples
     --------
     >>> from types import SimpleNamespace as Rec
     >>> rec = Rec(round_id=1, reports_received=3, markers_received=0, released=True)
-    >>> print_rounds_table([rec], [2], [0.667], [0.5])  # doctest: +NORMALIZE_WHITESPACE
+    >>> print_rounds_table([rec], [2], [0.667], [0.5], [0.8])  # doctest: +NORMALIZE_WHITESPACE
     <BLANKLINE>
-    round  reports  markers  released  contributing*  norm/clip*  accuracy
-        1        3        0       yes              2       0.667     0.500
+    round  reports  markers  released  contributing*  norm/clip*  accuracy  no privacy
+        1        3        0       yes              2       0.667     0.500       0.800
       * from the devices' own ledgers after the run; the coordinator never learns it.
         norm/clip: the mean norm the devices put in, over the clip (0 when none sent data).
+        no privacy: the same clients, data, model and training, with no clip, no noise, no budget.
     """
+    base = no_privacy if no_privacy is not None else [None] * len(records)
     print()
     print(
         f"{'round':>5}  {'reports':>7}  {'markers':>7}  {'released':>8}  {'contributing*':>13}  "
-        f"{'norm/clip*':>10}  {'accuracy':>8}"
+        f"{'norm/clip*':>10}  {'accuracy':>8}" + ("  no privacy" if no_privacy is not None else "")
     )
-    for rec, k, share, acc in zip(records, contributing, clip_share, accuracy):
+    for rec, k, share, acc, b in zip(records, contributing, clip_share, accuracy, base):
         shown = "-" if acc is None else f"{acc:.3f}"
         print(
             f"{rec.round_id:>5}  {rec.reports_received:>7}  {rec.markers_received:>7}  "
             f"{'yes' if rec.released else 'no':>8}  {k:>13}  {share:>10.3f}  {shown:>8}"
+            + ("" if b is None else f"  {b:>10.3f}")
         )
     print("  * from the devices' own ledgers after the run; the coordinator never learns it.")
     print("    norm/clip: the mean norm the devices put in, over the clip (0 when none sent data).")
+    if no_privacy is not None:
+        print("    no privacy: the same clients, data, model and training, with no clip, no noise, no budget.")
+
+
+def learning_text(
+    args: argparse.Namespace, plan: dict[str, Any], accuracy: list[float | None], no_privacy: list[float]
+) -> str:
+    """Whether these few clients can learn privately: the planner's verdict and the two accuracies.
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        The demo's options (``clients``, ``placement``, ``noise_multiplier``, ``eps_min``, ``rounds``;
+        ``noise_planned`` when the planner chose the noise multiplier).
+    plan : dict
+        ``fedfilter.cli.demo.flower_plan``'s figures at the run's noise multiplier.
+    accuracy : list of float or None
+        Per round, the public accuracy.
+    no_privacy : list of float
+        Per round, the accuracy of the same clients without privacy.
+
+    Returns
+    -------
+    str
+        A paragraph.
+
+    Examples
+    --------
+    >>> args = argparse.Namespace(clients=10, placement="local", noise_multiplier=8.35, eps_min=1.0, rounds=5,
+    ...     noise_planned=True)
+    >>> plan = {"noise_dominates": True, "noise_to_clip": 129.4, "recommended": {"devices": 680058},
+    ...         "distributed": {"devices": 894}}
+    >>> print(learning_text(args, plan, [0.1, None], [0.5, 0.9]))  # doctest: +NORMALIZE_WHITESPACE
+    10 clients cannot learn privately at these budgets: at noise multiplier 8.35 (the least whose 5 rounds the
+    smallest budget, epsilon 1, pays for) the released mean carries noise of norm 129 times the clip, the most
+    the clients' signal can be. For that noise to be half the clip the planner (fedfilter.planning) wants
+    680,058 devices per round with local noise, or 894 with distributed noise over SecAgg+ (--population
+    runs such a federation). Test accuracy after the last round: 0.100 private, 0.900 for the same clients
+    without privacy.
+    """
+    last = next((a for a in reversed(accuracy) if a is not None), float("nan"))
+    tail = (
+        f"Test accuracy after the last round: {last:.3f} private, {no_privacy[-1]:.3f} for the same clients "
+        "without privacy."
+    )
+    head = (
+        f"noise multiplier {args.noise_multiplier:g}: the released mean carries noise of norm "
+        f"{plan['noise_to_clip']:.3g} times the clip."
+    )
+    if plan["noise_dominates"]:
+        wants = [f"{plan['recommended']['devices']:,} devices per round with {args.placement} noise"]
+        if "distributed" in plan:
+            wants.append(f"{plan['distributed']['devices']:,} with distributed noise over SecAgg+")
+        why = (
+            f" (the least whose {args.rounds} rounds the smallest budget, epsilon {args.eps_min:g}, pays for)"
+            if getattr(args, "noise_planned", False)
+            else ""
+        )
+        head = (
+            f"{args.clients} clients cannot learn privately at these budgets: at noise multiplier "
+            f"{args.noise_multiplier:g}{why} the released mean carries noise of norm {plan['noise_to_clip']:.3g} "
+            "times the clip, the most the clients' signal can be. For that noise to be half the clip the planner "
+            f"(fedfilter.planning) wants {', or '.join(wants)} (--population runs such a federation)."
+        )
+    return f"{head} {tail}"
+
+
+def plan_summary(plan: dict[str, Any]) -> dict[str, Any]:
+    """The planner's figures ``summary.json`` keeps.
+
+    Parameters
+    ----------
+    plan : dict
+        ``fedfilter.planning.federation.plan_federation``'s result.
+
+    Returns
+    -------
+    dict
+        The figures, the verdict and the devices per round it recommends.
+
+    Examples
+    --------
+    >>> plan = {"noise_multiplier": 2.0, "epsilon": 1.0, "rounds": 5, "mean_noise_norm": 3.0,
+    ...     "noise_to_clip": 7.5, "rounds_afforded": 5, "verdict": "v", "recommended": {"devices": 9}}
+    >>> plan_summary(plan)["recommended_devices"]
+    9
+    """
+    keys = ("noise_multiplier", "epsilon", "rounds", "mean_noise_norm", "noise_to_clip", "rounds_afforded", "verdict")
+    out = {k: plan[k] for k in keys}
+    out["recommended_devices"] = plan["recommended"].get("devices")
+    out["distributed_devices"] = plan.get("distributed", {}).get("devices")
+    return out
 
 
 def print_clients_table(clients: list[dict[str, Any]]) -> None:
