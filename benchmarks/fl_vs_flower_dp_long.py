@@ -7,7 +7,7 @@ to the next; the benchmark itself keeps finished arms and checkpoints the runnin
 so a killed worker, started again, loses at most 5 rounds. Two workers may share a directory: they run
 other arms, and the benchmark merges what each writes.
 
-    python benchmarks/fl_vs_flower_dp_long.py &          # one worker (start a second for two)
+    FEDFILTER_DATA=/path/to/data python benchmarks/fl_vs_flower_dp_long.py &   # a worker (start two for two)
     python benchmarks/fl_vs_flower_dp_long.py --status   # each job: done, running, its checkpoints
     python benchmarks/fl_vs_flower_dp_long.py --curve out/fl_vs_flower_dp/long/mnist-seed0  # accuracy per round
 
@@ -95,8 +95,8 @@ def take(job: Job):
 
 
 def work(jobs: list[Job]) -> int:
-    """Run jobs until none is left to take; the return code of the last failure (0: none)."""
-    failed = 0
+    """Run jobs until none is left to take (0), or until one fails (its return code: the worker stops,
+    as whatever broke it, a missing data set or a bug, would break the next job too)."""
     while True:
         for job in jobs:
             if not job.missing():
@@ -116,11 +116,11 @@ def work(jobs: list[Job]) -> int:
                 minutes = (time.perf_counter() - started) / 60
                 log(f"{'done' if code == 0 else f'FAILED ({code})'} {job.name} after {minutes:.1f} min")
                 if code:
-                    failed = code
-                    continue
+                    log(f"worker stops: see {LONG / 'logs' / f'{job.name}.log'}")
+                    return code
             break  # back to the head of the queue
         else:
-            return failed
+            return 0
 
 
 def status(jobs: list[Job]) -> str:
