@@ -46,8 +46,10 @@ def setup(tmp_path_factory):
     return args, task, eps
 
 
-def three_ways(run_arm, path: Path):
+def three_ways(run_arm, path: Path, work: list[int]):
+    """``work`` counts the units of training the arm does (one per round or per device update)."""
     whole = run_arm(Bar(), None)
+    per_round = len(work) // whole["rounds_run"]
     with pytest.raises(Stop):
         run_arm(Bar(stop_at=2), path)
     assert path.exists(), "the stopped run left no checkpoint"
@@ -55,20 +57,52 @@ def three_ways(run_arm, path: Path):
 
     assert checkpoint_round(path) == 1
     bar = Bar()
+    work.clear()
     resumed = run_arm(bar, path)
     assert bar.n == whole["rounds_run"]  # the rounds done are reported once, then the rest run
+    assert len(work) == per_round * (whole["rounds_run"] - 1)  # round 1 is not trained again
     return whole, resumed
 
 
+@pytest.fixture
+def engine_steps(monkeypatch) -> list[int]:
+    from fedfilter.simulations.engine import core
+
+    steps: list[int] = []
+    step = core.Engine.step
+
+    def counted(self):
+        steps.append(1)
+        return step(self)
+
+    monkeypatch.setattr(core.Engine, "step", counted)
+    return steps
+
+
+@pytest.fixture
+def device_updates(monkeypatch) -> list[int]:
+    from fedfilter.simulations.tasks import training
+
+    updates: list[int] = []
+    local_update = training.local_update
+
+    def counted(*args, **kwargs):
+        updates.append(1)
+        return local_update(*args, **kwargs)
+
+    monkeypatch.setattr(training, "local_update", counted)
+    return updates
+
+
 @pytest.mark.parametrize("arm", ["b", "d", "c"])
-def test_an_engine_arm_resumes_where_it_stopped(setup, arm):
+def test_an_engine_arm_resumes_where_it_stopped(setup, arm, engine_steps):
     args, task, eps = setup
     path = bench.arm_checkpoint(args, args.epsilon[0], arm)
 
     def run_arm(bar, checkpoint):
         return bench.engine_arm(task, args, arm=arm, z=2.0, eps=eps, bar=bar, checkpoint=checkpoint)
 
-    whole, resumed = three_ways(run_arm, path)
+    whole, resumed = three_ways(run_arm, path, engine_steps)
     assert resumed["accuracy_per_round"] == whole["accuracy_per_round"]
     assert resumed["loss_per_round"] == whole["loss_per_round"]
     assert resumed["contributing_per_round"] == whole["contributing_per_round"]
@@ -87,7 +121,7 @@ def test_an_engine_checkpoint_of_another_arm_is_refused(setup):
 
 
 @pytest.mark.parametrize("private", [True, False])
-def test_a_flower_arm_resumes_where_it_stopped(setup, private):
+def test_a_flower_arm_resumes_where_it_stopped(setup, private, device_updates):
     from harness.flower_central_dp import flower_noise_multiplier
 
     args, task, eps = setup
@@ -105,7 +139,7 @@ def test_a_flower_arm_resumes_where_it_stopped(setup, private):
             checkpoint=checkpoint,
         )
 
-    whole, resumed = three_ways(run_arm, path)
+    whole, resumed = three_ways(run_arm, path, device_updates)
     assert resumed["accuracy_per_round"] == whole["accuracy_per_round"]
     assert resumed["loss_per_round"] == whole["loss_per_round"]
     if private:  # Flower's accountant continues from its saved ledger
