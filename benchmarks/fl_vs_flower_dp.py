@@ -52,6 +52,9 @@ Run (CPU, 2 cores; the extra ``app``):
 ``--json`` prints the results as one JSON document on stdout (the table goes to stderr); ``--out DIR``
 writes ``DIR/results.json`` after every arm and, rerun with the same settings, skips the arms it holds
 (so rerunning a finished command with ``--markdown`` only reprints its table, as docs/results.md has it).
+Inside an arm, ``DIR/checkpoints/`` holds its state every ``--checkpoint-every`` rounds, and a rerun
+continues it (``fl_vs_flower_dp_checkpoint.py``). ``--preset NAME`` fills the settings a study shares
+(``fl_vs_flower_dp_presets.py``); ``fl_vs_flower_dp_long.py`` runs the long study's queue.
 """
 
 from __future__ import annotations
@@ -69,7 +72,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # tests/harness: drivers not shipped
 
 import numpy as np  # noqa: E402
+from fl_vs_flower_dp_checkpoint import arm_checkpoint, checkpointed_round, discard, run_engine_rounds
 from fl_vs_flower_dp_plan import adaptive_clipping, budgets, fedfilter_noise_multipliers, min_reports
+from fl_vs_flower_dp_presets import PRESETS, apply_preset
 
 ARMS = {
     "a": "flower-central",
@@ -102,6 +107,12 @@ SMOKE = dict(
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--smoke", action="store_true", help=f"a CI-sized run: {SMOKE} unless given")
+    p.add_argument(
+        "--preset",
+        choices=sorted(PRESETS),
+        default=None,
+        help="named settings every arm shares (benchmarks/fl_vs_flower_dp_presets.py); options given win",
+    )
     p.add_argument("--json", action="store_true", help="print the results as JSON on stdout (table on stderr)")
     p.add_argument("--task", choices=sorted(TASKS), default=None, help="default femnist")
     p.add_argument(
@@ -163,9 +174,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--participation", choices=("uniform", "balanced"), help="engine arms (default uniform)")
     p.add_argument("--arms", default="abcde", help="which of a-f to run (default a-e; f is a diagnostic)")
     p.add_argument("--out", default=None, help="directory for results.json (checkpoint after every arm)")
+    p.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=5,
+        help="with --out: save the running arm every this many rounds (DIR/checkpoints/; a rerun resumes it)",
+    )
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--markdown", action="store_true", help="print the table as markdown (rerun with --out: no rerun)")
     args = p.parse_args(argv)
+    apply_preset(p, args, sys.argv[1:] if argv is None else argv)
     defaults = dict(
         task="femnist",
         num_clients=105,
@@ -192,7 +210,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         problems.append(f"--epsilon must be finite and > 0. Found {args.epsilon!r}.")
     if not 0 < args.delta < 1:
         problems.append(f"--delta must be in (0, 1). Found {args.delta!r}.")
-    for name in ("rounds", "clients_per_round", "num_clients", "local_epochs", "batch_size", "eval_every"):
+    for name in (
+        "rounds",
+        "clients_per_round",
+        "num_clients",
+        "local_epochs",
+        "batch_size",
+        "eval_every",
+        "checkpoint_every",
+    ):
         if getattr(args, name) < 1:
             problems.append(f"--{name.replace('_', '-')} must be >= 1. Found {getattr(args, name)!r}.")
     if args.clients_per_round < 3:
@@ -264,10 +290,17 @@ def label_entropy(labels: np.ndarray) -> float:
 
 
 def flower_arm(
-    task, args, *, z: float | None, epsilon: float | None, progress=lambda: None, noise_seed: int | None = None
+    task,
+    args,
+    *,
+    z: float | None,
+    epsilon: float | None,
+    progress=lambda: None,
+    noise_seed: int | None = None,
+    checkpoint: Path | None = None,
 ) -> dict[str, Any]:
     """(a) with ``z`` and Flower's accountant at ``epsilon``, or (e) with ``z=None``: Flower's own
-    strategy code at the run's settings (``flower_central_dp.run_flower``)."""
+    strategy code at the run's settings (``flower_central_dp.run_flower``), resumable from ``checkpoint``."""
     from harness.flower_central_dp import run_flower
 
     return run_flower(
@@ -285,10 +318,22 @@ def flower_arm(
         eval_every=args.eval_every,
         progress=progress,
         noise_seed=noise_seed,
+        checkpoint=checkpoint,
+        checkpoint_every=args.checkpoint_every,
     )
 
 
-def engine_arm(task, args, *, arm: str, z: float, eps: np.ndarray, bar, run_id: str = "fl-vs-flower") -> dict[str, Any]:
+def engine_arm(
+    task,
+    args,
+    *,
+    arm: str,
+    z: float,
+    eps: np.ndarray,
+    bar,
+    run_id: str = "fl-vs-flower",
+    checkpoint: Path | None = None,
+) -> dict[str, Any]:
     from fedfilter.deploy.devices import simulated_worst_case_epsilon
     from fedfilter.privacy.filters import rdp_order
     from fedfilter.protocol.secagg.grid import grid_step
@@ -330,9 +375,8 @@ def engine_arm(task, args, *, arm: str, z: float, eps: np.ndarray, bar, run_id: 
     engine = Engine(cfg, task=task)
     if engine.n_sampled != k:
         raise RuntimeError(f"internal error: the engine asks {engine.n_sampled} clients per round, not {k}")
-    for _ in range(args.rounds):
-        engine.step()
-        bar.update(1)
+    meta = {"arm": arm, "z": z, "epsilon": float(eps.min()), "run_id": run_id}
+    run_engine_rounds(engine, args.rounds, checkpoint, meta, args.checkpoint_every, bar)
     res = engine.result()
     accuracy = [r.accuracy for r in res.rounds]
     extra: dict[str, Any] = {}
@@ -448,6 +492,10 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
                 _checkpoint(path, doc)
                 continue
             started = time.perf_counter()
+            checkpoint = arm_checkpoint(args, epsilon, arm)
+            resumed = checkpointed_round(checkpoint)
+            if resumed:
+                log(f"epsilon {epsilon:g} ({arm}): resuming from the checkpoint after round {resumed} ({checkpoint})")
             with tqdm(
                 total=args.rounds,
                 desc=f"eps {epsilon:g} ({arm}) {ARMS[arm]}",
@@ -462,24 +510,52 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
                         z=z if private else None,
                         epsilon=float(eps.min()) if private else None,
                         progress=lambda: bar.update(1),
+                        checkpoint=checkpoint,
                     )
                 else:
-                    result = engine_arm(task, args, arm=arm, z=z if arm == "f" else arm_z[arm], eps=eps, bar=bar)
+                    arm_noise = z if arm == "f" else arm_z[arm]
+                    result = engine_arm(task, args, arm=arm, z=arm_noise, eps=eps, bar=bar, checkpoint=checkpoint)
             result["name"] = ARMS[arm]
             result["seconds"] = round(time.perf_counter() - started, 2)
+            if resumed:
+                result["resumed_after_round"] = resumed  # "seconds" counts from there
             entry["arms"][arm] = result
             _checkpoint(path, doc)
+            discard(checkpoint)
     return doc
 
 
 def _checkpoint(path: Path | None, doc: dict[str, Any]) -> None:
-    """Write ``doc`` to ``path`` (atomically) after every arm, run or copied, so a rerun resumes."""
+    """Write ``doc`` to ``path`` (atomically) after every arm, run or copied, so a rerun resumes.
+
+    Two runs may share ``--out`` with other ``--arms`` (``fl_vs_flower_dp_long.py`` runs (a) and (b) side
+    by side): under a lock, the arms the file holds and ``doc`` lacks are merged into ``doc`` first."""
+    import fcntl
+
     if path is None:
         return
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(doc, indent=1))
-    tmp.replace(path)
+    with open(path.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if path.exists():
+            _merge(doc, json.loads(path.read_text()))
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(doc, indent=1))
+        tmp.replace(path)
+
+
+def _merge(doc: dict[str, Any], disk: dict[str, Any]) -> None:
+    """Add to ``doc`` the epsilons and arms ``disk`` (the same settings) holds and ``doc`` lacks."""
+    if disk.get("schema") != doc["schema"] or disk.get("settings") != doc["settings"]:
+        return
+    for theirs in disk["results"]:
+        ours = next((r for r in doc["results"] if r["epsilon"] == theirs["epsilon"]), None)
+        if ours is None:
+            doc["results"].append(theirs)
+            continue
+        for arm, result in theirs["arms"].items():
+            ours["arms"].setdefault(arm, result)
+    doc["results"].sort(key=lambda r: r["epsilon"])
 
 
 def main(argv: list[str] | None = None) -> int:

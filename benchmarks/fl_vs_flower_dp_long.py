@@ -1,0 +1,179 @@
+"""The long runs of ``benchmarks/fl_vs_flower_dp.py``, as one queue that survives being stopped.
+
+Each job is one ``fl_vs_flower_dp.py`` command (a preset, a seed, some arms, an ``--out`` directory under
+``out/fl_vs_flower_dp/long/``). A worker takes the first job that is neither done (its ``results.json``
+holds every arm at every epsilon) nor taken (another worker holds its lock), runs it niced, and goes on
+to the next; the benchmark itself keeps finished arms and checkpoints the running one every 5 rounds,
+so a killed worker, started again, loses at most 5 rounds. Two workers may share a directory: they run
+other arms, and the benchmark merges what each writes.
+
+    FEDFILTER_DATA=/path/to/data python benchmarks/fl_vs_flower_dp_long.py &   # a worker (start two for two)
+    python benchmarks/fl_vs_flower_dp_long.py --status   # each job: done, running, its checkpoints
+    python benchmarks/fl_vs_flower_dp_long.py --curve out/fl_vs_flower_dp/long/mnist-seed0  # accuracy per round
+
+Progress goes to ``out/fl_vs_flower_dp/long/queue.log``, each job's own output to ``logs/<job>.log``
+beside it. The queue is ``JOBS`` below, in the order the study needs its answers: Flower's central DP
+and no privacy at seed 0, fedfilter distributed at seed 0, no privacy at the other seeds (whether the
+preset's length reaches 0.95 there too), then the private arms at the other seeds. A later session
+adds jobs at the end (their names must stay unique; a done job is never rerun).
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+LONG = ROOT / "out" / "fl_vs_flower_dp" / "long"
+EPSILONS = (1.0, 2.0, 4.0, 8.0)
+PLAN = ("--fedfilter-z", "plan", "--plan-quantile", "0.9")  # uniform participation: pay for 0.9 of the asks
+
+
+@dataclass(frozen=True)
+class Job:
+    """One benchmark command: ``arms`` at ``epsilons`` into ``out`` (a directory under ``LONG``)."""
+
+    name: str
+    out: str
+    arms: str
+    options: tuple[str, ...]
+    epsilons: tuple[float, ...] = EPSILONS
+
+    def command(self) -> list[str]:
+        eps = ",".join(f"{e:g}" for e in self.epsilons)
+        return [
+            *("nice", "-n", "19", sys.executable, str(ROOT / "benchmarks" / "fl_vs_flower_dp.py")),
+            *self.options,
+            *("--epsilon", eps, "--arms", self.arms, "--out", str(LONG / self.out), "--no-progress"),
+        ]
+
+    def missing(self) -> list[str]:
+        """``eps/arm`` pairs not yet in the job's ``results.json``."""
+        path = LONG / self.out / "results.json"
+        doc = json.loads(path.read_text()) if path.exists() else {"results": []}
+        held = {(r["epsilon"], arm) for r in doc["results"] for arm in r["arms"]}
+        return [f"{e:g}/{a}" for e in self.epsilons for a in self.arms if (e, a) not in held]
+
+
+def mnist(seed: int, arms: str) -> Job:
+    options = ("--preset", "mnist-long", "--seed", str(seed), *PLAN)
+    return Job(f"mnist-seed{seed}-{arms}", f"mnist-seed{seed}", arms, options)
+
+
+JOBS: list[Job] = (
+    [mnist(0, "ae"), mnist(0, "b")]
+    + [mnist(s, "e") for s in (1, 2, 3, 4)]  # does the preset's length reach 0.95 at every seed? (cheap)
+    + [mnist(s, arms) for s in (1, 2, 3, 4) for arms in ("a", "b")]
+)
+
+
+def log(text: str) -> None:
+    LONG.mkdir(parents=True, exist_ok=True)
+    line = f"{time.strftime('%Y-%m-%d %H:%M:%S')} [{os.getpid()}] {text}"
+    with open(LONG / "queue.log", "a") as f:
+        f.write(line + "\n")
+    print(line, flush=True)
+
+
+def take(job: Job):
+    """The job's lock, held (an open file), or None when another worker holds it."""
+    (LONG / "locks").mkdir(parents=True, exist_ok=True)
+    lock = open(LONG / "locks" / f"{job.name}.lock", "w")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.close()
+        return None
+    return lock
+
+
+def work(jobs: list[Job]) -> int:
+    """Run jobs until none is left to take (0), or until one fails (its return code: the worker stops,
+    as whatever broke it, a missing data set or a bug, would break the next job too)."""
+    while True:
+        for job in jobs:
+            if not job.missing():
+                continue
+            lock = take(job)
+            if lock is None:
+                continue
+            with lock:
+                if not job.missing():  # finished by a worker between the two looks
+                    continue
+                (LONG / "logs").mkdir(parents=True, exist_ok=True)
+                log(f"start {job.name}: {' '.join(job.command()[4:])}")
+                started = time.perf_counter()
+                env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+                with open(LONG / "logs" / f"{job.name}.log", "a") as out:
+                    code = subprocess.call(job.command(), cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env)
+                minutes = (time.perf_counter() - started) / 60
+                log(f"{'done' if code == 0 else f'FAILED ({code})'} {job.name} after {minutes:.1f} min")
+                if code:
+                    log(f"worker stops: see {LONG / 'logs' / f'{job.name}.log'}")
+                    return code
+            break  # back to the head of the queue
+        else:
+            return 0
+
+
+def status(jobs: list[Job]) -> str:
+    from fedfilter.simulations.engine.checkpoint import checkpoint_round
+
+    lines = []
+    for job in jobs:
+        missing = job.missing()
+        lock = None if not missing else take(job)
+        state = "done" if not missing else "pending" if lock is not None else "running"
+        if lock is not None:
+            lock.close()
+        saved = sorted((LONG / job.out / "checkpoints").glob("*.npz"))
+        at = ", ".join(f"{p.stem} round {checkpoint_round(p)}" for p in saved if p.stem.endswith(tuple(job.arms)))
+        lines.append(f"{job.name:<22} {state:<8} missing {len(missing):>2}" + (f"  checkpoints: {at}" if at else ""))
+    return "\n".join(lines)
+
+
+def curve(out: Path) -> str:
+    """Test accuracy at every evaluated round of each arm under ``out``: finished arms from
+    ``results.json``, running or stopped ones from their checkpoints (a stopped tuning run's curve)."""
+    from fedfilter.simulations.engine.checkpoint import load_checkpoint
+
+    rows = []
+    path = out / "results.json"
+    for entry in json.loads(path.read_text())["results"] if path.exists() else []:
+        for arm, r in sorted(entry["arms"].items()):
+            rows.append((f"eps {entry['epsilon']:g} ({arm}), finished", r["accuracy_per_round"]))
+    for saved in sorted((out / "checkpoints").glob("*.npz")):
+        snapshot, _ = load_checkpoint(saved)
+        accuracy = snapshot.get("accuracy") or [r["accuracy"] for r in snapshot.get("records", [])]
+        rows.append((f"{saved.stem}, checkpoint after round {snapshot['round_id']}", accuracy))
+    return "\n".join(
+        f"{name}: " + " ".join(f"{i + 1}:{a:.4f}" for i, a in enumerate(accuracy) if a is not None)
+        for name, accuracy in rows
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--status", action="store_true", help="print each job's state and exit")
+    p.add_argument("--curve", default=None, help="print the accuracy per round of the runs in this --out directory")
+    p.add_argument("--only", default=None, help="comma-separated job names (default: the whole queue)")
+    args = p.parse_args(argv)
+    jobs = JOBS if args.only is None else [j for j in JOBS if j.name in args.only.split(",")]
+    if args.status:
+        print(status(jobs))
+        return 0
+    if args.curve:
+        print(curve(Path(args.curve)))
+        return 0
+    return work(jobs)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
