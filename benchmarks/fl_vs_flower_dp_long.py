@@ -15,7 +15,8 @@ Progress goes to ``out/fl_vs_flower_dp/long/queue.log``, each job's own output t
 beside it. The queue is ``JOBS`` below, in the order the study needs its answers: Flower's central DP
 and no privacy at seed 0, fedfilter distributed at seed 0, no privacy at the other seeds (whether the
 preset's length reaches 0.95 there too), then the private arms at the other seeds. A later session
-adds jobs at the end (their names must stay unique; a done job is never rerun).
+adds jobs (their names must stay unique; a done job is never rerun): after seed 0's, (b) in balanced
+passes with a fixed and with an adaptive clip, each in its own directory.
 """
 
 from __future__ import annotations
@@ -67,8 +68,18 @@ def mnist(seed: int, arms: str) -> Job:
     return Job(f"mnist-seed{seed}-{arms}", f"mnist-seed{seed}", arms, options)
 
 
+def mnist_balanced(seed: int, adaptive: bool) -> Job:
+    """(b) in balanced passes: the plan pays for exactly the asks each device gets (no quantile); with
+    ``adaptive``, the clip adapts to the median update norm (Andrew et al. 2021, Flower's defaults)."""
+    options = ("--preset", "mnist-long", "--seed", str(seed), "--fedfilter-z", "plan", "--participation", "balanced")
+    out = f"mnist-seed{seed}-balanced" + ("-adaptive" if adaptive else "")
+    extra = ("--adaptive-clip", "0.5") if adaptive else ()
+    return Job(out.replace("-balanced", "-b-balanced", 1), out, "b", (*options, *extra))
+
+
 JOBS: list[Job] = (
     [mnist(0, "ae"), mnist(0, "b")]
+    + [mnist_balanced(0, False), mnist_balanced(0, True)]  # what balanced passes and the adaptive clip buy
     + [mnist(s, "e") for s in (1, 2, 3, 4)]  # does the preset's length reach 0.95 at every seed? (cheap)
     + [mnist(s, arms) for s in (1, 2, 3, 4) for arms in ("a", "b")]
 )
