@@ -32,15 +32,16 @@ def test_server_client_and_demo_read_the_same_table():
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers())
     args = placement_defaults(parser.parse_args(["demo", "--out", "x"]))  # local placement's defaults
-    assert (args.noise_multiplier, args.clip, args.local_epochs, args.lr, args.server_lr, args.task) == (
-        table["noise-multiplier"],
+    assert (args.clip, args.local_epochs, args.lr, args.server_lr, args.task) == (
         table["clip"],
         table["local-epochs"],
         table["lr"],
         table["server-lr"],
         table["task"],
     )
-    assert DEFAULTS["noise_multiplier"] == table["noise-multiplier"]
+    # The demo's noise multiplier is not the table's: it is planned for the demo's budgets (at most
+    # epsilon 8; tests/cli/test_demo_population.py recomputes it), and its help quotes that default.
+    assert args.noise_multiplier == DEFAULTS["noise_multiplier"] > table["noise-multiplier"]
 
 
 def test_layers_override_in_order_and_keep_the_toml_types():

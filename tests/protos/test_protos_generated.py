@@ -95,6 +95,7 @@ def test_record_fields_as_specified() -> None:
         "finished_at_unix",
         "wall_time_s",
         "expected_noise_norm",
+        "unclipped_fraction",
     ]
     request = fedfilter_pb2.RoundRequest.DESCRIPTOR
     assert [f.name for f in request.fields] == [
@@ -106,6 +107,7 @@ def test_record_fields_as_specified() -> None:
         "min_reports",
         "local_epochs",
         "learning_rate",
+        "clipped_count_stddev",
     ]
     assert list(fedfilter_pb2.NoisePlacement.keys()) == [
         "NOISE_PLACEMENT_UNSPECIFIED",
