@@ -109,10 +109,7 @@ class RoundSettings:
         >>> RoundSettings(1.0, 0.5, "local", 1, adaptive=AdaptiveClipping()).clipped_count_stddev(200)
         10.0
         """
-        if self.adaptive is None:
-            return 0.0
-        given = self.adaptive.clipped_count_stddev
-        return float(given) if given is not None else asked / 20.0
+        return 0.0 if self.adaptive is None else self.adaptive.stddev_for(asked)
 
     def spec(self, run_id: str, round_id: int, asked: int = 1) -> RoundSpec:
         """The round request of round ``round_id`` of run ``run_id``, for a round asking ``asked`` devices.
@@ -262,6 +259,8 @@ class _Round:
         self.adaptive = self.spec.clipped_count_stddev > 0
         bit = ([CLIP_BIT_KEY], [np.zeros(1, dtype=REPLY_DTYPE)]) if self.adaptive else ([], [])
         self.report_keys, self.report_template = self.keys + bit[0], self.template + bit[1]
+        # The mean's dtypes: the model's, and the bit's mean kept in float64 (as the engine keeps it).
+        self.mean_template = self.template + ([np.zeros(1, dtype=np.float64)] if self.adaptive else [])
         request = request_record(self.spec)
         for msg in messages:
             content = RecordDict(dict(msg.content.items()))  # a copy: inner strategies share one RecordDict
@@ -272,25 +271,14 @@ class _Round:
         self.messages = messages
         self.asked = [int(m.metadata.dst_node_id) for m in messages]
 
-    def _split(
-        self, mean: list[np.ndarray], reports: list[list[np.ndarray]] | None = None
-    ) -> tuple[list[np.ndarray], float | None]:
+    def _split(self, mean: list[np.ndarray]) -> tuple[list[np.ndarray], float | None]:
         """The released mean's model part, and with adaptive clipping the fraction of reports within
-        the clip that its bit coordinate estimates (``adaptive_clip.unclipped_fraction``).
-
-        ``reports``: the local reports, whose bits are averaged here in float64 (the mean's own bit
-        is cast to the report dtype, float32), as the engine averages them."""
+        the clip that its bit coordinate (kept in float64, as the engine keeps it) estimates
+        (``adaptive_clip.unclipped_fraction``)."""
         if not self.adaptive:
             return mean, None
         c = bit_scale(self.spec.noise_multiplier, self.spec.clip, self.spec.clipped_count_stddev)
-        if reports is None:
-            bit = float(np.asarray(mean[-1], dtype=np.float64)[0])
-        else:
-            total = 0.0
-            for report in reports:  # in report order, as plain_mean accumulates
-                total += float(np.asarray(report[-1], dtype=np.float64)[0])
-            bit = total / len(reports)
-        return mean[:-1], unclipped_fraction(bit, c)
+        return mean[:-1], unclipped_fraction(float(np.asarray(mean[-1], dtype=np.float64)[0]), c)
 
     def _step(self, carrier: Message, mean: list[np.ndarray], outcome: RoundOutcome) -> ArrayRecord:
         """Mark the round released and return the inner strategy's step from ``mean``."""
@@ -426,7 +414,7 @@ class LocalRound(_Round):
         arrays: ArrayRecord | None = None
         fraction = None
         if tally.reports and len(tally.reports) >= self.settings.reports_needed():
-            mean, fraction = self._split(plain_mean(tally.reports, self.report_template), tally.reports)
+            mean, fraction = self._split(plain_mean(tally.reports, self.mean_template))
             first = next(m for m in replies if int(m.metadata.src_node_id) == tally.report_sources[0])
             arrays = self._step(first, mean, outcome)
         return self._released(outcome, arrays, fraction)

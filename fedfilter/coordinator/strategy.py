@@ -74,7 +74,7 @@ from fedfilter.coordinator.run_log import (
 )
 from fedfilter.coordinator.secagg.secure_round import AUTO_SHARES, check_num_shares
 from fedfilter.planning.strategy_plan import strategy_arguments
-from fedfilter.protocol.adaptive_clip import AdaptiveClipping, next_clip
+from fedfilter.protocol.adaptive_clip import AdaptiveClipping, next_clip, update_noise_multiplier
 from fedfilter.protocol.flower_api import DEFAULT_TTL, FLOWER_LOGGER, log, log_strategy_start_info
 from fedfilter.protocol.request import RoundSpec, request_problems
 from fedfilter.protocol.rules import check_message_ttl, run_id_for
@@ -739,11 +739,10 @@ def _adaptive_problems(adaptive: Any, noise_multiplier: Any) -> list[str]:
     problems = adaptive.problems()
     sigma_b = adaptive.clipped_count_stddev
     if not problems and sigma_b is not None and isinstance(noise_multiplier, (int, float)):
-        if not noise_multiplier < 2 * sigma_b:
-            problems.append(
-                f"noise_multiplier must be below 2 * clipped_count_stddev ({2 * sigma_b!r}): the clip bit alone "
-                f"would cost more than a round. Found {noise_multiplier!r}."
-            )
+        try:
+            update_noise_multiplier(float(noise_multiplier), float(sigma_b))
+        except ValueError as err:
+            problems.append(str(err))
     return problems
 
 

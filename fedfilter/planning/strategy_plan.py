@@ -71,7 +71,6 @@ DEFAULT_PLAN_QUANTILE = 0.9  # uniform sampling: the asks a device is planned fo
 DEFAULT_ABORT_PROBABILITY = 0.01  # the chance a round may abort for too few replies
 PARTICIPATIONS = ("balanced", "uniform", "every-round")
 _NOISY_FRACTION = 0.1  # above this std the plan says the adaptive clip's estimate is noisy
-_SIGMA_B_PER_DEVICE = 1 / 20  # sigma_b = devices per round / 20 (Andrew et al., Flower)
 
 
 def rounds_per_decade(adaptive: AdaptiveClipping) -> int:
@@ -282,7 +281,7 @@ def plan_strategy(
         m, p_abort = 1, abort_probability_local(devices, dropout_rate)
     sigma_b = None
     if adaptive:
-        sigma_b = clipped_count_stddev if clipped_count_stddev is not None else devices * _SIGMA_B_PER_DEVICE
+        sigma_b = AdaptiveClipping(clipped_count_stddev=clipped_count_stddev).stddev_for(devices)
     released = dim + 1 if adaptive else dim  # the bit rides as one more coordinate
     # Distributed: the Skellam charge at a power-of-two clip is the largest over the grid's binade.
     setting: dict[str, Any] = dict(placement=placement, clip=1.0, min_reports=m, dim=released)

@@ -118,6 +118,25 @@ class AdaptiveClipping:
                 )
         return out
 
+    def stddev_for(self, asked: int) -> float:
+        """``sigma_b`` for a round that asks ``asked`` devices: the one given, or ``asked / 20``.
+
+        The default of Andrew et al. (Section 3.1) and of Flower's adaptive clipping wrappers; the
+        coordinator, the engine and the planner all take it from here.
+
+        Parameters
+        ----------
+        asked : int
+            The devices a round asks.
+
+        Examples
+        --------
+        >>> AdaptiveClipping().stddev_for(200), AdaptiveClipping(clipped_count_stddev=3.0).stddev_for(200)
+        (10.0, 3.0)
+        """
+        given = self.clipped_count_stddev
+        return float(given) if given is not None else asked / 20.0
+
 
 def update_noise_multiplier(noise_multiplier: float, clipped_count_stddev: float) -> float:
     """The update's ``z`` that, with the bit, makes the report's accounted multiplier ``noise_multiplier``.

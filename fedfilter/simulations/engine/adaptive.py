@@ -50,23 +50,7 @@ from fedfilter.protocol.adaptive_clip import (
 )
 from fedfilter.protocol.rules import accounted_noise_std, added_noise_std
 
-__all__ = ["AdaptiveClip", "RoundNumbers", "default_clipped_count_stddev"]
-
-
-def default_clipped_count_stddev(asked: int) -> float:
-    """``sigma_b`` when none is given: devices asked per round / 20 (Andrew et al., Section 3.1; Flower's default).
-
-    Parameters
-    ----------
-    asked : int
-        Clients asked per round.
-
-    Examples
-    --------
-    >>> default_clipped_count_stddev(100)
-    5.0
-    """
-    return asked / 20.0
+__all__ = ["AdaptiveClip", "RoundNumbers"]
 
 
 @dataclass(frozen=True)
@@ -168,8 +152,7 @@ class AdaptiveClip:
 
     def __init__(self, spec: AdaptiveClipping, *, noise_multiplier: float, clip: float, asked: int):
         self.spec = spec
-        sigma_b = spec.clipped_count_stddev
-        self.clipped_count_stddev = float(default_clipped_count_stddev(asked) if sigma_b is None else sigma_b)
+        self.clipped_count_stddev = spec.stddev_for(asked)
         self.update_noise_multiplier = update_noise_multiplier(float(noise_multiplier), self.clipped_count_stddev)
         self.clip = float(clip)
 

@@ -20,7 +20,6 @@ from fedfilter.protocol.adaptive_clip import AdaptiveClipping, update_noise_mult
 from fedfilter.protocol.request import AFTER_EXHAUSTION, PLACEMENTS
 from fedfilter.protocol.rules import accounted_noise_std, added_noise_std
 from fedfilter.protocol.secagg.graph import SecAggGraph
-from fedfilter.simulations.engine.adaptive import default_clipped_count_stddev
 
 CLIENT_MODES = ("auto", "single-example", "multi-example")
 NOISE_DRAWS = ("per-client", "aggregate")
@@ -327,7 +326,7 @@ class EngineConfig:
         )
         if not out and fields_ok:
             asked = self.num_clients if self.fraction >= 1 else max(1, math.ceil(self.fraction * self.num_clients))
-            sigma_b = spec.clipped_count_stddev or default_clipped_count_stddev(asked)
+            sigma_b = spec.stddev_for(asked)
             try:
                 update_noise_multiplier(float(self.noise_multiplier), float(sigma_b))
             except ValueError as err:
