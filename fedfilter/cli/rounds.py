@@ -21,6 +21,7 @@ from fedfilter.cli.budget_options import (
     worst_case_rows,
 )
 from fedfilter.planning.rounds import BASELINE_KINDS, plan_distributed_rounds, plan_rounds
+from fedfilter.planning.sampled_rounds import plan_sampled_rounds
 from fedfilter.privacy.filters import FILTER_KINDS
 
 
@@ -82,7 +83,59 @@ def _distributed_rounds(args: argparse.Namespace) -> int:
     return 0
 
 
+def _sampled_rounds(args: argparse.Namespace) -> int:
+    """``--sampling-rate``: the device contributes with its own coin; every ask is charged amplified."""
+    if args.filter not in (None, "rdp"):
+        raise SystemExit(
+            f"fedfilter rounds: --sampling-rate needs --filter rdp (a subsampled release has a Rényi curve, "
+            f"not a Gaussian-DP or zCDP one). Found --filter {args.filter}."
+        )
+    if args.placement == "distributed" and args.dim is None:
+        raise SystemExit("fedfilter rounds: --placement distributed needs --dim (the model size).")
+    try:
+        p = plan_sampled_rounds(
+            epsilon=args.epsilon,
+            delta=args.delta,
+            noise_multiplier=args.noise_multiplier,
+            sampling_rate=args.sampling_rate,
+            placement=args.placement,
+            clip=args.clip,
+            min_reports=args.min_reports,
+            dim=1 if args.dim is None else args.dim,
+        )
+    except ValueError as e:
+        raise SystemExit(f"fedfilter rounds: {e}") from None
+    out = {
+        "filter": "rdp",
+        "placement": p.placement,
+        "epsilon": p.epsilon,
+        "delta": p.delta,
+        "noise_multiplier": p.noise_multiplier,
+        "sampling_rate": p.sampling_rate,
+        "order": p.order,
+        "charge": p.charge,
+        "rounds": p.rounds,
+        "expected_contributions": p.expected_contributions,
+    }
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    print(
+        f"Full-clip asks for a fresh device that samples itself: budget (epsilon={p.epsilon:g}, delta={p.delta:g}), "
+        f"noise multiplier {p.noise_multiplier:g}, its own coin at rate {p.sampling_rate:g}, placement {p.placement}\n"
+    )
+    rows = [
+        ("filter", f"rdp at order {p.order:g}, fixed before the first charge (docs/derivations/amplification.md)"),
+        ("asks", f"{p.rounds}   (each charged the Poisson-subsampled loss, whatever the coin shows)"),
+        ("contributes", f"{p.expected_contributions:.1f} times on average (rate x asks)"),
+    ]
+    print(table(rows))
+    return 0
+
+
 def _rounds(args: argparse.Namespace) -> int:
+    if args.sampling_rate is not None:
+        return _sampled_rounds(args)
     if args.placement == "distributed":
         return _distributed_rounds(args)
     args.filter = "gdp" if args.filter is None else args.filter
@@ -152,6 +205,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         type=float,
         default=None,
         help="placement distributed: the device's worst-case budget (each report read alone); show its rounds",
+    )
+    p.add_argument(
+        "--sampling-rate",
+        type=float,
+        default=None,
+        help="the device's own coin: asked, it contributes its update with this probability (else only "
+        "noise) and each ask is charged the amplified loss; needs --filter rdp",
     )
     add_placement_options(p)
     p.set_defaults(func=_rounds)

@@ -1,0 +1,220 @@
+"""What a device's own coin buys: the asks a fresh device's filter admits when it samples itself.
+
+Asked in a round, the device contributes its clipped update with probability ``sampling_rate`` and
+otherwise only the noise (``privacy/subsampled.py``). Each ask is charged the Poisson-subsampled
+loss at the device's order, whatever the coin shows: in local placement the exact sampled Gaussian
+(Mironov, Talwar and Zhang 2019), in distributed placement Zhu and Wang 2019's general bound over the
+Skellam curve of the sum (``alone``: of the device's own share, its worst-case account). The filter is
+the rdp filter at that single integer order (``order_for_rate`` unless given): Feldman and Zrnic
+2021, Theorem 4.3 at a fixed order, docs/derivations/amplification.md. The count runs the filter's
+own rounding (``rounds._run_charges``), so the plan never promises an ask the ledger would refuse.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fedfilter.planning.rounds import (
+    MAX_PLANNED_ROUNDS,
+    _check_setting,
+    _check_z,
+    _run_charges,
+    check_distributed_filter,
+    distributed_mu,
+)
+from fedfilter.privacy.filters import make_filter
+from fedfilter.privacy.rounding import up
+from fedfilter.privacy.skellam import l1_cap
+from fedfilter.privacy.subsampled import (
+    SUBSAMPLED_ORDERS,
+    order_for_rate,
+    sampled_gaussian_rdp,
+    subsampled_skellam_rdp,
+)
+from fedfilter.protocol.request import PLACEMENTS
+from fedfilter.protocol.secagg.grid import grid_step
+
+
+@dataclass(frozen=True)
+class SampledPlan:
+    """What a fresh device's filter admits when it samples itself (``plan_sampled_rounds``'s answer).
+
+    Parameters
+    ----------
+    epsilon, delta, noise_multiplier, sampling_rate, placement
+        The setting planned.
+    order : int or float
+        The filter's single Rényi order (``SUBSAMPLED_ORDERS``).
+    charge : float
+        One full-clip ask, in the rdp filter's units (``eps(order) / order``), rounded up.
+    rounds : int
+        Full-clip asks admitted (each charged whether or not the coin put the update in).
+
+    Examples
+    --------
+    >>> plan = plan_sampled_rounds(epsilon=1.0, delta=1e-5, noise_multiplier=1.1, sampling_rate=0.01)
+    >>> plan.order, plan.rounds, round(plan.expected_contributions, 2)
+    (10.6, 141, 1.41)
+    """
+
+    epsilon: float
+    delta: float
+    noise_multiplier: float
+    sampling_rate: float
+    placement: str
+    order: int | float
+    charge: float
+    rounds: int
+
+    @property
+    def expected_contributions(self) -> float:
+        """``rounds * sampling_rate``: how many of those asks carry the update, on average.
+
+        Examples
+        --------
+        >>> SampledPlan(1.0, 1e-5, 1.1, 0.01, "local", 10.6, 9.7e-05, 141).expected_contributions
+        1.41
+        """
+        return self.rounds * self.sampling_rate
+
+
+def _check_rate(sampling_rate: float) -> None:
+    if isinstance(sampling_rate, bool) or not isinstance(sampling_rate, (int, float)) or not 0 < sampling_rate <= 1:
+        raise ValueError(f"sampling_rate must be a number in (0, 1]. Found {sampling_rate!r}.")
+
+
+def full_ask_charge(
+    *,
+    order: int | float,
+    noise_multiplier: float,
+    sampling_rate: float,
+    placement: str = "local",
+    clip: float = 1.0,
+    min_reports: int = 1,
+    dim: int = 1,
+    alone: bool = False,
+) -> float:
+    """One full-clip ask at ``sampling_rate``, in the rdp filter's units at ``order`` (rounded up).
+
+    Parameters
+    ----------
+    order : int or float
+        The filter's order (``SUBSAMPLED_ORDERS``).
+    noise_multiplier, sampling_rate : float
+        ``z`` and the device's rate ``q`` in (0, 1].
+    placement : {"local", "distributed"}
+        Gaussian noise on each report, or Skellam noise over SecAgg+.
+    clip, min_reports, dim, alone : optional
+        Distributed placement: the clip, the fewest reports in a sum, the model size, and whether the
+        charge is the worst-case account's (one report read alone).
+
+    Returns
+    -------
+    float
+
+    Examples
+    --------
+    At rate 1 a local ask costs the Gaussian ``1 / (2 z^2)``:
+
+    >>> round(full_ask_charge(order=8, noise_multiplier=2.0, sampling_rate=1.0), 12), 1 / (2 * 2.0**2)
+    (0.125, 0.125)
+    """
+    _check_z(noise_multiplier)
+    _check_rate(sampling_rate)
+    if placement == "local":
+        loss = sampled_gaussian_rdp(sampling_rate, 1.0 / noise_multiplier, order)
+    elif placement == "distributed":
+        _check_setting(clip, min_reports, dim)
+        mu = distributed_mu(noise_multiplier, clip, min_reports, alone=alone)
+        l2 = clip / grid_step(clip)
+        loss = subsampled_skellam_rdp(sampling_rate, float(l1_cap(l2, dim)), l2, mu, order)
+    else:
+        raise ValueError(f"placement must be one of {PLACEMENTS}. Found {placement!r}.")
+    return float(up(float(loss) / order))
+
+
+def plan_sampled_rounds(
+    *,
+    epsilon: float,
+    delta: float,
+    noise_multiplier: float,
+    sampling_rate: float,
+    placement: str = "local",
+    clip: float = 1.0,
+    min_reports: int = 1,
+    dim: int = 1,
+    kind: str = "rdp",
+    order: int | float | None = None,
+    alone: bool = False,
+) -> SampledPlan:
+    """Full-clip asks a fresh device's filter admits when it contributes with probability ``sampling_rate``.
+
+    Parameters
+    ----------
+    epsilon, delta : float
+        The device's lifetime budget (with ``alone``: its worst-case-epsilon).
+    noise_multiplier : float
+        ``z``: the noise std is ``z C`` (in the sum, distributed).
+    sampling_rate : float
+        ``q`` in (0, 1]: the device's own coin.
+    placement : {"local", "distributed"}, optional
+    clip, min_reports, dim, alone : optional
+        As ``full_ask_charge`` takes them (distributed placement).
+    kind : str, optional
+        Must be ``"rdp"``: a subsampled release has no exact Gaussian-DP or zCDP curve.
+    order : int, optional
+        The filter's order (default ``order_for_rate``: the best for a local ask at this rate and z).
+
+    Returns
+    -------
+    SampledPlan
+
+    Raises
+    ------
+    ValueError
+        Naming a bad argument and its value, a filter other than rdp, or a setting too generous to count.
+
+    Examples
+    --------
+    At rate 1 it is the rdp filter's count at that order; sampling at 0.05 buys far more asks:
+
+    >>> whole = plan_sampled_rounds(epsilon=4.0, delta=1e-5, noise_multiplier=2.0, sampling_rate=1.0)
+    >>> sampled = plan_sampled_rounds(epsilon=4.0, delta=1e-5, noise_multiplier=2.0, sampling_rate=0.05)
+    >>> whole.rounds, sampled.rounds
+    (2, 989)
+    """
+    if kind != "rdp":
+        raise ValueError(
+            f"filter={kind!r}: a device that samples itself needs filter='rdp' (a subsampled release has an "
+            "exact Rényi curve, not a Gaussian-DP or zCDP one)."
+        )
+    if placement == "distributed":
+        check_distributed_filter(kind)
+    _check_z(noise_multiplier)
+    _check_rate(sampling_rate)
+    if order is None:
+        order = order_for_rate(epsilon, delta, rate=sampling_rate, noise_multiplier=noise_multiplier)
+    elif isinstance(order, bool) or not isinstance(order, (int, float)) or order not in SUBSAMPLED_ORDERS:
+        raise ValueError(f"order must be one of SUBSAMPLED_ORDERS (2 to {SUBSAMPLED_ORDERS[-1]}). Found {order!r}.")
+    filt = make_filter("rdp", epsilon, delta, [float(order)])
+    charge = full_ask_charge(
+        order=order,
+        noise_multiplier=noise_multiplier,
+        sampling_rate=sampling_rate,
+        placement=placement,
+        clip=clip,
+        min_reports=min_reports,
+        dim=dim,
+        alone=alone,
+    )
+    if charge <= 0:
+        raise ValueError(
+            f"noise_multiplier={noise_multiplier} at sampling_rate={sampling_rate} costs nothing to count."
+        )
+    _, rounds = _run_charges(filt, charge, MAX_PLANNED_ROUNDS)
+    if rounds >= MAX_PLANNED_ROUNDS:
+        raise ValueError(
+            f"more than {MAX_PLANNED_ROUNDS} asks; noise_multiplier={noise_multiplier} at "
+            f"sampling_rate={sampling_rate} is too generous to plan."
+        )
+    return SampledPlan(epsilon, delta, noise_multiplier, sampling_rate, placement, order, charge, rounds)
