@@ -12,6 +12,7 @@ own rounding (``rounds._run_charges``), so the plan never promises an ask the le
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from fedfilter.planning.rounds import (
@@ -218,3 +219,82 @@ def plan_sampled_rounds(
             f"sampling_rate={sampling_rate} is too generous to plan."
         )
     return SampledPlan(epsilon, delta, noise_multiplier, sampling_rate, placement, order, charge, rounds)
+
+
+RATE_STEPS = 40  # bisection steps of ``rate_for_budget`` (on log q)
+MIN_RATE = 1e-6  # the smallest rate ``rate_for_budget`` considers
+
+
+def _admits(epsilon: float, delta: float, z: float, q: float, asks: int, setting: dict) -> bool:
+    order = order_for_rate(epsilon, delta, rate=q, noise_multiplier=z)
+    filt = make_filter("rdp", epsilon, delta, [float(order)])
+    charge = full_ask_charge(order=order, noise_multiplier=z, sampling_rate=q, **setting)
+    return _run_charges(filt, charge, asks)[1] >= asks
+
+
+def rate_for_budget(
+    *,
+    epsilon: float,
+    delta: float,
+    noise_multiplier: float,
+    asks: int,
+    cap: float = 1.0,
+    placement: str = "local",
+    clip: float = 1.0,
+    min_reports: int = 1,
+    dim: int = 1,
+) -> float:
+    """The largest sampling rate, at most ``cap``, at which a fresh device's filter admits ``asks``
+    full-clip asks: the rate that spends a budget over the asks a plan expects (Boenisch et al.,
+    "Have it your way", NeurIPS 2023, give each privacy group its own rate the same way).
+
+    The asks admitted fall as the rate grows (at every order, so also at the best one), so bisection
+    on ``log q`` applies (``RATE_STEPS`` steps, down to ``MIN_RATE``); each step counts with the
+    filter's own charge and rounding at the order ``order_for_rate`` picks for that rate.
+
+    Parameters
+    ----------
+    epsilon, delta : float
+        The device's budget.
+    noise_multiplier : float
+        The plan's ``z``.
+    asks : int
+        The asks the plan expects for the device (>= 1).
+    cap : float, optional
+        The owner's largest rate, in (0, 1].
+    placement, clip, min_reports, dim : optional
+        As ``full_ask_charge`` takes them.
+
+    Returns
+    -------
+    float
+        The rate; 0.0 when not even ``MIN_RATE`` fits.
+
+    Raises
+    ------
+    ValueError
+        Naming a bad ``asks`` or ``cap``.
+
+    Examples
+    --------
+    A budget of 2 over 100 asks at z 1.1; a budget of 6 contributes more often:
+
+    >>> small = rate_for_budget(epsilon=2.0, delta=1e-5, noise_multiplier=1.1, asks=100)
+    >>> large = rate_for_budget(epsilon=6.0, delta=1e-5, noise_multiplier=1.1, asks=100)
+    >>> round(small, 3), round(large, 3)
+    (0.029, 0.091)
+    """
+    if isinstance(asks, bool) or not isinstance(asks, int) or not 1 <= asks < MAX_PLANNED_ROUNDS:
+        raise ValueError(f"asks must be an integer in [1, {MAX_PLANNED_ROUNDS}). Found {asks!r}.")
+    _check_rate(cap)
+    _check_z(noise_multiplier)
+    setting = dict(placement=placement, clip=clip, min_reports=min_reports, dim=dim)
+    if _admits(epsilon, delta, noise_multiplier, cap, asks, setting):
+        return float(cap)
+    if not _admits(epsilon, delta, noise_multiplier, MIN_RATE, asks, setting):
+        return 0.0
+    lo, hi = math.log(MIN_RATE), math.log(cap)
+    for _ in range(RATE_STEPS):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if _admits(epsilon, delta, noise_multiplier, math.exp(mid), asks, setting) else (lo, mid)
+    return math.exp(lo)

@@ -195,15 +195,20 @@ def sampled_gaussian_rdp(rate, mu, alpha) -> np.ndarray:
 
     Examples
     --------
-    dp_accounting's curve for ``PoissonSampledDpEvent(0.01, GaussianDpEvent(1.1))`` at orders 10 and 10.6:
+    dp_accounting's curve for ``PoissonSampledDpEvent(0.01, GaussianDpEvent(1.1))``: the same at an
+    integer order; at a fractional one a little below it (dp_accounting adds the series' terms by
+    their magnitudes, dropping the signs):
 
     >>> from dp_accounting.rdp.rdp_privacy_accountant import _compute_rdp_poisson_subsampled_gaussian
-    >>> for order in (10, 10.6):
+    >>> def ours_and_theirs(order):
     ...     ours = float(sampled_gaussian_rdp(0.01, 1 / 1.1, order))
-    ...     theirs = float(_compute_rdp_poisson_subsampled_gaussian(0.01, 1.1, [order])[0])
-    ...     print(order, ours >= theirs, abs(ours - theirs) < 1e-9 * theirs)
-    10 True True
-    10.6 True True
+    ...     return ours, float(_compute_rdp_poisson_subsampled_gaussian(0.01, 1.1, [order])[0])
+    >>> ours, theirs = ours_and_theirs(10)
+    >>> ours >= theirs, abs(ours - theirs) < 1e-9 * theirs
+    (True, True)
+    >>> ours, theirs = ours_and_theirs(10.6)
+    >>> ours <= theirs, theirs - ours < 1e-6 * theirs
+    (True, True)
     """
     alpha = _check_order(alpha, integer=False)
     q = _check_rate(rate)
@@ -430,9 +435,10 @@ def _as_order(a: float) -> int | float:
 
 
 def order_for_rate(epsilon: float, delta: float, *, rate: float, noise_multiplier: float) -> int | float:
-    """The integer order at which a full-clip Gaussian round at ``rate`` and ``z`` takes the smallest
-    share of the (epsilon, delta) budget: the argmax of ``B_alpha / eps(alpha)`` over
-    ``SUBSAMPLED_ORDERS`` (``renyi.rdp_budgets``' ``B_alpha``; the smallest such order on a tie).
+    """The order at which a full-clip Gaussian round at ``rate`` and ``z`` takes the smallest share of the
+    (epsilon, delta) budget: the argmax of ``B_alpha / eps(alpha)`` (``renyi.rdp_budgets``' ``B_alpha``)
+    over the integers of ``SUBSAMPLED_ORDERS``, then over its tenths within one of the best integer
+    (the smallest order on a tie).
 
     A device fixes its filter's order once, from public numbers (its budget, its rate and the first
     request's ``z``), before its first charge; docs/derivations/amplification.md says why that keeps
@@ -464,10 +470,22 @@ def order_for_rate(epsilon: float, delta: float, *, rate: float, noise_multiplie
         raise ValueError(f"rate must be > 0 to choose an order. Found {rate!r}.")
     if not (math.isfinite(noise_multiplier) and noise_multiplier > 0):
         raise ValueError(f"noise_multiplier must be finite and > 0. Found {noise_multiplier!r}.")
-    orders = np.array(SUBSAMPLED_ORDERS)
-    budgets = renyi.rdp_budgets(orders.astype(np.float64), epsilon, delta)
-    losses = np.array([float(sampled_gaussian_rdp(q, 1.0 / noise_multiplier, _as_order(a))) for a in orders])
-    share = np.where(losses > 0, budgets / np.where(losses > 0, losses, 1.0), np.where(budgets > 0, np.inf, 0.0))
-    if not np.any(share > 0):
-        return _as_order(orders[-1])
-    return _as_order(orders[int(np.argmax(share))])
+
+    def best(orders: list[float]) -> tuple[float, float]:
+        arr = np.array(orders, dtype=np.float64)
+        budgets = renyi.rdp_budgets(arr, epsilon, delta)
+        losses = np.array([float(sampled_gaussian_rdp(q, 1.0 / noise_multiplier, _as_order(a))) for a in arr])
+        share = np.where(losses > 0, budgets / np.where(losses > 0, losses, 1.0), np.where(budgets > 0, np.inf, 0.0))
+        i = int(np.argmax(share))
+        return float(arr[i]), float(share[i])
+
+    # the integers first (finite sums), then the tenths within one of the best of them
+    whole, share = best([a for a in SUBSAMPLED_ORDERS if a.is_integer()])
+    if not share > 0:
+        return _as_order(SUBSAMPLED_ORDERS[-1])
+    near = [a for a in SUBSAMPLED_ORDERS if abs(a - whole) < 1 and not a.is_integer()]
+    if near:
+        frac, frac_share = best(near)
+        if frac_share > share:
+            return _as_order(frac)
+    return _as_order(whole)

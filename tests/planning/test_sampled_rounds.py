@@ -175,3 +175,19 @@ def test_the_derivations_table_is_what_the_code_and_dp_accounting_say():
         )
         assert (plan.rounds, plan.order) == (int(ours), float(order)), row
         assert dp_accounting_count(float(eps), float(delta), float(z), float(q)) == int(theirs), row
+
+
+def test_the_rate_for_a_budget_spends_it_over_the_planned_asks():
+    from fedfilter.planning.sampled_rounds import rate_for_budget
+
+    setting = dict(delta=1e-5, noise_multiplier=1.1)
+    rates = [rate_for_budget(epsilon=e, asks=60, **setting) for e in (2.0, 4.0, 6.0)]
+    assert 0 < rates[0] < rates[1] < rates[2] < 1  # larger budgets contribute more often
+    for e, q in zip((2.0, 4.0, 6.0), rates):
+        assert plan_sampled_rounds(epsilon=e, sampling_rate=q, **setting).rounds >= 60
+        assert plan_sampled_rounds(epsilon=e, sampling_rate=q * 1.01, **setting).rounds < 60
+    assert rate_for_budget(epsilon=6.0, asks=60, cap=0.05, **setting) == 0.05  # the owner's cap
+    assert rate_for_budget(epsilon=6.0, asks=1, **setting) == 1.0  # the budget pays for every ask
+    assert rate_for_budget(epsilon=0.01, asks=10**6, **setting) == 0.0
+    with pytest.raises(ValueError, match="asks"):
+        rate_for_budget(epsilon=1.0, asks=0, **setting)
