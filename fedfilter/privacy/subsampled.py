@@ -97,8 +97,8 @@ def _log_sum_up(parts: list[np.ndarray], alpha: float, signs: np.ndarray | None 
     the parts' magnitudes ``S_k``; the sum is then off by at most ``sum_k exp(t_k) S_k`` of those ulps,
     relative to itself after dividing by it, and its log by that plus an ulp of slack.
     """
-    terms = sum(parts)
-    magnitude = sum(np.abs(np.where(np.isfinite(p), p, 0.0)) for p in parts)
+    terms = np.asarray(sum(parts))
+    magnitude = np.asarray(sum(np.abs(np.where(np.isfinite(p), p, 0.0)) for p in parts))
     unsigned = logsumexp(terms, axis=-1)
     if signs is None:
         total = unsigned
