@@ -221,7 +221,7 @@ def plan_sampled_rounds(
     return SampledPlan(epsilon, delta, noise_multiplier, sampling_rate, placement, order, charge, rounds)
 
 
-RATE_STEPS = 40  # bisection steps of ``rate_for_budget`` (on log q)
+RATE_STEPS = 24  # bisection steps of ``rate_for_budget`` (on log q: within 1e-6 of the largest rate)
 MIN_RATE = 1e-6  # the smallest rate ``rate_for_budget`` considers
 
 
@@ -298,3 +298,120 @@ def rate_for_budget(
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if _admits(epsilon, delta, noise_multiplier, math.exp(mid), asks, setting) else (lo, mid)
     return math.exp(lo)
+
+
+@dataclass(frozen=True)
+class SamplingPlan:
+    """The noise and the rates a federation of self-sampling devices runs at (``plan_sampling``).
+
+    Parameters
+    ----------
+    noise_multiplier : float
+        The ``z`` chosen.
+    asks : int
+        The asks each device is planned for.
+    budgets, shares, rates : tuple of float
+        Each budget (epsilon), the fraction of the devices holding it, and the rate its rule gives at
+        ``noise_multiplier`` (``rate_for_budget``).
+    signal_per_noise : float
+        ``sum(shares * rates) / z``: the expected contributions per ask over the noise, what the plan
+        maximises.
+
+    Examples
+    --------
+    >>> SamplingPlan(2.0, 6, (2.0, 6.0), (0.5, 0.5), (0.27, 1.0), 0.32).mean_rate
+    0.635
+    """
+
+    noise_multiplier: float
+    asks: int
+    budgets: tuple[float, ...]
+    shares: tuple[float, ...]
+    rates: tuple[float, ...]
+    signal_per_noise: float
+
+    @property
+    def mean_rate(self) -> float:
+        """The expected fraction of the asked devices whose update is in their reply.
+
+        Examples
+        --------
+        >>> SamplingPlan(2.0, 6, (2.0,), (1.0,), (0.25,), 0.125).mean_rate
+        0.25
+        """
+        return float(sum(s * q for s, q in zip(self.shares, self.rates)))
+
+
+def plan_sampling(
+    *,
+    budgets: list[float],
+    shares: list[float] | None = None,
+    delta: float,
+    asks: int,
+    cap: float = 1.0,
+    noise_multipliers: list[float] | None = None,
+    placement: str = "local",
+    clip: float = 1.0,
+    min_reports: int = 1,
+    dim: int = 1,
+) -> SamplingPlan:
+    """The ``z`` at which self-sampling devices put the most expected signal over the noise into the
+    released mean, and each budget's rate there.
+
+    At a given ``z`` every device's rule (``rate_for_budget``: its budget over the planned asks) fixes
+    its rate ``q_i``; the asked devices then contribute ``sum_i share_i q_i`` updates per ask on average,
+    against noise of std ``z C`` (in the sum, distributed; per report, local: both scale with ``z`` alone
+    at a fixed number asked), so the plan takes the ``z`` of ``noise_multipliers`` that maximises
+    ``sum_i share_i q_i / z``. A small ``z`` buys a small rate; a large one saturates the large budgets at
+    ``cap`` and then only adds noise.
+
+    Parameters
+    ----------
+    budgets : list of float
+        The budgets (epsilon) in the federation.
+    shares : list of float, optional
+        The fraction of the devices holding each (default equal); they must sum to 1.
+    delta : float
+        The devices' delta.
+    asks : int
+        The asks each device is planned for.
+    cap : float, optional
+        The largest rate a device takes.
+    noise_multipliers : list of float, optional
+        The ``z`` to choose from (default 24 values from 0.5 to 8, evenly spaced in log).
+    placement, clip, min_reports, dim : optional
+        As ``full_ask_charge`` takes them.
+
+    Returns
+    -------
+    SamplingPlan
+
+    Raises
+    ------
+    ValueError
+        Naming bad budgets or shares.
+
+    Examples
+    --------
+    Budget tiers 2 / 4 / 6, six asks each: the smallest tier samples itself, the largest contributes
+    every time it is asked:
+
+    >>> plan = plan_sampling(budgets=[2.0, 6.0], shares=[0.5, 0.5], delta=1e-5, asks=6, noise_multipliers=[1.0, 2.0])
+    >>> plan.noise_multiplier, [round(q, 2) for q in plan.rates]
+    (2.0, [0.27, 1.0])
+    """
+    if not budgets or not all(isinstance(e, (int, float)) and math.isfinite(e) and e > 0 for e in budgets):
+        raise ValueError(f"budgets must be a non-empty list of finite numbers > 0. Found {budgets!r}.")
+    shares = [1.0 / len(budgets)] * len(budgets) if shares is None else list(shares)
+    if len(shares) != len(budgets) or any(s < 0 for s in shares) or abs(sum(shares) - 1) > 1e-9:
+        raise ValueError(f"shares must give one fraction per budget, summing to 1. Found {shares!r}.")
+    grid = noise_multipliers or [float(0.5 * 16 ** (i / 23)) for i in range(24)]
+    setting = dict(delta=delta, asks=asks, cap=cap, placement=placement, clip=clip, min_reports=min_reports, dim=dim)
+    best: SamplingPlan | None = None
+    for z in grid:
+        rates = tuple(rate_for_budget(epsilon=float(e), noise_multiplier=float(z), **setting) for e in budgets)
+        score = sum(s * q for s, q in zip(shares, rates)) / z
+        if best is None or score > best.signal_per_noise:
+            best = SamplingPlan(float(z), asks, tuple(map(float, budgets)), tuple(shares), rates, score)
+    assert best is not None
+    return best

@@ -191,3 +191,28 @@ def test_the_rate_for_a_budget_spends_it_over_the_planned_asks():
     assert rate_for_budget(epsilon=0.01, asks=10**6, **setting) == 0.0
     with pytest.raises(ValueError, match="asks"):
         rate_for_budget(epsilon=1.0, asks=0, **setting)
+
+
+def test_the_sampling_plan_takes_the_z_with_the_most_signal_over_noise():
+    from fedfilter.planning.sampled_rounds import plan_sampling, rate_for_budget
+
+    grid, budgets, shares = [1.3, 2.0, 3.2], (2.0, 6.0), (0.6, 0.4)
+    plan = plan_sampling(budgets=list(budgets), shares=list(shares), delta=1e-5, asks=6, noise_multipliers=grid)
+    scores = []
+    for z in grid:
+        rates = [rate_for_budget(epsilon=e, delta=1e-5, noise_multiplier=z, asks=6) for e in budgets]
+        scores.append(sum(s * q for s, q in zip(shares, rates)) / z)
+    assert plan.noise_multiplier == grid[scores.index(max(scores))]
+    assert plan.signal_per_noise == pytest.approx(max(scores))
+    assert plan.rates[0] < plan.rates[1]  # the larger budget contributes more often
+    # more signal over noise than everyone at the smallest budget, every ask (rate 1)
+    full = min(
+        z
+        for z in (3.2, 4.0, 5.0, 6.4)
+        if plan_sampled_rounds(epsilon=2.0, delta=1e-5, noise_multiplier=z, sampling_rate=1.0).rounds >= 6
+    )
+    assert plan.signal_per_noise > 1.0 / full
+    with pytest.raises(ValueError, match="shares"):
+        plan_sampling(budgets=[2.0, 4.0], shares=[0.5, 0.6], delta=1e-5, asks=6)
+    with pytest.raises(ValueError, match="budgets"):
+        plan_sampling(budgets=[], delta=1e-5, asks=6)
