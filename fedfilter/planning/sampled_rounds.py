@@ -406,10 +406,22 @@ def plan_sampling(
     if len(shares) != len(budgets) or any(s < 0 for s in shares) or abs(sum(shares) - 1) > 1e-9:
         raise ValueError(f"shares must give one fraction per budget, summing to 1. Found {shares!r}.")
     grid = noise_multipliers or [float(0.5 * 16 ** (i / 23)) for i in range(24)]
-    setting = dict(delta=delta, asks=asks, cap=cap, placement=placement, clip=clip, min_reports=min_reports, dim=dim)
     best: SamplingPlan | None = None
     for z in grid:
-        rates = tuple(rate_for_budget(epsilon=float(e), noise_multiplier=float(z), **setting) for e in budgets)
+        rates = tuple(
+            rate_for_budget(
+                epsilon=float(e),
+                delta=delta,
+                noise_multiplier=float(z),
+                asks=asks,
+                cap=cap,
+                placement=placement,
+                clip=clip,
+                min_reports=min_reports,
+                dim=dim,
+            )
+            for e in budgets
+        )
         score = sum(s * q for s, q in zip(shares, rates)) / z
         if best is None or score > best.signal_per_noise:
             best = SamplingPlan(float(z), asks, tuple(map(float, budgets)), tuple(shares), rates, score)
