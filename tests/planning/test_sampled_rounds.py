@@ -205,6 +205,8 @@ def test_the_sampling_plan_takes_the_z_with_the_most_signal_over_noise():
     assert plan.noise_multiplier == grid[scores.index(max(scores))]
     assert plan.signal_per_noise == pytest.approx(max(scores))
     assert plan.rates[0] < plan.rates[1]  # the larger budget contributes more often
+    # the figures docs/derivations/amplification.md quotes
+    assert (plan.noise_multiplier, round(plan.rates[0], 2), plan.rates[1]) == (2.0, 0.27, 1.0)
     # more signal over noise than everyone at the smallest budget, every ask (rate 1)
     full = min(
         z
