@@ -36,6 +36,14 @@ per-device ``(epsilon, delta)``, five ways:
     updates summed in the clear, one Gaussian draw ``N(0, (z C)^2)`` added), at (a)'s ``z``, each
     device's Gaussian-DP filter. A TRUSTED server. (f) against (a) is the engine against Flower's
     strategy code on one mechanism; (b) against (f) is what the distributed mechanism costs.
+(g) ``trusted-amplified`` (not in the default ``--arms``): the strongest trusted baseline, DP-FedAvg
+    with Poisson sampling. The engine's central placement with ``participation="poisson"``: each round
+    the TRUSTED server asks every device independently with probability ``clients_per_round /
+    num_clients``, sums the clipped updates, adds one Gaussian draw ``N(0, (z C)^2)`` and divides by the
+    expected count. Its ``z`` is the smallest at which dp_accounting's ``RdpAccountant`` certifies the
+    run (``PoissonSampledDpEvent(q, GaussianDpEvent(z))``, ``rounds`` times) within the budget: the
+    amplification by sampling a server that is trusted to sample may claim. The devices' own filters
+    are given budgets that never bind; the guarantee is the server's account.
 
 Every arm averages uniformly (Flower's accountant requires equal weights; fedfilter's coordinator takes
 the plain mean) and steps with ``server_lr = 1``. Budget tiers (``--budgets tiers``): the shares of
@@ -73,7 +81,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # tests/
 
 import numpy as np  # noqa: E402
 from fl_vs_flower_dp_checkpoint import arm_checkpoint, checkpointed_round, discard, run_engine_rounds
-from fl_vs_flower_dp_plan import adaptive_clipping, budgets, fedfilter_noise_multipliers, min_reports
+from fl_vs_flower_dp_plan import (
+    adaptive_clipping,
+    amplified_epsilon,
+    amplified_noise_multiplier,
+    budgets,
+    fedfilter_noise_multipliers,
+    min_reports,
+)
 from fl_vs_flower_dp_presets import PRESETS, apply_preset
 
 ARMS = {
@@ -83,6 +98,7 @@ ARMS = {
     "d": "fedfilter-local",
     "e": "no-privacy",
     "f": "engine-central",
+    "g": "trusted-amplified",
 }
 TASKS = {
     "femnist": ("femnist", "iid"),
@@ -90,6 +106,7 @@ TASKS = {
     "mnist-dirichlet": ("mnist", "dirichlet"),
 }
 SCHEMA = "fedfilter.bench.fl_vs_flower_dp.v1"
+UNBOUNDED_EPSILON = 1e4  # (g): device filters that never bind (the trusted server accounts)
 
 SMOKE = dict(
     task="femnist",
@@ -341,12 +358,13 @@ def engine_arm(
 
     n, k = task.num_clients, args.clients_per_round
     distributed = arm in ("b", "c")
-    central = arm == "f"
+    central = arm in ("f", "g")
+    amplified = arm == "g"
     m = min_reports(args)
     cfg = EngineConfig(
         task=task.name,
         num_clients=n,
-        epsilon=eps,
+        epsilon=np.full(n, UNBOUNDED_EPSILON) if amplified else eps,
         delta=args.delta,
         filter_kind="rdp" if distributed else "gdp",
         noise_multiplier=z,
@@ -358,7 +376,7 @@ def engine_arm(
         else None,
         accounting="worst-case" if arm == "c" else "individual",
         adaptive_clipping=adaptive_clipping(args),
-        participation=args.participation or "uniform",
+        participation="poisson" if amplified else args.participation or "uniform",
         rounds=args.rounds,
         fraction=k / n,
         local_epochs=args.local_epochs,
@@ -414,6 +432,7 @@ def engine_arm(
         "exhausted": int((res.exhausted_round >= 0).sum()),
         "devices": devices,
         **extra,
+        **({"accountant_epsilon": amplified_epsilon(z, args.delta, args.rounds, k / n)} if amplified else {}),
     }
 
 
@@ -513,6 +532,9 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
                         checkpoint=checkpoint,
                     )
                 else:
+                    if arm == "g" and "g" not in arm_z:
+                        arm_z["g"] = amplified_noise_multiplier(float(eps.min()), args.delta, args.rounds, k / n)
+                        log(f"epsilon {epsilon:g} (g): z = {arm_z['g']:.4f} (dp_accounting, Poisson rate {k / n:g})")
                     arm_noise = z if arm == "f" else arm_z[arm]
                     result = engine_arm(task, args, arm=arm, z=arm_noise, eps=eps, bar=bar, checkpoint=checkpoint)
             result["name"] = ARMS[arm]

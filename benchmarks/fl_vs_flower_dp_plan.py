@@ -87,3 +87,43 @@ def fedfilter_noise_multipliers(task, args: argparse.Namespace, epsilon: float, 
         out[arm] = math.ceil(z * 100) / 100
     out["c"] = out["b"]
     return out
+
+
+# --- (g): a trusted server that samples every device on its own coin ----------------------------------
+
+
+def amplified_noise_multiplier(epsilon: float, delta: float, rounds: int, rate: float) -> float:
+    """(g)'s ``z``: the smallest (to 1e-4 relative, rounded up) at which dp_accounting's ``RdpAccountant``
+    certifies ``rounds`` compositions of ``PoissonSampledDpEvent(rate, GaussianDpEvent(z))`` within
+    (epsilon, delta): the best a trusted server running Poisson-sampled DP-FedAvg can claim."""
+    import logging
+
+    import dp_accounting
+    from dp_accounting import rdp
+
+    logging.getLogger("absl").setLevel(logging.ERROR)  # its fractional series warns at orders below 2
+
+    def fits(z: float) -> bool:
+        accountant = rdp.RdpAccountant()
+        accountant.compose(dp_accounting.PoissonSampledDpEvent(rate, dp_accounting.GaussianDpEvent(z)), rounds)
+        return accountant.get_epsilon(delta) <= epsilon
+
+    lo, hi = 1e-3, 1.0
+    while not fits(hi):
+        lo, hi = hi, hi * 2
+        if hi > 1e6:
+            raise ValueError(f"no noise multiplier up to 1e6 fits {rounds} rounds at epsilon={epsilon!r}")
+    while hi - lo > 1e-4 * hi:
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if fits(mid) else (mid, hi)
+    return hi
+
+
+def amplified_epsilon(z: float, delta: float, rounds: int, rate: float) -> float:
+    """What dp_accounting certifies for (g)'s run: ``rounds`` Poisson-sampled Gaussian releases at ``z``."""
+    import dp_accounting
+    from dp_accounting import rdp
+
+    accountant = rdp.RdpAccountant()
+    accountant.compose(dp_accounting.PoissonSampledDpEvent(rate, dp_accounting.GaussianDpEvent(z)), rounds)
+    return float(accountant.get_epsilon(delta))

@@ -1,10 +1,12 @@
-"""``benchmarks/fl_vs_flower_dp.py --smoke --json``: the six arms run, and every arm's
+"""``benchmarks/fl_vs_flower_dp.py --smoke --json``: the seven arms run, and every arm's
 guarantee holds by a reference that is not the code under test.
 
 (a) Flower's central DP: its accountant's spent epsilon is within the population budget (the smallest
 tier), and so is Google's dp_accounting on the same releases. (b)-(d), (f) fedfilter: every device's
 epsilon recomputed from its final filter state (mpmath: the RDP conversion at the filter's order, the
-exact Gaussian-DP curve; ``helpers.budget_reference``) is within its own budget.
+exact Gaussian-DP curve; ``helpers.budget_reference``) is within its own budget. (g) the trusted
+amplified baseline: dp_accounting's Poisson-sampled account is within the smallest budget, at the
+smallest such z.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ def smoke() -> dict:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "fl_vs_flower_dp.py"), "--smoke", "--json", "--no-progress"]
-        + ["--arms", "abcdef"],
+        + ["--arms", "abcdefg"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -45,17 +47,34 @@ def test_every_arm_reports_finite_accuracy_and_its_rounds(smoke):
     rounds = smoke["settings"]["rounds"]
     assert smoke["results"]
     for entry in smoke["results"]:
-        assert sorted(entry["arms"]) == list("abcdef")
-        for arm in entry["arms"].values():
+        assert sorted(entry["arms"]) == list("abcdefg")
+        for key, arm in entry["arms"].items():
             assert math.isfinite(arm["accuracy"]) and 0 <= arm["accuracy"] <= 1
             assert len(arm["accuracy_per_round"]) == len(arm["contributing_per_round"]) == rounds
             assert 0 <= arm["rounds_run"] <= rounds
-            assert all(0 <= c <= smoke["settings"]["clients_per_round"] for c in arm["contributing_per_round"])
+            most = smoke["settings"]["num_clients" if key == "g" else "clients_per_round"]  # (g): Poisson
+            assert all(0 <= c <= most for c in arm["contributing_per_round"])
         assert entry["arms"]["a"]["trusted_server"] and not entry["arms"]["b"]["trusted_server"]
         # (f), the diagnostic: (a)'s mechanism (central Gaussian noise, trusted server) at (a)'s z
         f = entry["arms"]["f"]
         assert f["trusted_server"] and f["placement"] == "central"
         assert f["noise_multiplier"] == entry["noise_multiplier"]
+
+
+def test_the_trusted_amplified_baseline_is_what_dp_accounting_certifies(smoke):
+    """(g): Poisson-sampled DP-FedAvg at the smallest z dp_accounting certifies within the smallest budget
+    (amplification lets it run below (a)'s z)."""
+    settings = smoke["settings"]
+    rate = settings["clients_per_round"] / settings["num_clients"]
+    for entry in smoke["results"]:
+        g = entry["arms"]["g"]
+        assert g["trusted_server"] and g["placement"] == "central"
+        assert g["accountant_epsilon"] <= entry["smallest_epsilon"]
+        reference = rdp.RdpAccountant()
+        event = dp_event.PoissonSampledDpEvent(rate, dp_event.GaussianDpEvent(g["noise_multiplier"] * (1 - 1e-3)))
+        reference.compose(event, settings["rounds"])
+        assert reference.get_epsilon(settings["delta"]) > entry["smallest_epsilon"]  # the smallest such z
+        assert g["noise_multiplier"] < entry["noise_multiplier"]
 
 
 def test_flower_central_dp_stays_within_the_smallest_budget(smoke):

@@ -34,7 +34,7 @@ ACCOUNTINGS = ("individual", "worst-case")
 SECAGG_GRAPHS = ("full", "sparse")
 # "uniform": each round asks a fresh random subset; "balanced": passes over a shuffled population
 # (``fedfilter.planning.participation.BalancedSchedule``), every client asked within one of the others.
-PARTICIPATIONS = ("uniform", "balanced")
+PARTICIPATIONS = ("uniform", "balanced", "poisson")
 
 
 @dataclass(frozen=True)
@@ -140,10 +140,12 @@ class EngineConfig:
         clients asked each round (``fraction < 1`` draws from the engine's own generator, which
         is not the ServerApp's node sampling).
     participation
-        With ``fraction < 1``: ``uniform`` (a fresh random subset each round) or ``balanced`` (passes
+        With ``fraction < 1``: ``uniform`` (a fresh random subset each round), ``balanced`` (passes
         over a shuffled population, ``fedfilter.planning.participation.BalancedSchedule``, from the
         same sampling seed: after any number of rounds every client has been asked within one of
-        every other).
+        every other), or ``poisson`` (central placement only: a trusted server asks each client
+        independently with probability ``fraction`` and divides the noisy sum by the expected count
+        ``fraction * num_clients``, the amplified DP-FedAvg a trusted server can run).
     server_lr
         The coordinator's step: ``w <- w + server_lr * mean(reports)`` (``fedfilter.protocol.rules.model_step``).
     seed
@@ -301,6 +303,11 @@ class EngineConfig:
         problems += self._adaptive_problems()
         if self.participation not in PARTICIPATIONS:
             problems.append(f"participation must be one of {PARTICIPATIONS}. Found {self.participation!r}.")
+        elif self.participation == "poisson" and self.placement != "central":
+            problems.append(
+                "participation 'poisson' is a trusted server's sampling: it needs placement 'central'. "
+                f"Found placement {self.placement!r}."
+            )
         if not (0 < self.fraction <= 1):
             problems.append(f"fraction must be in (0, 1]. Found {self.fraction!r}.")
         if not (0 <= self.exhausted_below < 1):

@@ -356,6 +356,8 @@ class Engine:
             return np.arange(self.n)
         if self._schedule is not None:
             return np.sort(self._schedule.next_round())
+        if self.config.participation == "poisson":  # each client on its own coin, the server's
+            return np.flatnonzero(self._sampler.random(self.n) < self.config.fraction)
         return np.sort(self._sampler.choice(self.n, size=self.n_sampled, replace=False))
 
     def _updates(self, clients: np.ndarray) -> np.ndarray:
@@ -434,6 +436,8 @@ class Engine:
         mechanism = EngineGaussian(
             cfg.placement, numbers.noise_multiplier, numbers.clip, numbers.accounted_std, added, noise_grid(added)[0]
         )
+        if len(clients) == 0:  # a Poisson round that asked nobody: nothing to release
+            return np.zeros(0, dtype=bool), clients, clients, None
         reports = GaussianReports(self, clients, numbers)
         _, total = spend(
             RoundRows(self, clients),
@@ -447,6 +451,8 @@ class Engine:
         n = len(active) + len(reporting)
         if n < reports_needed(cfg.placement, cfg.min_reports):
             return reports.out, active, reporting, None
+        if cfg.participation == "poisson":  # the expected count: the mean's sensitivity is C / (q N)
+            return reports.out, active, reporting, total / (cfg.fraction * self.n)
         return reports.out, active, reporting, total / n  # the coordinator's plain mean
 
     def step(self) -> RoundRecord:

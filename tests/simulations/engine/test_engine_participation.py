@@ -82,3 +82,39 @@ def test_balanced_is_seeded_and_resumes_from_a_checkpoint(digits):
 def test_participation_is_checked():
     with pytest.raises(ValueError, match="participation must be one of"):
         config(participation="round-robin")
+
+
+def test_poisson_is_each_clients_own_coin_from_the_seeds_generator(digits):
+    """A trusted server's Poisson sampling: ``random(n) < fraction`` of the sampling generator, each round."""
+    cfg = config(participation="poisson", placement="central")
+    rng = sampling_rng(cfg.seed, cfg.run_id)
+    expected = [np.flatnonzero(rng.random(N) < 0.3).tolist() for _ in range(7)]
+    seen = asked(Engine(cfg, task=digits), 7)
+    assert seen == [c for c in expected if c]  # a round that asks nobody trains nobody
+    assert len({len(c) for c in expected}) > 1  # the count varies from round to round
+
+
+class _Zeros:
+    """The engine's aggregate Gaussian generator with every draw zero (the sum is then exact)."""
+
+    def normal(self, loc, scale, size):
+        return np.zeros(size)
+
+
+def test_poisson_divides_the_sum_by_the_expected_count(digits, monkeypatch):
+    """The mean's sensitivity must not depend on how many were drawn: sum / (q N), not sum / count."""
+    import fedfilter.simulations.engine.gaussian_round as gaussian
+
+    monkeypatch.setattr(gaussian, "aggregate_noise_rng", lambda *key: _Zeros())
+    engine = Engine(config(participation="poisson", placement="central", clip=100.0), task=digits)
+    clients = engine._sample()
+    engine._sampler = sampling_rng(engine.config.seed, engine.config.run_id)  # the same clients again
+    _, active, _, mean = engine._gaussian_round(engine._sample())
+    assert active.tolist() == clients.tolist() and len(clients) != 3
+    total = engine._updates(clients).astype(np.float64).sum(axis=0)  # clip 100: nothing is clipped
+    assert np.allclose(mean, total / (0.3 * N), rtol=1e-4, atol=1e-6)
+
+
+def test_poisson_needs_a_trusted_server():
+    with pytest.raises(ValueError, match="placement 'central'"):
+        config(participation="poisson")
