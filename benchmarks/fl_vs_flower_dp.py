@@ -104,6 +104,7 @@ TASKS = {
     "femnist": ("femnist", "iid"),
     "shakespeare": ("shakespeare", "iid"),
     "mnist-dirichlet": ("mnist", "dirichlet"),
+    "mnist-iid": ("mnist", "iid"),
 }
 SCHEMA = "fedfilter.bench.fl_vs_flower_dp.v1"
 UNBOUNDED_EPSILON = 1e4  # (g): device filters that never bind (the trusted server accounts)
@@ -178,11 +179,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--eval-every", type=int, default=1)
     p.add_argument(
         "--model",
-        choices=("task", "dp-cnn"),
+        choices=("task", "dp-cnn", "quickstart-cnn"),
         default="task",
         help="the task's model (default), or for FEMNIST/MNIST the small CNN of the DP-SGD literature "
         "(Opacus' SampleConvNet layout, fedfilter.simulations.tasks.models.MnistCNN: 27,726 parameters at "
-        "62 classes against FemnistCNN's 222,078; DP noise grows with the dimension)",
+        "62 classes against FemnistCNN's 222,078; DP noise grows with the dimension), or Flower's "
+        "quickstart-pytorch CNN for 28x28 images (QuickstartCNN: 44,426 parameters)",
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--adaptive-clip", type=float, help="engine arms: adapt the clip from --clip to this quantile")
@@ -289,12 +291,12 @@ def load(args: argparse.Namespace):
         idx = np.sort(rng.choice(len(test[1]), size=args.max_test, replace=False))
         test = (np.ascontiguousarray(test[0][idx]), np.ascontiguousarray(test[1][idx]))
     model_fn = task.model_fn
-    if args.model == "dp-cnn":
+    if args.model in ("dp-cnn", "quickstart-cnn"):
         if task.name not in ("femnist", "mnist"):
-            raise SystemExit(f"--model dp-cnn is for 28x28 images (femnist, mnist-dirichlet); not {args.task}.")
-        from fedfilter.simulations.tasks.models import MnistCNN
+            raise SystemExit(f"--model {args.model} is for 28x28 images (femnist, mnist-*); not {args.task}.")
+        from fedfilter.simulations.tasks.models import MnistCNN, QuickstartCNN
 
-        model_fn = partial(MnistCNN, num_classes=task.num_classes)
+        model_fn = partial(MnistCNN if args.model == "dp-cnn" else QuickstartCNN, num_classes=task.num_classes)
     return replace(task, train_data=train, test_data=test, model_fn=model_fn)
 
 

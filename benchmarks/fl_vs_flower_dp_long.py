@@ -77,11 +77,63 @@ def mnist_balanced(seed: int, adaptive: bool) -> Job:
     return Job(out.replace("-balanced", "-b-balanced", 1), out, "b", (*options, *extra))
 
 
+def mnist_plan(seed: int, clip: str = "0.5", epsilons: tuple[float, ...] = EPSILONS) -> Job:
+    """(b) as ``fedfilter plan`` sets it up for this federation: balanced passes, the plan's z, and the
+    plan's ``min_reports`` for a 10% drop-out rate (170 of 200; ``fedfilter plan --devices 200
+    --dropout-rate 0.1``). ``clip`` is a fixed clip, or ``adaptive`` (the plan's default: start at 0.1,
+    follow the median update norm; Andrew et al. 2021 and Flower's defaults)."""
+    options = ("--preset", "mnist-long", "--seed", str(seed), "--fedfilter-z", "plan", "--participation", "balanced")
+    options += ("--min-reports", str(PLAN_MIN_REPORTS))
+    options += ("--clip", "0.1", "--adaptive-clip", "0.5") if clip == "adaptive" else ("--clip", clip)
+    suffix = "" if clip == "0.5" else "-adaptive" if clip == "adaptive" else f"-clip-{clip}"
+    return Job(f"mnist-seed{seed}-plan{suffix}", f"mnist-seed{seed}-plan{suffix}", "b", options, epsilons)
+
+
+PLAN_MIN_REPORTS = 170  # fedfilter plan's min_reports for 200 asked per round at a 10% drop-out rate
+# fedfilter.planning.dropout.min_reports_for_dropout(k, 0.1, 0.01) for the other federations' k
+DROPOUT_MIN_REPORTS = {25: 19, 50: 40, 100: 82, 105: 87, 200: 170, 400: 345, 800: 700, 1600: 1412}
+
+
+def quickstart(per_round: int, arms: str) -> Job:
+    """Flower's quickstart CNN over 6,000 MNIST devices at epsilon 8, ``per_round`` asked in balanced
+    passes: does it learn, in distributed (b) and local (d) placement, against no privacy (e)?"""
+    options = ("--preset", "quickstart-population", "--clients-per-round", str(per_round))
+    options += ("--fedfilter-z", "plan", "--participation", "balanced")
+    options += ("--min-reports", str(DROPOUT_MIN_REPORTS[per_round]))
+    return Job(f"quickstart-k{per_round}-{arms}", f"quickstart-k{per_round}", arms, options, (8.0,))
+
+
+def quickstart_clip(clip: str) -> Job:
+    """Flower's quickstart CNN on mnist-long's federation at epsilon 8, (b) as the plan sets it up, at a
+    fixed ``clip`` or ``adaptive`` (from the plan's 0.1)."""
+    options = ("--preset", "mnist-long", "--model", "quickstart-cnn", "--lr", "0.15", "--seed", "0")
+    options += ("--fedfilter-z", "plan", "--participation", "balanced", "--min-reports", str(PLAN_MIN_REPORTS))
+    options += ("--clip", "0.1", "--adaptive-clip", "0.5") if clip == "adaptive" else ("--clip", clip)
+    return Job(f"quickstart-clip-{clip}", f"quickstart-clip-{clip}", "b", options, (8.0,))
+
+
+def femnist(seed: int, arms: str) -> Job:
+    """FEMNIST at epsilon 8 (``femnist-long``): (a) Flower's central DP against (b) as the plan sets it
+    up (every writer every round; ``min_reports`` for a 10% drop-out rate)."""
+    options = ("--preset", "femnist-long", "--seed", str(seed), "--fedfilter-z", "plan")
+    options += ("--min-reports", str(DROPOUT_MIN_REPORTS[105]))
+    return Job(f"femnist-seed{seed}-{arms}", f"femnist-seed{seed}", arms, options, (8.0,))
+
+
+CLIP_SWEEP = ("0.1", "0.25", "1", "2")  # with 0.5 (the preset's) and adaptive: the tuned fixed clip
+
 JOBS: list[Job] = (
     [mnist(0, "ae"), mnist(0, "b")]
     + [mnist_balanced(0, False), mnist_balanced(0, True)]  # what balanced passes and the adaptive clip buy
     + [mnist(s, "e") for s in (1, 2, 3, 4)]  # does the preset's length reach 0.95 at every seed? (cheap)
-    + [mnist(s, arms) for s in (1, 2, 3, 4) for arms in ("a", "b")]
+    + [mnist_plan(0), mnist_plan(0, "adaptive")]  # (b) as the plan sets it up: the headline arm
+    + [job for s in (1, 2, 3, 4) for job in (mnist(s, "a"), mnist_plan(s))]
+    + [mnist_plan(0, clip, (2.0, 8.0)) for clip in CLIP_SWEEP]  # the best fixed clip, at seed 0
+    + [quickstart_clip(clip) for clip in ("adaptive", "0.5", *CLIP_SWEEP)]
+    + [quickstart(k, arms) for k in (25, 50, 100, 200, 400, 800, 1600) for arms in ("bd", "e")]
+    + [femnist(0, "e")]
+    + [femnist(s, arms) for s in (0, 1, 2, 3, 4) for arms in ("a", "b")]
+    + [mnist_plan(s, "adaptive") for s in (1, 2, 3, 4)]
 )
 
 

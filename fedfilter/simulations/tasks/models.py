@@ -83,6 +83,42 @@ class MnistCNN(nn.Sequential):
         )
 
 
+class QuickstartCNN(nn.Sequential):
+    """Flower's quickstart-pytorch CNN (its ``task.py`` ``Net``: two 5x5 convolutions with max pooling,
+    then three linear layers, ReLU) for 1 x 28 x 28 images: the model a new Flower user starts from.
+
+    The template takes 3 x 32 x 32 CIFAR-10 images; on MNIST the first convolution takes one channel
+    and the first linear layer 16 x 4 x 4 inputs (44,426 parameters).
+
+    Parameters
+    ----------
+    num_classes : int, optional
+        Logits per sample.
+
+    Examples
+    --------
+    >>> model = QuickstartCNN()
+    >>> model(torch.zeros(2, 1, 28, 28)).shape, sum(p.numel() for p in model.parameters())
+    (torch.Size([2, 10]), 44426)
+    """
+
+    def __init__(self, num_classes: int = 10):
+        super().__init__(
+            nn.Conv2d(1, 6, 5),  # -> 6 x 24 x 24
+            nn.ReLU(),
+            nn.MaxPool2d(2, 2),  # -> 6 x 12 x 12
+            nn.Conv2d(6, 16, 5),  # -> 16 x 8 x 8
+            nn.ReLU(),
+            nn.MaxPool2d(2, 2),  # -> 16 x 4 x 4
+            nn.Flatten(),
+            nn.Linear(16 * 4 * 4, 120),
+            nn.ReLU(),
+            nn.Linear(120, 84),
+            nn.ReLU(),
+            nn.Linear(84, num_classes),
+        )
+
+
 class LogisticRegression(nn.Module):
     """Binary logistic regression on ``d`` features (d + 1 parameters).
 
