@@ -16,7 +16,9 @@ beside it. The queue is ``JOBS`` below, in the order the study needs its answers
 and no privacy at seed 0, fedfilter distributed at seed 0, no privacy at the other seeds (whether the
 preset's length reaches 0.95 there too), then the private arms at the other seeds. A later session
 adds jobs (their names must stay unique; a done job is never rerun): after seed 0's, (b) in balanced
-passes with a fixed and with an adaptive clip, each in its own directory.
+passes with a fixed and with an adaptive clip, each in its own directory; then (b) as ``fedfilter plan``
+sets it up at every seed, the clip study, the trusted amplified baseline (g), Flower's quickstart CNN
+at 25 to 1,600 devices a round, and FEMNIST.
 """
 
 from __future__ import annotations
@@ -129,6 +131,7 @@ JOBS: list[Job] = (
     + [mnist_plan(0), mnist_plan(0, "adaptive")]  # (b) as the plan sets it up: the headline arm
     + [job for s in (1, 2, 3, 4) for job in (mnist(s, "a"), mnist_plan(s))]
     + [mnist_plan(0, clip, (2.0, 8.0)) for clip in CLIP_SWEEP]  # the best fixed clip, at seed 0
+    + [mnist(s, "g") for s in (0, 1, 2, 3, 4)]  # a trusted server's Poisson-amplified DP-FedAvg
     + [quickstart_clip(clip) for clip in ("adaptive", "0.5", *CLIP_SWEEP)]
     + [quickstart(k, arms) for k in (25, 50, 100, 200, 400, 800, 1600) for arms in ("bd", "e")]
     + [femnist(0, "e")]
