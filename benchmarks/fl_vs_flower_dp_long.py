@@ -10,6 +10,7 @@ other arms, and the benchmark merges what each writes.
     FEDFILTER_DATA=/path/to/data python benchmarks/fl_vs_flower_dp_long.py &   # a worker (start two for two)
     python benchmarks/fl_vs_flower_dp_long.py --status   # each job: done, running, its checkpoints
     python benchmarks/fl_vs_flower_dp_long.py --curve out/fl_vs_flower_dp/long/mnist-seed0  # accuracy per round
+    python benchmarks/fl_vs_flower_dp_long.py --summary   # the MNIST study's table, from what has finished
 
 Progress goes to ``out/fl_vs_flower_dp/long/queue.log``, each job's own output to ``logs/<job>.log``
 beside it. The queue is ``JOBS`` below, in the order the study needs its answers: Flower's central DP
@@ -225,11 +226,47 @@ def curve(out: Path) -> str:
     )
 
 
+SUMMARY_ARMS = (  # (column, directory under LONG with {seed}, arm letter)
+    ("(a) Flower central DP", "mnist-seed{seed}", "a"),
+    ("(b) fedfilter, as planned", "mnist-seed{seed}-plan", "b"),
+    ("(b) adaptive clip", "mnist-seed{seed}-plan-adaptive", "b"),
+    ("(g) trusted, amplified", "mnist-seed{seed}", "g"),
+    ("(e) no privacy", "mnist-seed{seed}", "e"),
+)
+
+
+def summary(seeds=(0, 1, 2, 3, 4)) -> str:
+    """The MNIST study's final accuracies as a markdown table: per epsilon, each arm's per-seed values
+    and their mean over the seeds that finished, and (b) - (a) per seed."""
+    found: dict[tuple[str, float], dict[int, float]] = {}
+    for name, pattern, arm in SUMMARY_ARMS:
+        for seed in seeds:
+            path = LONG / pattern.format(seed=seed) / "results.json"
+            for entry in json.loads(path.read_text())["results"] if path.exists() else []:
+                result = entry["arms"].get(arm)
+                if result is not None and result.get("accuracy") is not None:
+                    found.setdefault((name, entry["epsilon"]), {})[seed] = result["accuracy"]
+    epsilons = sorted({eps for _, eps in found})
+    head = "| epsilon | " + " | ".join(name for name, _, _ in SUMMARY_ARMS) + " | (b) - (a), per seed |"
+    lines = [head, "|---:|" + "---|" * (len(SUMMARY_ARMS) + 1)]
+    for eps in epsilons:
+        cells = []
+        for name, _, _ in SUMMARY_ARMS:
+            vals = found.get((name, eps), {})
+            each = " / ".join(f"{vals[s]:.3f}" for s in sorted(vals))
+            cells.append(f"**{sum(vals.values()) / len(vals):.3f}** ({len(vals)}: {each})" if vals else "-")
+        a, b = found.get((SUMMARY_ARMS[0][0], eps), {}), found.get((SUMMARY_ARMS[1][0], eps), {})
+        gaps = " / ".join(f"{b[s] - a[s]:+.3f}" for s in sorted(set(a) & set(b)))
+        lines.append(f"| {eps:g} | " + " | ".join(cells) + f" | {gaps or '-'} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--status", action="store_true", help="print each job's state and exit")
     p.add_argument("--curve", default=None, help="print the accuracy per round of the runs in this --out directory")
     p.add_argument("--only", default=None, help="comma-separated job names (default: the whole queue)")
+    p.add_argument("--summary", action="store_true", help="print the MNIST study's table (markdown) and exit")
     args = p.parse_args(argv)
     jobs = JOBS if args.only is None else [j for j in JOBS if j.name in args.only.split(",")]
     if args.status:
@@ -237,6 +274,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.curve:
         print(curve(Path(args.curve)))
+        return 0
+    if args.summary:
+        print(summary())
         return 0
     return work(jobs)
 
