@@ -88,7 +88,7 @@ def _log_binomials(alpha: int) -> np.ndarray:
     return np.array([math.log(math.comb(alpha, k)) for k in range(alpha + 1)], dtype=np.float64)
 
 
-def _log_sum_up(parts: list[np.ndarray], alpha: float, signs: np.ndarray | None = None) -> np.ndarray:
+def _log_sum_up(parts: list[np.ndarray], alpha: float | np.ndarray, signs: np.ndarray | None = None) -> np.ndarray:
     """``log(sum_k sign_k exp(t_k)) / (alpha - 1)`` with ``t_k`` the sum of ``parts`` (last axis ``k``),
     rounded up; the signed sum must be at least 1 (a Rényi moment ``A_alpha``), else the sum of the
     magnitudes (an upper bound) is taken.
@@ -117,6 +117,28 @@ def _integer_order_parts(q: np.ndarray, m: np.ndarray, alpha: int) -> list[np.nd
     shape = (*q.shape, alpha + 1)
     parts = [_log_binomials(alpha), xlog1py(alpha - k, -qe), xlogy(k, qe), (k * k - k) * (me * me) / 2.0]
     return [np.broadcast_to(p, shape) for p in parts]
+
+
+def _integer_orders_rdp(q: float, mu: float, orders: np.ndarray) -> np.ndarray:
+    """``sampled_gaussian_rdp(q, mu, a)`` for every integer order ``a`` of ``orders`` at once (one row
+    per order, the terms past ``a`` at ``-inf``): the order search's fast path, equal to the one-order
+    call up to the summation's rounding."""
+    top = int(orders.max())
+    k = np.arange(top + 1, dtype=np.float64)
+    a = orders.astype(np.float64)[:, None]
+    log_binom = np.full((len(orders), top + 1), -np.inf)
+    for row, order in enumerate(orders):
+        log_binom[row, : int(order) + 1] = _log_binomials(int(order))
+    qa, m = np.float64(q), np.float64(mu)
+    parts = [
+        log_binom,
+        xlog1py(np.maximum(a - k, 0.0), -qa),
+        xlogy(k, qa),
+        np.broadcast_to((k * k - k) * m * m / 2.0, log_binom.shape),
+    ]
+    parts = [np.broadcast_to(p, log_binom.shape) for p in parts]
+    values = _log_sum_up(parts, a[:, 0])
+    return np.where((q == 0) | (mu == 0), 0.0, np.minimum(values, up(a[:, 0] * up(m * m) / 2.0)))
 
 
 def _fractional_order_parts(q: np.ndarray, m: np.ndarray, alpha: float) -> tuple[list[np.ndarray], np.ndarray]:
@@ -479,8 +501,12 @@ def order_for_rate(epsilon: float, delta: float, *, rate: float, noise_multiplie
         i = int(np.argmax(share))
         return float(arr[i]), float(share[i])
 
-    # the integers first (finite sums), then the tenths within one of the best of them
-    whole, share = best([a for a in SUBSAMPLED_ORDERS if a.is_integer()])
+    # the integers first (finite sums, all orders in one array), then the tenths within one of the best
+    integers = np.array([a for a in SUBSAMPLED_ORDERS if a.is_integer()])
+    losses = _integer_orders_rdp(q, 1.0 / noise_multiplier, integers.astype(int))
+    budgets = renyi.rdp_budgets(integers, epsilon, delta)
+    shares = np.where(losses > 0, budgets / np.where(losses > 0, losses, 1.0), np.where(budgets > 0, np.inf, 0.0))
+    whole, share = float(integers[int(np.argmax(shares))]), float(np.max(shares))
     if not share > 0:
         return _as_order(SUBSAMPLED_ORDERS[-1])
     near = [a for a in SUBSAMPLED_ORDERS if abs(a - whole) < 1 and not a.is_integer()]

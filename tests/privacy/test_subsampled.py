@@ -251,3 +251,11 @@ def test_order_for_rate_is_the_best_of_the_grid():
     assert all(share(a) <= best for a in SUBSAMPLED_ORDERS[::5])
     with pytest.raises(ValueError, match="rate"):
         sub.order_for_rate(eps, delta, rate=0.0, noise_multiplier=z)
+
+
+@pytest.mark.parametrize(("q", "mu"), [(0.01, 1 / 1.1), (0.3, 2.0), (1.0, 0.5), (0.0, 1.0), (0.2, 0.0)])
+def test_the_order_searchs_fast_path_is_the_one_order_curve(q, mu):
+    orders = np.arange(2, 257)
+    fast = sub._integer_orders_rdp(q, mu, orders)
+    each = np.array([float(sampled_gaussian_rdp(q, mu, int(a))) for a in orders])
+    assert np.allclose(fast, each, rtol=1e-11, atol=1e-300)
