@@ -57,7 +57,7 @@ SUBSAMPLED_ORDERS: tuple[float, ...] = tuple(
 )
 MAX_SUBSAMPLED_ORDER = SUBSAMPLED_ORDERS[-1]
 FRACTIONAL_TERMS = 2048  # terms of the fractional-order series (then a proven bound on the rest)
-_Z0_CAP = 1024.0  # the series' split point z0 is kept below this by capping sigma (a larger loss)
+_Z0_CAP = 1024.0  # |z0|, the series' split point, is kept below this by capping sigma (a larger loss)
 _SIGMA_CAP = 2.0**20  # and sigma = 1 / mu below this: a norm under 1e-6 of the std is charged as 1e-6
 ALLOWANCE_STEPS = 64  # bisection steps of ``sampled_gaussian_allowance`` (constant work)
 _ULPS = 16  # error allowance per log-space term, in ulps of its parts' magnitudes (``_log_sum_up``)
@@ -152,11 +152,12 @@ def _fractional_order_parts(q: np.ndarray, m: np.ndarray, alpha: float) -> tuple
     The terms are summed with their signs (``C(alpha, i)`` alternates past ``alpha``) over
     ``FRACTIONAL_TERMS`` terms for every row (constant work); ``A_alpha >= 1`` and the negative terms
     are small beside it, so the signed sum loses no precision. The rest is bounded and added: for
-    ``i >= max(z0, alpha + 1)`` the terms of each series are at most ``|C(alpha, i)| / 2``
+    ``i >= max(z0, alpha - z0, alpha + 1)`` the terms of each series are at most ``|C(alpha, i)| / 2``
     (``Phi(-y) <= exp(-y^2 / 2) / 2``, and the exponents cancel by the choice of z0), and
     ``sum_{i >= N} |C(alpha, i)| = |Gamma(alpha + 1) sin(pi alpha)| / pi * Gamma(N - alpha) /
-    (alpha Gamma(N))`` (the reflection formula and a telescoping sum). ``sigma`` is capped where z0
-    would pass ``_Z0_CAP``, and at ``_SIGMA_CAP`` (a smaller sigma costs more: a valid upper bound).
+    (alpha Gamma(N))`` (the reflection formula and a telescoping sum). ``sigma`` is capped where
+    ``|z0|`` would pass ``_Z0_CAP`` (so ``N`` covers ``max(z0, alpha - z0, alpha + 1)``), and at
+    ``_SIGMA_CAP`` (a smaller sigma costs more: a valid upper bound).
     Needs ``0 < q < 1``. Returns the parts (the first holds the tail bound in its last slot) and the
     signs.
     """
@@ -164,7 +165,8 @@ def _fractional_order_parts(q: np.ndarray, m: np.ndarray, alpha: float) -> tuple
     i = np.arange(n, dtype=np.float64)
     log_odds = np.log1p(-q) - np.log(q)  # log(1/q - 1)
     sigma = 1.0 / np.maximum(m, 1.0 / _SIGMA_CAP)
-    cap = np.sqrt(np.where(log_odds > 0, (_Z0_CAP - 0.5) / np.where(log_odds > 0, log_odds, 1.0), _SIGMA_CAP**2))
+    spread = np.abs(log_odds)  # |z0 - 1/2| = sigma^2 |log(1/q - 1)|: both series' tails need it small
+    cap = np.sqrt(np.where(spread > 0, (_Z0_CAP - 0.5) / np.where(spread > 0, spread, 1.0), _SIGMA_CAP**2))
     sigma = np.minimum(sigma, cap)
     z0 = sigma * sigma * log_odds + 0.5
     qe, se, ze = q[..., None], sigma[..., None], z0[..., None]

@@ -78,6 +78,15 @@ def test_sampled_gaussian_is_the_integral_rounded_up(q, z, alpha):
     assert mp_sampled_gaussian(q, z, alpha, reverse=True) <= ours
 
 
+@pytest.mark.parametrize(("q", "z", "alpha"), [(0.99, 1000.0, 4.5), (0.9, 100.0, 10.5), (0.7, 300.0, 2.5)])
+def test_rates_above_one_half_with_little_signal_stay_above_the_integral(q, z, alpha):
+    """There ``z0`` lies far below 0 and the second series' tail would start past the terms summed, so
+    the noise is capped (charged as a larger norm): still above the exact value, never above the
+    unsampled Gaussian."""
+    ours = float(sampled_gaussian_rdp(q, 1 / z, alpha))
+    assert mp_sampled_gaussian(q, z, alpha) <= ours <= alpha / (2 * z * z) * (1 + 1e-12)
+
+
 def test_sampled_gaussian_against_dp_accounting_on_its_orders():
     """The same sum at integer orders; at fractional ones dp_accounting adds every term of the series
     by its magnitude (dropping the signs past alpha), an upper bound that ours never exceeds."""
