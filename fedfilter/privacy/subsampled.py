@@ -22,7 +22,7 @@ amplification via random check-ins", NeurIPS 2020, make the same move). At an in
                          + 3 sum_{l=3}^{alpha} C(alpha, l) q^l (1-q)^(alpha-l) exp((l-1) eps_M(l)) ) / (alpha - 1)
 
   and never above ``eps_M(alpha)`` itself (the Rényi divergence is jointly quasi-convex, van Erven
-  and Harremoës 2014, Theorem 13, and the subsampled pair is a mixture of the base pair and equal
+  and Harremoës 2014, and the subsampled pair is a mixture of the base pair and equal
   distributions).
 
 Every value is computed in log space and rounded up with a margin that covers its floating-point
