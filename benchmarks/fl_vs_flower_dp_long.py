@@ -97,7 +97,7 @@ def mnist_plan(seed: int, clip: str = "0.5", epsilons: tuple[float, ...] = EPSIL
 
 PLAN_MIN_REPORTS = 170  # fedfilter plan's min_reports for 200 asked per round at a 10% drop-out rate
 # fedfilter.planning.dropout.min_reports_for_dropout(k, 0.1, 0.01) for the other federations' k
-DROPOUT_MIN_REPORTS = {25: 19, 50: 40, 100: 82, 105: 87, 200: 170, 400: 345, 800: 700, 1600: 1412}
+DROPOUT_MIN_REPORTS = {5: 3, 10: 6, 25: 19, 50: 40, 100: 82, 105: 87, 200: 170, 400: 345, 800: 700, 1600: 1412}
 
 
 def quickstart(per_round: int, arms: str) -> Job:
@@ -139,6 +139,7 @@ JOBS: list[Job] = (
     + [mnist(s, "g") for s in (0, 1, 2, 3, 4)]  # a trusted server's Poisson-amplified DP-FedAvg
     + [quickstart_clip(clip) for clip in ("adaptive", "0.5", *CLIP_SWEEP)]
     + [quickstart(k, arms) for k in (25, 50, 100, 200, 400, 800, 1600) for arms in ("bd", "e")]
+    + [quickstart(k, arms) for k in (5, 10) for arms in ("bd", "e")]  # below the smallest that learned
     + [femnist(0, "e")]
     + [femnist(s, arms) for s in (0, 1, 2, 3, 4) for arms in ("a", "b")]
     + [mnist_plan(s, "adaptive") for s in (1, 2, 3, 4)]
