@@ -266,12 +266,37 @@ def summary(seeds=(0, 1, 2, 3, 4)) -> str:
     return "\n".join(lines)
 
 
+def quickstart_summary() -> str:
+    """Flower's quickstart CNN at epsilon 8 by devices per round (markdown): final accuracy in distributed
+    (b) and local (d) placement against no privacy (e), and each placement's z."""
+    lines = [
+        "| devices a round | (b) distributed: z, final | (d) local: z, final | (e) no privacy |",
+        "|---:|---:|---:|---:|",
+    ]
+    for k in sorted(DROPOUT_MIN_REPORTS):
+        path = LONG / f"quickstart-k{k}" / "results.json"
+        if not path.exists():
+            continue
+        arms = json.loads(path.read_text())["results"][0]["arms"]
+
+        def cell(arm: str) -> str:
+            r = arms.get(arm)
+            if r is None:
+                return "-"
+            z = f"{r['noise_multiplier']:g}, " if r.get("noise_multiplier") is not None else ""
+            return f"{z}{r['accuracy']:.3f}"
+
+        lines.append(f"| {k} | {cell('b')} | {cell('d')} | {cell('e')} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--status", action="store_true", help="print each job's state and exit")
     p.add_argument("--curve", default=None, help="print the accuracy per round of the runs in this --out directory")
     p.add_argument("--only", default=None, help="comma-separated job names (default: the whole queue)")
     p.add_argument("--summary", action="store_true", help="print the MNIST study's table (markdown) and exit")
+    p.add_argument("--quickstart", action="store_true", help="print the quickstart sweep's table (markdown) and exit")
     args = p.parse_args(argv)
     jobs = JOBS if args.only is None else [j for j in JOBS if j.name in args.only.split(",")]
     if args.status:
@@ -282,6 +307,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.summary:
         print(summary())
+        return 0
+    if args.quickstart:
+        print(quickstart_summary())
         return 0
     return work(jobs)
 
