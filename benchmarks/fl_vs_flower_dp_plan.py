@@ -100,6 +100,7 @@ def amplified_noise_multiplier(epsilon: float, delta: float, rounds: int, rate: 
 
     import dp_accounting
     from dp_accounting import rdp
+    from harness.flower_central_dp import smallest_noise_multiplier  # the same search as (a)'s z
 
     logging.getLogger("absl").setLevel(logging.ERROR)  # its fractional series warns at orders below 2
 
@@ -108,15 +109,7 @@ def amplified_noise_multiplier(epsilon: float, delta: float, rounds: int, rate: 
         accountant.compose(dp_accounting.PoissonSampledDpEvent(rate, dp_accounting.GaussianDpEvent(z)), rounds)
         return accountant.get_epsilon(delta) <= epsilon
 
-    lo, hi = 1e-3, 1.0
-    while not fits(hi):
-        lo, hi = hi, hi * 2
-        if hi > 1e6:
-            raise ValueError(f"no noise multiplier up to 1e6 fits {rounds} rounds at epsilon={epsilon!r}")
-    while hi - lo > 1e-4 * hi:
-        mid = (lo + hi) / 2
-        lo, hi = (lo, mid) if fits(mid) else (mid, hi)
-    return hi
+    return smallest_noise_multiplier(fits, f"{rounds} rounds at epsilon={epsilon!r}")
 
 
 def amplified_epsilon(z: float, delta: float, rounds: int, rate: float) -> float:

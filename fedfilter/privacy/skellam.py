@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from fedfilter.privacy.bisection import ALLOWANCE_STEPS, largest_admitted
 from fedfilter.privacy.filters import rdp_order
 from fedfilter.privacy.rounding import up
 
@@ -147,8 +148,6 @@ def released_variance(mu_share: float, threshold: int) -> float:
 _RHO_MARGIN = 1 + 256 * 2.0**-52
 # Largest |k_i| ``integer_norms`` accepts (SecAgg+ values are int32; Flower casts to int32).
 _MAX_ABS_K = 2**31
-# Bisection steps of ``skellam_allowance``: a fixed number (constant work), 2**-64 of max_l2 apart.
-ALLOWANCE_STEPS = 64
 
 
 def integer_norms(k_arrays) -> tuple:
@@ -485,11 +484,4 @@ def skellam_allowance(gaussian_charge, *, mu_total, alpha, dim, max_l2) -> np.nd
         return skellam_rho(l1_cap(length, dim), length, mu_total, alpha) <= g
 
     shape = np.broadcast_shapes(g.shape, top.shape)
-    lo = np.zeros(shape)
-    hi = np.broadcast_to(top, shape).astype(np.float64)
-    whole = fits(hi)
-    for _ in range(ALLOWANCE_STEPS):
-        mid = lo + (hi - lo) / 2
-        ok = fits(mid)
-        lo, hi = np.where(ok, mid, lo), np.where(ok, hi, mid)
-    return np.where(whole, np.broadcast_to(top, shape), lo)
+    return largest_admitted(fits, top, shape)

@@ -48,6 +48,7 @@ import numpy as np
 from scipy.special import gammaln, log_ndtr, logsumexp, xlog1py, xlogy
 
 from fedfilter.privacy import renyi
+from fedfilter.privacy.bisection import ALLOWANCE_STEPS, largest_admitted  # noqa: F401  (re-exported)
 from fedfilter.privacy.rounding import up
 
 # The orders a device may fix its filter at: the integers 2..256, and the tenths from 2 to 64, where the
@@ -59,7 +60,6 @@ MAX_SUBSAMPLED_ORDER = SUBSAMPLED_ORDERS[-1]
 FRACTIONAL_TERMS = 2048  # terms of the fractional-order series (then a proven bound on the rest)
 _Z0_CAP = 1024.0  # |z0|, the series' split point, is kept below this by capping sigma (a larger loss)
 _SIGMA_CAP = 2.0**20  # and sigma = 1 / mu below this: a norm under 1e-6 of the std is charged as 1e-6
-ALLOWANCE_STEPS = 64  # bisection steps of ``sampled_gaussian_allowance`` (constant work)
 _ULPS = 16  # error allowance per log-space term, in ulps of its parts' magnitudes (``_log_sum_up``)
 
 
@@ -444,14 +444,7 @@ def sampled_gaussian_allowance(room, *, rate, noise_std, alpha, max_norm) -> np.
         return sampled_gaussian_rdp(rate, norm / std, alpha) <= g
 
     shape = np.broadcast_shapes(g.shape, top.shape, std.shape, np.shape(rate))
-    lo = np.zeros(shape)
-    hi = np.broadcast_to(top, shape).astype(np.float64)
-    whole = fits(hi)
-    for _ in range(ALLOWANCE_STEPS):
-        mid = lo + (hi - lo) / 2
-        ok = fits(mid)
-        lo, hi = np.where(ok, mid, lo), np.where(ok, hi, mid)
-    return np.where(whole, np.broadcast_to(top, shape), lo)
+    return largest_admitted(fits, top, shape)
 
 
 def _as_order(a: float) -> int | float:

@@ -52,11 +52,17 @@ def flower_noise_multiplier(epsilon: float, delta: float, rounds: int, populatio
         event = GaussianPrivacyEvent(noise_multiplier=z, sample_size=sampled, population_size=population)
         return not accountant.would_exceed(event, count=rounds)
 
+    return smallest_noise_multiplier(fits, f"{rounds} rounds at epsilon={epsilon!r}")
+
+
+def smallest_noise_multiplier(fits, what: str) -> float:
+    """The smallest ``z`` (to 1e-4 relative, rounded up) that ``fits`` admits, ``fits`` admitting every
+    ``z`` above one it admits: doubling from 1, then bisection. ``what`` names the setting in the error."""
     lo, hi = 1e-3, 1.0
     while not fits(hi):
         lo, hi = hi, hi * 2
         if hi > 1e6:
-            raise ValueError(f"no noise multiplier up to 1e6 fits {rounds} rounds at epsilon={epsilon!r}")
+            raise ValueError(f"no noise multiplier up to 1e6 fits {what}")
     while hi - lo > 1e-4 * hi:
         mid = (lo + hi) / 2
         lo, hi = (lo, mid) if fits(mid) else (mid, hi)
