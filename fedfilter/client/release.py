@@ -27,6 +27,7 @@ from fedfilter.client.ledger.budget import BudgetLedger
 from fedfilter.client.ledger.worst_case import WorstCaseMissingError, require_worst_case
 from fedfilter.client.mechanisms.gaussian import GaussianMechanism
 from fedfilter.client.mechanisms.gaussian_noise import NoiseStream, round_noise_stream
+from fedfilter.client.mechanisms.sampled import SampledMechanism, self_sampling
 from fedfilter.client.mechanisms.skellam import SkellamMechanism
 from fedfilter.client.mechanisms.spend import spend
 from fedfilter.client.settings.policy import ClientPolicy, check_request
@@ -184,7 +185,7 @@ def require_worst_case_budget(ledger: BudgetLedger) -> None:
 
 def release(
     ledger: BudgetLedger,
-    mechanism: GaussianMechanism | SkellamMechanism,
+    mechanism: GaussianMechanism | SkellamMechanism | SampledMechanism,
     update: Sequence[np.ndarray],
     *,
     run_id: str,
@@ -203,8 +204,9 @@ def release(
     ----------
     ledger : BudgetLedger
         The device's ledger.
-    mechanism : GaussianMechanism or SkellamMechanism
-        The round's noise (``GaussianMechanism.for_request`` or ``SkellamMechanism.for_update``).
+    mechanism : GaussianMechanism, SkellamMechanism or SampledMechanism
+        The round's noise (``GaussianMechanism.for_request`` or ``SkellamMechanism.for_update``; behind
+        the device's coin, ``mechanisms.sampled.self_sampling``).
     update : sequence of numpy.ndarray
         The update's arrays (for a Skellam release every model array in order: integer buffers go as 0).
     run_id, round_id : str, int
@@ -302,7 +304,7 @@ class FilteredClient:
         check_request(spec, self.policy)
         return release(
             self.ledger,
-            GaussianMechanism.for_request(spec),
+            self_sampling(spec, self.policy, lambda arrays: GaussianMechanism.for_request(spec))(update),
             update,
             run_id=spec.run_id,
             round_id=int(spec.round_id),

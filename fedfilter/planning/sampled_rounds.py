@@ -15,6 +15,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from fedfilter.planning.rounds import (
     MAX_PLANNED_ROUNDS,
     _check_setting,
@@ -23,6 +25,7 @@ from fedfilter.planning.rounds import (
     check_distributed_filter,
     distributed_mu,
 )
+from fedfilter.privacy.bisection import largest_rate
 from fedfilter.privacy.filters import make_filter
 from fedfilter.privacy.rounding import up
 from fedfilter.privacy.skellam import l1_cap
@@ -221,10 +224,6 @@ def plan_sampled_rounds(
     return SampledPlan(epsilon, delta, noise_multiplier, sampling_rate, placement, order, charge, rounds)
 
 
-RATE_STEPS = 24  # bisection steps of ``rate_for_budget`` (on log q: within 1e-6 of the largest rate)
-MIN_RATE = 1e-6  # the smallest rate ``rate_for_budget`` considers
-
-
 def _admits(epsilon: float, delta: float, z: float, q: float, asks: int, setting: dict) -> bool:
     order = order_for_rate(epsilon, delta, rate=q, noise_multiplier=z)
     filt = make_filter("rdp", epsilon, delta, [float(order)])
@@ -249,7 +248,7 @@ def rate_for_budget(
     "Have it your way", NeurIPS 2023, give each privacy group its own rate the same way).
 
     The asks admitted fall as the rate grows (at every order, so also at the best one), so bisection
-    on ``log q`` applies (``RATE_STEPS`` steps, down to ``MIN_RATE``); each step counts with the
+    on ``log q`` applies (``bisection.largest_rate``); each step counts with the
     filter's own charge and rounding at the order ``order_for_rate`` picks for that rate.
 
     Parameters
@@ -268,7 +267,7 @@ def rate_for_budget(
     Returns
     -------
     float
-        The rate; 0.0 when not even ``MIN_RATE`` fits.
+        The rate; 0.0 when not even ``bisection.MIN_RATE`` fits.
 
     Raises
     ------
@@ -289,15 +288,11 @@ def rate_for_budget(
     _check_rate(cap)
     _check_z(noise_multiplier)
     setting = dict(placement=placement, clip=clip, min_reports=min_reports, dim=dim)
-    if _admits(epsilon, delta, noise_multiplier, cap, asks, setting):
-        return float(cap)
-    if not _admits(epsilon, delta, noise_multiplier, MIN_RATE, asks, setting):
-        return 0.0
-    lo, hi = math.log(MIN_RATE), math.log(cap)
-    for _ in range(RATE_STEPS):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if _admits(epsilon, delta, noise_multiplier, math.exp(mid), asks, setting) else (lo, mid)
-    return math.exp(lo)
+
+    def fits(rate):
+        return np.asarray(_admits(epsilon, delta, noise_multiplier, float(rate), asks, setting))
+
+    return float(largest_rate(fits, cap, ()))
 
 
 @dataclass(frozen=True)

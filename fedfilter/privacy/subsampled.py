@@ -510,3 +510,115 @@ def order_for_rate(epsilon: float, delta: float, *, rate: float, noise_multiplie
         if frac_share > share:
             return _as_order(frac)
     return _as_order(whole)
+
+
+def sampling_order(filt) -> int | float | None:
+    """The order a self-sampling release is charged at in ``filt``: its rdp order (``filters.rdp_order``),
+    or None where the filter cannot account one (not rdp, or an order outside ``[2, MAX_SUBSAMPLED_ORDER]``).
+
+    Parameters
+    ----------
+    filt : GaussianFilter
+        A device's filter.
+
+    Returns
+    -------
+    int, float or None
+
+    Examples
+    --------
+    >>> from fedfilter.privacy.filters import make_filter
+    >>> sampling_order(make_filter("rdp", 1.0, 1e-5, [10.6])), sampling_order(make_filter("gdp", 1.0, 1e-5))
+    (10.6, None)
+    """
+    from fedfilter.privacy.filters import rdp_order
+
+    if getattr(filt, "kind", None) != "rdp":
+        return None
+    alpha = rdp_order(filt)
+    return _as_order(alpha) if 2 <= alpha <= MAX_SUBSAMPLED_ORDER else None
+
+
+def _in_filter_units(loss, alpha) -> np.ndarray:
+    # The rdp filter's state is eps(alpha*) / alpha* (filters.rdp_filter); (..., 1) like GaussianFilter.charge.
+    # A release without data costs exactly 0 (``up(0)`` is the smallest subnormal, not 0).
+    loss = np.asarray(loss, dtype=np.float64)
+    return np.expand_dims(np.where(loss > 0, up(loss / alpha), 0.0), -1)
+
+
+def sampled_gaussian_charge(filt, *, rate, sensitivity, noise_std) -> np.ndarray:
+    """The charge of a Gaussian release made with probability ``rate``, in ``filt``'s units: the exact
+    ``sampled_gaussian_rdp`` at the filter's order over that order (Feldman and Zrnic 2021, Theorem 4.3 at
+    alpha*: ``sum_t eps_t(alpha*) <= alpha* rho* <= B_alpha*``), rounded up; exactly 0 without data.
+
+    Parameters
+    ----------
+    filt : GaussianFilter
+        An rdp filter whose order ``sampling_order`` accepts (``ValueError`` otherwise).
+    rate : float or array_like
+        ``q`` in [0, 1].
+    sensitivity, noise_std : float or array_like
+        The release's norm (>= 0) and its noise std (> 0), model units.
+
+    Returns
+    -------
+    numpy.ndarray
+        Shape ``(..., 1)``, ready for ``filt.spend``.
+
+    Examples
+    --------
+    At rate 1 it is the rdp filter's own Gaussian charge ``(s / std)^2 / 2``:
+
+    >>> from fedfilter.privacy.filters import make_filter
+    >>> filt = make_filter("rdp", 1.0, 1e-5, [10.6])
+    >>> sampled = float(sampled_gaussian_charge(filt, rate=1.0, sensitivity=1.0, noise_std=2.0)[0])
+    >>> round(sampled, 12), round(float(filt.charge(sensitivity=1.0, noise_std=2.0)[0]), 12)
+    (0.125, 0.125)
+    """
+    alpha = _required_order(filt)
+    s = np.asarray(sensitivity, dtype=np.float64)
+    loss = sampled_gaussian_rdp(rate, s / np.asarray(noise_std, dtype=np.float64), alpha)
+    return _in_filter_units(np.where(s > 0, loss, 0.0), alpha)
+
+
+def sampled_skellam_charge(filt, *, rate, l1, l2, mu_total) -> np.ndarray:
+    """The charge of a Skellam release on the grid made with probability ``rate``, in ``filt``'s units:
+    ``subsampled_skellam_rdp`` (Zhu and Wang 2019, Theorem 6, of the Skellam curve) at the filter's
+    order over that order, rounded up; exactly 0 where ``l2 == 0``.
+
+    Parameters
+    ----------
+    filt : GaussianFilter
+        An rdp filter whose order ``sampling_order`` accepts (``ValueError`` otherwise).
+    rate : float or array_like
+        ``q`` in [0, 1].
+    l1, l2 : float or array_like
+        The sensitivities on the integer grid.
+    mu_total : float or array_like
+        The Skellam variance per coordinate of the noise the release is read with.
+
+    Returns
+    -------
+    numpy.ndarray
+        Shape ``(..., 1)``.
+
+    Examples
+    --------
+    >>> from fedfilter.privacy.filters import make_filter
+    >>> filt = make_filter("rdp", 8.0, 1e-5, [6.0])
+    >>> full = sampled_skellam_charge(filt, rate=1.0, l1=40.0, l2=10.0, mu_total=400.0)
+    >>> bool(sampled_skellam_charge(filt, rate=0.1, l1=40.0, l2=10.0, mu_total=400.0)[0] < full[0] / 10)
+    True
+    """
+    alpha = _required_order(filt)
+    return _in_filter_units(subsampled_skellam_rdp(rate, l1, l2, mu_total, alpha), alpha)
+
+
+def _required_order(filt) -> int | float:
+    alpha = sampling_order(filt)
+    if alpha is None:
+        raise ValueError(
+            f"filter {getattr(filt, 'kind', filt)!r} cannot account a self-sampled release: it needs filter='rdp' "
+            f"at an order in [2, {MAX_SUBSAMPLED_ORDER}] (enrol with one order, e.g. order_for_rate's)."
+        )
+    return alpha

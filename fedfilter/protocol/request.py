@@ -8,7 +8,7 @@ Constants: ``PLACEMENTS``, where the noise is added (``"local"``: each device ad
 ``"distributed"``: Skellam shares summed under SecAgg+); ``AFTER_EXHAUSTION``, what a device whose
 budget is spent may do (report noise only, or leave the run); ``MAX_RUN_ID_CHARS``, the longest run
 id a device stores; ``INT64_MAX``, the largest round id or ``min_reports`` (devices store them as
-SQLite integers).
+SQLite integers); ``MAX_PLANNED_ASKS``, the most asks per device a plan may state.
 
 Examples
 --------
@@ -26,6 +26,7 @@ from fedfilter.checks import finite, int_in, positive_finite, short_repr
 __all__ = [
     "AFTER_EXHAUSTION",
     "INT64_MAX",
+    "MAX_PLANNED_ASKS",
     "MAX_RUN_ID_CHARS",
     "PLACEMENTS",
     "RoundSpec",
@@ -37,6 +38,7 @@ PLACEMENTS = ("local", "distributed")
 AFTER_EXHAUSTION = ("noise-only", "leave")
 MAX_RUN_ID_CHARS = 256  # a run-id is stored with every spend: a huge one would fill the device's disk
 INT64_MAX = 2**63 - 1  # devices store round ids as SQLite integers (int64): a larger one would overflow
+MAX_PLANNED_ASKS = 10**6  # the most asks per device a plan may state (a device spreads its budget over them)
 
 
 class RoundSpecError(ValueError):
@@ -87,13 +89,18 @@ class RoundSpec:
         Adaptive clipping's ``sigma_b`` (``protocol/adaptive_clip.py``): each report carries one more
         coordinate, the device's "my update was within the clip" bit, whose sum has noise std
         ``sigma_b`` in bits. 0 (the default): a fixed clip, no bit.
+    planned_asks : int, optional
+        The asks per device the run's plan expects. A device whose filter can account it then samples
+        itself: it spreads what it has left over the asks still expected and puts its update in the
+        reply with the rate that buys (``client/mechanisms/sampled.py``). 0 (the default): no plan, the
+        update is in every reply.
 
     Examples
     --------
     >>> RoundSpec("run-1", 0, noise_multiplier=1.0, clip=0.5)
     ... # doctest: +NORMALIZE_WHITESPACE
     RoundSpec(run_id='run-1', round_id=0, noise_multiplier=1.0, clip=0.5, placement='local', min_reports=1,
-              clipped_count_stddev=0.0)
+              clipped_count_stddev=0.0, planned_asks=0)
     """
 
     run_id: str
@@ -103,6 +110,7 @@ class RoundSpec:
     placement: str = "local"
     min_reports: int = 1  # distributed mode: the sum of at least this many reports is released
     clipped_count_stddev: float = 0.0  # adaptive clipping's sigma_b; 0: a fixed clip
+    planned_asks: int = 0  # the plan's asks per device, for devices that sample themselves; 0: none
 
 
 def request_problems(spec: RoundSpec, *, max_min_reports: int | None = None) -> list[str]:
@@ -159,5 +167,16 @@ def request_problems(spec: RoundSpec, *, max_min_reports: int | None = None) -> 
         problems.append(
             "clipped_count_stddev must be a finite number >= 0 (0: a fixed clip). "
             f"Found {short_repr(spec.clipped_count_stddev)}."
+        )
+    if not int_in(spec.planned_asks, 0, MAX_PLANNED_ASKS):
+        problems.append(
+            f"planned_asks must be an integer in [0, {MAX_PLANNED_ASKS}] (0: no plan). Found {short_repr(spec.planned_asks)}."
+        )
+    elif spec.planned_asks and sigma_b:
+        # The clip bit would be dropped with the update by the device's coin, and the coordinator's
+        # estimate of the unclipped fraction would then be biased by the devices' (private) rates.
+        problems.append(
+            "planned_asks (devices that sample themselves) cannot be combined with adaptive clipping "
+            f"(clipped_count_stddev={spec.clipped_count_stddev!r}): use a fixed clip."
         )
     return problems

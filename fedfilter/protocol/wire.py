@@ -68,6 +68,7 @@ REQUEST_KEYS = tuple(REQUEST_FIELDS)
 # them sends none): key -> (RoundSpec field, allowed types, default).
 OPTIONAL_REQUEST_FIELDS: dict[str, tuple[str, tuple[type, ...], Any]] = {
     "clipped-count-stddev": ("clipped_count_stddev", (int, float), 0.0),
+    "planned-asks": ("planned_asks", (int,), 0),
 }
 # Adaptive clipping: the report's extra array, the device's centred "within the clip" bit
 # (protocol/adaptive_clip.py), after the model's arrays; one float32 coordinate.
@@ -99,9 +100,9 @@ def request_record(spec: RoundSpec) -> ConfigRecord:
     for key, (field, kinds) in REQUEST_FIELDS.items():
         wire_type = float if float in kinds else kinds[0]
         values[key] = wire_type(getattr(spec, field))
-    for key, (field, _, default) in OPTIONAL_REQUEST_FIELDS.items():
-        if getattr(spec, field) != default:  # a fixed-clip request reads as it always did
-            values[key] = float(getattr(spec, field))
+    for key, (field, kinds, default) in OPTIONAL_REQUEST_FIELDS.items():
+        if getattr(spec, field) != default:  # a request without the option reads as it always did
+            values[key] = (float if float in kinds else kinds[0])(getattr(spec, field))
     return ConfigRecord(values)
 
 
@@ -130,7 +131,7 @@ def round_spec_from_record(record: ConfigRecord | None) -> RoundSpec:
     >>> round_spec_from_record(request_record(RoundSpec("run-1", 3, noise_multiplier=1.0, clip=0.5)))
     ... # doctest: +NORMALIZE_WHITESPACE
     RoundSpec(run_id='run-1', round_id=3, noise_multiplier=1.0, clip=0.5, placement='local', min_reports=1,
-              clipped_count_stddev=0.0)
+              clipped_count_stddev=0.0, planned_asks=0)
     >>> try:
     ...     round_spec_from_record(ConfigRecord({"run-id": "run-1"}))
     ... except RoundSpecError as err:
@@ -187,7 +188,9 @@ def request_proto(spec: RoundSpec, *, local_epochs: int = 0, learning_rate: floa
 
     placement = fedfilter_pb2.DISTRIBUTED if spec.placement == "distributed" else fedfilter_pb2.LOCAL
     fields = {field: getattr(spec, field) for field, _ in REQUEST_FIELDS.values()}
-    fields.update({field: float(getattr(spec, field)) for field, _, _ in OPTIONAL_REQUEST_FIELDS.values()})
+    fields.update(
+        {field: (float if float in kinds else kinds[0])(getattr(spec, field)) for field, kinds, _ in OPTIONAL_REQUEST_FIELDS.values()}
+    )
     return fedfilter_pb2.RoundRequest(
         **{**fields, "placement": placement}, local_epochs=local_epochs, learning_rate=learning_rate
     )

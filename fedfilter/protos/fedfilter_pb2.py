@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0f\x66\x65\x64\x66ilter.proto\x12\x0c\x66\x65\x64\x66ilter.v1\"\xe9\x01\n\x0cRoundRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x10\n\x08round_id\x18\x02 \x01(\x04\x12\x18\n\x10noise_multiplier\x18\x03 \x01(\x01\x12\x0c\n\x04\x63lip\x18\x04 \x01(\x01\x12/\n\tplacement\x18\x05 \x01(\x0e\x32\x1c.fedfilter.v1.NoisePlacement\x12\x13\n\x0bmin_reports\x18\x06 \x01(\r\x12\x14\n\x0clocal_epochs\x18\x07 \x01(\r\x12\x15\n\rlearning_rate\x18\x08 \x01(\x01\x12\x1c\n\x14\x63lipped_count_stddev\x18\t \x01(\x01\"\xe2\x03\n\x11PublicRoundRecord\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x10\n\x08round_id\x18\x02 \x01(\x04\x12+\n\x07request\x18\x03 \x01(\x0b\x32\x1a.fedfilter.v1.RoundRequest\x12\x17\n\x0f\x63lients_sampled\x18\x04 \x01(\r\x12\x18\n\x10reports_received\x18\x05 \x01(\r\x12\x18\n\x10markers_received\x18\x06 \x01(\r\x12\x17\n\x0freplies_dropped\x18\x07 \x01(\r\x12\x10\n\x08released\x18\x08 \x01(\x08\x12\x16\n\x0e\x61ggregate_norm\x18\t \x01(\x01\x12=\n\x07metrics\x18\n \x03(\x0b\x32,.fedfilter.v1.PublicRoundRecord.MetricsEntry\x12\x17\n\x0fstarted_at_unix\x18\x0b \x01(\x01\x12\x18\n\x10\x66inished_at_unix\x18\x0c \x01(\x01\x12\x13\n\x0bwall_time_s\x18\r \x01(\x01\x12\x1b\n\x13\x65xpected_noise_norm\x18\x18 \x01(\x01\x12\x1a\n\x12unclipped_fraction\x18\x19 \x01(\x01\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"#\n\x11GetRecordsRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\">\n\nRecordList\x12\x30\n\x07records\x18\x01 \x03(\x0b\x32\x1f.fedfilter.v1.PublicRoundRecord\":\n\x14StreamRecordsRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x12\n\nfrom_round\x18\x02 \x01(\x04\"\x11\n\x0fListRunsRequest\"a\n\x07RunInfo\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x17\n\x0f\x63reated_at_unix\x18\x02 \x01(\x01\x12\x13\n\x0b\x63onfig_json\x18\x03 \x01(\t\x12\x18\n\x10\x66inished_at_unix\x18\x04 \x01(\x01\".\n\x07RunList\x12#\n\x04runs\x18\x01 \x03(\x0b\x32\x15.fedfilter.v1.RunInfo*M\n\x0eNoisePlacement\x12\x1f\n\x1bNOISE_PLACEMENT_UNSPECIFIED\x10\x00\x12\t\n\x05LOCAL\x10\x01\x12\x0f\n\x0b\x44ISTRIBUTED\x10\x02\x32\xf2\x01\n\rReportService\x12G\n\nGetRecords\x12\x1f.fedfilter.v1.GetRecordsRequest\x1a\x18.fedfilter.v1.RecordList\x12V\n\rStreamRecords\x12\".fedfilter.v1.StreamRecordsRequest\x1a\x1f.fedfilter.v1.PublicRoundRecord0\x01\x12@\n\x08ListRuns\x12\x1d.fedfilter.v1.ListRunsRequest\x1a\x15.fedfilter.v1.RunListb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0f\x66\x65\x64\x66ilter.proto\x12\x0c\x66\x65\x64\x66ilter.v1\"\xff\x01\n\x0cRoundRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x10\n\x08round_id\x18\x02 \x01(\x04\x12\x18\n\x10noise_multiplier\x18\x03 \x01(\x01\x12\x0c\n\x04\x63lip\x18\x04 \x01(\x01\x12/\n\tplacement\x18\x05 \x01(\x0e\x32\x1c.fedfilter.v1.NoisePlacement\x12\x13\n\x0bmin_reports\x18\x06 \x01(\r\x12\x14\n\x0clocal_epochs\x18\x07 \x01(\r\x12\x15\n\rlearning_rate\x18\x08 \x01(\x01\x12\x1c\n\x14\x63lipped_count_stddev\x18\t \x01(\x01\x12\x14\n\x0cplanned_asks\x18\n \x01(\r\"\xe2\x03\n\x11PublicRoundRecord\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x10\n\x08round_id\x18\x02 \x01(\x04\x12+\n\x07request\x18\x03 \x01(\x0b\x32\x1a.fedfilter.v1.RoundRequest\x12\x17\n\x0f\x63lients_sampled\x18\x04 \x01(\r\x12\x18\n\x10reports_received\x18\x05 \x01(\r\x12\x18\n\x10markers_received\x18\x06 \x01(\r\x12\x17\n\x0freplies_dropped\x18\x07 \x01(\r\x12\x10\n\x08released\x18\x08 \x01(\x08\x12\x16\n\x0e\x61ggregate_norm\x18\t \x01(\x01\x12=\n\x07metrics\x18\n \x03(\x0b\x32,.fedfilter.v1.PublicRoundRecord.MetricsEntry\x12\x17\n\x0fstarted_at_unix\x18\x0b \x01(\x01\x12\x18\n\x10\x66inished_at_unix\x18\x0c \x01(\x01\x12\x13\n\x0bwall_time_s\x18\r \x01(\x01\x12\x1b\n\x13\x65xpected_noise_norm\x18\x18 \x01(\x01\x12\x1a\n\x12unclipped_fraction\x18\x19 \x01(\x01\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"#\n\x11GetRecordsRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\">\n\nRecordList\x12\x30\n\x07records\x18\x01 \x03(\x0b\x32\x1f.fedfilter.v1.PublicRoundRecord\":\n\x14StreamRecordsRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x12\n\nfrom_round\x18\x02 \x01(\x04\"\x11\n\x0fListRunsRequest\"a\n\x07RunInfo\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x17\n\x0f\x63reated_at_unix\x18\x02 \x01(\x01\x12\x13\n\x0b\x63onfig_json\x18\x03 \x01(\t\x12\x18\n\x10\x66inished_at_unix\x18\x04 \x01(\x01\".\n\x07RunList\x12#\n\x04runs\x18\x01 \x03(\x0b\x32\x15.fedfilter.v1.RunInfo*M\n\x0eNoisePlacement\x12\x1f\n\x1bNOISE_PLACEMENT_UNSPECIFIED\x10\x00\x12\t\n\x05LOCAL\x10\x01\x12\x0f\n\x0b\x44ISTRIBUTED\x10\x02\x32\xf2\x01\n\rReportService\x12G\n\nGetRecords\x12\x1f.fedfilter.v1.GetRecordsRequest\x1a\x18.fedfilter.v1.RecordList\x12V\n\rStreamRecords\x12\".fedfilter.v1.StreamRecordsRequest\x1a\x1f.fedfilter.v1.PublicRoundRecord0\x01\x12@\n\x08ListRuns\x12\x1d.fedfilter.v1.ListRunsRequest\x1a\x15.fedfilter.v1.RunListb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,26 +33,26 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_PUBLICROUNDRECORD_METRICSENTRY']._loaded_options = None
   _globals['_PUBLICROUNDRECORD_METRICSENTRY']._serialized_options = b'8\001'
-  _globals['_NOISEPLACEMENT']._serialized_start=1081
-  _globals['_NOISEPLACEMENT']._serialized_end=1158
+  _globals['_NOISEPLACEMENT']._serialized_start=1103
+  _globals['_NOISEPLACEMENT']._serialized_end=1180
   _globals['_ROUNDREQUEST']._serialized_start=34
-  _globals['_ROUNDREQUEST']._serialized_end=267
-  _globals['_PUBLICROUNDRECORD']._serialized_start=270
-  _globals['_PUBLICROUNDRECORD']._serialized_end=752
-  _globals['_PUBLICROUNDRECORD_METRICSENTRY']._serialized_start=706
-  _globals['_PUBLICROUNDRECORD_METRICSENTRY']._serialized_end=752
-  _globals['_GETRECORDSREQUEST']._serialized_start=754
-  _globals['_GETRECORDSREQUEST']._serialized_end=789
-  _globals['_RECORDLIST']._serialized_start=791
-  _globals['_RECORDLIST']._serialized_end=853
-  _globals['_STREAMRECORDSREQUEST']._serialized_start=855
-  _globals['_STREAMRECORDSREQUEST']._serialized_end=913
-  _globals['_LISTRUNSREQUEST']._serialized_start=915
-  _globals['_LISTRUNSREQUEST']._serialized_end=932
-  _globals['_RUNINFO']._serialized_start=934
-  _globals['_RUNINFO']._serialized_end=1031
-  _globals['_RUNLIST']._serialized_start=1033
-  _globals['_RUNLIST']._serialized_end=1079
-  _globals['_REPORTSERVICE']._serialized_start=1161
-  _globals['_REPORTSERVICE']._serialized_end=1403
+  _globals['_ROUNDREQUEST']._serialized_end=289
+  _globals['_PUBLICROUNDRECORD']._serialized_start=292
+  _globals['_PUBLICROUNDRECORD']._serialized_end=774
+  _globals['_PUBLICROUNDRECORD_METRICSENTRY']._serialized_start=728
+  _globals['_PUBLICROUNDRECORD_METRICSENTRY']._serialized_end=774
+  _globals['_GETRECORDSREQUEST']._serialized_start=776
+  _globals['_GETRECORDSREQUEST']._serialized_end=811
+  _globals['_RECORDLIST']._serialized_start=813
+  _globals['_RECORDLIST']._serialized_end=875
+  _globals['_STREAMRECORDSREQUEST']._serialized_start=877
+  _globals['_STREAMRECORDSREQUEST']._serialized_end=935
+  _globals['_LISTRUNSREQUEST']._serialized_start=937
+  _globals['_LISTRUNSREQUEST']._serialized_end=954
+  _globals['_RUNINFO']._serialized_start=956
+  _globals['_RUNINFO']._serialized_end=1053
+  _globals['_RUNLIST']._serialized_start=1055
+  _globals['_RUNLIST']._serialized_end=1101
+  _globals['_REPORTSERVICE']._serialized_start=1183
+  _globals['_REPORTSERVICE']._serialized_end=1425
 # @@protoc_insertion_point(module_scope)

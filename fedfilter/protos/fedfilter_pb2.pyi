@@ -17,7 +17,7 @@ LOCAL: NoisePlacement
 DISTRIBUTED: NoisePlacement
 
 class RoundRequest(_message.Message):
-    __slots__ = ("run_id", "round_id", "noise_multiplier", "clip", "placement", "min_reports", "local_epochs", "learning_rate", "clipped_count_stddev")
+    __slots__ = ("run_id", "round_id", "noise_multiplier", "clip", "placement", "min_reports", "local_epochs", "learning_rate", "clipped_count_stddev", "planned_asks")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     ROUND_ID_FIELD_NUMBER: _ClassVar[int]
     NOISE_MULTIPLIER_FIELD_NUMBER: _ClassVar[int]
@@ -27,6 +27,7 @@ class RoundRequest(_message.Message):
     LOCAL_EPOCHS_FIELD_NUMBER: _ClassVar[int]
     LEARNING_RATE_FIELD_NUMBER: _ClassVar[int]
     CLIPPED_COUNT_STDDEV_FIELD_NUMBER: _ClassVar[int]
+    PLANNED_ASKS_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     round_id: int
     noise_multiplier: float
@@ -36,7 +37,8 @@ class RoundRequest(_message.Message):
     local_epochs: int
     learning_rate: float
     clipped_count_stddev: float
-    def __init__(self, run_id: _Optional[str] = ..., round_id: _Optional[int] = ..., noise_multiplier: _Optional[float] = ..., clip: _Optional[float] = ..., placement: _Optional[_Union[NoisePlacement, str]] = ..., min_reports: _Optional[int] = ..., local_epochs: _Optional[int] = ..., learning_rate: _Optional[float] = ..., clipped_count_stddev: _Optional[float] = ...) -> None: ...
+    planned_asks: int
+    def __init__(self, run_id: _Optional[str] = ..., round_id: _Optional[int] = ..., noise_multiplier: _Optional[float] = ..., clip: _Optional[float] = ..., placement: _Optional[_Union[NoisePlacement, str]] = ..., min_reports: _Optional[int] = ..., local_epochs: _Optional[int] = ..., learning_rate: _Optional[float] = ..., clipped_count_stddev: _Optional[float] = ..., planned_asks: _Optional[int] = ...) -> None: ...
 
 class PublicRoundRecord(_message.Message):
     __slots__ = ("run_id", "round_id", "request", "clients_sampled", "reports_received", "markers_received", "replies_dropped", "released", "aggregate_norm", "metrics", "started_at_unix", "finished_at_unix", "wall_time_s", "expected_noise_norm", "unclipped_fraction")

@@ -108,6 +108,7 @@ def test_record_fields_as_specified() -> None:
         "local_epochs",
         "learning_rate",
         "clipped_count_stddev",
+        "planned_asks",
     ]
     assert list(fedfilter_pb2.NoisePlacement.keys()) == [
         "NOISE_PLACEMENT_UNSPECIFIED",

@@ -880,6 +880,9 @@ class BudgetLedger:
                         "a repeated request gets no second release."
                     )
                 state, run_state = self._last_state_locked(run_id)
+                # The asks this run has recorded: a device that samples itself spreads what is left
+                # over the asks its plan still expects (client/mechanisms/sampled.py).
+                (asks_in_run,) = self._conn.execute("SELECT COUNT(*) FROM spends WHERE run_id=?", (run_id,)).fetchone()
                 coordinator_state = self.quota_accounts.coordinator_state_locked(self.quotas.federation)
                 self.worst_account.load()
                 worst_filter = self.worst_filter
@@ -899,6 +902,7 @@ class BudgetLedger:
                     caps,
                     self.worst_account.state_locked(),
                     worst_caps,
+                    asks_in_run=int(asks_in_run),
                 )
                 try:
                     yield reservation

@@ -297,6 +297,8 @@ class Reservation:
         The worst-case account's state (None without one).
     worst_caps : list, optional
         The worst-case account's quota caps.
+    asks_in_run : int, optional
+        The rounds of this run the ledger already holds (every status).
 
     Examples
     --------
@@ -324,6 +326,8 @@ class Reservation:
         caps: list[Cap],
         worst_state: np.ndarray | None = None,
         worst_caps: list[Cap] | None = None,
+        *,
+        asks_in_run: int = 0,
     ):
         self._conn, self._federation, self._clock = conn, federation, clock
         self.run_id, self.round_id = run_id, round_id
@@ -333,6 +337,7 @@ class Reservation:
         self.state_after: np.ndarray | None = None  # the lifetime state once committed
         self._caps = caps  # the main account's caps beyond the lifetime and run filters
         self._worst_caps = worst_caps or []  # the worst-case account's quotas
+        self.asks_in_run = asks_in_run
         self.recorded = False
         self.open = True
 

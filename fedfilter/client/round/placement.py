@@ -26,6 +26,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 from fedfilter.client.flower.npy_codec import encode
 from fedfilter.client.ledger.budget import BudgetLedger
 from fedfilter.client.mechanisms.gaussian import GaussianMechanism
+from fedfilter.client.mechanisms.sampled import self_sampling
 from fedfilter.client.release import Release
 from fedfilter.client.round.admitted import AdmittedRound, MechanismFor
 from fedfilter.client.round.refusal import refusal
@@ -103,8 +104,9 @@ class Placement(ABC):
         needs-secure-aggregation
         """
         check_request(spec, replace(policy, allow_distributed=self.distributed))
-        # The mechanism releases the report vector (with adaptive clipping: the update and the clip bit).
-        return self.mechanism_for(released_vector_spec(spec), policy)
+        # The mechanism releases the report vector (with adaptive clipping: the update and the clip bit);
+        # with a plan's asks, behind the device's own coin.
+        return self_sampling(spec, policy, self.mechanism_for(released_vector_spec(spec), policy))
 
     @abstractmethod
     def mechanism_for(self, spec: RoundSpec, policy: ClientPolicy) -> MechanismFor:

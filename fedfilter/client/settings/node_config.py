@@ -21,6 +21,13 @@ key                      default   meaning
                                    match. Without it the device refuses distributed rounds
                                    (``client/ledger/worst_case.py``)
 ``filter``               gdp       ``gdp``, ``zcdp`` or ``rdp``
+``rdp-order``            (best)    ``rdp`` only: the one Rényi order the filter is held at (default:
+                                   the budget's best for Gaussian rounds). A device that samples
+                                   itself fixes it from its plan (``fedfilter rounds
+                                   --sampling-rate``, ``order_for_rate``)
+``max-sampling-rate``    1.0       the largest rate at which this device puts its update in a reply
+                                   when the request carries a plan's asks (``planned-asks``); its
+                                   rate is otherwise its own (``client/mechanisms/sampled.py``)
 ``run-quota``            1.0       share of the lifetime budget one run may spend (and the same
                                    share of worst-case-epsilon's: each quota caps both accounts)
 ``client-id``            (enrolled) name stored in the ledger at enrolment (there: default the
@@ -66,12 +73,14 @@ NODE_CONFIG_KEYS = (
     "budget-delta",
     "worst-case-epsilon",
     "filter",
+    "rdp-order",
     "run-quota",
     "client-id",
     "federation",
     "coordinator-quota",
     "daily-quota",
     "min-noise-multiplier",
+    "max-sampling-rate",
     "after-exhaustion",
     "max-min-reports",
     "secagg-colluders",
@@ -122,6 +131,8 @@ class DeviceConfig:
         The coordinator and daily quotas.
     worst_case_epsilon : float or None
         The worst-case budget the ledger's must match.
+    rdp_order : float or None
+        The rdp filter's one order (None: the budget's best for Gaussian rounds).
 
     Examples
     --------
@@ -140,6 +151,7 @@ class DeviceConfig:
     noise_seed: int | None
     quotas: Quotas
     worst_case_epsilon: float | None = None
+    rdp_order: float | None = None
 
     def open_ledger(self) -> BudgetLedger:
         """Open the enrolled ledger; never enrol (fail closed: a lost ledger is no fresh budget).
@@ -221,6 +233,7 @@ class DeviceConfig:
             quotas=self.quotas,
             recover=recover,
             worst_case_epsilon=self.worst_case_epsilon,
+            orders=None if self.rdp_order is None else [self.rdp_order],
         )
 
 
@@ -312,6 +325,11 @@ def device_config(node_config: Mapping[str, Any]) -> DeviceConfig:
     delta = get("budget-delta", _as_float, 1e-5)
     worst_case_epsilon = get("worst-case-epsilon", _as_float, None)
     filter_kind = str(node_config.get("filter", "gdp"))
+    rdp_order = get("rdp-order", _as_float, None)
+    if rdp_order is not None and (filter_kind != "rdp" or not (math.isfinite(rdp_order) and rdp_order > 1)):
+        problems.append(f"node-config 'rdp-order' needs filter 'rdp' and an order > 1. Found {node_config['rdp-order']!r}.")
+        rdp_order = None
+    max_rate = get("max-sampling-rate", _as_float, ClientPolicy.max_sampling_rate)
     run_quota = get("run-quota", _as_float, 1.0)
     client_id = str(node_config.get("client-id", "")) or None
     min_z = get("min-noise-multiplier", _as_float, ClientPolicy.min_noise_multiplier)
@@ -341,6 +359,7 @@ def device_config(node_config: Mapping[str, Any]) -> DeviceConfig:
             after_exhaustion=after,
             max_min_reports=max_m,
             secagg_graph=graph,
+            max_sampling_rate=max_rate,
         )
     except ValueError as err:
         problems.append(str(err))
@@ -351,7 +370,17 @@ def device_config(node_config: Mapping[str, Any]) -> DeviceConfig:
     if problems or policy is None or quotas is None:
         raise ValueError("invalid fedfilter device config: " + " ".join(problems))
     return DeviceConfig(
-        Path(ledger_dir), epsilon, delta, filter_kind, run_quota, client_id, policy, seed, quotas, worst_case_epsilon
+        Path(ledger_dir),
+        epsilon,
+        delta,
+        filter_kind,
+        run_quota,
+        client_id,
+        policy,
+        seed,
+        quotas,
+        worst_case_epsilon,
+        rdp_order,
     )
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from fedfilter.checks import finite, int_in, is_int, positive_finite, short_repr
 from fedfilter.client.mechanisms.gaussian import NOISE_STD_RANGE
+from fedfilter.privacy.bisection import MIN_RATE
 from fedfilter.protocol.adaptive_clip import accounted_noise_multiplier, augmented_clip
 from fedfilter.protocol.request import (
     AFTER_EXHAUSTION,
@@ -83,6 +84,8 @@ class ClientPolicy:
         The largest ``min_reports`` the device believes.
     secagg_graph : SecAggGraphPolicy, optional
         The owner's limits on SecAgg+ neighbourhood graphs.
+    max_sampling_rate : float, optional
+        The largest rate at which the device puts its update in a reply when it samples itself.
 
     Examples
     --------
@@ -106,6 +109,9 @@ class ClientPolicy:
     max_min_reports: int = DEFAULT_MAX_MIN_REPORTS
     # The owner's limits on SecAgg+ neighbourhood graphs (failure probability per round, threshold).
     secagg_graph: SecAggGraphPolicy = field(default_factory=SecAggGraphPolicy)
+    # A device that samples itself (the request carries a plan's asks) contributes with a rate it
+    # derives from what it has left; the owner caps it (client/mechanisms/sampled.py).
+    max_sampling_rate: float = 1.0
 
     def __post_init__(self):
         problems = []
@@ -120,6 +126,9 @@ class ClientPolicy:
             problems.append(f"after_exhaustion must be one of {AFTER_EXHAUSTION}. Found {self.after_exhaustion!r}.")
         if not (0 <= self.exhausted_below < 1):
             problems.append(f"exhausted_below must be in [0, 1). Found {self.exhausted_below!r}.")
+        rate = finite(self.max_sampling_rate)
+        if rate is None or not MIN_RATE <= rate <= 1:
+            problems.append(f"max_sampling_rate must be in [{MIN_RATE}, 1]. Found {short_repr(self.max_sampling_rate)}.")
         if problems:
             raise ValueError(" ".join(problems))
 

@@ -1,0 +1,433 @@
+"""The device's own coin: a Gaussian or Skellam release made with probability ``q`` the device chooses.
+
+When the request carries the plan's asks per device (``RoundSpec.planned_asks``), a device whose
+filter can account it wraps the round's mechanism (``GaussianMechanism`` in local placement,
+``SkellamMechanism`` over SecAgg+) in ``SampledMechanism``. Inside the ledger's reservation, in the
+one spend template (``mechanisms/spend.py``):
+
+1. **Its rate.** What every budget, quota and the worst-case account still admit is turned into a
+   charge (the Gaussian allowance at the round's std, uncapped, charged as a Gaussian release: the
+   largest charge every cap admits, ``_room``). That room is spread over the asks the plan still
+   expects of this run (``planned_asks`` minus the asks the ledger already holds for it, at least
+   one), and the rate is the largest ``q`` in ``[bisection.MIN_RATE, owner's cap]`` whose full-clip
+   charge fits that share in every account (``bisection.largest_rate``, constant work). Asked as
+   planned, a device ends near its budget at the planned horizon; a larger budget buys a larger rate.
+2. **Its allowance.** The full clip where a rate fits; nothing (the device is exhausted,
+   ``spend.nothing_left``) where none does, or where ``q * C`` is at most the owner's
+   ``exhausted_below`` of ``C``: the device varies its rate, not its norm.
+3. **Its charge**, at the clipped (snapped) update's exact norms and that rate: the exact sampled
+   Gaussian (``privacy.subsampled.sampled_gaussian_charge``) or Zhu and Wang's bound on subsampled
+   Skellam (``sampled_skellam_charge``), at the main filter's order and, for the worst-case account,
+   at the noise the report carries alone. It does not depend on the coin.
+4. **The coin**, only after the commit (``noise``): one 64-bit word of the round's noise stream,
+   ``keep = word < q 2^64``; the snapped update is multiplied by ``keep`` (0 or 1: the same work either
+   way) and the inner mechanism adds the round's noise. A kept and a dropped update give replies of the
+   same form, size and dtype, after the same steps; the coin is stored nowhere.
+
+Why this is a Poisson-subsampled mechanism whatever the coordinator does, why the filter stays valid
+over a lifetime with rates that change from round to round, and how the order is chosen:
+docs/derivations/amplification.md.
+
+A filter that cannot account a subsampled release (gdp, zcdp, or an rdp order outside
+``[2, MAX_SUBSAMPLED_ORDER]``) does not sample: the rate is 1 and every step is the inner mechanism's.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from fedfilter.client.mechanisms.gaussian import GaussianMechanism
+from fedfilter.client.mechanisms.gaussian_noise import NoiseStream
+from fedfilter.client.mechanisms.skellam import SkellamMechanism, SkellamPayload
+from fedfilter.client.mechanisms.spend import Account
+from fedfilter.privacy.bisection import largest_rate
+from fedfilter.privacy.filters import GaussianFilter
+from fedfilter.privacy.rounding import down
+from fedfilter.privacy.skellam import l1_cap
+from fedfilter.privacy.subsampled import sampled_gaussian_charge, sampled_skellam_charge, sampling_order
+
+__all__ = ["SampledMechanism", "coin", "self_sampling"]
+
+
+def coin(stream: NoiseStream, rate: float) -> int:
+    """1 with probability at most ``rate`` (exactly ``rate`` when ``rate * 2**64`` is whole), else 0.
+
+    One 64-bit word of the stream is drawn whatever the rate, so the stream that follows (the round's
+    noise) is the same length either way.
+
+    Parameters
+    ----------
+    stream : NoiseStream
+        The round's random bytes.
+    rate : float
+        ``q`` in [0, 1].
+
+    Returns
+    -------
+    int
+
+    Examples
+    --------
+    >>> coin(NoiseStream.from_seed(0), 1.0), coin(NoiseStream.from_seed(0), 0.0)
+    (1, 0)
+    >>> draws = [coin(NoiseStream.from_seed(i), 0.25) for i in range(4000)]
+    >>> 0.23 < sum(draws) / len(draws) < 0.27
+    True
+    """
+    word = int(stream.uint64(1)[0])
+    # q 2^64 is exact for a double (a power-of-two scaling); truncating it never raises the rate.
+    return int(word < int(rate * 2.0**64)) if rate < 1 else 1
+
+
+@dataclass
+class SampledMechanism:
+    """A Gaussian or Skellam mechanism whose update is in the reply with the device's own probability.
+
+    One object per round: ``allowance`` fixes the round's rate (``rate``), ``charges`` and ``noise``
+    read it.
+
+    Parameters
+    ----------
+    inner : GaussianMechanism or SkellamMechanism
+        The round's mechanism.
+    planned_asks : int
+        The asks per device the plan expects over the run (the request's ``planned_asks``, >= 1).
+    max_rate : float
+        The owner's cap on the rate, in ``[MIN_RATE, 1]``.
+    exhausted_below : float
+        The owner's threshold: exhausted when ``q * allowance`` is at most this fraction of the clip.
+    rate : float or None
+        The round's rate, once ``allowance`` has run.
+
+    Examples
+    --------
+    >>> from fedfilter.protocol.request import RoundSpec
+    >>> m = SampledMechanism(GaussianMechanism.for_request(RoundSpec("run", 0, 1.0, 2.0)), 10, 1.0, 1e-3)
+    >>> m.placement, m.clip, m.rate
+    ('local', 2.0, None)
+    """
+
+    inner: GaussianMechanism | SkellamMechanism
+    planned_asks: int
+    max_rate: float
+    exhausted_below: float
+    rate: float | None = field(default=None)
+
+    @property
+    def placement(self) -> str:
+        """The inner mechanism's placement.
+
+        Examples
+        --------
+        >>> from fedfilter.protocol.request import RoundSpec
+        >>> SampledMechanism(GaussianMechanism.for_request(RoundSpec("run", 0, 1.0, 2.0)), 1, 1.0, 0.0).placement
+        'local'
+        """
+        return self.inner.placement
+
+    @property
+    def noise_multiplier(self) -> float:
+        """The request's ``z``.
+
+        Examples
+        --------
+        >>> from fedfilter.protocol.request import RoundSpec
+        >>> SampledMechanism(GaussianMechanism.for_request(RoundSpec("run", 0, 1.5, 2.0)), 1, 1.0, 0.0).noise_multiplier
+        1.5
+        """
+        return self.inner.noise_multiplier
+
+    @property
+    def clip(self) -> float:
+        """The request's ``C``.
+
+        Examples
+        --------
+        >>> from fedfilter.protocol.request import RoundSpec
+        >>> SampledMechanism(GaussianMechanism.for_request(RoundSpec("run", 0, 1.0, 2.0)), 1, 1.0, 0.0).clip
+        2.0
+        """
+        return self.inner.clip
+
+    @property
+    def added_std(self) -> float:
+        """The std of the noise this report carries (the coin does not change it).
+
+        Examples
+        --------
+        >>> from fedfilter.protocol.request import RoundSpec
+        >>> SampledMechanism(GaussianMechanism.for_request(RoundSpec("run", 0, 1.0, 2.0)), 1, 1.0, 0.0).added_std
+        2.0
+        """
+        return self.inner.added_std
+
+    @property
+    def floor(self) -> float:
+        """The inner mechanism's floor (``spend.nothing_left``).
+
+        Examples
+        --------
+        >>> from fedfilter.protocol.request import RoundSpec
+        >>> SampledMechanism(GaussianMechanism.for_request(RoundSpec("run", 0, 1.0, 2.0)), 1, 1.0, 0.0).floor
+        0.0
+        """
+        return self.inner.floor
+
+    def check(self, update: Sequence[np.ndarray], filt: GaussianFilter) -> list[np.ndarray]:
+        """The inner mechanism's check of the update, before anything is spent.
+
+        Parameters
+        ----------
+        update : sequence of numpy.ndarray
+            The update.
+        filt : GaussianFilter
+            The device's filter.
+
+        Returns
+        -------
+        list of numpy.ndarray
+
+        Examples
+        --------
+        >>> from fedfilter.protocol.request import RoundSpec
+        >>> m = SampledMechanism(GaussianMechanism.for_request(RoundSpec("run", 0, 1.0, 2.0)), 1, 1.0, 0.0)
+        >>> m.check([np.ones(2)], None)
+        [array([1., 1.])]
+        """
+        return self.inner.check(update, filt)
+
+    # --- the accounts this round is charged to, as (filter, room, full-clip charge at a rate) ---------
+
+    def _samples(self, account: Account) -> bool:
+        worst = account.worst_filter
+        return sampling_order(account.filter) is not None and (worst is None or sampling_order(worst) is not None)
+
+    def _room(self, filt: GaussianFilter, allowance: Any, std: float) -> np.ndarray:
+        # The Gaussian allowance every cap admits, charged as a Gaussian release: the largest charge all admit.
+        return filt.charge(sensitivity=allowance, noise_std=std)[..., 0]
+
+    def _books(self, account: Account) -> list[tuple[GaussianFilter, np.ndarray, Any]]:
+        """Each account's filter, the room it has left, and ``charge(rate, payload-or-norm)``."""
+        inner, books = self.inner, []
+        if isinstance(inner, SkellamMechanism):
+            main_std, worst_std = inner.sigma, inner.grid.noise_std
+            mus = (inner.grid.mu_total, inner.grid.mu_share)
+        else:
+            main_std, worst_std = inner.accounted_std, inner.added_std
+            mus = (None, None)
+        main_room = self._room(account.filter, account.allowance(noise_std=main_std, clip=math.inf), main_std)
+        books.append((account.filter, main_room, main_std, mus[0]))
+        if account.worst_filter is not None:
+            worst_allowance = account.worst_allowance(noise_std=worst_std, clip=math.inf)
+            books.append((account.worst_filter, self._room(account.worst_filter, worst_allowance, worst_std), worst_std, mus[1]))
+        return books
+
+    def _charge(self, filt: GaussianFilter, rate, std: float, mu, l1, l2, norm) -> np.ndarray:
+        if isinstance(self.inner, SkellamMechanism):
+            return sampled_skellam_charge(filt, rate=rate, l1=l1, l2=l2, mu_total=mu)
+        return sampled_gaussian_charge(filt, rate=rate, sensitivity=norm, noise_std=std)
+
+    # --- the spend template's steps --------------------------------------------------------------
+
+    def allowance(self, account: Account) -> float:
+        """Fix the round's rate (module docstring, step 1) and return the full clip, or 0 when none fits.
+
+        Parameters
+        ----------
+        account : Account
+            The books (``asks_in_run``: the asks this run already recorded).
+
+        Returns
+        -------
+        float
+
+        Examples
+        --------
+        >>> import tempfile
+        >>> from pathlib import Path
+        >>> from fedfilter.client.ledger.budget import BudgetLedger
+        >>> from fedfilter.protocol.request import RoundSpec
+        >>> tmp = tempfile.TemporaryDirectory()
+        >>> ledger = BudgetLedger.enrol(Path(tmp.name) / "ledger", client_id="a", epsilon=1.0, delta=1e-5,
+        ...                             filter_kind="rdp", orders=[10.6], state_dir=Path(tmp.name) / "owner")
+        >>> m = SampledMechanism(GaussianMechanism.for_request(RoundSpec("run", 0, 1.1, 1.0)), 141, 1.0, 1e-3)
+        >>> with ledger.reserve("run", 0) as account:
+        ...     print(m.allowance(account), round(m.rate, 4))
+        1.0 0.01
+        >>> ledger.close(); tmp.cleanup()
+        """
+        if not self._samples(account):
+            self.rate = 1.0
+            return self.inner.allowance(account)
+        asks_left = max(int(self.planned_asks) - int(getattr(account, "asks_in_run", 0)), 1)
+        books = self._books(account)
+        full = self.clip
+        if isinstance(self.inner, SkellamMechanism):
+            l2 = full / self.inner.grid.gamma
+            l1 = float(l1_cap(l2, self.inner.dim))
+        else:
+            l1 = l2 = None
+
+        def fits(rate):
+            ok = np.ones(np.shape(rate), dtype=bool)
+            for filt, room, std, mu in books:
+                share = down(room / asks_left)
+                ok &= self._charge(filt, rate, std, mu, l1, l2, full)[..., 0] <= share
+            return ok
+
+        rate = float(largest_rate(fits, self.max_rate, ()))
+        self.rate = rate
+        return 0.0 if rate * full <= self.exhausted_below * full else full
+
+    def clip_and_snap(self, arrays: Any, bound: Any) -> tuple[Any, Any]:
+        """The inner mechanism's clip and snap.
+
+        Parameters
+        ----------
+        arrays : Any
+            The update.
+        bound : float
+            The allowance (0 when exhausted).
+
+        Returns
+        -------
+        tuple
+
+        Examples
+        --------
+        >>> from fedfilter.protocol.request import RoundSpec
+        >>> m = SampledMechanism(GaussianMechanism.for_request(RoundSpec("run", 0, 1.0, 2.0)), 1, 1.0, 0.0)
+        >>> m.clip_and_snap([np.array([3.0, 4.0])], 1.0)[1]
+        1.0
+        """
+        return self.inner.clip_and_snap(arrays, bound)
+
+    def charges(self, account: Account, payload: Any, sensitivity: Any) -> tuple[np.ndarray, np.ndarray | None]:
+        """The charges at the round's rate and the update's exact norms (module docstring, step 3).
+
+        Parameters
+        ----------
+        account : Account
+            The books.
+        payload : Any
+            The snapped update.
+        sensitivity : float
+            Its certified norm, model units.
+
+        Returns
+        -------
+        tuple of (numpy.ndarray, numpy.ndarray or None)
+
+        Examples
+        --------
+        >>> import tempfile
+        >>> from pathlib import Path
+        >>> from fedfilter.client.ledger.budget import BudgetLedger
+        >>> from fedfilter.protocol.request import RoundSpec
+        >>> tmp = tempfile.TemporaryDirectory()
+        >>> ledger = BudgetLedger.enrol(Path(tmp.name) / "ledger", client_id="a", epsilon=1.0, delta=1e-5,
+        ...                             filter_kind="rdp", orders=[10.6], state_dir=Path(tmp.name) / "owner")
+        >>> m = SampledMechanism(GaussianMechanism.for_request(RoundSpec("run", 0, 1.1, 1.0)), 141, 1.0, 1e-3)
+        >>> with ledger.reserve("run", 0) as account:
+        ...     bound = m.allowance(account)
+        ...     charge, worst = m.charges(account, None, bound)
+        >>> bool(charge[0] < account.filter.charge(sensitivity=1.0, noise_std=1.1)[0] / 100), worst
+        (True, None)
+        >>> ledger.close(); tmp.cleanup()
+        """
+        if self.rate is None:
+            raise RuntimeError("internal error: a sampled release charged before its rate was fixed; nothing spent")
+        if not self._samples(account):
+            return self.inner.charges(account, payload, sensitivity)
+        if isinstance(self.inner, SkellamMechanism):
+            l1, l2 = payload.l1, payload.l2
+        else:
+            l1 = l2 = None
+        charges = [self._charge(filt, self.rate, std, mu, l1, l2, sensitivity) for filt, _, std, mu in self._books(account)]
+        return charges[0], charges[1] if len(charges) > 1 else None
+
+    def noise(self, payload: Any, stream: NoiseStream) -> list[np.ndarray]:
+        """The coin, then the inner mechanism's noise (only after the commit; module docstring, step 4).
+
+        Parameters
+        ----------
+        payload : list of numpy.ndarray or SkellamPayload
+            The snapped update.
+        stream : NoiseStream
+            The round's random bytes (the coin is its first word).
+
+        Returns
+        -------
+        list of numpy.ndarray
+            The report, of the same form whatever the coin.
+
+        Examples
+        --------
+        >>> from fedfilter.protocol.request import RoundSpec
+        >>> m = SampledMechanism(GaussianMechanism.for_request(RoundSpec("run", 0, 1.0, 2.0)), 1, 1.0, 0.0, rate=0.0)
+        >>> kept = m.noise([np.array([5000, 0])], NoiseStream.from_seed(1))
+        >>> plain = m.inner.noise([np.array([0, 0])], _after_coin(NoiseStream.from_seed(1)))
+        >>> bool(np.array_equal(kept[0], plain[0]))  # rate 0: the noise alone
+        True
+        """
+        if self.rate is None:
+            raise RuntimeError("internal error: a sampled release noised before its rate was fixed")
+        keep = coin(stream, self.rate)
+        return self.inner.noise(_scaled(payload, keep), stream)
+
+
+def self_sampling(spec, policy, for_arrays):
+    """The round's mechanism behind the device's coin when the request carries a plan's asks, else as is.
+
+    Every path that builds a device's mechanism from a request calls this (``Placement.admit_request``,
+    ``FilteredClient.release``).
+
+    Parameters
+    ----------
+    spec : RoundSpec
+        The (checked) request.
+    policy : ClientPolicy
+        The owner's rules (``max_sampling_rate``, ``exhausted_below``).
+    for_arrays : callable
+        Arrays to the round's mechanism.
+
+    Returns
+    -------
+    callable
+        Arrays to the mechanism the round runs.
+
+    Examples
+    --------
+    >>> from fedfilter.client.settings.policy import ClientPolicy
+    >>> from fedfilter.protocol.request import RoundSpec
+    >>> plain = lambda arrays: GaussianMechanism.for_request(RoundSpec("run", 0, 1.0, 2.0))
+    >>> type(self_sampling(RoundSpec("run", 0, 1.0, 2.0), ClientPolicy(), plain)(None)).__name__
+    'GaussianMechanism'
+    >>> type(self_sampling(RoundSpec("run", 0, 1.0, 2.0, planned_asks=5), ClientPolicy(), plain)(None)).__name__
+    'SampledMechanism'
+    """
+    if not spec.planned_asks:
+        return for_arrays
+
+    def sampled(arrays):
+        return SampledMechanism(for_arrays(arrays), int(spec.planned_asks), policy.max_sampling_rate, policy.exhausted_below)
+
+    return sampled
+
+
+def _scaled(payload: Any, keep: int) -> Any:
+    # The same multiplication whatever the coin: the time does not tell which way it fell.
+    if isinstance(payload, SkellamPayload):
+        return replace(payload, k=[k * keep for k in payload.k])
+    return [k * keep for k in payload]
+
+
+def _after_coin(stream: NoiseStream) -> NoiseStream:
+    # For the examples: the stream as the inner mechanism sees it, its first word spent on the coin.
+    stream.uint64(1)
+    return stream
