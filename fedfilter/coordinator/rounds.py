@@ -77,6 +77,12 @@ class RoundSettings:
         Distributed placement: the colluders the SecAgg+ threshold leaves room for.
     adaptive : AdaptiveClipping or None, default None
         Adaptive clipping (``protocol/adaptive_clip.py``); ``None``: the clip is fixed.
+    planned_asks : int, default 0
+        The plan's asks per device, sent with every request: devices that sample themselves spread
+        their budgets over them (0: none).
+    expected_rate : float, default 1.0
+        The plan's mean rate at which devices put their update in a reply: the released mean is the
+        plain mean divided by it (1: the plain mean).
 
     Examples
     --------
@@ -93,6 +99,8 @@ class RoundSettings:
     secagg_num_shares: int | float | str = AUTO_SHARES
     secagg_colluders: int = 0
     adaptive: AdaptiveClipping | None = None
+    planned_asks: int = 0
+    expected_rate: float = 1.0
 
     def clipped_count_stddev(self, asked: int) -> float:
         """Adaptive clipping's ``sigma_b`` for a round that asks ``asked`` devices (0: a fixed clip).
@@ -149,6 +157,7 @@ class RoundSettings:
             placement=self.placement,
             min_reports=self.min_reports,
             clipped_count_stddev=sigma_b,
+            planned_asks=self.planned_asks,
         )
 
     def noise_std(self) -> float:
@@ -281,7 +290,12 @@ class _Round:
         return mean[:-1], unclipped_fraction(float(np.asarray(mean[-1], dtype=np.float64)[0]), c)
 
     def _step(self, carrier: Message, mean: list[np.ndarray], outcome: RoundOutcome) -> ArrayRecord:
-        """Mark the round released and return the inner strategy's step from ``mean``."""
+        """Mark the round released and return the inner strategy's step from ``mean`` (divided by the
+        plan's expected rate when devices sample themselves: each report carries its update with that
+        probability on average)."""
+        rate = self.settings.expected_rate
+        if rate != 1.0:
+            mean = [np.asarray(m / rate, dtype=m.dtype) for m in mean]
         outcome.released = True
         outcome.aggregate_norm = l2_norm(mean)
         outcome.expected_noise_norm = self.run_log.expected_noise_norm(self.template, outcome.reports)

@@ -147,6 +147,13 @@ class IndividualFilterStrategy(Strategy):
         device's plan paid for: a node asked more often is named in a WARNING and counted in the
         round's public record (``coordinator/participation.py``). ``None``: the inner strategy's
         sampling, not counted.
+    planned_asks : int, default 0
+        The plan's asks per device, sent with every request: a device whose filter can account it
+        then samples itself, putting its update in its reply with a rate it derives from its own
+        budget over these asks (``client/mechanisms/sampled.py``). 0: every reply carries the update.
+    expected_rate : float, default 1.0
+        The plan's mean of the devices' rates (public): the released mean is the plain mean of the
+        reports divided by it. 1: the plain mean.
 
     Raises
     ------
@@ -181,6 +188,8 @@ class IndividualFilterStrategy(Strategy):
         secagg_colluders: int = 0,
         adaptive_clipping: AdaptiveClipping | None = None,
         participation: Participation | None = None,
+        planned_asks: int = 0,
+        expected_rate: float = 1.0,
     ) -> None:
         problems = []
         if not isinstance(strategy, Strategy):
@@ -197,8 +206,11 @@ class IndividualFilterStrategy(Strategy):
                 clip=clip,
                 placement=placement,
                 min_reports=min_reports,
+                planned_asks=planned_asks,
             )
         )
+        if isinstance(expected_rate, bool) or not isinstance(expected_rate, (int, float)) or not 0 < expected_rate <= 1:
+            problems.append(f"expected_rate must be in (0, 1]. Found {short_repr(expected_rate)}.")
         if message_ttl_s is not None and (problem := positive_finite("message_ttl_s", message_ttl_s)) is not None:
             problems.append(problem)
         # Devices read the model from "arrays" and reply under it; a strategy using another key cannot work.
@@ -236,6 +248,8 @@ class IndividualFilterStrategy(Strategy):
         self.adaptive_clipping = adaptive_clipping
         self.current_clip = self.clip  # adaptive clipping moves it after each released round (public)
         self.participation = participation
+        self.planned_asks = int(planned_asks)
+        self.expected_rate = float(expected_rate)
         self._asks = self._new_ask_counter()  # the hand-driven rounds' asks; start() counts each run afresh
         self.last_outcome: RoundOutcome | None = None  # the last round's public outcome (read after a round)
         self._evaluate_refusal_logged = False
@@ -314,6 +328,8 @@ class IndividualFilterStrategy(Strategy):
             secagg_num_shares=self.secagg_num_shares,
             secagg_colluders=self.secagg_colluders,
             adaptive=self.adaptive_clipping,
+            planned_asks=self.planned_asks,
+            expected_rate=self.expected_rate,
         )
 
     def per_client_noise_std(self) -> float:

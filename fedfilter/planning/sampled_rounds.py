@@ -25,7 +25,7 @@ from fedfilter.planning.rounds import (
     check_distributed_filter,
     distributed_mu,
 )
-from fedfilter.privacy.bisection import largest_rate
+from fedfilter.privacy.bisection import MIN_RATE, largest_rate
 from fedfilter.privacy.filters import make_filter
 from fedfilter.privacy.rounding import up
 from fedfilter.privacy.skellam import l1_cap
@@ -293,6 +293,35 @@ def rate_for_budget(
         return np.asarray(_admits(epsilon, delta, noise_multiplier, float(rate), asks, setting))
 
     return float(largest_rate(fits, cap, ()))
+
+
+def enrolment_order(*, epsilon: float, delta: float, noise_multiplier: float, asks: int, cap: float = 1.0) -> int | float:
+    """The one order a device that samples itself enrols its rdp filter at (node-config ``rdp-order``):
+    ``order_for_rate`` at the rate its budget buys over the plan's asks (``rate_for_budget``; the
+    smallest rate where not even that fits). Public numbers only, fixed before the first charge.
+
+    Parameters
+    ----------
+    epsilon, delta : float
+        The device's budget.
+    noise_multiplier : float
+        The plan's ``z``.
+    asks : int
+        The asks per device the plan expects.
+    cap : float, optional
+        The owner's largest rate.
+
+    Returns
+    -------
+    int or float
+
+    Examples
+    --------
+    >>> enrolment_order(epsilon=1.0, delta=1e-5, noise_multiplier=1.1, asks=141)
+    10.6
+    """
+    rate = rate_for_budget(epsilon=epsilon, delta=delta, noise_multiplier=noise_multiplier, asks=asks, cap=cap)
+    return order_for_rate(epsilon, delta, rate=max(rate, MIN_RATE), noise_multiplier=noise_multiplier)
 
 
 @dataclass(frozen=True)

@@ -7,14 +7,14 @@ one spend template (``mechanisms/spend.py``):
 
 1. **Its rate.** What every budget, quota and the worst-case account still admit is turned into a
    charge (the Gaussian allowance at the round's std, uncapped, charged as a Gaussian release: the
-   largest charge every cap admits, ``_room``). That room is spread over the asks the plan still
-   expects of this run (``planned_asks`` minus the asks the ledger already holds for it, at least
-   one), and the rate is the largest ``q`` in ``[bisection.MIN_RATE, owner's cap]`` whose full-clip
-   charge fits that share in every account (``bisection.largest_rate``, constant work). Asked as
-   planned, a device ends near its budget at the planned horizon; a larger budget buys a larger rate.
+   largest charge every cap admits). ``privacy.sampling_rate.spread_rate`` spreads that room over the
+   asks the plan still expects of this run (``planned_asks`` minus the asks the ledger already holds
+   for it, at least one) and takes the largest rate, at most the owner's cap, whose full-clip charge
+   fits that share in every account (constant work). Asked as planned, a device ends near its budget
+   at the planned horizon; a larger budget buys a larger rate.
 2. **Its allowance.** The full clip where a rate fits; nothing (the device is exhausted,
    ``spend.nothing_left``) where none does, or where ``q * C`` is at most the owner's
-   ``exhausted_below`` of ``C``: the device varies its rate, not its norm.
+   ``exhausted_below`` of ``C`` (``sampling_rate.sampled_bound``): the device varies its rate, not its norm.
 3. **Its charge**, at the clipped (snapped) update's exact norms and that rate: the exact sampled
    Gaussian (``privacy.subsampled.sampled_gaussian_charge``) or Zhu and Wang's bound on subsampled
    Skellam (``sampled_skellam_charge``), at the main filter's order and, for the worst-case account,
@@ -45,9 +45,8 @@ from fedfilter.client.mechanisms.gaussian import GaussianMechanism
 from fedfilter.client.mechanisms.gaussian_noise import NoiseStream
 from fedfilter.client.mechanisms.skellam import SkellamMechanism, SkellamPayload
 from fedfilter.client.mechanisms.spend import Account
-from fedfilter.privacy.bisection import largest_rate
 from fedfilter.privacy.filters import GaussianFilter
-from fedfilter.privacy.rounding import down
+from fedfilter.privacy.sampling_rate import sampled_bound, spread_rate
 from fedfilter.privacy.skellam import l1_cap
 from fedfilter.privacy.subsampled import sampled_gaussian_charge, sampled_skellam_charge, sampling_order
 
@@ -101,8 +100,9 @@ class SampledMechanism:
         The owner's cap on the rate, in ``[MIN_RATE, 1]``.
     exhausted_below : float
         The owner's threshold: exhausted when ``q * allowance`` is at most this fraction of the clip.
-    rate : float or None
-        The round's rate, once ``allowance`` has run.
+    rate : float, numpy.ndarray or None
+        The round's rate (one per row in an engine round), once ``allowance`` has run; the engine sets
+        it beforehand for its distributed rounds (computed by the same rule).
 
     Examples
     --------
@@ -116,7 +116,7 @@ class SampledMechanism:
     planned_asks: int
     max_rate: float
     exhausted_below: float
-    rate: float | None = field(default=None)
+    rate: Any = field(default=None)
 
     @property
     def placement(self) -> str:
@@ -201,50 +201,66 @@ class SampledMechanism:
         """
         return self.inner.check(update, filt)
 
-    # --- the accounts this round is charged to, as (filter, room, full-clip charge at a rate) ---------
+    # --- the accounts this round is charged to --------------------------------------------------------
 
     def _samples(self, account: Account) -> bool:
-        worst = account.worst_filter
-        return sampling_order(account.filter) is not None and (worst is None or sampling_order(worst) is not None)
+        parts = [acc for _, acc in _parts(account)]
+        return all(
+            sampling_order(acc.filter) is not None
+            and (acc.worst_filter is None or sampling_order(acc.worst_filter) is not None)
+            for acc in parts
+        )
 
-    def _room(self, filt: GaussianFilter, allowance: Any, std: float) -> np.ndarray:
-        # The Gaussian allowance every cap admits, charged as a Gaussian release: the largest charge all admit.
-        return filt.charge(sensitivity=allowance, noise_std=std)[..., 0]
-
-    def _books(self, account: Account) -> list[tuple[GaussianFilter, np.ndarray, Any]]:
-        """Each account's filter, the room it has left, and ``charge(rate, payload-or-norm)``."""
-        inner, books = self.inner, []
+    def _stds(self) -> tuple[tuple[float, Any], tuple[float, Any]]:
+        """``(std, mu)`` the main account is charged at (the released sum's), and the worst-case one's."""
+        inner = self.inner
         if isinstance(inner, SkellamMechanism):
-            main_std, worst_std = inner.sigma, inner.grid.noise_std
-            mus = (inner.grid.mu_total, inner.grid.mu_share)
-        else:
-            main_std, worst_std = inner.accounted_std, inner.added_std
-            mus = (None, None)
-        main_room = self._room(account.filter, account.allowance(noise_std=main_std, clip=math.inf), main_std)
-        books.append((account.filter, main_room, main_std, mus[0]))
-        if account.worst_filter is not None:
-            worst_allowance = account.worst_allowance(noise_std=worst_std, clip=math.inf)
-            books.append((account.worst_filter, self._room(account.worst_filter, worst_allowance, worst_std), worst_std, mus[1]))
-        return books
+            return (inner.sigma, inner.grid.mu_total), (inner.grid.noise_std, inner.grid.mu_share)
+        return (inner.accounted_std, None), (inner.added_std, None)
 
     def _charge(self, filt: GaussianFilter, rate, std: float, mu, l1, l2, norm) -> np.ndarray:
         if isinstance(self.inner, SkellamMechanism):
             return sampled_skellam_charge(filt, rate=rate, l1=l1, l2=l2, mu_total=mu)
         return sampled_gaussian_charge(filt, rate=rate, sensitivity=norm, noise_std=std)
 
+    def _accounts(self, acc: Account) -> list[tuple[GaussianFilter, float, Any, Any]]:
+        """Each account of ``acc`` this round is charged to: its filter, std, mu, and (for the rate) its room."""
+        (main_std, main_mu), (worst_std, worst_mu) = self._stds()
+        # The Gaussian allowance every cap admits (uncapped), charged as a Gaussian release: the largest
+        # charge all of them admit, in the filter's units.
+        main_allow = acc.allowance(noise_std=main_std, clip=math.inf)
+        out = [(acc.filter, main_std, main_mu, acc.filter.charge(sensitivity=main_allow, noise_std=main_std)[..., 0])]
+        if acc.worst_filter is not None:
+            worst_allow = acc.worst_allowance(noise_std=worst_std, clip=math.inf)
+            room = acc.worst_filter.charge(sensitivity=worst_allow, noise_std=worst_std)[..., 0]
+            out.append((acc.worst_filter, worst_std, worst_mu, room))
+        return out
+
+    def _full_norms(self) -> tuple[Any, Any, float]:
+        """``(l1, l2, norm)`` of a full-clip release (the grid's L1 cap and L2 in Skellam's case)."""
+        full = self.clip
+        if isinstance(self.inner, SkellamMechanism):
+            l2 = full / self.inner.grid.gamma
+            return float(l1_cap(l2, self.inner.dim)), l2, full
+        return None, None, full
+
     # --- the spend template's steps --------------------------------------------------------------
 
-    def allowance(self, account: Account) -> float:
-        """Fix the round's rate (module docstring, step 1) and return the full clip, or 0 when none fits.
+    def allowance(self, account: Account) -> Any:
+        """Fix the round's rate (module docstring, step 1) and return the full clip, or 0 where none fits.
+
+        One rate per row of the account: a float on the device, an array over an engine round's rows
+        (``RoundRows``: each budget group with its own filters). A rate already set (the engine computes
+        the distributed rounds' rates with the rest of the round, by the same rule) is used as is.
 
         Parameters
         ----------
         account : Account
-            The books (``asks_in_run``: the asks this run already recorded).
+            The books (``asks_in_run``: the asks this run already recorded, per row).
 
         Returns
         -------
-        float
+        float or numpy.ndarray
 
         Examples
         --------
@@ -261,28 +277,32 @@ class SampledMechanism:
         1.0 0.01
         >>> ledger.close(); tmp.cleanup()
         """
-        if not self._samples(account):
-            self.rate = 1.0
-            return self.inner.allowance(account)
-        asks_left = max(int(self.planned_asks) - int(getattr(account, "asks_in_run", 0)), 1)
-        books = self._books(account)
-        full = self.clip
-        if isinstance(self.inner, SkellamMechanism):
-            l2 = full / self.inner.grid.gamma
-            l1 = float(l1_cap(l2, self.inner.dim))
-        else:
-            l1 = l2 = None
+        if self.rate is None:
+            if not self._samples(account):
+                self.rate = 1.0
+                return self.inner.allowance(account)
+            self.rate = self._rates(account)
+        bound = sampled_bound(self.rate, clip=self.clip, exhausted_below=self.exhausted_below)
+        return float(bound) if np.ndim(bound) == 0 else bound
 
-        def fits(rate):
-            ok = np.ones(np.shape(rate), dtype=bool)
-            for filt, room, std, mu in books:
-                share = down(room / asks_left)
-                ok &= self._charge(filt, rate, std, mu, l1, l2, full)[..., 0] <= share
-            return ok
-
-        rate = float(largest_rate(fits, self.max_rate, ()))
-        self.rate = rate
-        return 0.0 if rate * full <= self.exhausted_below * full else full
+    def _rates(self, account: Account) -> Any:
+        l1, l2, norm = self._full_norms()
+        parts = _parts(account)
+        rates: Any = None
+        for at, acc in parts:
+            books = [
+                (room, lambda rate, f=filt, s=std, m=mu: self._charge(f, rate, s, m, l1, l2, norm)[..., 0])
+                for filt, std, mu, room in self._accounts(acc)
+            ]
+            asks_left = np.maximum(int(self.planned_asks) - np.asarray(getattr(acc, "asks_in_run", 0)), 1)
+            shape = np.shape(books[0][0])
+            rate = spread_rate(books, asks_left=asks_left, cap=self.max_rate, shape=shape)
+            if at is None:
+                return float(rate) if np.ndim(rate) == 0 else rate
+            if rates is None:
+                rates = np.zeros(len(account.rows))
+            rates[at] = rate
+        return rates
 
     def clip_and_snap(self, arrays: Any, bound: Any) -> tuple[Any, Any]:
         """The inner mechanism's clip and snap.
@@ -344,12 +364,20 @@ class SampledMechanism:
             raise RuntimeError("internal error: a sampled release charged before its rate was fixed; nothing spent")
         if not self._samples(account):
             return self.inner.charges(account, payload, sensitivity)
-        if isinstance(self.inner, SkellamMechanism):
-            l1, l2 = payload.l1, payload.l2
-        else:
-            l1 = l2 = None
-        charges = [self._charge(filt, self.rate, std, mu, l1, l2, sensitivity) for filt, _, std, mu in self._books(account)]
-        return charges[0], charges[1] if len(charges) > 1 else None
+        l1, l2 = (payload.l1, payload.l2) if isinstance(self.inner, SkellamMechanism) else (None, None)
+        (main_std, main_mu), (worst_std, worst_mu) = self._stds()
+        parts = _parts(account)
+        if parts[0][0] is None:  # one account: the device, or one engine client
+            acc = parts[0][1]
+            worst = acc.worst_filter
+            main = self._charge(acc.filter, self.rate, main_std, main_mu, l1, l2, sensitivity)
+            alone = None if worst is None else self._charge(worst, self.rate, worst_std, worst_mu, l1, l2, sensitivity)
+            return main, alone
+        sens, rates = np.asarray(sensitivity, dtype=np.float64), np.asarray(self.rate)
+        charge = np.zeros((len(account.rows), 1))
+        for at, acc in parts:  # an engine round's rows: each group's own filter (no worst-case account)
+            charge[at] = self._charge(acc.filter, rates[at], main_std, main_mu, l1, l2, sens[at])
+        return charge, None
 
     def noise(self, payload: Any, stream: NoiseStream) -> list[np.ndarray]:
         """The coin, then the inner mechanism's noise (only after the commit; module docstring, step 4).
@@ -418,6 +446,12 @@ def self_sampling(spec, policy, for_arrays):
         return SampledMechanism(for_arrays(arrays), int(spec.planned_asks), policy.max_sampling_rate, policy.exhausted_below)
 
     return sampled
+
+
+def _parts(account: Account) -> list[tuple[Any, Account]]:
+    # An engine round (``RoundRows``) spans budget groups, each its own account; anything else is one.
+    parts = getattr(account, "parts", None)
+    return [(None, account)] if parts is None else parts
 
 
 def _scaled(payload: Any, keep: int) -> Any:

@@ -53,6 +53,20 @@ class RowsAccount:
         self.worst_filter: GaussianFilter | None = None if engine.worst_filters is None else engine.worst_filters[group]
         self._group = group
 
+    @property
+    def asks_in_run(self) -> np.ndarray:
+        """The rounds of this run each row was asked (what a device's ledger counts of its run).
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from fedfilter.simulations.engine.core import Engine
+        >>> from fedfilter.simulations.engine.config import EngineConfig
+        >>> RowsAccount(Engine(EngineConfig(num_clients=4)), np.arange(2), 0).asks_in_run
+        array([0, 0])
+        """
+        return self._engine.asks_in_run[self.rows]
+
     def allowance(self, *, noise_std: float, clip: float) -> np.ndarray:
         """``round_allowance`` of each row: the lifetime and run-quota filters, at most ``clip``.
 

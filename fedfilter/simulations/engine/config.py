@@ -15,9 +15,10 @@ import numpy as np
 
 from fedfilter.checks import is_int, positive_finite, short_repr
 from fedfilter.client.settings.policy import ClientPolicy
+from fedfilter.privacy.bisection import MIN_RATE
 from fedfilter.privacy.filters import FILTER_KINDS
 from fedfilter.protocol.adaptive_clip import AdaptiveClipping, update_noise_multiplier
-from fedfilter.protocol.request import AFTER_EXHAUSTION, PLACEMENTS
+from fedfilter.protocol.request import AFTER_EXHAUSTION, MAX_PLANNED_ASKS, PLACEMENTS
 from fedfilter.protocol.rules import accounted_noise_std, added_noise_std
 from fedfilter.protocol.secagg.graph import SecAggGraph
 
@@ -146,6 +147,16 @@ class EngineConfig:
         every other), or ``poisson`` (central placement only: a trusted server asks each client
         independently with probability ``fraction`` and divides the noisy sum by the expected count
         ``fraction * num_clients``, the amplified DP-FedAvg a trusted server can run).
+    planned_asks, max_sampling_rate, rdp_order, expected_rate
+        Devices that sample themselves (``client/mechanisms/sampled.py``; 0 asks: off). Each asked
+        client spreads what its accounts have left over the ``planned_asks`` its plan still expects
+        and puts its update in its report with the rate that buys, at most ``max_sampling_rate``;
+        its coin is the first word of its noise stream, as on a device. Needs ``filter_kind="rdp"``
+        and individual accounting. ``rdp_order``: the one order each client's filter is enrolled at
+        (None: the budget's best for Gaussian rounds; ``"plan"``: each budget's own
+        ``order_for_rate`` at the rate its budget buys over the plan's asks, as ``fedfilter rounds
+        --sampling-rate`` prints it). ``expected_rate``: the plan's mean rate, public; the
+        coordinator divides the sum by the reports times it (1: the plain mean).
     server_lr
         The coordinator's step: ``w <- w + server_lr * mean(reports)`` (``fedfilter.protocol.rules.model_step``).
     seed
@@ -214,6 +225,10 @@ class EngineConfig:
     lr: float = 0.1
     batch_size: int = 32
     server_lr: float = 1.0
+    planned_asks: int = 0
+    max_sampling_rate: float = 1.0
+    rdp_order: float | str | None = None
+    expected_rate: float = 1.0
     seed: int = 0
     run_id: str = "engine"
     model_fn: Callable | None = field(default=None, compare=False, repr=False)
@@ -301,6 +316,7 @@ class EngineConfig:
                     f"coordinator covers every release the main one does). Found {self.worst_case_epsilon!r}."
                 )
         problems += self._adaptive_problems()
+        problems += self._sampling_problems()
         if self.participation not in PARTICIPATIONS:
             problems.append(f"participation must be one of {PARTICIPATIONS}. Found {self.participation!r}.")
         elif self.participation == "poisson" and self.placement != "central":
@@ -316,6 +332,39 @@ class EngineConfig:
             problems.append(f"run_id must be a non-empty string. Found {self.run_id!r}.")
         if problems:
             raise ValueError("invalid EngineConfig: " + " ".join(problems))
+
+    def _sampling_problems(self) -> list[str]:
+        out = []
+        order = self.rdp_order
+        if order is not None and not (
+            order == "plan" or (isinstance(order, (int, float)) and not isinstance(order, bool) and math.isfinite(order) and order > 1)
+        ):
+            out.append(f"rdp_order must be None, 'plan' or an order > 1. Found {short_repr(order)}.")
+        elif order is not None and self.filter_kind != "rdp":
+            out.append(f"rdp_order needs filter_kind 'rdp'. Found {self.filter_kind!r}.")
+        rate = self.max_sampling_rate
+        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not MIN_RATE <= rate <= 1:
+            out.append(f"max_sampling_rate must be in [{MIN_RATE}, 1]. Found {short_repr(rate)}.")
+        rate = self.expected_rate
+        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 < rate <= 1:
+            out.append(f"expected_rate must be in (0, 1]. Found {short_repr(rate)}.")
+        asks = self.planned_asks
+        if not (is_int(asks) and 0 <= asks <= MAX_PLANNED_ASKS):
+            out.append(f"planned_asks must be an integer in [0, {MAX_PLANNED_ASKS}]. Found {short_repr(asks)}.")
+        elif asks:
+            needs = [
+                (self.filter_kind == "rdp", f"filter_kind 'rdp' (found {self.filter_kind!r})"),
+                (self.placement in ("local", "distributed"), f"a device's placement (found {self.placement!r})"),
+                (self.accounting == "individual", f"individual accounting (found {self.accounting!r})"),
+                (self.adaptive_clipping is None, "a fixed clip (found adaptive clipping)"),
+                (self.norms != "fast", "norms 'device' or 'vectorised' (found 'fast': it forms only the sum)"),
+            ]
+            missing = [why for ok, why in needs if not ok]
+            if missing:
+                out.append("planned_asks (devices that sample themselves) needs " + ", ".join(missing) + ".")
+        elif order == "plan":
+            out.append("rdp_order 'plan' needs planned_asks > 0 (the order is the plan's for each budget's rate).")
+        return out
 
     def _adaptive_problems(self) -> list[str]:
         spec = self.adaptive_clipping
@@ -434,6 +483,7 @@ class RoundRecord:
     seconds: float = 0.0
     clip: float | None = None  # public: the round's clip C
     unclipped_fraction: float | None = None  # public: adaptive clipping's estimate from the released bit
+    kept: int | None = None  # ground truth, devices that sample themselves: contributions their coins kept
 
 
 @dataclass

@@ -36,6 +36,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict
+from typing import Any
 
 import numpy as np
 import torch
@@ -48,8 +49,10 @@ from fedfilter.client.mechanisms.gaussian import (
     noise_grid,
     snap_toward_zero,
 )
+from fedfilter.client.mechanisms.sampled import SampledMechanism
 from fedfilter.client.mechanisms.spend import nothing_left, spend
 from fedfilter.planning.participation import BalancedSchedule
+from fedfilter.planning.sampled_rounds import enrolment_order
 from fedfilter.privacy.filters import make_filter
 from fedfilter.protocol.rules import model_step, reports_needed
 from fedfilter.simulations.engine.accounts import (
@@ -135,7 +138,7 @@ class Engine:
         worst = np.broadcast_to(np.asarray(cfg.worst_case_epsilon, dtype=np.float64), (n,)) if keep_worst else eps
         values, group = np.unique(np.stack([eps, worst], axis=1), axis=0, return_inverse=True)
         self.group = np.asarray(group).reshape(-1)
-        self.filters = [make_filter(cfg.filter_kind, float(e), cfg.delta) for e, _ in values]
+        self.filters = [make_filter(cfg.filter_kind, float(e), cfg.delta, self._orders(float(e))) for e, _ in values]
         self.run_filters = [f.scaled(cfg.run_quota) for f in self.filters]
         self.worst_filters = (
             [worst_case_filter(f, float(w)) for f, (_, w) in zip(self.filters, values)] if keep_worst else None
@@ -148,8 +151,10 @@ class Engine:
         after = np.broadcast_to(np.asarray(cfg.after_exhaustion, dtype=object), (n,))
         self.leave = np.array([a == "leave" for a in after], dtype=bool)
         self.exhausted_round = np.full(n, -1, dtype=np.int64)
+        self.asks_in_run = np.zeros(n, dtype=np.int64)  # rounds each client was asked (a ledger's spends of the run)
         self.round_id = 0
         self.records: list[RoundRecord] = []
+        self._last_kept: np.ndarray | None = None  # the last round's coins (devices that sample themselves)
         self.last_groups: dict[str, float] | None = None
         self._sampler = sampling_rng(cfg.seed, cfg.run_id) if cfg.fraction < 1 else None
         self._schedule = self._balanced_schedule()
@@ -433,12 +438,15 @@ class Engine:
         not released)."""
         cfg, numbers = self.config, self.round_numbers()
         added = numbers.added_std(cfg.placement, cfg.min_reports)  # central: the coordinator's one draw
-        mechanism = EngineGaussian(
+        mechanism: Any = EngineGaussian(
             cfg.placement, numbers.noise_multiplier, numbers.clip, numbers.accounted_std, added, noise_grid(added)[0]
         )
         if len(clients) == 0:  # a Poisson round that asked nobody: nothing to release
             return np.zeros(0, dtype=bool), clients, clients, None
-        reports = GaussianReports(self, clients, numbers)
+        if cfg.planned_asks:  # devices that sample themselves: the device's SampledMechanism over the rows
+            mechanism = SampledMechanism(mechanism, int(cfg.planned_asks), float(cfg.max_sampling_rate), cfg.exhausted_below)
+        reports = GaussianReports(self, clients, numbers, sampled=mechanism if cfg.planned_asks else None)
+        self._last_kept = reports.kept
         _, total = spend(
             RoundRows(self, clients),
             mechanism,
@@ -453,7 +461,27 @@ class Engine:
             return reports.out, active, reporting, None
         if cfg.participation == "poisson":  # the expected count: the mean's sensitivity is C / (q N)
             return reports.out, active, reporting, total / (cfg.fraction * self.n)
-        return reports.out, active, reporting, total / n  # the coordinator's plain mean
+        return reports.out, active, reporting, total / self.divisor(n)  # the coordinator's mean
+
+    def divisor(self, reports: int) -> float:
+        """What the coordinator divides the sum of ``reports`` by: their number, times the plan's expected
+        rate when devices sample themselves (public: ``EngineConfig.expected_rate``).
+
+        Parameters
+        ----------
+        reports : int
+            The reports in the sum.
+
+        Returns
+        -------
+        float
+
+        Examples
+        --------
+        >>> Engine(EngineConfig(num_clients=4, local_epochs=1)).divisor(4)
+        4.0
+        """
+        return float(reports) * float(self.config.expected_rate)
 
     def step(self) -> RoundRecord:
         """Run one round and return its record (the model is updated in place).
@@ -473,6 +501,7 @@ class Engine:
         self.round_id += 1
         clip = self.round_numbers().request_clip
         clients = self._sample()
+        self._last_kept = None
         if self._distributed is not None:
             outcome = self._distributed.run(clients, self.round_id)
             out, active, reporting, mean = outcome.out, outcome.active, outcome.reporting, outcome.mean
@@ -481,6 +510,7 @@ class Engine:
             self.graph_rounds[reporting] += 1
         else:
             out, active, reporting, mean = self._gaussian_round(clients)
+        self.asks_in_run[clients] += 1  # each asked device recorded the round (any status)
         newly = clients[out & (self.exhausted_round[clients] < 0)]
         self.exhausted_round[newly] = self.round_id
         reports = len(active) + len(reporting)
@@ -509,6 +539,7 @@ class Engine:
             aggregate_norm=agg_norm,
             clip=clip,
             unclipped_fraction=fraction,
+            kept=None if self._last_kept is None else int(np.sum(self._last_kept)),
         )
         if self.round_id % cfg.eval_every == 0 or self.round_id == cfg.rounds:
             record.loss, record.accuracy, record.group_accuracy = self.evaluate()
@@ -516,11 +547,33 @@ class Engine:
         self.records.append(record)
         return record
 
-    def _noisy_report(self, client: int, update: np.ndarray) -> np.ndarray:
-        """The client's report exactly as its device sends it (float32), as float64."""
+    def _orders(self, epsilon: float) -> list[float] | None:
+        """The rdp order a client of budget ``epsilon`` enrols at (``EngineConfig.rdp_order``)."""
+        cfg, order = self.config, self.config.rdp_order
+        if order is None:
+            return None
+        if order == "plan":
+            return [
+                float(
+                    enrolment_order(
+                        epsilon=epsilon,
+                        delta=cfg.delta,
+                        noise_multiplier=float(cfg.noise_multiplier),
+                        asks=int(cfg.planned_asks),
+                        cap=float(cfg.max_sampling_rate),
+                    )
+                )
+            ]
+        return [float(order)]
+
+    def _noisy_report(self, client: int, update: np.ndarray, skip: int = 0) -> np.ndarray:
+        """The client's report exactly as its device sends it (float32), as float64; ``skip``: the
+        words its stream spent first (a sampling device's coin)."""
         cfg, layout = self.config, self.release_layout
         std = self.round_numbers().added_std(cfg.placement, cfg.min_reports)
         stream = client_noise_stream(cfg.seed, int(client), cfg.run_id, self.round_id)
+        if skip:
+            stream.uint64(skip)
         snapped = snap_toward_zero(layout.views(update), noise_grid(std)[0])
         noisy = add_grid_noise(snapped, std, stream)
         return np.concatenate([a.ravel() for a in noisy]).astype(np.float64)
@@ -605,6 +658,7 @@ class Engine:
             "run_state": self.run_state.copy(),
             "worst_state": None if self.worst_state is None else self.worst_state.copy(),
             "exhausted_round": self.exhausted_round.copy(),
+            "asks_in_run": self.asks_in_run.copy(),
             "graph_rounds": self.graph_rounds.copy(),
             "records": [asdict(r) for r in self.records],
             "last_groups": self.last_groups,
@@ -652,6 +706,10 @@ class Engine:
                 )
             self.worst_state = np.array(snap["worst_state"], dtype=self.worst_state.dtype)
         self.exhausted_round = np.array(snap["exhausted_round"], dtype=np.int64)
+        if "asks_in_run" in snap:
+            self.asks_in_run = np.array(snap["asks_in_run"], dtype=np.int64)
+        elif self.config.planned_asks and self.round_id:
+            raise ValueError("checkpoint 'asks_in_run' is missing: it predates devices that sample themselves.")
         if "graph_rounds" in snap:
             self.graph_rounds = np.array(snap["graph_rounds"], dtype=np.int64)
         elif self._distributed is not None and self.round_id:

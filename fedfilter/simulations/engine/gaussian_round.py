@@ -21,9 +21,10 @@ import math
 import numpy as np
 
 from fedfilter.client.mechanisms.gaussian import noise_grid, snap_toward_zero
+from fedfilter.client.mechanisms.sampled import coin
 from fedfilter.client.mechanisms.spend import ReleaseRecord
 from fedfilter.simulations.engine.adaptive import RoundNumbers
-from fedfilter.simulations.engine.seeds import aggregate_noise_rng
+from fedfilter.simulations.engine.seeds import aggregate_noise_rng, client_noise_stream
 
 __all__ = ["GaussianReports"]
 
@@ -59,11 +60,15 @@ class GaussianReports:
     (['contributed', 'contributed', 'contributed', 'contributed'], (2410,))
     """
 
-    def __init__(self, engine, clients: np.ndarray, numbers: RoundNumbers | None = None):
+    def __init__(self, engine, clients: np.ndarray, numbers: RoundNumbers | None = None, sampled=None):
         self.engine, self.clients = engine, clients
         self.numbers = engine.round_numbers() if numbers is None else numbers
         self.added_std = self.numbers.added_std(engine.config.placement, engine.config.min_reports)
         self.out = np.zeros(len(clients), dtype=bool)  # rows with nothing left (set by clip)
+        # Devices that sample themselves: the round's SampledMechanism (its rates are set by the
+        # template's allowance, before ``clip``), and which rows' coins kept their update.
+        self.sampled = sampled
+        self.kept = np.zeros(len(clients), dtype=bool)
 
     def clip(self, bound: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Train the rows with something left (bound > 0), clip each to its bound; ``(sum, sensitivity)``.
@@ -92,6 +97,7 @@ class GaussianReports:
         e, cfg, layout = self.engine, self.engine.config, self.engine.release_layout
         self.out = out = ~(bound > 0)
         active, allow_active = self.clients[~out], bound[~out]
+        keep = self._coins(active, out)
         total = np.zeros(layout.dim, dtype=np.float64)
         norms = np.zeros(len(active))
         per_client = cfg.noise_draw == "per-client"
@@ -109,15 +115,34 @@ class GaussianReports:
             if e.adaptive is not None:  # clipped to C, the bit appended: the row the release clips and charges
                 updates = e.adaptive.augment(updates, e._clip_rows)
             norms[a : a + len(chunk)] = e._clip_rows(updates, allow_active[a : a + len(chunk)], layout)
+            kept = keep[a : a + len(chunk)]
             if per_client:
-                for j in range(len(chunk)):
+                for j in np.flatnonzero(kept):
                     snapped = snap_toward_zero(layout.views(updates[j]), gamma)
                     total += np.concatenate([k.ravel() for k in snapped]).astype(np.float64) * gamma  # exact
             else:
-                total += updates.sum(axis=0, dtype=np.float64)
+                total += updates[kept].sum(axis=0, dtype=np.float64)
         sensitivity = np.zeros(len(self.clients))
         sensitivity[~out] = norms if e.full_allowance is None else allow_active  # worst-case: charged at the bound
         return total, sensitivity
+
+    def _coins(self, active: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """Which of the ``active`` rows' updates enter the sum: all of them, or each device's coin at its
+        rate, the first word of its noise stream as on the device (``mechanisms.sampled.coin``). The
+        charges were computed from the norms and rates alone, so drawing the coin here, before the
+        commit, changes nothing they say (the simulation has no observer to hide it from)."""
+        if self.sampled is None:
+            keep = np.ones(len(active), dtype=bool)
+        else:
+            e, cfg = self.engine, self.engine.config
+            rates = np.broadcast_to(np.asarray(self.sampled.rate, dtype=np.float64), out.shape)[~out]
+            keep = np.array(
+                [bool(coin(client_noise_stream(cfg.seed, int(c), cfg.run_id, e.round_id), float(r))) for c, r in zip(active, rates)],
+                dtype=bool,
+            )
+        self.kept[:] = False
+        self.kept[~out] = keep
+        return keep
 
     def reporting(self) -> tuple[np.ndarray, np.ndarray]:
         """``(active, reporting)``: the clients whose data is in the sum, and the spent noise-only ones.
@@ -182,8 +207,9 @@ class GaussianReports:
         dim = e.release_layout.dim
         if cfg.noise_draw == "per-client":
             zero = np.zeros(dim, dtype=np.float32)
+            skip = 0 if self.sampled is None else 1  # a sampling device's stream opens with its coin's word
             for c in np.concatenate([active, reporting]):
-                total += e._noisy_report(c, zero)  # R gamma: a noise-only report is the noise alone
+                total += e._noisy_report(c, zero, skip=skip)  # R gamma: a noise-only report is the noise alone
         elif reports:
             # One draw for the sum. Local: the sum of `reports` independent N(0, s^2 I) reports is
             # exactly N(0, reports * s^2 I), s = z C; only the aggregate is formed, never the

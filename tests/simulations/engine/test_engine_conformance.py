@@ -58,7 +58,9 @@ class _NodesGrid:
         return list(self.nodes)
 
 
-def flower_reference(tmp_path, *, placement: str, min_reports: int, clip: float, z: float, adaptive=None):
+def flower_reference(
+    tmp_path, *, placement: str, min_reports: int, clip: float, z: float, adaptive=None, sampling=None, orders=None
+):
     """Rounds through the real mod, ClientApp handler and strategy; returns ledgers and counts."""
     torch.set_num_threads(1)
     torch.manual_seed(SEED)
@@ -72,6 +74,7 @@ def flower_reference(tmp_path, *, placement: str, min_reports: int, clip: float,
         min_reports=min_reports,
         run_name=RUN,
         adaptive_clipping=adaptive,
+        **(sampling or {}),
     )
     nodes = list(range(100, 100 + N))
     grid = _NodesGrid(nodes)
@@ -88,7 +91,8 @@ def flower_reference(tmp_path, *, placement: str, min_reports: int, clip: float,
                 "client-id": f"dev{k}",
                 "budget-epsilon": EPSILONS[k],
                 "budget-delta": 1e-5,
-                "filter": "gdp",
+                "filter": "gdp" if orders is None else "rdp",
+                **({} if orders is None else {"rdp-order": orders[k]}),
                 "after-exhaustion": AFTER[k],
                 "allow-distributed": True,
                 "noise-seed": client_noise_seed(SEED, k),
@@ -183,6 +187,49 @@ def test_engine_matches_flower_path_bitwise(tmp_path, monkeypatch, placement, mi
     if adaptive is not None:  # the clip the coordinator would ask for next, from the same noisy bits
         assert result.rounds[-1].clip != clip
         assert float(np.float64(last_clip)) == pytest.approx(_next_clip(result, adaptive), rel=1e-6)
+
+
+def test_engine_matches_flower_path_bitwise_when_devices_sample_themselves(tmp_path, monkeypatch):
+    """Devices that sample themselves: the same rates, charges, coins and noise as the Flower path's."""
+    task_identity(monkeypatch, run_id=1)
+    clip, z, asks = 0.5, 1.0, 3
+    orders = [8.0] * N  # every device enrolled at one order (the plan's per budget: test_engine_sampling.py)
+    sampling = {"planned_asks": asks, "expected_rate": 0.5}
+    states, run_states, statuses, counts, weights, _ = flower_reference(
+        tmp_path, placement="local", min_reports=1, clip=clip, z=z, sampling=sampling, orders=orders
+    )
+    result = run_engine(
+        EngineConfig(
+            task="digits",
+            num_clients=N,
+            epsilon=EPSILONS,
+            delta=1e-5,
+            filter_kind="rdp",
+            rdp_order=8.0,
+            noise_multiplier=z,
+            clip=clip,
+            after_exhaustion=AFTER,
+            rounds=ROUNDS,
+            local_epochs=1,
+            lr=0.1,
+            batch_size=32,
+            seed=SEED,
+            run_id=RUN,
+            noise_draw="per-client",
+            group_by="none",
+            torch_threads=1,
+            **sampling,
+        )
+    )
+    assert result.state.tobytes() == states.tobytes()
+    assert result.run_state.tobytes() == run_states.tobytes()
+    flat = [s for row in statuses for s in row]
+    assert "contributed" in flat and ("noise-only" in flat or "left" in flat)  # asked past the plan: spent
+    assert [(r.reports_seen, r.left, r.released) for r in result.rounds] == counts
+    kept = [r.kept for r in result.rounds]
+    assert 0 < sum(kept) < sum(r.contributing for r in result.rounds)  # some coins kept, some dropped
+    for a, b in zip(result.weights, weights):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
 def _next_clip(result, adaptive) -> float:
