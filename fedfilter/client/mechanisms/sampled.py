@@ -281,11 +281,38 @@ class SampledMechanism:
             if not self._samples(account):
                 self.rate = 1.0
                 return self.inner.allowance(account)
-            self.rate = self._rates(account)
+            self.rate = self.rates(account)
         bound = sampled_bound(self.rate, clip=self.clip, exhausted_below=self.exhausted_below)
         return float(bound) if np.ndim(bound) == 0 else bound
 
-    def _rates(self, account: Account) -> Any:
+    def rates(self, account: Account) -> Any:
+        """The round's rate for each row of ``account`` (module docstring, step 1): a float for one
+        device's reservation, an array for an engine's rows.
+
+        Parameters
+        ----------
+        account : Account
+            The books.
+
+        Returns
+        -------
+        float or numpy.ndarray
+
+        Examples
+        --------
+        >>> import tempfile
+        >>> from pathlib import Path
+        >>> from fedfilter.client.ledger.budget import BudgetLedger
+        >>> from fedfilter.protocol.request import RoundSpec
+        >>> tmp = tempfile.TemporaryDirectory()
+        >>> ledger = BudgetLedger.enrol(Path(tmp.name) / "ledger", client_id="a", epsilon=1.0, delta=1e-5,
+        ...                             filter_kind="rdp", orders=[10.6], state_dir=Path(tmp.name) / "owner")
+        >>> m = SampledMechanism(GaussianMechanism.for_request(RoundSpec("run", 0, 1.1, 1.0)), 141, 1.0, 1e-3)
+        >>> with ledger.reserve("run", 0) as account:
+        ...     print(round(m.rates(account), 4), m.rate)
+        0.01 None
+        >>> ledger.close(); tmp.cleanup()
+        """
         l1, l2, norm = self._full_norms()
         parts = _parts(account)
         rates: Any = None

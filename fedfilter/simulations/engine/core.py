@@ -505,6 +505,7 @@ class Engine:
         if self._distributed is not None:
             outcome = self._distributed.run(clients, self.round_id)
             out, active, reporting, mean = outcome.out, outcome.active, outcome.reporting, outcome.mean
+            self._last_kept = self._distributed.kept
             # a masked report sent is a round whose graph may fail for this client (released or not)
             self.graph_rounds[active] += 1
             self.graph_rounds[reporting] += 1

@@ -23,10 +23,12 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from fedfilter.client.mechanisms.sampled import SampledMechanism, coin
 from fedfilter.client.mechanisms.skellam import CLIP_SLACK, SkellamGrid, l2_allowance
 from fedfilter.client.mechanisms.spend import nothing_left, spend
 from fedfilter.coordinator.secagg.secure_round import AUTO_SHARES
 from fedfilter.coordinator.secagg.secure_round import round_graph as coordinator_round_graph
+from fedfilter.privacy.sampling_rate import sampled_bound
 from fedfilter.protocol.rules import reports_needed
 from fedfilter.protocol.secagg.graph import SecAggGraph
 from fedfilter.simulations.engine.accounts import RowsAccount
@@ -179,6 +181,9 @@ class DistributedPlacement:
             raise ValueError("distributed placement needs worst_case_epsilon (EngineConfig). Found None.")
         self._numbers: RoundNumbers | None = None
         self._setup(engine.round_numbers())
+        # Devices that sample themselves: each client's rate this round (l2_allowance sets them) and coin.
+        self.rates: dict[int, float] = {}
+        self.kept: np.ndarray | None = None
 
     def _setup(self, numbers: RoundNumbers) -> None:
         """The round's Skellam numbers, from its release (a fixed clip's request, or with adaptive
@@ -223,6 +228,8 @@ class DistributedPlacement:
         """
         self._setup(self.engine.round_numbers())
         e, m = self.engine, self.mechanism
+        if e.config.planned_asks:
+            return self._sampled_l2(clients)
         # Not capped at C (skellam.l2_allowance says why), as on the device.
         a_gauss = e.allowance(clients, clip=math.inf)
         a_worst = e.worst_allowance(clients, self.grid.noise_std, clip=math.inf)  # gamma, mu_share: the same for all
@@ -236,6 +243,22 @@ class DistributedPlacement:
                 )
                 out[at] = np.asarray(allow, dtype=np.float64).reshape(np.shape(a_gauss[at]))
         return out
+
+    def _sampler(self, rate=None) -> SampledMechanism:
+        cfg = self.engine.config
+        return SampledMechanism(self.mechanism, int(cfg.planned_asks), float(cfg.max_sampling_rate), cfg.exhausted_below, rate)
+
+    def _sampled_l2(self, clients: np.ndarray) -> np.ndarray:
+        """Devices that sample themselves: each client's rate by the device's rule on its group's accounts
+        (``SampledMechanism.rates``), and its L2 bound, the full clip or nothing (grid units)."""
+        e, rates = self.engine, np.zeros(len(clients))
+        groups = e.group[clients]
+        for g in range(len(e.filters)):
+            if (at := groups == g).any():
+                rates[at] = self._sampler().rates(RowsAccount(e, clients[at], g))
+        self.rates = {int(c): float(r) for c, r in zip(clients, rates)}
+        bound = sampled_bound(rates, clip=self.mechanism.clip, exhausted_below=e.config.exhausted_below)
+        return bound / self.grid.gamma
 
     def _exhausted(self, l2_allow: np.ndarray) -> np.ndarray:
         cfg, m = self.engine.config, self.mechanism  # the device's rule on SkellamMechanism.allowance
@@ -302,6 +325,8 @@ class DistributedPlacement:
         allow_active = l2_allow[~out]
         dim, per_client = layout.dim, cfg.noise_draw == "per-client"
         total = np.zeros(dim, dtype=np.int64)
+        sampling = bool(cfg.planned_asks)
+        kept = np.zeros(len(active), dtype=bool)
         for a in range(0, len(active), cfg.chunk_size):
             chunk = active[a : a + cfg.chunk_size]
             updates = e._updates(chunk)
@@ -317,14 +342,22 @@ class DistributedPlacement:
                 mechanism = replace(
                     self.mechanism, l2_allow=float(allow_active[a + j]), clipped=vectorised, charge_at_bound=at_bound
                 )
+                if sampling:  # the rate l2_allowance computed, by the device's rule
+                    mechanism = self._sampler(self.rates[int(c)])
+                    mechanism.inner = replace(mechanism.inner, l2_allow=float(allow_active[a + j]), clipped=vectorised)
                 account = RowsAccount(e, np.array([c]), int(e.group[c]))
 
-                def report(record, payload, c=c):
-                    """After the commit: the client's report, ``k`` and (per-client draws) its own
-                    ``Sk(mu_share)``, added to the integer sum; the payload goes back unchanged."""
+                def report(record, payload, c=c, row=a + j):
+                    """After the commit: the client's report, ``k`` (times its coin when it samples itself)
+                    and (per-client draws) its own ``Sk(mu_share)``, added to the integer sum; the payload
+                    goes back unchanged."""
                     k = payload.k
+                    stream = client_noise_stream(cfg.seed, int(c), cfg.run_id, round_id)
+                    if sampling:  # the device's coin: the first word of its stream (mechanisms.sampled.noise)
+                        keep = coin(stream, self.rates[int(c)])
+                        kept[row] = bool(keep)
+                        k = [x * keep for x in k]
                     if per_client:
-                        stream = client_noise_stream(cfg.seed, int(c), cfg.run_id, round_id)
                         k = per_client_noisy(k, self.params.mu_share, stream)
                     total[:] += np.concatenate([np.ravel(x) for x in k])
                     return payload
@@ -342,6 +375,8 @@ class DistributedPlacement:
             zeros = np.zeros(dim, dtype=np.int64)
             for c in reporting:
                 stream = client_noise_stream(cfg.seed, int(c), cfg.run_id, round_id)
+                if sampling:  # its coin's word, drawn on the device whatever it is
+                    stream.uint64(1)
                 y = per_client_noisy(layout.views(zeros), self.params.mu_share, stream)
                 total += np.concatenate([np.ravel(x) for x in y])
         elif n:
@@ -350,7 +385,8 @@ class DistributedPlacement:
         mean = None
         if n >= reports_needed("distributed", cfg.min_reports) and self.unmasks(clients, active, reporting, round_id):
             # SecAgg+ is set up for the clients asked (q = quantization_range(len(clients))).
-            mean = wrap_centred(total, self.params.q).astype(np.float64) * self.params.gamma / n
+            mean = wrap_centred(total, self.params.q).astype(np.float64) * self.params.gamma / e.divisor(n)
+        self.kept = kept if sampling else None
         return DistributedOutcome(out, active, reporting, mean)
 
     def unmasks(self, clients: np.ndarray, active: np.ndarray, reporting: np.ndarray, round_id: int) -> bool:

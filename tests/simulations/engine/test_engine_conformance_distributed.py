@@ -56,7 +56,7 @@ TRAIN = {
 }
 
 
-def flower_reference(tmp_path, run_quota: float = 1.0, adaptive=None):
+def flower_reference(tmp_path, run_quota: float = 1.0, adaptive=None, sampling=None, order=None, after=AFTER):
     torch.set_num_threads(1)
     torch.manual_seed(SEED)
     # Flower's SecAgg+ workflow shuffles the nodes into its ring with Python's global generator, and
@@ -77,8 +77,9 @@ def flower_reference(tmp_path, run_quota: float = 1.0, adaptive=None):
             "worst-case-epsilon": WORST[k],
             "budget-delta": 1e-5,
             "filter": "rdp",
+            **({} if order is None else {"rdp-order": order[k]}),
             "run-quota": run_quota,
-            "after-exhaustion": AFTER[k],
+            "after-exhaustion": after[k],
             "noise-seed": client_noise_seed(SEED, k),
             "reply-hold-s": 0,
         }
@@ -95,6 +96,7 @@ def flower_reference(tmp_path, run_quota: float = 1.0, adaptive=None):
         min_reports=M,
         run_name=RUN,
         adaptive_clipping=adaptive,
+        **(sampling or {}),
     )
     seen = []
 
@@ -177,6 +179,59 @@ def test_engine_matches_the_flower_secagg_path_bitwise(tmp_path, monkeypatch, ru
     # reports_seen counts the masked reports sent, released or not.)
     assert [(r.reports_seen if r.released else 0, r.released) for r in result.rounds] == [c for c, _ in seen]
     # The model: the integer sum is exact, so the released mean and the step are the coordinator's.
+    _, final = seen[-1]
+    for a, b in zip(result.weights, final):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_engine_matches_the_flower_secagg_path_bitwise_when_devices_sample_themselves(tmp_path, monkeypatch):
+    """Devices that sample themselves under SecAgg+: the same rates, charges in both accounts, coins and
+    Skellam shares as the Flower path's, so the same integer sums and the same model."""
+    for name, value in (("_run_id", 1), ("_node_id", 1), ("_task_id", 1)):
+        monkeypatch.setattr(TaskIdentity, name, value)
+    from fedfilter.planning.sampled_rounds import enrolment_order
+
+    # Every spent device reports its share alone (a device that left would halt this small SecAgg+ graph).
+    sampling, after = {"planned_asks": 12, "expected_rate": 0.5}, ["noise-only"] * N
+    orders = {e: float(enrolment_order(epsilon=e, delta=1e-5, noise_multiplier=Z, asks=12)) for e in set(EPSILONS)}
+    order = [orders[e] for e in EPSILONS]  # each owner enrols at its plan's order (rdp_order="plan" below)
+    states, run_states, worst_states, statuses, seen = flower_reference(
+        tmp_path, sampling=sampling, order=order, after=after
+    )
+    result = run_engine(
+        EngineConfig(
+            task="digits",
+            num_clients=N,
+            epsilon=EPSILONS,
+            worst_case_epsilon=WORST,
+            delta=1e-5,
+            filter_kind="rdp",
+            rdp_order="plan",
+            noise_multiplier=Z,
+            clip=CLIP,
+            placement="distributed",
+            min_reports=M,
+            after_exhaustion=after,
+            rounds=ROUNDS,
+            local_epochs=1,
+            lr=0.5,
+            batch_size=32,
+            seed=SEED,
+            run_id=RUN,
+            noise_draw="per-client",
+            secagg_graph="sparse",
+            group_by="none",
+            torch_threads=1,
+            **sampling,
+        )
+    )
+    assert result.state.tobytes() == states.tobytes()
+    assert result.run_state.tobytes() == run_states.tobytes()
+    assert result.worst_state is not None and result.worst_state.tobytes() == worst_states.tobytes()
+    kept = sum(r.kept for r in result.rounds)
+    assert 0 < kept < sum(r.contributing for r in result.rounds)  # some coins kept, some dropped
+    assert sum(r.released for r in result.rounds) >= 2
+    assert [(r.reports_seen if r.released else 0, r.released) for r in result.rounds] == [c for c, _ in seen]
     _, final = seen[-1]
     for a, b in zip(result.weights, final):
         np.testing.assert_array_equal(a, b)
