@@ -109,12 +109,13 @@ def _enrol(args: argparse.Namespace) -> int:
         quotas=Quotas(),
         recover=args.recover,
         worst_case_epsilon=args.worst_case_epsilon,
+        orders=None if args.rdp_order is None else [args.rdp_order],
     )
     note = f" (recovered: {args.recover})" if args.recover else ""
     worst = "" if args.worst_case_epsilon is None else f" {SETTING}={args.worst_case_epsilon:g}"
     print(
         f"enrolled {ledger.enrolment.client_id}: epsilon={args.epsilon:g} delta={args.delta:g}{worst} "
-        f"filter={args.filter} in {args.dir}{note}"
+        f"filter={args.filter}{'' if args.rdp_order is None else f' at order {args.rdp_order:g}'} in {args.dir}{note}"
     )
     ledger.close()
     return 0
@@ -223,6 +224,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         default="gdp",
         help="the privacy filter: gdp (Gaussian DP, the most rounds), zcdp, or rdp (Renyi; distributed "
         "noise needs it) (default %(default)s)",
+    )
+    enrol.add_argument(
+        "--rdp-order",
+        type=float,
+        default=None,
+        help="rdp only: the one Renyi order the filter is held at, for a device that samples itself (the "
+        "order `fedfilter rounds --sampling-rate` prints for its plan; default: the budget's best for Gaussian rounds)",
     )
     enrol.add_argument("--run-quota", type=float, default=1.0, help="share of the budget one run may spend")
     enrol.add_argument(

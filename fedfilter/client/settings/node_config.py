@@ -183,6 +183,7 @@ class DeviceConfig:
                 ("budget-epsilon", e.epsilon, self.budget_epsilon),
                 ("budget-delta", e.delta, self.budget_delta),
                 ("run-quota", e.run_quota, self.run_quota),
+                ("rdp-order", e.orders, None if self.rdp_order is None else (float(self.rdp_order),)),
             )
             # A key the node-config leaves out of client-id is not compared: its default is the enrolment.
             diffs = [(n, a, b) for n, a, b in pairs if b is not None and a != b]
