@@ -105,7 +105,14 @@ def check_worst_case_epsilon(worst_case_epsilon, epsilon) -> float:
 
 
 def worst_case_filter(main: GaussianFilter, worst_case_epsilon: float) -> GaussianFilter:
-    """The worst-case account's filter: the main filter's kind, delta and orders at ``worst_case_epsilon``.
+    """The worst-case account's filter: the main filter's kind and delta at ``worst_case_epsilon``, at the
+    default orders (for rdp: the best for its own budget).
+
+    Not at the main filter's orders: a device that samples itself holds its main filter at one order
+    fixed for its rate (``rdp-order``), often 10 or more, where a budget as large as a worst-case one
+    (``min-reports`` times the main budget, say) buys almost nothing; the worst-case account reads
+    one report alone, whose noise is small, so sampling gains it little and its own order serves it
+    best. The two accounts are separate filters, each valid at its own order.
 
     Parameters
     ----------
@@ -124,7 +131,7 @@ def worst_case_filter(main: GaussianFilter, worst_case_epsilon: float) -> Gaussi
     >>> worst_case_filter(make_filter("gdp", 4.0, 1e-5), 8.0)
     GaussianFilter(kind='gdp', epsilon=8.0, delta=1e-05, orders=())
     """
-    return make_filter(main.kind, float(worst_case_epsilon), main.delta, main.orders or None)
+    return make_filter(main.kind, float(worst_case_epsilon), main.delta)
 
 
 def require_worst_case(worst: GaussianFilter | None) -> GaussianFilter:

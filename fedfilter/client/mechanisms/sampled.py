@@ -47,7 +47,7 @@ from fedfilter.client.mechanisms.skellam import SkellamMechanism, SkellamPayload
 from fedfilter.client.mechanisms.spend import Account
 from fedfilter.privacy.filters import GaussianFilter
 from fedfilter.privacy.sampling_rate import sampled_bound, spread_rate
-from fedfilter.privacy.skellam import l1_cap
+from fedfilter.privacy.skellam import l1_cap, skellam_charge
 from fedfilter.privacy.subsampled import sampled_gaussian_charge, sampled_skellam_charge, sampling_order
 
 __all__ = ["SampledMechanism", "coin", "self_sampling"]
@@ -204,12 +204,9 @@ class SampledMechanism:
     # --- the accounts this round is charged to --------------------------------------------------------
 
     def _samples(self, account: Account) -> bool:
-        parts = [acc for _, acc in _parts(account)]
-        return all(
-            sampling_order(acc.filter) is not None
-            and (acc.worst_filter is None or sampling_order(acc.worst_filter) is not None)
-            for acc in parts
-        )
+        # The main filter must account a subsampled release; the worst-case account is charged the
+        # unsampled release where its order cannot (``_charge``).
+        return all(sampling_order(acc.filter) is not None for _, acc in _parts(account))
 
     def _stds(self) -> tuple[tuple[float, Any], tuple[float, Any]]:
         """``(std, mu)`` the main account is charged at (the released sum's), and the worst-case one's."""
@@ -219,8 +216,19 @@ class SampledMechanism:
         return (inner.accounted_std, None), (inner.added_std, None)
 
     def _charge(self, filt: GaussianFilter, rate, std: float, mu, l1, l2, norm) -> np.ndarray:
+        """The charge to ``filt`` at ``rate``: the subsampled curve at its order, or, at an order the
+        subsampled curves do not reach (the worst-case account's own best may be below 2), the unsampled
+        release's charge, whatever the rate: an upper bound (the subsampled pair is a mixture of the
+        unsampled one and equal laws; the Rényi divergence is jointly quasi-convex)."""
+        plain = sampling_order(filt) is None
         if isinstance(self.inner, SkellamMechanism):
+            if plain:
+                out = skellam_charge(filt, l1, l2, mu)
+                return np.broadcast_to(out, np.broadcast_shapes(np.shape(out), (*np.shape(rate), 1)))
             return sampled_skellam_charge(filt, rate=rate, l1=l1, l2=l2, mu_total=mu)
+        if plain:
+            out = filt.charge(sensitivity=norm, noise_std=std)
+            return np.broadcast_to(out, np.broadcast_shapes(np.shape(out), (*np.shape(rate), 1)))
         return sampled_gaussian_charge(filt, rate=rate, sensitivity=norm, noise_std=std)
 
     def _accounts(self, acc: Account) -> list[tuple[GaussianFilter, float, Any, Any]]:

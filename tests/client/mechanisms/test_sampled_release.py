@@ -22,7 +22,8 @@ from fedfilter.client.release import FilteredClient, release
 from fedfilter.client.settings.policy import ClientPolicy
 from fedfilter.planning.sampled_rounds import rate_for_budget
 from fedfilter.privacy.filters import make_filter
-from fedfilter.privacy.subsampled import sampled_gaussian_charge, sampled_skellam_charge
+from fedfilter.privacy.skellam import skellam_charge
+from fedfilter.privacy.subsampled import sampled_gaussian_charge, sampled_skellam_charge, sampling_order
 from fedfilter.protocol.request import RoundSpec, request_problems
 from fedfilter.protocol.secagg.grid import secaggplus_settings
 from fedfilter.protocol.wire import ARRAYS_RECORD, STATUS_RECORD, request_record, round_spec_from_record
@@ -172,7 +173,7 @@ def test_a_filter_that_cannot_account_it_does_not_sample_and_is_charged_as_befor
 
 
 # --- distributed placement -------------------------------------------------------------------------
-def test_a_skellam_release_is_charged_the_subsampled_bound_in_both_accounts_whatever_the_coin(tmp_path):
+def test_a_skellam_release_is_charged_the_subsampled_bound_and_the_worst_case_its_own_whatever_the_coin(tmp_path):
     n = 10
     request = RoundSpec(RUN, 0, 1.0, 1.0, placement="distributed", min_reports=5, planned_asks=40)
     grid = skellam_grid(request, target_range=secaggplus_settings(n)["quantization_range"], sample_num=n)
@@ -187,7 +188,11 @@ def test_a_skellam_release_is_charged_the_subsampled_bound_in_both_accounts_what
         worst = ledger.records()[0].worst_charge
         payload, _ = m.inner.clip_and_snap(m.inner.check(update, ledger.filter), 1.0)
         want_main = sampled_skellam_charge(ledger.filter, rate=m.rate, l1=payload.l1, l2=payload.l2, mu_total=grid.mu_total)
-        want_worst = sampled_skellam_charge(ledger.worst_filter, rate=m.rate, l1=payload.l1, l2=payload.l2, mu_total=grid.mu_share)
+        worst_filter = ledger.worst_filter
+        # The worst-case account keeps its own best order (worst_case_filter): below 2 for a budget of
+        # 1000, where it is charged the unsampled release, an upper bound.
+        assert sampling_order(worst_filter) is None
+        want_worst = skellam_charge(worst_filter, payload.l1, payload.l2, grid.mu_share)
         assert np.array_equal(rel.charge, want_main) and np.array_equal(worst, want_worst)
         assert 0 < m.rate < 1
         out.append((rel, worst, [(a.dtype, a.shape) for a in rel.arrays]))
@@ -243,3 +248,21 @@ def test_the_coin_leaves_no_trace_in_the_reply_its_bytes_or_its_time(tmp_path):
     # so the means' std is 1 / sqrt(2050) each).
     mean = [np.concatenate([x.numpy().ravel() for x in r.content[ARRAYS_RECORD].values()]).mean() for r in replies]
     assert mean[0] - mean[1] == pytest.approx(1 / np.sqrt(2050), abs=5 * np.sqrt(2 / 2050))
+
+
+def test_a_worst_case_account_at_a_sampling_order_is_charged_the_subsampled_bound_too(tmp_path):
+    # worst-case-epsilon 8 keeps its best order above 2: the subsampled bound applies to it as well.
+    request = RoundSpec(RUN, 0, 1.0, 1.0, placement="distributed", min_reports=2, planned_asks=40)
+    grid = skellam_grid(request, target_range=secaggplus_settings(4)["quantization_range"], sample_num=4)
+    update = [np.full(20, 0.5, np.float32)]
+    ledger = enrol(tmp_path, epsilon=4.0, order=6.0, worst=8.0)
+    assert sampling_order(ledger.worst_filter) is not None
+    m = self_sampling(request, ClientPolicy(allow_distributed=True), lambda a: SkellamMechanism.for_update(request, grid, a))(update)
+    release(ledger, m, update, run_id=RUN, round_id=0, exhausted_below=1e-3, after_exhaustion="noise-only", stream=NoiseStream())
+    payload, _ = m.inner.clip_and_snap(m.inner.check(update, ledger.filter), 1.0)
+    rec = ledger.records()[0]
+    assert rec.status == "contributed" and 0 < m.rate < 1
+    want = sampled_skellam_charge(ledger.worst_filter, rate=m.rate, l1=payload.l1, l2=payload.l2, mu_total=grid.mu_share)
+    assert np.array_equal(rec.worst_charge, want)
+    assert ledger.worst_state()[0] <= ledger.worst_filter.budget[0]
+    ledger.close()
