@@ -44,6 +44,15 @@ per-device ``(epsilon, delta)``, five ways:
     run (``PoissonSampledDpEvent(q, GaussianDpEvent(z))``, ``rounds`` times) within the budget: the
     amplification by sampling a server that is trusted to sample may claim. The devices' own filters
     are given budgets that never bind; the guarantee is the server's account.
+(h) ``fedfilter-sampled`` (not in the default ``--arms``): (b) with devices that sample themselves, no
+    trusted server. ``--sampled-per-round`` devices are asked each round (default all of them, in
+    balanced passes); each puts its update in its reply with the rate its own budget buys over the
+    asks the plan expects (``client/mechanisms/sampled.py``), so each round is a Poisson-subsampled
+    mechanism on the device's own coin, accounted by its own filter at its own order. The plan
+    (``fl_vs_flower_dp_plan.sampling_plan``, ``planning.sampled_rounds.plan_sampling``) takes the z with
+    the most expected signal over noise for the budgets; the coordinator divides the sum by the reports
+    times the plan's mean rate. Every asked device reports, so ``min_reports`` is the plan's for a 10 %
+    drop-out rate.
 
 Every arm averages uniformly (Flower's accountant requires equal weights; fedfilter's coordinator takes
 the plain mean) and steps with ``server_lr = 1``. Budget tiers (``--budgets tiers``): the shares of
@@ -88,6 +97,7 @@ from fl_vs_flower_dp_plan import (
     budgets,
     fedfilter_noise_multipliers,
     min_reports,
+    sampling_plan,
 )
 from fl_vs_flower_dp_presets import PRESETS, apply_preset
 
@@ -99,6 +109,7 @@ ARMS = {
     "e": "no-privacy",
     "f": "engine-central",
     "g": "trusted-amplified",
+    "h": "fedfilter-sampled",
 }
 TASKS = {
     "femnist": ("femnist", "iid"),
@@ -172,6 +183,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="(b), (c): each device's worst-case budget is this times its epsilon (default min-reports, the "
         "demo's rule); a large factor shows what the account against a coordinator that breaks SecAgg+ costs",
     )
+    p.add_argument("--sampled-per-round", type=int, default=None, help="(h): devices asked per round (default all)")
+    p.add_argument(
+        "--sampled-min-reports", type=int, default=None, help="(h): SecAgg+'s threshold (default: the plan's for 10%% drop-out)"
+    )
     p.add_argument("--clip", type=float, default=0.5)
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--local-epochs", type=int, default=None, help="default 1")
@@ -191,7 +206,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--clip-norm-lr", type=float, help="with --adaptive-clip: the clip's step (default 0.2)")
     p.add_argument("--clipped-count-stddev", type=float, help="with --adaptive-clip (default: per round / 20)")
     p.add_argument("--participation", choices=("uniform", "balanced"), help="engine arms (default uniform)")
-    p.add_argument("--arms", default="abcde", help="which of a-f to run (default a-e; f is a diagnostic)")
+    p.add_argument("--arms", default="abcde", help="which of a-h to run (default a-e; f is a diagnostic)")
     p.add_argument("--out", default=None, help="directory for results.json (checkpoint after every arm)")
     p.add_argument(
         "--checkpoint-every",
@@ -352,6 +367,7 @@ def engine_arm(
     bar,
     run_id: str = "fl-vs-flower",
     checkpoint: Path | None = None,
+    sampling: dict | None = None,
 ) -> dict[str, Any]:
     from fedfilter.deploy.devices import simulated_worst_case_epsilon
     from fedfilter.privacy.filters import rdp_order
@@ -359,10 +375,18 @@ def engine_arm(
     from fedfilter.simulations.engine import Engine, EngineConfig
 
     n, k = task.num_clients, args.clients_per_round
-    distributed = arm in ("b", "c")
+    distributed = arm in ("b", "c", "h")
     central = arm in ("f", "g")
     amplified = arm == "g"
     m = min_reports(args)
+    sampled = {}
+    if arm == "h":  # devices that sample themselves (sampling_plan)
+        if sampling is None:
+            raise RuntimeError("internal error: arm (h) without its sampling plan")
+        k, m = sampling["per_round"], sampling["min_reports"]
+        sampled = dict(
+            planned_asks=sampling["asks"], rdp_order="plan", expected_rate=sampling["expected_rate"]
+        )
     cfg = EngineConfig(
         task=task.name,
         num_clients=n,
@@ -378,7 +402,7 @@ def engine_arm(
         else None,
         accounting="worst-case" if arm == "c" else "individual",
         adaptive_clipping=adaptive_clipping(args),
-        participation="poisson" if amplified else args.participation or "uniform",
+        participation="poisson" if amplified else "balanced" if arm == "h" else args.participation or "uniform",
         rounds=args.rounds,
         fraction=k / n,
         local_epochs=args.local_epochs,
@@ -391,6 +415,7 @@ def engine_arm(
         noise_draw="aggregate",
         norms="vectorised",
         torch_threads=1,
+        **sampled,
     )
     engine = Engine(cfg, task=task)
     if engine.n_sampled != k:
@@ -435,6 +460,7 @@ def engine_arm(
         "devices": devices,
         **extra,
         **({"accountant_epsilon": amplified_epsilon(z, args.delta, args.rounds, k / n)} if amplified else {}),
+        **({"kept_per_round": [r.kept for r in res.rounds], "sampling_plan": sampling} if arm == "h" else {}),
     }
 
 
@@ -450,6 +476,7 @@ def settings(args: argparse.Namespace, task) -> dict[str, Any]:
         "plan_quantile",
         "worst_case_factor",
         *("adaptive_clip", "clip_norm_lr", "clipped_count_stddev", "participation"),
+        *("sampled_per_round", "sampled_min_reports"),
     ):  # absent: the default (keeps earlier results.json resumable)
         if getattr(args, key) is not None:
             out[key] = getattr(args, key)
@@ -537,8 +564,18 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
                     if arm == "g" and "g" not in arm_z:
                         arm_z["g"] = amplified_noise_multiplier(float(eps.min()), args.delta, args.rounds, k / n)
                         log(f"epsilon {epsilon:g} (g): z = {arm_z['g']:.4f} (dp_accounting, Poisson rate {k / n:g})")
+                    plan = None
+                    if arm == "h":
+                        plan = sampling_plan(task, args, eps)
+                        arm_z["h"] = plan["noise_multiplier"]
+                        log(
+                            f"epsilon {epsilon:g} (h): z = {arm_z['h']:g}, {plan['asks']} asks per device, rates "
+                            f"{plan['rates']} (mean {plan['expected_rate']:.3f}), min_reports {plan['min_reports']}"
+                        )
                     arm_noise = z if arm == "f" else arm_z[arm]
-                    result = engine_arm(task, args, arm=arm, z=arm_noise, eps=eps, bar=bar, checkpoint=checkpoint)
+                    result = engine_arm(
+                        task, args, arm=arm, z=arm_noise, eps=eps, bar=bar, checkpoint=checkpoint, sampling=plan
+                    )
             result["name"] = ARMS[arm]
             result["seconds"] = round(time.perf_counter() - started, 2)
             if resumed:

@@ -120,3 +120,52 @@ def amplified_epsilon(z: float, delta: float, rounds: int, rate: float) -> float
     accountant = rdp.RdpAccountant()
     accountant.compose(dp_accounting.PoissonSampledDpEvent(rate, dp_accounting.GaussianDpEvent(z)), rounds)
     return float(accountant.get_epsilon(delta))
+
+
+# --- (h): devices that sample themselves ---------------------------------------------------------------
+
+
+def sampled_per_round(task, args: argparse.Namespace) -> int:
+    """(h)'s devices asked per round (``--sampled-per-round``; default every device)."""
+    return int(args.sampled_per_round or task.num_clients)
+
+
+def sampled_min_reports(task, args: argparse.Namespace) -> int:
+    """(h)'s SecAgg+ threshold: every asked device reports (a dropped coin is a report of noise), so the
+    plan's ``min_reports`` for a 10 % drop-out rate with a 1 % abort probability (``--sampled-min-reports``)."""
+    from fedfilter.planning.dropout import min_reports_for_dropout
+
+    if args.sampled_min_reports:
+        return int(args.sampled_min_reports)
+    return max(2, min_reports_for_dropout(sampled_per_round(task, args), 0.1, 0.01)[0])
+
+
+def sampling_plan(task, args: argparse.Namespace, eps: np.ndarray) -> dict:
+    """(h)'s plan from public facts (``planning.sampled_rounds.plan_sampling``): the asks each device
+    expects (balanced passes), the z with the most expected signal over noise for the budgets' shares in
+    distributed placement, each budget's rate, and their mean (the coordinator's divisor)."""
+    from fedfilter.planning.sampled_rounds import plan_sampling
+
+    k = sampled_per_round(task, args)
+    asks = math.ceil(args.rounds * k / task.num_clients)
+    values, counts = np.unique(eps, return_counts=True)
+    dim = int(sum(p.numel() for p in task.model_fn().parameters()))
+    m = sampled_min_reports(task, args)
+    plan = plan_sampling(
+        budgets=[float(v) for v in values],
+        shares=[float(c) / len(eps) for c in counts],
+        delta=args.delta,
+        asks=asks,
+        placement="distributed",
+        clip=args.clip,
+        min_reports=m,
+        dim=dim,
+    )
+    return {
+        "noise_multiplier": plan.noise_multiplier,
+        "asks": asks,
+        "per_round": k,
+        "min_reports": m,
+        "rates": dict(zip(map(float, values), plan.rates)),
+        "expected_rate": max(plan.mean_rate, 1e-6),
+    }
