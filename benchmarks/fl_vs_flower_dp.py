@@ -45,14 +45,10 @@ per-device ``(epsilon, delta)``, five ways:
     amplification by sampling a server that is trusted to sample may claim. The devices' own filters
     are given budgets that never bind; the guarantee is the server's account.
 (h) ``fedfilter-sampled`` (not in the default ``--arms``): (b) with devices that sample themselves, no
-    trusted server. ``--sampled-per-round`` devices are asked each round (default all of them, in
-    balanced passes); each puts its update in its reply with the rate its own budget buys over the
-    asks the plan expects (``client/mechanisms/sampled.py``), so each round is a Poisson-subsampled
-    mechanism on the device's own coin, accounted by its own filter at its own order. The plan
-    (``fl_vs_flower_dp_plan.sampling_plan``, ``planning.sampled_rounds.plan_sampling``) takes the z with
-    the most expected signal over noise for the budgets; the coordinator divides the sum by the reports
-    times the plan's mean rate. Every asked device reports, so ``min_reports`` is the plan's for a 10 %
-    drop-out rate.
+    trusted server: ``--sampled-per-round`` devices asked (default all, balanced passes), each putting
+    its update in its reply with the rate its own budget buys over the plan's asks, a Poisson-subsampled
+    mechanism on its own coin, accounted by its own filter (``client/mechanisms/sampled.py``). The plan:
+    ``fl_vs_flower_dp_plan.sampling_plan``.
 
 Every arm averages uniformly (Flower's accountant requires equal weights; fedfilter's coordinator takes
 the plain mean) and steps with ``server_lr = 1``. Budget tiers (``--budgets tiers``): the shares of
@@ -97,6 +93,7 @@ from fl_vs_flower_dp_plan import (
     budgets,
     fedfilter_noise_multipliers,
     min_reports,
+    sampled_engine_settings,
     sampling_plan,
 )
 from fl_vs_flower_dp_presets import PRESETS, apply_preset
@@ -184,9 +181,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "demo's rule); a large factor shows what the account against a coordinator that breaks SecAgg+ costs",
     )
     p.add_argument("--sampled-per-round", type=int, default=None, help="(h): devices asked per round (default all)")
-    p.add_argument(
-        "--sampled-min-reports", type=int, default=None, help="(h): SecAgg+'s threshold (default: the plan's for 10%% drop-out)"
-    )
+    p.add_argument("--sampled-min-reports", type=int, help="(h): SecAgg+'s threshold (default: plan's, 10%% drop-out)")
     p.add_argument("--clip", type=float, default=0.5)
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--local-epochs", type=int, default=None, help="default 1")
@@ -379,14 +374,9 @@ def engine_arm(
     central = arm in ("f", "g")
     amplified = arm == "g"
     m = min_reports(args)
-    sampled = {}
-    if arm == "h":  # devices that sample themselves (sampling_plan)
-        if sampling is None:
-            raise RuntimeError("internal error: arm (h) without its sampling plan")
+    sampled = sampled_engine_settings(sampling) if arm == "h" else {}
+    if arm == "h":  # devices that sample themselves: the plan's devices per round and threshold
         k, m = sampling["per_round"], sampling["min_reports"]
-        sampled = dict(
-            planned_asks=sampling["asks"], rdp_order="plan", expected_rate=sampling["expected_rate"]
-        )
     cfg = EngineConfig(
         task=task.name,
         num_clients=n,
@@ -564,14 +554,10 @@ def run(args: argparse.Namespace, log=print) -> dict[str, Any]:
                     if arm == "g" and "g" not in arm_z:
                         arm_z["g"] = amplified_noise_multiplier(float(eps.min()), args.delta, args.rounds, k / n)
                         log(f"epsilon {epsilon:g} (g): z = {arm_z['g']:.4f} (dp_accounting, Poisson rate {k / n:g})")
-                    plan = None
-                    if arm == "h":
-                        plan = sampling_plan(task, args, eps)
+                    plan = sampling_plan(task, args, eps) if arm == "h" else None
+                    if plan is not None:
                         arm_z["h"] = plan["noise_multiplier"]
-                        log(
-                            f"epsilon {epsilon:g} (h): z = {arm_z['h']:g}, {plan['asks']} asks per device, rates "
-                            f"{plan['rates']} (mean {plan['expected_rate']:.3f}), min_reports {plan['min_reports']}"
-                        )
+                        log(f"epsilon {epsilon:g} (h): {plan['summary']}")
                     arm_noise = z if arm == "f" else arm_z[arm]
                     result = engine_arm(
                         task, args, arm=arm, z=arm_noise, eps=eps, bar=bar, checkpoint=checkpoint, sampling=plan

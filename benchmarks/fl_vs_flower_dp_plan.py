@@ -161,7 +161,13 @@ def sampling_plan(task, args: argparse.Namespace, eps: np.ndarray) -> dict:
         min_reports=m,
         dim=dim,
     )
+    rates = dict(zip(map(float, values), plan.rates))
+    summary = (
+        f"z = {plan.noise_multiplier:g}, {asks} asks per device, rates {rates} (mean {plan.mean_rate:.3f}), "
+        f"min_reports {m}"
+    )
     return {
+        "summary": summary,
         "noise_multiplier": plan.noise_multiplier,
         "asks": asks,
         "per_round": k,
@@ -169,3 +175,10 @@ def sampling_plan(task, args: argparse.Namespace, eps: np.ndarray) -> dict:
         "rates": dict(zip(map(float, values), plan.rates)),
         "expected_rate": max(plan.mean_rate, 1e-6),
     }
+
+
+def sampled_engine_settings(sampling: dict | None) -> dict:
+    """(h)'s ``EngineConfig`` fields from its plan: the asks, each budget's plan order, the mean rate."""
+    if sampling is None:
+        raise RuntimeError("internal error: arm (h) without its sampling plan")
+    return dict(planned_asks=sampling["asks"], rdp_order="plan", expected_rate=sampling["expected_rate"])

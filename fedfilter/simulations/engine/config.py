@@ -354,7 +354,7 @@ class EngineConfig:
         elif asks:
             needs = [
                 (self.filter_kind == "rdp", f"filter_kind 'rdp' (found {self.filter_kind!r})"),
-                (self.placement in ("local", "distributed"), f"a device's placement (found {self.placement!r})"),
+                (self.placement in PLACEMENTS, f"a device's placement (found {self.placement!r})"),
                 (self.accounting == "individual", f"individual accounting (found {self.accounting!r})"),
                 (self.adaptive_clipping is None, "a fixed clip (found adaptive clipping)"),
                 (self.norms != "fast", "norms 'device' or 'vectorised' (found 'fast': it forms only the sum)"),

@@ -707,7 +707,7 @@ class Engine:
                 )
             self.worst_state = np.array(snap["worst_state"], dtype=self.worst_state.dtype)
         self.exhausted_round = np.array(snap["exhausted_round"], dtype=np.int64)
-        if "asks_in_run" in snap:
+        if snap.get("asks_in_run") is not None:
             self.asks_in_run = np.array(snap["asks_in_run"], dtype=np.int64)
         elif self.config.planned_asks and self.round_id:
             raise ValueError("checkpoint 'asks_in_run' is missing: it predates devices that sample themselves.")
