@@ -184,6 +184,7 @@ def _strategy_plan(args: argparse.Namespace, dim: int) -> dict[str, Any]:
         clipped_count_stddev=args.clipped_count_stddev,
         seed=args.seed,
         min_reports=args.min_reports,
+        sampling=args.sampling,
     )
 
 
@@ -309,6 +310,12 @@ def add_strategy_options(p: argparse.ArgumentParser) -> None:
         help="adaptive: the noise std on the sum of the bits (default devices / 20)",
     )
     g.add_argument("--seed", type=int, default=0, help="balanced: the public seed of the passes' shuffles")
+    g.add_argument(
+        "--sampling",
+        action="store_true",
+        help="devices sample themselves (rdp filter, fixed clip): the z with the most expected signal over noise, "
+        "each budget's rate and the rdp order its owner enrols at",
+    )
 
 
 def _participation_line(part: dict[str, Any]) -> str:
@@ -369,13 +376,22 @@ def strategy_lines(st: dict[str, Any]) -> list[str]:
         f"{drop['abort_probability_target']:g}), assuming each drops out independently with probability "
         f"{drop['dropout_rate']:g}",
         f"  participation      {_participation_line(part)}",
-        f"  budget             full-clip asks a device affords at this z: {afforded} (delta {b['delta']:g}, "
+        f"  budget             full-clip asks a device affords at this z{', unsampled' if st.get('sampling') else ''}: "
+        f"{afforded} (delta {b['delta']:g}, "
         f"{st['filter']} filter); pays for the {part['asks_planned']} planned asks at epsilon {eps:g}: {pays}. "
         "Assumes each device enrolled that budget in that filter and accepts these settings; its filter stops it "
         "at its budget whatever the plan",
         f"  mean_noise_to_clip {st['mean_noise_to_clip']:.3g} (the expected noise norm of the mean of "
         f"{drop['expected_reports']:.4g} expected reports, over the clip)",
     ]
+    if (sa := st.get("sampling")) is not None:
+        tiers = "; ".join(
+            f"epsilon {e:g}: rate {q:.3g}, rdp-order {a:g}" for e, q, a in zip(sa["budgets"], sa["rates"], sa["orders"])
+        )
+        lines.append(
+            f"  sampling           planned_asks {sa['planned_asks']}, expected_rate {sa['expected_rate']:.4g} (each device "
+            f"puts its update in a reply with its own rate; {tiers}; owners enrol at that rdp-order)"
+        )
     lines += [f"  note: {n}" for n in st["notes"]]
     if st["update_noise_multiplier"] < DEFAULT_MIN_Z:
         lines.append(

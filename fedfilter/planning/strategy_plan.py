@@ -50,6 +50,7 @@ from fedfilter.planning.dropout import check_rate, expected_reports, min_reports
 from fedfilter.planning.federation import ROUNDS_COUNTED, least_affordable_noise_multiplier
 from fedfilter.planning.participation import asks_planned, balanced_asks
 from fedfilter.planning.rounds import admits_rounds, check_distributed_filter, rounds_admitted
+from fedfilter.planning.self_sampling import sampling_section
 from fedfilter.privacy.noise_norm import chi_mean
 from fedfilter.protocol.adaptive_clip import AdaptiveClipping, update_noise_multiplier
 from fedfilter.protocol.request import PLACEMENTS
@@ -200,6 +201,7 @@ def plan_strategy(
     clipped_count_stddev: float | None = None,
     seed: int = 0,
     min_reports: int | None = None,
+    sampling: bool = False,
 ) -> dict[str, Any]:
     """The strategy's settings from public facts: one JSON-able document (the module docstring says how).
 
@@ -241,6 +243,10 @@ def plan_strategy(
         The public seed of the balanced passes' shuffles.
     min_reports : int, optional
         Distributed placement: ``m`` to use instead of the one the drop-out rate chooses.
+    sampling : bool, optional
+        Devices sample themselves (``planning.self_sampling``): the z with the most expected signal
+        over noise for the budgets, each budget's rate and order, under ``"sampling"``; needs the rdp
+        filter and a fixed clip.
 
     Returns
     -------
@@ -270,7 +276,12 @@ def plan_strategy(
         raise ValueError(" ".join(problems))
     if f["clip"] is None:
         raise ValueError("clip must be given for a fixed clip (adaptive=False). Found None.")
-    kind = filter if filter is not None else ("rdp" if placement == "distributed" else "gdp")
+    kind = filter if filter is not None else ("rdp" if placement == "distributed" or sampling else "gdp")
+    if sampling and (kind != "rdp" or adaptive):
+        raise ValueError(
+            "sampling (devices that sample themselves) needs filter 'rdp' and a fixed clip. Found "
+            f"filter {kind!r}, adaptive={adaptive!r}."
+        )
     part = _participation(f)
     asks = part["asks_planned"]
     if placement == "distributed" and min_reports is not None:
@@ -290,6 +301,18 @@ def plan_strategy(
     def admits(z: float) -> bool:
         return admits_rounds(kind, rounds=asks, epsilon=epsilon, delta=delta, noise_multiplier=z, **setting)
 
+    section = None
+    if sampling:
+        section = sampling_section(
+            epsilons=f["epsilons"],
+            delta=delta,
+            asks=asks,
+            placement=placement,
+            min_reports=m,
+            dim=released,
+            noise_multipliers=None if noise_multiplier is None else [noise_multiplier],
+        )
+        noise_multiplier = section["noise_multiplier"]
     if noise_multiplier is None:
         z_least = least_affordable_noise_multiplier(epsilon=epsilon, delta=delta, rounds=asks, filter=kind, **setting)
         if z_least is None:
@@ -364,9 +387,13 @@ def plan_strategy(
             "epsilons": [float(e) for e in f["epsilons"]],
             "delta": float(delta),
             "asks_afforded": afforded,
-            "pays_for_planned_asks": afforded[f["epsilons"].index(epsilon)] >= asks,
+            # Self-sampling devices pay for every planned ask at their rate (rates above 0).
+            "pays_for_planned_asks": afforded[f["epsilons"].index(epsilon)] >= asks
+            if section is None
+            else all(q > 0 for q in section["rates"]),
         },
         "mean_noise_to_clip": mean_noise_to_clip,
+        "sampling": section,
         "notes": notes,
     }
 
@@ -394,8 +421,9 @@ def strategy_arguments(plan: Mapping[str, Any]) -> dict[str, Any]:
 
     ``fedfilter plan --json`` prints the plan under ``"strategy"``; either the whole output or that
     part is accepted. Returns ``noise_multiplier``, ``clip``, ``placement``, ``min_reports``,
-    ``adaptive_clipping`` (an ``AdaptiveClipping`` or ``None``) and ``participation`` (a dict:
-    ``mode``, ``population``, ``asks_planned``, ``seed``).
+    ``adaptive_clipping`` (an ``AdaptiveClipping`` or ``None``), ``participation`` (a dict:
+    ``mode``, ``population``, ``asks_planned``, ``seed``), and for devices that sample themselves
+    ``planned_asks`` and ``expected_rate`` (0 and 1 without).
 
     Parameters
     ----------
@@ -439,6 +467,9 @@ def strategy_arguments(plan: Mapping[str, Any]) -> dict[str, Any]:
     if not isinstance(part, Mapping) or part.get("mode") not in PARTICIPATIONS:
         found = part.get("mode") if isinstance(part, Mapping) else part
         raise ValueError(f"plan participation.mode must be one of {PARTICIPATIONS}. Found {short_repr(found)}.")
+    sampling = doc.get("sampling")
+    if sampling is not None and not (isinstance(sampling, Mapping) and {"planned_asks", "expected_rate"} <= set(sampling)):
+        raise ValueError(f"plan sampling must be null or hold planned_asks and expected_rate. Found {short_repr(sampling)}.")
     return {
         "noise_multiplier": doc["noise_multiplier"],
         "clip": doc["clip"],
@@ -446,4 +477,6 @@ def strategy_arguments(plan: Mapping[str, Any]) -> dict[str, Any]:
         "min_reports": doc["min_reports"],
         "adaptive_clipping": spec,
         "participation": {k: part.get(k) for k in ("mode", "population", "asks_planned", "seed")},
+        "planned_asks": 0 if sampling is None else sampling["planned_asks"],
+        "expected_rate": 1.0 if sampling is None else sampling["expected_rate"],
     }

@@ -16,7 +16,7 @@ from fedfilter.protocol.adaptive_clip import AdaptiveClipping
 ARGV = ["plan", "--devices", "100", "--population", "1000", "--params", "19754", "--epsilon", "4,8"]
 ARGV += ["--delta", "1e-5", "--rounds", "50", "--dropout-rate", "0.1", "--placement", "distributed"]
 FIELDS = ["format", "noise_multiplier", "update_noise_multiplier", "clip", "placement", "min_reports", "filter"]
-FIELDS += ["dim", "adaptive_clipping", "participation", "dropout", "budget", "mean_noise_to_clip", "notes"]
+FIELDS += ["dim", "adaptive_clipping", "participation", "dropout", "budget", "mean_noise_to_clip", "sampling", "notes"]
 
 
 def _json(capsys, argv):
@@ -93,3 +93,27 @@ def test_a_multiplier_devices_refuse_by_default_is_said(capsys):
     argv = ["plan", "--devices", "100", "--population", "100", "--params", "10", "--epsilon", "50", "--delta", "1e-5"]
     assert main([*argv, "--rounds", "2"]) == 0
     assert "devices refuse an update noise multiplier below their min-noise-multiplier (0.5" in capsys.readouterr().out
+
+
+def test_a_sampling_plan_gives_each_budget_its_rate_and_order_and_the_strategy_sends_the_asks(capsys, tmp_path):
+    from fedfilter.planning.sampled_rounds import enrolment_order, rate_for_budget
+
+    argv = ["plan", "--devices", "100", "--population", "1000", "--params", "1000", "--epsilon", "2,6"]
+    argv += ["--delta", "1e-5", "--rounds", "30", "--fixed-clip", "--clip", "0.5", "--noise-multiplier", "2"]
+    st = _json(capsys, [*argv, "--sampling"])["strategy"]
+    sa = st["sampling"]
+    assert st["filter"] == "rdp" and sa["planned_asks"] == st["participation"]["asks_planned"] == 3
+    assert sa["budgets"] == [2.0, 6.0] and st["noise_multiplier"] == sa["noise_multiplier"] == 2.0
+    for e, q, order in zip(sa["budgets"], sa["rates"], sa["orders"]):  # the device's own rule, recomputed
+        assert q == rate_for_budget(epsilon=e, delta=1e-5, noise_multiplier=2.0, asks=3)
+        assert order == enrolment_order(epsilon=e, delta=1e-5, noise_multiplier=2.0, asks=3)
+    assert sa["expected_rate"] == pytest.approx(sum(sa["rates"]) / 2)
+    strategy = IndividualFilterStrategy.from_plan(FedAvg(), st, run_name="r")
+    assert (strategy.planned_asks, strategy.expected_rate) == (3, sa["expected_rate"])
+    assert strategy._settings().spec("r", 1).planned_asks == 3
+    assert main([*argv, "--sampling"]) == 0
+    assert f"sampling           planned_asks 3, expected_rate {sa['expected_rate']:.4g}" in capsys.readouterr().out
+    # A plan without sampling says so; sampling with an adaptive clip is refused by name.
+    assert _json(capsys, argv)["strategy"]["sampling"] is None
+    assert main([*argv[:-5], "--sampling", "--json"]) != 0
+    assert "fixed clip" in capsys.readouterr().err
