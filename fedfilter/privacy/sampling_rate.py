@@ -7,8 +7,16 @@ over the asks its plan still expects of the run (``asks_left >= 1``) and takes t
 the owner's cap, whose full-clip charge fits every account's share (``spread_rate``; the charge grows
 with the rate, so this is ``bisection.largest_rate``, constant work). Asked as planned, a device whose
 updates reach the clip ends near its budget at the planned horizon; a larger budget buys a larger
-rate. Its norm bound is then the full clip, or nothing when ``rate * C`` is at most the owner's
-``exhausted_below`` share of ``C`` (``sampled_bound``): the device varies its rate, not its norm.
+rate. Its norm bound is then the full clip, or nothing once it is exhausted (``sampled_bound``): the
+device varies its rate, not its norm.
+
+**Exhaustion does not read the plan.** A device is exhausted when its whole room (not its share) no
+longer admits a full-clip ask at the floor rate, the owner's ``exhausted_below`` (the same fraction
+of the clip's signal the unsampled rule stops at; ``MIN_RATE`` at least); otherwise its rate is at
+least that floor. Were exhaustion read from the share, a coordinator choosing ``planned_asks`` could
+make a ``leave`` device leave or stay at will, and from which it did learn whether its budget left
+(which its data decided) was above a threshold of its choosing, round after round. As it is, the
+status depends on what the accounts hold alone, falls once and stays, as without sampling.
 
 Any rate is valid: each round is charged at its own rate (docs/derivations/amplification.md), so this
 rule decides only how a budget is spread, never whether it holds.
@@ -18,8 +26,8 @@ Examples
 One account with room for 10 full-rate rounds and 20 asks left: the largest rate whose charge (here
 ``rate**2``) fits half a full round's room:
 
->>> rate = spread_rate([(np.array(10.0), lambda q: q**2)], asks_left=20, cap=1.0, shape=())
->>> round(float(rate), 4), float(sampled_bound(rate, clip=2.0, exhausted_below=1e-3))
+>>> rate = spread_rate([(np.array(10.0), lambda q: q**2)], asks_left=20, cap=1.0, floor=1e-3, shape=())
+>>> round(float(rate), 4), float(sampled_bound(rate, clip=2.0))
 (0.7071, 2.0)
 """
 
@@ -29,7 +37,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from fedfilter.privacy.bisection import largest_rate
+from fedfilter.privacy.bisection import MIN_RATE, largest_rate
 from fedfilter.privacy.rounding import down
 
 __all__ = ["spread_rate", "sampled_bound"]
@@ -40,10 +48,12 @@ def spread_rate(
     *,
     asks_left,
     cap,
+    floor: float = MIN_RATE,
     shape: tuple[int, ...],
 ) -> np.ndarray:
     """The largest rate in ``[MIN_RATE, cap]`` whose full-clip charge fits each account's room over
-    ``asks_left`` (per row); 0 where not even ``MIN_RATE`` fits.
+    ``asks_left``, raised to ``floor`` (per row); 0 (exhausted) where the whole room does not admit
+    ``floor`` (module docstring: exhaustion does not read the plan).
 
     Parameters
     ----------
@@ -54,6 +64,8 @@ def spread_rate(
         The asks the plan still expects, >= 1 (per row).
     cap : float or numpy.ndarray
         The owner's largest rate.
+    floor : float, optional
+        The least rate worth an ask (the owner's ``exhausted_below``; at most ``cap``).
     shape : tuple of int
         The rows' shape.
 
@@ -63,26 +75,32 @@ def spread_rate(
 
     Examples
     --------
-    >>> rooms = (np.array([10.0, 1.0]), lambda q: q**2)
-    >>> spread_rate([rooms], asks_left=np.array([10, 10]), cap=1.0, shape=(2,)).round(4)
-    array([1.    , 0.3162])
+    >>> rooms = (np.array([10.0, 1.0, 1e-8]), lambda q: q**2)
+    >>> spread_rate([rooms], asks_left=np.array([10, 10, 10]), cap=1.0, floor=1e-3, shape=(3,)).round(4)
+    array([1.    , 0.3162, 0.    ])
+    >>> float(spread_rate([(np.array(1e-5), lambda q: q**2)], asks_left=1000, cap=1.0, floor=1e-3, shape=()))
+    0.001
     """
     asks = np.asarray(asks_left)
     if np.any(asks < 1):
         raise ValueError(f"asks_left must be >= 1. Found {asks_left!r}.")
-    shares = [(down(np.asarray(room, dtype=np.float64) / asks), charge) for room, charge in books]
+    rooms = [np.asarray(room, dtype=np.float64) for room, _ in books]
+    shares = [down(room / asks) for room in rooms]
+    charges = [charge for _, charge in books]
 
-    def fits(rates):
+    def fits(rates, limits=shares):
         ok = np.ones(shape, dtype=bool)
-        for share, charge in shares:
-            ok &= np.asarray(charge(rates)) <= share
+        for limit, charge in zip(limits, charges):
+            ok &= np.asarray(charge(rates)) <= limit
         return ok
 
-    return largest_rate(fits, cap, shape)
+    least = np.minimum(max(float(floor), MIN_RATE), np.asarray(cap, dtype=np.float64))
+    alive = fits(np.broadcast_to(least, shape), rooms)  # the whole room, not the share: the plan is not read
+    return np.where(alive, np.maximum(largest_rate(fits, cap, shape), least), 0.0)
 
 
-def sampled_bound(rate, *, clip, exhausted_below: float) -> np.ndarray:
-    """The round's norm bound at ``rate``: the clip, or 0 where ``rate * clip <= exhausted_below * clip``.
+def sampled_bound(rate, *, clip) -> np.ndarray:
+    """The round's norm bound at ``rate``: the clip, or 0 where the device is exhausted (rate 0).
 
     Parameters
     ----------
@@ -90,8 +108,6 @@ def sampled_bound(rate, *, clip, exhausted_below: float) -> np.ndarray:
         The round's rate (``spread_rate``).
     clip : float
         The request's ``C``.
-    exhausted_below : float
-        The owner's threshold, a fraction of the clip.
 
     Returns
     -------
@@ -99,8 +115,7 @@ def sampled_bound(rate, *, clip, exhausted_below: float) -> np.ndarray:
 
     Examples
     --------
-    >>> sampled_bound(np.array([0.5, 1e-4, 0.0]), clip=1.0, exhausted_below=1e-3)
-    array([1., 0., 0.])
+    >>> sampled_bound(np.array([0.5, 1e-3, 0.0]), clip=1.0)
+    array([1., 1., 0.])
     """
-    r = np.asarray(rate, dtype=np.float64)
-    return np.where(r * clip > exhausted_below * clip, float(clip), 0.0)
+    return np.where(np.asarray(rate, dtype=np.float64) > 0, float(clip), 0.0)

@@ -12,9 +12,10 @@ one spend template (``mechanisms/spend.py``):
    for it, at least one) and takes the largest rate, at most the owner's cap, whose full-clip charge
    fits that share in every account (constant work). Asked as planned, a device ends near its budget
    at the planned horizon; a larger budget buys a larger rate.
-2. **Its allowance.** The full clip where a rate fits; nothing (the device is exhausted,
-   ``spend.nothing_left``) where none does, or where ``q * C`` is at most the owner's
-   ``exhausted_below`` of ``C`` (``sampling_rate.sampled_bound``): the device varies its rate, not its norm.
+2. **Its allowance.** The full clip, at a rate of at least the owner's ``exhausted_below``; nothing
+   (the device is exhausted, ``spend.nothing_left``) once its whole room no longer admits that floor
+   rate (``sampling_rate``: exhaustion does not read the coordinator's ``planned_asks``, so a ``leave``
+   marker cannot be made to probe the budget): the device varies its rate, not its norm.
 3. **Its charge**, at the clipped (snapped) update's exact norms and that rate: the exact sampled
    Gaussian (``privacy.subsampled.sampled_gaussian_charge``) or Zhu and Wang's bound on subsampled
    Skellam (``sampled_skellam_charge``), at the main filter's order and, for the worst-case account,
@@ -99,7 +100,8 @@ class SampledMechanism:
     max_rate : float
         The owner's cap on the rate, in ``[MIN_RATE, 1]``.
     exhausted_below : float
-        The owner's threshold: exhausted when ``q * allowance`` is at most this fraction of the clip.
+        The owner's threshold, as a rate: the least rate worth an ask; exhausted when the room no longer
+        admits a full-clip ask at it.
     rate : float, numpy.ndarray or None
         The round's rate (one per row in an engine round), once ``allowance`` has run; the engine sets
         it beforehand for its distributed rounds (computed by the same rule).
@@ -290,7 +292,7 @@ class SampledMechanism:
                 self.rate = 1.0
                 return self.inner.allowance(account)
             self.rate = self.rates(account)
-        bound = sampled_bound(self.rate, clip=self.clip, exhausted_below=self.exhausted_below)
+        bound = sampled_bound(self.rate, clip=self.clip)
         return float(bound) if np.ndim(bound) == 0 else bound
 
     def rates(self, account: Account) -> Any:
@@ -331,7 +333,7 @@ class SampledMechanism:
             ]
             asks_left = np.maximum(int(self.planned_asks) - np.asarray(getattr(acc, "asks_in_run", 0)), 1)
             shape = np.shape(books[0][0])
-            rate = spread_rate(books, asks_left=asks_left, cap=self.max_rate, shape=shape)
+            rate = spread_rate(books, asks_left=asks_left, cap=self.max_rate, floor=self.exhausted_below, shape=shape)
             if at is None:
                 return float(rate) if np.ndim(rate) == 0 else rate
             if rates is None:

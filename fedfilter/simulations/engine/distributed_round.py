@@ -257,7 +257,7 @@ class DistributedPlacement:
             if (at := groups == g).any():
                 rates[at] = self._sampler().rates(RowsAccount(e, clients[at], g))
         self.rates = {int(c): float(r) for c, r in zip(clients, rates)}
-        bound = sampled_bound(rates, clip=self.mechanism.clip, exhausted_below=e.config.exhausted_below)
+        bound = sampled_bound(rates, clip=self.mechanism.clip)
         return bound / self.grid.gamma
 
     def _exhausted(self, l2_allow: np.ndarray) -> np.ndarray:

@@ -266,3 +266,26 @@ def test_a_worst_case_account_at_a_sampling_order_is_charged_the_subsampled_boun
     assert np.array_equal(rec.worst_charge, want)
     assert ledger.worst_state()[0] <= ledger.worst_filter.budget[0]
     ledger.close()
+
+
+def test_a_coordinators_planned_asks_cannot_make_a_device_leave_or_stay(tmp_path):
+    """Exhaustion reads the whole room, never the request's planned_asks: however many asks the
+    coordinator claims, a device with budget left contributes (at the floor rate at least), and a
+    spent one leaves whatever it claims; so a leave marker does not probe the budget."""
+    policy = ClientPolicy(after_exhaustion="leave")
+    ledger = enrol(tmp_path, epsilon=1.0, order=10.6)
+    statuses, rates = [], []
+    for r, asks in enumerate([10**6, 10**6, 1, 10**6, 1]):
+        request = RoundSpec(RUN, r, 1.1, 1.0, planned_asks=asks)
+        m = self_sampling(request, policy, lambda arrays: GaussianMechanism.for_request(request))(None)
+        rel = release(ledger, m, [np.ones(8)], run_id=RUN, round_id=r, exhausted_below=policy.exhausted_below,
+                      after_exhaustion="leave", stream=NoiseStream())
+        statuses.append(rel.status)
+        rates.append(m.rate)
+    # A million asks claimed: the floor rate, not a departure. Then one: what is left is spent at once.
+    assert statuses[:3] == ["contributed"] * 3 and rates[:2] == [policy.exhausted_below] * 2
+    assert rates[2] > 10 * policy.exhausted_below
+    # The whole room spent, the device leaves, and stays gone whatever is claimed next.
+    assert statuses[3:] == ["left", "left"]
+    assert ledger.state()[0] <= ledger.filter.budget[0]
+    ledger.close()
