@@ -302,6 +302,8 @@ class Engine:
         """
         if self._distributed is not None:
             return ~self._distributed.exhausted(clients)
+        if self.config.planned_asks:  # a self-sampling device: a rate above 0 (sampling_rate.spread_rate)
+            return np.asarray(self._gaussian_mechanism().rates(RoundRows(self, clients))) > 0
         return ~self._gaussian_out(self.uniform(clients, self.allowance(clients)))
 
     def _gaussian_out(self, allow: np.ndarray) -> np.ndarray:
@@ -437,14 +439,9 @@ class Engine:
         who contributed data, who sent pure noise, and the mean the coordinator steps with (None if
         not released)."""
         cfg, numbers = self.config, self.round_numbers()
-        added = numbers.added_std(cfg.placement, cfg.min_reports)  # central: the coordinator's one draw
-        mechanism: Any = EngineGaussian(
-            cfg.placement, numbers.noise_multiplier, numbers.clip, numbers.accounted_std, added, noise_grid(added)[0]
-        )
         if len(clients) == 0:  # a Poisson round that asked nobody: nothing to release
             return np.zeros(0, dtype=bool), clients, clients, None
-        if cfg.planned_asks:  # devices that sample themselves: the device's SampledMechanism over the rows
-            mechanism = SampledMechanism(mechanism, int(cfg.planned_asks), float(cfg.max_sampling_rate), cfg.exhausted_below)
+        mechanism = self._gaussian_mechanism()
         reports = GaussianReports(self, clients, numbers, sampled=mechanism if cfg.planned_asks else None)
         self._last_kept = reports.kept
         _, total = spend(
@@ -462,6 +459,18 @@ class Engine:
         if cfg.participation == "poisson":  # the expected count: the mean's sensitivity is C / (q N)
             return reports.out, active, reporting, total / (cfg.fraction * self.n)
         return reports.out, active, reporting, total / self.divisor(n)  # the coordinator's mean
+
+    def _gaussian_mechanism(self) -> Any:
+        """The round's Gaussian mechanism (``EngineGaussian``), behind the device's coin when devices
+        sample themselves (``SampledMechanism`` over the round's rows)."""
+        cfg, numbers = self.config, self.round_numbers()
+        added = numbers.added_std(cfg.placement, cfg.min_reports)  # central: the coordinator's one draw
+        mechanism: Any = EngineGaussian(
+            cfg.placement, numbers.noise_multiplier, numbers.clip, numbers.accounted_std, added, noise_grid(added)[0]
+        )
+        if cfg.planned_asks:
+            return SampledMechanism(mechanism, int(cfg.planned_asks), float(cfg.max_sampling_rate), cfg.exhausted_below)
+        return mechanism
 
     def divisor(self, reports: int) -> float:
         """What the coordinator divides the sum of ``reports`` by: their number, times the plan's expected

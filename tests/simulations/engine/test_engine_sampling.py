@@ -75,6 +75,7 @@ def test_a_checkpoint_keeps_the_asks_each_device_counts():
         num_clients=4, epsilon=4.0, filter_kind="rdp", rdp_order=6.0, planned_asks=4, local_epochs=1, group_by="none"
     )
     first = Engine(config)
+    assert first.has_budget(np.arange(4)).all()  # the sampled rule: a rate above 0
     first.step()
     second = Engine(config)
     second.restore(first.snapshot())
