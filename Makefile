@@ -47,10 +47,10 @@ graph: setup
 	$(BIN)/import-linter drawgraph fedfilter --show-cycle-breakers > docs/import-graph.dot
 	$(BIN)/import-linter drawgraph fedfilter.client --show-cycle-breakers > docs/import-graph-client.dot
 
-# pytest on two workers (pytest-xdist); tests marked xdist_group(name) run one after another on one worker.
+# pytest on two workers (pytest-xdist), a test file at a time per worker (--dist loadfile).
 test: lint typecheck layers docs
 	@echo "== pytest"
-	$(BIN)/python -m pytest -q -n 2 --dist loadgroup --durations=25
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=25
 
 clean:
 	rm -rf $(VENV) out .mypy_cache site

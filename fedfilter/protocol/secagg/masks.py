@@ -284,7 +284,8 @@ def use_cryptographic_masks() -> None:
     for attribute, (replacement, names) in _overrides().items():
         original = _originals.get((names[0], attribute), getattr(modules[names[0]], attribute))
         targets = [modules[name] for name in names]
-        for name, module in list(sys.modules.items()):
+        # A copy in one call: a thread importing meanwhile (a simulation's) changes sys.modules.
+        for name, module in sys.modules.copy().items():
             if (
                 attribute in _SWEPT
                 and name.startswith("flwr")

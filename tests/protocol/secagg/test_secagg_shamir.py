@@ -18,6 +18,7 @@ from flwr.common.secure_aggregation.crypto import shamir as flower_shamir
 from flwr.supercore.primitives.asymmetric import generate_key_pairs, private_key_to_bytes
 
 from fedfilter.protocol.secagg import shamir as secagg_shamir
+from fedfilter.protocol.secagg.masks import cryptographic_masks_installed, restore, use_cryptographic_masks
 from fedfilter.protocol.secagg.shamir import MAGIC, PRIME, combine_shares, create_shares
 
 _HEADER = 12
@@ -140,7 +141,18 @@ def test_fewer_than_threshold_shares_are_uniform_whatever_the_secret(p, t, xs):
         assert len(counts) == p ** len(xs) and set(counts.values()) == {p ** (t - 1 - len(xs))}
 
 
-def test_mixing_with_flowers_sharing_fails_loudly_both_ways():
+@pytest.fixture
+def flowers_own_sharing():
+    """Flower's own Shamir functions for the test: a test that ran before on this worker may have installed
+    fedfilter's override process-wide (it replaces them inside flwr), so it is lifted, then put back."""
+    was = cryptographic_masks_installed()
+    restore()
+    yield
+    if was:
+        use_cryptographic_masks()
+
+
+def test_mixing_with_flowers_sharing_fails_loudly_both_ways(flowers_own_sharing):
     secret = os.urandom(32)
     ours = create_shares(secret, 3, 5)
     theirs = flower_shamir.create_shares(secret, 3, 5)
