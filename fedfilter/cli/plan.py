@@ -389,8 +389,8 @@ def strategy_lines(st: dict[str, Any]) -> list[str]:
             f"epsilon {e:g}: rate {q:.3g}, rdp-order {a:g}" for e, q, a in zip(sa["budgets"], sa["rates"], sa["orders"])
         )
         lines.append(
-            f"  sampling           planned_asks {sa['planned_asks']}, expected_rate {sa['expected_rate']:.4g} (each device "
-            f"puts its update in a reply with its own rate; {tiers}; owners enrol at that rdp-order)"
+            f"  sampling           planned_asks {sa['planned_asks']}, expected_rate {sa['expected_rate']:.4g} "
+            f"(each device puts its update in a reply with its own rate; {tiers}; owners enrol at that rdp-order)"
         )
     lines += [f"  note: {n}" for n in st["notes"]]
     if st["update_noise_multiplier"] < DEFAULT_MIN_Z:

@@ -295,7 +295,9 @@ def rate_for_budget(
     return float(largest_rate(fits, cap, ()))
 
 
-def enrolment_order(*, epsilon: float, delta: float, noise_multiplier: float, asks: int, cap: float = 1.0) -> int | float:
+def enrolment_order(
+    *, epsilon: float, delta: float, noise_multiplier: float, asks: int, cap: float = 1.0
+) -> int | float:
     """The one order a device that samples itself enrols its rdp filter at (node-config ``rdp-order``):
     ``order_for_rate`` at the rate its budget buys over the plan's asks (``rate_for_budget``; the
     smallest rate where not even that fits). Public numbers only, fixed before the first charge.

@@ -468,8 +468,12 @@ def strategy_arguments(plan: Mapping[str, Any]) -> dict[str, Any]:
         found = part.get("mode") if isinstance(part, Mapping) else part
         raise ValueError(f"plan participation.mode must be one of {PARTICIPATIONS}. Found {short_repr(found)}.")
     sampling = doc.get("sampling")
-    if sampling is not None and not (isinstance(sampling, Mapping) and {"planned_asks", "expected_rate"} <= set(sampling)):
-        raise ValueError(f"plan sampling must be null or hold planned_asks and expected_rate. Found {short_repr(sampling)}.")
+    if sampling is not None and not (
+        isinstance(sampling, Mapping) and {"planned_asks", "expected_rate"} <= set(sampling)
+    ):
+        raise ValueError(
+            f"plan sampling must be null or hold planned_asks and expected_rate. Found {short_repr(sampling)}."
+        )
     return {
         "noise_multiplier": doc["noise_multiplier"],
         "clip": doc["clip"],

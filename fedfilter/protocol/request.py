@@ -170,7 +170,8 @@ def request_problems(spec: RoundSpec, *, max_min_reports: int | None = None) -> 
         )
     if not int_in(spec.planned_asks, 0, MAX_PLANNED_ASKS):
         problems.append(
-            f"planned_asks must be an integer in [0, {MAX_PLANNED_ASKS}] (0: no plan). Found {short_repr(spec.planned_asks)}."
+            f"planned_asks must be an integer in [0, {MAX_PLANNED_ASKS}] (0: no plan). "
+            f"Found {short_repr(spec.planned_asks)}."
         )
     elif spec.planned_asks and sigma_b:
         # The clip bit would be dropped with the update by the device's coin, and the coordinator's

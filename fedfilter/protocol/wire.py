@@ -189,7 +189,10 @@ def request_proto(spec: RoundSpec, *, local_epochs: int = 0, learning_rate: floa
     placement = fedfilter_pb2.DISTRIBUTED if spec.placement == "distributed" else fedfilter_pb2.LOCAL
     fields = {field: getattr(spec, field) for field, _ in REQUEST_FIELDS.values()}
     fields.update(
-        {field: (float if float in kinds else kinds[0])(getattr(spec, field)) for field, kinds, _ in OPTIONAL_REQUEST_FIELDS.values()}
+        {
+            field: (float if float in kinds else kinds[0])(getattr(spec, field))
+            for field, kinds, _ in OPTIONAL_REQUEST_FIELDS.values()
+        }
     )
     return fedfilter_pb2.RoundRequest(
         **{**fields, "placement": placement}, local_epochs=local_epochs, learning_rate=learning_rate

@@ -38,7 +38,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -337,7 +337,7 @@ class SampledMechanism:
             if at is None:
                 return float(rate) if np.ndim(rate) == 0 else rate
             if rates is None:
-                rates = np.zeros(len(account.rows))
+                rates = np.zeros(len(cast(Any, account).rows))  # an engine round (RoundRows)
             rates[at] = rate
         return rates
 
@@ -411,7 +411,7 @@ class SampledMechanism:
             alone = None if worst is None else self._charge(worst, self.rate, worst_std, worst_mu, l1, l2, sensitivity)
             return main, alone
         sens, rates = np.asarray(sensitivity, dtype=np.float64), np.asarray(self.rate)
-        charge = np.zeros((len(account.rows), 1))
+        charge = np.zeros((len(cast(Any, account).rows), 1))  # an engine round (RoundRows)
         for at, acc in parts:  # an engine round's rows: each group's own filter (no worst-case account)
             charge[at] = self._charge(acc.filter, rates[at], main_std, main_mu, l1, l2, sens[at])
         return charge, None
@@ -480,7 +480,9 @@ def self_sampling(spec, policy, for_arrays):
         return for_arrays
 
     def sampled(arrays):
-        return SampledMechanism(for_arrays(arrays), int(spec.planned_asks), policy.max_sampling_rate, policy.exhausted_below)
+        return SampledMechanism(
+            for_arrays(arrays), int(spec.planned_asks), policy.max_sampling_rate, policy.exhausted_below
+        )
 
     return sampled
 

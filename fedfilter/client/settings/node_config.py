@@ -328,7 +328,9 @@ def device_config(node_config: Mapping[str, Any]) -> DeviceConfig:
     filter_kind = str(node_config.get("filter", "gdp"))
     rdp_order = get("rdp-order", _as_float, None)
     if rdp_order is not None and (filter_kind != "rdp" or not (math.isfinite(rdp_order) and rdp_order > 1)):
-        problems.append(f"node-config 'rdp-order' needs filter 'rdp' and an order > 1. Found {node_config['rdp-order']!r}.")
+        problems.append(
+            f"node-config 'rdp-order' needs filter 'rdp' and an order > 1. Found {node_config['rdp-order']!r}."
+        )
         rdp_order = None
     max_rate = get("max-sampling-rate", _as_float, ClientPolicy.max_sampling_rate)
     run_quota = get("run-quota", _as_float, 1.0)

@@ -128,7 +128,9 @@ class ClientPolicy:
             problems.append(f"exhausted_below must be in [0, 1). Found {self.exhausted_below!r}.")
         rate = finite(self.max_sampling_rate)
         if rate is None or not MIN_RATE <= rate <= 1:
-            problems.append(f"max_sampling_rate must be in [{MIN_RATE}, 1]. Found {short_repr(self.max_sampling_rate)}.")
+            problems.append(
+                f"max_sampling_rate must be in [{MIN_RATE}, 1]. Found {short_repr(self.max_sampling_rate)}."
+            )
         if problems:
             raise ValueError(" ".join(problems))
 

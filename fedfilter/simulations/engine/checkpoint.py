@@ -14,7 +14,10 @@ from pathlib import Path
 import numpy as np
 
 _ARRAYS = ("state", "run_state", "exhausted_round", "graph_rounds")
-_OPTIONAL_ARRAYS = ("worst_state", "asks_in_run")  # worst_state: None in local placement; asks_in_run: older checkpoints lack it
+_OPTIONAL_ARRAYS = (
+    "worst_state",
+    "asks_in_run",
+)  # worst_state: None in local placement; asks_in_run: older checkpoints lack it
 
 
 def save_checkpoint(path: str | Path, snapshot: dict, meta: dict) -> None:

@@ -337,7 +337,8 @@ class EngineConfig:
         out = []
         order = self.rdp_order
         if order is not None and not (
-            order == "plan" or (isinstance(order, (int, float)) and not isinstance(order, bool) and math.isfinite(order) and order > 1)
+            order == "plan"
+            or (isinstance(order, (int, float)) and not isinstance(order, bool) and math.isfinite(order) and order > 1)
         ):
             out.append(f"rdp_order must be None, 'plan' or an order > 1. Found {short_repr(order)}.")
         elif order is not None and self.filter_kind != "rdp":

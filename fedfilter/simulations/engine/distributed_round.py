@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
@@ -244,9 +245,10 @@ class DistributedPlacement:
                 out[at] = np.asarray(allow, dtype=np.float64).reshape(np.shape(a_gauss[at]))
         return out
 
-    def _sampler(self, rate=None) -> SampledMechanism:
+    def _sampler(self, rate=None, inner: EngineSkellam | None = None) -> SampledMechanism:
         cfg = self.engine.config
-        return SampledMechanism(self.mechanism, int(cfg.planned_asks), float(cfg.max_sampling_rate), cfg.exhausted_below, rate)
+        base = self.mechanism if inner is None else inner
+        return SampledMechanism(base, int(cfg.planned_asks), float(cfg.max_sampling_rate), cfg.exhausted_below, rate)
 
     def _sampled_l2(self, clients: np.ndarray) -> np.ndarray:
         """Devices that sample themselves: each client's rate by the device's rule on its group's accounts
@@ -339,12 +341,11 @@ class DistributedPlacement:
                 bounds = np.asarray(allow_active[a : a + len(chunk)], dtype=np.float64) * self.grid.gamma * CLIP_SLACK
                 clip_rows(updates, bounds)
             for j, c in enumerate(chunk):
-                mechanism = replace(
+                mechanism: Any = replace(
                     self.mechanism, l2_allow=float(allow_active[a + j]), clipped=vectorised, charge_at_bound=at_bound
                 )
-                if sampling:  # the rate l2_allowance computed, by the device's rule
-                    mechanism = self._sampler(self.rates[int(c)])
-                    mechanism.inner = replace(mechanism.inner, l2_allow=float(allow_active[a + j]), clipped=vectorised)
+                if sampling:  # behind the coin, at the rate l2_allowance computed by the device's rule
+                    mechanism = self._sampler(self.rates[int(c)], inner=mechanism)
                 account = RowsAccount(e, np.array([c]), int(e.group[c]))
 
                 def report(record, payload, c=c, row=a + j):

@@ -137,7 +137,10 @@ class GaussianReports:
             e, cfg = self.engine, self.engine.config
             rates = np.broadcast_to(np.asarray(self.sampled.rate, dtype=np.float64), out.shape)[~out]
             keep = np.array(
-                [bool(coin(client_noise_stream(cfg.seed, int(c), cfg.run_id, e.round_id), float(r))) for c, r in zip(active, rates)],
+                [
+                    bool(coin(client_noise_stream(cfg.seed, int(c), cfg.run_id, e.round_id), float(r)))
+                    for c, r in zip(active, rates)
+                ],
                 dtype=bool,
             )
         self.kept[:] = False

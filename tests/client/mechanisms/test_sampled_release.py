@@ -10,7 +10,6 @@ import time
 import numpy as np
 import pytest
 from helpers.mods import Handler, context, records, spec, train_message
-from helpers.skellam_release import release_skellam
 
 from fedfilter.client.filter_mod import individual_filter_mod
 from fedfilter.client.ledger.budget import BudgetLedger
@@ -21,7 +20,6 @@ from fedfilter.client.mechanisms.skellam import SkellamMechanism, skellam_grid
 from fedfilter.client.release import FilteredClient, release
 from fedfilter.client.settings.policy import ClientPolicy
 from fedfilter.planning.sampled_rounds import rate_for_budget
-from fedfilter.privacy.filters import make_filter
 from fedfilter.privacy.skellam import skellam_charge
 from fedfilter.privacy.subsampled import sampled_gaussian_charge, sampled_skellam_charge, sampling_order
 from fedfilter.protocol.request import RoundSpec, request_problems
@@ -71,8 +69,16 @@ def test_the_charge_is_the_sampled_gaussian_at_the_filter_order_whatever_the_coi
     rels = []
     for client, m, seed in zip((first, second), mechanisms, (kept, dropped)):
         rels.append(
-            release(client.ledger, m, update, run_id=RUN, round_id=0, exhausted_below=1e-3,
-                    after_exhaustion="noise-only", stream=round_noise_stream(seed, RUN, 0))
+            release(
+                client.ledger,
+                m,
+                update,
+                run_id=RUN,
+                round_id=0,
+                exhausted_below=1e-3,
+                after_exhaustion="noise-only",
+                stream=round_noise_stream(seed, RUN, 0),
+            )
         )
     a, b = rels
     # The same charge, state and status whichever way the coin fell.
@@ -123,8 +129,16 @@ def test_a_device_asked_as_planned_spends_its_budget_and_asked_more_never_oversp
         request = RoundSpec(RUN, r, z, 1.0, planned_asks=asks)
         m = self_sampling(request, client.policy, lambda arrays: GaussianMechanism.for_request(request))
         mechanism = m(None)
-        rel = release(ledger, mechanism, [rng.normal(size=30) * 3], run_id=RUN, round_id=r,
-                      exhausted_below=1e-3, after_exhaustion="noise-only", stream=round_noise_stream(3, RUN, r))
+        release(
+            ledger,
+            mechanism,
+            [rng.normal(size=30) * 3],
+            run_id=RUN,
+            round_id=r,
+            exhausted_below=1e-3,
+            after_exhaustion="noise-only",
+            stream=round_noise_stream(3, RUN, r),
+        )
         rates.append(mechanism.rate)
         assert ledger.state()[0] <= budget  # never over, at any step
         if r == asks - 1:
@@ -143,8 +157,16 @@ def test_a_larger_budget_contributes_more_often(tmp_path):
         ledger = enrol(tmp_path, f"e{eps}", epsilon=eps, order=6.0)
         request = RoundSpec(RUN, 0, 1.0, 1.0, planned_asks=30)
         m = self_sampling(request, ClientPolicy(), lambda arrays: GaussianMechanism.for_request(request))(None)
-        release(ledger, m, [np.ones(4)], run_id=RUN, round_id=0, exhausted_below=1e-3,
-                after_exhaustion="noise-only", stream=NoiseStream())
+        release(
+            ledger,
+            m,
+            [np.ones(4)],
+            run_id=RUN,
+            round_id=0,
+            exhausted_below=1e-3,
+            after_exhaustion="noise-only",
+            stream=NoiseStream(),
+        )
         rates.append(m.rate)
         ledger.close()
     assert rates[0] < rates[1]
@@ -155,8 +177,16 @@ def test_the_owner_caps_the_rate(tmp_path):
     request = RoundSpec(RUN, 0, 1.0, 1.0, planned_asks=2)
     policy = ClientPolicy(max_sampling_rate=0.25)
     m = self_sampling(request, policy, lambda arrays: GaussianMechanism.for_request(request))(None)
-    release(ledger, m, [np.ones(4)], run_id=RUN, round_id=0, exhausted_below=1e-3,
-            after_exhaustion="noise-only", stream=NoiseStream())
+    release(
+        ledger,
+        m,
+        [np.ones(4)],
+        run_id=RUN,
+        round_id=0,
+        exhausted_below=1e-3,
+        after_exhaustion="noise-only",
+        stream=NoiseStream(),
+    )
     assert m.rate == 0.25
     ledger.close()
 
@@ -165,8 +195,16 @@ def test_a_filter_that_cannot_account_it_does_not_sample_and_is_charged_as_befor
     request = RoundSpec(RUN, 0, 1.0, 1.0, planned_asks=10)
     ledger = enrol(tmp_path, kind="gdp", epsilon=4.0)
     m = self_sampling(request, ClientPolicy(), lambda arrays: GaussianMechanism.for_request(request))(None)
-    rel = release(ledger, m, [np.ones(4)], run_id=RUN, round_id=0, exhausted_below=1e-3,
-                  after_exhaustion="noise-only", stream=NoiseStream())
+    rel = release(
+        ledger,
+        m,
+        [np.ones(4)],
+        run_id=RUN,
+        round_id=0,
+        exhausted_below=1e-3,
+        after_exhaustion="noise-only",
+        stream=NoiseStream(),
+    )
     assert m.rate == 1.0
     assert np.array_equal(rel.charge, ledger.filter.charge(sensitivity=rel.sensitivity, noise_std=1.0))
     ledger.close()
@@ -183,11 +221,21 @@ def test_a_skellam_release_is_charged_the_subsampled_bound_and_the_worst_case_it
     for name, seed in zip("ab", seeds_with_coins(0.05, RUN, 0)):
         ledger = enrol(tmp_path, name, epsilon=4.0, order=6.0, worst=1000.0)  # the main account binds
         m = self_sampling(request, policy, lambda arrays: SkellamMechanism.for_update(request, grid, arrays))(update)
-        rel = release(ledger, m, update, run_id=RUN, round_id=0, exhausted_below=1e-3,
-                      after_exhaustion="noise-only", stream=round_noise_stream(seed, RUN, 0))
+        rel = release(
+            ledger,
+            m,
+            update,
+            run_id=RUN,
+            round_id=0,
+            exhausted_below=1e-3,
+            after_exhaustion="noise-only",
+            stream=round_noise_stream(seed, RUN, 0),
+        )
         worst = ledger.records()[0].worst_charge
         payload, _ = m.inner.clip_and_snap(m.inner.check(update, ledger.filter), 1.0)
-        want_main = sampled_skellam_charge(ledger.filter, rate=m.rate, l1=payload.l1, l2=payload.l2, mu_total=grid.mu_total)
+        want_main = sampled_skellam_charge(
+            ledger.filter, rate=m.rate, l1=payload.l1, l2=payload.l2, mu_total=grid.mu_total
+        )
         worst_filter = ledger.worst_filter
         # The worst-case account keeps its own best order (worst_case_filter): below 2 for a budget of
         # 1000, where it is charged the unsampled release, an upper bound.
@@ -226,7 +274,13 @@ def test_the_coin_leaves_no_trace_in_the_reply_its_bytes_or_its_time(tmp_path):
     the same whole multiple of the hold."""
     hold = 0.4
     request = dataclasses.replace(spec(1, run_id=RUN), planned_asks=4)
-    settings = {"filter": "rdp", "rdp-order": 8.0, "budget-epsilon": 8.0, "max-sampling-rate": 0.5, "reply-hold-s": hold}
+    settings = {
+        "filter": "rdp",
+        "rdp-order": 8.0,
+        "budget-epsilon": 8.0,
+        "max-sampling-rate": 0.5,
+        "reply-hold-s": hold,
+    }
     replies, elapsed = [], []
     for name, seed in zip(("kept", "dropped"), seeds_with_coins(0.5, RUN, 1)):
         ctx = context(tmp_path / name, **settings, **{"noise-seed": seed})
@@ -240,7 +294,9 @@ def test_the_coin_leaves_no_trace_in_the_reply_its_bytes_or_its_time(tmp_path):
     assert list(kept.content.keys()) == list(dropped.content.keys())
     a, b = kept.content[ARRAYS_RECORD], dropped.content[ARRAYS_RECORD]
     assert list(a.keys()) == list(b.keys())
-    assert [(x.dtype, x.shape, len(x.data)) for x in a.values()] == [(x.dtype, x.shape, len(x.data)) for x in b.values()]
+    assert [(x.dtype, x.shape, len(x.data)) for x in a.values()] == [
+        (x.dtype, x.shape, len(x.data)) for x in b.values()
+    ]
     assert kept.metadata.message_type == dropped.metadata.message_type
     assert all(hold <= t < 2 * hold for t in elapsed)  # both leave at the first multiple of the hold
     # The update (1.0 per weight, clipped to C = 1 over 2,050 weights) is in one reply only: the kept
@@ -257,12 +313,25 @@ def test_a_worst_case_account_at_a_sampling_order_is_charged_the_subsampled_boun
     update = [np.full(20, 0.5, np.float32)]
     ledger = enrol(tmp_path, epsilon=4.0, order=6.0, worst=8.0)
     assert sampling_order(ledger.worst_filter) is not None
-    m = self_sampling(request, ClientPolicy(allow_distributed=True), lambda a: SkellamMechanism.for_update(request, grid, a))(update)
-    release(ledger, m, update, run_id=RUN, round_id=0, exhausted_below=1e-3, after_exhaustion="noise-only", stream=NoiseStream())
+    m = self_sampling(
+        request, ClientPolicy(allow_distributed=True), lambda a: SkellamMechanism.for_update(request, grid, a)
+    )(update)
+    release(
+        ledger,
+        m,
+        update,
+        run_id=RUN,
+        round_id=0,
+        exhausted_below=1e-3,
+        after_exhaustion="noise-only",
+        stream=NoiseStream(),
+    )
     payload, _ = m.inner.clip_and_snap(m.inner.check(update, ledger.filter), 1.0)
     rec = ledger.records()[0]
     assert rec.status == "contributed" and 0 < m.rate < 1
-    want = sampled_skellam_charge(ledger.worst_filter, rate=m.rate, l1=payload.l1, l2=payload.l2, mu_total=grid.mu_share)
+    want = sampled_skellam_charge(
+        ledger.worst_filter, rate=m.rate, l1=payload.l1, l2=payload.l2, mu_total=grid.mu_share
+    )
     assert np.array_equal(rec.worst_charge, want)
     assert ledger.worst_state()[0] <= ledger.worst_filter.budget[0]
     ledger.close()
@@ -278,8 +347,16 @@ def test_a_coordinators_planned_asks_cannot_make_a_device_leave_or_stay(tmp_path
     for r, asks in enumerate([10**6, 10**6, 1, 10**6, 1]):
         request = RoundSpec(RUN, r, 1.1, 1.0, planned_asks=asks)
         m = self_sampling(request, policy, lambda arrays: GaussianMechanism.for_request(request))(None)
-        rel = release(ledger, m, [np.ones(8)], run_id=RUN, round_id=r, exhausted_below=policy.exhausted_below,
-                      after_exhaustion="leave", stream=NoiseStream())
+        rel = release(
+            ledger,
+            m,
+            [np.ones(8)],
+            run_id=RUN,
+            round_id=r,
+            exhausted_below=policy.exhausted_below,
+            after_exhaustion="leave",
+            stream=NoiseStream(),
+        )
         statuses.append(rel.status)
         rates.append(m.rate)
     # A million asks claimed: the floor rate, not a departure. Then one: what is left is spent at once.
