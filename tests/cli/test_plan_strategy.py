@@ -112,7 +112,13 @@ def test_a_sampling_plan_gives_each_budget_its_rate_and_order_and_the_strategy_s
     assert (strategy.planned_asks, strategy.expected_rate) == (3, sa["expected_rate"])
     assert strategy._settings().spec("r", 1).planned_asks == 3
     assert main([*argv, "--sampling"]) == 0
-    assert f"sampling           planned_asks 3, expected_rate {sa['expected_rate']:.4g}" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert f"sampling           planned_asks 3, expected_rate {sa['expected_rate']:.4g}" in text
+    # docs/flower-app.md quotes this line of this command.
+    assert (
+        "expected_rate 0.6906" in text
+        and "epsilon 2: rate 0.381, rdp-order 8.2; epsilon 6: rate 1, rdp-order 4.6" in text
+    )
     # A plan without sampling says so; sampling with an adaptive clip is refused by name.
     assert _json(capsys, argv)["strategy"]["sampling"] is None
     assert main([*argv[:-5], "--sampling", "--json"]) != 0

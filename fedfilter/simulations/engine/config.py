@@ -358,7 +358,6 @@ class EngineConfig:
                 (self.placement in PLACEMENTS, f"a device's placement (found {self.placement!r})"),
                 (self.accounting == "individual", f"individual accounting (found {self.accounting!r})"),
                 (self.adaptive_clipping is None, "a fixed clip (found adaptive clipping)"),
-                (self.norms != "fast", "norms 'device' or 'vectorised' (found 'fast': it forms only the sum)"),
             ]
             missing = [why for ok, why in needs if not ok]
             if missing:

@@ -107,7 +107,12 @@ class GaussianReports:
             if e._fast is not None:
                 x, y = e._examples(chunk)
                 chunk_sum, norms[a : a + len(chunk)] = e._fast(
-                    e.weights, x, y, lr=cfg.lr, allowance=allow_active[a : a + len(chunk)]
+                    e.weights,
+                    x,
+                    y,
+                    lr=cfg.lr,
+                    allowance=allow_active[a : a + len(chunk)],
+                    keep=None if self.sampled is None else keep[a : a + len(chunk)],
                 )
                 total += chunk_sum
                 continue

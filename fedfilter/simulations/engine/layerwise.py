@@ -285,12 +285,22 @@ class LayerwiseClippedSum:
         return [(m, a, g.detach()) for (m, a, _), g in zip(self._seen, grads)]
 
     def __call__(
-        self, weights: list[np.ndarray], x: torch.Tensor, y: torch.Tensor, *, lr: float, allowance: np.ndarray
+        self,
+        weights: list[np.ndarray],
+        x: torch.Tensor,
+        y: torch.Tensor,
+        *,
+        lr: float,
+        allowance: np.ndarray,
+        keep: np.ndarray | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
         """``(sum, charged)``: the flat sum (``state_dict`` order, float64) of every client's
-        clipped update ``w_i G_i``, and each client's charged norm (0 for a non-finite one)."""
+        clipped update ``w_i G_i`` (with ``keep``, of the kept clients' only: devices that sample
+        themselves), and each client's charged norm (0 for a non-finite one), whatever ``keep``."""
         parts = self._per_layer(weights, x, y)
         w32, charged = clip_coefficients(self._norms(parts, lr), allowance, lr)
+        if keep is not None:
+            w32 = w32 * torch.as_tensor(np.asarray(keep, dtype=np.float32))
         return self._sum(parts, w32, charged.isnan()).numpy(), torch.nan_to_num(charged, nan=0.0).numpy()
 
     def norms(self, weights: list[np.ndarray], x: torch.Tensor, y: torch.Tensor, *, lr: float) -> np.ndarray:

@@ -116,6 +116,23 @@ def test_float32_block_squares_are_certified_on_rows_that_round_down():
     assert bound[3] == 0.0 and bound[2] > 0.0
 
 
+def test_fast_sum_of_the_kept_clients_charges_every_client_alike():
+    """Devices that sample themselves: the sum holds only the kept clients' clipped updates (as if the
+    dropped ones had no allowance), the charged norms are every client's whatever its coin."""
+    model = tiny_model()
+    weights = get_weights(model)
+    x = torch.from_numpy(np.random.default_rng(2).standard_normal((6, 1, 6, 6)).astype(np.float32))
+    y = torch.arange(6) % 3
+    fast = LayerwiseClippedSum(model, F.cross_entropy)
+    allowance, keep = np.full(6, 0.05), np.array([1, 0, 1, 1, 0, 0], dtype=bool)
+    total, charged = fast(weights, x, y, lr=1.0, allowance=allowance, keep=keep)
+    all_total, all_charged = fast(weights, x, y, lr=1.0, allowance=allowance)
+    kept_total, _ = fast(weights, x, y, lr=1.0, allowance=np.where(keep, allowance, 0.0))
+    assert np.array_equal(charged, all_charged) and np.all(charged > 0)
+    np.testing.assert_allclose(total, kept_total, rtol=1e-6, atol=1e-9)
+    assert not np.allclose(total, all_total)
+
+
 def test_fast_norms_against_the_devices_certified_norm():
     """On the very arrays the fast mode defines as each client's gradient, both are upper bounds on
     the same exact norm; they agree within the fast mode's float32-block slack (about 1e-6)."""

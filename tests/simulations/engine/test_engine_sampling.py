@@ -57,7 +57,6 @@ def test_each_budget_enrols_at_its_plans_order_and_the_coins_keep_some_updates(t
         (dict(filter_kind="gdp"), "filter_kind 'rdp'"),
         (dict(accounting="worst-case"), "individual accounting"),
         (dict(placement="central", noise_draw="aggregate"), "a device's placement"),
-        (dict(norms="fast", noise_draw="aggregate"), "norms 'device'"),
         (dict(planned_asks=-1), "planned_asks must be"),
         (dict(max_sampling_rate=0.0), "max_sampling_rate"),
         (dict(expected_rate=1.5), "expected_rate"),
