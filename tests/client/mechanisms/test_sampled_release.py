@@ -54,6 +54,23 @@ def seeds_with_coins(rate: float, run_id: str, round_id: int) -> tuple[int, int]
     raise AssertionError("no seeds with both coins")
 
 
+def gaussian_release(ledger, request, update, *, policy=None, stream=None):
+    """A local round behind the device's coin, as the mod makes it: ``(release, mechanism)``."""
+    policy = policy or ClientPolicy()
+    m = self_sampling(request, policy, lambda arrays: GaussianMechanism.for_request(request))(None)
+    rel = release(
+        ledger,
+        m,
+        update,
+        run_id=request.run_id,
+        round_id=request.round_id,
+        exhausted_below=policy.exhausted_below,
+        after_exhaustion=policy.after_exhaustion,
+        stream=stream or NoiseStream(),
+    )
+    return rel, m
+
+
 # --- the charge ----------------------------------------------------------------------------------
 def test_the_charge_is_the_sampled_gaussian_at_the_filter_order_whatever_the_coin(tmp_path):
     asks, z = 141, 1.1
@@ -127,17 +144,9 @@ def test_a_device_asked_as_planned_spends_its_budget_and_asked_more_never_oversp
     rates, budget = [], ledger.filter.budget[0]
     for r in range(asks + 10):
         request = RoundSpec(RUN, r, z, 1.0, planned_asks=asks)
-        m = self_sampling(request, client.policy, lambda arrays: GaussianMechanism.for_request(request))
-        mechanism = m(None)
-        release(
-            ledger,
-            mechanism,
-            [rng.normal(size=30) * 3],
-            run_id=RUN,
-            round_id=r,
-            exhausted_below=1e-3,
-            after_exhaustion="noise-only",
-            stream=round_noise_stream(3, RUN, r),
+        update = [rng.normal(size=30) * 3]
+        _, mechanism = gaussian_release(
+            ledger, request, update, policy=client.policy, stream=round_noise_stream(3, RUN, r)
         )
         rates.append(mechanism.rate)
         assert ledger.state()[0] <= budget  # never over, at any step
@@ -156,17 +165,7 @@ def test_a_larger_budget_contributes_more_often(tmp_path):
     for eps in (2.0, 6.0):
         ledger = enrol(tmp_path, f"e{eps}", epsilon=eps, order=6.0)
         request = RoundSpec(RUN, 0, 1.0, 1.0, planned_asks=30)
-        m = self_sampling(request, ClientPolicy(), lambda arrays: GaussianMechanism.for_request(request))(None)
-        release(
-            ledger,
-            m,
-            [np.ones(4)],
-            run_id=RUN,
-            round_id=0,
-            exhausted_below=1e-3,
-            after_exhaustion="noise-only",
-            stream=NoiseStream(),
-        )
+        _, m = gaussian_release(ledger, request, [np.ones(4)])
         rates.append(m.rate)
         ledger.close()
     assert rates[0] < rates[1]
@@ -176,17 +175,7 @@ def test_the_owner_caps_the_rate(tmp_path):
     ledger = enrol(tmp_path, epsilon=50.0, order=6.0)
     request = RoundSpec(RUN, 0, 1.0, 1.0, planned_asks=2)
     policy = ClientPolicy(max_sampling_rate=0.25)
-    m = self_sampling(request, policy, lambda arrays: GaussianMechanism.for_request(request))(None)
-    release(
-        ledger,
-        m,
-        [np.ones(4)],
-        run_id=RUN,
-        round_id=0,
-        exhausted_below=1e-3,
-        after_exhaustion="noise-only",
-        stream=NoiseStream(),
-    )
+    _, m = gaussian_release(ledger, request, [np.ones(4)], policy=policy)
     assert m.rate == 0.25
     ledger.close()
 
@@ -194,17 +183,7 @@ def test_the_owner_caps_the_rate(tmp_path):
 def test_a_filter_that_cannot_account_it_does_not_sample_and_is_charged_as_before(tmp_path):
     request = RoundSpec(RUN, 0, 1.0, 1.0, planned_asks=10)
     ledger = enrol(tmp_path, kind="gdp", epsilon=4.0)
-    m = self_sampling(request, ClientPolicy(), lambda arrays: GaussianMechanism.for_request(request))(None)
-    rel = release(
-        ledger,
-        m,
-        [np.ones(4)],
-        run_id=RUN,
-        round_id=0,
-        exhausted_below=1e-3,
-        after_exhaustion="noise-only",
-        stream=NoiseStream(),
-    )
+    rel, m = gaussian_release(ledger, request, [np.ones(4)])
     assert m.rate == 1.0
     assert np.array_equal(rel.charge, ledger.filter.charge(sensitivity=rel.sensitivity, noise_std=1.0))
     ledger.close()
@@ -346,17 +325,7 @@ def test_a_coordinators_planned_asks_cannot_make_a_device_leave_or_stay(tmp_path
     statuses, rates = [], []
     for r, asks in enumerate([10**6, 10**6, 1, 10**6, 1]):
         request = RoundSpec(RUN, r, 1.1, 1.0, planned_asks=asks)
-        m = self_sampling(request, policy, lambda arrays: GaussianMechanism.for_request(request))(None)
-        rel = release(
-            ledger,
-            m,
-            [np.ones(8)],
-            run_id=RUN,
-            round_id=r,
-            exhausted_below=policy.exhausted_below,
-            after_exhaustion="leave",
-            stream=NoiseStream(),
-        )
+        rel, m = gaussian_release(ledger, request, [np.ones(8)], policy=policy)
         statuses.append(rel.status)
         rates.append(m.rate)
     # A million asks claimed: the floor rate, not a departure. Then one: what is left is spent at once.

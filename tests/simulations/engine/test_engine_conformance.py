@@ -132,6 +132,16 @@ def flower_reference(
     return np.array(states), np.array(run_states), statuses, counts, weights, strategy.current_clip
 
 
+def engine_config(z: float, clip: float, **settings) -> EngineConfig:
+    """The engine run of the reference's federation: its budgets, seeds and training, per-client draws."""
+    base = dict(
+        task="digits", num_clients=N, epsilon=EPSILONS, delta=1e-5, filter_kind="gdp", noise_multiplier=z, clip=clip
+    )
+    base.update(after_exhaustion=AFTER, rounds=ROUNDS, local_epochs=1, lr=0.1, batch_size=32, seed=SEED, run_id=RUN)
+    base.update(noise_draw="per-client", group_by="none", torch_threads=1)
+    return EngineConfig(**{**base, **settings})
+
+
 # Adaptive clipping: sigma_b = 2 lets z_eff = 2 (z_eff < 2 sigma_b); the clip moves every round.
 ADAPTIVE = AdaptiveClipping(target_clipped_quantile=0.5, clip_norm_lr=0.5, clipped_count_stddev=2.0)
 
@@ -146,28 +156,7 @@ def test_engine_matches_flower_path_bitwise(tmp_path, monkeypatch, placement, mi
     )
 
     result = run_engine(
-        EngineConfig(
-            task="digits",
-            num_clients=N,
-            epsilon=EPSILONS,
-            delta=1e-5,
-            filter_kind="gdp",
-            noise_multiplier=z,
-            clip=clip,
-            placement=placement,
-            min_reports=min_reports,
-            after_exhaustion=AFTER,
-            rounds=ROUNDS,
-            local_epochs=1,
-            lr=0.1,
-            batch_size=32,
-            seed=SEED,
-            run_id=RUN,
-            noise_draw="per-client",
-            group_by="none",
-            torch_threads=1,
-            adaptive_clipping=adaptive,
-        )
+        engine_config(z, clip, placement=placement, min_reports=min_reports, adaptive_clipping=adaptive)
     )
 
     # Per-client spending: bitwise.
@@ -198,29 +187,7 @@ def test_engine_matches_flower_path_bitwise_when_devices_sample_themselves(tmp_p
     states, run_states, statuses, counts, weights, _ = flower_reference(
         tmp_path, placement="local", min_reports=1, clip=clip, z=z, sampling=sampling, orders=orders
     )
-    result = run_engine(
-        EngineConfig(
-            task="digits",
-            num_clients=N,
-            epsilon=EPSILONS,
-            delta=1e-5,
-            filter_kind="rdp",
-            rdp_order=8.0,
-            noise_multiplier=z,
-            clip=clip,
-            after_exhaustion=AFTER,
-            rounds=ROUNDS,
-            local_epochs=1,
-            lr=0.1,
-            batch_size=32,
-            seed=SEED,
-            run_id=RUN,
-            noise_draw="per-client",
-            group_by="none",
-            torch_threads=1,
-            **sampling,
-        )
-    )
+    result = run_engine(engine_config(z, clip, filter_kind="rdp", rdp_order=8.0, **sampling))
     assert result.state.tobytes() == states.tobytes()
     assert result.run_state.tobytes() == run_states.tobytes()
     flat = [s for row in statuses for s in row]

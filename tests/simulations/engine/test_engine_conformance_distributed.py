@@ -123,6 +123,16 @@ def flower_reference(tmp_path, run_quota: float = 1.0, adaptive=None, sampling=N
     return np.array(states), np.array(run_states), np.array(worst_states), statuses, seen
 
 
+def engine_config(**settings) -> EngineConfig:
+    """The engine run of the reference's federation: its budgets, SecAgg+ graph, seeds and training."""
+    base = dict(task="digits", num_clients=N, epsilon=EPSILONS, worst_case_epsilon=WORST, delta=1e-5)
+    base.update(filter_kind="rdp", noise_multiplier=Z, clip=CLIP, placement="distributed", min_reports=M)
+    base.update(after_exhaustion=AFTER, rounds=ROUNDS, local_epochs=1, lr=0.5, batch_size=32, seed=SEED, run_id=RUN)
+    # secagg_graph "sparse": the strategy's default secagg_num_shares="auto", the same graph and threshold.
+    base.update(noise_draw="per-client", secagg_graph="sparse", group_by="none", torch_threads=1)
+    return EngineConfig(**{**base, **settings})
+
+
 # Adaptive clipping: sigma_b = 2 lets z_eff = 3 (z_eff < 2 sigma_b); the clip moves every round.
 ADAPTIVE = AdaptiveClipping(target_clipped_quantile=0.5, clip_norm_lr=0.5, clipped_count_stddev=2.0)
 
@@ -135,33 +145,7 @@ def test_engine_matches_the_flower_secagg_path_bitwise(tmp_path, monkeypatch, ru
     states, run_states, worst_states, statuses, seen = flower_reference(tmp_path, run_quota, adaptive)
     assert len(seen) == ROUNDS
 
-    result = run_engine(
-        EngineConfig(
-            task="digits",
-            num_clients=N,
-            epsilon=EPSILONS,
-            worst_case_epsilon=WORST,
-            delta=1e-5,
-            filter_kind="rdp",
-            run_quota=run_quota,
-            noise_multiplier=Z,
-            clip=CLIP,
-            placement="distributed",
-            min_reports=M,
-            after_exhaustion=AFTER,
-            rounds=ROUNDS,
-            local_epochs=1,
-            lr=0.5,
-            batch_size=32,
-            seed=SEED,
-            run_id=RUN,
-            noise_draw="per-client",
-            secagg_graph="sparse",  # the strategy's default secagg_num_shares="auto": the same graph and threshold
-            group_by="none",
-            torch_threads=1,
-            adaptive_clipping=adaptive,
-        )
-    )
+    result = run_engine(engine_config(run_quota=run_quota, adaptive_clipping=adaptive))
 
     # Per-client spending: bitwise, every round recorded as distributed.
     assert result.state.tobytes() == states.tobytes()
@@ -198,33 +182,7 @@ def test_engine_matches_the_flower_secagg_path_bitwise_when_devices_sample_thems
     states, run_states, worst_states, statuses, seen = flower_reference(
         tmp_path, sampling=sampling, order=order, after=after
     )
-    result = run_engine(
-        EngineConfig(
-            task="digits",
-            num_clients=N,
-            epsilon=EPSILONS,
-            worst_case_epsilon=WORST,
-            delta=1e-5,
-            filter_kind="rdp",
-            rdp_order="plan",
-            noise_multiplier=Z,
-            clip=CLIP,
-            placement="distributed",
-            min_reports=M,
-            after_exhaustion=after,
-            rounds=ROUNDS,
-            local_epochs=1,
-            lr=0.5,
-            batch_size=32,
-            seed=SEED,
-            run_id=RUN,
-            noise_draw="per-client",
-            secagg_graph="sparse",
-            group_by="none",
-            torch_threads=1,
-            **sampling,
-        )
-    )
+    result = run_engine(engine_config(after_exhaustion=after, rdp_order="plan", **sampling))
     assert result.state.tobytes() == states.tobytes()
     assert result.run_state.tobytes() == run_states.tobytes()
     assert result.worst_state is not None and result.worst_state.tobytes() == worst_states.tobytes()
