@@ -120,10 +120,23 @@ def quickstart_clip(clip: str) -> Job:
 
 def femnist(seed: int, arms: str) -> Job:
     """FEMNIST at epsilon 8 (``femnist-long``): (a) Flower's central DP against (b) as the plan sets it
-    up (every writer every round; ``min_reports`` for a 10% drop-out rate)."""
+    up (every writer every round; ``min_reports`` for a 10% drop-out rate), and (h), the writers
+    sampling themselves (every writer asked every round, the plan's z and rates)."""
     options = ("--preset", "femnist-long", "--seed", str(seed), "--fedfilter-z", "plan")
     options += ("--min-reports", str(DROPOUT_MIN_REPORTS[105]))
     return Job(f"femnist-seed{seed}-{arms}", f"femnist-seed{seed}", arms, options, (8.0,))
+
+
+def mnist_sampled(seed: int, budgets: str = "equal", epsilons: tuple[float, ...] = EPSILONS) -> Job:
+    """(h): devices that sample themselves on mnist-long's federation, every device asked each round in
+    balanced passes (the plan's z, rates and mean rate; ``fl_vs_flower_dp_plan.sampling_plan``), beside
+    (g), a trusted server's Poisson-amplified DP-FedAvg, and (a). ``budgets="tiers"``: 2 / 4 / 6 at
+    Jorgensen et al.'s shares (``--budgets tiers`` at epsilon 2; their mean is 3.78)."""
+    options = ("--preset", "mnist-long", "--seed", str(seed), "--budgets", budgets)
+    name = f"mnist-seed{seed}-sampled" + ("-tiers" if budgets == "tiers" else "")
+    if budgets == "equal" and epsilons != EPSILONS:
+        name += "-eps" + "-".join(f"{e:g}" for e in epsilons)
+    return Job(name, name, "h", options, epsilons)
 
 
 CLIP_SWEEP = ("0.1", "0.25", "1", "2")  # with 0.5 (the preset's) and adaptive: the tuned fixed clip
@@ -142,7 +155,11 @@ JOBS: list[Job] = (
     + [quickstart(k, arms) for k in (5, 10) for arms in ("bd", "e")]  # below the smallest that learned
     + [femnist(0, "e")]
     + [femnist(s, arms) for s in (0, 1, 2, 3, 4) for arms in ("a", "b")]
+    + [femnist(s, "h") for s in (0, 1, 2, 3, 4)]
     + [mnist_plan(s, "adaptive") for s in (1, 2, 3, 4)]
+    # Devices that sample themselves (h): seed 0 first, the budget tiers and their mean, then seeds 1-4.
+    + [mnist_sampled(0), mnist_sampled(0, "tiers", (2.0,)), mnist_sampled(0, "equal", (3.78,))]
+    + [mnist_sampled(s) for s in (1, 2, 3, 4)]
 )
 
 
