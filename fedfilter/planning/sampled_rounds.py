@@ -231,6 +231,20 @@ def _admits(epsilon: float, delta: float, z: float, q: float, asks: int, setting
     return _run_charges(filt, charge, asks)[1] >= asks
 
 
+def _saturating_z(epsilon: float, delta: float, asks: int, cap: float, setting: dict) -> float | None:
+    """The least z (to 1e-6 relative, rounded up) at which a fresh device's filter admits ``asks`` asks
+    at rate ``cap``; None above 64 (no plan saturates there)."""
+    lo, hi = math.log(0.05), math.log(64.0)
+    if not _admits(epsilon, delta, math.exp(hi), cap, asks, setting):
+        return None
+    if _admits(epsilon, delta, math.exp(lo), cap, asks, setting):
+        return math.exp(lo)
+    while hi - lo > 1e-6:
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if _admits(epsilon, delta, math.exp(mid), cap, asks, setting) else (mid, hi)
+    return math.exp(hi)
+
+
 def rate_for_budget(
     *,
     epsilon: float,
@@ -431,7 +445,13 @@ def plan_sampling(
     shares = [1.0 / len(budgets)] * len(budgets) if shares is None else list(shares)
     if len(shares) != len(budgets) or any(s < 0 for s in shares) or abs(sum(shares) - 1) > 1e-9:
         raise ValueError(f"shares must give one fraction per budget, summing to 1. Found {shares!r}.")
+    setting = dict(placement=placement, clip=clip, min_reports=min_reports, dim=dim)
     grid = noise_multipliers or [float(0.5 * 16 ** (i / 23)) for i in range(24)]
+    if noise_multipliers is None:
+        # The score peaks where a budget's rate reaches the cap (below it, q / z barely moves: the
+        # subsampled loss is about q^2 times the unsampled one), so each budget's own saturating z
+        # joins the grid: a coarse grid alone can miss it by a step (0.5 * 16^(1/23), 13%).
+        grid = sorted({*grid, *(z for e in budgets if (z := _saturating_z(float(e), delta, asks, cap, setting)))})
     best: SamplingPlan | None = None
     for z in grid:
         rates = tuple(

@@ -214,3 +214,17 @@ def test_the_sampling_plan_takes_the_z_with_the_most_signal_over_noise():
         plan_sampling(budgets=[2.0, 4.0], shares=[0.5, 0.6], delta=1e-5, asks=6)
     with pytest.raises(ValueError, match="budgets"):
         plan_sampling(budgets=[], delta=1e-5, asks=6)
+
+
+def test_without_a_grid_the_plan_finds_the_z_where_a_budget_saturates_its_rate():
+    """Asked as often as the run is long, a self-sampling device gains nothing over contributing every time
+    (the subsampled loss is about q^2 the unsampled one, so q / z stays put below the cap): the plan's z
+    is the least at which rate 1 pays for every ask, which a grid alone could miss by 13%."""
+    from fedfilter.planning.sampled_rounds import plan_sampling
+
+    plan = plan_sampling(budgets=[4.0], delta=1e-5, asks=10)
+    z = plan.noise_multiplier
+    assert plan.rates == (1.0,)
+    rounds = plan_sampled_rounds(epsilon=4.0, delta=1e-5, noise_multiplier=z, sampling_rate=1.0).rounds
+    fewer = plan_sampled_rounds(epsilon=4.0, delta=1e-5, noise_multiplier=z * (1 - 1e-5), sampling_rate=1.0).rounds
+    assert rounds >= 10 > fewer
