@@ -140,6 +140,15 @@ def mnist_sampled(seed: int, budgets: str = "equal", epsilons: tuple[float, ...]
     return Job(name, name, "h", options, epsilons)
 
 
+def femnist_threshold(seed: int, min_reports: int) -> Job:
+    """FEMNIST (b) at another SecAgg+ threshold: at 105 (no drop-out tolerated) the sum carries (a)'s noise
+    variance, which separates the threshold's cost from Skellam's in (b)'s gap to (a)."""
+    options = ("--preset", "femnist-long", "--seed", str(seed), "--fedfilter-z", "plan")
+    options += ("--min-reports", str(min_reports))
+    name = f"femnist-seed{seed}-b-m{min_reports}"
+    return Job(name, name, "b", options, (8.0,))
+
+
 CLIP_SWEEP = ("0.1", "0.25", "1", "2")  # with 0.5 (the preset's) and adaptive: the tuned fixed clip
 
 JOBS: list[Job] = (
@@ -156,6 +165,7 @@ JOBS: list[Job] = (
     + [quickstart(k, arms) for k in (5, 10) for arms in ("bd", "e")]  # below the smallest that learned
     + [femnist(0, "e")]
     + [femnist(s, arms) for s in (0, 1, 2, 3, 4) for arms in ("a", "b")]
+    + [femnist_threshold(0, 105)]  # how much of (b)'s FEMNIST gap is the drop-out tolerance
     + [mnist_plan(s, "adaptive") for s in (1, 2, 3, 4)]
     # Devices that sample themselves (h): seed 0 first, the budget tiers and their mean, then seeds 1-4.
     + [mnist_sampled(0), mnist_sampled(0, "tiers", (2.0,)), mnist_sampled(0, "equal", (3.78,))]
