@@ -298,7 +298,8 @@ class _Round:
             mean = [np.asarray(m / rate, dtype=m.dtype) for m in mean]
         outcome.released = True
         outcome.aggregate_norm = l2_norm(mean)
-        outcome.expected_noise_norm = self.run_log.expected_noise_norm(self.template, outcome.reports)
+        # The mean's noise is divided by the rate too: the figure the norm is read against follows it.
+        outcome.expected_noise_norm = self.run_log.expected_noise_norm(self.template, outcome.reports) / rate
         self.run_log.handing_mean(outcome)  # explains the inner strategy's "Received 1 results"
         return inner_step(self.inner, self.round_id, carrier, self.keys, self.template, mean)
 

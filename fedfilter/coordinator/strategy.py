@@ -209,6 +209,11 @@ class IndividualFilterStrategy(Strategy):
                 planned_asks=planned_asks,
             )
         )
+        if planned_asks and adaptive_clipping is not None:  # every device would refuse every round
+            problems.append(
+                "planned_asks (devices that sample themselves) cannot be combined with adaptive_clipping: "
+                "use a fixed clip."
+            )
         if isinstance(expected_rate, bool) or not isinstance(expected_rate, (int, float)) or not 0 < expected_rate <= 1:
             problems.append(f"expected_rate must be in (0, 1]. Found {short_repr(expected_rate)}.")
         if message_ttl_s is not None and (problem := positive_finite("message_ttl_s", message_ttl_s)) is not None:

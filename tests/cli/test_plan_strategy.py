@@ -119,6 +119,13 @@ def test_a_sampling_plan_gives_each_budget_its_rate_and_order_and_the_strategy_s
         "expected_rate 0.6906" in text
         and "epsilon 2: rate 0.381, rdp-order 8.2; epsilon 6: rate 1, rdp-order 4.6" in text
     )
+    # The strategy refuses the combination every device would refuse, before the first round.
+    with pytest.raises(ValueError, match="adaptive_clipping"):
+        IndividualFilterStrategy(
+            FedAvg(), noise_multiplier=2.0, clip=0.5, planned_asks=3, adaptive_clipping=AdaptiveClipping()
+        )
+    with pytest.raises(ValueError, match="expected_rate"):
+        IndividualFilterStrategy(FedAvg(), noise_multiplier=2.0, clip=0.5, planned_asks=3, expected_rate=0.0)
     # A plan without sampling says so; sampling with an adaptive clip is refused by name.
     assert _json(capsys, argv)["strategy"]["sampling"] is None
     assert main([*argv[:-5], "--sampling", "--json"]) != 0

@@ -97,6 +97,22 @@ def test_the_planners_noise_figure_is_what_a_real_run_of_zero_updates_measures(t
     assert "fedfilter plan --devices 4 --params 4000" in logged
 
 
+def test_with_devices_that_sample_themselves_the_noise_figure_follows_the_mean_divided_by_the_rate(tmp_path):
+    # The coordinator divides the plain mean by the plan's expected rate; zero updates keep the mean pure
+    # noise, so its norm must sit near the planner's figure over that rate, not near the figure itself.
+    settings = {"filter": "rdp", "rdp-order": 6.0}
+    _start(_wrap(tmp_path, planned_asks=4, expected_rate=0.25), _devices(tmp_path / "devices", **settings))
+    plan = plan_federation(
+        devices=len(NODES), dim=DIM, noise_multiplier=Z, clip=CLIP, epsilon=8.0, delta=1e-5, rounds=2
+    )
+    with PublicLedger(tmp_path / "public.sqlite", read_only=True) as ledger:
+        records = ledger.records("r")
+    assert [r.released for r in records] == [True, True]
+    for record in records:
+        assert record.expected_noise_norm == pytest.approx(plan["mean_noise_norm"] / 0.25, rel=1e-12)
+        assert record.aggregate_norm == pytest.approx(record.expected_noise_norm, rel=0.05)
+
+
 def test_a_quiet_mean_is_not_called_noise(tmp_path, caplog):
     caplog.set_level(logging.INFO)
     # 0.02 * sqrt(4000 / 4) = 0.63 < clip 1 (the ratio does not depend on the clip: only on z, d, n).
