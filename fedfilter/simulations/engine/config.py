@@ -17,6 +17,7 @@ from fedfilter.checks import is_int, positive_finite, short_repr
 from fedfilter.client.settings.policy import ClientPolicy
 from fedfilter.privacy.bisection import MIN_RATE
 from fedfilter.privacy.filters import FILTER_KINDS
+from fedfilter.privacy.subsampled import MAX_SUBSAMPLED_ORDER
 from fedfilter.protocol.adaptive_clip import AdaptiveClipping, update_noise_multiplier
 from fedfilter.protocol.request import AFTER_EXHAUSTION, MAX_PLANNED_ASKS, PLACEMENTS
 from fedfilter.protocol.rules import accounted_noise_std, added_noise_std
@@ -358,6 +359,12 @@ class EngineConfig:
                 (self.placement in PLACEMENTS, f"a device's placement (found {self.placement!r})"),
                 (self.accounting == "individual", f"individual accounting (found {self.accounting!r})"),
                 (self.adaptive_clipping is None, "a fixed clip (found adaptive clipping)"),
+                # Every client must sample (a device whose order cannot falls back to the unsampled round,
+                # which the engine's distributed rounds do not reproduce): one order the curves reach.
+                (
+                    order == "plan" or (isinstance(order, (int, float)) and 2 <= order <= MAX_SUBSAMPLED_ORDER),
+                    f"rdp_order 'plan' or in [2, {MAX_SUBSAMPLED_ORDER}] (found {short_repr(order)})",
+                ),
             ]
             missing = [why for ok, why in needs if not ok]
             if missing:

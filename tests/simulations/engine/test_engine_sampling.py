@@ -61,10 +61,12 @@ def test_each_budget_enrols_at_its_plans_order_and_the_coins_keep_some_updates(t
         (dict(max_sampling_rate=0.0), "max_sampling_rate"),
         (dict(expected_rate=1.5), "expected_rate"),
         (dict(rdp_order="best"), "rdp_order"),
+        (dict(rdp_order=None), "rdp_order 'plan' or in"),
+        (dict(rdp_order=1.5), "rdp_order 'plan' or in"),
     ],
 )
 def test_settings_that_cannot_sample_are_refused_by_name(bad, named):
-    settings = {"num_clients": 4, "filter_kind": "rdp", "planned_asks": 5, **bad}
+    settings = {"num_clients": 4, "filter_kind": "rdp", "rdp_order": 6.0, "planned_asks": 5, **bad}
     with pytest.raises(ValueError, match=named):
         EngineConfig(**settings)
 
