@@ -153,7 +153,10 @@ class EngineConfig:
         client spreads what its accounts have left over the ``planned_asks`` its plan still expects
         and puts its update in its report with the rate that buys, at most ``max_sampling_rate``;
         its coin is the first word of its noise stream, as on a device. Needs ``filter_kind="rdp"``
-        and individual accounting. ``rdp_order``: the one order each client's filter is enrolled at
+        and individual accounting, or in distributed placement worst-case accounting (each ask
+        charged the sampled release of the worst update within the full clip; with
+        ``noise_draw="aggregate"`` only the updates the coins keep are trained). ``rdp_order``: the one
+        order each client's filter is enrolled at
         (None: the budget's best for Gaussian rounds; ``"plan"``: each budget's own
         ``order_for_rate`` at the rate its budget buys over the plan's asks, as ``fedfilter rounds
         --sampling-rate`` prints it). ``expected_rate``: the plan's mean rate, public; the
@@ -357,7 +360,10 @@ class EngineConfig:
             needs = [
                 (self.filter_kind == "rdp", f"filter_kind 'rdp' (found {self.filter_kind!r})"),
                 (self.placement in PLACEMENTS, f"a device's placement (found {self.placement!r})"),
-                (self.accounting == "individual", f"individual accounting (found {self.accounting!r})"),
+                (
+                    self.accounting == "individual" or self.placement == "distributed",
+                    f"individual accounting outside distributed placement (found {self.accounting!r})",
+                ),
                 (self.adaptive_clipping is None, "a fixed clip (found adaptive clipping)"),
                 # Every client must sample (a device whose order cannot falls back to the unsampled round,
                 # which the engine's distributed rounds do not reproduce): one order the curves reach.

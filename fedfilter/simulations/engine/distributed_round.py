@@ -19,11 +19,12 @@ bitwise the one the devices' reports add up to; ``aggregate`` draws the sum's no
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import numpy as np
 
+from fedfilter.client.mechanisms.gaussian import clip_to_norm, snap_toward_zero
 from fedfilter.client.mechanisms.sampled import SampledMechanism, coin
 from fedfilter.client.mechanisms.skellam import CLIP_SLACK, SkellamGrid, l2_allowance
 from fedfilter.client.mechanisms.spend import nothing_left, spend
@@ -34,9 +35,9 @@ from fedfilter.protocol.rules import reports_needed
 from fedfilter.protocol.secagg.graph import SecAggGraph
 from fedfilter.simulations.engine.accounts import RowsAccount
 from fedfilter.simulations.engine.adaptive import RoundNumbers
-from fedfilter.simulations.engine.mechanisms import EngineSkellam
+from fedfilter.simulations.engine.mechanisms import EngineSkellam, EngineSkellamRows
 from fedfilter.simulations.engine.norms import clip_rows
-from fedfilter.simulations.engine.seeds import aggregate_noise_stream, client_noise_stream, graph_rng
+from fedfilter.simulations.engine.seeds import aggregate_noise_stream, client_noise_stream, device_coins, graph_rng
 from fedfilter.simulations.engine.skellam_round import (
     SkellamRound,
     aggregate_skellam,
@@ -147,6 +148,66 @@ class DistributedOutcome:
     mean: np.ndarray | None  # float64 flat mean the coordinator steps with, or None
 
 
+class KeptUpdates:
+    """The updates of ``rows`` that enter a round's sum, formed only when ``snapped_sum`` asks.
+
+    Parameters
+    ----------
+    engine : Engine
+        The federation (its model, data and chunk size).
+    rows : numpy.ndarray
+        The clients whose update enters the sum (their coins kept it).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from fedfilter.simulations.engine.core import Engine
+    >>> from fedfilter.simulations.engine.config import EngineConfig
+    >>> engine = Engine(EngineConfig(num_clients=4, local_epochs=1))
+    >>> KeptUpdates(engine, np.array([0, 2])).snapped_sum(0.5, 2.0**-10).shape
+    (2410,)
+    """
+
+    def __init__(self, engine, rows: np.ndarray):
+        self.engine, self.rows = engine, rows
+
+    def snapped_sum(self, bound: float, gamma: float) -> np.ndarray:
+        """Each row's update clipped to ``bound`` (the device's ``clip_to_norm``, or with ``norms`` other
+        than ``device`` ``norms.clip_rows``: the same guarantee, certified norm at most it) and snapped
+        toward zero onto the grid of step ``gamma`` (``snap_toward_zero``, the device's), summed.
+
+        Parameters
+        ----------
+        bound : float
+            The clip bound, model units.
+        gamma : float
+            The grid's step.
+
+        Returns
+        -------
+        numpy.ndarray
+            The int64 sum of the snapped updates (the release's flat layout).
+
+        Examples
+        --------
+        See the class.
+        """
+        e, cfg, layout = self.engine, self.engine.config, self.engine.release_layout
+        total = np.zeros(layout.dim, dtype=np.int64)
+        for a in range(0, len(self.rows), cfg.chunk_size):
+            updates = e._updates(self.rows[a : a + cfg.chunk_size])
+            bad = ~np.isfinite(np.einsum("ij->i", updates, dtype=np.float64))
+            updates[bad] = 0.0  # client.flower_mod: a non-finite update is released as a zero update
+            if cfg.norms != "device":
+                clip_rows(updates, np.full(len(updates), bound))
+                total += snap_toward_zero([updates], gamma)[0].sum(axis=0)
+                continue
+            for row in updates:  # the device's own clip, as EngineSkellam.clip_and_snap runs it
+                clipped, _ = clip_to_norm(layout.views(row), bound)
+                total += np.concatenate([k.ravel() for k in snap_toward_zero(clipped, gamma)])
+        return total
+
+
 class DistributedPlacement:
     """The engine's distributed rounds: the device's Skellam mechanism on every budget group's rows.
 
@@ -185,6 +246,9 @@ class DistributedPlacement:
         # Devices that sample themselves: each client's rate this round (l2_allowance sets them) and coin.
         self.rates: dict[int, float] = {}
         self.kept: np.ndarray | None = None
+        # Worst-case accounting with one aggregate draw spends rows of equal charges at once
+        # (``_spend_rows``); False runs every client through the template alone (the tests compare them).
+        self.batched = True
 
     def _setup(self, numbers: RoundNumbers) -> None:
         """The round's Skellam numbers, from its release (a fixed clip's request, or with adaptive
@@ -257,7 +321,15 @@ class DistributedPlacement:
         groups = e.group[clients]
         for g in range(len(e.filters)):
             if (at := groups == g).any():
-                rates[at] = self._sampler().rates(RowsAccount(e, clients[at], g))
+                # A rate reads only the row's states and asks: rows that hold the same are computed once.
+                rows = clients[at]
+                books = [e.state[rows], e.run_state[rows], e.asks_in_run[rows][:, None].astype(np.float64)]
+                if e.worst_state is not None:
+                    books.append(e.worst_state[rows])
+                _, first, which = np.unique(
+                    np.concatenate(books, axis=1), axis=0, return_index=True, return_inverse=True
+                )
+                rates[at] = self._sampler().rates(RowsAccount(e, rows[first], g))[which.ravel()]
         self.rates = {int(c): float(r) for c, r in zip(clients, rates)}
         bound = sampled_bound(rates, clip=self.mechanism.clip)
         return bound / self.grid.gamma
@@ -329,7 +401,10 @@ class DistributedPlacement:
         total = np.zeros(dim, dtype=np.int64)
         sampling = bool(cfg.planned_asks)
         kept = np.zeros(len(active), dtype=bool)
-        for a in range(0, len(active), cfg.chunk_size):
+        batched = self.batched and at_bound and not per_client and e.adaptive is None
+        if batched:
+            kept = self._spend_rows(active, allow_active, total, round_id)
+        for a in range(0, 0 if batched else len(active), cfg.chunk_size):
             chunk = active[a : a + cfg.chunk_size]
             updates = e._updates(chunk)
             if e.adaptive is not None:  # clipped to C, the bit appended: the row the release clips and charges
@@ -389,6 +464,43 @@ class DistributedPlacement:
             mean = wrap_centred(total, self.params.q).astype(np.float64) * self.params.gamma / e.divisor(n)
         self.kept = kept if sampling else None
         return DistributedOutcome(out, active, reporting, mean)
+
+    def _spend_rows(self, active: np.ndarray, allow_active: np.ndarray, total: np.ndarray, round_id: int) -> np.ndarray:
+        """Worst-case accounting with one aggregate draw: the charges are the bound's, whatever the updates,
+        so the active rows that share a budget group, an ``L2_allow`` and a rate run the spend template
+        once, as one account (``EngineSkellamRows``), and only the updates that enter the sum are
+        trained (each client's coin is the device's, ``seeds.device_coins``; a dropped update is never
+        formed). The integer sum and every state are the per-client loop's (tested); a population of
+        60,000 clients then costs the updates its coins keep, not 60,000 of them. Adds the kept rows'
+        snapped updates to ``total`` and returns the coins (True where the update entered the sum)."""
+        e, cfg = self.engine, self.engine.config
+        sampling = bool(cfg.planned_asks)
+        rates = np.array([self.rates[int(c)] for c in active]) if sampling else np.ones(len(active))
+        kept = device_coins(cfg.seed, cfg.run_id, round_id, active, rates) if sampling else np.ones(len(active), bool)
+        keys = np.stack([e.group[active].astype(np.float64), allow_active, rates], axis=1)
+        batches, which = np.unique(keys, axis=0, return_inverse=True)
+        base = self.mechanism
+        rows_mechanism = EngineSkellamRows(**{f.name: getattr(base, f.name) for f in fields(base)})
+        for b, (group, l2, rate) in enumerate(batches):
+            at = np.flatnonzero(which.ravel() == b)
+            mechanism: Any = replace(rows_mechanism, l2_allow=float(l2), clipped=True, charge_at_bound=True)
+            if sampling:
+                mechanism = self._sampler(float(rate), inner=mechanism)
+
+            def add(record, payload):
+                """After the commit: the kept rows' snapped sum joins the round's integer sum."""
+                total[:] += payload.k[0]
+                return payload
+
+            spend(
+                RowsAccount(e, active[at], int(group)),
+                mechanism,
+                KeptUpdates(e, active[at][kept[at]]),
+                exhausted_below=cfg.exhausted_below,
+                after_exhaustion="noise-only",
+                noise=add,
+            )
+        return kept
 
     def unmasks(self, clients: np.ndarray, active: np.ndarray, reporting: np.ndarray, round_id: int) -> bool:
         """SecAgg+ on this round's ring: the asked clients in an order drawn per round, unmasked only

@@ -21,10 +21,9 @@ import math
 import numpy as np
 
 from fedfilter.client.mechanisms.gaussian import noise_grid, snap_toward_zero
-from fedfilter.client.mechanisms.sampled import coin
 from fedfilter.client.mechanisms.spend import ReleaseRecord
 from fedfilter.simulations.engine.adaptive import RoundNumbers
-from fedfilter.simulations.engine.seeds import aggregate_noise_rng, client_noise_stream
+from fedfilter.simulations.engine.seeds import aggregate_noise_rng, device_coins
 
 __all__ = ["GaussianReports"]
 
@@ -141,13 +140,7 @@ class GaussianReports:
         else:
             e, cfg = self.engine, self.engine.config
             rates = np.broadcast_to(np.asarray(self.sampled.rate, dtype=np.float64), out.shape)[~out]
-            keep = np.array(
-                [
-                    bool(coin(client_noise_stream(cfg.seed, int(c), cfg.run_id, e.round_id), float(r)))
-                    for c, r in zip(active, rates)
-                ],
-                dtype=bool,
-            )
+            keep = device_coins(cfg.seed, cfg.run_id, e.round_id, active, rates)
         self.kept[:] = False
         self.kept[~out] = keep
         return keep

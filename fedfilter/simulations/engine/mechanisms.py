@@ -109,8 +109,8 @@ class EngineSkellam(SkellamMechanism):
         "device"``; the same guarantee: certified norm at most that bound).
     charge_at_bound : bool
         ``accounting="worst-case"`` (never a device's rule): charge the worst case of any update within
-        the bound, ``skellam_charge`` at ``L2 = l2_allow`` and ``L1 = l1_cap(l2_allow, dim)`` (what
-        ``skellam_allowance`` checked both accounts admit), instead of the snapped update's exact norms.
+        the bound, at ``L2 = l2_allow`` and ``L1 = l1_cap(l2_allow, dim)`` (what ``skellam_allowance``
+        checked both accounts admit), instead of the snapped update's exact norms (``at_bound``).
 
     Examples
     --------
@@ -182,45 +182,97 @@ class EngineSkellam(SkellamMechanism):
         """
         if not self.clipped:
             arrays, _ = clip_to_norm(arrays, float(bound) * CLIP_SLACK)
-        return self.snap(arrays)
+        return self.at_bound(*self.snap(arrays), bound)
 
-    def charges(self, account, payload: SkellamPayload, sensitivity: float) -> tuple[np.ndarray, np.ndarray]:
-        """The device's charges, or with ``charge_at_bound`` those of the worst update within ``l2_allow``.
+    def at_bound(self, payload: SkellamPayload, norm: float, bound) -> tuple[SkellamPayload, float]:
+        """With ``charge_at_bound``, the payload's norms are the bound's (the worst update within
+        ``l2_allow``: ``L2 = l2_allow``, ``L1 = l1_cap(l2_allow, dim)``), so every charge read from them,
+        a sampled one's too, is the worst case; ``k`` is unchanged. Otherwise (and for a release clipped
+        to 0) the payload as snapped.
 
         Parameters
         ----------
-        account : Account
-            The client's account (its filters).
         payload : SkellamPayload
             The snapped update.
-        sensitivity : float
+        norm : float
             Its certified norm, model units.
+        bound : float
+            The allowance it was clipped to (0 when exhausted).
 
         Returns
         -------
-        tuple of (numpy.ndarray, numpy.ndarray)
-            The main charge and the worst-case charge.
+        tuple of (SkellamPayload, float)
 
         Examples
         --------
         >>> import dataclasses, numpy as np
         >>> from fedfilter.client.mechanisms.skellam import skellam_grid
         >>> from fedfilter.protocol.request import RoundSpec
-        >>> from fedfilter.simulations.engine.accounts import RowsAccount
-        >>> from fedfilter.simulations.engine.core import Engine
-        >>> from fedfilter.simulations.engine.config import EngineConfig
-        >>> engine = Engine(EngineConfig(num_clients=4, epsilon=2.0, worst_case_epsilon=4.0,
-        ...                              placement="distributed", filter_kind="rdp", min_reports=2))
         >>> spec = RoundSpec("run", 0, 1.0, 1.0, placement="distributed", min_reports=2)
         >>> grid = skellam_grid(spec, target_range=2**22, sample_num=4)
-        >>> m = dataclasses.replace(EngineSkellam.for_update(spec, grid, [np.zeros(3, np.float32)]), l2_allow=100.0)
-        >>> payload, norm = m.clip_and_snap([np.array([0.003, 0.004, 0.0], np.float32)], 1.0)
-        >>> main, worst = m.charges(RowsAccount(engine, np.array([0]), 0), payload, norm)
-        >>> bool(main[0] < worst[0])
-        True
+        >>> m = dataclasses.replace(EngineSkellam.for_update(spec, grid, [np.zeros(3, np.float32)]), l2_allow=100.0,
+        ...                         charge_at_bound=True)
+        >>> payload, norm = m.clip_and_snap([np.zeros(3, np.float32)], 1.0)
+        >>> payload.l1, payload.l2, norm == 100.0 * grid.gamma
+        (173.20508075688778, 100.0, True)
         """
-        if not self.charge_at_bound or self.l2_allow == 0:  # an exhausted release costs nothing either way
-            return super().charges(account, payload, sensitivity)
+        if not self.charge_at_bound or self.l2_allow == 0 or not float(bound) > 0:
+            return payload, norm
         l2 = self.l2_allow
-        worst = SkellamPayload(payload.k, float(l1_cap(l2, self.dim)), l2)
-        return super().charges(account, worst, l2 * self.grid.gamma)
+        return SkellamPayload(payload.k, float(l1_cap(l2, self.dim)), l2), l2 * self.grid.gamma
+
+
+@dataclass(frozen=True)
+class EngineSkellamRows(EngineSkellam):
+    """``EngineSkellam`` for many clients spent as one account, where the charge is the bound's
+    (``charge_at_bound``, worst-case accounting): rows of one budget group with one ``l2_allow`` and
+    one rate, each charged the worst case within it, so one charge, committed to every row
+    (``RowsAccount.commit``), is each row's own. ``clip_and_snap`` hands the bound to the rows' updates
+    (``distributed_round.KeptUpdates``), which train only the rows whose update enters the sum, clip and
+    snap each with the device's functions, and return the integer sum.
+
+    Examples
+    --------
+    >>> import dataclasses, numpy as np
+    >>> from fedfilter.client.mechanisms.skellam import skellam_grid
+    >>> from fedfilter.protocol.request import RoundSpec
+    >>> spec = RoundSpec("run", 0, 1.0, 1.0, placement="distributed", min_reports=2)
+    >>> grid = skellam_grid(spec, target_range=2**22, sample_num=4)
+    >>> base = EngineSkellam.for_update(spec, grid, [np.zeros(3, np.float32)])
+    >>> m = EngineSkellamRows(**{f.name: getattr(base, f.name) for f in dataclasses.fields(base)})
+    >>> class Rows:
+    ...     def snapped_sum(self, bound, gamma):
+    ...         return np.array([2, 0, -1])
+    >>> m = dataclasses.replace(m, l2_allow=100.0, clipped=True, charge_at_bound=True)
+    >>> payload, norm = m.clip_and_snap(Rows(), 100.0 * grid.gamma)
+    >>> payload.k[0].tolist(), payload.l2
+    ([2, 0, -1], 100.0)
+    """
+
+    def clip_and_snap(self, arrays: Any, bound) -> tuple[SkellamPayload, float]:
+        """The rows' snapped sum, with the bound's norms (``at_bound``).
+
+        Parameters
+        ----------
+        arrays : KeptUpdates
+            The rows' updates (anything with ``snapped_sum(bound, gamma)``).
+        bound : float
+            The rows' allowance, model units.
+
+        Returns
+        -------
+        tuple of (SkellamPayload, float)
+
+        Raises
+        ------
+        ValueError
+            Without ``charge_at_bound`` and ``clipped`` (each row's charge would then be its own).
+
+        Examples
+        --------
+        See the class.
+        """
+        if not (self.charge_at_bound and self.clipped):
+            raise ValueError("EngineSkellamRows charges every row the bound's worst case: it needs charge_at_bound.")
+        total = arrays.snapped_sum(float(bound) * CLIP_SLACK, self.grid.gamma)
+        return self.at_bound(SkellamPayload([total], 0, 0.0), 0.0, bound)

@@ -15,6 +15,7 @@ import hashlib
 import numpy as np
 
 from fedfilter.client.mechanisms.gaussian_noise import NoiseStream, round_noise_stream
+from fedfilter.client.mechanisms.sampled import coin
 
 
 def _digest(*parts) -> bytes:
@@ -193,3 +194,36 @@ def aggregate_noise_stream(seed: int, run_id: str, round_id: int) -> NoiseStream
     False
     """
     return NoiseStream.from_seed("fedfilter.engine.aggregate-skellam", int(seed), run_id, int(round_id))
+
+
+def device_coins(seed: int, run_id: str, round_id: int, clients: np.ndarray, rates: np.ndarray) -> np.ndarray:
+    """Each client's coin in round ``round_id``, as its device flips it: the first word of its own noise
+    stream (``client_noise_stream``) against its rate (``fedfilter.client.mechanisms.sampled.coin``).
+
+    Parameters
+    ----------
+    seed : int
+        The study's seed.
+    run_id : str
+        The run.
+    round_id : int
+        The round.
+    clients : numpy.ndarray
+        Client positions.
+    rates : numpy.ndarray
+        Each client's rate this round.
+
+    Returns
+    -------
+    numpy.ndarray
+        True where the client's update enters its report.
+
+    Examples
+    --------
+    >>> device_coins(0, "run", 1, np.arange(3), np.array([1.0, 0.0, 1.0])).tolist()
+    [True, False, True]
+    """
+    return np.array(
+        [bool(coin(client_noise_stream(seed, int(c), run_id, round_id), float(r))) for c, r in zip(clients, rates)],
+        dtype=bool,
+    )
