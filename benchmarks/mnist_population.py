@@ -25,8 +25,9 @@ that reads one report) is set out of the way: with thousands of reports a round 
 carries a small share of the noise, so what this study measures is the guarantee of the sum SecAgg+
 releases. The model is Opacus' MNIST CNN (``MnistCNN("relu")``), as in the central reproduction.
 
-Results are appended to ``out/mnist_population/results.jsonl`` (one line per run); a run is
-checkpointed every 10 steps in ``out/mnist_population/checkpoints/`` and resumes when rerun.
+Results are appended to ``out/mnist_population/results.jsonl`` (one line per run; a run already there is
+not run again); a run is checkpointed every 10 steps in ``out/mnist_population/checkpoints/`` and
+resumes when rerun.
 """
 
 from __future__ import annotations
@@ -159,6 +160,10 @@ def run(args: argparse.Namespace, epsilon: float) -> dict:
         seed=args.seed,
         population=task.num_clients,
     )
+    done = [r for r in rows(args.out) if all(r.get(k) == v for k, v in identity.items())]
+    if done:
+        print(f"{identity}: already in {args.out / 'results.jsonl'} (final accuracy {done[-1]['final_accuracy']:.4f})")
+        return done[-1]
     print(f"{identity}: plan {p}", flush=True)
     cfg = engine_config(args.arm, p, **{k: v for k, v in identity.items() if k != "arm"})
     engine = Engine(cfg, task=task)
