@@ -53,27 +53,11 @@ ABADI = {0.5: 0.90, 2.0: 0.95, 8.0: 0.97}
 
 
 def secagg_noise_limit(asked: int, min_reports: int, clip: float) -> float:
-    """The largest z (to 0.1% below) whose Skellam sum of ``asked`` reports fits SecAgg+'s quantization
-    range for that many reports: the device's own check (``client.mechanisms.skellam.skellam_grid``)."""
-    from fedfilter.client.mechanisms.skellam import skellam_grid
-    from fedfilter.protocol.request import RoundSpec, RoundSpecError
-    from fedfilter.protocol.secagg.grid import quantization_range
+    """0.1% below the largest z whose Skellam sum of ``asked`` reports fits SecAgg+'s range for that many
+    reports (``protocol.secagg.grid.largest_noise_multiplier``, the rule every device checks)."""
+    from fedfilter.protocol.secagg.grid import largest_noise_multiplier
 
-    def fits(z: float) -> bool:
-        spec = RoundSpec("plan", 0, z, clip, placement="distributed", min_reports=min_reports)
-        try:
-            skellam_grid(spec, target_range=quantization_range(asked), sample_num=asked)
-        except RoundSpecError:
-            return False
-        return True
-
-    lo, hi = 1e-3, 1e4
-    if not fits(lo):
-        raise ValueError(f"no noise multiplier fits SecAgg+'s range for asked={asked}")
-    for _ in range(60):
-        mid = math.sqrt(lo * hi)
-        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-    return lo * 0.999
+    return largest_noise_multiplier(asked, min_reports, clip) * 0.999
 
 
 def plan(arm: str, *, epsilon: float, steps: int, asked: int, clip: float, dim: int, population: int) -> dict:

@@ -44,6 +44,7 @@ from fedfilter.planning.rounds import (
 from fedfilter.privacy.noise_norm import chi_mean, expected_noise_norm
 from fedfilter.protocol.request import PLACEMENTS
 from fedfilter.protocol.rules import released_mean_noise_std
+from fedfilter.protocol.secagg.grid import largest_noise_multiplier
 
 __all__ = ["TARGET_NOISE_TO_CLIP", "least_affordable_noise_multiplier", "mean_noise_norm", "plan_federation"]
 
@@ -284,12 +285,23 @@ def _round_up(x: float, digits: int = 2) -> float:
     return float(f"{math.ceil(x / scale) * scale:.{digits}g}")  # callers check the result still holds
 
 
+def _secagg_limit(s: dict[str, Any]) -> float | None:
+    """Distributed placement: the largest z SecAgg+'s range carries over this many reports (every device
+    refuses a round above it, ``protocol.secagg.grid.largest_noise_multiplier``); None for local plans."""
+    if s["placement"] != "distributed":
+        return None
+    return largest_noise_multiplier(s["devices"], s["min_reports"], s["clip"])
+
+
 def _figures(s: dict[str, Any]) -> dict[str, Any]:
     z = s["noise_multiplier"]
     std = released_mean_noise_std(z, s["clip"], s["placement"], s["min_reports"], s["devices"])
     norm = expected_noise_norm(std=std, dim=s["dim"])
     afforded = _rounds_afforded(s, z)
+    limit = _secagg_limit(s)
     return {
+        "secagg_noise_limit": limit,
+        "fits_secagg_range": limit is None or z <= limit,
         "mean_noise_std": std,
         "mean_noise_norm": norm,
         "noise_to_clip": norm / s["clip"],
@@ -381,7 +393,9 @@ def plan_federation(
     -------
     dict
         The settings; the figures (``mean_noise_std``, ``mean_noise_norm``, ``noise_to_clip``,
-        ``noise_dominates``, ``rounds_afforded``, ``fits_budget``, ``epsilon_needed``); the noise
+        ``noise_dominates``, ``rounds_afforded``, ``fits_budget``, ``epsilon_needed``, and for distributed
+        placement ``secagg_noise_limit`` and ``fits_secagg_range``: above that limit the sum's noise
+        overflows SecAgg+'s range and every device refuses the round); the noise
         multipliers the budget affords and that learn; ``changes`` (sentences); ``recommended`` and
         ``recommended_why``; ``at_these_devices`` and, for local plans, ``distributed``; ``verdict``.
 
@@ -457,6 +471,12 @@ def plan_federation(
         rec, why = _checked(dict(s)), "the settings given"
     else:
         rec, why = _recommend(s, z_budget, z_learn, target)
+    if not rec.get("fits_secagg_range", True):
+        why += (
+            f"; but every device refuses it: SecAgg+'s range carries noise multiplier at most "
+            f"{rec['secagg_noise_limit']:.4g} over {rec['devices']:,} reports (fewer devices a round, with "
+            "devices that sample themselves, fit: fedfilter plan --sampling)"
+        )
     out["recommended"] = rec
     out["recommended_why"] = why
     # Two more ways out, each checked like the recommendation: the devices given, at the multiplier
@@ -468,8 +488,20 @@ def plan_federation(
         out["distributed"] = _recommend(
             d, _least_affordable_z(d), target * s["clip"] / _noise(d, noise_multiplier=1.0), target
         )[0]
+    if not out["fits_secagg_range"]:
+        changes.insert(
+            0,
+            f"a noise multiplier of at most {out['secagg_noise_limit']:.4g}, or fewer devices a round: SecAgg+'s "
+            f"32-bit modulus must carry the sum of {s['devices']:,} reports' noise, and every device refuses a "
+            "round whose noise would overflow it",
+        )
     out["changes"] = changes
-    if out["noise_dominates"]:
+    if not out["fits_secagg_range"]:
+        out["verdict"] = (
+            f"releases nothing: every device refuses noise multiplier {z:g} over {s['devices']:,} reports, "
+            f"which overflows SecAgg+'s range (at most {out['secagg_noise_limit']:.4g} fits)"
+        )
+    elif out["noise_dominates"]:
         out["verdict"] = (
             f"the released mean is mostly noise: its noise norm {out['mean_noise_norm']:.4g} is "
             f"{out['noise_to_clip']:.3g} times the clip {s['clip']:g}, the most the devices' signal can be"

@@ -62,15 +62,17 @@ from fedfilter.client.mechanisms.gaussian_noise import NoiseStream
 from fedfilter.client.mechanisms.skellam_noise import MAX_MU_SHARE, add_skellam_noise
 from fedfilter.client.mechanisms.spend import Account
 from fedfilter.privacy.filters import GaussianFilter, rdp_order
-from fedfilter.privacy.rounding import down
-from fedfilter.privacy.skellam import integer_norms, l2_up, skellam_allowance, skellam_charge, skellam_share
+from fedfilter.privacy.skellam import integer_norms, l2_up, skellam_allowance, skellam_charge
 from fedfilter.protocol.request import RoundSpec, RoundSpecError
 from fedfilter.protocol.rules import accounted_noise_std
-from fedfilter.protocol.secagg.grid import encode_report, grid_step
+from fedfilter.protocol.secagg.grid import (
+    WRAP_SIGMAS,
+    encode_report,
+    grid_step,
+    skellam_variances,
+    sum_noise_fits,
+)
 
-# The released sum's noise must stay well inside SecAgg+'s range [-q/2, q/2): beyond it the sum wraps
-# and the round is useless (equally private, but the device would pay for nothing).
-WRAP_SIGMAS = 8.0
 # The clip bound is shrunk by this factor so that the charge at the snapped update's rounded-up L2
 # never exceeds the allowance's (a few ulps of slack; nothing measurable is lost). The engine uses it too.
 CLIP_SLACK = 1.0 - 2.0**-30
@@ -144,10 +146,8 @@ def skellam_grid(spec: RoundSpec, *, target_range: int, sample_num: int) -> Skel
     problems = []
     if not (gamma > 0 and math.isfinite(gamma) and gamma >= np.finfo(np.float64).tiny):
         problems.append(f"clip={clip!r} gives a grid step {gamma!r} below the smallest normal float.")
-    sigma = accounted_noise_std(z, clip)
-    ratio = sigma / gamma if gamma > 0 else math.inf
-    mu_total = float(down(ratio * ratio)) if math.isfinite(ratio) else math.inf
-    mu_share = skellam_share(mu_total, m) if math.isfinite(mu_total) else math.inf
+    ratio = accounted_noise_std(z, clip) / gamma if gamma > 0 else math.inf
+    mu_total, mu_share = skellam_variances(z, clip, m)
     if not (math.isfinite(mu_total) and mu_total > 0 and mu_share > 0):
         problems.append(
             f"noise_multiplier * clip / grid step = {ratio!r} gives no usable Skellam variance ({mu_total!r})."
@@ -159,8 +159,7 @@ def skellam_grid(spec: RoundSpec, *, target_range: int, sample_num: int) -> Skel
         )
     else:
         # The sum of n reports carries Sk(n mu_share): it must fit SecAgg+'s range [-q/2, q/2).
-        spread = WRAP_SIGMAS * math.sqrt(sample_num * mu_share)
-        if not spread < target_range / 2:
+        if not sum_noise_fits(mu_share, sample_num, target_range):
             problems.append(
                 f"noise_multiplier={z!r} is too large for the quantization range target_range={target_range}: "
                 f"the sum of sample_num={sample_num} reports would carry noise of std "

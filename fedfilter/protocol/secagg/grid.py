@@ -50,6 +50,9 @@ from typing import Any
 import numpy as np
 
 from fedfilter.checks import positive_finite
+from fedfilter.privacy.rounding import down
+from fedfilter.privacy.skellam import skellam_share
+from fedfilter.protocol.rules import accounted_noise_std
 
 __all__ = [
     "SECAGG_GRID_BITS",
@@ -69,6 +72,9 @@ SECAGG_GRID_BITS = 12  # clip / grid_step lies in [2**12, 2**13): snapping moves
 MODULUS_RANGE = 2**32  # Flower's default and largest SecAgg+ modulus
 MAX_WEIGHT = 1.0  # with num_examples = 1, Flower's weight factor is exactly 1.0
 MAX_QUANTIZATION_RANGE = 2**30  # Flower casts quantized values to int32
+# The released sum's noise must stay well inside SecAgg+'s range [-q/2, q/2): beyond it the sum wraps
+# and the round is useless (equally private, but the device would pay for nothing).
+WRAP_SIGMAS = 8.0
 
 
 def power_of_two(v: Any) -> bool:
@@ -119,6 +125,104 @@ def grid_step(clip: float) -> float:
         raise ValueError(problem)
     _, exp = math.frexp(float(clip))  # clip = frac * 2**exp, frac in [0.5, 1)
     return math.ldexp(1.0, exp - 1 - SECAGG_GRID_BITS)
+
+
+def skellam_variances(noise_multiplier: float, clip: float, min_reports: int) -> tuple[float, float]:
+    """The Skellam variances of a distributed round, in grid steps squared: the sum's ``mu_total``
+    (``(z C / gamma)^2``, rounded down) and each report's share ``mu_share`` (``privacy.skellam.skellam_share``
+    for ``min_reports``); ``inf`` where they overflow. The numbers every device computes
+    (``client.mechanisms.skellam.skellam_grid``) and the planner checks against SecAgg+'s range.
+
+    Parameters
+    ----------
+    noise_multiplier : float
+        ``z``.
+    clip : float
+        ``C``, finite and > 0.
+    min_reports : int
+        ``m``.
+
+    Returns
+    -------
+    tuple of (float, float)
+
+    Examples
+    --------
+    >>> skellam_variances(1.0, 1.0, 4)
+    (16777215.999999998, 4194304.0)
+    """
+    gamma = grid_step(clip)
+    ratio = accounted_noise_std(noise_multiplier, clip) / gamma if gamma > 0 else math.inf
+    mu_total = float(down(ratio * ratio)) if math.isfinite(ratio) else math.inf
+    mu_share = skellam_share(mu_total, min_reports) if math.isfinite(mu_total) else math.inf
+    return mu_total, mu_share
+
+
+def sum_noise_fits(mu_share: float, sample_num: int, target_range: int) -> bool:
+    """Whether the noise of ``sample_num`` reports' sum, ``Sk(sample_num mu_share)``, stays ``WRAP_SIGMAS``
+    standard deviations inside SecAgg+'s range ``[-q/2, q/2)``: the device refuses a round where it does not.
+
+    Parameters
+    ----------
+    mu_share : float
+        Each report's Skellam variance, grid steps squared.
+    sample_num : int
+        The reports SecAgg+ sums (the devices asked).
+    target_range : int
+        ``q``.
+
+    Returns
+    -------
+    bool
+
+    Examples
+    --------
+    >>> sum_noise_fits(1.0, 100, 161), sum_noise_fits(1.0, 100, 160)
+    (True, False)
+    """
+    return WRAP_SIGMAS * math.sqrt(sample_num * mu_share) < target_range / 2
+
+
+def largest_noise_multiplier(n_asked: int, min_reports: int, clip: float) -> float:
+    """The largest ``z`` (to 1e-9 relative, from below) at which the Skellam sum of ``n_asked`` reports fits
+    SecAgg+'s quantization range for that many reports (``sum_noise_fits`` at ``quantization_range(n_asked)``):
+    above it every device refuses the round. A plan for that many devices a round must stay below it;
+    the bound scales as about ``2**32 / (16 n_asked (C / gamma) sqrt(n_asked / m))``, so it falls
+    fast with the devices asked (about 60 at 600, 1 at 60,000).
+
+    Parameters
+    ----------
+    n_asked : int
+        The devices asked a round.
+    min_reports : int
+        ``m``.
+    clip : float
+        ``C``.
+
+    Returns
+    -------
+    float
+        0.0 when no ``z`` fits.
+
+    Examples
+    --------
+    >>> round(largest_noise_multiplier(600, 522, 1.0), 1), round(largest_noise_multiplier(60_000, 53_828, 1.0), 3)
+    (59.7, 0.947)
+    """
+    target = quantization_range(n_asked)
+
+    def fits(z: float) -> bool:
+        return sum_noise_fits(skellam_variances(z, clip, min_reports)[1], n_asked, target)
+
+    lo, hi = 0.0, 1e7
+    if fits(hi):
+        return hi
+    for _ in range(200):  # bisection: mu_share grows with z
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+        if hi - lo <= 1e-9 * hi:
+            break
+    return lo
 
 
 def quantization_range(n_sampled: int, modulus_range: int = MODULUS_RANGE) -> int:
