@@ -162,7 +162,8 @@ def run(args: argparse.Namespace, epsilon: float) -> dict:
         engine.restore(snapshot)
         curve, kept, earlier = [tuple(c) for c in meta["curve"]], meta["kept"], meta["seconds"]
         print(f"resumed after step {engine.round_id}", flush=True)
-    for step in range(engine.round_id + 1, args.steps + 1):
+    last = args.steps if args.stop_after is None else min(args.steps, args.stop_after)
+    for step in range(engine.round_id + 1, last + 1):
         record = engine.step()
         kept.append(int(record.kept if record.kept is not None else record.contributing))
         if step % args.eval_every == 0 or step == args.steps:
@@ -174,9 +175,11 @@ def run(args: argparse.Namespace, epsilon: float) -> dict:
                 f"exhausted {record.exhausted_total}, {seconds / 60:.1f} min",
                 flush=True,
             )
-        if step % 10 == 0 and step < args.steps:
+        if step % 10 == 0 and step < last:
             meta = dict(identity=identity, curve=curve, kept=kept, seconds=earlier + time.perf_counter() - started)
             save_checkpoint(checkpoint, engine.snapshot(), meta)
+    if last < args.steps:  # a probe of the planned run's first steps: nothing recorded
+        return dict(identity, **p, curve=curve)
     result = engine.result()
     row = dict(
         identity,
@@ -244,6 +247,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--lr", type=float, default=1.0, help="the coordinator's step on the mean clipped gradient")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--eval-every", type=int, default=50)
+    ap.add_argument("--stop-after", type=int, help="a probe: run the planned run's first N steps, record nothing")
     ap.add_argument("--population", type=int, default=POPULATION, help="the first N training images (a smaller study)")
     ap.add_argument("--out", type=Path, default=OUT)
     ap.add_argument("--table", action="store_true")
