@@ -81,3 +81,18 @@ def test_each_row_is_charged_the_worst_case_so_a_budget_group_moves_as_one():
     for g in (0, 1):
         rows = engine.state[engine.group == g]
         assert np.array_equal(rows, np.broadcast_to(rows[0], rows.shape))
+
+
+def test_the_coins_of_many_clients_at_once_are_each_devices_own_coin():
+    """``device_coins`` computes every client's first ChaCha20 word at once; each must be the word the
+    device's own stream gives (``NoiseStream``, the ``cryptography`` cipher), at every kind of rate."""
+    from fedfilter.client.mechanisms.sampled import coin
+    from fedfilter.simulations.engine.seeds import client_noise_stream, device_coins
+
+    rng = np.random.default_rng(5)
+    clients = rng.integers(0, 10**9, 400)
+    rates = np.concatenate([rng.random(250), np.ones(50), np.zeros(50), np.full(50, 0.5)])
+    together = device_coins(3, "run-7", 12, clients, rates)
+    alone = [bool(coin(client_noise_stream(3, int(c), "run-7", 12), float(r))) for c, r in zip(clients, rates)]
+    assert together.tolist() == alone
+    assert together[250:300].all() and not together[300:350].any() and 0 < together[350:].sum() < 50
