@@ -233,8 +233,10 @@ def _chacha20_first_words(keys: np.ndarray) -> np.ndarray:
 
     with np.errstate(over="ignore"):
         for _ in range(10):  # 20 rounds: a column round and a diagonal round each
-            quarter(0, 4, 8, 12), quarter(1, 5, 9, 13), quarter(2, 6, 10, 14), quarter(3, 7, 11, 15)
-            quarter(0, 5, 10, 15), quarter(1, 6, 11, 12), quarter(2, 7, 8, 13), quarter(3, 4, 9, 14)
+            for a, b, c, d in ((0, 4, 8, 12), (1, 5, 9, 13), (2, 6, 10, 14), (3, 7, 11, 15)):
+                quarter(a, b, c, d)
+            for a, b, c, d in ((0, 5, 10, 15), (1, 6, 11, 12), (2, 7, 8, 13), (3, 4, 9, 14)):
+                quarter(a, b, c, d)
         out = x[0:2] + state[0:2]
     return out[0].astype(np.uint64) | (out[1].astype(np.uint64) << np.uint64(32))
 
