@@ -474,7 +474,7 @@ def plan_federation(
     if not rec.get("fits_secagg_range", True):
         why += (
             f"; but every device refuses it: SecAgg+'s range carries noise multiplier at most "
-            f"{rec['secagg_noise_limit']:.4g} over {rec['devices']:,} reports (fewer devices a round, with "
+            f"{_round_down(rec['secagg_noise_limit'], 3):g} over {rec['devices']:,} reports (fewer devices a round, with "
             "devices that sample themselves, fit: fedfilter plan --sampling)"
         )
     out["recommended"] = rec
@@ -491,7 +491,7 @@ def plan_federation(
     if not out["fits_secagg_range"]:
         changes.insert(
             0,
-            f"a noise multiplier of at most {out['secagg_noise_limit']:.4g}, or fewer devices a round: SecAgg+'s "
+            f"a noise multiplier of at most {_round_down(out['secagg_noise_limit'], 3):g}, or fewer devices a round: SecAgg+'s "
             f"32-bit modulus must carry the sum of {s['devices']:,} reports' noise, and every device refuses a "
             "round whose noise would overflow it",
         )
@@ -499,7 +499,7 @@ def plan_federation(
     if not out["fits_secagg_range"]:
         out["verdict"] = (
             f"releases nothing: every device refuses noise multiplier {z:g} over {s['devices']:,} reports, "
-            f"which overflows SecAgg+'s range (at most {out['secagg_noise_limit']:.4g} fits)"
+            f"which overflows SecAgg+'s range (at most {_round_down(out['secagg_noise_limit'], 3):g} fits)"
         )
     elif out["noise_dominates"]:
         out["verdict"] = (
