@@ -474,8 +474,8 @@ def plan_federation(
     if not rec.get("fits_secagg_range", True):
         why += (
             f"; but every device refuses it: SecAgg+'s range carries noise multiplier at most "
-            f"{_round_down(rec['secagg_noise_limit'], 3):g} over {rec['devices']:,} reports (fewer devices a round, with "
-            "devices that sample themselves, fit: fedfilter plan --sampling)"
+            f"{_round_down(rec['secagg_noise_limit'], 3):g} over {rec['devices']:,} reports (fewer devices a "
+            "round, with devices that sample themselves, fit: fedfilter plan --sampling)"
         )
     out["recommended"] = rec
     out["recommended_why"] = why
@@ -491,8 +491,8 @@ def plan_federation(
     if not out["fits_secagg_range"]:
         changes.insert(
             0,
-            f"a noise multiplier of at most {_round_down(out['secagg_noise_limit'], 3):g}, or fewer devices a round: SecAgg+'s "
-            f"32-bit modulus must carry the sum of {s['devices']:,} reports' noise, and every device refuses a "
+            f"a noise multiplier of at most {_round_down(out['secagg_noise_limit'], 3):g}, or fewer devices a "
+            f"round: SecAgg+'s 32-bit modulus must carry the sum of {s['devices']:,} reports' noise, and every device refuses a "
             "round whose noise would overflow it",
         )
     out["changes"] = changes
