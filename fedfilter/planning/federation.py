@@ -492,8 +492,8 @@ def plan_federation(
         changes.insert(
             0,
             f"a noise multiplier of at most {_round_down(out['secagg_noise_limit'], 3):g}, or fewer devices a "
-            f"round: SecAgg+'s 32-bit modulus must carry the sum of {s['devices']:,} reports' noise, and every device refuses a "
-            "round whose noise would overflow it",
+            f"round: SecAgg+'s 32-bit modulus must carry the sum of {s['devices']:,} reports' noise, and every "
+            "device refuses a round whose noise would overflow it",
         )
     out["changes"] = changes
     if not out["fits_secagg_range"]:
