@@ -216,6 +216,34 @@ def table(out: Path) -> str:
     return "\n".join(lines)
 
 
+def plans(args: argparse.Namespace) -> str:
+    """Each arm's plan at each budget, before anything runs: z, the rate, the updates kept a step and the
+    noise std of the released mean per coordinate over the clip (``z C`` over the expected kept updates,
+    times ``sqrt(asked / min_reports)``: the sum carries that much more than ``z C`` when all report)."""
+    dim = 26_010  # Opacus' MNIST CNN
+    lines = [
+        "| epsilon | arm | asked a step | asks a device | z (SecAgg+ limit) | rate | kept a step "
+        "| mean's noise std / C |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for eps in (float(e) for e in args.epsilon.split(",")):
+        for arm, asked in (("unsampled", 600), ("sampled", 6_000), ("sampled", args.population)):
+            try:
+                p = plan(
+                    arm, epsilon=eps, steps=args.steps, asked=asked, clip=args.clip, dim=dim, population=args.population
+                )
+            except ValueError as err:
+                lines.append(f"| {eps:g} | {arm} | {asked:,} | | {err} | | | |")
+                continue
+            kept = asked * p["rate"]
+            noise = p["noise_multiplier"] * math.sqrt(asked / p["min_reports"]) / kept if kept else math.inf
+            lines.append(
+                f"| {eps:g} | {arm} | {asked:,} | {p['asks']} | {p['noise_multiplier']:.3g} "
+                f"({p['secagg_limit']:.3g}) | {p['rate']:.3g} | {kept:,.0f} | {noise:.2e} |"
+            )
+    return "\n".join(lines)
+
+
 def plot(path: str, out: Path) -> None:
     import matplotlib
 
@@ -251,10 +279,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--population", type=int, default=POPULATION, help="the first N training images (a smaller study)")
     ap.add_argument("--out", type=Path, default=OUT)
     ap.add_argument("--table", action="store_true")
+    ap.add_argument("--plans", action="store_true", help="each arm's plan at each --epsilon (nothing runs)")
     ap.add_argument("--plot", metavar="PNG")
     args = ap.parse_args(argv)
     if args.table:
         print(table(args.out))
+        return
+    if args.plans:
+        print(plans(args))
         return
     if args.plot:
         plot(args.plot, args.out)
