@@ -166,6 +166,8 @@ JOBS: list[Job] = (
     + [femnist(0, "e")]
     + [femnist(s, arms) for s in (0, 1, 2, 3, 4) for arms in ("a", "b")]
     + [femnist_threshold(0, 105)]  # how much of (b)'s FEMNIST gap is the drop-out tolerance
+    # the rest of it: (f), (a)'s mechanism through the engine, against (b) at 105; and a second seed at 105
+    + [femnist(0, "f"), femnist_threshold(1, 105)]
     + [mnist_plan(s, "adaptive") for s in (1, 2, 3, 4)]
     # Devices that sample themselves (h): seed 0 first, the budget tiers and their mean, then seeds 1-4.
     + [mnist_sampled(0), mnist_sampled(0, "tiers", (2.0,)), mnist_sampled(0, "equal", (3.78,))]
