@@ -190,7 +190,13 @@ class KeptUpdates:
 
         Examples
         --------
-        See the class.
+        >>> import numpy as np
+        >>> from fedfilter.simulations.engine.core import Engine
+        >>> from fedfilter.simulations.engine.config import EngineConfig
+        >>> engine = Engine(EngineConfig(num_clients=4, local_epochs=1))
+        >>> total = KeptUpdates(engine, np.array([1, 3])).snapped_sum(0.5, 2.0**-10)
+        >>> total.dtype, bool(np.abs(total).sum() > 0)
+        (dtype('int64'), True)
         """
         e, cfg, layout = self.engine, self.engine.config, self.engine.release_layout
         total = np.zeros(layout.dim, dtype=np.int64)

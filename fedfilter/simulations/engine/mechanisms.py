@@ -270,9 +270,24 @@ class EngineSkellamRows(EngineSkellam):
 
         Examples
         --------
-        See the class.
+        >>> import dataclasses, numpy as np
+        >>> from fedfilter.client.mechanisms.skellam import skellam_grid
+        >>> from fedfilter.protocol.request import RoundSpec
+        >>> spec = RoundSpec("run", 0, 1.0, 1.0, placement="distributed", min_reports=2)
+        >>> grid = skellam_grid(spec, target_range=2**22, sample_num=4)
+        >>> base = EngineSkellam.for_update(spec, grid, [np.zeros(3, np.float32)])
+        >>> m = EngineSkellamRows(**{f.name: getattr(base, f.name) for f in dataclasses.fields(base)})
+        >>> class Rows:
+        ...     def snapped_sum(self, bound, gamma):
+        ...         return np.array([1, 1, 0])
+        >>> m.clip_and_snap(Rows(), 1.0)
+        Traceback (most recent call last):
+        ...
+        ValueError: EngineSkellamRows charges every row the bound's worst case: it needs charge_at_bound and clipped.
         """
         if not (self.charge_at_bound and self.clipped):
-            raise ValueError("EngineSkellamRows charges every row the bound's worst case: it needs charge_at_bound.")
+            raise ValueError(
+                "EngineSkellamRows charges every row the bound's worst case: it needs charge_at_bound and clipped."
+            )
         total = arrays.snapped_sum(float(bound) * CLIP_SLACK, self.grid.gamma)
         return self.at_bound(SkellamPayload([total], 0, 0.0), 0.0, bound)
