@@ -205,13 +205,16 @@ def rows(out: Path) -> list[dict]:
 
 def table(out: Path) -> str:
     lines = [
-        "| epsilon | arm | asked a step | z | rate | kept a step | steps | final accuracy | Abadi et al. |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| epsilon | arm | asked a step | z | rate | kept a step | steps | final accuracy | highest on the way (step) "
+        "| Abadi et al. |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in sorted(rows(out), key=lambda r: (r["epsilon"], r["arm"], r["asked"])):
+        peak = max(r["curve"], key=lambda c: c[1])  # the test curve's shape only: the final model is the result
         lines.append(
             f"| {r['epsilon']:g} | {r['arm']} | {r['asked']:,} | {r['noise_multiplier']:.3g} | {r['rate']:.4g} | "
-            f"{r['mean_kept']:.0f} | {r['steps']} | {r['final_accuracy']:.4f} | {ABADI.get(r['epsilon'], '-')} |"
+            f"{r['mean_kept']:.0f} | {r['steps']} | {r['final_accuracy']:.4f} | {peak[1]:.4f} ({peak[0]}) | "
+            f"{ABADI.get(r['epsilon'], '-')} |"
         )
     return "\n".join(lines)
 
