@@ -90,7 +90,7 @@ class NoiseStream:
         >>> NoiseStream.from_seed("doc").uint64(2)
         array([ 4661060918872516330, 14013047268065875604], dtype=uint64)
         """
-        return cls(hashlib.sha256("\x00".join(str(p) for p in parts).encode()).digest())
+        return cls(seed_key(*parts))
 
     def uint64(self, n: int) -> np.ndarray:
         """The stream's next ``n`` 64-bit words.
@@ -185,6 +185,51 @@ def _ndtri_mp(p):
     return x
 
 
+def seed_key(*parts) -> bytes:
+    """The 32-byte ChaCha20 key ``NoiseStream.from_seed(*parts)`` uses: SHA-256 of the parts' ``str``,
+    joined by NUL (tests and the engine's conformance runs ONLY).
+
+    Parameters
+    ----------
+    *parts
+        Anything with a ``str``.
+
+    Returns
+    -------
+    bytes
+
+    Examples
+    --------
+    >>> len(seed_key("a", 1))
+    32
+    """
+    return hashlib.sha256("\x00".join(str(p) for p in parts).encode()).digest()
+
+
+def round_noise_key(noise_seed: int, run_id: str, round_id: int) -> bytes:
+    """The key of ``round_noise_stream(noise_seed, run_id, round_id)`` (the engine computes many at once).
+
+    Parameters
+    ----------
+    noise_seed : int
+        The device's test ``noise-seed``.
+    run_id : str
+        The run.
+    round_id : int
+        The round.
+
+    Returns
+    -------
+    bytes
+
+    Examples
+    --------
+    >>> NoiseStream(round_noise_key(7, "run", 0)).uint64(1)
+    array([16671923865967405132], dtype=uint64)
+    """
+    return seed_key("fedfilter.noise", int(noise_seed), run_id, int(round_id))
+
+
 def round_noise_stream(noise_seed: int, run_id: str, round_id: int) -> NoiseStream:
     """The stream a device with a test ``noise-seed`` uses for one round (and the engine, to match).
 
@@ -209,4 +254,4 @@ def round_noise_stream(noise_seed: int, run_id: str, round_id: int) -> NoiseStre
     >>> round_noise_stream(7, "run", 0).uint64(1)
     array([16671923865967405132], dtype=uint64)
     """
-    return NoiseStream.from_seed("fedfilter.noise", int(noise_seed), run_id, int(round_id))
+    return NoiseStream(round_noise_key(noise_seed, run_id, round_id))

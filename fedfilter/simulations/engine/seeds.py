@@ -11,15 +11,10 @@ simulation whose devices get ``noise-seed = client_noise_seed(seed, k)`` (for ex
 from __future__ import annotations
 
 import functools
-import hashlib
 
 import numpy as np
 
-from fedfilter.client.mechanisms.gaussian_noise import NoiseStream, round_noise_stream
-
-
-def _digest(*parts) -> bytes:
-    return hashlib.sha256("\x00".join(str(p) for p in parts).encode()).digest()
+from fedfilter.client.mechanisms.gaussian_noise import NoiseStream, round_noise_key, round_noise_stream, seed_key
 
 
 def client_noise_seed(seed: int, client: int) -> int:
@@ -44,7 +39,7 @@ def client_noise_seed(seed: int, client: int) -> int:
     >>> client_noise_seed(0, 3) < 2**63
     True
     """
-    return int.from_bytes(_digest("fedfilter.engine.client", int(seed), int(client))[:8], "little") >> 1
+    return int.from_bytes(seed_key("fedfilter.engine.client", int(seed), int(client))[:8], "little") >> 1
 
 
 def client_noise_stream(seed: int, client: int, run_id: str, round_id: int) -> NoiseStream:
@@ -118,7 +113,7 @@ def aggregate_noise_rng(seed: int, run_id: str, round_id: int) -> np.random.Gene
     array([3, 0, 5])
     """
     return make_rng(
-        int.from_bytes(_digest("fedfilter.engine.aggregate", int(seed), run_id, int(round_id))[:16], "little")
+        int.from_bytes(seed_key("fedfilter.engine.aggregate", int(seed), run_id, int(round_id))[:16], "little")
     )
 
 
@@ -143,7 +138,7 @@ def graph_rng(seed: int, run_id: str, round_id: int) -> np.random.Generator:
     >>> graph_rng(0, "run", 1).permutation(4)
     array([2, 3, 0, 1])
     """
-    return make_rng(int.from_bytes(_digest("fedfilter.engine.graph", int(seed), run_id, int(round_id))[:16], "little"))
+    return make_rng(int.from_bytes(seed_key("fedfilter.engine.graph", int(seed), run_id, int(round_id))[:16], "little"))
 
 
 def sampling_rng(seed: int, run_id: str) -> np.random.Generator:
@@ -166,7 +161,7 @@ def sampling_rng(seed: int, run_id: str) -> np.random.Generator:
     >>> bool((a == sampling_rng(0, "run").random(3)).all())
     True
     """
-    return make_rng(int.from_bytes(_digest("fedfilter.engine.sampling", int(seed), run_id)[:16], "little"))
+    return make_rng(int.from_bytes(seed_key("fedfilter.engine.sampling", int(seed), run_id)[:16], "little"))
 
 
 def aggregate_noise_stream(seed: int, run_id: str, round_id: int) -> NoiseStream:
@@ -276,12 +271,8 @@ def device_coins(seed: int, run_id: str, round_id: int, clients: np.ndarray, rat
     >>> bool(device_coins(0, "run", 2, np.array([5]), np.array([0.3]))[0]) == bool(coin(stream, 0.3))
     True
     """
-    tail = f"\x00{run_id}\x00{int(round_id)}"  # round_noise_stream's key: sha256 of its joined parts
     keys = np.frombuffer(
-        b"".join(
-            hashlib.sha256(f"fedfilter.noise\x00{_noise_seed(seed, int(c))}{tail}".encode()).digest() for c in clients
-        ),
-        dtype="<u4",
+        b"".join(round_noise_key(_noise_seed(seed, int(c)), run_id, round_id) for c in clients), dtype="<u4"
     ).reshape(-1, 8)
     words = _chacha20_first_words(keys) if len(clients) else np.zeros(0, dtype=np.uint64)
     rates = np.asarray(rates, dtype=np.float64)
