@@ -223,7 +223,9 @@ def plans(args: argparse.Namespace) -> str:
     """Each arm's plan at each budget, before anything runs: z, the rate, the updates kept a step and the
     noise std of the released mean per coordinate over the clip (``z C`` over the expected kept updates,
     times ``sqrt(asked / min_reports)``: the sum carries that much more than ``z C`` when all report)."""
-    dim = 26_010  # Opacus' MNIST CNN
+    from fedfilter.simulations.tasks.models import MnistCNN
+
+    dim = sum(p.numel() for p in MnistCNN("relu").parameters())  # the runs' model (mnist_task's)
     lines = [
         "| epsilon | arm | asked a step | asks a device | z (SecAgg+ limit) | rate | kept a step "
         "| mean's noise std / C |",

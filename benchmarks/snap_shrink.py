@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the presets beside it
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -28,6 +29,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
 
     import torch
+    from fl_vs_flower_dp_presets import PRESETS
 
     from fedfilter.client.mechanisms.gaussian import clip_to_norm, snap_toward_zero
     from fedfilter.protocol.secagg.grid import grid_step
@@ -35,7 +37,8 @@ def main(argv: list[str] | None = None) -> None:
     from fedfilter.simulations.tasks.models import MnistCNN
     from fedfilter.simulations.tasks.registry import load_task
 
-    task = load_task("femnist", num_clients=105)
+    preset = PRESETS["femnist-long"]
+    task = load_task("femnist", num_clients=int(preset["num_clients"]))
     torch.manual_seed(0)
     model = MnistCNN(num_classes=task.num_classes)
     weights = [p.detach().numpy().copy() for p in model.state_dict().values()]
@@ -43,7 +46,17 @@ def main(argv: list[str] | None = None) -> None:
     ratios, projections = [], []
     for c in range(0, task.num_clients, args.every):
         x, y = task.train_data[c]
-        update = local_sgd_update(model, weights, x, y, epochs=5, lr=0.2, batch_size=32, seed=c, loss_fn=task.loss)
+        update = local_sgd_update(
+            model,
+            weights,
+            x,
+            y,
+            epochs=int(preset["local_epochs"]),
+            lr=float(preset["lr"]),
+            batch_size=int(preset["batch_size"]),
+            seed=c,
+            loss_fn=task.loss,
+        )
         clipped, _ = clip_to_norm([np.asarray(u, dtype=np.float32) for u in update], args.clip)
         snapped = snap_toward_zero(clipped, step)
         a = np.concatenate([np.ravel(v).astype(np.float64) for v in clipped])
