@@ -142,9 +142,11 @@ def sampled_min_reports(task, args: argparse.Namespace) -> int:
 
 def sampling_plan(task, args: argparse.Namespace, eps: np.ndarray) -> dict:
     """(h)'s plan from public facts (``planning.sampled_rounds.plan_sampling``): the asks each device
-    expects (balanced passes), the z with the most expected signal over noise for the budgets' shares in
-    distributed placement, each budget's rate, and their mean (the coordinator's divisor)."""
+    expects (balanced passes), the z with the most expected signal over noise among those that spend every
+    budget and fit SecAgg+'s range for the devices asked, in distributed placement, each budget's rate,
+    and their mean (the coordinator's divisor)."""
     from fedfilter.planning.sampled_rounds import plan_sampling
+    from fedfilter.protocol.secagg.grid import largest_noise_multiplier
 
     k = sampled_per_round(task, args)
     asks = math.ceil(args.rounds * k / task.num_clients)
@@ -160,6 +162,7 @@ def sampling_plan(task, args: argparse.Namespace, eps: np.ndarray) -> dict:
         clip=args.clip,
         min_reports=m,
         dim=dim,
+        noise_limit=largest_noise_multiplier(k, m, args.clip),
     )
     rates = dict(zip(map(float, values), plan.rates))
     summary = (

@@ -313,8 +313,8 @@ def add_strategy_options(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--sampling",
         action="store_true",
-        help="devices sample themselves (rdp filter, fixed clip): the z with the most expected signal over noise, "
-        "each budget's rate and the rdp order its owner enrols at",
+        help="devices sample themselves (rdp filter, fixed clip): the z with the most expected signal over noise "
+        "that spends every budget, each budget's rate and the rdp order its owner enrols at",
     )
 
 

@@ -356,6 +356,10 @@ class SamplingPlan:
     signal_per_noise : float
         ``sum(shares * rates) / z``: the expected contributions per ask over the noise, what the plan
         maximises.
+    spending_limit : float or None
+        The largest ``z`` at which every budget is spent over the asks: the largest budget's rate
+        reaches the cap there, and above it that budget ends with some unspent (None: no budget reaches
+        the cap below 64).
 
     Examples
     --------
@@ -369,6 +373,7 @@ class SamplingPlan:
     shares: tuple[float, ...]
     rates: tuple[float, ...]
     signal_per_noise: float
+    spending_limit: float | None = None
 
     @property
     def mean_rate(self) -> float:
@@ -381,6 +386,17 @@ class SamplingPlan:
         """
         return float(sum(s * q for s, q in zip(self.shares, self.rates)))
 
+    @property
+    def spends_every_budget(self) -> bool:
+        """Whether, asked as planned, every budget ends spent (``z`` at most ``spending_limit``).
+
+        Examples
+        --------
+        >>> SamplingPlan(2.0, 6, (2.0, 6.0), (0.5, 0.5), (0.27, 1.0), 0.32, spending_limit=1.99).spends_every_budget
+        False
+        """
+        return self.spending_limit is None or self.noise_multiplier <= self.spending_limit
+
 
 def plan_sampling(
     *,
@@ -390,20 +406,24 @@ def plan_sampling(
     asks: int,
     cap: float = 1.0,
     noise_multipliers: list[float] | None = None,
+    noise_limit: float | None = None,
     placement: str = "local",
     clip: float = 1.0,
     min_reports: int = 1,
     dim: int = 1,
 ) -> SamplingPlan:
-    """The ``z`` at which self-sampling devices put the most expected signal over the noise into the
-    released mean, and each budget's rate there.
+    """The ``z`` at which self-sampling devices spend every budget and put the most expected signal over
+    the noise into the released mean, and each budget's rate there.
 
     At a given ``z`` every device's rule (``rate_for_budget``: its budget over the planned asks) fixes
     its rate ``q_i``; the asked devices then contribute ``sum_i share_i q_i`` updates per ask on average,
     against noise of std ``z C`` (in the sum, distributed; per report, local: both scale with ``z`` alone
-    at a fixed number asked), so the plan takes the ``z`` of ``noise_multipliers`` that maximises
-    ``sum_i share_i q_i / z``. A small ``z`` buys a small rate; a large one saturates the large budgets at
-    ``cap`` and then only adds noise.
+    at a fixed number asked), so the plan takes the ``z`` that maximises ``sum_i share_i q_i / z`` among
+    those at which every budget is spent: at most the largest budget's saturating ``z`` (its
+    ``spending_limit``), where its rate reaches ``cap``. Above it the largest budgets would run at the cap
+    and end with budget unspent, however much signal per noise that bought (Boenisch et al., "Have it
+    your way", NeurIPS 2023, fix their "Sample" rates so that every group exhausts its budget at the
+    horizon the same way). A small ``z`` buys only small rates.
 
     Parameters
     ----------
@@ -418,7 +438,12 @@ def plan_sampling(
     cap : float, optional
         The largest rate a device takes.
     noise_multipliers : list of float, optional
-        The ``z`` to choose from (default 24 values from 0.5 to 8, evenly spaced in log).
+        The ``z`` to choose from (default 24 values from 0.5 to 8, evenly spaced in log, with each
+        budget's saturating ``z`` and ``noise_limit``). When none of them spends every budget, the
+        smallest is taken (one value fixes ``z``).
+    noise_limit : float, optional
+        The largest ``z`` the devices accept (distributed placement: SecAgg+'s range for the devices
+        asked, ``protocol.secagg.grid.largest_noise_multiplier``).
     placement, clip, min_reports, dim : optional
         As ``full_ask_charge`` takes them.
 
@@ -429,36 +454,45 @@ def plan_sampling(
     Raises
     ------
     ValueError
-        Naming bad budgets or shares.
+        Naming bad budgets or shares, or a ``noise_limit`` below every ``z`` given.
 
     Examples
     --------
-    Budget tiers 2 / 4 / 6, six asks each: the smallest tier samples itself, the largest contributes
-    every time it is asked:
+    Budget tiers 2 / 6, six asks each: the larger budget contributes more often. Its rate reaches 1 at
+    z 1.99, so z 2 (rates 0.27 and 1, more signal over noise) would leave part of it unspent:
 
-    >>> plan = plan_sampling(budgets=[2.0, 6.0], shares=[0.5, 0.5], delta=1e-5, asks=6, noise_multipliers=[1.0, 2.0])
-    >>> plan.noise_multiplier, [round(q, 2) for q in plan.rates]
-    (2.0, [0.27, 1.0])
+    >>> plan = plan_sampling(budgets=[2.0, 6.0], shares=[0.5, 0.5], delta=1e-5, asks=6, noise_multipliers=[1.5, 2.0])
+    >>> plan.noise_multiplier, [round(q, 2) for q in plan.rates], round(plan.spending_limit, 2)
+    (1.5, [0.16, 0.63], 1.99)
     """
     if not budgets or not all(isinstance(e, (int, float)) and math.isfinite(e) and e > 0 for e in budgets):
         raise ValueError(f"budgets must be a non-empty list of finite numbers > 0. Found {budgets!r}.")
     shares = [1.0 / len(budgets)] * len(budgets) if shares is None else list(shares)
     if len(shares) != len(budgets) or any(s < 0 for s in shares) or abs(sum(shares) - 1) > 1e-9:
         raise ValueError(f"shares must give one fraction per budget, summing to 1. Found {shares!r}.")
+    if noise_limit is not None and not (math.isfinite(noise_limit) and noise_limit > 0):
+        raise ValueError(f"noise_limit must be a finite number > 0. Found {noise_limit!r}.")
     setting = dict(placement=placement, clip=clip, min_reports=min_reports, dim=dim)
+    saturating = {float(e): _saturating_z(float(e), delta, asks, cap, setting) for e in budgets}
+    # Saturating z falls as the budget grows: the largest budget's bounds every budget's spending.
+    spending_limit = saturating[max(saturating)]
     grid = noise_multipliers or [float(0.5 * 16 ** (i / 23)) for i in range(24)]
     if noise_multipliers is None:
         # The score peaks where a budget's rate reaches the cap (below it, q / z barely moves: the
         # subsampled loss is about q^2 times the unsampled one), so each budget's own saturating z
         # joins the grid: a coarse grid alone can miss it by a step (0.5 * 16^(1/23), 13%).
-        grid = sorted({*grid, *(z for e in budgets if (z := _saturating_z(float(e), delta, asks, cap, setting)))})
+        grid = sorted({*grid, *(z for z in saturating.values() if z), *([noise_limit] if noise_limit else [])})
+    accepted = [float(z) for z in grid if noise_limit is None or z <= noise_limit]
+    if not accepted:
+        raise ValueError(f"noise_limit {noise_limit!r} is below every noise multiplier given ({sorted(grid)!r}).")
+    spending = [z for z in accepted if spending_limit is None or z <= spending_limit]
     best: SamplingPlan | None = None
-    for z in grid:
+    for z in spending or [min(accepted)]:
         rates = tuple(
             rate_for_budget(
                 epsilon=float(e),
                 delta=delta,
-                noise_multiplier=float(z),
+                noise_multiplier=z,
                 asks=asks,
                 cap=cap,
                 placement=placement,
@@ -470,6 +504,6 @@ def plan_sampling(
         )
         score = sum(s * q for s, q in zip(shares, rates)) / z
         if best is None or score > best.signal_per_noise:
-            best = SamplingPlan(float(z), asks, tuple(map(float, budgets)), tuple(shares), rates, score)
+            best = SamplingPlan(z, asks, tuple(map(float, budgets)), tuple(shares), rates, score, spending_limit)
     assert best is not None
     return best

@@ -33,6 +33,7 @@ def sampling_section(
     min_reports: int = 1,
     dim: int = 1,
     noise_multipliers: Sequence[float] | None = None,
+    noise_limit: float | None = None,
     cap: float = 1.0,
 ) -> dict[str, Any]:
     """The ``"sampling"`` part of a plan: ``plan_sampling`` for budgets in equal shares, and each budget's order.
@@ -49,6 +50,8 @@ def sampling_section(
         Where the noise is added, the threshold and the model's size (distributed placement).
     noise_multipliers : sequence of float, optional
         The z to choose from (default ``plan_sampling``'s grid); one value fixes it.
+    noise_limit : float, optional
+        The largest z the devices accept (distributed: SecAgg+'s range for the devices asked).
     cap : float, optional
         The owners' largest rate.
 
@@ -56,7 +59,8 @@ def sampling_section(
     -------
     dict
         ``noise_multiplier``, ``planned_asks``, ``expected_rate`` (the budgets' mean rate), ``budgets``,
-        ``rates``, ``orders`` (one per budget), ``signal_per_noise``.
+        ``rates``, ``orders`` (one per budget), ``signal_per_noise``, ``spending_limit`` (the largest z
+        that spends every budget, or None) and ``spends_every_budget``.
 
     Examples
     --------
@@ -70,6 +74,7 @@ def sampling_section(
         asks=asks,
         cap=cap,
         noise_multipliers=None if noise_multipliers is None else [float(z) for z in noise_multipliers],
+        noise_limit=noise_limit,
         placement=placement,
         clip=1.0,  # the Skellam charge at a power-of-two clip is the largest over the grid's binade
         min_reports=min_reports,
@@ -87,4 +92,6 @@ def sampling_section(
         "rates": [float(q) for q in plan.rates],
         "orders": orders,
         "signal_per_noise": plan.signal_per_noise,
+        "spending_limit": plan.spending_limit,
+        "spends_every_budget": plan.spends_every_budget,
     }

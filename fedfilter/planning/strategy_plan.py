@@ -54,6 +54,7 @@ from fedfilter.planning.self_sampling import sampling_section
 from fedfilter.privacy.noise_norm import chi_mean
 from fedfilter.protocol.adaptive_clip import AdaptiveClipping, update_noise_multiplier
 from fedfilter.protocol.request import PLACEMENTS
+from fedfilter.protocol.secagg.grid import largest_noise_multiplier
 
 __all__ = [
     "DEFAULT_ABORT_PROBABILITY",
@@ -245,7 +246,8 @@ def plan_strategy(
         Distributed placement: ``m`` to use instead of the one the drop-out rate chooses.
     sampling : bool, optional
         Devices sample themselves (``planning.self_sampling``): the z with the most expected signal
-        over noise for the budgets, each budget's rate and order, under ``"sampling"``; needs the rdp
+        over noise among those that spend every budget (and, distributed, fit SecAgg+'s range for
+        ``devices``), each budget's rate and order, under ``"sampling"``; needs the rdp
         filter and a fixed clip.
 
     Returns
@@ -311,6 +313,11 @@ def plan_strategy(
             min_reports=m,
             dim=released,
             noise_multipliers=None if noise_multiplier is None else [noise_multiplier],
+            # A chosen z stays below SecAgg+'s range for the devices asked (every device refuses above
+            # it); a z the caller fixes is theirs, and plan_federation's verdict says if it is refused.
+            noise_limit=largest_noise_multiplier(devices, m, f["clip"])
+            if placement == "distributed" and noise_multiplier is None
+            else None,
         )
         noise_multiplier = section["noise_multiplier"]
     if noise_multiplier is None:
@@ -324,6 +331,12 @@ def plan_strategy(
     else:
         z = float(noise_multiplier)
     notes = []
+    if section is not None and not section["spends_every_budget"]:
+        limit = math.floor(section["spending_limit"] * 1000) / 1000  # down: at most this spends every budget
+        notes.append(
+            f"at noise multiplier {z:g} the largest budgets contribute at every ask and end with budget unspent; "
+            f"at most {limit:g} spends every budget (leave --noise-multiplier out to plan it)"
+        )
     if sigma_b is not None and not z < 2.0 * sigma_b and clipped_count_stddev is None:
         # The default sigma_b = k / 20 is too small for this z: a fixed clip, said in the plan.
         notes.append(

@@ -119,6 +119,9 @@ def test_a_sampling_plan_gives_each_budget_its_rate_and_order_and_the_strategy_s
         "expected_rate 0.6906" in text
         and "epsilon 2: rate 0.381, rdp-order 8.2; epsilon 6: rate 1, rdp-order 4.6" in text
     )
+    # z 2 is the caller's: above 1.409 the epsilon-6 tier contributes at every ask and ends unspent.
+    assert "end with budget unspent; at most 1.409 spends every budget" in text
+    assert not sa["spends_every_budget"] and 1.409 <= sa["spending_limit"] < 1.41
     # The strategy refuses the combination every device would refuse, before the first round.
     with pytest.raises(ValueError, match="adaptive_clipping"):
         IndividualFilterStrategy(

@@ -13,6 +13,7 @@ import math
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from fedfilter.planning.rounds import plan_distributed_rounds, plan_rounds
@@ -189,31 +190,67 @@ def test_the_rate_for_a_budget_spends_it_over_the_planned_asks():
         rate_for_budget(epsilon=1.0, asks=0, **setting)
 
 
-def test_the_sampling_plan_takes_the_z_with_the_most_signal_over_noise():
+def _spent_fraction(epsilon: float, z: float, q: float, asks: int, setting: dict | None = None) -> float:
+    """The share of its epsilon a fresh device has spent after ``asks`` asks at rate ``q``: its own filter
+    at the order it enrols at, each ask charged the full-clip sampled loss (as the ledger charges it)."""
+    from fedfilter.planning.sampled_rounds import enrolment_order
+    from fedfilter.privacy.filters import make_filter
+
+    order = enrolment_order(epsilon=epsilon, delta=1e-5, noise_multiplier=z, asks=asks)
+    filt = make_filter("rdp", epsilon, 1e-5, [float(order)])
+    charge = full_ask_charge(order=order, noise_multiplier=z, sampling_rate=q, **(setting or {}))
+    state = filt.initial_state()
+    for _ in range(asks):
+        state = filt.spend(state, np.array([charge]))
+    assert filt.within_budget(state).all()
+    return filt.epsilon_spent(state) / epsilon
+
+
+def test_the_sampling_plan_takes_the_z_with_the_most_signal_over_noise_among_those_that_spend_every_budget():
     from fedfilter.planning.sampled_rounds import plan_sampling, rate_for_budget
 
-    grid, budgets, shares = [1.3, 2.0, 3.2], (2.0, 6.0), (0.6, 0.4)
+    grid, budgets, shares = [1.2, 1.6, 2.4], (2.0, 4.0, 6.0), (0.5, 0.3, 0.2)
     plan = plan_sampling(budgets=list(budgets), shares=list(shares), delta=1e-5, asks=6, noise_multipliers=grid)
-    scores = []
+    limit = plan.spending_limit
+    assert 1.6 < limit < 2.4  # the largest budget's rate reaches 1 at about z 1.99
+    scores = {}
     for z in grid:
         rates = [rate_for_budget(epsilon=e, delta=1e-5, noise_multiplier=z, asks=6) for e in budgets]
-        scores.append(sum(s * q for s, q in zip(shares, rates)) / z)
-    assert plan.noise_multiplier == grid[scores.index(max(scores))]
-    assert plan.signal_per_noise == pytest.approx(max(scores))
-    assert plan.rates[0] < plan.rates[1]  # the larger budget contributes more often
-    # the figures docs/derivations/amplification.md quotes
-    assert (plan.noise_multiplier, round(plan.rates[0], 2), plan.rates[1]) == (2.0, 0.27, 1.0)
-    # more signal over noise than everyone at the smallest budget, every ask (rate 1)
-    full = min(
-        z
-        for z in (3.2, 4.0, 5.0, 6.4)
-        if plan_sampled_rounds(epsilon=2.0, delta=1e-5, noise_multiplier=z, sampling_rate=1.0).rounds >= 6
-    )
-    assert plan.signal_per_noise > 1.0 / full
+        scores[z] = sum(s * q for s, q in zip(shares, rates)) / z
+    spending = {z: v for z, v in scores.items() if z <= limit}
+    assert plan.noise_multiplier == max(spending, key=spending.get) and plan.spends_every_budget
+    assert plan.signal_per_noise == pytest.approx(max(spending.values()))
+    assert plan.rates[0] < plan.rates[1] < plan.rates[2] < 1  # larger budgets contribute more often
+    # Asked as planned, every tier ends with at least 90% of its budget spent...
+    for e, q in zip(budgets, plan.rates):
+        assert 0.9 <= _spent_fraction(e, plan.noise_multiplier, q, 6) <= 1.0
+    # ...which the z with the most signal over noise would not give: there the largest budget runs at
+    # rate 1 and ends with more than a tenth of it unspent.
+    best = max(scores, key=scores.get)
+    assert best > limit and scores[best] > plan.signal_per_noise
+    assert _spent_fraction(6.0, best, 1.0, 6) < 0.9
+    # A z the caller fixes stays theirs, and the plan says it leaves budget unspent.
+    fixed = plan_sampling(budgets=[2.0, 6.0], delta=1e-5, asks=6, noise_multipliers=[2.4])
+    assert fixed.noise_multiplier == 2.4 and not fixed.spends_every_budget
     with pytest.raises(ValueError, match="shares"):
         plan_sampling(budgets=[2.0, 4.0], shares=[0.5, 0.6], delta=1e-5, asks=6)
     with pytest.raises(ValueError, match="budgets"):
         plan_sampling(budgets=[], delta=1e-5, asks=6)
+
+
+def test_the_sampling_plan_stays_within_the_noise_the_devices_accept():
+    """Distributed placement: above SecAgg+'s range for the devices asked every device refuses the round,
+    so a plan there would release nothing; the limit joins the grid and bounds it."""
+    from fedfilter.planning.sampled_rounds import plan_sampling
+
+    plan = plan_sampling(budgets=[1.0], delta=1e-5, asks=3, noise_multipliers=[0.8, 1.6], noise_limit=1.2)
+    assert plan.noise_multiplier == 0.8
+    unlimited = plan_sampling(budgets=[1.0], delta=1e-5, asks=3, noise_multipliers=[0.8, 1.6])
+    assert unlimited.noise_multiplier == 1.6  # the limit is what moved it
+    with pytest.raises(ValueError, match="noise_limit 0.5"):
+        plan_sampling(budgets=[1.0], delta=1e-5, asks=3, noise_multipliers=[0.8, 1.6], noise_limit=0.5)
+    with pytest.raises(ValueError, match="noise_limit"):
+        plan_sampling(budgets=[1.0], delta=1e-5, asks=3, noise_limit=float("nan"))
 
 
 def test_without_a_grid_the_plan_finds_the_z_where_a_budget_saturates_its_rate():
