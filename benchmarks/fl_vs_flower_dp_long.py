@@ -264,14 +264,16 @@ SUMMARY_ARMS = (  # (column, directory under LONG with {seed}, arm letter)
     ("(a) Flower central DP", "mnist-seed{seed}", "a"),
     ("(b) fedfilter, as planned", "mnist-seed{seed}-plan", "b"),
     ("(b) adaptive clip", "mnist-seed{seed}-plan-adaptive", "b"),
+    ("(h) fedfilter, devices sample", "mnist-seed{seed}-sampled", "h"),
     ("(g) trusted, amplified", "mnist-seed{seed}", "g"),
     ("(e) no privacy", "mnist-seed{seed}", "e"),
 )
+SUMMARY_GAPS = (("(b) - (a)", 1, 0), ("(h) - (g)", 3, 4))  # (column, arm, against), indices into SUMMARY_ARMS
 
 
 def summary(seeds=(0, 1, 2, 3, 4)) -> str:
     """The MNIST study's final accuracies as a markdown table: per epsilon, each arm's per-seed values
-    and their mean over the seeds that finished, and (b) - (a) per seed."""
+    and their mean over the seeds that finished, and the gaps of ``SUMMARY_GAPS`` per seed."""
     found: dict[tuple[str, float], dict[int, float]] = {}
     for name, pattern, arm in SUMMARY_ARMS:
         for seed in seeds:
@@ -281,17 +283,20 @@ def summary(seeds=(0, 1, 2, 3, 4)) -> str:
                 if result is not None and result.get("accuracy") is not None:
                     found.setdefault((name, entry["epsilon"]), {})[seed] = result["accuracy"]
     epsilons = sorted({eps for _, eps in found})
-    head = "| epsilon | " + " | ".join(name for name, _, _ in SUMMARY_ARMS) + " | (b) - (a), per seed |"
-    lines = [head, "|---:|" + "---|" * (len(SUMMARY_ARMS) + 1)]
+    head = "| epsilon | " + " | ".join(name for name, _, _ in SUMMARY_ARMS)
+    head += "".join(f" | {gap}, per seed" for gap, _, _ in SUMMARY_GAPS) + " |"
+    lines = [head, "|---:|" + "---|" * (len(SUMMARY_ARMS) + len(SUMMARY_GAPS))]
     for eps in epsilons:
         cells = []
         for name, _, _ in SUMMARY_ARMS:
             vals = found.get((name, eps), {})
             each = " / ".join(f"{vals[s]:.3f}" for s in sorted(vals))
             cells.append(f"**{sum(vals.values()) / len(vals):.3f}** ({len(vals)}: {each})" if vals else "-")
-        a, b = found.get((SUMMARY_ARMS[0][0], eps), {}), found.get((SUMMARY_ARMS[1][0], eps), {})
-        gaps = " / ".join(f"{b[s] - a[s]:+.3f}" for s in sorted(set(a) & set(b)))
-        lines.append(f"| {eps:g} | " + " | ".join(cells) + f" | {gaps or '-'} |")
+        for _, arm, against in SUMMARY_GAPS:
+            x = found.get((SUMMARY_ARMS[arm][0], eps), {})
+            y = found.get((SUMMARY_ARMS[against][0], eps), {})
+            cells.append(" / ".join(f"{x[s] - y[s]:+.3f}" for s in sorted(set(x) & set(y))) or "-")
+        lines.append(f"| {eps:g} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 

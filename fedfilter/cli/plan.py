@@ -247,6 +247,13 @@ def _plan(args: argparse.Namespace) -> int:
         "",
         f"Verdict: {p['verdict']}.",
     ]
+    if strategy["sampling"] is not None:
+        # The figures above count devices that put their update in every reply; a self-sampling
+        # device pays for the planned asks at its own rate instead ("sampling", below).
+        lines += [
+            "(These figures are for devices that contribute at every ask. With --sampling each device pays "
+            f"for the {strategy['sampling']['planned_asks']} planned asks at its rate: see sampling below.)"
+        ]
     if p["changes"]:
         lines += ["", "What to change:"] + [f"  - {c}" for c in p["changes"]]
     lines += ["", f"Settings that learn (noise norm at most {TARGET_NOISE_TO_CLIP:g} x clip, checked by this planner):"]

@@ -473,15 +473,17 @@ def plan_sampling(
     if noise_limit is not None and not (math.isfinite(noise_limit) and noise_limit > 0):
         raise ValueError(f"noise_limit must be a finite number > 0. Found {noise_limit!r}.")
     setting = dict(placement=placement, clip=clip, min_reports=min_reports, dim=dim)
-    saturating = {float(e): _saturating_z(float(e), delta, asks, cap, setting) for e in budgets}
     # Saturating z falls as the budget grows: the largest budget's bounds every budget's spending.
-    spending_limit = saturating[max(saturating)]
+    spending_limit = _saturating_z(float(max(budgets)), delta, asks, cap, setting)
     grid = noise_multipliers or [float(0.5 * 16 ** (i / 23)) for i in range(24)]
     if noise_multipliers is None:
         # The score peaks where a budget's rate reaches the cap (below it, q / z barely moves: the
         # subsampled loss is about q^2 times the unsampled one), so each budget's own saturating z
         # joins the grid: a coarse grid alone can miss it by a step (0.5 * 16^(1/23), 13%).
-        grid = sorted({*grid, *(z for z in saturating.values() if z), *([noise_limit] if noise_limit else [])})
+        saturating = [_saturating_z(float(e), delta, asks, cap, setting) for e in budgets if e != max(budgets)]
+        grid = sorted(
+            {*grid, *(z for z in [spending_limit, *saturating] if z), *([noise_limit] if noise_limit else [])}
+        )
     accepted = [float(z) for z in grid if noise_limit is None or z <= noise_limit]
     if not accepted:
         raise ValueError(f"noise_limit {noise_limit!r} is below every noise multiplier given ({sorted(grid)!r}).")

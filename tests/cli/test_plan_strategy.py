@@ -121,6 +121,7 @@ def test_a_sampling_plan_gives_each_budget_its_rate_and_order_and_the_strategy_s
     )
     # z 2 is the caller's: above 1.409 the epsilon-6 tier contributes at every ask and ends unspent.
     assert "end with budget unspent; at most 1.409 spends every budget" in text
+    assert "(These figures are for devices that contribute at every ask. With --sampling each device pays" in text
     assert not sa["spends_every_budget"] and 1.409 <= sa["spending_limit"] < 1.41
     # The strategy refuses the combination every device would refuse, before the first round.
     with pytest.raises(ValueError, match="adaptive_clipping"):
