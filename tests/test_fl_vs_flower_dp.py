@@ -1,10 +1,11 @@
-"""``benchmarks/fl_vs_flower_dp.py --smoke --json``: the seven arms run, and every arm's
+"""``benchmarks/fl_vs_flower_dp.py --smoke --json``: the eight arms run, and every arm's
 guarantee holds by a reference that is not the code under test.
 
 (a) Flower's central DP: its accountant's spent epsilon is within the population budget (the smallest
 tier), and so is Google's dp_accounting on the same releases. (b)-(d), (f) fedfilter: every device's
 epsilon recomputed from its final filter state (mpmath: the RDP conversion at the filter's order, the
-exact Gaussian-DP curve; ``helpers.budget_reference``) is within its own budget. (g) the trusted
+exact Gaussian-DP curve; ``helpers.budget_reference``) is within its own budget, and so for (h), the
+devices that sample themselves, charged the subsampled loss at their filter's order. (g) the trusted
 amplified baseline: dp_accounting's Poisson-sampled account is within the smallest budget, at the
 smallest such z.
 """
@@ -31,7 +32,7 @@ def smoke() -> dict:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "fl_vs_flower_dp.py"), "--smoke", "--json", "--no-progress"]
-        + ["--arms", "abcdefg"],
+        + ["--arms", "abcdefgh"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -47,12 +48,13 @@ def test_every_arm_reports_finite_accuracy_and_its_rounds(smoke):
     rounds = smoke["settings"]["rounds"]
     assert smoke["results"]
     for entry in smoke["results"]:
-        assert sorted(entry["arms"]) == list("abcdefg")
+        assert sorted(entry["arms"]) == list("abcdefgh")
         for key, arm in entry["arms"].items():
             assert math.isfinite(arm["accuracy"]) and 0 <= arm["accuracy"] <= 1
             assert len(arm["accuracy_per_round"]) == len(arm["contributing_per_round"]) == rounds
             assert 0 <= arm["rounds_run"] <= rounds
-            most = smoke["settings"]["num_clients" if key == "g" else "clients_per_round"]  # (g): Poisson
+            # (g): Poisson sampling by the server; (h): every device asked, each with its own coin
+            most = smoke["settings"]["num_clients" if key in "gh" else "clients_per_round"]
             assert all(0 <= c <= most for c in arm["contributing_per_round"])
         assert entry["arms"]["a"]["trusted_server"] and not entry["arms"]["b"]["trusted_server"]
         # (f), the diagnostic: (a)'s mechanism (central Gaussian noise, trusted server) at (a)'s z
@@ -94,7 +96,7 @@ def test_flower_central_dp_stays_within_the_smallest_budget(smoke):
 def test_every_fedfilter_device_stays_within_its_own_budget(smoke):
     delta = smoke["settings"]["delta"]
     for entry in smoke["results"]:
-        for key in "bcdf":
+        for key in "bcdfh":
             devices = entry["arms"][key]["devices"]
             assert len(devices) == smoke["settings"]["num_clients"]
             assert any(d["state"][0] > 0 for d in devices)  # something was spent
@@ -106,6 +108,23 @@ def test_every_fedfilter_device_stays_within_its_own_budget(smoke):
                 else:  # the Gaussian-DP filter's state is mu^2
                     assert d["filter"] == "gdp" and gdp_delta(d["epsilon"], state) <= delta
                 assert d["spent_epsilon"] <= d["epsilon"]
+
+
+def test_devices_that_sample_themselves_run_at_rates_their_budgets_buy(smoke):
+    """(h): no trusted server, every device asked every round, each tier at the plan's rate (a larger budget
+    contributes more often), the coordinator dividing by their mean; the kept updates are the coins'."""
+    for entry in smoke["results"]:
+        h = entry["arms"]["h"]
+        plan = h["sampling_plan"]
+        assert not h["trusted_server"] and h["placement"] == "distributed"
+        assert plan["per_round"] == smoke["settings"]["num_clients"] and plan["asks"] == smoke["settings"]["rounds"]
+        rates = [plan["rates"][e] for e in sorted(plan["rates"], key=float)]
+        assert all(0 < q <= 1 for q in rates) and rates == sorted(rates) and rates[0] < rates[-1]
+        tiers = [d["epsilon"] for d in h["devices"]]
+        mean = sum(plan["rates"][repr(float(e))] for e in tiers) / len(tiers)
+        assert plan["expected_rate"] == pytest.approx(mean)
+        assert all(0 <= k <= plan["per_round"] for k in h["kept_per_round"]) and sum(h["kept_per_round"]) > 0
+        assert all(d["spent_epsilon"] > 0 and d["exhausted_round"] == -1 for d in h["devices"])
 
 
 def _benchmark():
