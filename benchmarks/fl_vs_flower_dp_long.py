@@ -324,6 +324,32 @@ def quickstart_summary() -> str:
     return "\n".join(lines)
 
 
+def spending(outs: list[Path]) -> str:
+    """Each budget's share spent, per run (markdown): for every epsilon and arm in each ``--out``
+    directory, the accuracy, z, and per budget the devices, the plan's rate (self-sampling arms) and the
+    mean and least ``spent_epsilon / epsilon`` of its devices' final filters."""
+    lines = [
+        "| run | epsilon | arm | z | accuracy | budget | devices | rate | spent, mean | spent, least |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for out in outs:
+        for entry in json.loads((out / "results.json").read_text())["results"]:
+            for arm, r in sorted(entry["arms"].items()):
+                tiers: dict[float, list[float]] = {}
+                for d in r.get("devices") or []:
+                    tiers.setdefault(float(d["epsilon"]), []).append(d["spent_epsilon"] / d["epsilon"])
+                rates = (r.get("sampling_plan") or {}).get("rates", {})
+                z = f"{r['noise_multiplier']:.4g}" if r.get("noise_multiplier") is not None else "-"
+                for e, spent in sorted(tiers.items()):
+                    rate = rates.get(repr(e))
+                    lines.append(
+                        f"| {out.name} | {entry['epsilon']:g} | ({arm}) | {z} | {r['accuracy']:.4f} | {e:g} | "
+                        f"{len(spent)} | {'-' if rate is None else f'{rate:.3g}'} | {sum(spent) / len(spent):.3f} | "
+                        f"{min(spent):.3f} |"
+                    )
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--status", action="store_true", help="print each job's state and exit")
@@ -331,6 +357,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", default=None, help="comma-separated job names (default: the whole queue)")
     p.add_argument("--summary", action="store_true", help="print the MNIST study's table (markdown) and exit")
     p.add_argument("--quickstart", action="store_true", help="print the quickstart sweep's table (markdown) and exit")
+    p.add_argument(
+        "--spending", nargs="+", default=None, help="print each budget's share spent in these --out directories"
+    )
     args = p.parse_args(argv)
     jobs = JOBS if args.only is None else [j for j in JOBS if j.name in args.only.split(",")]
     if args.status:
@@ -344,6 +373,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.quickstart:
         print(quickstart_summary())
+        return 0
+    if args.spending:
+        print(spending([Path(o) for o in args.spending]))
         return 0
     return work(jobs)
 

@@ -194,3 +194,26 @@ def test_the_long_queue_skips_what_is_done(tmp_path, monkeypatch):
     held.close()
     assert "--preset" in job.command() and job.command()[job.command().index("--arms") + 1] == "ae"
     assert len({j.name for j in long.JOBS}) == len(long.JOBS)
+
+
+def test_the_spending_table_reads_each_budgets_share_from_the_devices_filters(tmp_path):
+    import fl_vs_flower_dp_long as long
+
+    def device(eps, spent):
+        return {"epsilon": eps, "spent_epsilon": spent}
+
+    arm = {
+        "accuracy": 0.5,
+        "noise_multiplier": 4.5,
+        "sampling_plan": {"rates": {"2.0": 0.13, "6.0": 1.0}},
+        "devices": [device(2.0, 2.0), device(2.0, 1.8), device(6.0, 4.2)],
+    }
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "results.json").write_text(
+        bench.json.dumps({"results": [{"epsilon": 2.0, "arms": {"h": arm}}]})
+    )
+    rows = long.spending([tmp_path / "run"]).splitlines()[2:]
+    assert rows == [
+        "| run | 2 | (h) | 4.5 | 0.5000 | 2 | 2 | 0.13 | 0.950 | 0.900 |",
+        "| run | 2 | (h) | 4.5 | 0.5000 | 6 | 1 | 1 | 0.700 | 0.700 |",
+    ]
