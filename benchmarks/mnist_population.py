@@ -205,16 +205,16 @@ def rows(out: Path) -> list[dict]:
 
 def table(out: Path) -> str:
     lines = [
-        "| epsilon | arm | asked a step | z | rate | kept a step | steps | final accuracy | highest on the way (step) "
-        "| Abadi et al. |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| epsilon | arm | asked a step | z | rate | kept a step | steps | lr | final accuracy "
+        "| highest on the way (step) | Abadi et al. |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for r in sorted(rows(out), key=lambda r: (r["epsilon"], r["arm"], r["asked"])):
+    for r in sorted(rows(out), key=lambda r: (r["epsilon"], r["arm"], r["asked"], -r["lr"])):
         peak = max(r["curve"], key=lambda c: c[1])  # the test curve's shape only: the final model is the result
         lines.append(
             f"| {r['epsilon']:g} | {r['arm']} | {r['asked']:,} | {r['noise_multiplier']:.3g} | {r['rate']:.4g} | "
-            f"{r['mean_kept']:.0f} | {r['steps']} | {r['final_accuracy']:.4f} | {peak[1]:.4f} ({peak[0]}) | "
-            f"{ABADI.get(r['epsilon'], '-')} |"
+            f"{r['mean_kept']:.0f} | {r['steps']} | {r['lr']:g} | {r['final_accuracy']:.4f} | "
+            f"{peak[1]:.4f} ({peak[0]}) | {ABADI.get(r['epsilon'], '-')} |"
         )
     return "\n".join(lines)
 
@@ -261,7 +261,8 @@ def plot(path: str, out: Path) -> None:
     for ax, eps in zip(axes[0], epsilons):
         for r in (r for r in data if r["epsilon"] == eps):
             steps, acc = zip(*r["curve"])
-            ax.plot(steps, acc, label=f"{r['arm']}, {r['asked']:,} asked, z {r['noise_multiplier']:.2g}")
+            label = f"{r['arm']}, {r['asked']:,} asked, z {r['noise_multiplier']:.2g}, lr {r['lr']:g}"
+            ax.plot(steps, acc, label=label)
         if eps in ABADI:
             ax.axhline(ABADI[eps], color="grey", ls=":", label="Abadi et al. 2016")
         ax.set(title=f"epsilon {eps:g}", xlabel="step", ylabel="test accuracy", ylim=(0.0, 1.0))
