@@ -365,6 +365,25 @@ def spending(outs: list[Path]) -> str:
     return "\n".join(lines)
 
 
+def trusted_noise(rates=(0.05, 0.1, 0.2, 0.5, 1.0), devices: int = 1000, rounds: int = 30) -> str:
+    """A trusted server's noise in the mean by its Poisson rate (markdown): at each epsilon, the smallest z
+    dp_accounting certifies for ``rounds`` Poisson-sampled Gaussian releases (``amplified_noise_multiplier``,
+    (g)'s z) and the noise std of the mean over the clip, ``z / (q devices)``."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    sys.path.insert(0, str(ROOT / "tests"))  # tests/harness: the search (a) and (g) share
+    from fl_vs_flower_dp_plan import amplified_noise_multiplier
+
+    lines = ["| epsilon | " + " | ".join(f"rate {q:g}: z, noise / C" for q in rates) + " |"]
+    lines.append("|---:|" + "---|" * len(rates))
+    for eps in EPSILONS:
+        cells = []
+        for q in rates:
+            z = amplified_noise_multiplier(eps, 1e-5, rounds, q)
+            cells.append(f"{z:.3f}, {z / (q * devices):.4f}")
+        lines.append(f"| {eps:g} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--status", action="store_true", help="print each job's state and exit")
@@ -375,6 +394,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--spending", nargs="+", default=None, help="print each budget's share spent in these --out directories"
     )
+    p.add_argument("--trusted-noise", action="store_true", help="print a trusted server's noise by its sampling rate")
     args = p.parse_args(argv)
     jobs = JOBS if args.only is None else [j for j in JOBS if j.name in args.only.split(",")]
     if args.status:
@@ -388,6 +408,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.quickstart:
         print(quickstart_summary())
+        return 0
+    if args.trusted_noise:
+        print(trusted_noise())
         return 0
     if args.spending:
         print(spending([Path(o) for o in args.spending]))
