@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fedfilter.checks import positive_finite
 from fedfilter.planning.rounds import (
     MAX_PLANNED_ROUNDS,
     _check_setting,
@@ -470,8 +471,8 @@ def plan_sampling(
     shares = [1.0 / len(budgets)] * len(budgets) if shares is None else list(shares)
     if len(shares) != len(budgets) or any(s < 0 for s in shares) or abs(sum(shares) - 1) > 1e-9:
         raise ValueError(f"shares must give one fraction per budget, summing to 1. Found {shares!r}.")
-    if noise_limit is not None and not (math.isfinite(noise_limit) and noise_limit > 0):
-        raise ValueError(f"noise_limit must be a finite number > 0. Found {noise_limit!r}.")
+    if noise_limit is not None and (problem := positive_finite("noise_limit", noise_limit)) is not None:
+        raise ValueError(problem)
     setting = dict(placement=placement, clip=clip, min_reports=min_reports, dim=dim)
     # Saturating z falls as the budget grows: the largest budget's bounds every budget's spending.
     spending_limit = _saturating_z(float(max(budgets)), delta, asks, cap, setting)
