@@ -479,12 +479,10 @@ def plan_sampling(
     grid = noise_multipliers or [float(0.5 * 16 ** (i / 23)) for i in range(24)]
     if noise_multipliers is None:
         # The score peaks where a budget's rate reaches the cap (below it, q / z barely moves: the
-        # subsampled loss is about q^2 times the unsampled one), so each budget's own saturating z
-        # joins the grid: a coarse grid alone can miss it by a step (0.5 * 16^(1/23), 13%).
-        saturating = [_saturating_z(float(e), delta, asks, cap, setting) for e in budgets if e != max(budgets)]
-        grid = sorted(
-            {*grid, *(z for z in [spending_limit, *saturating] if z), *([noise_limit] if noise_limit else [])}
-        )
+        # subsampled loss is about q^2 times the unsampled one). The smaller budgets saturate above
+        # the spending limit, so of those peaks only the limit itself can be chosen: it joins the grid,
+        # which alone could miss it by a step (0.5 * 16^(1/23), 13%), and so does the noise limit.
+        grid = sorted({*grid, *(z for z in (spending_limit, noise_limit) if z)})
     accepted = [float(z) for z in grid if noise_limit is None or z <= noise_limit]
     if not accepted:
         raise ValueError(f"noise_limit {noise_limit!r} is below every noise multiplier given ({sorted(grid)!r}).")
