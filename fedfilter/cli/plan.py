@@ -163,6 +163,10 @@ def _epsilons(text: str) -> list[float]:
 
 
 def _strategy_plan(args: argparse.Namespace, dim: int) -> dict[str, Any]:
+    fixed = args.fixed_clip or args.sampling  # devices that sample themselves keep a fixed clip
+    if fixed and args.clip is None:
+        flag = "--fixed-clip" if args.fixed_clip else "--sampling"
+        raise ValueError(f"--clip must be given with {flag}: a fixed clip has no default. Found none.")
     return plan_strategy(
         devices=args.devices,
         rounds=args.rounds,
@@ -178,7 +182,7 @@ def _strategy_plan(args: argparse.Namespace, dim: int) -> dict[str, Any]:
         abort_probability=args.abort_probability,
         clip=args.clip,
         noise_multiplier=args.noise_multiplier,
-        adaptive=not args.fixed_clip,
+        adaptive=not fixed,
         target_clipped_quantile=args.target_clipped_quantile,
         clip_norm_lr=args.clip_norm_lr,
         clipped_count_stddev=args.clipped_count_stddev,
@@ -203,7 +207,8 @@ def _plan(args: argparse.Namespace) -> int:
         rounds=strategy["participation"]["asks_planned"],  # a device pays for the rounds it is asked
         placement=args.placement,
         min_reports=strategy["min_reports"],
-        filter=args.filter,
+        filter=strategy["filter"],  # the plan's (rdp when devices sample themselves)
+        sampling=strategy["sampling"],
     )
     if p["placement"] == "distributed":
         p["worst_case"] = worst_case_plan(
@@ -225,38 +230,52 @@ def _plan(args: argparse.Namespace) -> int:
     where = f"placement {p['placement']}" + (
         f", min-reports {p['min_reports']}" if p["placement"] == "distributed" else ""
     )
-    part = strategy["participation"]
+    part, sa = strategy["participation"], strategy["sampling"]
     wanted = f"{part['rounds']} rounds wanted" + (
         f", each device asked at most {part['asks_planned']} times ({part['mode']}; the rounds below count its asks)"
         if part["asks_planned"] != part["rounds"]
         else ""
     )
+    asked = (
+        f"{p['devices']:,} devices asked per round, {p['expected_contributions']:.4g} of them contributing on average "
+        f"(devices that sample themselves, mean rate {p['expected_rate']:.4g})"
+        if sa is not None
+        else f"{p['devices']:,} devices per round"
+    )
     lines = [
-        f"Federation: {p['devices']:,} devices per round, {p['dim']:,} parameters, {where}, noise multiplier "
+        f"Federation: {asked}, {p['dim']:,} parameters, {where}, noise multiplier "
         f"{p['noise_multiplier']:g}, clip {p['clip']:g}; a typical device's budget epsilon {p['epsilon']:g}, "
         f"delta {p['delta']:g} ({p['filter']} filter); {wanted}",
         "",
-        f"noise in the released mean   norm {p['mean_noise_norm']:.4g}  (std {p['mean_noise_std']:.4g} per coordinate)",
+        f"noise in the released mean   norm {p['mean_noise_norm']:.4g}  (std {p['mean_noise_std']:.4g} per coordinate"
+        + ("; every asked device's noise, over the contributions expected)" if sa is not None else ")"),
         f"signal's bound (the clip)    {p['clip']:g}   -> noise / clip = {p['noise_to_clip']:.3g}",
-        f"rounds a device affords      {p['rounds_afforded']} full-clip rounds (the {p['rounds']} wanted need "
-        f"epsilon {p['epsilon_needed']:.4g})",
     ]
+    if sa is None:
+        lines.append(
+            f"rounds a device affords      {p['rounds_afforded']} full-clip rounds (the {p['rounds']} wanted need "
+            f"epsilon {p['epsilon_needed']:.4g})"
+        )
+    else:
+        each = "; ".join(
+            f"epsilon {e:g}: rate {q:.3g}, {q * sa['planned_asks']:.3g} contributions expected"
+            for e, q in zip(sa["budgets"], sa["rates"])
+        )
+        lines.append(f"each budget's rate           over the {sa['planned_asks']} planned asks: {each}")
     if "worst_case" in p:
         lines += ["", table(worst_case_rows(p["worst_case"], p["rounds"], p["min_reports"]))]
     lines += [
         "",
         f"Verdict: {p['verdict']}.",
     ]
-    if strategy["sampling"] is not None:
-        # The figures above count devices that put their update in every reply; a self-sampling
-        # device pays for the planned asks at its own rate instead ("sampling", below).
-        lines += [
-            "(These figures are for devices that contribute at every ask. With --sampling each device pays "
-            f"for the {strategy['sampling']['planned_asks']} planned asks at its rate: see sampling below.)"
-        ]
     if p["changes"]:
         lines += ["", "What to change:"] + [f"  - {c}" for c in p["changes"]]
-    lines += ["", f"Settings that learn (noise norm at most {TARGET_NOISE_TO_CLIP:g} x clip, checked by this planner):"]
+    every_ask = "; devices that contribute at every ask" if sa is not None else ""
+    lines += [
+        "",
+        f"Settings that learn (noise norm at most {TARGET_NOISE_TO_CLIP:g} x clip, checked by this planner"
+        f"{every_ask}):",
+    ]
     if p["recommended"]:
         lines += _option("recommended", p["recommended"]) + [f"    ({p['recommended_why']})"]
         lines += [f"    fedfilter plan {_settings_line(p['recommended'])}"]
@@ -320,8 +339,8 @@ def add_strategy_options(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--sampling",
         action="store_true",
-        help="devices sample themselves (rdp filter, fixed clip): the z with the most expected signal over noise "
-        "that spends every budget, each budget's rate and the rdp order its owner enrols at",
+        help="devices sample themselves (rdp filter, a fixed clip: implies --fixed-clip): the z with the most "
+        "expected signal over noise that spends every budget, each budget's rate and the rdp order its owner enrols at",
     )
 
 
@@ -389,7 +408,14 @@ def strategy_lines(st: dict[str, Any]) -> list[str]:
         "Assumes each device enrolled that budget in that filter and accepts these settings; its filter stops it "
         "at its budget whatever the plan",
         f"  mean_noise_to_clip {st['mean_noise_to_clip']:.3g} (the expected noise norm of the mean of "
-        f"{drop['expected_reports']:.4g} expected reports, over the clip)",
+        f"{drop['expected_reports']:.4g} expected reports"
+        + (
+            f", their sum divided by the {drop['expected_reports'] * st['sampling']['expected_rate']:.4g} "
+            "contributions expected"
+            if st.get("sampling")
+            else ""
+        )
+        + ", over the clip)",
     ]
     if (sa := st.get("sampling")) is not None:
         tiers = "; ".join(
@@ -466,7 +492,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="z, accounted: the noise std is z * C (default: the least the smallest budget pays for the planned asks)",
     )
     p.add_argument(
-        "--clip", type=float, default=None, help="C: the (initial) clip norm of each device's update (default 0.1)"
+        "--clip",
+        type=float,
+        default=None,
+        help="C: the (initial) clip norm of each device's update (default 0.1 when adaptive; required with "
+        "--fixed-clip or --sampling)",
     )
     p.add_argument(
         "--epsilon",

@@ -31,6 +31,7 @@ The quickstart CNN's mean over 10 devices at z = 1 carries noise of norm about `
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 from fedfilter.checks import positive_finite
@@ -124,8 +125,10 @@ def _check(s: dict[str, Any]) -> None:
 
 
 def _noise(s: dict[str, Any], **changes: Any) -> float:
+    """The mean's expected noise norm; with self-sampling devices the coordinator divides the sum by
+    ``devices * expected_rate`` (the contributions expected), not by ``devices``."""
     t = {**s, **changes}
-    return mean_noise_norm(
+    norm = mean_noise_norm(
         noise_multiplier=t["noise_multiplier"],
         clip=t["clip"],
         placement=t["placement"],
@@ -133,6 +136,7 @@ def _noise(s: dict[str, Any], **changes: Any) -> float:
         devices=t["devices"],
         dim=t["dim"],
     )
+    return norm / t.get("expected_rate", 1.0)
 
 
 def _admits(s: dict[str, Any], z: float) -> bool:
@@ -247,7 +251,8 @@ def _epsilon_needed(s: dict[str, Any], z: float) -> float:
 def _devices_needed(s: dict[str, Any], z: float, placement: str, target: float) -> int:
     """The fewest devices per round (all reporting; ``min_reports = devices`` when distributed)
     whose mean carries noise of norm at most ``target * clip`` at multiplier ``z``."""
-    scale = z * chi_mean(s["dim"]) / target  # local: n >= scale^2; distributed (m = n): n >= scale
+    # local: n >= scale^2; distributed (m = n): n >= scale (the mean divided by n * expected_rate, _noise)
+    scale = z * chi_mean(s["dim"]) / (target * s.get("expected_rate", 1.0))
     n = max(1, math.ceil(scale**2 if placement == "local" else scale))
     changes = lambda n: dict(devices=n, placement=placement, noise_multiplier=z, min_reports=n)  # noqa: E731
     # The closed form is exact up to rounding: a few steps settle it (never an open-ended search).
@@ -295,7 +300,8 @@ def _secagg_limit(s: dict[str, Any]) -> float | None:
 
 def _figures(s: dict[str, Any]) -> dict[str, Any]:
     z = s["noise_multiplier"]
-    std = released_mean_noise_std(z, s["clip"], s["placement"], s["min_reports"], s["devices"])
+    q = s.get("expected_rate", 1.0)  # self-sampling devices: the sum is divided by devices * q (_noise)
+    std = released_mean_noise_std(z, s["clip"], s["placement"], s["min_reports"], s["devices"]) / q
     norm = expected_noise_norm(std=std, dim=s["dim"])
     afforded = _rounds_afforded(s, z)
     limit = _secagg_limit(s)
@@ -359,6 +365,7 @@ def plan_federation(
     placement: str = "local",
     min_reports: int = 1,
     filter: str | None = None,
+    sampling: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The federation's figures, a verdict, what to change, and recommended settings that learn.
 
@@ -388,11 +395,21 @@ def plan_federation(
         ``m`` (distributed placement; at most ``devices``).
     filter : str, optional
         The devices' filter kind (default gdp, rdp for distributed placement).
+    sampling : mapping, optional
+        Devices that sample themselves: the plan's ``"sampling"`` part
+        (``planning.self_sampling.sampling_section``). Every asked device adds its noise, and the
+        coordinator divides the sum by the contributions expected, ``devices * expected_rate``: the
+        figures' noise is that mean's. Each budget pays for the planned asks (``rounds``) at the rate its
+        rule gives, so the verdict asks whether every budget buys a rate above 0 and ends spent, not
+        whether full-clip rounds fit (``rounds_afforded`` still counts those). What to change holds the
+        rates fixed; the settings that learn (``recommended``, ``at_these_devices``, ``distributed``)
+        stay those of devices that contribute at every ask.
 
     Returns
     -------
     dict
-        The settings; the figures (``mean_noise_std``, ``mean_noise_norm``, ``noise_to_clip``,
+        The settings (with ``expected_rate``, 1 without sampling, and ``expected_contributions``); the
+        figures (``mean_noise_std``, ``mean_noise_norm``, ``noise_to_clip``,
         ``noise_dominates``, ``rounds_afforded``, ``fits_budget``, ``epsilon_needed``, and for distributed
         placement ``secagg_noise_limit`` and ``fits_secagg_range``: above that limit the sum's noise
         overflows SecAgg+'s range and every device refuses the round); the noise
@@ -428,27 +445,35 @@ def plan_federation(
         filter=kind,
     )
     _check(s)
-    out: dict[str, Any] = {**s, **_figures(s)}
+    s["expected_rate"] = _expected_rate(sampling)
+    out: dict[str, Any] = {**s, **_figures(s), "expected_contributions": s["devices"] * s["expected_rate"]}
+    if sampling is not None:  # each budget's rule buys its rate over the planned asks, whatever z is
+        out["fits_budget"] = all(rate > 0 for rate in sampling["rates"])
+    every_ask = {**s, "expected_rate": 1.0}  # the settings that learn: devices that contribute at every ask
     target = TARGET_NOISE_TO_CLIP
     z_budget = _least_affordable_z(s)
-    z_learn = target * s["clip"] / _noise(s, noise_multiplier=1.0)  # the noise norm is linear in z
+    z_learn = target * s["clip"] / _noise(every_ask, noise_multiplier=1.0)  # the noise norm is linear in z
     out["least_affordable_noise_multiplier"] = z_budget
     out["largest_learning_noise_multiplier"] = z_learn
 
     changes = []
     z = s["noise_multiplier"]
+    rates = " and these rates" if sampling is not None else ""
     if out["noise_dominates"]:
         changes.append(
-            f"more devices per round: {_devices_needed(s, z, s['placement'], 1.0):,} at noise multiplier {z:g} "
-            f"({s['placement']} placement) bring the noise norm down to the clip"
+            f"more devices per round: {_devices_needed(s, z, s['placement'], 1.0):,} at noise multiplier {z:g}"
+            f"{rates} ({s['placement']} placement) bring the noise norm down to the clip"
+            + (" (a larger population, so that each device is asked as often)" if sampling is not None else "")
         )
         if s["placement"] == "local":
             dist_norm = _noise(s, placement="distributed", min_reports=s["devices"])
             changes.append(
                 f"distributed placement (SecAgg+, min-reports {s['devices']}): noise norm {dist_norm:.4g} at these "
-                f"devices; {_devices_needed(s, z, 'distributed', 1.0):,} devices per round bring it to the clip"
+                f"devices{rates}; {_devices_needed(s, z, 'distributed', 1.0):,} devices per round bring it to the "
+                "clip"
             )
-        changes.append(f"a smaller noise multiplier: at most {z_learn / target:.3g} (each device then pays more)")
+        if sampling is None:  # with sampling a smaller z also lowers every rate: the plan weighs the two
+            changes.append(f"a smaller noise multiplier: at most {z_learn / target:.3g} (each device then pays more)")
         d_max = _dim_allowed(s, 1.0)
         changes.append(
             f"fewer parameters: at most {d_max:,} released coordinates at these settings"
@@ -463,14 +488,17 @@ def plan_federation(
         changes.append(
             f"fewer rounds: a typical device affords {out['rounds_afforded']} full-clip rounds "
             f"(epsilon {out['epsilon_needed']:.4g} buys {s['rounds']})"
+            if sampling is None
+            else f"fewer planned asks, or a larger noise multiplier: {_unpaid(sampling)} buys no contribution over "
+            f"the {s['rounds']} planned asks at noise multiplier {z:g}"
         )
 
     # Recommended: the federation as given if the budget pays for a mean that learns; else the
     # devices per round that make the budget's multiplier learn.
-    if out["mean_noise_norm"] <= target * s["clip"] and out["fits_budget"]:
+    if sampling is None and out["mean_noise_norm"] <= target * s["clip"] and out["fits_budget"]:
         rec, why = _checked(dict(s)), "the settings given"
     else:
-        rec, why = _recommend(s, z_budget, z_learn, target)
+        rec, why = _recommend(every_ask, z_budget, z_learn, target)
     if not rec.get("fits_secagg_range", True):
         why += (
             f"; but every device refuses it: SecAgg+'s range carries noise multiplier at most "
@@ -482,9 +510,9 @@ def plan_federation(
     # Two more ways out, each checked like the recommendation: the devices given, at the multiplier
     # that learns (and the budget that needs); distributed placement, when the plan is local.
     z_nice = _round_down(z_learn)
-    out["at_these_devices"] = _checked({**s, "noise_multiplier": z_nice}, need_budget=False)
+    out["at_these_devices"] = _checked({**every_ask, "noise_multiplier": z_nice}, need_budget=False)
     if s["placement"] == "local" and s["devices"] >= 2:
-        d = {**s, "placement": "distributed", "filter": "rdp", "min_reports": s["devices"]}
+        d = {**every_ask, "placement": "distributed", "filter": "rdp", "min_reports": s["devices"]}
         out["distributed"] = _recommend(
             d, _least_affordable_z(d), target * s["clip"] / _noise(d, noise_multiplier=1.0), target
         )[0]
@@ -502,14 +530,35 @@ def plan_federation(
             f"which overflows SecAgg+'s range (at most {_round_down(out['secagg_noise_limit'], 3):g} fits)"
         )
     elif out["noise_dominates"]:
+        over = (
+            f" (the noise of {s['devices']:,} devices over the {out['expected_contributions']:.4g} contributions "
+            "expected)"
+            if sampling is not None
+            else ""
+        )
         out["verdict"] = (
-            f"the released mean is mostly noise: its noise norm {out['mean_noise_norm']:.4g} is "
+            f"the released mean is mostly noise: its noise norm {out['mean_noise_norm']:.4g}{over} is "
             f"{out['noise_to_clip']:.3g} times the clip {s['clip']:g}, the most the devices' signal can be"
         )
     elif not out["fits_budget"]:
         out["verdict"] = (
             f"the mean can learn (noise norm {out['mean_noise_norm']:.4g} against clip {s['clip']:g}), but a "
-            f"typical device affords only {out['rounds_afforded']} of the {s['rounds']} rounds at full clip"
+            + (
+                f"typical device affords only {out['rounds_afforded']} of the {s['rounds']} rounds at full clip"
+                if sampling is None
+                else f"budget of {_unpaid(sampling)} buys no contribution over the {s['rounds']} planned asks"
+            )
+        )
+    elif sampling is not None:
+        unspent = (
+            ""
+            if sampling["spends_every_budget"]
+            else f"; above noise multiplier {sampling['spending_limit']:.4g} the largest budgets end unspent"
+        )
+        out["verdict"] = (
+            f"learns: noise norm {out['mean_noise_norm']:.4g} against clip {s['clip']:g} over the "
+            f"{out['expected_contributions']:.4g} contributions expected a round, and each budget pays for the "
+            f"{s['rounds']} planned asks at its own rate{unspent}"
         )
     else:
         out["verdict"] = (
@@ -517,3 +566,18 @@ def plan_federation(
             f"affords {out['rounds_afforded']} full-clip rounds (>= {s['rounds']} wanted)"
         )
     return out
+
+
+def _expected_rate(sampling: Mapping[str, Any] | None) -> float:
+    """The mean rate the coordinator divides by (1 without sampling), checked like any plan field."""
+    if sampling is None:
+        return 1.0
+    q = sampling.get("expected_rate")
+    if isinstance(q, bool) or not isinstance(q, (int, float)) or not 0 < q <= 1:
+        raise ValueError(f"sampling expected_rate must be a number in (0, 1]. Found {q!r}.")
+    return float(q)
+
+
+def _unpaid(sampling: Mapping[str, Any]) -> str:
+    """The budgets whose rule gives rate 0 (they buy no contribution), as "epsilon 0.1, epsilon 0.2"."""
+    return ", ".join(f"epsilon {e:g}" for e, q in zip(sampling["budgets"], sampling["rates"]) if not q > 0)

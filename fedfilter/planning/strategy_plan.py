@@ -357,6 +357,8 @@ def plan_strategy(
     # local z C / sqrt(n); distributed z C sqrt(n / m) / n.
     per_report = z_update if placement == "local" else z_update / math.sqrt(m)
     mean_noise_to_clip = per_report * chi_mean(dim) / math.sqrt(max(n, 1.0))
+    if section is not None:  # every report carries noise; the sum is divided by the contributions expected
+        mean_noise_to_clip /= section["expected_rate"]
     afforded = [
         rounds_admitted(kind, epsilon=e, delta=delta, noise_multiplier=z, limit=max(ROUNDS_COUNTED, asks), **setting)
         for e in f["epsilons"]

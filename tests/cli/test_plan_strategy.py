@@ -100,8 +100,11 @@ def test_a_sampling_plan_gives_each_budget_its_rate_and_order_and_the_strategy_s
 
     argv = ["plan", "--devices", "100", "--population", "1000", "--params", "1000", "--epsilon", "2,6"]
     argv += ["--delta", "1e-5", "--rounds", "30", "--fixed-clip", "--clip", "0.5", "--noise-multiplier", "2"]
-    st = _json(capsys, [*argv, "--sampling"])["strategy"]
-    sa = st["sampling"]
+    out = _json(capsys, [*argv, "--sampling"])
+    st, sa = out["strategy"], out["strategy"]["sampling"]
+    # One mean on both sides: every asked device's noise over the contributions expected (no drop-outs).
+    assert out["expected_rate"] == sa["expected_rate"] and out["filter"] == "rdp"
+    assert out["noise_to_clip"] == pytest.approx(st["mean_noise_to_clip"], rel=1e-12)
     assert st["filter"] == "rdp" and sa["planned_asks"] == st["participation"]["asks_planned"] == 3
     assert sa["budgets"] == [2.0, 6.0] and st["noise_multiplier"] == sa["noise_multiplier"] == 2.0
     for e, q, order in zip(sa["budgets"], sa["rates"], sa["orders"]):  # the device's own rule, recomputed
@@ -121,7 +124,13 @@ def test_a_sampling_plan_gives_each_budget_its_rate_and_order_and_the_strategy_s
     )
     # z 2 is the caller's: above 1.409 the epsilon-6 tier contributes at every ask and ends unspent.
     assert "end with budget unspent; at most 1.409 spends every budget" in text
-    assert "(These figures are for devices that contribute at every ask. With --sampling each device pays" in text
+    # The figures above the plan are the sampled federation's: the noise of the 100 asked devices over
+    # the 69.06 contributions expected, each budget's contributions over its 3 asks (rate x asks).
+    assert "100 devices asked per round, 69.06 of them contributing on average" in text
+    assert "epsilon 2: rate 0.381, 1.14 contributions expected; epsilon 6: rate 1, 3 contributions expected" in text
+    assert (
+        "Settings that learn (noise norm at most 0.5 x clip, checked by this planner; devices that contribute" in text
+    )
     assert not sa["spends_every_budget"] and 1.409 <= sa["spending_limit"] < 1.41
     # The strategy refuses the combination every device would refuse, before the first round.
     with pytest.raises(ValueError, match="adaptive_clipping"):
@@ -130,7 +139,12 @@ def test_a_sampling_plan_gives_each_budget_its_rate_and_order_and_the_strategy_s
         )
     with pytest.raises(ValueError, match="expected_rate"):
         IndividualFilterStrategy(FedAvg(), noise_multiplier=2.0, clip=0.5, planned_asks=3, expected_rate=0.0)
-    # A plan without sampling says so; sampling with an adaptive clip is refused by name.
+    # A plan without sampling says so. --sampling implies a fixed clip, which has no default: without
+    # --clip it is refused by name; with it, --fixed-clip is not needed.
     assert _json(capsys, argv)["strategy"]["sampling"] is None
     assert main([*argv[:-5], "--sampling", "--json"]) != 0
-    assert "fixed clip" in capsys.readouterr().err
+    assert "--clip must be given with --sampling: a fixed clip has no default" in capsys.readouterr().err
+    assert main([*argv[:-5], "--sampling", "--fixed-clip", "--json"]) != 0
+    assert "--clip must be given with --fixed-clip" in capsys.readouterr().err
+    without_flag = [a for a in argv if a != "--fixed-clip"]
+    assert _json(capsys, [*without_flag, "--sampling"])["strategy"] == st

@@ -154,3 +154,66 @@ def test_a_distributed_plan_never_recommends_noise_every_device_refuses():
         min_reports=522,
     )
     assert small["fits_secagg_range"] and not small["verdict"].startswith("releases nothing")
+
+
+def _mpmath_chi_mean(dim: int) -> float:
+    """E||N(0, I_dim)|| = sqrt(2) Gamma((d + 1) / 2) / Gamma(d / 2), at 50 digits (independent of chi_mean)."""
+    with mpmath.workdps(50):
+        return float(mpmath.sqrt(2) * mpmath.gamma(mpmath.mpf(dim + 1) / 2) / mpmath.gamma(mpmath.mpf(dim) / 2))
+
+
+@pytest.mark.parametrize("placement", ["local", "distributed"])
+def test_with_devices_that_sample_themselves_the_mean_divides_every_asked_devices_noise_by_the_contributions(
+    placement,
+):
+    # Every asked device adds its noise; the coordinator divides the sum by devices x mean rate. The
+    # figures, the devices the fix needs and the verdict are that mean's, from the closed form.
+    n, m, z, clip, dim, q = 100, (80 if placement == "distributed" else 1), 3.0, 0.5, 5_000, 0.4
+    sampling = {"expected_rate": q, "budgets": [2.0, 6.0], "rates": [0.2, 0.6], "spends_every_budget": True}
+    kw = dict(devices=n, dim=dim, noise_multiplier=z, clip=clip, epsilon=2.0, delta=1e-5, rounds=3)
+    plan = plan_federation(**kw, placement=placement, min_reports=m, filter="rdp", sampling=sampling)
+    # local: n reports of std z C, sum std z C sqrt(n); distributed: std z C / sqrt(m) each.
+    sum_std = z * clip * math.sqrt(n) / (1.0 if placement == "local" else math.sqrt(m))
+    want = sum_std / (n * q) * _mpmath_chi_mean(dim)
+    assert plan["mean_noise_norm"] == pytest.approx(want, rel=1e-12)
+    assert plan["expected_rate"] == q and plan["expected_contributions"] == pytest.approx(n * q)
+    assert plan["noise_dominates"] is True and "over the 40 contributions expected" in plan["verdict"]
+    # "more devices": the fewest n' (m' = n' when distributed) whose sampled mean's noise is at most the clip.
+    (more,) = [c for c in plan["changes"] if c.startswith("more devices per round")]
+    need = int(more.split()[4].replace(",", ""))
+
+    def sampled_norm(k: int) -> float:
+        per = z * clip * math.sqrt(k) / (1.0 if placement == "local" else math.sqrt(k))
+        return per / (k * q) * _mpmath_chi_mean(dim)
+
+    assert sampled_norm(need) <= clip < sampled_norm(need - 1)
+    # The unsampled plan asks for fewer devices, and offers a smaller z, which sampling does not.
+    plain = plan_federation(**kw, placement=placement, min_reports=m, filter="rdp")
+    assert plain["mean_noise_norm"] == pytest.approx(plan["mean_noise_norm"] * q, rel=1e-12)
+    assert any(c.startswith("a smaller noise multiplier") for c in plain["changes"])
+    assert not any(c.startswith("a smaller noise multiplier") for c in plan["changes"])
+    # The settings that learn stay those of devices that contribute at every ask.
+    assert plan["recommended"] == plain["recommended"]
+    assert plan["at_these_devices"] == plain["at_these_devices"]
+
+
+def test_a_sampled_federation_that_learns_says_so_and_a_budget_that_buys_nothing_is_named():
+    kw = dict(devices=10_000, dim=1_000, noise_multiplier=1.0, clip=1.0, epsilon=8.0, delta=1e-5, rounds=2)
+    sampling = {"expected_rate": 0.5, "budgets": [8.0], "rates": [0.5], "spends_every_budget": True}
+    plan = plan_federation(**kw, filter="rdp", sampling=sampling)
+    assert (
+        plan["verdict"].startswith("learns")
+        and "each budget pays for the 2 planned asks at its own rate" in (plan["verdict"])
+    )
+    unspent = {**sampling, "spends_every_budget": False, "spending_limit": 0.8}
+    assert (
+        "above noise multiplier 0.8 the largest budgets end unspent"
+        in plan_federation(**kw, filter="rdp", sampling=unspent)["verdict"]
+    )
+    nothing = {"expected_rate": 0.5, "budgets": [0.01, 8.0], "rates": [0.0, 1.0], "spends_every_budget": True}
+    plan = plan_federation(**kw, filter="rdp", sampling=nothing)
+    assert plan["fits_budget"] is False and "budget of epsilon 0.01 buys no contribution" in plan["verdict"]
+    assert any("epsilon 0.01 buys no contribution over the 2 planned asks" in c for c in plan["changes"])
+    for bad in (0.0, 1.5, float("nan"), "0.5", True):
+        with pytest.raises(ValueError, match="sampling expected_rate must be a number in \\(0, 1\\]. Found"):
+            plan_federation(**kw, filter="rdp", sampling={**sampling, "expected_rate": bad})
