@@ -27,7 +27,9 @@ from __future__ import annotations
 import argparse
 import fcntl
 import json
+import math
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -288,7 +290,9 @@ SUMMARY_GAPS = (
 
 def summary(seeds=(0, 1, 2, 3, 4)) -> str:
     """The MNIST study's final accuracies as a markdown table: per epsilon, each arm's per-seed values
-    and their mean over the seeds that finished, and the gaps of ``SUMMARY_GAPS`` per seed."""
+    and their mean over the seeds that finished, and the gaps of ``SUMMARY_GAPS`` over the seeds both
+    arms finished: their mean, its standard error (the seeds' sample standard deviation over sqrt(n);
+    a paired comparison, so the seed-to-seed spread both arms share cancels) and each seed's."""
     found: dict[tuple[str, float], dict[int, float]] = {}
     for name, pattern, arm in SUMMARY_ARMS:
         for seed in seeds:
@@ -299,7 +303,7 @@ def summary(seeds=(0, 1, 2, 3, 4)) -> str:
                     found.setdefault((name, entry["epsilon"]), {})[seed] = result["accuracy"]
     epsilons = sorted({eps for _, eps in found})
     head = "| epsilon | " + " | ".join(name for name, _, _ in SUMMARY_ARMS)
-    head += "".join(f" | {gap}, per seed" for gap, _, _ in SUMMARY_GAPS) + " |"
+    head += "".join(f" | {gap}: paired mean ± s.e. (seeds: each)" for gap, _, _ in SUMMARY_GAPS) + " |"
     lines = [head, "|---:|" + "---|" * (len(SUMMARY_ARMS) + len(SUMMARY_GAPS))]
     for eps in epsilons:
         cells = []
@@ -310,9 +314,24 @@ def summary(seeds=(0, 1, 2, 3, 4)) -> str:
         for _, arm, against in SUMMARY_GAPS:
             x = found.get((SUMMARY_ARMS[arm][0], eps), {})
             y = found.get((SUMMARY_ARMS[against][0], eps), {})
-            cells.append(" / ".join(f"{x[s] - y[s]:+.3f}" for s in sorted(set(x) & set(y))) or "-")
+            cells.append(_paired_gap([x[s] - y[s] for s in sorted(set(x) & set(y))]))
         lines.append(f"| {eps:g} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _paired_gap(gaps: list[float]) -> str:
+    """``**mean** ± s.e. (n: each)`` of per-seed gaps; one seed has no standard error, none is "-".
+
+    >>> _paired_gap([0.02, -0.01, 0.0]), _paired_gap([0.01]), _paired_gap([])
+    ('**+0.003** ± 0.009 (3: +0.020 / -0.010 / +0.000)', '+0.010', '-')
+    """
+    if not gaps:
+        return "-"
+    each = " / ".join(f"{g:+.3f}" for g in gaps)
+    if len(gaps) == 1:
+        return each
+    se = statistics.stdev(gaps) / math.sqrt(len(gaps))
+    return f"**{statistics.mean(gaps):+.3f}** ± {se:.3f} ({len(gaps)}: {each})"
 
 
 def quickstart_summary() -> str:
