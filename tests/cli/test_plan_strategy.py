@@ -148,3 +148,14 @@ def test_a_sampling_plan_gives_each_budget_its_rate_and_order_and_the_strategy_s
     assert "--clip must be given with --fixed-clip" in capsys.readouterr().err
     without_flag = [a for a in argv if a != "--fixed-clip"]
     assert _json(capsys, [*without_flag, "--sampling"])["strategy"] == st
+
+
+def test_a_distributed_sampling_plan_says_its_worst_case_counts_devices_that_contribute_at_every_ask(capsys):
+    argv = ["plan", "--devices", "100", "--population", "1000", "--params", "1000", "--epsilon", "2,6"]
+    argv += ["--delta", "1e-5", "--rounds", "30", "--clip", "0.5", "--noise-multiplier", "2", "--placement"]
+    assert main([*argv, "distributed", "--sampling"]) == 0
+    text = capsys.readouterr().out
+    assert "worst-case-epsilon" in text and "placement distributed" in text
+    assert "(counted for devices that contribute at every ask: at their rates they pay at most this" in text
+    assert main([*argv, "distributed"]) == 0  # without sampling the worst case needs no such note
+    assert "counted for devices that contribute at every ask" not in capsys.readouterr().out
