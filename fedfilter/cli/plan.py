@@ -14,6 +14,7 @@ import importlib
 import json
 import sys
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -189,7 +190,28 @@ def _strategy_plan(args: argparse.Namespace, dim: int) -> dict[str, Any]:
         seed=args.seed,
         min_reports=args.min_reports,
         sampling=args.sampling,
+        progress=_search_progress() if args.sampling else None,
     )
+
+
+def _search_progress() -> Callable[[int, int], None] | None:
+    """A bar on stderr for the sampling plan's search (tens of seconds): tqdm's, shown on a terminal
+    only (never in --json's stdout); None without tqdm (the ``app`` extra)."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    bar = None
+
+    def progress(done: int, total: int) -> None:
+        nonlocal bar
+        if bar is None:
+            bar = tqdm(total=total, desc="fedfilter plan: each budget's rate at each z", disable=None, leave=False)
+        bar.update(done - bar.n)
+        if done >= total:
+            bar.close()
+
+    return progress
 
 
 def _plan(args: argparse.Namespace) -> int:

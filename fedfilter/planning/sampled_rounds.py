@@ -13,6 +13,7 @@ own rounding (``rounds._run_charges``), so the plan never promises an ask the le
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -412,6 +413,7 @@ def plan_sampling(
     clip: float = 1.0,
     min_reports: int = 1,
     dim: int = 1,
+    progress: Callable[[int, int], None] | None = None,
 ) -> SamplingPlan:
     """The ``z`` at which self-sampling devices spend every budget and put the most expected signal over
     the noise into the released mean, and each budget's rate there.
@@ -447,6 +449,9 @@ def plan_sampling(
         asked, ``protocol.secagg.grid.largest_noise_multiplier``).
     placement, clip, min_reports, dim : optional
         As ``full_ask_charge`` takes them.
+    progress : callable, optional
+        ``progress(done, total)`` after each budget's rate at each ``z`` (the search's unit of work,
+        about a second each): a command line shows it.
 
     Returns
     -------
@@ -487,22 +492,29 @@ def plan_sampling(
     if not accepted:
         raise ValueError(f"noise_limit {noise_limit!r} is below every noise multiplier given ({sorted(grid)!r}).")
     spending = [z for z in accepted if spending_limit is None or z <= spending_limit]
+    candidates = spending or [min(accepted)]
+    total, done = len(candidates) * len(budgets), 0
     best: SamplingPlan | None = None
-    for z in spending or [min(accepted)]:
-        rates = tuple(
-            rate_for_budget(
-                epsilon=float(e),
-                delta=delta,
-                noise_multiplier=z,
-                asks=asks,
-                cap=cap,
-                placement=placement,
-                clip=clip,
-                min_reports=min_reports,
-                dim=dim,
+    for z in candidates:
+        rates_at_z = []
+        for e in budgets:
+            rates_at_z.append(
+                rate_for_budget(
+                    epsilon=float(e),
+                    delta=delta,
+                    noise_multiplier=z,
+                    asks=asks,
+                    cap=cap,
+                    placement=placement,
+                    clip=clip,
+                    min_reports=min_reports,
+                    dim=dim,
+                )
             )
-            for e in budgets
-        )
+            done += 1
+            if progress is not None:
+                progress(done, total)
+        rates = tuple(rates_at_z)
         score = sum(s * q for s, q in zip(shares, rates)) / z
         if best is None or score > best.signal_per_noise:
             best = SamplingPlan(z, asks, tuple(map(float, budgets)), tuple(shares), rates, score, spending_limit)

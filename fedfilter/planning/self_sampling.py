@@ -16,7 +16,7 @@ Examples
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from fedfilter.planning.sampled_rounds import enrolment_order, plan_sampling
@@ -35,6 +35,7 @@ def sampling_section(
     noise_multipliers: Sequence[float] | None = None,
     noise_limit: float | None = None,
     cap: float = 1.0,
+    progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, Any]:
     """The ``"sampling"`` part of a plan: ``plan_sampling`` for budgets in equal shares, and each budget's order.
 
@@ -54,6 +55,8 @@ def sampling_section(
         The largest z the devices accept (distributed: SecAgg+'s range for the devices asked).
     cap : float, optional
         The owners' largest rate.
+    progress : callable, optional
+        Passed to ``plan_sampling``.
 
     Returns
     -------
@@ -79,6 +82,7 @@ def sampling_section(
         clip=1.0,  # the Skellam charge at a power-of-two clip is the largest over the grid's binade
         min_reports=min_reports,
         dim=dim,
+        progress=progress,
     )
     orders = [
         float(enrolment_order(epsilon=e, delta=delta, noise_multiplier=plan.noise_multiplier, asks=asks, cap=cap))

@@ -39,7 +39,7 @@ Examples
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from scipy import stats
@@ -203,6 +203,7 @@ def plan_strategy(
     seed: int = 0,
     min_reports: int | None = None,
     sampling: bool = False,
+    progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, Any]:
     """The strategy's settings from public facts: one JSON-able document (the module docstring says how).
 
@@ -249,6 +250,8 @@ def plan_strategy(
         over noise among those that spend every budget (and, distributed, fit SecAgg+'s range for
         ``devices``), each budget's rate and order, under ``"sampling"``; needs the rdp
         filter and a fixed clip.
+    progress : callable, optional
+        With ``sampling``: ``progress(done, total)`` as the search for ``z`` goes (``plan_sampling``).
 
     Returns
     -------
@@ -318,6 +321,7 @@ def plan_strategy(
             noise_limit=largest_noise_multiplier(devices, m, f["clip"])
             if placement == "distributed" and noise_multiplier is None
             else None,
+            progress=progress,
         )
         noise_multiplier = section["noise_multiplier"]
     if noise_multiplier is None:

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from fedfilter.planning.rounds import plan_distributed_rounds, plan_rounds
-from fedfilter.planning.sampled_rounds import full_ask_charge, plan_sampled_rounds
+from fedfilter.planning.sampled_rounds import full_ask_charge, plan_sampled_rounds, plan_sampling
 from fedfilter.privacy.skellam import l1_cap, skellam_rho
 from fedfilter.privacy.subsampled import SUBSAMPLED_ORDERS
 
@@ -265,3 +265,12 @@ def test_without_a_grid_the_plan_finds_the_z_where_a_budget_saturates_its_rate()
     rounds = plan_sampled_rounds(epsilon=4.0, delta=1e-5, noise_multiplier=z, sampling_rate=1.0).rounds
     fewer = plan_sampled_rounds(epsilon=4.0, delta=1e-5, noise_multiplier=z * (1 - 1e-5), sampling_rate=1.0).rounds
     assert rounds >= 10 > fewer
+
+
+def test_the_sampling_plan_reports_its_progress_once_per_rate_and_plans_the_same():
+    calls = []
+    kw = dict(budgets=[2.0, 6.0], delta=1e-5, asks=6, noise_multipliers=[1.0, 1.5, 2.5])
+    plan = plan_sampling(**kw, progress=lambda done, total: calls.append((done, total)))
+    # z 2.5 is above the spending limit (1.99): two z's, two budgets, four rates.
+    assert calls == [(1, 4), (2, 4), (3, 4), (4, 4)]
+    assert plan == plan_sampling(**kw)
