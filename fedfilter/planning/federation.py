@@ -553,7 +553,8 @@ def plan_federation(
         unspent = (
             ""
             if sampling["spends_every_budget"]
-            else f"; above noise multiplier {sampling['spending_limit']:.4g} the largest budgets end unspent"
+            else f"; at noise multiplier {z:g}, above {sampling['spending_limit']:.4g}, the largest budgets end with "
+            "budget unspent"
         )
         out["verdict"] = (
             f"learns: noise norm {out['mean_noise_norm']:.4g} against clip {s['clip']:g} over the "

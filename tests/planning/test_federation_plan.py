@@ -207,7 +207,7 @@ def test_a_sampled_federation_that_learns_says_so_and_a_budget_that_buys_nothing
     )
     unspent = {**sampling, "spends_every_budget": False, "spending_limit": 0.8}
     assert (
-        "above noise multiplier 0.8 the largest budgets end unspent"
+        "at noise multiplier 1, above 0.8, the largest budgets end with budget unspent"
         in plan_federation(**kw, filter="rdp", sampling=unspent)["verdict"]
     )
     nothing = {"expected_rate": 0.5, "budgets": [0.01, 8.0], "rates": [0.0, 1.0], "spends_every_budget": True}
