@@ -288,11 +288,8 @@ SUMMARY_GAPS = (
 )  # (column, arm, against), indices into SUMMARY_ARMS
 
 
-def summary(seeds=(0, 1, 2, 3, 4)) -> str:
-    """The MNIST study's final accuracies as a markdown table: per epsilon, each arm's per-seed values
-    and their mean over the seeds that finished, and the gaps of ``SUMMARY_GAPS`` over the seeds both
-    arms finished: their mean, its standard error (the seeds' sample standard deviation over sqrt(n);
-    a paired comparison, so the seed-to-seed spread both arms share cancels) and each seed's."""
+def _finished(seeds) -> dict[tuple[str, float], dict[int, float]]:
+    """``{(column of SUMMARY_ARMS, epsilon): {seed: final accuracy}}`` of every run that finished."""
     found: dict[tuple[str, float], dict[int, float]] = {}
     for name, pattern, arm in SUMMARY_ARMS:
         for seed in seeds:
@@ -301,6 +298,15 @@ def summary(seeds=(0, 1, 2, 3, 4)) -> str:
                 result = entry["arms"].get(arm)
                 if result is not None and result.get("accuracy") is not None:
                     found.setdefault((name, entry["epsilon"]), {})[seed] = result["accuracy"]
+    return found
+
+
+def summary(seeds=(0, 1, 2, 3, 4)) -> str:
+    """The MNIST study's final accuracies as a markdown table: per epsilon, each arm's per-seed values
+    and their mean over the seeds that finished, and the gaps of ``SUMMARY_GAPS`` over the seeds both
+    arms finished: their mean, its standard error (the seeds' sample standard deviation over sqrt(n);
+    a paired comparison, so the seed-to-seed spread both arms share cancels) and each seed's."""
+    found = _finished(seeds)
     epsilons = sorted({eps for _, eps in found})
     head = "| epsilon | " + " | ".join(name for name, _, _ in SUMMARY_ARMS)
     head += "".join(f" | {gap}: paired mean ± s.e. (seeds: each)" for gap, _, _ in SUMMARY_GAPS) + " |"
@@ -317,6 +323,52 @@ def summary(seeds=(0, 1, 2, 3, 4)) -> str:
             cells.append(_paired_gap([x[s] - y[s] for s in sorted(set(x) & set(y))]))
         lines.append(f"| {eps:g} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+PLOTTED_ARMS = (  # the columns the plot compares, in the order of the legend
+    "(a) Flower central DP",
+    "(h) fedfilter, devices sample",
+    "(g) trusted, amplified",
+    "(g) trusted, everyone asked",
+    "(e) no privacy",
+)
+
+
+def summary_plot(path: Path, seeds=(0, 1, 2, 3, 4)) -> None:
+    """The table's arms against epsilon: each seed a dot, the mean over the seeds that finished a line.
+
+    Raises
+    ------
+    FileNotFoundError
+        No run of the study has finished under ``LONG``.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    found = _finished(seeds)
+    if not found:
+        raise FileNotFoundError(f"no finished run of the MNIST study under {LONG}: run the long queue first.")
+    fig, ax = plt.subplots(figsize=(7.0, 4.4))
+    for i, name in enumerate(PLOTTED_ARMS):
+        epsilons = sorted(eps for arm, eps in found if arm == name)
+        if not epsilons:
+            continue
+        color = f"C{i}"
+        means = [statistics.mean(found[(name, eps)].values()) for eps in epsilons]
+        seeds_run = max(len(found[(name, eps)]) for eps in epsilons)
+        ax.plot(epsilons, means, "-", color=color, label=f"{name} (up to {seeds_run} seeds)")
+        for eps in epsilons:
+            each = list(found[(name, eps)].values())
+            ax.plot([eps] * len(each), each, "o", color=color, alpha=0.45, markersize=4)
+    ax.set_xscale("log", base=2)
+    ax.set(xlabel="epsilon (delta 1e-5)", ylabel="final test accuracy", ylim=(0.0, 1.0))
+    ax.set_title("MNIST-Dirichlet, 1,000 devices, 30 rounds: each seed a dot, the mean a line", fontsize=10)
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def _paired_gap(gaps: list[float]) -> str:
@@ -409,6 +461,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--curve", default=None, help="print the accuracy per round of the runs in this --out directory")
     p.add_argument("--only", default=None, help="comma-separated job names (default: the whole queue)")
     p.add_argument("--summary", action="store_true", help="print the MNIST study's table (markdown) and exit")
+    p.add_argument("--summary-plot", metavar="PNG", type=Path, help="plot the MNIST study's table to PNG and exit")
     p.add_argument("--quickstart", action="store_true", help="print the quickstart sweep's table (markdown) and exit")
     p.add_argument(
         "--spending", nargs="+", default=None, help="print each budget's share spent in these --out directories"
@@ -424,6 +477,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.summary:
         print(summary())
+        return 0
+    if args.summary_plot:
+        summary_plot(args.summary_plot)
+        print(f"wrote {args.summary_plot}")
         return 0
     if args.quickstart:
         print(quickstart_summary())

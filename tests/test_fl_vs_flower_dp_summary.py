@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -52,3 +53,22 @@ def test_the_summary_pairs_each_gap_over_the_seeds_both_arms_finished(tmp_path, 
     _write(tmp_path, "mnist-seed0-g-everyone", "g", {1.0: 0.88})
     (row,) = [line for line in long_runs.summary().splitlines()[2:] if line.startswith("| 1 |")]
     assert row.rstrip(" |").endswith(f"{h[0] - 0.88:+.3f}")
+
+
+def test_the_summary_plot_draws_every_finished_seed_and_refuses_an_empty_study(tmp_path, monkeypatch):
+    monkeypatch.setattr(long_runs, "LONG", tmp_path / "long")
+    with pytest.raises(FileNotFoundError, match="no finished run of the MNIST study"):
+        long_runs.summary_plot(tmp_path / "none.png")
+    drawn = []
+    import matplotlib.axes
+
+    original = matplotlib.axes.Axes.plot
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot", lambda ax, *a, **k: drawn.append(a) or original(ax, *a, **k))
+    for seed, acc in {0: 0.873, 1: 0.846}.items():
+        _write(tmp_path / "long", f"mnist-seed{seed}-sampled", "h", {1.0: acc, 2.0: acc + 0.03})
+    long_runs.summary_plot(tmp_path / "study.png")
+    assert (tmp_path / "study.png").stat().st_size > 10_000
+    # One line of the means, then each epsilon's seeds as dots.
+    line, dots_1, dots_2 = drawn
+    assert list(line[0]) == [1.0, 2.0] and np.allclose(line[1], [np.mean([0.873, 0.846]), np.mean([0.903, 0.876])])
+    assert sorted(dots_1[1]) == [0.846, 0.873] and np.allclose(sorted(dots_2[1]), [0.876, 0.903])
