@@ -335,7 +335,9 @@ PLOTTED_ARMS = (  # the columns the plot compares, in the order of the legend
 
 
 def summary_plot(path: Path, seeds=(0, 1, 2, 3, 4)) -> None:
-    """The table's arms against epsilon: each seed a dot, the mean over the seeds that finished a line.
+    """The table's arms against epsilon (each seed a dot, the mean over the seeds that finished a
+    line) and, beside them, the paired gaps of (h) (each seed's, and their mean with its standard
+    error) against the goal's band of one point.
 
     Raises
     ------
@@ -350,7 +352,7 @@ def summary_plot(path: Path, seeds=(0, 1, 2, 3, 4)) -> None:
     found = _finished(seeds)
     if not found:
         raise FileNotFoundError(f"no finished run of the MNIST study under {LONG}: run the long queue first.")
-    fig, ax = plt.subplots(figsize=(7.0, 4.4))
+    fig, (ax, gap_ax) = plt.subplots(1, 2, figsize=(12.0, 4.4))
     for i, name in enumerate(PLOTTED_ARMS):
         epsilons = sorted(eps for arm, eps in found if arm == name)
         if not epsilons:
@@ -366,6 +368,29 @@ def summary_plot(path: Path, seeds=(0, 1, 2, 3, 4)) -> None:
     ax.set(xlabel="epsilon (delta 1e-5)", ylabel="final test accuracy", ylim=(0.0, 1.0))
     ax.set_title("MNIST-Dirichlet, 1,000 devices, 30 rounds: each seed a dot, the mean a line", fontsize=10)
     ax.legend(fontsize=8, loc="lower right")
+    gap_ax.axhspan(-0.01, 0.01, color="grey", alpha=0.15, label="within 1 point")
+    gap_ax.axhline(0.0, color="grey", lw=0.8)
+    for k, (label, arm, against) in enumerate(g for g in SUMMARY_GAPS if SUMMARY_ARMS[g[1]][0].startswith("(h)")):
+        x, y = SUMMARY_ARMS[arm][0], SUMMARY_ARMS[against][0]
+        per_eps = {
+            eps: [found[(x, eps)][s] - found[(y, eps)][s] for s in sorted(set(found[(x, eps)]) & set(found[(y, eps)]))]
+            for eps in sorted({eps for arm_name, eps in found if arm_name == x})
+            if (y, eps) in found
+        }
+        per_eps = {eps: gaps for eps, gaps in per_eps.items() if gaps}
+        if not per_eps:
+            continue
+        color, shift = f"C{k + 5}", 1.04**k  # side by side on the log axis
+        epsilons = [eps * shift for eps in per_eps]
+        means = [statistics.mean(g) for g in per_eps.values()]
+        errors = [statistics.stdev(g) / math.sqrt(len(g)) if len(g) > 1 else 0.0 for g in per_eps.values()]
+        gap_ax.errorbar(epsilons, means, yerr=errors, fmt="s-", color=color, capsize=3, label=f"{label}: mean ± s.e.")
+        for eps, gaps in zip(epsilons, per_eps.values()):
+            gap_ax.plot([eps] * len(gaps), gaps, "o", color=color, alpha=0.45, markersize=4)
+    gap_ax.set_xscale("log", base=2)
+    gap_ax.set(xlabel="epsilon (delta 1e-5)", ylabel="accuracy gap, paired by seed")
+    gap_ax.set_title("devices that sample themselves against a trusted server", fontsize=10)
+    gap_ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

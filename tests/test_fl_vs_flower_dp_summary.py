@@ -72,3 +72,10 @@ def test_the_summary_plot_draws_every_finished_seed_and_refuses_an_empty_study(t
     line, dots_1, dots_2 = drawn
     assert list(line[0]) == [1.0, 2.0] and np.allclose(line[1], [np.mean([0.873, 0.846]), np.mean([0.903, 0.876])])
     assert sorted(dots_1[1]) == [0.846, 0.873] and np.allclose(sorted(dots_2[1]), [0.876, 0.903])
+    # With the trusted server's seeds, the second panel puts each seed's paired gap as a dot.
+    for seed, acc in {0: 0.854, 1: 0.864}.items():
+        _write(tmp_path / "long", f"mnist-seed{seed}", "g", {1.0: acc})
+    drawn.clear()
+    long_runs.summary_plot(tmp_path / "study.png")
+    gaps = [list(a[1]) for a in drawn if len(a) >= 2 and len(a[1]) == 2 and min(a[1]) < 0.5]
+    assert any(np.allclose(g, [0.873 - 0.854, 0.846 - 0.864]) for g in gaps), gaps
