@@ -286,10 +286,11 @@ def _plan(args: argparse.Namespace) -> int:
         lines.append(f"each budget's rate           over the {sa['planned_asks']} planned asks: {each}")
     if "worst_case" in p:
         lines += ["", table(worst_case_rows(p["worst_case"], p["rounds"], p["min_reports"]))]
-        if sa is not None:  # a subsampled release costs at most the full one at the same order
+        if sa is not None:  # the account's order comes from its own budget, and sampling only lowers a charge
             lines.append(
-                "            (counted for devices that contribute at every ask: at their rates they pay at most "
-                "this at the same order)"
+                "            (counted for devices that contribute at every ask; at their rates they pay at most "
+                "this: the worst-case account holds the order its own budget picks, where a subsampled release "
+                "costs at most the full one)"
             )
     lines += [
         "",

@@ -156,6 +156,31 @@ def test_a_distributed_sampling_plan_says_its_worst_case_counts_devices_that_con
     assert main([*argv, "distributed", "--sampling"]) == 0
     text = capsys.readouterr().out
     assert "worst-case-epsilon" in text and "placement distributed" in text
-    assert "(counted for devices that contribute at every ask: at their rates they pay at most this" in text
+    assert "(counted for devices that contribute at every ask; at their rates they pay at most this" in text
     assert main([*argv, "distributed"]) == 0  # without sampling the worst case needs no such note
     assert "counted for devices that contribute at every ask" not in capsys.readouterr().out
+    # The claim, with the device's own functions: the worst-case account the owner enrols at the
+    # table's worst-case-epsilon (its filter at the order that budget picks) admits every planned ask
+    # at each budget's rate, each report read alone. At the main filter's order it would not.
+    from fedfilter.client.ledger.worst_case import worst_case_filter
+    from fedfilter.planning.rounds import _run_charges, distributed_mu
+    from fedfilter.privacy.filters import make_filter
+    from fedfilter.privacy.skellam import l1_cap, skellam_charge
+    from fedfilter.privacy.subsampled import sampled_skellam_charge, sampling_order
+    from fedfilter.protocol.secagg.grid import grid_step
+
+    out = _json(capsys, [*argv, "distributed", "--sampling"])
+    sa, w = out["strategy"]["sampling"], out["worst_case"]["worst_case_epsilon_needed"]
+    mu_share = distributed_mu(out["noise_multiplier"], out["clip"], out["min_reports"], alone=True)
+    l2 = out["clip"] / grid_step(out["clip"])
+    l1 = float(l1_cap(l2, out["dim"]))
+    for rate, order in zip(sa["rates"], sa["orders"]):
+        filt = worst_case_filter(make_filter("rdp", min(out["strategy"]["budget"]["epsilons"]), 1e-5), w)
+        if sampling_order(filt) is None:  # an order below 2: the device charges the full release
+            charge = float(skellam_charge(filt, l1, l2, mu_share)[0])
+        else:
+            charge = float(sampled_skellam_charge(filt, rate=rate, l1=l1, l2=l2, mu_total=mu_share)[0])
+        assert _run_charges(filt, charge, sa["planned_asks"])[1] >= sa["planned_asks"]
+        at_main_order = make_filter("rdp", w, 1e-5, [order])
+        charge = float(sampled_skellam_charge(at_main_order, rate=rate, l1=l1, l2=l2, mu_total=mu_share)[0])
+        assert _run_charges(at_main_order, charge, sa["planned_asks"])[1] < sa["planned_asks"]

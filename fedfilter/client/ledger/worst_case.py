@@ -8,7 +8,8 @@ epsilon 51 at m = 10, 483 at m = 100. No device can tell forged peers from real 
 identity the coordinator does not control.
 
 So every device also keeps a second account, under a second budget the owner sets,
-``worst-case-epsilon`` (at the enrolment's delta, with the enrolment's filter and orders), charged
+``worst-case-epsilon`` (at the enrolment's delta and filter kind, at the order its own budget picks:
+``worst_case_filter``), charged
 what its report ALONE costs at the noise this device itself adds:
 
 * ``local`` placement: the report is the release; the worst-case charge is the main one.
