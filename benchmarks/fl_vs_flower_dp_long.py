@@ -301,6 +301,17 @@ def _finished(seeds) -> dict[tuple[str, float], dict[int, float]]:
     return found
 
 
+def _paired_gaps(found: dict[tuple[str, float], dict[int, float]], x: str, y: str, eps: float) -> list[float]:
+    """Column ``x`` minus column ``y`` at ``eps``, one gap per seed both finished (in seed order)."""
+    a, b = found.get((x, eps), {}), found.get((y, eps), {})
+    return [a[s] - b[s] for s in sorted(set(a) & set(b))]
+
+
+def _standard_error(gaps: list[float]) -> float:
+    """The seeds' sample standard deviation over sqrt(n); 0 for one seed (none to spread)."""
+    return statistics.stdev(gaps) / math.sqrt(len(gaps)) if len(gaps) > 1 else 0.0
+
+
 def summary(seeds=(0, 1, 2, 3, 4)) -> str:
     """The MNIST study's final accuracies as a markdown table: per epsilon, each arm's per-seed values
     and their mean over the seeds that finished, and the gaps of ``SUMMARY_GAPS`` over the seeds both
@@ -318,9 +329,7 @@ def summary(seeds=(0, 1, 2, 3, 4)) -> str:
             each = " / ".join(f"{vals[s]:.3f}" for s in sorted(vals))
             cells.append(f"**{sum(vals.values()) / len(vals):.3f}** ({len(vals)}: {each})" if vals else "-")
         for _, arm, against in SUMMARY_GAPS:
-            x = found.get((SUMMARY_ARMS[arm][0], eps), {})
-            y = found.get((SUMMARY_ARMS[against][0], eps), {})
-            cells.append(_paired_gap([x[s] - y[s] for s in sorted(set(x) & set(y))]))
+            cells.append(_paired_gap(_paired_gaps(found, SUMMARY_ARMS[arm][0], SUMMARY_ARMS[against][0], eps)))
         lines.append(f"| {eps:g} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -372,18 +381,14 @@ def summary_plot(path: Path, seeds=(0, 1, 2, 3, 4)) -> None:
     gap_ax.axhline(0.0, color="grey", lw=0.8)
     for k, (label, arm, against) in enumerate(g for g in SUMMARY_GAPS if SUMMARY_ARMS[g[1]][0].startswith("(h)")):
         x, y = SUMMARY_ARMS[arm][0], SUMMARY_ARMS[against][0]
-        per_eps = {
-            eps: [found[(x, eps)][s] - found[(y, eps)][s] for s in sorted(set(found[(x, eps)]) & set(found[(y, eps)]))]
-            for eps in sorted({eps for arm_name, eps in found if arm_name == x})
-            if (y, eps) in found
-        }
+        per_eps = {eps: _paired_gaps(found, x, y, eps) for eps in sorted({e for name, e in found if name == x})}
         per_eps = {eps: gaps for eps, gaps in per_eps.items() if gaps}
         if not per_eps:
             continue
         color, shift = f"C{k + 5}", 1.04**k  # side by side on the log axis
         epsilons = [eps * shift for eps in per_eps]
         means = [statistics.mean(g) for g in per_eps.values()]
-        errors = [statistics.stdev(g) / math.sqrt(len(g)) if len(g) > 1 else 0.0 for g in per_eps.values()]
+        errors = [_standard_error(g) for g in per_eps.values()]
         gap_ax.errorbar(epsilons, means, yerr=errors, fmt="s-", color=color, capsize=3, label=f"{label}: mean ± s.e.")
         for eps, gaps in zip(epsilons, per_eps.values()):
             gap_ax.plot([eps] * len(gaps), gaps, "o", color=color, alpha=0.45, markersize=4)
@@ -407,8 +412,7 @@ def _paired_gap(gaps: list[float]) -> str:
     each = " / ".join(f"{g:+.3f}" for g in gaps)
     if len(gaps) == 1:
         return each
-    se = statistics.stdev(gaps) / math.sqrt(len(gaps))
-    return f"**{statistics.mean(gaps):+.3f}** ± {se:.3f} ({len(gaps)}: {each})"
+    return f"**{statistics.mean(gaps):+.3f}** ± {_standard_error(gaps):.3f} ({len(gaps)}: {each})"
 
 
 def quickstart_summary() -> str:

@@ -128,15 +128,13 @@ def _noise(s: dict[str, Any], **changes: Any) -> float:
     """The mean's expected noise norm; with self-sampling devices the coordinator divides the sum by
     ``devices * expected_rate`` (the contributions expected), not by ``devices``."""
     t = {**s, **changes}
-    norm = mean_noise_norm(
-        noise_multiplier=t["noise_multiplier"],
-        clip=t["clip"],
-        placement=t["placement"],
-        min_reports=t["min_reports"],
-        devices=t["devices"],
-        dim=t["dim"],
-    )
-    return norm / t.get("expected_rate", 1.0)
+    return expected_noise_norm(std=_mean_std(t), dim=t["dim"])
+
+
+def _mean_std(s: dict[str, Any]) -> float:
+    """The released mean's noise std per coordinate (``protocol.rules``), over ``expected_rate``."""
+    std = released_mean_noise_std(s["noise_multiplier"], s["clip"], s["placement"], s["min_reports"], s["devices"])
+    return std / s.get("expected_rate", 1.0)
 
 
 def _admits(s: dict[str, Any], z: float) -> bool:
@@ -300,8 +298,7 @@ def _secagg_limit(s: dict[str, Any]) -> float | None:
 
 def _figures(s: dict[str, Any]) -> dict[str, Any]:
     z = s["noise_multiplier"]
-    q = s.get("expected_rate", 1.0)  # self-sampling devices: the sum is divided by devices * q (_noise)
-    std = released_mean_noise_std(z, s["clip"], s["placement"], s["min_reports"], s["devices"]) / q
+    std = _mean_std(s)
     norm = expected_noise_norm(std=std, dim=s["dim"])
     afforded = _rounds_afforded(s, z)
     limit = _secagg_limit(s)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -478,7 +479,7 @@ def plan_sampling(
         raise ValueError(f"shares must give one fraction per budget, summing to 1. Found {shares!r}.")
     if noise_limit is not None and (problem := positive_finite("noise_limit", noise_limit)) is not None:
         raise ValueError(problem)
-    setting = dict(placement=placement, clip=clip, min_reports=min_reports, dim=dim)
+    setting: dict[str, Any] = dict(placement=placement, clip=clip, min_reports=min_reports, dim=dim)
     # Saturating z falls as the budget grows: the largest budget's bounds every budget's spending.
     spending_limit = _saturating_z(float(max(budgets)), delta, asks, cap, setting)
     grid = noise_multipliers or [float(0.5 * 16 ** (i / 23)) for i in range(24)]
@@ -499,17 +500,7 @@ def plan_sampling(
         rates_at_z = []
         for e in budgets:
             rates_at_z.append(
-                rate_for_budget(
-                    epsilon=float(e),
-                    delta=delta,
-                    noise_multiplier=z,
-                    asks=asks,
-                    cap=cap,
-                    placement=placement,
-                    clip=clip,
-                    min_reports=min_reports,
-                    dim=dim,
-                )
+                rate_for_budget(epsilon=float(e), delta=delta, noise_multiplier=z, asks=asks, cap=cap, **setting)
             )
             done += 1
             if progress is not None:
