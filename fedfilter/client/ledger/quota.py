@@ -246,22 +246,17 @@ class QuotaAccounts:
         (``worst_case.past_worst_charge``), as the account itself did when it was set."""
         state = worst.initial_state()
         rows = self._conn.execute(
-            "SELECT placement, charge, sensitivity, noise_std, clip, worst_charge FROM spends WHERE "
+            "SELECT placement, sensitivity, noise_std, clip, worst_charge FROM spends WHERE "
             + where  # one of three constant clauses (caps_locked); the values are bound
             + " ORDER BY seq",
             params,
         )
-        for placement, charge, sensitivity, noise_std, clip, worst_charge in rows:
+        for placement, sensitivity, noise_std, clip, worst_charge in rows:
             if worst_charge != "[]":
                 cost = floats(worst_charge)
             else:
                 cost = past_worst_charge(
-                    worst,
-                    placement=placement,
-                    charge=floats(charge),
-                    sensitivity=sensitivity,
-                    noise_std=noise_std,
-                    clip=clip,
+                    worst, placement=placement, sensitivity=sensitivity, noise_std=noise_std, clip=clip
                 )
             state = worst.spend(state, cost)
         return state

@@ -12,7 +12,8 @@ So every device also keeps a second account, under a second budget the owner set
 ``worst_case_filter``), charged
 what its report ALONE costs at the noise this device itself adds:
 
-* ``local`` placement: the report is the release; the worst-case charge is the main one.
+* ``local`` placement: the report is the release; the worst-case charge is the main one's at the
+  worst-case filter's order (a device that samples itself charges the subsampled curve there).
 * ``distributed`` with Skellam noise (``mechanisms.skellam.SkellamMechanism``): Agarwal-Kairouz-Liu's
   bound (``privacy/skellam.skellam_charge``) at the update's exact integer L1 and L2 norms and the
   device's own share ``mu_share`` (not ``mu_total``), at the worst-case filter's order alpha*.
@@ -31,7 +32,10 @@ budget, the worst-case one over the worst-case charges of the same spends (``led
 
 Past spends (``past_worst_charge``). An owner may add the worst-case budget to a ledger that already
 has spends (``fedfilter ledger worst-case``). Their worst-case charges are recomputed from what each
-row records, conservatively: a local spend is charged its main charge; a distributed spend without
+row records, conservatively: a local spend is charged the unsampled Gaussian at its recorded norm and std (its
+main charge when it did not sample itself; a row does not record its rate, and a subsampled release
+costs at most the full one at any order, while the main charge is in the units of the main filter's
+order, which a self-sampling device's worst-case account does not share); a distributed spend without
 data costs 0; a distributed spend with data under the rdp filter is charged the Skellam bound at
 ``l2 = sensitivity / gamma`` (rounded up), the largest L1 any integer vector of that L2 can have
 (``||k||_1 <= ||k||_2^2``, no dimension needed) and ``mu = (noise_std / gamma)^2`` rounded down, which
@@ -165,7 +169,7 @@ def require_worst_case(worst: GaussianFilter | None) -> GaussianFilter:
 
 
 def past_worst_charge(
-    worst: GaussianFilter, *, placement: str, charge, sensitivity: float, noise_std: float, clip: float
+    worst: GaussianFilter, *, placement: str, sensitivity: float, noise_std: float, clip: float
 ) -> np.ndarray:
     """A conservative worst-case charge for a spend recorded before the account existed (module doc).
 
@@ -175,8 +179,6 @@ def past_worst_charge(
         The worst-case account's filter.
     placement : str
         The spend's placement.
-    charge : array_like
-        Its main charge.
     sensitivity, noise_std, clip : float
         As the spend records them.
 
@@ -188,18 +190,26 @@ def past_worst_charge(
     --------
     >>> from fedfilter.privacy.filters import make_filter
     >>> worst = make_filter("gdp", 8.0, 1e-5)
-    >>> past_worst_charge(worst, placement="local", charge=[0.25], sensitivity=1.0, noise_std=2.0, clip=2.0)
+    >>> past_worst_charge(worst, placement="local", sensitivity=1.0, noise_std=2.0, clip=2.0)
     array([0.25])
-    >>> past_worst_charge(worst, placement="distributed", charge=[0.25], sensitivity=1.0, noise_std=1.0, clip=2.0)
+    >>> past_worst_charge(worst, placement="distributed", sensitivity=1.0, noise_std=1.0, clip=2.0)
     array([1.])
+
+    A self-sampling spend's main charge (here at rate 0.01, order 10.6) is far below what the same release
+    costs at the worst-case account's order; the unsampled Gaussian bounds it at every order:
+
+    >>> from fedfilter.privacy.subsampled import sampled_gaussian_charge
+    >>> main, worst = make_filter("rdp", 1.0, 1e-5, [10.6]), make_filter("rdp", 1.0, 1e-5, [18.0])
+    >>> sampled = float(sampled_gaussian_charge(main, rate=0.01, sensitivity=1.0, noise_std=1.1)[0])
+    >>> past = past_worst_charge(worst, placement="local", sensitivity=1.0, noise_std=1.1, clip=1.0)
+    >>> at_worst_order = sampled_gaussian_charge(worst, rate=0.01, sensitivity=1.0, noise_std=1.1)
+    >>> bool(past[0] >= at_worst_order[0] > sampled)
+    True
     """
-    main = np.asarray(charge, dtype=np.float64).reshape(worst.dim)
-    if placement == "local":
-        return main
     if not sensitivity > 0:
         return np.zeros(worst.dim)
     gaussian = np.asarray(worst.charge(sensitivity=sensitivity, noise_std=noise_std), dtype=np.float64)
-    if worst.kind != "rdp":
+    if placement == "local" or worst.kind != "rdp":
         return gaussian.reshape(worst.dim)
     gamma = grid_step(clip)
     l2 = float(up(sensitivity / gamma))

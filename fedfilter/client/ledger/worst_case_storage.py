@@ -106,12 +106,7 @@ class WorstCaseAccount:
         state, last = worst.initial_state(), 0
         for rec in records:
             charge = past_worst_charge(
-                worst,
-                placement=rec.placement,
-                charge=rec.charge,
-                sensitivity=rec.sensitivity,
-                noise_std=rec.noise_std,
-                clip=rec.clip,
+                worst, placement=rec.placement, sensitivity=rec.sensitivity, noise_std=rec.noise_std, clip=rec.clip
             )
             state, last = worst.spend(state, charge), rec.seq
         self._conn.execute("INSERT INTO worst_case VALUES (1,?,?,?,?)", (epsilon, set_at, last, floats_json(state)))

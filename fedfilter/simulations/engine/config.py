@@ -365,6 +365,12 @@ class EngineConfig:
                     f"individual accounting outside distributed placement (found {self.accounting!r})",
                 ),
                 (self.adaptive_clipping is None, "a fixed clip (found adaptive clipping)"),
+                # A device's worst-case account holds its own order, where a subsampled release can cost
+                # more than at the main one, so it can bind a local round; the local rows keep no such account.
+                (
+                    self.placement != "local" or self.worst_case_epsilon is None,
+                    f"no worst_case_epsilon in local placement (found {short_repr(self.worst_case_epsilon)})",
+                ),
                 # Every client must sample (a device whose order cannot falls back to the unsampled round,
                 # which the engine's distributed rounds do not reproduce): one order the curves reach.
                 (

@@ -133,7 +133,8 @@ class Engine:
         eps = np.broadcast_to(np.asarray(cfg.epsilon, dtype=np.float64), (n,))
         # One group per distinct (budget, worst-case budget): the worst-case account (client/ledger/worst_case.py)
         # is kept in distributed placement only (in local placement it is charged the main charges
-        # against a budget at least as large, so it never binds).
+        # against a budget at least as large, so it never binds; a self-sampling device's could, at its
+        # own order, so the config refuses that combination).
         keep_worst = cfg.placement == "distributed" and cfg.worst_case_epsilon is not None
         worst = np.broadcast_to(np.asarray(cfg.worst_case_epsilon, dtype=np.float64), (n,)) if keep_worst else eps
         values, group = np.unique(np.stack([eps, worst], axis=1), axis=0, return_inverse=True)

@@ -268,8 +268,13 @@ def test_set_on_an_existing_ledger_past_spends_are_charged_conservatively(tmp_pa
     assert wc.after_seq == 3 and old.worst_filter is not None
     expected = old.worst_filter.initial_state()
     for rec in old.records():
-        expected = old.worst_filter.spend(expected, rec.charge)
-    np.testing.assert_array_equal(old.worst_state(), expected)  # local: the main charges
+        np.testing.assert_array_equal(
+            rec.charge, old.filter.charge(sensitivity=rec.sensitivity, noise_std=rec.noise_std)
+        )
+        expected = old.worst_filter.spend(
+            expected, old.worst_filter.charge(sensitivity=rec.sensitivity, noise_std=rec.noise_std)
+        )
+    np.testing.assert_array_equal(old.worst_state(), expected)  # local: the Gaussian charges
     assert old.summary()["worst_case"]["spends_before"] == 3
     # The next round is charged to both accounts, after the recomputed ones.
     FilteredClient(old, ClientPolicy(), noise_seed=2).release(RoundSpec("new", 0, 1.0, 1.0), [np.full(10, 0.05)])
@@ -287,12 +292,7 @@ def test_set_on_an_existing_ledger_past_spends_are_charged_conservatively(tmp_pa
     assert worst is not None
     for rec in ledger.records():
         recomputed = past_worst_charge(
-            worst,
-            placement=rec.placement,
-            charge=rec.charge,
-            sensitivity=rec.sensitivity,
-            noise_std=rec.noise_std,
-            clip=rec.clip,
+            worst, placement=rec.placement, sensitivity=rec.sensitivity, noise_std=rec.noise_std, clip=rec.clip
         )
         assert rec.worst_charge is not None
         assert float(recomputed[0]) >= float(rec.worst_charge[0]) > 0

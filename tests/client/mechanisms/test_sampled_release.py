@@ -335,3 +335,35 @@ def test_a_coordinators_planned_asks_cannot_make_a_device_leave_or_stay(tmp_path
     assert statuses[3:] == ["left", "left"]
     assert ledger.state()[0] <= ledger.filter.budget[0]
     ledger.close()
+
+
+@pytest.mark.parametrize("worst_epsilon", [1.0, 1.5])
+def test_a_worst_case_budget_set_after_sampled_local_rounds_holds_what_they_cost_at_its_own_order(
+    tmp_path, worst_epsilon
+):
+    """The attack: a device samples itself in local rounds (charged at its main order, 10.6), then its owner
+    sets a worst-case budget, whose account holds another order (18 at epsilon 1, 13 at 1.5). Copied as
+    is, the main charges sit far below what the same releases cost at that order (the subsampled curve
+    is steeper there), and the account would admit distributed rounds its guarantee cannot pay for.
+    Reference: dp_accounting's sampled Gaussian at each round's own rate, at the account's order."""
+    from dp_accounting.rdp.rdp_privacy_accountant import _compute_rdp_poisson_subsampled_gaussian
+
+    from fedfilter.privacy.filters import rdp_order
+
+    ledger = enrol(tmp_path, epsilon=1.0, order=10.6)
+    rates = []
+    for r in range(60):
+        rel, m = gaussian_release(ledger, RoundSpec(RUN, r, 1.1, 1.0, planned_asks=141), [np.full(4, 10.0)])
+        assert rel.status == "contributed"
+        rates.append(m.rate)
+    ledger.set_worst_case(worst_epsilon)
+    worst = ledger.worst_filter
+    order = rdp_order(worst)
+    assert order != 10.6  # the account's own order: the copy would be in the wrong units
+    true = sum(float(_compute_rdp_poisson_subsampled_gaussian(q, 1.1, [order])[0]) for q in rates) / order
+    held = float(ledger.worst_state()[0])
+    assert held >= true
+    # What the copy of the main charges held: far below the truth (the attack it replaces).
+    copied = sum(float(rec.charge[0]) for rec in ledger.records())
+    assert copied < true / 100
+    ledger.close()

@@ -63,6 +63,8 @@ def test_each_budget_enrols_at_its_plans_order_and_the_coins_keep_some_updates(t
         (dict(rdp_order="best"), "rdp_order"),
         (dict(rdp_order=None), "rdp_order 'plan' or in"),
         (dict(rdp_order=1.5), "rdp_order 'plan' or in"),
+        # the device's worst-case account can bind a sampled local round; the local rows keep none
+        (dict(placement="local", worst_case_epsilon=2.0), "no worst_case_epsilon in local placement"),
     ],
 )
 def test_settings_that_cannot_sample_are_refused_by_name(bad, named):
