@@ -60,6 +60,7 @@ MAX_SUBSAMPLED_ORDER = SUBSAMPLED_ORDERS[-1]
 FRACTIONAL_TERMS = 2048  # terms of the fractional-order series (then a proven bound on the rest)
 _Z0_CAP = 1024.0  # |z0|, the series' split point, is kept below this by capping sigma (a larger loss)
 _SIGMA_CAP = 2.0**20  # and sigma = 1 / mu below this: a norm under 1e-6 of the std is charged as 1e-6
+_HUGE_MU = 1e150  # a norm this many noise stds is charged as infinite (its square would overflow)
 _ULPS = 16  # error allowance per log-space term, in ulps of its parts' magnitudes (``_log_sum_up``)
 
 
@@ -210,7 +211,7 @@ def sampled_gaussian_rdp(rate, mu, alpha) -> np.ndarray:
     Returns
     -------
     numpy.ndarray
-        ``eps(alpha)``, at least 0.
+        ``eps(alpha)``, at least 0 (infinite where ``mu`` passes 1e150, whose square overflows).
 
     Raises
     ------
@@ -241,6 +242,9 @@ def sampled_gaussian_rdp(rate, mu, alpha) -> np.ndarray:
         raise ValueError(f"mu (sensitivity over noise std) must be finite and >= 0. Found {mu!r}.")
     q, m = np.broadcast_arrays(q, m)
     silent = (q == 0) | (m == 0)  # the two laws are equal: no loss at all
+    # Past _HUGE_MU, mu^2 overflows (the series would be 0 * inf = NaN): charged as infinite, failing closed.
+    huge = m > _HUGE_MU
+    m = np.where(huge, 1.0, m)
     gaussian = up(alpha * up(m * m) / 2.0)  # q = 1: the Gaussian's alpha mu^2 / 2
     if isinstance(alpha, int):
         sampled = _log_sum_up(_integer_order_parts(q, m, alpha), alpha)
@@ -248,7 +252,8 @@ def sampled_gaussian_rdp(rate, mu, alpha) -> np.ndarray:
         inner = (q > 0) & (q < 1) & (m > 0)
         parts, signs = _fractional_order_parts(np.where(inner, q, 0.5), np.where(inner, m, 1.0), alpha)
         sampled = _log_sum_up(parts, alpha, signs)
-    return np.where(silent, 0.0, np.where(q >= 1, gaussian, np.minimum(sampled, gaussian)))
+    loss = np.where(huge, np.inf, np.where(q >= 1, gaussian, np.minimum(sampled, gaussian)))
+    return np.where(silent, 0.0, loss)
 
 
 def subsampled_rdp_bound(rate, base_rdp, alpha: int) -> np.ndarray:
@@ -541,8 +546,10 @@ def sampling_order(filt) -> int | float | None:
 
 def _in_filter_units(loss, alpha) -> np.ndarray:
     # The rdp filter's state is eps(alpha*) / alpha* (filters.rdp_filter); (..., 1) like GaussianFilter.charge.
-    # A release without data costs exactly 0 (``up(0)`` is the smallest subnormal, not 0).
+    # A release without data costs exactly 0 (``up(0)`` is the smallest subnormal, not 0). A loss that is
+    # not a number (``mu * mu`` overflowing, past 1e154) costs everything: it fails closed, never to 0.
     loss = np.asarray(loss, dtype=np.float64)
+    loss = np.where(np.isnan(loss), np.inf, loss)
     return np.expand_dims(np.where(loss > 0, up(loss / alpha), 0.0), -1)
 
 

@@ -25,6 +25,7 @@ from fedfilter.privacy import subsampled as sub
 from fedfilter.privacy.subsampled import (
     SUBSAMPLED_ORDERS,
     sampled_gaussian_allowance,
+    sampled_gaussian_charge,
     sampled_gaussian_rdp,
     skellam_curve,
     subsampled_rdp_bound,
@@ -110,6 +111,18 @@ def test_sampled_gaussian_ends():
     rows = sampled_gaussian_rdp(np.array([0.01, 0.1, 1.0]), np.array([[0.5], [1.0]]), 10.6)
     assert rows.shape == (2, 3)
     assert rows[0, 0] == float(sampled_gaussian_rdp(0.01, 0.5, 10.6))
+
+
+@pytest.mark.parametrize("alpha", [10, 10.6])
+def test_a_charge_whose_loss_overflows_fails_closed(alpha):
+    """At a norm over 1e154 of the noise std, ``mu * mu`` overflows and the series is not a number; the
+    charge is then infinite (no filter admits it), never the 0 a NaN compared below 0 would give."""
+    from fedfilter.privacy.filters import make_filter
+
+    filt = make_filter("rdp", 1.0, 1e-5, [alpha])
+    charge = sampled_gaussian_charge(filt, rate=0.5, sensitivity=1.0, noise_std=1e-200)
+    assert np.all(charge == np.inf)
+    assert float(sampled_gaussian_charge(filt, rate=0.0, sensitivity=1.0, noise_std=1e-200)[0]) == 0.0
 
 
 @pytest.mark.parametrize(
