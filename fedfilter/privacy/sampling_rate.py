@@ -1,22 +1,28 @@
-"""A self-sampling device's rate for one round, from what its accounts have left (pure math).
+"""A self-sampling device's rate for one round, and whether it is spent, from what its accounts have
+left (pure math).
 
 The rule, in one place for the device (``client/mechanisms/sampled.py``) and the engine (one row per
 client): each account the round is charged to (the main one with its quotas, and the worst-case one)
 has a ``room``, the largest charge it still admits, in its filter's units. The device spreads each room
 over the asks its plan still expects of the run (``asks_left >= 1``) and takes the largest rate, at most
 the owner's cap, whose full-clip charge fits every account's share (``spread_rate``; the charge grows
-with the rate, so this is ``bisection.largest_rate``, constant work). Asked as planned, a device whose
-updates reach the clip ends near its budget at the planned horizon; a larger budget buys a larger
-rate. Its norm bound is then the full clip, or nothing once it is exhausted (``sampled_bound``): the
-device varies its rate, not its norm.
+with the rate, so this is ``bisection.largest_rate``, constant work), raised to the owner's floor rate
+where the whole room pays for it; where it does not, the largest rate the whole room pays for (what is
+left, spent at once), 0 where not even the least rate fits (the ask is then pure noise). Asked as
+planned, a device whose updates reach the clip ends near its budget at the planned horizon; a larger
+budget buys a larger rate.
 
-**Exhaustion does not read the plan.** A device is exhausted when its whole room (not its share) no
-longer admits a full-clip ask at the floor rate, the owner's ``exhausted_below`` (the same fraction
-of the clip's signal the unsampled rule stops at; ``MIN_RATE`` at least); otherwise its rate is at
-least that floor. Were exhaustion read from the share, a coordinator choosing ``planned_asks`` could
-make a ``leave`` device leave or stay at will, and from which it did learn whether its budget left
-(which its data decided) was above a threshold of its choosing, round after round. As it is, the
-status depends on what the accounts hold alone, falls once and stays, as without sampling.
+**Whether the device is spent reads neither the plan nor the request** (``spent``). The coordinator
+sees it (a ``leave`` device answers with a marker), and the budget left is a function of the device's
+data, so it is a test of what the accounts hold against the owner's settings alone: the Gaussian
+allowance at the owner's smallest noise multiplier is at most ``exhausted_below`` of the clip (the
+unsampled rule, ``filters.exhausted``, at the most expensive request the owner accepts). Read from the
+share, a coordinator choosing ``planned_asks`` could make a ``leave`` device leave or stay at will;
+read from the request's ``z`` (at small ``z`` a full-clip ask at the floor rate costs most of a budget,
+at large ``z`` almost nothing), it could set the threshold anywhere in the budget and ask round after
+round. As it is, the status falls once, at a threshold the coordinator does not choose, and stays (as
+without sampling); the rate, which the request does move, is accounted, and a rate of 0 gives a reply
+of the same form as any other.
 
 Any rate is valid: each round is charged at its own rate (docs/derivations/amplification.md), so this
 rule decides only how a budget is spread, never whether it holds.
@@ -27,7 +33,7 @@ One account with room for 10 full-rate rounds and 20 asks left: the largest rate
 ``rate**2``) fits half a full round's room:
 
 >>> rate = spread_rate([(np.array(10.0), lambda q: q**2)], asks_left=20, cap=1.0, floor=1e-3, shape=())
->>> round(float(rate), 4), float(sampled_bound(rate, clip=2.0))
+>>> round(float(rate), 4), float(sampled_bound(spent([np.array(0.5)], exhausted_below=1e-3), clip=2.0))
 (0.7071, 2.0)
 """
 
@@ -38,9 +44,10 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from fedfilter.privacy.bisection import MIN_RATE, largest_rate
+from fedfilter.privacy.filters import exhausted
 from fedfilter.privacy.rounding import down
 
-__all__ = ["spread_rate", "sampled_bound"]
+__all__ = ["spread_rate", "spent", "sampled_bound"]
 
 
 def spread_rate(
@@ -52,8 +59,8 @@ def spread_rate(
     shape: tuple[int, ...],
 ) -> np.ndarray:
     """The largest rate in ``[MIN_RATE, cap]`` whose full-clip charge fits each account's room over
-    ``asks_left``, raised to ``floor`` (per row); 0 (exhausted) where the whole room does not admit
-    ``floor`` (module docstring: exhaustion does not read the plan).
+    ``asks_left``, raised to ``floor`` (per row) where the whole rooms admit it; where they do not, the
+    largest rate the whole rooms admit, 0 where none does (module docstring).
 
     Parameters
     ----------
@@ -65,7 +72,8 @@ def spread_rate(
     cap : float or numpy.ndarray
         The owner's largest rate.
     floor : float, optional
-        The least rate worth an ask (the owner's ``exhausted_below``; at most ``cap``).
+        The least rate worth an ask while the whole room pays for it (the owner's ``exhausted_below``;
+        at most ``cap``).
     shape : tuple of int
         The rows' shape.
 
@@ -75,11 +83,11 @@ def spread_rate(
 
     Examples
     --------
-    >>> rooms = (np.array([10.0, 1.0, 1e-8]), lambda q: q**2)
-    >>> spread_rate([rooms], asks_left=np.array([10, 10, 10]), cap=1.0, floor=1e-3, shape=(3,)).round(4)
-    array([1.    , 0.3162, 0.    ])
-    >>> float(spread_rate([(np.array(1e-5), lambda q: q**2)], asks_left=1000, cap=1.0, floor=1e-3, shape=()))
-    0.001
+    The share's rate, the floor, and (a room below the floor's charge) what the whole room pays for:
+
+    >>> rooms = (np.array([10.0, 1e-5, 1e-8]), lambda q: q**2)
+    >>> spread_rate([rooms], asks_left=np.array([10, 1000, 10]), cap=1.0, floor=1e-3, shape=(3,)).round(4)
+    array([1.e+00, 1.e-03, 1.e-04])
     """
     asks = np.asarray(asks_left)
     if np.any(asks < 1):
@@ -95,17 +103,47 @@ def spread_rate(
         return ok
 
     least = np.minimum(max(float(floor), MIN_RATE), np.asarray(cap, dtype=np.float64))
-    alive = fits(np.broadcast_to(least, shape), rooms)  # the whole room, not the share: the plan is not read
-    return np.where(alive, np.maximum(largest_rate(fits, cap, shape), least), 0.0)
+    spread = largest_rate(fits, cap, shape)
+    whole = largest_rate(lambda rates: fits(rates, rooms), cap, shape)  # >= spread: a share is within its room
+    return np.minimum(np.maximum(spread, least), whole)
 
 
-def sampled_bound(rate, *, clip) -> np.ndarray:
-    """The round's norm bound at ``rate``: the clip, or 0 where the device is exhausted (rate 0).
+def spent(allowances: Sequence[np.ndarray], *, exhausted_below: float) -> np.ndarray:
+    """Where a self-sampling device is spent: some account's Gaussian allowance at the owner's smallest
+    noise multiplier, in units of the clip, is at most ``exhausted_below`` (module docstring: it reads
+    neither the plan nor the request).
 
     Parameters
     ----------
-    rate : float or numpy.ndarray
-        The round's rate (``spread_rate``).
+    allowances : sequence of numpy.ndarray
+        Per account (the main one with every quota, and the worst-case one), the largest norm it admits
+        at noise std ``min_noise_multiplier`` (the clip is 1), per row.
+    exhausted_below : float
+        The owner's threshold, a fraction of the clip.
+
+    Returns
+    -------
+    numpy.ndarray of bool
+
+    Examples
+    --------
+    >>> spent([np.array([0.5, 0.5, 1e-4]), np.array([0.5, 1e-4, 0.5])], exhausted_below=1e-3)
+    array([False,  True,  True])
+    """
+    out = np.zeros(np.broadcast_shapes(*(np.shape(a) for a in allowances)), dtype=bool)
+    for allowance in allowances:
+        out |= exhausted(allowance, 1.0, exhausted_below)
+    return out
+
+
+def sampled_bound(spent, *, clip) -> np.ndarray:
+    """The round's norm bound: the clip, or 0 where the device is spent (``spent``). A device that is not
+    spent puts the full clip behind its coin whatever its rate (at rate 0 the coin always drops it).
+
+    Parameters
+    ----------
+    spent : bool or numpy.ndarray
+        Where the device is spent.
     clip : float
         The request's ``C``.
 
@@ -115,7 +153,7 @@ def sampled_bound(rate, *, clip) -> np.ndarray:
 
     Examples
     --------
-    >>> sampled_bound(np.array([0.5, 1e-3, 0.0]), clip=1.0)
-    array([1., 1., 0.])
+    >>> sampled_bound(np.array([False, True]), clip=1.0)
+    array([1., 0.])
     """
-    return np.where(np.asarray(rate, dtype=np.float64) > 0, float(clip), 0.0)
+    return np.where(np.asarray(spent, dtype=bool), 0.0, float(clip))

@@ -12,10 +12,13 @@ one spend template (``mechanisms/spend.py``):
    for it, at least one) and takes the largest rate, at most the owner's cap, whose full-clip charge
    fits that share in every account (constant work). Asked as planned, a device ends near its budget
    at the planned horizon; a larger budget buys a larger rate.
-2. **Its allowance.** The full clip, at a rate of at least the owner's ``exhausted_below``; nothing
-   (the device is exhausted, ``spend.nothing_left``) once its whole room no longer admits that floor
-   rate (``sampling_rate``: exhaustion does not read the coordinator's ``planned_asks``, so a ``leave``
-   marker cannot be made to probe the budget): the device varies its rate, not its norm.
+2. **Its allowance.** The full clip, behind the coin, at that rate raised to the owner's
+   ``exhausted_below`` (the floor) where the whole room pays for it (else what the whole room pays for,
+   possibly 0: a reply of noise, of the same form); nothing once the device is spent (``spent``:
+   some account's Gaussian allowance at the owner's smallest noise multiplier is at most
+   ``exhausted_below`` of the clip). Being spent reads neither the coordinator's ``planned_asks`` nor
+   its ``z`` (``privacy.sampling_rate``), so a ``leave`` marker cannot be made to probe the budget: the
+   device varies its rate, not its norm.
 3. **Its charge**, at the clipped (snapped) update's exact norms and that rate: the exact sampled
    Gaussian (``privacy.subsampled.sampled_gaussian_charge``) or Zhu and Wang's bound on subsampled
    Skellam (``sampled_skellam_charge``), at the main filter's order and, for the worst-case account,
@@ -47,7 +50,7 @@ from fedfilter.client.mechanisms.gaussian_noise import NoiseStream
 from fedfilter.client.mechanisms.skellam import SkellamMechanism, SkellamPayload
 from fedfilter.client.mechanisms.spend import Account
 from fedfilter.privacy.filters import GaussianFilter
-from fedfilter.privacy.sampling_rate import sampled_bound, spread_rate
+from fedfilter.privacy.sampling_rate import sampled_bound, spent, spread_rate
 from fedfilter.privacy.skellam import l1_cap, skellam_charge
 from fedfilter.privacy.subsampled import sampled_gaussian_charge, sampled_skellam_charge, sampling_order
 
@@ -100,8 +103,11 @@ class SampledMechanism:
     max_rate : float
         The owner's cap on the rate, in ``[MIN_RATE, 1]``.
     exhausted_below : float
-        The owner's threshold, as a rate: the least rate worth an ask; exhausted when the room no longer
-        admits a full-clip ask at it.
+        The owner's threshold: the least rate worth an ask while the room pays for it, and the fraction
+        of the clip below which the device is spent (``sampling_rate.spent``).
+    min_noise_multiplier : float
+        The owner's smallest noise multiplier: whether the device is spent is read at it, never at the
+        request's (``sampling_rate.spent``).
     rate : float, numpy.ndarray or None
         The round's rate (one per row in an engine round), once ``allowance`` has run; the engine sets
         it beforehand for its distributed rounds (computed by the same rule).
@@ -109,7 +115,7 @@ class SampledMechanism:
     Examples
     --------
     >>> from fedfilter.protocol.request import RoundSpec
-    >>> m = SampledMechanism(GaussianMechanism.for_request(RoundSpec("run", 0, 1.0, 2.0)), 10, 1.0, 1e-3)
+    >>> m = SampledMechanism(GaussianMechanism.for_request(RoundSpec("run", 0, 1.0, 2.0)), 10, 1.0, 1e-3, 0.5)
     >>> m.placement, m.clip, m.rate
     ('local', 2.0, None)
     """
@@ -118,6 +124,7 @@ class SampledMechanism:
     planned_asks: int
     max_rate: float
     exhausted_below: float
+    min_noise_multiplier: float
     rate: Any = field(default=None)
 
     @property
@@ -127,7 +134,7 @@ class SampledMechanism:
         Examples
         --------
         >>> from fedfilter.protocol.request import RoundSpec
-        >>> SampledMechanism(GaussianMechanism.for_request(RoundSpec("run", 0, 1.0, 2.0)), 1, 1.0, 0.0).placement
+        >>> SampledMechanism(GaussianMechanism.for_request(RoundSpec("run", 0, 1.0, 2.0)), 1, 1.0, 0.0, 0.5).placement
         'local'
         """
         return self.inner.placement
@@ -139,7 +146,8 @@ class SampledMechanism:
         Examples
         --------
         >>> from fedfilter.protocol.request import RoundSpec
-        >>> SampledMechanism(GaussianMechanism.for_request(RoundSpec("run", 0, 1.5, 2.0)), 1, 1.0, 0.0).noise_multiplier
+        >>> m = SampledMechanism(GaussianMechanism.for_request(RoundSpec("run", 0, 1.5, 2.0)), 1, 1.0, 0.0, 0.5)
+        >>> m.noise_multiplier
         1.5
         """
         return self.inner.noise_multiplier
@@ -151,7 +159,7 @@ class SampledMechanism:
         Examples
         --------
         >>> from fedfilter.protocol.request import RoundSpec
-        >>> SampledMechanism(GaussianMechanism.for_request(RoundSpec("run", 0, 1.0, 2.0)), 1, 1.0, 0.0).clip
+        >>> SampledMechanism(GaussianMechanism.for_request(RoundSpec("run", 0, 1.0, 2.0)), 1, 1.0, 0.0, 0.5).clip
         2.0
         """
         return self.inner.clip
@@ -163,7 +171,7 @@ class SampledMechanism:
         Examples
         --------
         >>> from fedfilter.protocol.request import RoundSpec
-        >>> SampledMechanism(GaussianMechanism.for_request(RoundSpec("run", 0, 1.0, 2.0)), 1, 1.0, 0.0).added_std
+        >>> SampledMechanism(GaussianMechanism.for_request(RoundSpec("run", 0, 1.0, 2.0)), 1, 1.0, 0.0, 0.5).added_std
         2.0
         """
         return self.inner.added_std
@@ -175,7 +183,7 @@ class SampledMechanism:
         Examples
         --------
         >>> from fedfilter.protocol.request import RoundSpec
-        >>> SampledMechanism(GaussianMechanism.for_request(RoundSpec("run", 0, 1.0, 2.0)), 1, 1.0, 0.0).floor
+        >>> SampledMechanism(GaussianMechanism.for_request(RoundSpec("run", 0, 1.0, 2.0)), 1, 1.0, 0.0, 0.5).floor
         0.0
         """
         return self.inner.floor
@@ -197,7 +205,7 @@ class SampledMechanism:
         Examples
         --------
         >>> from fedfilter.protocol.request import RoundSpec
-        >>> m = SampledMechanism(GaussianMechanism.for_request(RoundSpec("run", 0, 1.0, 2.0)), 1, 1.0, 0.0)
+        >>> m = SampledMechanism(GaussianMechanism.for_request(RoundSpec("run", 0, 1.0, 2.0)), 1, 1.0, 0.0, 0.5)
         >>> m.check([np.ones(2)], None)
         [array([1., 1.])]
         """
@@ -281,7 +289,7 @@ class SampledMechanism:
         >>> tmp = tempfile.TemporaryDirectory()
         >>> ledger = BudgetLedger.enrol(Path(tmp.name) / "ledger", client_id="a", epsilon=1.0, delta=1e-5,
         ...                             filter_kind="rdp", orders=[10.6], state_dir=Path(tmp.name) / "owner")
-        >>> m = SampledMechanism(GaussianMechanism.for_request(RoundSpec("run", 0, 1.1, 1.0)), 141, 1.0, 1e-3)
+        >>> m = SampledMechanism(GaussianMechanism.for_request(RoundSpec("run", 0, 1.1, 1.0)), 141, 1.0, 1e-3, 0.5)
         >>> with ledger.reserve("run", 0) as account:
         ...     print(m.allowance(account), round(m.rate, 4))
         1.0 0.01
@@ -292,8 +300,55 @@ class SampledMechanism:
                 self.rate = 1.0
                 return self.inner.allowance(account)
             self.rate = self.rates(account)
-        bound = sampled_bound(self.rate, clip=self.clip)
+        gone = np.asarray(self.spent(account), dtype=bool)
+        if np.ndim(self.rate) == 0:  # one rate: a device, or engine rows spent as one account (one bound)
+            if gone.size and gone.min() != gone.max():
+                raise RuntimeError("internal error: rows spent as one account disagree on being spent")
+            gone = np.asarray(bool(gone.size and gone.flat[0]))
+        bound = sampled_bound(gone, clip=self.clip)
         return float(bound) if np.ndim(bound) == 0 else bound
+
+    def spent(self, account: Account) -> Any:
+        """Where the device is spent (module docstring, step 2): from what its accounts hold and its owner's
+        settings alone, never the request (``sampling_rate.spent``). A bool on the device, an array over an
+        engine's rows.
+
+        Parameters
+        ----------
+        account : Account
+            The books.
+
+        Returns
+        -------
+        bool or numpy.ndarray
+
+        Examples
+        --------
+        >>> import tempfile
+        >>> from pathlib import Path
+        >>> from fedfilter.client.ledger.budget import BudgetLedger
+        >>> from fedfilter.protocol.request import RoundSpec
+        >>> tmp = tempfile.TemporaryDirectory()
+        >>> ledger = BudgetLedger.enrol(Path(tmp.name) / "ledger", client_id="a", epsilon=1.0, delta=1e-5,
+        ...                             filter_kind="rdp", orders=[10.6], state_dir=Path(tmp.name) / "owner")
+        >>> m = SampledMechanism(GaussianMechanism.for_request(RoundSpec("run", 0, 1.1, 1.0)), 141, 1.0, 1e-3, 0.5)
+        >>> with ledger.reserve("run", 0) as account:
+        ...     print(m.spent(account))
+        False
+        >>> ledger.close(); tmp.cleanup()
+        """
+        z, out = self.min_noise_multiplier, None
+        for at, acc in _parts(account):
+            allowances = [acc.allowance(noise_std=z, clip=math.inf)]
+            if acc.worst_filter is not None:
+                allowances.append(acc.worst_allowance(noise_std=z, clip=math.inf))
+            gone = spent(allowances, exhausted_below=self.exhausted_below)
+            if at is None:
+                return bool(gone) if np.ndim(gone) == 0 else gone
+            if out is None:
+                out = np.zeros(len(cast(Any, account).rows), dtype=bool)  # an engine round (RoundRows)
+            out[at] = gone
+        return out
 
     def rates(self, account: Account) -> Any:
         """The round's rate for each row of ``account`` (module docstring, step 1): a float for one
@@ -317,7 +372,7 @@ class SampledMechanism:
         >>> tmp = tempfile.TemporaryDirectory()
         >>> ledger = BudgetLedger.enrol(Path(tmp.name) / "ledger", client_id="a", epsilon=1.0, delta=1e-5,
         ...                             filter_kind="rdp", orders=[10.6], state_dir=Path(tmp.name) / "owner")
-        >>> m = SampledMechanism(GaussianMechanism.for_request(RoundSpec("run", 0, 1.1, 1.0)), 141, 1.0, 1e-3)
+        >>> m = SampledMechanism(GaussianMechanism.for_request(RoundSpec("run", 0, 1.1, 1.0)), 141, 1.0, 1e-3, 0.5)
         >>> with ledger.reserve("run", 0) as account:
         ...     print(round(m.rates(account), 4), m.rate)
         0.01 None
@@ -358,7 +413,7 @@ class SampledMechanism:
         Examples
         --------
         >>> from fedfilter.protocol.request import RoundSpec
-        >>> m = SampledMechanism(GaussianMechanism.for_request(RoundSpec("run", 0, 1.0, 2.0)), 1, 1.0, 0.0)
+        >>> m = SampledMechanism(GaussianMechanism.for_request(RoundSpec("run", 0, 1.0, 2.0)), 1, 1.0, 0.0, 0.5)
         >>> m.clip_and_snap([np.array([3.0, 4.0])], 1.0)[1]
         1.0
         """
@@ -389,7 +444,7 @@ class SampledMechanism:
         >>> tmp = tempfile.TemporaryDirectory()
         >>> ledger = BudgetLedger.enrol(Path(tmp.name) / "ledger", client_id="a", epsilon=1.0, delta=1e-5,
         ...                             filter_kind="rdp", orders=[10.6], state_dir=Path(tmp.name) / "owner")
-        >>> m = SampledMechanism(GaussianMechanism.for_request(RoundSpec("run", 0, 1.1, 1.0)), 141, 1.0, 1e-3)
+        >>> m = SampledMechanism(GaussianMechanism.for_request(RoundSpec("run", 0, 1.1, 1.0)), 141, 1.0, 1e-3, 0.5)
         >>> with ledger.reserve("run", 0) as account:
         ...     bound = m.allowance(account)
         ...     charge, worst = m.charges(account, None, bound)
@@ -434,7 +489,8 @@ class SampledMechanism:
         Examples
         --------
         >>> from fedfilter.protocol.request import RoundSpec
-        >>> m = SampledMechanism(GaussianMechanism.for_request(RoundSpec("run", 0, 1.0, 2.0)), 1, 1.0, 0.0, rate=0.0)
+        >>> inner = GaussianMechanism.for_request(RoundSpec("run", 0, 1.0, 2.0))
+        >>> m = SampledMechanism(inner, 1, 1.0, 0.0, 0.5, rate=0.0)
         >>> kept = m.noise([np.array([5000, 0])], NoiseStream.from_seed(1))
         >>> plain = m.inner.noise([np.array([0, 0])], _after_coin(NoiseStream.from_seed(1)))
         >>> bool(np.array_equal(kept[0], plain[0]))  # rate 0: the noise alone
@@ -457,7 +513,7 @@ def self_sampling(spec, policy, for_arrays):
     spec : RoundSpec
         The (checked) request.
     policy : ClientPolicy
-        The owner's rules (``max_sampling_rate``, ``exhausted_below``).
+        The owner's rules (``max_sampling_rate``, ``exhausted_below``, ``min_noise_multiplier``).
     for_arrays : callable
         Arrays to the round's mechanism.
 
@@ -481,7 +537,11 @@ def self_sampling(spec, policy, for_arrays):
 
     def sampled(arrays):
         return SampledMechanism(
-            for_arrays(arrays), int(spec.planned_asks), policy.max_sampling_rate, policy.exhausted_below
+            for_arrays(arrays),
+            int(spec.planned_asks),
+            policy.max_sampling_rate,
+            policy.exhausted_below,
+            policy.min_noise_multiplier,
         )
 
     return sampled

@@ -96,6 +96,9 @@ class EngineConfig:
         or one per client.
     exhausted_below
         ``fedfilter.client.settings.policy.ClientPolicy.exhausted_below``.
+    min_noise_multiplier
+        ``ClientPolicy.min_noise_multiplier``: a self-sampling client reads whether it is spent at it
+        (``privacy.sampling_rate.spent``), as a device does.
     accounting
         ``individual`` (the device's rule: each release is charged at the certified norm of what it
         adds). ``worst-case`` (simulation only; no device runs it): every contribution is charged the
@@ -217,6 +220,7 @@ class EngineConfig:
     after_exhaustion: str | Sequence[str] = "noise-only"
     worst_case_epsilon: float | Sequence[float] | np.ndarray | None = None
     exhausted_below: float = ClientPolicy.exhausted_below  # the device's default
+    min_noise_multiplier: float = ClientPolicy.min_noise_multiplier  # the device's default
     adaptive_clipping: AdaptiveClipping | None = None
     accounting: str = "individual"
     noise_draw: str = "per-client"
@@ -249,7 +253,7 @@ class EngineConfig:
             v = getattr(self, name)
             if not (is_int(v) and v > 0):
                 problems.append(f"{name} must be a positive integer. Found {short_repr(v)}.")
-        for name in ("noise_multiplier", "clip", "lr", "server_lr"):
+        for name in ("noise_multiplier", "clip", "lr", "server_lr", "min_noise_multiplier"):
             if (problem := positive_finite(name, getattr(self, name))) is not None:
                 problems.append(problem)
         if self.client_mode not in CLIENT_MODES:

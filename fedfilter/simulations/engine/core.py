@@ -303,8 +303,8 @@ class Engine:
         """
         if self._distributed is not None:
             return ~self._distributed.exhausted(clients)
-        if self.config.planned_asks:  # a self-sampling device: a rate above 0 (sampling_rate.spread_rate)
-            return np.asarray(self._gaussian_mechanism().rates(RoundRows(self, clients))) > 0
+        if self.config.planned_asks:  # a self-sampling device: not spent (sampling_rate.spent)
+            return ~np.asarray(self._gaussian_mechanism().spent(RoundRows(self, clients)), dtype=bool)
         return ~self._gaussian_out(self.uniform(clients, self.allowance(clients)))
 
     def _gaussian_out(self, allow: np.ndarray) -> np.ndarray:
@@ -470,7 +470,13 @@ class Engine:
             cfg.placement, numbers.noise_multiplier, numbers.clip, numbers.accounted_std, added, noise_grid(added)[0]
         )
         if cfg.planned_asks:
-            return SampledMechanism(mechanism, int(cfg.planned_asks), float(cfg.max_sampling_rate), cfg.exhausted_below)
+            return SampledMechanism(
+                mechanism,
+                int(cfg.planned_asks),
+                float(cfg.max_sampling_rate),
+                cfg.exhausted_below,
+                cfg.min_noise_multiplier,
+            )
         return mechanism
 
     def divisor(self, reports: int) -> float:

@@ -318,12 +318,19 @@ class DistributedPlacement:
     def _sampler(self, rate=None, inner: EngineSkellam | None = None) -> SampledMechanism:
         cfg = self.engine.config
         base = self.mechanism if inner is None else inner
-        return SampledMechanism(base, int(cfg.planned_asks), float(cfg.max_sampling_rate), cfg.exhausted_below, rate)
+        return SampledMechanism(
+            base,
+            int(cfg.planned_asks),
+            float(cfg.max_sampling_rate),
+            cfg.exhausted_below,
+            cfg.min_noise_multiplier,
+            rate,
+        )
 
     def _sampled_l2(self, clients: np.ndarray) -> np.ndarray:
         """Devices that sample themselves: each client's rate by the device's rule on its group's accounts
-        (``SampledMechanism.rates``), and its L2 bound, the full clip or nothing (grid units)."""
-        e, rates = self.engine, np.zeros(len(clients))
+        (``SampledMechanism.rates``), and its L2 bound, the full clip or, spent, nothing (grid units)."""
+        e, rates, gone = self.engine, np.zeros(len(clients)), np.zeros(len(clients), dtype=bool)
         groups = e.group[clients]
         for g in range(len(e.filters)):
             if (at := groups == g).any():
@@ -335,9 +342,11 @@ class DistributedPlacement:
                 _, first, which = np.unique(
                     np.concatenate(books, axis=1), axis=0, return_index=True, return_inverse=True
                 )
-                rates[at] = self._sampler().rates(RowsAccount(e, rows[first], g))[which.ravel()]
+                distinct = RowsAccount(e, rows[first], g)
+                rates[at] = self._sampler().rates(distinct)[which.ravel()]
+                gone[at] = np.asarray(self._sampler().spent(distinct), dtype=bool)[which.ravel()]
         self.rates = {int(c): float(r) for c, r in zip(clients, rates)}
-        bound = sampled_bound(rates, clip=self.mechanism.clip)
+        bound = sampled_bound(gone, clip=self.mechanism.clip)
         return bound / self.grid.gamma
 
     def _exhausted(self, l2_allow: np.ndarray) -> np.ndarray:

@@ -121,7 +121,7 @@ def test_the_report_is_the_update_plus_noise_when_kept_and_the_noise_alone_when_
     payload, _ = inner.clip_and_snap([np.array([3.0, 4.0, 0.0])], 2.0)
     zeros = [np.zeros_like(k) for k in payload[:1]]
     for rate, expected in ((1.0, payload), (0.0, zeros)):
-        m = SampledMechanism(inner, 5, 1.0, 1e-3, rate=rate)
+        m = SampledMechanism(inner, 5, 1.0, 1e-3, 0.5, rate=rate)
         after = NoiseStream.from_seed("x")
         after.uint64(1)  # the coin's word
         want = inner.noise(expected, after)
@@ -335,6 +335,37 @@ def test_a_coordinators_planned_asks_cannot_make_a_device_leave_or_stay(tmp_path
     assert statuses[3:] == ["left", "left"]
     assert ledger.state()[0] <= ledger.filter.budget[0]
     ledger.close()
+
+
+def test_a_coordinators_noise_multiplier_cannot_probe_the_budget_through_the_leave_marker(tmp_path):
+    """The attack: two ``leave`` devices get the same 60 requests and differ only in their updates' norms,
+    so their budgets left differ. At a small z a full-clip ask at the floor rate costs much of a budget,
+    at a large one almost nothing: were being spent read at the request's z, the coordinator could pick
+    a z between the two rooms and read from the markers which device has more left, and ask again at
+    another z. Being spent reads the owner's settings alone, so every z gets the same answer from both
+    (neither is spent); the rate, which z does move, is accounted, and at rate 0 the reply is noise."""
+    policy = ClientPolicy(after_exhaustion="leave")
+    small, full = enrol(tmp_path, "small"), enrol(tmp_path, "full")
+    for r in range(60):
+        for ledger, norm in ((small, 0.05), (full, 1.0)):
+            gaussian_release(
+                ledger, RoundSpec(RUN, r, 1.1, 1.0, planned_asks=100), [np.full(4, norm / 2)], policy=policy
+            )
+    assert small.state()[0] < full.state()[0] < full.filter.budget[0]  # their data left them different rooms
+    answers = {}
+    for z in np.geomspace(policy.min_noise_multiplier, 50.0, 25):
+        for name, ledger in (("small", small), ("full", full)):
+            request = RoundSpec(f"probe-{z:.6g}", 0, float(z), 1.0, planned_asks=10**6)
+            rel, m = gaussian_release(ledger, request, [np.zeros(4)], policy=policy)
+            answers.setdefault(name, []).append((rel.status, rel.arrays is not None))
+    assert answers["small"] == answers["full"] == [("contributed", True)] * 25
+    # At the owner's smallest z the floor rate costs more than the full device has left: it takes what its
+    # room pays for (below the floor), not a departure.
+    rel, m = gaussian_release(full, RoundSpec("low", 0, 0.5, 1.0, planned_asks=10**6), [np.ones(4)], policy=policy)
+    assert rel.status == "contributed" and m.rate < policy.exhausted_below
+    for ledger in (small, full):
+        assert ledger.state()[0] <= ledger.filter.budget[0]
+        ledger.close()
 
 
 @pytest.mark.parametrize("worst_epsilon", [1.0, 1.5])
