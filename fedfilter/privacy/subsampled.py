@@ -462,9 +462,10 @@ def order_for_rate(epsilon: float, delta: float, *, rate: float, noise_multiplie
     over the integers of ``SUBSAMPLED_ORDERS``, then over its tenths within one of the best integer
     (the smallest order on a tie).
 
-    A device fixes its filter's order once, from public numbers (its budget, its rate and the first
-    request's ``z``), before its first charge; docs/derivations/amplification.md says why that keeps
-    the filter valid and what a later, different ``z`` costs.
+    A device's filter holds one order for life, fixed at enrolment from public numbers (the owner's
+    ``rdp-order``, which ``fedfilter plan --sampling`` names from the budget, its planned rate and the
+    plan's ``z``); docs/derivations/amplification.md says why that keeps the filter valid and what a
+    later, different ``z`` costs.
 
     Parameters
     ----------
