@@ -369,7 +369,8 @@ def summary_plot(path: Path, seeds=(0, 1, 2, 3, 4)) -> None:
         color = f"C{i}"
         means = [statistics.mean(found[(name, eps)].values()) for eps in epsilons]
         seeds_run = max(len(found[(name, eps)]) for eps in epsilons)
-        ax.plot(epsilons, means, "-", color=color, label=f"{name} (up to {seeds_run} seeds)")
+        seeds = "1 seed" if seeds_run == 1 else f"up to {seeds_run} seeds"
+        ax.plot(epsilons, means, "-", color=color, label=f"{name} ({seeds})")
         for eps in epsilons:
             each = list(found[(name, eps)].values())
             ax.plot([eps] * len(each), each, "o", color=color, alpha=0.45, markersize=4)
