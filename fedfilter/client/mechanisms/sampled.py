@@ -337,18 +337,15 @@ class SampledMechanism:
         False
         >>> ledger.close(); tmp.cleanup()
         """
-        z, out = self.min_noise_multiplier, None
-        for at, acc in _parts(account):
+        z = self.min_noise_multiplier
+
+        def spent_rows(acc):
             allowances = [acc.allowance(noise_std=z, clip=math.inf)]
             if acc.worst_filter is not None:
                 allowances.append(acc.worst_allowance(noise_std=z, clip=math.inf))
-            gone = spent(allowances, exhausted_below=self.exhausted_below)
-            if at is None:
-                return bool(gone) if np.ndim(gone) == 0 else gone
-            if out is None:
-                out = np.zeros(len(cast(Any, account).rows), dtype=bool)  # an engine round (RoundRows)
-            out[at] = gone
-        return out
+            return spent(allowances, exhausted_below=self.exhausted_below)
+
+        return _per_row(account, spent_rows, bool)
 
     def rates(self, account: Account) -> Any:
         """The round's rate for each row of ``account`` (module docstring, step 1): a float for one
@@ -379,22 +376,17 @@ class SampledMechanism:
         >>> ledger.close(); tmp.cleanup()
         """
         l1, l2, norm = self._full_norms()
-        parts = _parts(account)
-        rates: Any = None
-        for at, acc in parts:
+
+        def rates_rows(acc):
             books = [
                 (room, lambda rate, f=filt, s=std, m=mu: self._charge(f, rate, s, m, l1, l2, norm)[..., 0])
                 for filt, std, mu, room in self._accounts(acc)
             ]
             asks_left = np.maximum(int(self.planned_asks) - np.asarray(getattr(acc, "asks_in_run", 0)), 1)
             shape = np.shape(books[0][0])
-            rate = spread_rate(books, asks_left=asks_left, cap=self.max_rate, floor=self.exhausted_below, shape=shape)
-            if at is None:
-                return float(rate) if np.ndim(rate) == 0 else rate
-            if rates is None:
-                rates = np.zeros(len(cast(Any, account).rows))  # an engine round (RoundRows)
-            rates[at] = rate
-        return rates
+            return spread_rate(books, asks_left=asks_left, cap=self.max_rate, floor=self.exhausted_below, shape=shape)
+
+        return _per_row(account, rates_rows, float)
 
     def clip_and_snap(self, arrays: Any, bound: Any) -> tuple[Any, Any]:
         """The inner mechanism's clip and snap.
@@ -551,6 +543,20 @@ def _parts(account: Account) -> list[tuple[Any, Account]]:
     # An engine round (``RoundRows``) spans budget groups, each its own account; anything else is one.
     parts = getattr(account, "parts", None)
     return [(None, account)] if parts is None else parts
+
+
+def _per_row(account: Account, of_account, kind: type) -> Any:
+    # ``of_account`` on one account (a scalar stays a Python scalar), or on each budget group of an engine
+    # round (``RoundRows``), gathered into one array over the round's rows.
+    out: Any = None
+    for at, acc in _parts(account):
+        value = of_account(acc)
+        if at is None:
+            return kind(value) if np.ndim(value) == 0 else value
+        if out is None:
+            out = np.zeros(len(cast(Any, account).rows), dtype=kind)
+        out[at] = value
+    return out
 
 
 def _scaled(payload: Any, keep: int) -> Any:
